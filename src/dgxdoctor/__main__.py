@@ -1,0 +1,3 @@
+from dgxdoctor.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Checks decide; they read the world only through ``dgxdoctor.sources`` and the injected Environment."""

@@ -1,0 +1,137 @@
+"""Command line: parse args -> load config -> build checks -> run once or serve. Nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from dgxdoctor import __version__
+from dgxdoctor.checks.base import Check, CheckRunner
+from dgxdoctor.checks.registry import ALL_CHECKS
+from dgxdoctor.config import EX_CONFIG, Config, ConfigError, load_config
+from dgxdoctor.diagnose.base import diagnose_text
+from dgxdoctor.diagnose.registry import ANALYZERS
+from dgxdoctor.environment import Environment
+from dgxdoctor.report import overall_status, report_dict, report_table
+from dgxdoctor.result import Status, exit_code
+
+MAX_DIAGNOSE_BYTES = 64 * 1024 * 1024
+
+
+def _names(value: str | None) -> list[str]:
+    return [n.strip() for n in (value or "").split(",") if n.strip()]
+
+
+def build_checks(
+    config: Config, env: Environment, only: list[str] | None = None, skip: list[str] | None = None
+) -> list[Check]:
+    """Instantiate the enabled checks, in registry order. ``only`` overrides ``enabled = false``."""
+    known = [f.name for f in ALL_CHECKS]
+    unknown = sorted(set(only or []) | set(skip or []) - set(known))
+    if unknown:
+        raise click.UsageError(f"unknown check(s): {', '.join(unknown)}; known: {', '.join(known)}")
+    checks: list[Check] = []
+    for factory in ALL_CHECKS:
+        settings = config.check_settings(factory.name)
+        if only and factory.name not in only:
+            continue
+        if skip and factory.name in skip:
+            continue
+        if not only and not settings.enabled:
+            continue
+        checks.append(factory(settings, env))
+    return checks
+
+
+def _load(config_path: Path | None) -> Config:
+    try:
+        return load_config(config_path)
+    except ConfigError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(EX_CONFIG)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="dgxdoctor")
+def main() -> None:
+    """Health agent for vLLM served across DGX nodes: GPUs, IB/RoCE, NCCL, vLLM and Ray."""
+
+
+config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="TOML config (default /etc/dgxdoctor/config.toml if present, else built-in defaults)",
+)
+
+
+@main.command()
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="print the JSON report")
+@click.option("--only", help="comma-separated checks to run (even if disabled)")
+@click.option("--skip", help="comma-separated checks not to run")
+@click.option("-v", "--verbose", is_flag=True, help="show every finding, ok ones too")
+def check(config_path: Path | None, as_json: bool, only: str | None, skip: str | None, verbose: bool) -> None:
+    """Run every enabled check once, in parallel. Exit 0 ok, 1 warning, 2 critical, 3 unknown."""
+    config = _load(config_path)
+    env = config.environment()
+    checks = build_checks(config, env, _names(only), _names(skip))
+    results = asyncio.run(CheckRunner(env).run_all(checks))
+    if as_json:
+        click.echo(json.dumps(report_dict(env.node, results), indent=2))
+    else:
+        click.echo(report_table(env.node, results, verbose))
+    sys.exit(exit_code(overall_status(results)))
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(allow_dash=True, dir_okay=False))
+@click.option("--kind", type=click.Choice([a.kind for a in ANALYZERS]) if ANALYZERS else str, default=None)
+@click.option("--json", "as_json", is_flag=True, help="print the JSON report")
+def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool) -> None:
+    """Say what is wrong in pasted tool output (a file each, - for stdin)."""
+    inputs = []
+    worst = Status.OK
+    for name in files:
+        try:
+            if name == "-":
+                raw = sys.stdin.buffer.read(MAX_DIAGNOSE_BYTES + 1)
+            else:
+                with open(name, "rb") as fh:
+                    raw = fh.read(MAX_DIAGNOSE_BYTES + 1)
+        except OSError as exc:
+            raise click.UsageError(f"cannot read {name}: {exc.strerror or exc}") from None
+        if len(raw) > MAX_DIAGNOSE_BYTES:
+            raise click.UsageError(f"{name}: larger than {MAX_DIAGNOSE_BYTES // 2**20} MiB")
+        diagnosis = diagnose_text(raw.decode("utf-8", errors="replace"), ANALYZERS, kind)
+        worst = Status.worst([worst, diagnosis.status])
+        inputs.append((name, diagnosis))
+    if as_json:
+        doc = {
+            "inputs": [
+                {
+                    "source": "<stdin>" if name == "-" else name,
+                    "kind": d.kind,
+                    "findings": [f.to_diagnose_dict() for f in d.findings],
+                    "data": d.data,
+                }
+                for name, d in inputs
+            ]
+        }
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        for name, d in inputs:
+            click.echo(f"{'<stdin>' if name == '-' else name}: {d.kind}, {d.status.value}")
+            for f in d.findings:
+                subject = f"{f.subject}: " if f.subject else ""
+                click.echo(f"  [{f.status.value}] {f.code} {subject}{f.message}")
+                if f.evidence:
+                    click.echo(f"      evidence: {f.evidence}")
+                if f.remedy:
+                    click.echo(f"      remedy: {f.remedy}")
+    sys.exit(exit_code(worst))

@@ -1,0 +1,7 @@
+"""Input kinds `dgxdoctor diagnose` recognises, tried in this order (most specific first)."""
+
+from __future__ import annotations
+
+from dgxdoctor.diagnose.base import Analyzer
+
+ANALYZERS: tuple[Analyzer, ...] = ()

@@ -1,0 +1,43 @@
+"""The seams a check reads the world through. Tests inject these; nothing is monkeypatched."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+
+from dgxdoctor.sources.commands import CommandRunner, run_command
+
+if TYPE_CHECKING:
+    from dgxdoctor.sources.nvml import NvmlClient
+
+
+def _default_nvml() -> NvmlClient:
+    from dgxdoctor.sources.nvml import PynvmlClient
+
+    return PynvmlClient()
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Where the outside world is. Every path is a root so a test can lay out a copy of the real tree."""
+
+    node: str = field(default_factory=socket.gethostname)
+    sysfs_root: Path = Path("/sys")
+    proc_root: Path = Path("/proc")
+    kmsg_path: Path = Path("/dev/kmsg")
+    state_dir: Path = Path("/var/lib/dgxdoctor")
+    nvml_factory: Callable[[], NvmlClient] = _default_nvml
+    # None means a real network; tests pass an httpx.MockTransport only for peers that cannot run here.
+    http_transport: httpx.BaseTransport | None = None
+    run_command: CommandRunner = run_command
+    clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic
+
+    def http_client(self, base_url: str = "", timeout_s: float = 5.0) -> httpx.Client:
+        return httpx.Client(base_url=base_url, timeout=timeout_s, transport=self.http_transport)

@@ -1,0 +1,60 @@
+"""Render a set of check results: the one-shot table and the ``--json`` document."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+from dgxdoctor.result import CheckResult, Status
+
+
+def overall_status(results: Sequence[CheckResult]) -> Status:
+    return Status.worst((r.status for r in results), default=Status.OK)
+
+
+def report_dict(node: str, results: Sequence[CheckResult]) -> dict[str, Any]:
+    facts: dict[str, str] = {}
+    for result in results:
+        facts.update(result.facts)
+    return {
+        "node": node,
+        "status": overall_status(results).value,
+        "checks": [r.to_dict() for r in results],
+        "facts": facts,
+    }
+
+
+_MARK = {
+    Status.OK: "OK",
+    Status.WARNING: "WARN",
+    Status.CRITICAL: "CRIT",
+    Status.UNKNOWN: "UNKN",
+    Status.SKIPPED: "SKIP",
+}
+
+
+def report_table(node: str, results: Sequence[CheckResult], verbose: bool = False) -> str:
+    """A readable table; the findings and the remedy follow each check that is not ok."""
+    width = max(60, min(shutil.get_terminal_size((120, 24)).columns, 160))
+    name_w = max([len(r.check) for r in results] + [5])
+    lines = [f"dgxdoctor on {node}: {overall_status(results).value.upper()}", ""]
+    lines.append(f"{'STATUS':<6}  {'CHECK':<{name_w}}  {'TIME':>6}  SUMMARY")
+    indent = " " * (6 + 2 + name_w + 2 + 6 + 2)
+    for r in results:
+        head = f"{_MARK[r.status]:<6}  {r.check:<{name_w}}  {r.duration_s:>5.2f}s  "
+        lines.extend(textwrap.wrap(r.summary, width, initial_indent=head, subsequent_indent=indent) or [head])
+        show = verbose or r.status not in (Status.OK, Status.SKIPPED)
+        for f in r.findings:
+            if show and (verbose or f.status not in (Status.OK, Status.SKIPPED)):
+                subject = f"{f.subject}: " if f.subject else ""
+                text = f"- [{f.status.value}] {f.code} {subject}{f.message}"
+                lines.extend(textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  "))
+        if r.action and r.status not in (Status.OK, Status.SKIPPED):
+            lines.extend(
+                textwrap.wrap(
+                    f"remedy: {r.action.remedy}", width, initial_indent=indent, subsequent_indent=indent + "  "
+                )
+            )
+    return "\n".join(lines)

@@ -1,0 +1,198 @@
+"""Pure data every check returns and every renderer (CLI table, --json, /state, exporter) reads."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+class Status(enum.Enum):
+    """Check and finding status. ``code`` is the Nagios exit code and the exported gauge value."""
+
+    OK = "ok"
+    WARNING = "warning"
+    CRITICAL = "critical"
+    UNKNOWN = "unknown"
+    SKIPPED = "skipped"
+
+    @property
+    def code(self) -> int:
+        return _CODES[self]
+
+    @property
+    def rank(self) -> int:
+        """Order for "worst of": evidence of a fault beats not knowing, not knowing beats ok."""
+        return _RANKS[self]
+
+    @classmethod
+    def worst(cls, statuses: Iterable[Status], default: Status | None = None) -> Status:
+        best_seen = default if default is not None else cls.OK
+        for status in statuses:
+            if status.rank > best_seen.rank:
+                best_seen = status
+        return best_seen
+
+
+# SKIPPED exports -1: "not applicable here" must never read as ok (0) on a dashboard.
+_CODES = {Status.OK: 0, Status.WARNING: 1, Status.CRITICAL: 2, Status.UNKNOWN: 3, Status.SKIPPED: -1}
+_RANKS = {Status.SKIPPED: 0, Status.OK: 1, Status.UNKNOWN: 2, Status.WARNING: 3, Status.CRITICAL: 4}
+
+
+def exit_code(status: Status) -> int:
+    """Nagios plugin convention: 0 ok/skipped, 1 warning, 2 critical, 3 unknown."""
+    return 0 if status in (Status.OK, Status.SKIPPED) else status.code
+
+
+MetricType = Literal["gauge", "counter", "info"]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One exported metric family: its full name, HELP text, type and label names.
+
+    Counters are named with ``_total``; info metrics with ``_info`` and value 1.
+    """
+
+    name: str
+    help: str
+    type: MetricType = "gauge"
+    labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One value of a metric family, with its labels (the ``node`` label is added by the exporter)."""
+
+    metric: MetricSpec
+    value: float
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        missing = set(self.metric.labels) - set(self.labels)
+        extra = set(self.labels) - set(self.metric.labels)
+        if missing or extra:
+            raise ValueError(
+                f"sample of {self.metric.name}: labels {sorted(self.labels)} do not match "
+                f"declared {list(self.metric.labels)}"
+            )
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One observation: what (code), about what (subject: a GPU, a port, a node), how bad, and why."""
+
+    code: str
+    status: Status
+    message: str
+    subject: str | None = None
+    evidence: str | None = None
+    remedy: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "status": self.status.value, "subject": self.subject, "message": self.message}
+
+    def to_diagnose_dict(self) -> dict[str, Any]:
+        return {**self.to_dict(), "evidence": self.evidence, "remedy": self.remedy}
+
+
+@dataclass(frozen=True)
+class Action:
+    """A suggested remedy. ``kind`` names what remediation could do (``restart_vllm``, ``reset_gpu``,
+    ``investigate``, ...); ``remedy`` is the operator-facing text."""
+
+    kind: str
+    remedy: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "remedy": self.remedy}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    check: str
+    status: Status
+    summary: str
+    findings: tuple[Finding, ...] = ()
+    samples: tuple[Sample, ...] = ()
+    action: Action | None = None
+    # Node facts for drift comparison between nodes (driver version, NCCL env, model fingerprint ...).
+    facts: Mapping[str, str] = field(default_factory=dict)
+    started_at: float = 0.0
+    duration_s: float = 0.0
+    error: str | None = None
+
+    @classmethod
+    def skipped(cls, check: str, reason: str) -> CheckResult:
+        return cls(check=check, status=Status.SKIPPED, summary=reason)
+
+    @classmethod
+    def unknown(cls, check: str, error: str) -> CheckResult:
+        return cls(check=check, status=Status.UNKNOWN, summary=error, error=error)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The per-check shape of ``dgxdoctor check --json``."""
+        return {
+            "name": self.check,
+            "status": self.status.value,
+            "summary": self.summary,
+            "findings": [f.to_dict() for f in self.findings],
+            "action": self.action.to_dict() if self.action else None,
+            "duration_s": round(self.duration_s, 6),
+            "error": self.error,
+        }
+
+
+class ResultBuilder:
+    """Collects findings and samples; the status is the worst finding's (OK when none)."""
+
+    def __init__(self, check: str) -> None:
+        self.check = check
+        self.findings: list[Finding] = []
+        self.samples: list[Sample] = []
+        self.facts: dict[str, str] = {}
+
+    def finding(
+        self,
+        code: str,
+        status: Status,
+        message: str,
+        subject: str | None = None,
+        *,
+        evidence: str | None = None,
+        remedy: str | None = None,
+    ) -> Finding:
+        found = Finding(code, status, message, subject, evidence, remedy)
+        self.findings.append(found)
+        return found
+
+    def sample(self, metric: MetricSpec, value: float | None, **labels: str) -> None:
+        """Record a value; ``None`` means unavailable and is not exported (absent, never zero)."""
+        if value is None:
+            return
+        self.samples.append(Sample(metric, float(value), labels))
+
+    @property
+    def status(self) -> Status:
+        return Status.worst(f.status for f in self.findings)
+
+    def build(self, summary: str, action: Action | None = None) -> CheckResult:
+        if action is None:
+            action = next(
+                (
+                    Action("investigate", f.remedy)
+                    for f in sorted(self.findings, key=lambda f: -f.status.rank)
+                    if f.remedy and f.status in (Status.WARNING, Status.CRITICAL)
+                ),
+                None,
+            )
+        return CheckResult(
+            check=self.check,
+            status=self.status,
+            summary=summary,
+            findings=tuple(self.findings),
+            samples=tuple(self.samples),
+            action=action,
+            facts=dict(self.facts),
+        )
