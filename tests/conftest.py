@@ -1,0 +1,46 @@
+"""Shared test helpers: run the real CLI in a subprocess, find fixtures."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+@dataclass
+class CliRun:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+def run_cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = None, timeout: float = 120) -> CliRun:
+    """Run ``python -m dgxdoctor ARGS`` from this checkout's src, as an operator would."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})}
+    done = subprocess.run(
+        [sys.executable, "-m", "dgxdoctor", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        check=False,
+    )
+    return CliRun(done.returncode, done.stdout, done.stderr)
+
+
+@pytest.fixture
+def fixtures() -> Path:
+    return FIXTURES
