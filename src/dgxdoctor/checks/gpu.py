@@ -194,7 +194,7 @@ class GpuCheck:
         try:
             client = self._nvml()
         except NvmlLibraryNotFound as exc:
-            return CheckResult.skipped(self.name, f"NVML not available: {exc}")
+            return CheckResult.skipped(self.name, str(exc))
         result = sweep(client)
         if not result.gpus:
             return CheckResult.skipped(self.name, "NVML reports no GPUs on this node")

@@ -247,8 +247,14 @@ class PynvmlClient:
                 pynvml.nvmlInit()
             except pynvml.NVMLError as exc:
                 err = error_for_code(int(exc.value), f"nvmlInit: {exc}")
-                if isinstance(err, NvmlLibraryNotFound):
-                    raise NvmlLibraryNotFound(f"NVML library not found: {exc}", err.code) from None
+                if err.code == NVML_ERROR_LIBRARY_NOT_FOUND:
+                    raise NvmlLibraryNotFound(
+                        "NVML library not found (libnvidia-ml.so.1 did not load)", err.code
+                    ) from None
+                if err.code == NVML_ERROR_DRIVER_NOT_LOADED:
+                    raise NvmlLibraryNotFound(
+                        "NVIDIA driver not loaded (nvmlInit: Driver Not Loaded)", err.code
+                    ) from None
                 raise err from None
             self._nvml = pynvml
             self._handles = {}
