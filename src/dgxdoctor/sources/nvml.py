@@ -315,6 +315,15 @@ class PynvmlClient:
         return int(self._call("nvmlDeviceGetPowerManagementDefaultLimit", self._h(index)))
 
     def memory_info(self, index: int) -> tuple[int, int]:
+        # v2 counts the driver's reservation apart (nvidia-smi "Reserved"), so "used" matches nvidia-smi's
+        # Used (0 MiB on an idle H200, against 616 MiB from v1); v1 where the driver or binding lacks v2.
+        version = getattr(self._nvml, "nvmlMemory_v2", None)
+        if version is not None:
+            try:
+                mem = self._call("nvmlDeviceGetMemoryInfo", self._h(index), version)
+                return int(mem.used), int(mem.total)
+            except NvmlNotSupported:
+                pass
         mem = self._call("nvmlDeviceGetMemoryInfo", self._h(index))
         return int(mem.used), int(mem.total)
 
