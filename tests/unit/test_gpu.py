@@ -15,7 +15,15 @@ from dgxdoctor.checks.base import CheckRunner
 from dgxdoctor.checks.gpu import GpuCheck, GpuSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, Status
-from dgxdoctor.sources.nvml import NvmlLibraryNotFound, PynvmlClient, normalize_pci_bus_id
+from dgxdoctor.sources.nvml import (
+    NvmlError,
+    NvmlGpuLost,
+    NvmlLibraryNotFound,
+    NvmlNotSupported,
+    PynvmlClient,
+    error_for_code,
+    normalize_pci_bus_id,
+)
 from fake_nvml import NO_LIBRARY, FakeNvml, load_capture, lost, not_supported
 
 H200 = "h200-2gpu-580.159.04.json"
@@ -431,3 +439,32 @@ def test_cli_reports_gpu_skipped_without_nvml() -> None:
 )
 def test_pci_bus_id_is_normalised_to_sysfs_form(raw: str, expected: str) -> None:
     assert normalize_pci_bus_id(raw) == expected
+
+
+def test_nvml_failure_mid_sweep_is_raised_and_nvml_reinitialised_next_run(tmp_path: Path) -> None:
+    fake, check = h200(tmp_path)
+    gpus = fake.capture["gpus"]
+    fake.capture["gpus"] = {"error": "error", "message": "nvmlDeviceGetCount: Unknown Error"}
+    with pytest.raises(NvmlError, match="Unknown Error"):
+        check.run()
+    assert fake.shutdown_calls == 1
+    fake.capture["gpus"] = gpus
+    assert check.run().status is Status.OK
+    assert fake.init_calls == 2
+
+
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [
+        (3, NvmlNotSupported),  # NOT_SUPPORTED
+        (4, NvmlNotSupported),  # NO_PERMISSION
+        (13, NvmlNotSupported),  # FUNCTION_NOT_FOUND
+        (9, NvmlLibraryNotFound),  # DRIVER_NOT_LOADED
+        (12, NvmlLibraryNotFound),  # LIBRARY_NOT_FOUND
+        (15, NvmlGpuLost),  # GPU_IS_LOST
+        (16, NvmlGpuLost),  # RESET_REQUIRED
+        (999, NvmlError),  # UNKNOWN
+    ],
+)
+def test_nvml_return_codes_map_to_typed_errors(code: int, kind: type[NvmlError]) -> None:
+    assert type(error_for_code(code, "x")) is kind

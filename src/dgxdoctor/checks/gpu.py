@@ -22,6 +22,7 @@ from dgxdoctor.sources.nvml import (
     RECOVERY_ACTIONS,
     GpuSnapshot,
     NvmlClient,
+    NvmlError,
     NvmlLibraryNotFound,
     NvmlSweep,
     format_cuda_version,
@@ -195,7 +196,12 @@ class GpuCheck:
             client = self._nvml()
         except NvmlLibraryNotFound as exc:
             return CheckResult.skipped(self.name, str(exc))
-        result = sweep(client)
+        try:
+            result = sweep(client)
+        except NvmlError:
+            # NVML itself failed (driver reloaded, device count unreadable): start afresh next run.
+            self.close()
+            raise
         if not result.gpus:
             return CheckResult.skipped(self.name, "NVML reports no GPUs on this node")
         return judge(result, self._settings, self.name)

@@ -54,6 +54,7 @@ _ERROR_KINDS: dict[str, type[NvmlError]] = {
 }
 
 # nvmlReturn_t codes (nvml.h; same values as pynvml.NVML_ERROR_*), so the mapping does not need pynvml.
+NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_DRIVER_NOT_LOADED = 9
@@ -353,7 +354,13 @@ class PynvmlClient:
         return RemappedRows(int(corr), int(unc), bool(pending), bool(failure))
 
     def nvlink_active(self, index: int, link: int) -> bool:
-        return bool(self._call("nvmlDeviceGetNvLinkState", self._h(index), link))
+        try:
+            return bool(self._call("nvmlDeviceGetNvLinkState", self._h(index), link))
+        except NvmlError as exc:
+            # A link number past the GPU's own links (an H800 has 8, an H200 18) is INVALID_ARGUMENT.
+            if exc.code == NVML_ERROR_INVALID_ARGUMENT:
+                raise NvmlNotSupported(str(exc), exc.code) from None
+            raise
 
     def pcie_generation(self, index: int, which: PcieWhich) -> int:
         fn = "nvmlDeviceGetCurrPcieLinkGeneration" if which == "current" else "nvmlDeviceGetMaxPcieLinkGeneration"
