@@ -15,6 +15,7 @@ from typing import Any
 from dgxdoctor.sources.nvml import (
     EccCounter,
     EccError,
+    NvmlClient,
     NvmlError,
     NvmlGpuLost,
     NvmlLibraryNotFound,
@@ -177,3 +178,8 @@ def not_supported(message: str = "Not Supported") -> dict[str, str]:
 
 
 NO_LIBRARY = NvmlLibraryNotFound("NVML library not found (libnvidia-ml.so.1 did not load)")
+
+
+def _conforms(client: FakeNvml) -> NvmlClient:
+    """Type-level proof that the fake implements the same protocol as ``PynvmlClient`` (run mypy on this file)."""
+    return client

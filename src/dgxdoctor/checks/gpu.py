@@ -127,8 +127,10 @@ _RECOVERY_REMEDIES: dict[str, tuple[str, str]] = {
 
 class GpuSettings(CheckSettings):
     interval_s: float = Field(15.0, gt=0, description="daemon: seconds between runs")
-    # A full NVML sweep takes ~10 ms per GPU the first time and well under 1 ms after; a call that takes
-    # seconds means a GPU fell off the bus and NVML is stuck in the driver (the runner then reports it hung).
+    # A full NVML sweep took 25 ms per GPU the first time and 7 ms for 2 GPUs after (H200 test machine); a
+    # call that takes seconds means a GPU fell off the bus and NVML is stuck in the driver (the runner then
+    # reports it hung). Without nvidia-persistenced the first nvmlInit can take seconds per GPU: a first run
+    # that times out finishes in the background, and later runs use the initialised client.
     timeout_s: float = Field(10.0, gt=0, description="a run that takes longer is UNKNOWN (NVML hung in the driver)")
     expected_count: int = Field(8, ge=0, description="GPUs this node must have (8 on a DGX); 0 = do not check")
     expected_model: str = Field(

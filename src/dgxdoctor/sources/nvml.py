@@ -658,3 +658,8 @@ def sweep(client: NvmlClient) -> NvmlSweep:
         cuda_driver_version=_int(system["cuda_driver_version"]),
         gpus=gpus,
     )
+
+
+def _conforms(client: PynvmlClient) -> NvmlClient:
+    """Type-level proof that ``PynvmlClient`` implements ``NvmlClient`` (mypy checks this assignment)."""
+    return client
