@@ -28,6 +28,7 @@ from fake_nvml import NO_LIBRARY, FakeNvml, load_capture, lost, not_supported
 
 H200 = "h200-2gpu-580.159.04.json"
 H100 = "h100-hgx-8gpu-565.57.01.json"
+H200_LOAD = "h200-1gpu-580.159.04-load.json"
 H200_SETTINGS: dict[str, Any] = {"expected_count": 2, "expected_model": "H200", "expected_nvlinks": 18}
 
 
@@ -468,3 +469,19 @@ def test_nvml_failure_mid_sweep_is_raised_and_nvml_reinitialised_next_run(tmp_pa
 )
 def test_nvml_return_codes_map_to_typed_errors(code: int, kind: type[NvmlError]) -> None:
     assert type(error_for_code(code, "x")) is kind
+
+
+def test_full_load_at_the_power_cap_is_healthy(tmp_path: Path) -> None:
+    """Real values under a bf16 matmul loop: 100 % busy, 690 of 700 W, SW power cap active, 66 C, Gen5 x16."""
+    fake = FakeNvml(load_capture(H200_LOAD))
+    result = make(fake, tmp_path, expected_count=1, expected_model="H200").run()
+    assert result.status is Status.OK, result.findings
+    labels = {"gpu": "0", "pci_bus_id": "0000:00:06.0"}
+    assert sample(result, "dgxdoctor_gpu_utilization_ratio", **labels) == 1.0
+    assert sample(result, "dgxdoctor_gpu_clock_event_active", **labels, reason="sw_power_cap") == 1
+    assert sample(result, "dgxdoctor_gpu_temperature_margin_celsius", **labels) == 17
+    # This one-GPU machine exposes no NVLink (every link Not Supported): no NVLink series at all.
+    assert sample(result, "dgxdoctor_gpu_nvlink_links_up", **labels) is None
+    # With that load, a Gen3 link would be a real degradation.
+    fake.gpu(0)["pcie_generation_current"] = 3
+    assert codes(make(fake, tmp_path, expected_count=1).run()) == {"GPU_PCIE_GEN_DEGRADED": Status.WARNING}
