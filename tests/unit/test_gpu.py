@@ -67,7 +67,7 @@ def test_h200_test_machine_capture_is_healthy(tmp_path: Path) -> None:
         "cuda_driver_version": "13.0",
         "gpu_name": "NVIDIA H200",
     }
-    labels = {"gpu": "0", "pci_bus_id": "0000:00:06.0"}
+    labels = {"gpu": "0", "pci_bus_id": "0000:00:06"}
     assert sample(result, "dgxdoctor_gpu_memory_total_bytes", **labels) == 150754820096
     assert sample(result, "dgxdoctor_gpu_memory_used_bytes", **labels) == 0
     assert sample(result, "dgxdoctor_gpu_utilization_ratio", **labels) == 0.0
@@ -170,7 +170,7 @@ def test_clock_event_reasons(tmp_path: Path, reasons: int, expected: dict[str, S
     fake.gpu(0)["clock_event_reasons"] = reasons
     result = check.run()
     assert codes(result) == expected
-    labels = {"gpu": "0", "pci_bus_id": "0000:00:06.0"}
+    labels = {"gpu": "0", "pci_bus_id": "0000:00:06"}
     assert sample(result, "dgxdoctor_gpu_clock_event_active", **labels, reason="sw_power_cap") == (
         1 if reasons & 0x004 else 0
     )
@@ -315,7 +315,7 @@ def test_not_supported_fields_are_absent_not_zero(tmp_path: Path) -> None:
         gpu[key] = not_supported(f"{key}: Not Supported")
     result = check.run()
     assert result.status is Status.OK, result.findings
-    labels = {"gpu": "0", "pci_bus_id": "0000:00:06.0"}
+    labels = {"gpu": "0", "pci_bus_id": "0000:00:06"}
     for metric in (
         "dgxdoctor_gpu_temperature_celsius",
         "dgxdoctor_gpu_power_watts",
@@ -436,9 +436,9 @@ def test_cli_reports_gpu_skipped_without_nvml() -> None:
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [("00000000:18:00.0", "0000:18:00.0"), ("00000000:DB:00.0", "0000:db:00.0"), ("0001:C8:00.0", "0001:c8:00.0")],
+    [("00000000:18:00.0", "0000:18:00"), ("00000000:DB:00.0", "0000:db:00"), ("0001:C8:00.0", "0001:c8:00")],
 )
-def test_pci_bus_id_is_normalised_to_sysfs_form(raw: str, expected: str) -> None:
+def test_pci_bus_id_is_normalised_to_the_kernel_log_form(raw: str, expected: str) -> None:
     assert normalize_pci_bus_id(raw) == expected
 
 
@@ -476,7 +476,7 @@ def test_full_load_at_the_power_cap_is_healthy(tmp_path: Path) -> None:
     fake = FakeNvml(load_capture(H200_LOAD))
     result = make(fake, tmp_path, expected_count=1, expected_model="H200").run()
     assert result.status is Status.OK, result.findings
-    labels = {"gpu": "0", "pci_bus_id": "0000:00:06.0"}
+    labels = {"gpu": "0", "pci_bus_id": "0000:00:06"}
     assert sample(result, "dgxdoctor_gpu_utilization_ratio", **labels) == 1.0
     assert sample(result, "dgxdoctor_gpu_clock_event_active", **labels, reason="sw_power_cap") == 1
     assert sample(result, "dgxdoctor_gpu_temperature_margin_celsius", **labels) == 17

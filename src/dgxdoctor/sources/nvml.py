@@ -481,12 +481,18 @@ def raw_error(value: RawValue) -> NvmlError | None:
 
 
 def normalize_pci_bus_id(bus_id: str) -> str:
-    """NVML's ``00000000:18:00.0`` -> sysfs's ``0000:18:00.0`` (lower case, 4-hex-digit domain)."""
+    """NVML's ``00000000:3B:00.0`` -> ``0000:3b:00``: the form the kernel log prints (``NVRM: Xid (PCI:0000:3b:00)``),
+    so the gpu and xid metrics share one ``pci_bus_id`` label value. A GPU is always function 0."""
     text = bus_id.strip().lower()
-    domain, sep, rest = text.partition(":")
-    if sep and len(domain) > 4 and set(domain[:-4]) <= {"0"}:
-        return f"{domain[-4:]}:{rest}"
-    return text
+    parts = text.split(":")
+    if len(parts) != 3:
+        return text
+    domain, bus, rest = parts
+    device = rest.split(".", 1)[0]
+    try:
+        return f"{int(domain, 16):04x}:{bus}:{device}"
+    except ValueError:
+        return text
 
 
 def _int(value: RawValue) -> int | None:
@@ -514,7 +520,7 @@ class GpuSnapshot:
     index: int
     name: str | None = None
     uuid: str | None = None
-    pci_bus_id: str | None = None  # normalised, e.g. 0000:18:00.0
+    pci_bus_id: str | None = None  # normalised as the kernel log prints it, e.g. 0000:18:00
     temperature_c: int | None = None
     temperature_margin_c: int | None = None  # "T.Limit": degrees below the maximum operating temperature
     shutdown_c: int | None = None
