@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dgxdoctor.checks.base import CheckFactory
+from dgxdoctor.checks.xid import XidCheck
 
-ALL_CHECKS: tuple[CheckFactory, ...] = ()
+ALL_CHECKS: tuple[CheckFactory, ...] = (XidCheck,)
 
 
 def by_name() -> dict[str, CheckFactory]:

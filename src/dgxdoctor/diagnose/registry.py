@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from dgxdoctor.diagnose.base import Analyzer
+from dgxdoctor.diagnose.kernel_log import KernelLogAnalyzer
 
-ANALYZERS: tuple[Analyzer, ...] = ()
+ANALYZERS: tuple[Analyzer, ...] = (KernelLogAnalyzer(),)

@@ -25,7 +25,7 @@ _BUS = r"(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?P<fn>\.[0-7])?
 #   NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.                          (no pid)
 #   NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to activate.
 #   NVRM: Xid (PCI:0000:c6:00): 79, pid=1101234, name=nvc:[driver], GPU has fallen off the bus.
-#   NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp Exception on (GPC 7, TPC 7, SM 0): ...
+#   NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp Exception ...
 #   NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 ...)   (NVLink5)
 XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?" + _BUS + r"\):\s*(?P<xid>\d+)\b,?\s*(?P<rest>.*)$")
 
@@ -201,7 +201,11 @@ class KernelLogScanner:
     def _fallen_off(self, line: str) -> list[XidEvent | SxidEvent]:
         bus = parse_fallen_off_line(line)
         if bus is not None:
-            return [XidEvent(pci_bus_id=bus, xid=79, line=line.strip(), detail="GPU has fallen off the bus", synthesized=True)]
+            return [
+                XidEvent(
+                    pci_bus_id=bus, xid=79, line=line.strip(), detail="GPU has fallen off the bus", synthesized=True
+                )
+            ]
         head = FALLEN_OFF_HEAD_RE.search(line)
         if head is not None:
             if FALLEN_OFF_TAIL_RE.search(line, head.end()):  # the whole message on one (joined) line
@@ -266,7 +270,9 @@ class XidCatalog:
         found = self.xids.get(code)
         if found is not None:
             return found
-        return CatalogEntry(code, "UNKNOWN", f"XID {code} (not in the catalog)", "not in the shipped catalog", "CONTACT_SUPPORT")
+        return CatalogEntry(
+            code, "UNKNOWN", f"XID {code} (not in the catalog)", "not in the shipped catalog", "CONTACT_SUPPORT"
+        )
 
     def sxid(self, code: int) -> CatalogEntry | None:
         return self.sxids.get(code)
