@@ -199,7 +199,7 @@ def _assess_recovery_action(bus: str, action: str | None) -> Assessment:
     text = (action or "").lower()
     if "reboot" in text:
         return Assessment(Status.CRITICAL, "reboot_node", f"the driver requires a node reboot for GPU {bus}")
-    if "reset" in text or "drain" in text:
+    if "reset" in text or "drain" in text or "flr" in text:
         return Assessment(Status.CRITICAL, "reset_gpu", f"the driver requires GPU {bus} to be drained and reset")
     if text.startswith("none"):
         return Assessment(Status.OK, "none", "the driver cleared the recovery action")

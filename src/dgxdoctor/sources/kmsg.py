@@ -122,9 +122,14 @@ class KmsgReader:
     text file, the whole file. Each later call returns only what arrived since.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self, path: Path, read: Callable[[int, int], bytes] = os.read, device: bool | None = None
+    ) -> None:
+        """``read`` and ``device`` are seams for tests (a fake ``read`` that raises EPIPE)."""
         self.path = path
         self.stats = ReadStats()
+        self._read = read
+        self._force_device = device
         self._fd: int | None = None
         self._is_device = False
         self._last_seq: int | None = None
@@ -141,7 +146,8 @@ class KmsgReader:
         if self._fd is not None:
             return
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        self._is_device = stat.S_ISCHR(os.fstat(fd).st_mode)
+        device = self._force_device
+        self._is_device = stat.S_ISCHR(os.fstat(fd).st_mode) if device is None else device
         self._fd = fd
 
     def fileno(self) -> int:
@@ -166,7 +172,7 @@ class KmsgReader:
         out: list[KmsgRecord] = []
         while True:
             try:
-                chunk = os.read(fd, READ_SIZE)
+                chunk = self._read(fd, READ_SIZE)
             except BlockingIOError:
                 return out
             except OSError as exc:
