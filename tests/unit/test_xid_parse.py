@@ -62,7 +62,12 @@ def _keys(name: str) -> list[tuple[str, str, int]]:
         ("nvtrust_124_dmesg_sxid.txt", [("sxid", "0000:04:00.0", 22013)] * 2),
         (
             "docs_pages_single_lines.txt",
-            [("xid", "0000:10:1c", 63), ("xid", "0000:c6:00", 79), ("xid", "0000:d8:00", 74), ("xid", "0000:65:00", 43)],
+            [
+                ("xid", "0000:10:1c", 63),
+                ("xid", "0000:c6:00", 79),
+                ("xid", "0000:d8:00", 74),
+                ("xid", "0000:65:00", 43),
+            ],
         ),
         ("dmesg_ctime_xid79_xid154_node_reboot.txt", [("xid", "0000:02:00", 79), ("xid", "0000:02:00", 154)]),
         ("journal_610_xid79_xid154_os_reboot.txt", [("xid", "0000:01:00", 79), ("xid", "0000:01:00", 154)]),
@@ -82,7 +87,9 @@ def test_every_lookalike_line_alone_is_no_event() -> None:
 
 
 def test_pid_and_process_name() -> None:
-    event = parse_xid_line("NVRM: Xid (PCI:0000:c6:00): 79, pid=1101234, name=nvc:[driver], GPU has fallen off the bus.")
+    event = parse_xid_line(
+        "NVRM: Xid (PCI:0000:c6:00): 79, pid=1101234, name=nvc:[driver], GPU has fallen off the bus."
+    )
     assert event is not None
     assert (event.pid, event.process, event.detail) == (1101234, "nvc:[driver]", "GPU has fallen off the bus.")
     unknown = parse_xid_line("NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', name=<unknown>, Graphics Exception")

@@ -122,9 +122,7 @@ class KmsgReader:
     text file, the whole file. Each later call returns only what arrived since.
     """
 
-    def __init__(
-        self, path: Path, read: Callable[[int, int], bytes] = os.read, device: bool | None = None
-    ) -> None:
+    def __init__(self, path: Path, read: Callable[[int, int], bytes] = os.read, device: bool | None = None) -> None:
         """``read`` and ``device`` are seams for tests (a fake ``read`` that raises EPIPE)."""
         self.path = path
         self.stats = ReadStats()
