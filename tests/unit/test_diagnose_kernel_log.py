@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import run_cli
-
 from dgxdoctor.diagnose.kernel_log import KernelLogAnalyzer
 
 KERNEL_LOG = Path(__file__).resolve().parents[1] / "fixtures" / "kernel_log"

@@ -122,7 +122,7 @@ def test_xid154_recovery_action() -> None:
 
 def test_sxid_fields() -> None:
     event = parse_sxid_line(
-        "[   38.178720] nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 Minion Link DLREQ interrupt"
+        "[38.178720] nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 Minion Link DLREQ interrupt"
     )
     assert isinstance(event, SxidEvent)
     assert (event.device, event.pci_bus_id, event.sxid, event.fatal, event.link) == (
