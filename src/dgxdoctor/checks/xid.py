@@ -12,7 +12,8 @@ since boot), not persisted: a restart reads the buffer again and Prometheus trea
 Severity comes from the catalog's resolution (data/xid_catalog.json, NVIDIA's Xid catalog): reset,
 reboot or support is CRITICAL, restart-the-application is WARNING, IGNORE is OK. Application-level XIDs
 (13, 31, 43, 45 by default) are WARNING whatever the catalog says. The same XID on the same GPU
-``repeat_threshold`` times within ``repeat_window_s`` escalates one step (OK to WARNING to CRITICAL).
+``repeat_threshold`` times within ``repeat_window_s`` escalates a WARNING to CRITICAL (IGNORE-class
+XIDs stay OK).
 ``overrides`` sets a status per XID outright.
 """
 
@@ -105,7 +106,9 @@ class XidSettings(CheckSettings):
         description="XIDs caused by the application, WARNING unless repeated (NVIDIA: 13, 31, 43, 45)",
     )
     repeat_threshold: int = Field(
-        3, ge=2, description="this many of the same XID on the same GPU within repeat_window_s escalates one step"
+        3,
+        ge=2,
+        description="this many of the same XID on the same GPU within repeat_window_s escalates a warning to critical",
     )
     repeat_window_s: float = Field(3600.0, gt=0, description="window in seconds for repeat_threshold")
     clear_after_s: float | None = Field(
@@ -210,10 +213,10 @@ def _assess_recovery_action(bus: str, action: str | None) -> Assessment:
 
 def escalate(assessment: Assessment, repeats: int, threshold: int) -> Assessment:
     """One step up when the same XID repeated on the same GPU ``threshold`` times in the window."""
-    if repeats < threshold or assessment.status == Status.CRITICAL:
+    # IGNORE-class XIDs (63: a row marked for remapping) stay OK however often they come: NVIDIA says to
+    # ignore them, and their failure modes have XIDs of their own (64). ``overrides`` can make them alarm.
+    if repeats < threshold or assessment.status != Status.WARNING:
         return assessment
-    if assessment.status == Status.OK:
-        return Assessment(Status.WARNING, "none", f"repeated {repeats} times: {assessment.remedy}")
     return Assessment(
         Status.CRITICAL,
         "contact_support",
