@@ -247,3 +247,19 @@ def test_bad_overrides_name_the_key(overrides: dict[str, str], message: str) -> 
     with pytest.raises(ConfigError) as err:
         parse_config({"checks": {"xid": {"overrides": overrides}}})
     assert "checks.xid.overrides" in str(err.value)
+
+
+async def test_daemon_calling_convention_passes_the_loop(tmp_path: Path) -> None:
+    import asyncio
+
+    path = tmp_path / "kern.log"
+    path.write_text(XID_79 + "\n")
+    check = _check(path)
+    check.start_following(asyncio.get_running_loop())
+    try:
+        deadline = time.monotonic() + 10
+        while check.count("0000:3b:00", 79) == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert check.count("0000:3b:00", 79) == 1
+    finally:
+        check.stop()

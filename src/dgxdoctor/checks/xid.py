@@ -3,11 +3,12 @@
 By hand: ``dmesg -T | grep -E 'NVRM: Xid|SXid|fallen off the bus'`` (or ``journalctl -k -g Xid``).
 
 One-shot (``dgxdoctor check``): reads the kernel log buffer since boot (or the last ``lookback_s``).
-In the daemon: call :meth:`XidCheck.start_following` once at start-up and :meth:`XidCheck.stop` at
-shutdown; a daemon thread then folds each new record in within a second (see sources/kmsg.py), and
-``run()`` only reports the state. Without ``start_following`` each ``run()`` reads what is new since the
-previous run. Counters are monotonic since the agent started (the first read takes the whole buffer
-since boot), not persisted: a restart reads the buffer again and Prometheus treats the drop as a reset.
+In the daemon: call :meth:`XidCheck.start_following` (the loop may be passed) once at start-up and
+:meth:`XidCheck.stop` at shutdown; a daemon thread then folds each new record in within a second
+(see sources/kmsg.py), and ``run()`` only reports the state. Without ``start_following`` each
+``run()`` reads what is new since the previous run. Counters are monotonic since the agent started
+(the first read takes the whole buffer since boot) and not persisted: a restart reads the buffer
+again, and Prometheus treats the drop as a counter reset.
 
 Severity comes from the catalog's resolution (data/xid_catalog.json, NVIDIA's Xid catalog): reset,
 reboot or support is CRITICAL, restart-the-application is WARNING, IGNORE is OK. Application-level XIDs
@@ -19,6 +20,7 @@ XIDs stay OK).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import deque
 from collections.abc import Iterable
@@ -279,11 +281,13 @@ class XidCheck:
 
     # --- daemon API ---------------------------------------------------------------------------------
 
-    def start_following(self) -> None:
+    def start_following(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         """Follow the kernel log in a daemon thread; new events are folded in within a second.
 
-        Raises OSError (no such file, permission denied) for the caller to log; the daemon keeps running
-        and ``run()`` then reports the problem.
+        ``loop`` is accepted for the daemon's calling convention and not used: the follower is a thread
+        (a blocking read cannot be interrupted; a poll() with a short timeout can), so it never runs on,
+        nor blocks, the event loop. Raises OSError (no such file, permission denied) for the caller to
+        log; the daemon keeps running and ``run()`` then reports the problem (SKIPPED or UNKNOWN).
         """
         if self._follower is not None and self._follower.running:
             return
