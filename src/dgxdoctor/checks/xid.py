@@ -23,16 +23,18 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+import structlog
 from pydantic import Field, field_validator
 
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import Action, CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.kmsg import KmsgFollower, KmsgReader, KmsgRecord
+from dgxdoctor.sources.nvml_xid import NvmlEventsUnavailable, NvmlXidFollower, PynvmlXidEvents, XidEventSource
 from dgxdoctor.sources.xid import (
     CatalogEntry,
     KernelLogScanner,
@@ -82,12 +84,17 @@ KMSG_FOLLOWING = MetricSpec(
     "1 when the kernel log is followed by a background reader, 0 when it is read at each run",
 )
 
+log = structlog.get_logger(__name__)
+
 ActionKind = Literal["reset_gpu", "reboot_node", "restart_app", "contact_support", "none"]
 
 DEFAULT_APP_LEVEL_XIDS = (13, 31, 43, 45)
 # The driver prints "Xid 79" and "GPU ... has fallen off the bus" together; within this many seconds the
 # two are one event.
 FALLEN_OFF_MERGE_S = 30.0
+# An NVML XID event and the kernel log line of the same XID on the same GPU within this many seconds are
+# one event (the driver raises both).
+CROSS_SOURCE_MERGE_S = 5.0
 # Event times kept per (GPU, XID) for the repeat window; a storm beyond this is "at least this many".
 MAX_TIMES_KEPT = 1024
 
@@ -117,6 +124,11 @@ class XidSettings(CheckSettings):
         None,
         gt=0,
         description="events older than this no longer set the status (they stay counted); unset: until reboot",
+    )
+    nvml_events: bool = Field(
+        False,
+        description="daemon: also follow NVML's XID events (the kernel log stays primary; "
+        "an event both report is counted once)",
     )
     overrides: dict[str, Literal["ok", "warning", "critical"]] = Field(
         default_factory=dict,
@@ -262,7 +274,13 @@ class XidCheck:
     name: ClassVar[str] = "xid"
     settings_model: ClassVar[type[CheckSettings]] = XidSettings
 
-    def __init__(self, settings: CheckSettings, env: Environment, catalog: XidCatalog | None = None) -> None:
+    def __init__(
+        self,
+        settings: CheckSettings,
+        env: Environment,
+        catalog: XidCatalog | None = None,
+        nvml_events_factory: Callable[[], XidEventSource] = PynvmlXidEvents,
+    ) -> None:
         assert isinstance(settings, XidSettings)
         self.settings: CheckSettings = settings
         self.cfg: XidSettings = settings
@@ -271,6 +289,10 @@ class XidCheck:
         self.reader = KmsgReader(env.kmsg_path)
         self._scanner = KernelLogScanner()
         self._follower: KmsgFollower | None = None
+        self._nvml_factory = nvml_events_factory
+        self._nvml_follower: NvmlXidFollower | None = None
+        self._nvml_note: str | None = None
+        self._unpaired: dict[tuple[str, int], deque[tuple[float, str]]] = {}
         self._lock = threading.Lock()
         self._min_usec: int | None = None
         self._opened = False
@@ -291,12 +313,28 @@ class XidCheck:
         """
         if self._follower is not None and self._follower.running:
             return
+        if self.cfg.nvml_events and self._nvml_follower is None:
+            self._start_nvml()
         self._open()
         self._follower = KmsgFollower(self.reader, self.ingest)
         self._follower.start()
 
+    def _start_nvml(self) -> None:
+        try:
+            source = self._nvml_factory()
+        except NvmlEventsUnavailable as exc:
+            self._nvml_note = f"NVML XID events unavailable: {exc}"
+            log.warning("nvml_xid_events_unavailable", error=str(exc))
+            return
+        self._nvml_note = None
+        self._nvml_follower = NvmlXidFollower(source, self.ingest_nvml)
+        self._nvml_follower.start()
+
     def stop(self) -> None:
-        """Stop following and close the kernel log."""
+        """Stop following and close the kernel log (and NVML's event set)."""
+        if self._nvml_follower is not None:
+            self._nvml_follower.stop()
+            self._nvml_follower = None
         if self._follower is not None:
             self._follower.stop()
             self._follower = None
@@ -330,13 +368,40 @@ class XidCheck:
                     for event in self._scanner.feed(line):
                         self._count(event, when)
 
+    def ingest_nvml(self, events: list[tuple[str, int]]) -> None:
+        """Fold NVML XID events in (the NVML follower's callback)."""
+        when = self.env.clock()
+        with self._lock:
+            for bus, code in events:
+                event = XidEvent(bus, code, f"NVML XID event: Xid {code} on {bus}", detail="reported by NVML")
+                if not self._merge_sources((bus, code), "nvml", when):
+                    self._tally(self._xids, (bus, code), event, when)
+
     def _count(self, event: XidEvent | SxidEvent, when: float) -> None:
         if isinstance(event, SxidEvent):
             self._tally(self._sxids, (event.pci_bus_id, event.sxid), event, when)
             return
         if event.xid == 79 and self._merge_fallen_off(event, when):
             return
-        self._tally(self._xids, (event.pci_bus_id, event.xid), event, when)
+        key = (event.pci_bus_id, event.xid)
+        if self.cfg.nvml_events and self._merge_sources(key, "kmsg", when):
+            tally = self._xids.get(key)
+            if tally is not None:  # the kernel log's line is the better evidence
+                tally.last_event = event
+            return
+        self._tally(self._xids, key, event, when)
+
+    def _merge_sources(self, key: tuple[str, int], source: str, when: float) -> bool:
+        """True when the other source already reported this XID on this GPU (counted once)."""
+        pending = self._unpaired.setdefault(key, deque())
+        while pending and when - pending[0][0] > CROSS_SOURCE_MERGE_S:
+            pending.popleft()
+        for i, (seen, other) in enumerate(pending):
+            if other != source and abs(when - seen) <= CROSS_SOURCE_MERGE_S:
+                del pending[i]
+                return True
+        pending.append((when, source))
+        return False
 
     def _merge_fallen_off(self, event: XidEvent, when: float) -> bool:
         """True when this 79 is the other half of one already counted (Xid line + fallen-off line)."""
@@ -385,6 +450,8 @@ class XidCheck:
             self.ingest(records)
         elif self._follower is not None and self._follower.error:
             raise RuntimeError(self._follower.error)
+        if self._nvml_follower is not None and self._nvml_follower.error:
+            self._nvml_note = self._nvml_follower.error
         return self._report()
 
     def _report(self) -> CheckResult:
@@ -469,6 +536,8 @@ class XidCheck:
     ) -> str:
         since = f"in the last {self.cfg.lookback_s:g} s" if self.cfg.lookback_s else "since boot"
         lost_note = f"; {lost} kernel log record(s) lost to overruns" if lost else ""
+        if self._nvml_note:
+            lost_note += f"; {self._nvml_note}"
         if not xids and not sxids:
             return f"no XID or SXID errors in the kernel log {since}{lost_note}"
         parts = [f"XID {code} on {bus} x{t.count}" for (bus, code), t in xids]
