@@ -123,3 +123,16 @@ def test_text_log_is_read_incrementally_and_partial_lines_wait(tmp_path: Path) -
 def test_missing_path_raises_for_the_caller(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         KmsgReader(tmp_path / "nope").read_available()
+
+
+def test_nvidia_driver_records_from_the_h200_machine() -> None:
+    raw = (FIXTURE.parent / "kmsg_records_h200_580.txt").read_text().splitlines(keepends=True)
+    records = [parse_kmsg_record(line) for line in raw]
+    assert [(r.facility, r.level, r.flags) for r in records] == [
+        (0, 4, "-"),
+        (0, 6, "-"),
+        (0, 3, "-"),
+        (0, 4, "c"),
+        (0, 4, "c"),
+    ]
+    assert records[2].message.startswith("NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04")

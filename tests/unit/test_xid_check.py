@@ -263,3 +263,15 @@ async def test_daemon_calling_convention_passes_the_loop(tmp_path: Path) -> None
         assert check.count("0000:3b:00", 79) == 1
     finally:
         check.stop()
+
+
+def test_driver_boot_records_are_not_events(tmp_path: Path) -> None:
+    from dgxdoctor.sources.kmsg import parse_kmsg_record
+
+    path = tmp_path / "kmsg"
+    path.write_text("")
+    check = _check(path)
+    check.run()
+    raw = (KERNEL_LOG / "kmsg_records_h200_580.txt").read_text().splitlines(keepends=True)
+    check.ingest([parse_kmsg_record(line) for line in raw])
+    assert check.run().findings == ()
