@@ -136,3 +136,14 @@ def test_nvidia_driver_records_from_the_h200_machine() -> None:
         (0, 4, "c"),
     ]
     assert records[2].message.startswith("NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04")
+
+
+def test_reopened_device_does_not_return_records_twice(tmp_path: Path) -> None:
+    path = tmp_path / "kmsg"
+    path.write_text("")
+    _, read = _fake_device([b"6,1,1,-;one\n", b"6,2,2,-;two\n"])
+    reader = KmsgReader(path, read=read, device=True)  # type: ignore[arg-type]
+    assert len(reader.read_available()) == 2
+    reader.close()
+    _, reader._read = _fake_device([b"6,1,1,-;one\n", b"6,2,2,-;two\n", b"6,3,3,-;three\n"])  # type: ignore[assignment]
+    assert [r.message for r in reader.read_available()] == ["three"]

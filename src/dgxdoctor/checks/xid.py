@@ -458,9 +458,13 @@ class XidCheck:
         builder = ResultBuilder(self.name)
         now = self.env.clock()
         actions: list[tuple[Status, Assessment]] = []
-        with self._lock:
-            xids = sorted(self._xids.items())
-            sxids = sorted(self._sxids.items())
+        with self._lock:  # a snapshot: the follower thread keeps counting meanwhile
+            xids = sorted(
+                (key, _Tally(t.count, t.last_seen, t.last_event, deque(t.times))) for key, t in self._xids.items()
+            )
+            sxids = sorted(
+                (key, _Tally(t.count, t.last_seen, t.last_event, deque(t.times))) for key, t in self._sxids.items()
+            )
             stats = self.reader.stats
             lost, read = stats.lost, stats.records
         for (bus, code), tally in xids:

@@ -190,8 +190,11 @@ class KmsgReader:
             except KmsgFormatError:
                 self.stats.malformed += 1
                 continue
-            if self._last_seq is not None and record.seq is not None and record.seq > self._last_seq + 1:
-                self.stats.lost += record.seq - self._last_seq - 1
+            if self._last_seq is not None and record.seq is not None:
+                if record.seq <= self._last_seq:
+                    continue  # reopened: a new descriptor starts at the oldest record again
+                if record.seq > self._last_seq + 1:
+                    self.stats.lost += record.seq - self._last_seq - 1
             self._last_seq = record.seq
             self.stats.records += 1
             out.append(record)
