@@ -149,3 +149,12 @@ def test_catalog_covers_documented_xids_with_resolutions() -> None:
     assert catalog.xids[48].name == "Double Bit ECC Error"
     assert "docs.nvidia.com" in catalog.source["xid"] and catalog.source["retrieved"]
     assert catalog.xid(999).resolution == "CONTACT_SUPPORT"  # a code newer than the catalog
+
+
+def test_three_line_fallen_off_message_is_one_evidence_line() -> None:
+    (event,) = scan_text((KERNEL_LOG / "nvsentinel_155_dmesg_fallen_off_no_xid.txt").read_text())
+    assert isinstance(event, XidEvent) and event.synthesized
+    assert event.line == (
+        "[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0 NVRM: (PCI ID: 10de:26b5) installed in this system has "
+        "NVRM: fallen off the bus and is not responding to commands."
+    )

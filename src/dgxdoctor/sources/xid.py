@@ -172,7 +172,7 @@ class KernelLogScanner:
 
     def __init__(self) -> None:
         self._held_header: str | None = None
-        self._fallen_head: tuple[str, str, int] | None = None  # (bus, line, lines left)
+        self._fallen_head: tuple[str, list[str], int] | None = None  # (bus, lines so far, lines left)
 
     def feed(self, line: str) -> list[XidEvent | SxidEvent]:
         if self._held_header is not None:
@@ -195,7 +195,7 @@ class KernelLogScanner:
         if "fallen off" in line or "The NVIDIA GPU" in line:
             out.extend(self._fallen_off(line))
         elif self._fallen_head is not None:
-            self._age_fallen_head()
+            self._age_fallen_head(line)
         return out
 
     def _fallen_off(self, line: str) -> list[XidEvent | SxidEvent]:
@@ -210,18 +210,20 @@ class KernelLogScanner:
         if head is not None:
             if FALLEN_OFF_TAIL_RE.search(line, head.end()):  # the whole message on one (joined) line
                 return [XidEvent(_bus(head), 79, line.strip(), detail="GPU has fallen off the bus", synthesized=True)]
-            self._fallen_head = (_bus(head), line.strip(), FALLEN_OFF_LOOKAHEAD)
+            self._fallen_head = (_bus(head), [line.strip()], FALLEN_OFF_LOOKAHEAD)
             return []
         if self._fallen_head is not None and FALLEN_OFF_TAIL_RE.search(line):
-            bus, head_line, _ = self._fallen_head
+            bus, lines, _ = self._fallen_head
             self._fallen_head = None
-            return [XidEvent(bus, 79, head_line, detail="GPU has fallen off the bus", synthesized=True)]
+            whole = " ".join([*lines, line.strip()])  # the message's lines, as one evidence line
+            return [XidEvent(bus, 79, whole, detail="GPU has fallen off the bus", synthesized=True)]
         return []
 
-    def _age_fallen_head(self) -> None:
+    def _age_fallen_head(self, line: str) -> None:
         assert self._fallen_head is not None
-        bus, line, left = self._fallen_head
-        self._fallen_head = (bus, line, left - 1) if left > 1 else None
+        bus, lines, left = self._fallen_head
+        lines.append(line.strip())
+        self._fallen_head = (bus, lines, left - 1) if left > 1 else None
 
 
 def scan_lines(lines: Iterable[str]) -> Iterator[XidEvent | SxidEvent]:
