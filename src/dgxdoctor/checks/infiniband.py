@@ -254,8 +254,10 @@ class InfinibandCheck:
     settings_model: ClassVar[type[CheckSettings]] = InfinibandSettings
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        assert isinstance(settings, InfinibandSettings)
-        self.settings: InfinibandSettings = settings
+        if not isinstance(settings, InfinibandSettings):
+            raise TypeError(f"infiniband check needs InfinibandSettings, got {type(settings).__name__}")
+        self.settings: CheckSettings = settings
+        self.cfg = settings
         self.env = env
         self._statefile = StateFile(env.state_dir / STATE_FILE_NAME)
         self._state: dict[str, Any] | None = None
@@ -270,7 +272,7 @@ class InfinibandCheck:
         if ports:
             return ports, "sysfs"
         where = f"{class_dir} has no RDMA ports" if class_dir.is_dir() else f"no {class_dir}"
-        if not self.settings.use_ibstat:
+        if not self.cfg.use_ibstat:
             return where
         try:
             done = self.env.run_command(["ibstat"], IBSTAT_TIMEOUT_S)
@@ -285,7 +287,7 @@ class InfinibandCheck:
 
     def _selected(self, port: IbPort) -> bool:
         names = (port.device, port.name)
-        inc, exc = self.settings.devices_include, self.settings.devices_exclude
+        inc, exc = self.cfg.devices_include, self.cfg.devices_exclude
         if inc and not any(fnmatch.fnmatchcase(n, pat) for n in names for pat in inc):
             return False
         return not any(fnmatch.fnmatchcase(n, pat) for n in names for pat in exc)
@@ -320,7 +322,7 @@ class InfinibandCheck:
         all_ports, source = read
         ports = [p for p in all_ports if self._selected(p)]
         b = ResultBuilder(self.name)
-        s = self.settings
+        s = self.cfg
 
         if not ports and not s.expected_ports:
             return CheckResult.skipped(
@@ -378,7 +380,7 @@ class InfinibandCheck:
         return b.build(summary)
 
     def _check_port(self, b: ResultBuilder, port: IbPort, problems: list[str]) -> None:
-        s = self.settings
+        s = self.cfg
         labels = {"device": port.device, "port": str(port.port)}
         # The rate file of a port without link shows a meaningless minimum (often 10 Gb/s): export Active only.
         b.sample(PORT_RATE, port.rate_gbps if port.active else None, **labels)
@@ -437,7 +439,7 @@ class InfinibandCheck:
     def _recent_flaps(self, flaps: object, now: float) -> list[float]:
         if not isinstance(flaps, list):
             return []
-        horizon = now - self.settings.flap_window_s
+        horizon = now - self.cfg.flap_window_s
         return [float(t) for t in flaps if isinstance(t, int | float) and horizon <= t <= now]
 
     def _history_counters(self) -> set[str]:
@@ -504,11 +506,11 @@ class InfinibandCheck:
         if downs > 0:
             flaps.extend([now] * min(downs, 100))
         b.sample(PORT_FLAPS, float(len(flaps)), **labels)
-        if len(flaps) >= self.settings.flap_warn_count:
+        if len(flaps) >= self.cfg.flap_warn_count:
             b.finding(
                 "IB_LINK_FLAPPING",
                 Status.WARNING,
-                f"{port.name} lost its link {len(flaps)} time(s) in the last {_duration(self.settings.flap_window_s)}",
+                f"{port.name} lost its link {len(flaps)} time(s) in the last {_duration(self.cfg.flap_window_s)}",
                 port.name,
                 remedy=REMEDIES["link_downed"],
             )

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dgxdoctor.checks.base import CheckFactory
+from dgxdoctor.checks.infiniband import InfinibandCheck
 
-ALL_CHECKS: tuple[CheckFactory, ...] = ()
+ALL_CHECKS: tuple[CheckFactory, ...] = (InfinibandCheck,)
 
 
 def by_name() -> dict[str, CheckFactory]:
