@@ -85,9 +85,7 @@ class CounterThreshold(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    counter: str | None = Field(
-        None, description="sysfs counter name (counters/ or hw_counters/); default: the rule's own name"
-    )
+    counter: str = Field("", description="sysfs counter name (counters/ or hw_counters/); empty: the rule's name")
     kind: Literal["increase", "rate"] = Field(
         "rate", description="'increase': change since the last run above limit; 'rate': events per `per` above limit"
     )
@@ -199,10 +197,11 @@ class InfinibandSettings(CheckSettings):
         description="skip these devices or ports (glob patterns), e.g. storage or management NICs",
     )
     thresholds: dict[str, CounterThreshold] = Field(
-        default_factory=dict,
-        description="counter rules by name, laid over the built-in table (NVIDIA NIC health defaults); "
-        "e.g. thresholds.symbol_error_ber = {counter='symbol_error', kind='rate', limit=60, per='hour', "
-        "severity='critical'}",
+        default_factory=lambda: dict(DEFAULT_THRESHOLDS),
+        description="counter rules by name (defaults: NVIDIA's NIC health monitor); a rule named here replaces "
+        "the built-in rule of that name, rules not named keep their defaults. Keys of a rule: counter (default "
+        "the rule name), kind ('increase' since the last run, or 'rate'), limit, per (second/minute/hour), "
+        "severity (warning/critical), enabled",
     )
     flap_window_s: float = Field(86400.0, gt=0, description="how far back link flaps are remembered, seconds")
     flap_warn_count: int = Field(2, ge=1, description="this many flaps of one port within the window is a warning")
