@@ -455,15 +455,15 @@ class InfinibandCheck:
         """Samples and findings from the port's counters; returns the port's new state entry."""
         labels = {"device": port.device, "port": str(port.port)}
         flaps = self._recent_flaps(entry.get("flaps"), now)
+        if port.source == "sysfs" and port.counters_note:
+            how = "partly unavailable" if port.counters else "unavailable"
+            b.finding(
+                "IB_COUNTERS_UNAVAILABLE",
+                Status.OK,
+                f"{port.name}: counters {how} ({port.counters_note}); what is missing is not monitored",
+                port.name,
+            )
         if not port.counters:
-            if port.source == "sysfs":
-                b.finding(
-                    "IB_COUNTERS_UNAVAILABLE",
-                    Status.OK,
-                    f"{port.name}: counters unavailable ({port.counters_note or 'none readable'}); "
-                    "error rates are not monitored on this port",
-                    port.name,
-                )
             b.sample(PORT_FLAPS, float(len(flaps)), **labels)
             return {"flaps": flaps}
 
@@ -491,7 +491,9 @@ class InfinibandCheck:
                     continue
                 deltas[name] = value - before
         else:
-            checkpoints = []
+            # First run, or the clock stood still or went backwards: this reading is the new baseline;
+            # checkpoints from the "future" mean nothing.
+            checkpoints = [(t, c) for t, c in checkpoints if t < now]
 
         if elapsed is not None:
             for data, metric in (("port_rcv_data", PORT_RCV_BPS), ("port_xmit_data", PORT_XMIT_BPS)):

@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 from dgxdoctor.checks.infiniband import DEFAULT_THRESHOLDS, ERROR_COUNTERS, REMEDIES, port_state_verdict
 from dgxdoctor.diagnose.base import Diagnosis
 from dgxdoctor.result import Finding, Status
-from dgxdoctor.sources.ibstat import looks_like_ibstat, parse_ibstat
-from dgxdoctor.sources.perfquery import FIELD_TO_COUNTER, looks_like_perfquery, parse_perfquery
+from dgxdoctor.sources.ibstat import IbstatFormatError, looks_like_ibstat, parse_ibstat
+from dgxdoctor.sources.perfquery import FIELD_TO_COUNTER, PerfqueryFormatError, looks_like_perfquery, parse_perfquery
 
 # Counters whose any increase the live check calls critical; a non-zero value in one snapshot is the same
 # event seen without a time base.
@@ -27,7 +27,10 @@ class IbstatAnalyzer:
         return looks_like_ibstat(text)
 
     def analyze(self, text: str) -> Diagnosis:
-        ports = parse_ibstat(text)
+        try:
+            ports = parse_ibstat(text)
+        except IbstatFormatError as exc:
+            return _unparsable(self.kind, str(exc))
         findings: list[Finding] = []
         lines = text.splitlines()
         for p in ports:
@@ -57,6 +60,14 @@ class IbstatAnalyzer:
         return Diagnosis(self.kind, tuple(findings), data)
 
 
+def _unparsable(kind: str, error: str) -> Diagnosis:
+    return Diagnosis(
+        kind,
+        (Finding("UNPARSABLE_INPUT", Status.UNKNOWN, f"not valid {kind} output: {error}", remedy=None),),
+        {"ports": []},
+    )
+
+
 def _evidence(lines: list[str], ca: str, port: int) -> str | None:
     """The ``State:`` line of ``ca``'s port ``port``."""
     in_ca = in_port = False
@@ -78,7 +89,10 @@ class PerfqueryAnalyzer:
         return looks_like_perfquery(text)
 
     def analyze(self, text: str) -> Diagnosis:
-        blocks = parse_perfquery(text)
+        try:
+            blocks = parse_perfquery(text)
+        except PerfqueryFormatError as exc:
+            return _unparsable(self.kind, str(exc))
         findings: list[Finding] = []
         for block in blocks:
             subject = f"lid {block.lid} port {block.port}"
