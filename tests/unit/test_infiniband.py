@@ -585,3 +585,21 @@ def test_vanished_port_keeps_only_its_flaps(tmp_path: Path) -> None:
     assert result.facts["ib_port_count"] == "7"
     state = json.loads((env.state_dir / "infiniband.json").read_text())
     assert state["ports"]["mlx5_7/1"] == {"flaps": [clock.t - 30]}
+
+
+def test_cli_check_over_a_sysfs_tree(tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    sysfs = build_tree(tmp_path / "sys", "dgx_ndr_degraded.txt")
+    set_boot(tmp_path, BOOT_A)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(
+        f'[paths]\nsysfs_root = "{sysfs}"\nproc_root = "{tmp_path / "proc"}"\nstate_dir = "{tmp_path / "state"}"\n'
+        "[checks.infiniband]\nexpected_ports = 8\nmin_rate_gbps = 400\n"
+    )
+    done = run_cli("check", "--config", str(cfg), "--only", "infiniband", "--json", env={"PATH": "/nonexistent"})
+    assert done.returncode == 2, done.stderr
+    (result,) = done.json()["checks"]
+    assert result["status"] == "critical"
+    assert {f["code"] for f in result["findings"]} >= {"IB_PORT_DOWN", "IB_PORT_RATE_LOW"}
+    assert (tmp_path / "state" / "infiniband.json").is_file()
