@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
 
+from conftest import run_cli
 from dgxdoctor.diagnose.base import diagnose_text
 from dgxdoctor.diagnose.infiniband import IbstatAnalyzer, PerfqueryAnalyzer
 from dgxdoctor.diagnose.registry import ANALYZERS
