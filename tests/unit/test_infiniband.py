@@ -421,9 +421,9 @@ def test_slow_symbol_errors_under_the_ber_budget_are_not_flagged(tmp_path: Path)
     """One error a minute (60/h) must never be extrapolated into a breach, whatever the interval."""
     clock = Clock()
     env = make_env(tmp_path, "dgx_ndr_healthy.txt", clock)
-    c = check(env)
+    c = check(env, devices_include=["mlx5_1"])
     c.run()
-    for _ in range(180):  # three hours of 30 s runs
+    for _ in range(180):  # 90 minutes of 30 s runs: the hour window fills and rolls on
         clock.t += 30
         if int(clock.t) % 60 == 0:
             bump(env.sysfs_root, "mlx5_1", "symbol_error", 1)
@@ -603,3 +603,26 @@ def test_cli_check_over_a_sysfs_tree(tmp_path: Path) -> None:
     assert result["status"] == "critical"
     assert {f["code"] for f in result["findings"]} >= {"IB_PORT_DOWN", "IB_PORT_RATE_LOW"}
     assert (tmp_path / "state" / "infiniband.json").is_file()
+
+
+def test_unreadable_state_is_unknown_not_down(tmp_path: Path) -> None:
+    env = make_env(tmp_path, "dgx_ndr_healthy.txt", Clock())
+    state = env.sysfs_root / "class/infiniband/mlx5_1/ports/1/state"
+    state.unlink()
+    state.mkdir()  # reading fails with an OSError
+    result = check(env).run()
+    assert result.status is Status.UNKNOWN
+    assert codes(result) == {"IB_PORT_STATE_UNREADABLE": ["mlx5_1/1"]}
+    assert one(result, "dgxdoctor_ib_port_up", device="mlx5_1") is None
+
+
+def test_dual_port_device_maps_each_port_to_its_netdev(tmp_path: Path) -> None:
+    root = build_tree(tmp_path, "roce_node.txt")
+    dev = root / "class/infiniband/mlx5_0"
+    import shutil
+
+    shutil.copytree(dev / "ports/1", dev / "ports/2")
+    (dev / "device/net/ens1f0np1").mkdir()
+    (dev / "device/net/ens1f0np1/dev_port").write_text("1\n")
+    ports = [p for p in read_ports(root) if p.device == "mlx5_0"]
+    assert [(p.port, p.netdev) for p in ports] == [(1, "ens1f0np0"), (2, "ens1f0np1")]
