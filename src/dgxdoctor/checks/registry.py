@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dgxdoctor.checks.base import CheckFactory
+from dgxdoctor.checks.infiniband import InfinibandCheck
 from dgxdoctor.checks.xid import XidCheck
 
-ALL_CHECKS: tuple[CheckFactory, ...] = (XidCheck,)
+ALL_CHECKS: tuple[CheckFactory, ...] = (XidCheck, InfinibandCheck)
 
 
 def by_name() -> dict[str, CheckFactory]:
