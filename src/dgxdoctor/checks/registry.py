@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dgxdoctor.checks.base import CheckFactory
 from dgxdoctor.checks.gpu import GpuCheck
+from dgxdoctor.checks.infiniband import InfinibandCheck
+from dgxdoctor.checks.xid import XidCheck
 
-ALL_CHECKS: tuple[CheckFactory, ...] = (GpuCheck,)
+ALL_CHECKS: tuple[CheckFactory, ...] = (GpuCheck, XidCheck, InfinibandCheck)
 
 
 def by_name() -> dict[str, CheckFactory]:
