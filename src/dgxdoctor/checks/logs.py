@@ -1,0 +1,146 @@
+"""`logs`: new lines of the vLLM and Ray logs matched against the catalog of known failure signatures.
+
+By hand: ``grep -E 'NCCL WARN|Watchdog caught|connectFullMesh|CUDA out of memory|placement group'
+/tmp/ray/session_latest/logs/*.err /var/log/vllm.log``.
+
+Offsets live in ``<state_dir>/logs_offsets.json`` (see ``sources.logtail`` for rotation and truncation). A match
+stays in the result for ``hold_s`` after it was last seen, then the check returns to OK by itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import structlog
+from pydantic import Field
+
+from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.environment import Environment
+from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
+from dgxdoctor.sources.logtail import LogFollower, expand_paths
+from dgxdoctor.sources.signatures import Catalog, Signature, load_catalog
+from dgxdoctor.sources.statefile import StateFile
+
+log = structlog.get_logger(__name__)
+
+MATCHES_TOTAL = MetricSpec(
+    "dgxdoctor_logs_signature_matches_total",
+    "Log lines matching a known failure signature since the agent started, by signature code.",
+    "counter",
+    ("code",),
+)
+FILES_FOLLOWED = MetricSpec(
+    "dgxdoctor_logs_files_followed",
+    "Log files the logs check followed in its last run.",
+)
+EVIDENCE_MAX = 500
+
+
+class LogsSettings(CheckSettings):
+    interval_s: float = Field(10.0, gt=0, description="daemon: seconds between runs")
+    vllm_paths: list[str] = Field(
+        default_factory=list,
+        description="vLLM log files or globs (e.g. /var/log/vllm/vllm.log); empty: none",
+    )
+    ray_paths: list[str] = Field(
+        default_factory=lambda: [
+            "/tmp/ray/session_latest/logs/*.log",
+            "/tmp/ray/session_latest/logs/*.err",
+            "/tmp/ray/session_latest/logs/*.out",
+        ],
+        description="Ray log files or globs",
+    )
+    max_bytes_per_run: int = Field(
+        32 * 1024 * 1024, gt=0, description="read at most this many new bytes per run over all files; rest next run"
+    )
+    from_start: bool = Field(
+        False, description="read a file seen for the first time from its start (default: from its end)"
+    )
+    hold_s: float = Field(900.0, gt=0, description="keep reporting a match this many seconds after it was last seen")
+
+
+@dataclass
+class _Recent:
+    signature: Signature
+    path: str
+    line: str
+    last_seen: float
+    count: int
+
+
+class LogsCheck:
+    name: ClassVar[str] = "logs"
+    settings_model: ClassVar[type[CheckSettings]] = LogsSettings
+
+    def __init__(self, settings: CheckSettings, env: Environment, catalog: Catalog | None = None) -> None:
+        assert isinstance(settings, LogsSettings)
+        self.settings: LogsSettings = settings
+        self.env = env
+        self.catalog = catalog or load_catalog()
+        self.state = StateFile(env.state_dir / "logs_offsets.json")
+        self._follower: LogFollower | None = None
+        self._recent: dict[tuple[str, str], _Recent] = {}
+        self._totals: dict[str, int] = {}
+
+    def _load_follower(self) -> LogFollower:
+        if self._follower is None:
+            saved = self.state.load().get("positions", {})
+            self._follower = LogFollower(saved if isinstance(saved, dict) else {}, from_start=self.settings.from_start)
+        return self._follower
+
+    def run(self) -> CheckResult:
+        s = self.settings
+        kinds = {path: "ray" for path in expand_paths(s.ray_paths)}
+        kinds.update({path: "vllm" for path in expand_paths(s.vllm_paths)})
+        if not kinds:
+            return CheckResult.skipped(self.name, "no vLLM or Ray log files configured or present")
+        follower = self._load_follower()
+        polled = follower.poll(sorted(kinds), s.max_bytes_per_run)
+        try:
+            self.state.save({"positions": follower.state()})
+        except OSError as exc:
+            log.warning("logs_state_unsaved", path=str(self.state.path), error=str(exc))
+
+        now = self.env.clock()
+        for path, line in polled.lines:
+            kind = kinds.get(path) or kinds.get(path.removesuffix(".1"))
+            for match in self.catalog.match(line, kind):
+                code = match.code
+                self._totals[code] = self._totals.get(code, 0) + 1
+                key = (code, path)
+                seen = self._recent.get(key)
+                count = seen.count + 1 if seen else 1
+                self._recent[key] = _Recent(match.signature, path, line, now, count)
+        for key in [k for k, r in self._recent.items() if now - r.last_seen > s.hold_s]:
+            del self._recent[key]
+
+        b = ResultBuilder(self.name)
+        for recent in sorted(self._recent.values(), key=lambda r: (-r.signature.severity.rank, r.path)):
+            sig = recent.signature
+            times = f" ({recent.count} lines)" if recent.count > 1 else ""
+            b.finding(
+                sig.code,
+                sig.severity,
+                f"{sig.meaning}{times}",
+                recent.path,
+                evidence=recent.line[:EVIDENCE_MAX],
+                remedy=sig.fix,
+            )
+        for code in sorted(self._totals):
+            b.sample(MATCHES_TOTAL, self._totals[code], code=code)
+        b.sample(FILES_FOLLOWED, len(polled.files))
+        for error in polled.errors:
+            b.finding("LOG_UNREADABLE", Status.WARNING, f"cannot read log file: {error}", error.split(":", 1)[0])
+        if polled.budget_exhausted:
+            b.finding(
+                "LOG_BACKLOG",
+                Status.OK,
+                f"read the per-run limit of {s.max_bytes_per_run} bytes; the rest is read next run",
+            )
+        codes = sorted({r.signature.code for r in self._recent.values()})
+        if codes:
+            summary = f"{len(codes)} failure signature(s) in the last {s.hold_s:g} s: {', '.join(codes)}"
+        else:
+            summary = f"no known failure signature in {len(polled.files)} log file(s)"
+        return b.build(summary)
