@@ -39,8 +39,9 @@ class Check(Protocol):
 
 
 class CheckFactory(Protocol):
-    name: ClassVar[str]
-    settings_model: ClassVar[type[CheckSettings]]
+    # Plain (not ClassVar) members: a class object can match them, a ClassVar protocol member never can.
+    name: str
+    settings_model: type[CheckSettings]
 
     def __call__(self, settings: CheckSettings, env: Environment) -> Check: ...
 

@@ -74,8 +74,10 @@ class LogsCheck:
     settings_model: ClassVar[type[CheckSettings]] = LogsSettings
 
     def __init__(self, settings: CheckSettings, env: Environment, catalog: Catalog | None = None) -> None:
-        assert isinstance(settings, LogsSettings)
-        self.settings: LogsSettings = settings
+        if not isinstance(settings, LogsSettings):
+            raise TypeError(f"logs check needs LogsSettings, got {type(settings).__name__}")
+        self.settings: CheckSettings = settings
+        self._settings = settings
         self.env = env
         self.catalog = catalog or load_catalog()
         self.state = StateFile(env.state_dir / "logs_offsets.json")
@@ -86,11 +88,11 @@ class LogsCheck:
     def _load_follower(self) -> LogFollower:
         if self._follower is None:
             saved = self.state.load().get("positions", {})
-            self._follower = LogFollower(saved if isinstance(saved, dict) else {}, from_start=self.settings.from_start)
+            self._follower = LogFollower(saved if isinstance(saved, dict) else {}, from_start=self._settings.from_start)
         return self._follower
 
     def run(self) -> CheckResult:
-        s = self.settings
+        s = self._settings
         kinds = {path: "ray" for path in expand_paths(s.ray_paths)}
         kinds.update({path: "vllm" for path in expand_paths(s.vllm_paths)})
         if not kinds:

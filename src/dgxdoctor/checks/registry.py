@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from dgxdoctor.checks.base import CheckFactory
+from dgxdoctor.checks.drift import DriftCheck
+from dgxdoctor.checks.logs import LogsCheck
 
-ALL_CHECKS: tuple[CheckFactory, ...] = ()
+ALL_CHECKS: tuple[CheckFactory, ...] = (
+    LogsCheck,
+    DriftCheck,
+)
 
 
 def by_name() -> dict[str, CheckFactory]:

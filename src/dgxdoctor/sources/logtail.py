@@ -8,6 +8,8 @@ A position is (device, inode, offset, size) per path, kept as a plain dict so th
 - the inode or device changed (logrotate's rename-and-create): first finish the old file if it was renamed to
   ``<path>.1`` (same device and inode), from the old offset to its end, then read the new file from 0;
 - the file shrank below the offset (copytruncate, or ``> file``): read it again from 0;
+- the same inode now starts with other bytes (a file deleted and recreated reusing the inode, which tmpfs and
+  ext4 do): treated as a new file, read from 0. The first ``HEAD_BYTES`` read are remembered for this;
 - a last line without its newline is left for the next poll, so a line being written is never split;
 - bytes that are not UTF-8 are replaced (U+FFFD), never fatal;
 - at most ``max_bytes`` are read per poll over all files; the rest waits for the next poll. A single line longer
@@ -17,6 +19,7 @@ A position is (device, inode, offset, size) per path, kept as a plain dict so th
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 ROTATED_SUFFIX = ".1"
+HEAD_BYTES = 128
 
 
 @dataclass(frozen=True)
@@ -31,9 +35,11 @@ class Position:
     dev: int
     ino: int
     offset: int
+    # sha256 (first 16 hex digits) of the file's first min(offset, HEAD_BYTES) bytes; "" before any were read.
+    head: str = ""
 
-    def to_dict(self) -> dict[str, int]:
-        return {"dev": self.dev, "ino": self.ino, "offset": self.offset}
+    def to_dict(self) -> dict[str, int | str]:
+        return {"dev": self.dev, "ino": self.ino, "offset": self.offset, "head": self.head}
 
     @classmethod
     def from_dict(cls, raw: Any) -> Position | None:
@@ -43,7 +49,19 @@ class Position:
             dev, ino, offset = (int(raw[k]) for k in ("dev", "ino", "offset"))
         except (KeyError, TypeError, ValueError):
             return None
-        return cls(dev, ino, offset) if offset >= 0 else None
+        head = raw.get("head", "")
+        return cls(dev, ino, offset, head if isinstance(head, str) else "") if offset >= 0 else None
+
+
+def _head(path: str, length: int) -> str:
+    if length <= 0:
+        return ""
+    try:
+        with Path(path).open("rb") as fh:
+            data = fh.read(min(length, HEAD_BYTES))
+    except OSError:
+        return ""
+    return hashlib.sha256(data).hexdigest()[:16]
 
 
 @dataclass
@@ -94,7 +112,7 @@ class LogFollower:
             old = self.positions.get(path)
             if old is None:
                 start = 0 if self.from_start else st.st_size
-                self.positions[path] = Position(st.st_dev, st.st_ino, start)
+                self.positions[path] = Position(st.st_dev, st.st_ino, start, _head(path, start))
                 if start == 0 and st.st_size > 0:
                     budget = self._read(path, result, budget)
                 continue
@@ -105,11 +123,14 @@ class LogFollower:
             elif st.st_size < old.offset:
                 result.truncated.append(path)
                 self.positions[path] = Position(st.st_dev, st.st_ino, 0)
+            elif old.head and _head(path, old.offset) != old.head:
+                result.rotated.append(path)  # recreated on a reused inode
+                self.positions[path] = Position(st.st_dev, st.st_ino, 0)
             budget = self._read(path, result, budget)
         # Forget files no longer configured or gone, so the state does not grow forever.
         for path in set(self.positions) - set(result.files):
             del self.positions[path]
-        result.budget_exhausted = budget <= 0
+        result.budget_exhausted |= budget <= 0
         return result
 
     def _finish_rotated(self, path: str, old: Position, result: PollResult, budget: int) -> int:
@@ -120,8 +141,9 @@ class LogFollower:
             return budget
         if (st.st_dev, st.st_ino) != (old.dev, old.ino) or st.st_size <= old.offset:
             return budget
-        text, consumed = _read_lines(rotated, old.offset, budget, final=True)
+        text, consumed, full = _read_lines(rotated, old.offset, budget, final=True)
         result.lines.extend((rotated, line) for line in text)
+        result.budget_exhausted |= full
         return budget - consumed
 
     def _read(self, path: str, result: PollResult, budget: int) -> int:
@@ -129,17 +151,21 @@ class LogFollower:
             return budget
         pos = self.positions[path]
         try:
-            lines, consumed = _read_lines(path, pos.offset, budget, final=False)
+            lines, consumed, full = _read_lines(path, pos.offset, budget, final=False)
         except OSError as exc:
             result.errors.append(f"{path}: {exc.strerror or exc}")
             return budget
         result.lines.extend((path, line) for line in lines)
-        self.positions[path] = Position(pos.dev, pos.ino, pos.offset + consumed)
+        result.budget_exhausted |= full
+        offset = pos.offset + consumed
+        head = pos.head if pos.offset >= HEAD_BYTES and pos.head else _head(path, offset)
+        self.positions[path] = Position(pos.dev, pos.ino, offset, head)
         return budget - consumed
 
 
-def _read_lines(path: str, offset: int, budget: int, *, final: bool) -> tuple[list[str], int]:
-    """Complete lines from ``offset``, at most ``budget`` bytes; returns them and the bytes consumed.
+def _read_lines(path: str, offset: int, budget: int, *, final: bool) -> tuple[list[str], int, bool]:
+    """Complete lines from ``offset``, at most ``budget`` bytes: the lines, the bytes consumed, and whether the
+    budget cut the read short (more is waiting).
 
     ``final`` (a rotated file that will not grow again): a last line without a newline is taken too.
     """
@@ -147,7 +173,8 @@ def _read_lines(path: str, offset: int, budget: int, *, final: bool) -> tuple[li
         fh.seek(offset)
         chunk = fh.read(budget)
     if not chunk:
-        return [], 0
+        return [], 0, False
+    full = len(chunk) >= budget
     end = chunk.rfind(b"\n")
     if end >= 0:
         whole = chunk[: end + 1]
@@ -155,8 +182,8 @@ def _read_lines(path: str, offset: int, budget: int, *, final: bool) -> tuple[li
         # No newline within the whole budget: cut the overlong line here instead of stalling.
         whole = chunk
     else:
-        return [], 0
+        return [], 0, False
     if final and end >= 0 and end + 1 < len(chunk) and len(chunk) < budget:
         whole = chunk
     text = whole.decode("utf-8", errors="replace")
-    return text.splitlines(), len(whole)
+    return text.splitlines(), len(whole), full

@@ -31,7 +31,7 @@ AVG_BUSBW = re.compile(r"Avg bus bandwidth\s*:\s*(\S+)")
 # # Out of bounds values : 0 OK
 #   (NVIDIA/nccl-tests#252)
 OUT_OF_BOUNDS = re.compile(r"Out of bounds values\s*:\s*(\d+)")
-# # nThread 1 nGpus 8 minBytes 8 maxBytes 8589934592 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
+# # nThread 1 nGpus 1 minBytes 8 maxBytes 1073741824 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 ...
 #   (NVIDIA/nccl-tests#293)
 NGPUS = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)")
 # # nccl-tests version 2.18.0 nccl-headers=22907 nccl-library=22907

@@ -93,7 +93,7 @@ def parse_catalog(data: Mapping[str, Any], source: str = "<catalog>") -> Catalog
             raise CatalogError(f"{where}: duplicate code")
         seen.add(code)
         severity = entry.get("severity")
-        if severity not in SEVERITIES:
+        if not isinstance(severity, str) or severity not in SEVERITIES:
             raise CatalogError(f"{where}: severity must be one of {sorted(SEVERITIES)}, got {severity!r}")
         kinds = entry.get("kinds")
         if not isinstance(kinds, list) or not kinds or any(k not in LOG_KINDS for k in kinds):
