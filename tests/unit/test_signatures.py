@@ -80,7 +80,14 @@ def test_kind_filter() -> None:
         (
             {
                 "signature": [
-                    {"code": "X", "severity": "warning", "kinds": ["vllm"], "meaning": "m", "fix": "f", "patterns": ["("]}
+                    {
+                        "code": "X",
+                        "severity": "warning",
+                        "kinds": ["vllm"],
+                        "meaning": "m",
+                        "fix": "f",
+                        "patterns": ["("],
+                    }
                 ]
             },
             "does not compile",

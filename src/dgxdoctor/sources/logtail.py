@@ -95,7 +95,7 @@ class LogFollower:
             if pos is not None:
                 self.positions[str(path)] = pos
 
-    def state(self) -> dict[str, dict[str, int]]:
+    def state(self) -> dict[str, dict[str, int | str]]:
         return {path: pos.to_dict() for path, pos in sorted(self.positions.items())}
 
     def poll(self, paths: Iterable[str], max_bytes: int) -> PollResult:
