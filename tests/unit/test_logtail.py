@@ -23,6 +23,16 @@ def test_first_sight_starts_at_end_unless_from_start(tmp_path: Path) -> None:
     assert lines(LogFollower(from_start=True).poll([str(log)], 1 << 20).lines) == ["old 1", "old 2", "new"]
 
 
+def test_file_appearing_after_first_poll_is_read_from_start(tmp_path: Path) -> None:
+    follower = LogFollower()
+    pattern = str(tmp_path / "*.err")
+    (tmp_path / "worker-1.err").write_text("history\n")
+    assert follower.poll(expand_paths([pattern]), 1 << 20).lines == []
+    (tmp_path / "worker-2.err").write_text("RuntimeError: CUDA error: out of memory\n")
+    result = follower.poll(expand_paths([pattern]), 1 << 20)
+    assert result.lines == [(str(tmp_path / "worker-2.err"), "RuntimeError: CUDA error: out of memory")]
+
+
 def test_partial_last_line_waits_for_its_newline(tmp_path: Path) -> None:
     log = tmp_path / "a.log"
     log.write_text("")

@@ -3,8 +3,10 @@
 A position is (device, inode, offset, size) per path, kept as a plain dict so the caller can persist it in a
 ``StateFile``. What ``LogFollower.poll`` does with each file:
 
-- first sight: start at its end (``from_start=False``), so a restart of the agent does not report old lines
-  again; or at 0 (``from_start=True``);
+- first sight, on the first poll of this follower: start at its end (``from_start=False``), so a restart of the
+  agent does not report old lines again; or at 0 (``from_start=True``);
+- first sight on a later poll: the file appeared while we were watching (a new Ray worker's log, a new Ray
+  session behind ``session_latest``), so every line in it is new: read from 0;
 - the inode or device changed (logrotate's rename-and-create): first finish the old file if it was renamed to
   ``<path>.1`` (same device and inode), from the old offset to its end, then read the new file from 0;
 - the file shrank below the offset (copytruncate, or ``> file``): read it again from 0;
@@ -89,6 +91,7 @@ def expand_paths(patterns: Iterable[str]) -> list[str]:
 class LogFollower:
     def __init__(self, positions: Mapping[str, Any] | None = None, *, from_start: bool = False) -> None:
         self.from_start = from_start
+        self._polled = False
         self.positions: dict[str, Position] = {}
         for path, raw in (positions or {}).items():
             pos = Position.from_dict(raw)
@@ -111,7 +114,7 @@ class LogFollower:
             result.files.append(path)
             old = self.positions.get(path)
             if old is None:
-                start = 0 if self.from_start else st.st_size
+                start = 0 if self.from_start or self._polled else st.st_size
                 self.positions[path] = Position(st.st_dev, st.st_ino, start, _head(path, start))
                 if start == 0 and st.st_size > 0:
                     budget = self._read(path, result, budget)
@@ -131,6 +134,7 @@ class LogFollower:
         for path in set(self.positions) - set(result.files):
             del self.positions[path]
         result.budget_exhausted |= budget <= 0
+        self._polled = True
         return result
 
     def _finish_rotated(self, path: str, old: Position, result: PollResult, budget: int) -> int:
