@@ -40,9 +40,17 @@ def test_signature_found_in_its_real_excerpt(code: str) -> None:
     assert found == {code}
 
 
+def test_real_vllm_capture_missing_model() -> None:
+    text = (LOGS / "captured" / "vllm_0.32.0_missing_model.txt").read_text()
+    matches = load_catalog().scan(text, "vllm")
+    assert {m.code for m in matches} == {"MODEL_PATH_MISSING"}
+    assert "/models/glm-missing" in matches[0].line
+
+
 def test_every_pattern_is_exercised_by_a_fixture() -> None:
     catalog = load_catalog()
-    text = "\n".join(p.read_text() for p in LOGS.glob("*.log"))
+    files = [*LOGS.glob("*.log"), *LOGS.glob("captured/*.txt")]
+    text = "\n".join(p.read_text() for p in files)
     for sig in catalog.signatures:
         for pattern in sig.patterns:
             assert pattern.search(text), f"{sig.code}: {pattern.pattern!r} has no real example in fixtures"
