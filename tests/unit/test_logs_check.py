@@ -111,3 +111,16 @@ def test_unwritable_state_dir_still_reports(tmp_path: Path) -> None:
     check.run()
     append(log, "RuntimeError: CUDA error: out of memory\n")
     assert [f.code for f in check.run().findings] == ["CUDA_OOM"]
+
+
+def test_logs_appearing_after_a_skipped_run_are_read_whole(tmp_path: Path) -> None:
+    ray_dir = tmp_path / "ray"
+    env = Environment(state_dir=tmp_path / "state", clock=Clock())
+    check = LogsCheck(LogsSettings(vllm_paths=[], ray_paths=[str(ray_dir / "*.out")]), env)
+    assert check.run().status is Status.SKIPPED  # Ray not started yet
+    ray_dir.mkdir()
+    session = (LOGS / "captured" / "ray_2.60.0_actor_died_session.txt").read_text()
+    (ray_dir / "gcs_server.out").write_text(session)
+    result = check.run()
+    assert [f.code for f in result.findings] == ["RAY_WORKER_DIED"]
+    assert "(2 lines)" in result.findings[0].message

@@ -47,6 +47,14 @@ def test_real_vllm_capture_missing_model() -> None:
     assert "/models/glm-missing" in matches[0].line
 
 
+def test_real_ray_capture_actor_died() -> None:
+    catalog = load_catalog()
+    driver = catalog.scan((LOGS / "captured" / "ray_2.60.0_actor_died_driver.txt").read_text(), "ray")
+    assert [m.code for m in driver] == ["RAY_WORKER_DIED", "RAY_WORKER_DIED"]
+    session = (LOGS / "captured" / "ray_2.60.0_actor_died_session.txt").read_text().splitlines()
+    assert [bool(catalog.match(line, "ray")) for line in session] == [True, True, False, False]
+
+
 def test_every_pattern_is_exercised_by_a_fixture() -> None:
     catalog = load_catalog()
     files = [*LOGS.glob("*.log"), *LOGS.glob("captured/*.txt")]

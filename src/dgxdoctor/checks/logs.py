@@ -95,9 +95,11 @@ class LogsCheck:
         s = self._settings
         kinds = {path: "ray" for path in expand_paths(s.ray_paths)}
         kinds.update({path: "vllm" for path in expand_paths(s.vllm_paths)})
-        if not kinds:
-            return CheckResult.skipped(self.name, "no vLLM or Ray log files configured or present")
         follower = self._load_follower()
+        if not kinds:
+            # Still a poll: files that appear from now on (Ray started after the agent) are new, read from 0.
+            follower.poll([], 0)
+            return CheckResult.skipped(self.name, "no vLLM or Ray log files configured or present")
         polled = follower.poll(sorted(kinds), s.max_bytes_per_run)
         try:
             self.state.save({"positions": follower.state()})

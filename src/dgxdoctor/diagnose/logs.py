@@ -26,7 +26,9 @@ RAY_PY_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+(?:DEBUG|INFO|W
 # (raylet) A worker died or was killed while executing a task ...   (verl-project/verl#2398)
 # (autoscaler +41s) Error: No available node types can fulfill ...  (vllm-project/vllm#14111)
 # ray.exceptions.RayActorError: The actor died unexpectedly ...    (sjtu-marl/malib#33)
-RAY_MARKER = re.compile(r"^\((?:raylet|autoscaler|gcs_server)[^)]*\)|ray\.exceptions\.|/tmp/ray/session_", re.M)
+# [2026-11-30 02:06:41,232 W 22797 22797] (gcs_server) gcs_worker_manager.cc:70: Reporting worker exit, ...
+#   (Ray 2.60.0 gcs_server.out; the driver prints "(raylet)" wrapped in ANSI colour codes)
+RAY_MARKER = re.compile(r"\((?:raylet|autoscaler|gcs_server)[^)]*\)|ray\.exceptions\.|/tmp/ray/session_")
 
 
 def _findings(text: str, kind: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int], int]:
