@@ -47,6 +47,8 @@ VERSION_KEYS = ("kernel_release", *DISTRIBUTIONS, "python_version")
 
 
 class DriftSettings(CheckSettings):
+    """The drift check: versions and model files to compare between the nodes."""
+
     interval_s: float = Field(300.0, gt=0, description="daemon: seconds between runs")
     serving_python: str | None = Field(
         None,

@@ -38,6 +38,8 @@ EVIDENCE_MAX = 500
 
 
 class LogsSettings(CheckSettings):
+    """The logs check: vLLM and Ray log files followed for known failure signatures."""
+
     interval_s: float = Field(10.0, gt=0, description="daemon: seconds between runs")
     vllm_paths: list[str] = Field(
         default_factory=list,
@@ -55,7 +57,9 @@ class LogsSettings(CheckSettings):
         32 * 1024 * 1024, gt=0, description="read at most this many new bytes per run over all files; rest next run"
     )
     from_start: bool = Field(
-        False, description="read a file seen for the first time from its start (default: from its end)"
+        False,
+        description="read files present when the agent starts from their start (default: from their end, so a "
+        "restart does not report old lines; files appearing later are always read whole)",
     )
     hold_s: float = Field(900.0, gt=0, description="keep reporting a match this many seconds after it was last seen")
 
