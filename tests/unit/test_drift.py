@@ -21,7 +21,13 @@ from dgxdoctor.sources.fingerprint import (
     sample_shards,
     scan_model_dir,
 )
-from dgxdoctor.sources.serving_env import PROBE, find_serving_python, parse_probe_output
+from dgxdoctor.sources.serving_env import (
+    PROBE,
+    _interpreter,
+    find_serving_python,
+    parse_probe_output,
+    trusted_process,
+)
 
 VERSIONS = {
     "python_version": "3.12.3",
@@ -117,6 +123,35 @@ def test_serving_python_found_from_processes(tmp_path: Path) -> None:
     assert runner.calls[0][0] == "/opt/vllm/bin/python3"
     found = find_serving_python(lambda: procs[:2])
     assert found is not None and found.exe == "/opt/ray/bin/python3.12"
+    others = [
+        ("/usr/bin/python3", ["/usr/bin/python3", "-m", "pytest", "tests/integration/test_vllm_real.py"]),
+        ("/opt/vllm/bin/python3", ["/opt/vllm/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]),
+    ]
+    found = find_serving_python(lambda: others)
+    assert found is not None and found.exe == "/opt/vllm/bin/python3"
+    ray_worker = [
+        (
+            "/opt/ray/bin/python",
+            ["/opt/ray/bin/python", "/opt/ray/lib/python3.11/site-packages/ray/_private/workers/default_worker.py"],
+        )
+    ]
+    assert find_serving_python(lambda: ray_worker) is not None
+
+
+def test_only_processes_of_the_agent_user_or_root_are_trusted() -> None:
+    assert trusted_process(1000, agent_uid=1000)
+    assert trusted_process(0, agent_uid=1000)
+    assert not trusted_process(4242, agent_uid=0)
+    assert not trusted_process(None, agent_uid=0)
+
+
+def test_venv_interpreter_path_is_kept(tmp_path: Path) -> None:
+    venv_python = tmp_path / "venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.symlink_to(os.path.realpath("/bin/sh"))
+    argv = [str(venv_python), "-m", "vllm.entrypoints.openai.api_server"]
+    assert _interpreter("/usr/bin/python3.11", argv) == str(venv_python)
+    assert _interpreter("/usr/bin/python3.11", ["python3", "-m", "vllm"]) == "/usr/bin/python3.11"
 
 
 def test_missing_model_dir_is_a_warning(tmp_path: Path) -> None:

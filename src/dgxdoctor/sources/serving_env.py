@@ -56,14 +56,33 @@ def parse_probe_output(stdout: str) -> dict[str, str]:
 ProcessInfo = tuple[str, Sequence[str]]
 
 
+def trusted_process(process_uid: int | None, agent_uid: int | None = None) -> bool:
+    """Whether the agent may run the interpreter of a process it found: the agent (often root) executes that
+    interpreter and whatever its environment's site-packages import, so an unprivileged user must not be able
+    to plant one. Trusted: processes of the agent's own user or of root. vLLM running as another user needs
+    ``serving_python`` set explicitly."""
+    agent_uid = os.geteuid() if agent_uid is None else agent_uid
+    return process_uid is not None and process_uid in (agent_uid, 0)
+
+
+def _interpreter(exe: str, argv: Sequence[str]) -> str:
+    # psutil's exe is the resolved binary; a virtual environment's python is a symlink to it, and only the
+    # symlink path (argv[0]) finds the environment's site-packages.
+    first = argv[0] if argv else ""
+    if os.path.isabs(first) and os.path.basename(first).startswith("python") and os.path.exists(first):
+        return first
+    return exe
+
+
 def psutil_processes() -> Iterable[ProcessInfo]:
+    """Running processes whose interpreter the agent may execute (see ``trusted_process``)."""
     import psutil
 
-    for proc in psutil.process_iter(["exe", "cmdline"]):
+    for proc in psutil.process_iter(["exe", "cmdline", "uids"]):
         info = proc.info
-        exe, cmdline = info.get("exe"), info.get("cmdline")
-        if exe and cmdline:
-            yield exe, cmdline
+        exe, cmdline, uids = info.get("exe"), info.get("cmdline"), info.get("uids")
+        if exe and cmdline and trusted_process(uids.real if uids else None):
+            yield _interpreter(exe, cmdline), cmdline
 
 
 @dataclass(frozen=True)
@@ -79,8 +98,19 @@ def find_serving_python(processes: Callable[[], Iterable[ProcessInfo]] = psutil_
         if not os.path.basename(exe).startswith("python"):
             continue
         joined = " ".join(argv)
-        if "vllm" in joined:
+        if _runs(argv, "vllm"):
             return FoundPython(exe, f"running vLLM process: {joined[:120]}")
-        if ray_python is None and ("ray/" in joined or "ray::" in joined or " ray " in f" {joined} "):
+        if ray_python is None and (_runs(argv, "ray") or any(a.startswith("ray::") for a in argv)):
             ray_python = FoundPython(exe, f"running Ray process: {joined[:120]}")
     return ray_python
+
+
+def _runs(argv: Sequence[str], package: str) -> bool:
+    """``python -m vllm.entrypoints...``, ``python /venv/bin/vllm serve``, ``.../site-packages/ray/...py``;
+    not a process that merely mentions the name (``pytest tests/test_vllm.py``)."""
+    for arg in argv[1:]:
+        if arg == package or arg.startswith(package + ".") or os.path.basename(arg) == package:
+            return True
+        if f"/site-packages/{package}/" in arg:
+            return True
+    return False

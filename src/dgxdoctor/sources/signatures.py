@@ -20,6 +20,9 @@ from dgxdoctor.result import Status
 
 SEVERITIES: Mapping[str, Status] = {"warning": Status.WARNING, "critical": Status.CRITICAL}
 LOG_KINDS = ("vllm", "ray")
+# Only the start of a line is matched: every signature sits in the first few hundred characters, and a bound
+# keeps a pathological megabyte-long line from costing more than an ordinary one.
+MAX_MATCH_CHARS = 16384
 _CODE = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 
@@ -59,6 +62,7 @@ class Catalog:
 
     def match(self, line: str, kind: str | None = None) -> list[Match]:
         """Signatures whose patterns occur in ``line`` (restricted to those applying to ``kind``, if given)."""
+        line = line[:MAX_MATCH_CHARS]
         if self._prefilter is None or self._prefilter.search(line) is None:
             return []
         return [
