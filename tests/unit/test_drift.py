@@ -217,3 +217,9 @@ def test_probe_script_runs_in_a_real_interpreter() -> None:
     facts = parse_probe_output(done.stdout)
     assert facts["python_version"].count(".") == 2
     assert "vllm_version" not in facts  # the agent's venv has no vLLM
+
+
+def test_probe_output_from_the_h200_machine() -> None:
+    stdout = (Path(__file__).resolve().parents[1] / "fixtures" / "drift" / "h200_probe_stdout.json").read_text()
+    expected = {"python_version": "3.12.3", "torch_version": "2.11.0", "nccl_version": "2.28.9"}
+    assert parse_probe_output(stdout) == expected
