@@ -91,7 +91,11 @@ def test_restart_does_not_report_history_again(tmp_path: Path) -> None:
     append(vllm_log, (LOGS / "cuda_oom.log").read_text())
     assert check.run().status is Status.CRITICAL
     again = LogsCheck(check.settings, Environment(state_dir=tmp_path / "state", clock=clock))
-    assert again.run().findings == ()  # offsets came back from the state file
+    result = again.run()  # offsets came back from the state file: the lines are not read twice ...
+    assert [f.code for f in result.findings] == ["CUDA_OOM"]  # ... and the match is still inside its window
+    assert "(3 lines)" in result.findings[0].message
+    clock.now += 1000
+    assert LogsCheck(check.settings, Environment(state_dir=tmp_path / "state", clock=clock)).run().findings == ()
 
 
 def test_nothing_configured_or_present_is_skipped(tmp_path: Path) -> None:
@@ -124,3 +128,16 @@ def test_logs_appearing_after_a_skipped_run_are_read_whole(tmp_path: Path) -> No
     result = check.run()
     assert [f.code for f in result.findings] == ["RAY_WORKER_DIED"]
     assert "(2 lines)" in result.findings[0].message
+
+
+def test_corrupt_state_is_ignored(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "logs_offsets.json").write_text(
+        '{"positions": {"/x": "nope"}, "recent": [{"code": "NOT_A_CODE", "path": "/x", "line": "l", '
+        '"last_seen": 1, "count": 1}, {"code": "CUDA_OOM", "path": 3}, "junk"]}'
+    )
+    log = tmp_path / "vllm.log"
+    log.write_text("RuntimeError: CUDA error: out of memory\n")  # history: first sight starts at the end
+    check = LogsCheck(LogsSettings(vllm_paths=[str(log)], ray_paths=[]), Environment(state_dir=state, clock=Clock()))
+    assert check.run().findings == ()

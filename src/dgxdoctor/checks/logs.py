@@ -4,7 +4,8 @@ By hand: ``grep -E 'NCCL WARN|Watchdog caught|connectFullMesh|CUDA out of memory
 /tmp/ray/session_latest/logs/*.err /var/log/vllm.log``.
 
 Offsets live in ``<state_dir>/logs_offsets.json`` (see ``sources.logtail`` for rotation and truncation). A match
-stays in the result for ``hold_s`` after it was last seen, then the check returns to OK by itself.
+stays in the result for ``hold_s`` after it was last seen, then the check returns to OK by itself; matches inside
+that window are kept in the same file, so a restart or a one-shot ``dgxdoctor check`` still reports them.
 """
 
 from __future__ import annotations
@@ -91,9 +92,45 @@ class LogsCheck:
 
     def _load_follower(self) -> LogFollower:
         if self._follower is None:
-            saved = self.state.load().get("positions", {})
-            self._follower = LogFollower(saved if isinstance(saved, dict) else {}, from_start=self._settings.from_start)
+            saved = self.state.load()
+            positions = saved.get("positions", {})
+            self._follower = LogFollower(
+                positions if isinstance(positions, dict) else {}, from_start=self._settings.from_start
+            )
+            self._recent = self._restore_recent(saved.get("recent"))
         return self._follower
+
+    def _restore_recent(self, raw: object) -> dict[tuple[str, str], _Recent]:
+        """Matches still inside the window survive a restart (and one-shot `dgxdoctor check` runs)."""
+        signatures = self.catalog.by_code()
+        recent: dict[tuple[str, str], _Recent] = {}
+        for item in raw if isinstance(raw, list) else []:
+            if not isinstance(item, dict):
+                continue
+            sig = signatures.get(str(item.get("code")))
+            path, line, last_seen, count = item.get("path"), item.get("line"), item.get("last_seen"), item.get("count")
+            if sig is None or not isinstance(path, str) or not isinstance(line, str):
+                continue
+            if not isinstance(last_seen, int | float) or not isinstance(count, int) or count < 1:
+                continue
+            recent[(sig.code, path)] = _Recent(sig, path, line, float(last_seen), count)
+        return recent
+
+    def _save(self, follower: LogFollower) -> None:
+        recent = [
+            {
+                "code": r.signature.code,
+                "path": r.path,
+                "line": r.line[:EVIDENCE_MAX],
+                "last_seen": r.last_seen,
+                "count": r.count,
+            }
+            for r in self._recent.values()
+        ]
+        try:
+            self.state.save({"positions": follower.state(), "recent": recent})
+        except OSError as exc:
+            log.warning("logs_state_unsaved", path=str(self.state.path), error=str(exc))
 
     def run(self) -> CheckResult:
         s = self._settings
@@ -105,10 +142,6 @@ class LogsCheck:
             follower.poll([], 0)
             return CheckResult.skipped(self.name, "no vLLM or Ray log files configured or present")
         polled = follower.poll(sorted(kinds), s.max_bytes_per_run)
-        try:
-            self.state.save({"positions": follower.state()})
-        except OSError as exc:
-            log.warning("logs_state_unsaved", path=str(self.state.path), error=str(exc))
 
         now = self.env.clock()
         for path, line in polled.lines:
@@ -122,6 +155,7 @@ class LogsCheck:
                 self._recent[key] = _Recent(match.signature, path, line, now, count)
         for key in [k for k, r in self._recent.items() if now - r.last_seen > s.hold_s]:
             del self._recent[key]
+        self._save(follower)
 
         b = ResultBuilder(self.name)
         for recent in sorted(self._recent.values(), key=lambda r: (-r.signature.severity.rank, r.path)):
