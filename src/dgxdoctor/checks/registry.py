@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from dgxdoctor.checks.base import CheckFactory
+from dgxdoctor.checks.drift import DriftCheck
 from dgxdoctor.checks.gpu import GpuCheck
 from dgxdoctor.checks.infiniband import InfinibandCheck
+from dgxdoctor.checks.logs import LogsCheck
 from dgxdoctor.checks.xid import XidCheck
 
-ALL_CHECKS: tuple[CheckFactory, ...] = (GpuCheck, XidCheck, InfinibandCheck)
+ALL_CHECKS: tuple[CheckFactory, ...] = (
+    GpuCheck,
+    XidCheck,
+    InfinibandCheck,
+    LogsCheck,
+    DriftCheck,
+)
 
 
 def by_name() -> dict[str, CheckFactory]:
