@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 from dgxdoctor.checks.base import CheckFactory
+from dgxdoctor.checks.host import HostCheck
+from dgxdoctor.checks.nccl_env import NcclEnvCheck
+from dgxdoctor.checks.topology import TopologyCheck
 
-ALL_CHECKS: tuple[CheckFactory, ...] = ()
+ALL_CHECKS: tuple[CheckFactory, ...] = (
+    HostCheck,
+    TopologyCheck,
+    NcclEnvCheck,
+)
 
 
 def by_name() -> dict[str, CheckFactory]:
