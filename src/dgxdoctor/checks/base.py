@@ -39,8 +39,14 @@ class Check(Protocol):
 
 
 class CheckFactory(Protocol):
-    name: ClassVar[str]
-    settings_model: ClassVar[type[CheckSettings]]
+    """A check class. Read-only properties, because a ClassVar protocol member can never be matched by a
+    class object (mypy); the check classes' ``name``/``settings_model`` ClassVars satisfy these."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def settings_model(self) -> type[CheckSettings]: ...
 
     def __call__(self, settings: CheckSettings, env: Environment) -> Check: ...
 

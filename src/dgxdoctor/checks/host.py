@@ -246,8 +246,8 @@ class HostCheck:
     settings_model: ClassVar[type[CheckSettings]] = HostSettings
 
     def __init__(self, settings: CheckSettings, env: Environment, probe: HostProbe | None = None) -> None:
+        self.settings: CheckSettings = settings
         assert isinstance(settings, HostSettings)
-        self.settings = settings
         self.cfg: HostSettings = settings
         self.env = env
         self.probe: HostProbe = probe or PsutilProbe()

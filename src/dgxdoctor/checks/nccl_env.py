@@ -71,8 +71,8 @@ class NcclEnvCheck:
     def __init__(
         self, settings: CheckSettings, env: Environment, addresses: Callable[[], set[str]] | None = None
     ) -> None:
+        self.settings: CheckSettings = settings
         assert isinstance(settings, NcclEnvSettings)
-        self.settings = settings
         self.cfg: NcclEnvSettings = settings
         self.env = env
         self.addresses = addresses or local_addresses

@@ -40,8 +40,8 @@ class TopologyCheck:
     settings_model: ClassVar[type[CheckSettings]] = TopologySettings
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
+        self.settings: CheckSettings = settings
         assert isinstance(settings, TopologySettings)
-        self.settings = settings
         self.cfg: TopologySettings = settings
         self.env = env
 
