@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, run_cli
 
+from conftest import FIXTURES, run_cli
 from dgxdoctor.checks.topology import TopologyCheck, TopologySettings
 from dgxdoctor.diagnose.base import diagnose_text
 from dgxdoctor.diagnose.registry import ANALYZERS
