@@ -126,7 +126,7 @@ def test_weights_rules_of_the_tutorial() -> None:
         (
             "raylet",
             "raylet",
-            ("/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet", "--node_ip=1"),
+            ("/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet", "--x=1"),
             True,
         ),
         ("vllm", "python3", ("/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"), True),
