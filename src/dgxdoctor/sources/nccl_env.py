@@ -385,17 +385,18 @@ def _check_ifname(var: str, value: str, interfaces: dict[str, NetInterface]) -> 
                 "Name the business network interface, never lo.",
             )
         )
-    if spec.exclude and not usable:
+    # NCCL only uses interfaces that are up: with an exclusion list the down ones simply drop out.
+    if spec.exclude and not any(i.up for i in usable):
         findings.append(
             _finding(
                 "NCCL_IFNAME_MISSING",
                 Status.CRITICAL,
-                f"{var}={value} excludes every usable interface (have: {have})",
+                f"{var}={value} leaves no usable interface that is up (have: {have})",
                 var,
                 REMEDY_ENV_FILE,
             )
         )
-    for iface in usable:
+    for iface in [] if spec.exclude else usable:
         if not iface.up:
             findings.append(
                 _finding(
@@ -474,8 +475,11 @@ def _check_gid(value: str, ports: list[IbPort]) -> list[Finding]:
             findings.append(
                 _finding(
                     "NCCL_IB_GID_MISSING",
-                    Status.CRITICAL if roce else Status.WARNING,
-                    f"{var}={index}: {subject} has {'no' if gid is None else 'an all-zero'} GID at index {index}",
+                    # InfiniBand ports are addressed by LID inside a subnet: the index only matters when
+                    # routing between subnets, so there it is a note, not a problem.
+                    Status.CRITICAL if roce else Status.OK,
+                    f"{var}={index}: {subject} has {'no' if gid is None else 'an all-zero'} GID at index {index}"
+                    + ("" if roce else " (InfiniBand: unused within one subnet)"),
                     subject,
                     "Pick the index `show_gids` lists with this port's IPv4 address and type RoCE v2 (often 3); "
                     "an IP must be configured on the RoCE interface for that GID to exist.",
