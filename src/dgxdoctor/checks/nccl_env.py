@@ -119,7 +119,7 @@ class NcclEnvCheck:
                         s.process_name,
                         remedy="run dgxdoctor as root or as the user that runs the process",
                     )
-                except FileNotFoundError:
+                except OSError:  # ENOENT/ESRCH: it exited between listing and reading
                     missing.append(f"{proc_label} exited")
 
         if file_values is None and proc_values is None:
