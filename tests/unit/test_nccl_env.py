@@ -146,7 +146,7 @@ def test_tutorial_values_are_clean_here() -> None:
         "mlx5_0/1 GID 3 = 0000:0000:0000:0000:0000:ffff:c0a8:0a0b (RoCE v2, link layer Ethernet)",
     ]
     # mlx5_2 is InfiniBand with no GID 3: a note only, NCCL addresses IB ports by LID
-    assert ("NCCL_IB_GID_MISSING", Status.OK, "mlx5_2/1") in pairs(findings, include_ok=True)
+    assert ("NCCL_IB_GID_INDEX_UNUSED", Status.OK, "mlx5_2/1") in pairs(findings, include_ok=True)
 
 
 def test_ib_port_without_gid_is_a_note() -> None:

@@ -474,7 +474,7 @@ def _check_gid(value: str, ports: list[IbPort]) -> list[Finding]:
         if gid is None or gid_is_zero(gid):
             findings.append(
                 _finding(
-                    "NCCL_IB_GID_MISSING",
+                    "NCCL_IB_GID_MISSING" if roce else "NCCL_IB_GID_INDEX_UNUSED",
                     # InfiniBand ports are addressed by LID inside a subnet: the index only matters when
                     # routing between subnets, so there it is a note, not a problem.
                     Status.CRITICAL if roce else Status.OK,
