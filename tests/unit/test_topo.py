@@ -110,6 +110,19 @@ def test_space_separated_paste() -> None:
     assert len(codes(evaluate_topology(topo), Status.CRITICAL)) == 6
 
 
+def test_dgx1_hybrid_cube_mesh() -> None:
+    topo = parse_topo_matrix(load("v100_hybrid_cube_mesh_spaces.txt"))
+    assert topo.link("GPU0", "GPU1") == "NV2" and topo.link("GPU0", "GPU3") == "NV1"
+    assert topo.affinity["GPU7"] == {"CPU Affinity": "24-47,"}  # cut in the source
+    findings = evaluate_topology(topo)
+    bad = [f.subject for f in findings if f.code == "TOPO_GPU_PAIR_NOT_NVLINK"]
+    assert len(bad) == 12 and "GPU0-GPU5" in bad  # each GPU reaches 3 of 7 peers over SYS
+    # NV1 beside NV2 is the design of this mesh, not lost links: no degraded finding when pairs are mixed
+    assert "TOPO_NVLINK_DEGRADED" not in codes(findings)
+    gpu2 = next(f for f in findings if f.subject == "GPU2")
+    assert gpu2.message == "GPU2 is within a PCIe switch of mlx5_0 (PIX), mlx5_1 (PIX)"
+
+
 def test_space_separated_with_nics_and_gpu_numa_id() -> None:
     text = load("h100_nv18_nic_excerpt.txt").replace("\t\t", "\t").replace("\t", "    ")
     topo = parse_topo_matrix(text)
