@@ -39,8 +39,7 @@ class Check(Protocol):
 
 
 class CheckFactory(Protocol):
-    """A check class. Read-only properties, because a ClassVar protocol member can never be matched by a
-    class object (mypy); the check classes' ``name``/``settings_model`` ClassVars satisfy these."""
+    """A check class. Read-only properties here: mypy never matches a ClassVar protocol member to a class."""
 
     @property
     def name(self) -> str: ...

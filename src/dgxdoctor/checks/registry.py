@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dgxdoctor.checks.base import CheckFactory
 from dgxdoctor.checks.host import HostCheck
+from dgxdoctor.checks.infiniband import InfinibandCheck
 from dgxdoctor.checks.nccl_env import NcclEnvCheck
 from dgxdoctor.checks.topology import TopologyCheck
 
 ALL_CHECKS: tuple[CheckFactory, ...] = (
     HostCheck,
     TopologyCheck,
+    InfinibandCheck,
     NcclEnvCheck,
 )
 

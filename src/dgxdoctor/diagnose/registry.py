@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from dgxdoctor.diagnose.base import Analyzer
+from dgxdoctor.diagnose.infiniband import IbstatAnalyzer, PerfqueryAnalyzer
 from dgxdoctor.diagnose.topo import TopoAnalyzer
 
-ANALYZERS: tuple[Analyzer, ...] = (TopoAnalyzer(),)
+ANALYZERS: tuple[Analyzer, ...] = (
+    IbstatAnalyzer(),
+    PerfqueryAnalyzer(),
+    TopoAnalyzer(),
+)
