@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,11 @@ def test_nccl_env_reads_a_real_process_environment(tmp_path: Path) -> None:
         env={**os.environ, "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "lo"},
     )
     try:
+        # Popen returns once exec began; the kernel fills /proc/<pid>/cmdline a moment later.
+        cmdline = Path(f"/proc/{child.pid}/cmdline")
+        deadline = time.monotonic() + 10
+        while script.name.encode() not in cmdline.read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
         settings = NcclEnvSettings(env_file=env_file, process_name="dgxdoctor_probe_target.py")
         result = NcclEnvCheck(settings, Environment(state_dir=tmp_path)).run()
     finally:
