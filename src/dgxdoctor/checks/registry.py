@@ -5,14 +5,20 @@ from __future__ import annotations
 from dgxdoctor.checks.base import CheckFactory
 from dgxdoctor.checks.drift import DriftCheck
 from dgxdoctor.checks.gpu import GpuCheck
+from dgxdoctor.checks.host import HostCheck
 from dgxdoctor.checks.infiniband import InfinibandCheck
 from dgxdoctor.checks.logs import LogsCheck
+from dgxdoctor.checks.nccl_env import NcclEnvCheck
+from dgxdoctor.checks.topology import TopologyCheck
 from dgxdoctor.checks.xid import XidCheck
 
 ALL_CHECKS: tuple[CheckFactory, ...] = (
     GpuCheck,
     XidCheck,
+    TopologyCheck,
     InfinibandCheck,
+    NcclEnvCheck,
+    HostCheck,
     LogsCheck,
     DriftCheck,
 )

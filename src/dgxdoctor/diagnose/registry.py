@@ -10,10 +10,12 @@ from dgxdoctor.diagnose.infiniband import IbstatAnalyzer, PerfqueryAnalyzer
 from dgxdoctor.diagnose.kernel_log import KernelLogAnalyzer
 from dgxdoctor.diagnose.logs import RayLogAnalyzer, VllmLogAnalyzer
 from dgxdoctor.diagnose.nccl_tests import NcclTestsAnalyzer
+from dgxdoctor.diagnose.topo import TopoAnalyzer
 
 ANALYZERS: tuple[Analyzer, ...] = (
     IbstatAnalyzer(),
     PerfqueryAnalyzer(),
+    TopoAnalyzer(),
     NcclTestsAnalyzer(),
     KernelLogAnalyzer(),
     VllmLogAnalyzer(),
