@@ -39,8 +39,9 @@ class Check(Protocol):
 
 
 class CheckFactory(Protocol):
-    name: ClassVar[str]
-    settings_model: ClassVar[type[CheckSettings]]
+    # Plain (not ClassVar) members: a protocol's ClassVar can never be matched by a class object.
+    name: str
+    settings_model: type[CheckSettings]
 
     def __call__(self, settings: CheckSettings, env: Environment) -> Check: ...
 

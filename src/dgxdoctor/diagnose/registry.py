@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from dgxdoctor.diagnose.base import Analyzer
+from dgxdoctor.diagnose.vllm_metrics import VllmMetricsAnalyzer
 
-ANALYZERS: tuple[Analyzer, ...] = ()
+ANALYZERS: tuple[Analyzer, ...] = (VllmMetricsAnalyzer(),)
