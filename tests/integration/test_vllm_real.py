@@ -123,23 +123,24 @@ def codes(result: dict[str, Any]) -> set[str]:
 class Load:
     """Concurrent chat completions with ``ignore_eos``: each one generates exactly ``max_tokens`` tokens."""
 
-    def __init__(self, url: str, n: int, max_tokens: int) -> None:
+    def __init__(self, url: str, n: int, max_tokens: int, prompt_words: int = 60) -> None:
         self.results: list[Any] = []
-        body = {
-            "model": MODEL_NAME,
-            "messages": [{"role": "user", "content": "fox " * 60}],
-            "max_tokens": max_tokens,
-            "ignore_eos": True,
-        }
 
-        def one() -> None:
+        def one(i: int) -> None:
+            # A distinct first word per request: identical prompts would share their KV blocks (prefix caching).
+            body = {
+                "model": MODEL_NAME,
+                "messages": [{"role": "user", "content": f"{i} " + "fox " * prompt_words}],
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+            }
             try:
                 r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=180)
                 self.results.append(r.status_code)
             except httpx.HTTPError as exc:
                 self.results.append(exc)
 
-        self.threads = [threading.Thread(target=one, daemon=True) for _ in range(n)]
+        self.threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
         for t in self.threads:
             t.start()
 
@@ -239,20 +240,36 @@ def test_healthy_server_with_canary(vllm_server: Server) -> None:
 
 
 def test_wrong_model_name_is_critical(vllm_server: Server) -> None:
+    vllm_server.wait_healthy()
     result = check_vllm(vllm_server.config(served_model_name="glm-5.3", canary="never", oneshot_window_s=0))
     assert result["status"] == "critical", result
     assert "MODEL_NOT_SERVED" in codes(result)
 
 
 def test_full_kv_cache_and_waiting_queue(vllm_server: Server) -> None:
+    vllm_server.wait_healthy()
+    # 28 requests, at most 4 running: the rest wait. Each grows to 512 tokens (4 blocks), four of them would need 16
+    # of the 11 usable blocks: the cache fills and vLLM preempts. A preemption frees a third of this tiny cache, so
+    # its usage swings between ~0.5 and 1.0 (on a GPU server with hundreds of sequences it sits near 1.0): the
+    # test's threshold is lowered to 0.6, and preemptions are accepted as the other sign of a full cache.
     load = Load(vllm_server.url, n=28, max_tokens=430)
+    peak = {"kv": 0.0}
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(0.5):
+            with contextlib.suppress(httpx.HTTPError):
+                peak["kv"] = max(peak["kv"], vllm_server.metrics().get("kv_cache_usage_perc", 0.0))
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
     try:
         wait_for(lambda: vllm_server.metrics().get("num_requests_waiting", 0) > 0, 60, "a waiting queue")
         seen: set[str] = set()
         result: dict[str, Any] = {}
-        # The queue drains in ~20 s; a run that lands at its tail may miss it, so allow a second one.
-        for _ in range(2):
-            result = check_vllm(vllm_server.config(canary="never"))
+        # The queue drains in ~20 s; a run that lands at its tail may miss it, so allow more than one.
+        for _ in range(3):
+            result = check_vllm(vllm_server.config(canary="never", kv_cache_warn=0.6))
             seen |= codes(result)
             if "QUEUE_WAITING" in seen and seen & {"KV_CACHE_HIGH", "KV_CACHE_PREEMPTIONS"}:
                 break
@@ -261,10 +278,14 @@ def test_full_kv_cache_and_waiting_queue(vllm_server: Server) -> None:
         assert seen & {"KV_CACHE_HIGH", "KV_CACHE_PREEMPTIONS"}, result
     finally:
         load.join()
+        stop.set()
+        poller.join(5)
     assert all(r == 200 for r in load.results), load.results
+    assert peak["kv"] >= 0.9, f"the KV cache never filled: peak usage {peak['kv']}"
 
 
 def test_hung_engine_behind_a_healthy_api(vllm_server: Server) -> None:
+    vllm_server.wait_healthy()
     load = Load(vllm_server.url, n=8, max_tokens=430)
     engines = vllm_server.engine_pids()
     assert engines, "no VLLM::EngineCore child process"
@@ -286,6 +307,7 @@ def test_hung_engine_behind_a_healthy_api(vllm_server: Server) -> None:
 
 
 def test_stopped_api_server_times_out(vllm_server: Server) -> None:
+    vllm_server.wait_healthy()
     os.kill(vllm_server.proc.pid, signal.SIGSTOP)
     try:
         result = check_vllm(vllm_server.config(request_timeout_s=2))

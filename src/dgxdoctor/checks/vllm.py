@@ -45,6 +45,9 @@ from dgxdoctor.sources.vllm_metrics import (
 
 # The tutorial's maintenance section: "KV Cache 使用率持续 > 0.9 就该扩容或降并发".
 DEFAULT_KV_CACHE_WARN = 0.9
+# `dgxdoctor check` reads /metrics this many times across oneshot_window_s: the KV cache of a saturated server
+# oscillates (blocks freed and taken every step), so "sustained" is judged on the mean of several readings.
+ONESHOT_READINGS = 5
 MAX_BODY_CHARS = 300  # of an error body quoted in a finding
 
 VLLM_UP = MetricSpec(
@@ -158,13 +161,14 @@ class VllmSettings(CheckSettings):
         2.0,
         ge=0,
         le=30,
-        description="`dgxdoctor check`: seconds between its two /metrics readings (forward progress, rates)",
+        description="`dgxdoctor check`: seconds over which it reads /metrics 5 times (KV mean, forward progress, "
+        "rates)",
     )
     kv_cache_warn: float = Field(
-        DEFAULT_KV_CACHE_WARN, gt=0, le=1, description="KV cache usage (0..1) that, sustained, is a WARNING"
+        DEFAULT_KV_CACHE_WARN, gt=0, le=1, description="KV cache usage (0..1) that, as a mean, is a WARNING"
     )
     kv_cache_sustained_s: float = Field(
-        120.0, ge=0, description="daemon: how long the KV cache must stay above kv_cache_warn"
+        120.0, ge=0, description="daemon: period over which the mean KV cache usage must reach kv_cache_warn"
     )
     waiting_sustained_s: float = Field(
         120.0, ge=0, description="daemon: how long the waiting queue must stay non-zero to be a WARNING"
@@ -276,7 +280,7 @@ class VllmCheck:
         self.env = env
         self._seen_up = False
         self._readings: deque[_Reading] = deque()
-        self._kv_high_since: float | None = None
+        self._kv: deque[tuple[float, float]] = deque()  # (monotonic time, KV cache usage)
         self._waiting_since: float | None = None
         self._progress_t: float | None = None  # last reading at which tokens advanced (or there was no load)
         self._window: WindowStats | None = None
@@ -284,7 +288,8 @@ class VllmCheck:
     def _reset(self) -> None:
         """The server went away: its counters and windows mean nothing for the next one."""
         self._readings.clear()
-        self._kv_high_since = self._waiting_since = self._progress_t = None
+        self._kv.clear()
+        self._waiting_since = self._progress_t = None
 
     # ----- the outside world -------------------------------------------------------------------------------
 
@@ -491,8 +496,9 @@ class VllmCheck:
         try:
             self._observe(self._scrape(client))
             if self.env.one_shot and s.oneshot_window_s > 0:
-                time.sleep(s.oneshot_window_s)
-                self._observe(self._scrape(client))
+                for _ in range(ONESHOT_READINGS - 1):
+                    time.sleep(s.oneshot_window_s / (ONESHOT_READINGS - 1))
+                    self._observe(self._scrape(client))
         except (httpx.HTTPError, PromTextError, NotVllmMetrics) as exc:
             detail = "timed out" if isinstance(exc, httpx.TimeoutException) else f"{exc}"
             b.finding(
@@ -516,11 +522,12 @@ class VllmCheck:
             self._readings.popleft()
 
         s = self.cfg
-        kv = metrics.kv_cache_usage
-        if kv is not None and kv >= s.kv_cache_warn:
-            self._kv_high_since = self._kv_high_since if self._kv_high_since is not None else now
+        if metrics.kv_cache_usage is None:
+            self._kv.clear()
         else:
-            self._kv_high_since = None
+            self._kv.append((now, metrics.kv_cache_usage))
+            while len(self._kv) > 2 and self._kv[1][0] <= now - s.kv_cache_sustained_s:
+                self._kv.popleft()
         if (metrics.num_requests_waiting or 0) > 0:
             self._waiting_since = self._waiting_since if self._waiting_since is not None else now
         else:
@@ -533,6 +540,25 @@ class VllmCheck:
         )
         if advanced or not metrics.has_load or self._progress_t is None:
             self._progress_t = now
+
+    def _kv_sustained(self) -> tuple[float, float] | None:
+        """(mean usage, span) when the KV cache stayed at or above the threshold on average, like PromQL's
+        ``avg_over_time(vllm:kv_cache_usage_perc[2m]) > 0.9``. The daemon needs readings spanning the whole period;
+        `dgxdoctor check` judges the readings of its own run."""
+        if not self._kv:
+            return None
+        now = self._kv[-1][0]
+        need = self.cfg.kv_cache_sustained_s
+        if self.env.one_shot:
+            window = list(self._kv)
+        else:
+            if now - self._kv[0][0] < need:
+                return None
+            window = [(t, v) for t, v in self._kv if t >= now - need] or [self._kv[-1]]
+        mean = sum(v for _, v in window) / len(window)
+        if mean < self.cfg.kv_cache_warn:
+            return None
+        return mean, now - window[0][0]
 
     def _sustained(self, since: float | None, need_s: float) -> float | None:
         """How long a condition has held, if it has held long enough (one-shot: across the whole run)."""
@@ -553,13 +579,14 @@ class VllmCheck:
             f"KV cache {_fmt_pct(m.kv_cache_usage)}, {_fmt_n(m.num_requests_running)} running, "
             f"{_fmt_n(m.num_requests_waiting)} waiting"
         )
-        kv_held = self._sustained(self._kv_high_since, s.kv_cache_sustained_s)
-        if kv_held is not None and m.kv_cache_usage is not None:
+        kv_held = self._kv_sustained()
+        if kv_held is not None:
+            mean, span = kv_held
             b.finding(
                 "KV_CACHE_HIGH",
                 Status.WARNING,
-                f"KV cache usage {_fmt_pct(m.kv_cache_usage)} has stayed at or above {_fmt_pct(s.kv_cache_warn)} "
-                f"for {kv_held:.0f} s ({m.kv_cache_metric})",
+                f"KV cache usage averaged {_fmt_pct(mean)} over {span:.0f} s (now {_fmt_pct(m.kv_cache_usage)}), at or "
+                f"above {_fmt_pct(s.kv_cache_warn)} ({m.kv_cache_metric})",
                 url,
                 remedy="scale out or lower the concurrency; more cache: --kv-cache-dtype fp8, a smaller "
                 "--max-model-len, then --gpu-memory-utilization",
