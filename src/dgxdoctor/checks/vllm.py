@@ -22,6 +22,7 @@ import itertools
 import json
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -284,6 +285,7 @@ class VllmCheck:
         self._waiting_since: float | None = None
         self._progress_t: float | None = None  # last reading at which tokens advanced (or there was no load)
         self._window: WindowStats | None = None
+        self._sleep: Callable[[float], None] = time.sleep  # tests advance a fake clock instead
 
     def _reset(self) -> None:
         """The server went away: its counters and windows mean nothing for the next one."""
@@ -497,7 +499,7 @@ class VllmCheck:
             self._observe(self._scrape(client))
             if self.env.one_shot and s.oneshot_window_s > 0:
                 for _ in range(ONESHOT_READINGS - 1):
-                    time.sleep(s.oneshot_window_s / (ONESHOT_READINGS - 1))
+                    self._sleep(s.oneshot_window_s / (ONESHOT_READINGS - 1))
                     self._observe(self._scrape(client))
         except (httpx.HTTPError, PromTextError, NotVllmMetrics) as exc:
             detail = "timed out" if isinstance(exc, httpx.TimeoutException) else f"{exc}"
@@ -549,12 +551,10 @@ class VllmCheck:
             return None
         now = self._kv[-1][0]
         need = self.cfg.kv_cache_sustained_s
-        if self.env.one_shot:
-            window = list(self._kv)
-        else:
-            if now - self._kv[0][0] < need:
-                return None
-            window = [(t, v) for t, v in self._kv if t >= now - need] or [self._kv[-1]]
+        # _observe keeps the readings of the period plus the one just before it (its value held until the next).
+        window = list(self._kv)
+        if not self.env.one_shot and now - window[0][0] < need:
+            return None
         mean = sum(v for _, v in window) / len(window)
         if mean < self.cfg.kv_cache_warn:
             return None
@@ -617,8 +617,10 @@ class VllmCheck:
                     remedy="the engine is stuck while /health answers: look for a hung NCCL collective or a dead Ray "
                     "worker (py-spy dump of the engine processes, `ray status`), then restart vLLM",
                 )
+        if len(self._readings) < 2:
+            return  # one reading has no window: its histograms and counters hold the server's whole life
         oldest = self._readings[0]
-        stats = window_stats(m, oldest.metrics if len(self._readings) > 1 else None, last.t - oldest.t)
+        stats = window_stats(m, oldest.metrics, last.t - oldest.t)
         self._window = stats
         if stats.preemptions:
             b.finding(
@@ -642,7 +644,7 @@ class VllmCheck:
                     remedy="long inputs are crowding prefill: enable --enable-chunked-prefill, cap input length or "
                     "lower the concurrency",
                 )
-            baseline = window_stats(oldest.metrics, None, 0.0).ttft_p99_s if len(self._readings) > 1 else None
+            baseline = window_stats(oldest.metrics, None, 0.0).ttft_p99_s
             if (
                 baseline
                 and stats.ttft_count >= s.latency_min_requests

@@ -17,12 +17,12 @@ from pathlib import Path
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 # /proc/stat, from a Debian 12 host:
-# btime 1796003630
+# btime 1796003545
 BTIME_RE = re.compile(r"^btime\s+(\d+)\s*$", re.MULTILINE)
 
 # /proc/<pid>/stat of a vLLM engine process (the comm may itself contain spaces and parentheses, so the fields are
 # taken after the LAST ')'):
-# 10379 (VLLM::EngineCor) S 10105 10102 10102 0 -1 4194560 3795 0 0 0 1650 260 0 0 20 0 3 0 1123 ...
+# 7573 (VLLM::EngineCor) S 7538 7538 7538 0 -1 4194304 163112 488 0 0 644 105 0 0 20 0 15 0 177676 2451329024 ...
 STAT_RE = re.compile(r"^(\d+) \((.*)\) (.*)$", re.DOTALL)
 
 
