@@ -248,11 +248,11 @@ def test_wrong_model_name_is_critical(vllm_server: Server) -> None:
 
 def test_full_kv_cache_and_waiting_queue(vllm_server: Server) -> None:
     vllm_server.wait_healthy()
-    # 28 requests, at most 4 running: the rest wait. Each grows to 512 tokens (4 blocks), four of them would need 16
+    # 28 requests, at most 4 running: the rest wait. Each grows to ~490 tokens (4 blocks), four of them would need 16
     # of the 11 usable blocks: the cache fills and vLLM preempts. A preemption frees a third of this tiny cache, so
     # its usage swings between ~0.5 and 1.0 (on a GPU server with hundreds of sequences it sits near 1.0): the
     # test's threshold is lowered to 0.6, and preemptions are accepted as the other sign of a full cache.
-    load = Load(vllm_server.url, n=28, max_tokens=430)
+    load = Load(vllm_server.url, n=28, max_tokens=400)
     peak = {"kv": 0.0}
     stop = threading.Event()
 
@@ -273,9 +273,9 @@ def test_full_kv_cache_and_waiting_queue(vllm_server: Server) -> None:
             seen |= codes(result)
             if "QUEUE_WAITING" in seen and seen & {"KV_CACHE_HIGH", "KV_CACHE_PREEMPTIONS"}:
                 break
-        assert result["status"] in ("warning", "critical"), result
-        assert "QUEUE_WAITING" in seen, result
-        assert seen & {"KV_CACHE_HIGH", "KV_CACHE_PREEMPTIONS"}, result
+        assert result["status"] in ("warning", "critical"), (result, load.results)
+        assert "QUEUE_WAITING" in seen, (result, load.results)
+        assert seen & {"KV_CACHE_HIGH", "KV_CACHE_PREEMPTIONS"}, (result, load.results)
     finally:
         load.join()
         stop.set()
@@ -286,7 +286,7 @@ def test_full_kv_cache_and_waiting_queue(vllm_server: Server) -> None:
 
 def test_hung_engine_behind_a_healthy_api(vllm_server: Server) -> None:
     vllm_server.wait_healthy()
-    load = Load(vllm_server.url, n=8, max_tokens=430)
+    load = Load(vllm_server.url, n=8, max_tokens=400)
     engines = vllm_server.engine_pids()
     assert engines, "no VLLM::EngineCore child process"
     try:

@@ -596,8 +596,7 @@ class VllmCheck:
             b.finding(
                 "QUEUE_WAITING",
                 Status.WARNING,
-                f"{_fmt_n(m.num_requests_waiting)} requests waiting; the queue has been non-zero for "
-                f"{waiting_held:.0f} s",
+                f"waiting queue at {_fmt_n(m.num_requests_waiting)}, non-zero for {waiting_held:.0f} s",
                 url,
                 remedy="the concurrency cap is too low for the load: raise --max-num-seqs if the KV cache allows, "
                 "or add capacity",
@@ -626,8 +625,8 @@ class VllmCheck:
             b.finding(
                 "KV_CACHE_PREEMPTIONS",
                 Status.WARNING,
-                f"{stats.preemptions:g} requests preempted in the last {stats.span_s:.0f} s: the KV cache is too "
-                "small for the load",
+                f"{stats.preemptions:g} preemption(s) in the last {stats.span_s:.0f} s: the KV cache is too small for "
+                "the load",
                 url,
                 remedy="lower the concurrency (--max-num-seqs) or give the KV cache more room (--kv-cache-dtype fp8, "
                 "a smaller --max-model-len)",
