@@ -127,7 +127,7 @@ def cmdline_port(argv: tuple[str, ...]) -> int | None:
 
 
 class VllmSettings(CheckSettings):
-    timeout_s: float = Field(60.0, gt=0, description="a run that takes longer is UNKNOWN (covers the canary)")
+    timeout_s: float = Field(90.0, gt=0, description="a run that takes longer is UNKNOWN (covers the canary)")
     interval_s: float = Field(15.0, gt=0, description="daemon: seconds between runs")
     base_url: str = Field("http://127.0.0.1:8000", description="vLLM's OpenAI-compatible server on this node")
     required: bool = Field(
