@@ -268,7 +268,12 @@ def _fmt_n(value: float | None) -> str:
 
 
 class VllmCheck:
-    """Health, model list, metrics (KV cache, queue, latency, forward progress) and a canary of one vLLM server."""
+    """Health, model list, metrics (KV cache, queue, latency, forward progress) and a canary of one vLLM server.
+
+    By hand: ``curl -s -m 5 -w '%{http_code}\\n' http://127.0.0.1:8000/health``, ``curl -s .../v1/models``,
+    ``curl -s .../metrics | grep -E '^vllm:(kv_cache_usage_perc|num_requests_(running|waiting))'`` (see the module
+    docstring for the canary request).
+    """
 
     name: ClassVar[str] = "vllm"
     settings_model: ClassVar[type[CheckSettings]] = VllmSettings
