@@ -427,3 +427,15 @@ def test_bad_settings_name_their_key() -> None:
 def test_settings_document_every_key() -> None:
     for name, info in VllmSettings.model_fields.items():
         assert info.description, name
+
+
+def test_the_api_server_is_remembered_until_it_restarts(fixtures: Path, proc_root: Path) -> None:
+    fake = FakeVllm([""])
+    fake.health = "refused"
+    check = make(fake, proc_root, Clock(), one_shot=False)
+    assert "process 7538" in check.run().findings[0].message
+    # the same pid, started later (pid reuse or a restart under the same pid): scanned again
+    stat = proc_root / str(API_PID) / "stat"
+    stat.write_text(stat.read_text().replace(" 177008 ", " 999999 "))
+    (proc_root / str(API_PID) / "cmdline").write_bytes(b"sleep\0infinity\0")
+    assert "process 7573" in check.run().findings[0].message

@@ -291,6 +291,7 @@ class VllmCheck:
         self._progress_t: float | None = None  # last reading at which tokens advanced (or there was no load)
         self._window: WindowStats | None = None
         self._sleep: Callable[[float], None] = time.sleep  # tests advance a fake clock instead
+        self._api_server: ProcInfo | None = None
 
     def _reset(self) -> None:
         """The server went away: its counters and windows mean nothing for the next one."""
@@ -317,6 +318,13 @@ class VllmCheck:
                 return None, f"pid file {pid_file} holds {raw[:40]!r}, not a pid"
             info = read_process(root, int(raw))
             return (info, None) if info else (None, f"process {raw} from {pid_file} is gone")
+        cached = self._api_server
+        if cached is not None:
+            # The API server found last time, if it is still the same process: no /proc scan every run.
+            again = read_process(root, cached.pid)
+            if again is not None and again.stat.start_ticks == cached.stat.start_ticks:
+                return again, None
+            self._api_server = None
         port = urlsplit(self.cfg.base_url).port or (443 if self.cfg.base_url.startswith("https") else 80)
         found = [p for p in iter_processes(root) if is_vllm_process(p.cmdline)]
         # A server started with another --port is not the one this check watches.
@@ -324,6 +332,8 @@ class VllmCheck:
         if not found:
             return None, "no vLLM process on this node"
         found.sort(key=lambda p: (not is_vllm_api_server(p.cmdline), p.start_time or 0.0))
+        if is_vllm_api_server(found[0].cmdline):
+            self._api_server = found[0]
         return found[0], None
 
     def _cpu_ticks(self, pid: int) -> tuple[int, str] | None:
