@@ -10,6 +10,7 @@ from dgxdoctor.checks.infiniband import InfinibandCheck
 from dgxdoctor.checks.logs import LogsCheck
 from dgxdoctor.checks.nccl_env import NcclEnvCheck
 from dgxdoctor.checks.topology import TopologyCheck
+from dgxdoctor.checks.vllm import VllmCheck
 from dgxdoctor.checks.xid import XidCheck
 
 ALL_CHECKS: tuple[CheckFactory, ...] = (
@@ -18,6 +19,7 @@ ALL_CHECKS: tuple[CheckFactory, ...] = (
     TopologyCheck,
     InfinibandCheck,
     NcclEnvCheck,
+    VllmCheck,
     HostCheck,
     LogsCheck,
     DriftCheck,

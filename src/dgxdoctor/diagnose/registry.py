@@ -11,12 +11,14 @@ from dgxdoctor.diagnose.kernel_log import KernelLogAnalyzer
 from dgxdoctor.diagnose.logs import RayLogAnalyzer, VllmLogAnalyzer
 from dgxdoctor.diagnose.nccl_tests import NcclTestsAnalyzer
 from dgxdoctor.diagnose.topo import TopoAnalyzer
+from dgxdoctor.diagnose.vllm_metrics import VllmMetricsAnalyzer
 
 ANALYZERS: tuple[Analyzer, ...] = (
     IbstatAnalyzer(),
     PerfqueryAnalyzer(),
     TopoAnalyzer(),
     NcclTestsAnalyzer(),
+    VllmMetricsAnalyzer(),
     KernelLogAnalyzer(),
     VllmLogAnalyzer(),
     RayLogAnalyzer(),
