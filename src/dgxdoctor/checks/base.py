@@ -39,8 +39,9 @@ class Check(Protocol):
 
 
 class CheckFactory(Protocol):
-    name: ClassVar[str]
-    settings_model: ClassVar[type[CheckSettings]]
+    # Plain attributes, not ClassVar: mypy never matches a ClassVar protocol member with a class object.
+    name: str
+    settings_model: type[CheckSettings]
 
     def __call__(self, settings: CheckSettings, env: Environment) -> Check: ...
 

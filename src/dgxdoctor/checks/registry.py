@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dgxdoctor.checks.base import CheckFactory
+from dgxdoctor.checks.peer_compare import PeerCompareCheck
 
-ALL_CHECKS: tuple[CheckFactory, ...] = ()
+ALL_CHECKS: tuple[CheckFactory, ...] = (PeerCompareCheck,)
 
 
 def by_name() -> dict[str, CheckFactory]:
