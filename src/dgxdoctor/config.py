@@ -64,7 +64,7 @@ class DaemonSettings(_Frozen):
         description="shared secret peers send as 'Authorization: Bearer ...'; without it /state is loopback-only",
     )
     token_file: Path | None = Field(None, description="file holding the token (instead of token); keep it 0600")
-    peers: tuple[str, ...] = Field((), description='other nodes\' agents to compare with, e.g. ["http://dgx-b:9835"]')
+    peers: tuple[str, ...] = Field((), description='dgxdoctor on the other nodes, e.g. ["http://dgx-b:9835"]')
     peer_timeout_s: float = Field(3.0, gt=0, le=60, description="seconds to wait for one peer's /state")
     textfile_path: Path | None = Field(
         None,

@@ -26,7 +26,7 @@ from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample, Sta
 
 PEER_UP = MetricSpec(
     "dgxdoctor_peer_up",
-    "1 if the peer's agent answered /state with a valid document in this cycle, else 0",
+    "1 if the peer's dgxdoctor answered /state with a valid document in this cycle, else 0",
     labels=("peer",),
 )
 PEER_FETCH_SECONDS = MetricSpec(
@@ -111,7 +111,7 @@ class PeerCompareCheck:
                         Status.WARNING,
                         f"peer {url} gave no state: {got.error}",
                         subject=got.label,
-                        remedy="check that node's agent (systemctl status dgxdoctor) and the network between "
+                        remedy="check dgxdoctor on that node (systemctl status dgxdoctor) and the network between "
                         "the nodes (ping, the IB/RoCE link); nodes cannot be compared meanwhile",
                     )
                     continue

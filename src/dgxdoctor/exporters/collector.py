@@ -42,11 +42,11 @@ CHECK_LAST_RUN = MetricSpec(
     labels=("check",),
 )
 CHECK_RUNS = MetricSpec(
-    "dgxdoctor_check_runs_total", "runs of the check since the agent started", "counter", ("check",)
+    "dgxdoctor_check_runs_total", "runs of the check since dgxdoctor started", "counter", ("check",)
 )
 CHECK_TIMEOUTS = MetricSpec(
     "dgxdoctor_check_timeouts_total",
-    "runs of the check that did not answer within its timeout_s since the agent started",
+    "runs of the check that did not answer within its timeout_s since dgxdoctor started",
     "counter",
     ("check",),
 )
@@ -62,7 +62,7 @@ NODE_FACT = MetricSpec(
     "info",
     ("key", "value"),
 )
-BUILD_INFO = MetricSpec("dgxdoctor_build_info", "the agent's version; value always 1", "info", ("version",))
+BUILD_INFO = MetricSpec("dgxdoctor_build_info", "the running dgxdoctor version; value always 1", "info", ("version",))
 
 OWN_METRICS: tuple[MetricSpec, ...] = (
     BUILD_INFO,
