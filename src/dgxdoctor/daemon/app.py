@@ -15,12 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from dgxdoctor import __version__
 from dgxdoctor.daemon.store import ResultStore
 
 MAX_BODY_BYTES = 64 * 1024
+# The classic text format (what generate_latest writes for our ASCII names); Prometheus 2.x and node_exporter-era
+# tooling expect this version string.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -76,7 +79,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[STATE_KEY].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 async def healthz(request: web.Request) -> web.Response:
