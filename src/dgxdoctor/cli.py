@@ -31,7 +31,7 @@ def build_checks(
 ) -> list[Check]:
     """Instantiate the enabled checks, in registry order. ``only`` overrides ``enabled = false``."""
     known = [f.name for f in ALL_CHECKS]
-    unknown = sorted(set(only or []) | set(skip or []) - set(known))
+    unknown = sorted((set(only or []) | set(skip or [])) - set(known))
     if unknown:
         raise click.UsageError(f"unknown check(s): {', '.join(unknown)}; known: {', '.join(known)}")
     checks: list[Check] = []
@@ -55,10 +55,27 @@ def _load(config_path: Path | None) -> Config:
         sys.exit(EX_CONFIG)
 
 
+EX_USAGE = 64  # sysexits.h; 1-3 are taken by the Nagios statuses
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dgxdoctor")
-def main() -> None:
+def cli() -> None:
     """Health agent for vLLM served across DGX nodes: GPUs, IB/RoCE, NCCL, vLLM and Ray."""
+
+
+def main() -> None:
+    """Console entry point. Usage errors exit 64 so they never read as a Nagios status."""
+    try:
+        cli.main(standalone_mode=False)
+    except click.UsageError as exc:
+        exc.show()
+        sys.exit(EX_USAGE)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        sys.exit(130)
 
 
 config_option = click.option(
@@ -70,7 +87,7 @@ config_option = click.option(
 )
 
 
-@main.command()
+@cli.command()
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report")
 @click.option("--only", help="comma-separated checks to run (even if disabled)")
@@ -89,7 +106,7 @@ def check(config_path: Path | None, as_json: bool, only: str | None, skip: str |
     sys.exit(exit_code(overall_status(results)))
 
 
-@main.command()
+@cli.command()
 @config_option
 @click.option(
     "--listen",
@@ -117,7 +134,7 @@ def run(config_path: Path | None, listen: str | None) -> None:
     sys.exit(asyncio.run(daemon.serve()))
 
 
-@main.command()
+@cli.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(allow_dash=True, dir_okay=False))
 @click.option("--kind", type=click.Choice([a.kind for a in ANALYZERS]) if ANALYZERS else str, default=None)
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report")
@@ -163,3 +180,11 @@ def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool) -> None:
                 if f.remedy:
                     click.echo(f"      remedy: {f.remedy}")
     sys.exit(exit_code(worst))
+
+
+@cli.command("config-example")
+def config_example() -> None:
+    """Print the documented example config (every key, its type, default and meaning)."""
+    from dgxdoctor.config_doc import example_config
+
+    click.echo(example_config(), nl=False)

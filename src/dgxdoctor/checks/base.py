@@ -39,9 +39,13 @@ class Check(Protocol):
 
 
 class CheckFactory(Protocol):
-    # Plain attributes, not ClassVar: mypy never matches a ClassVar protocol member with a class object.
-    name: str
-    settings_model: type[CheckSettings]
+    """A check class. Read-only properties here: mypy never matches a ClassVar protocol member to a class."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def settings_model(self) -> type[CheckSettings]: ...
 
     def __call__(self, settings: CheckSettings, env: Environment) -> Check: ...
 

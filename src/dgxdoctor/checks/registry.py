@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dgxdoctor.checks.base import CheckFactory
+from dgxdoctor.checks.infiniband import InfinibandCheck
 from dgxdoctor.checks.peer_compare import PeerCompareCheck
 
-ALL_CHECKS: tuple[CheckFactory, ...] = (PeerCompareCheck,)
+ALL_CHECKS: tuple[CheckFactory, ...] = (InfinibandCheck, PeerCompareCheck)
 
 
 def by_name() -> dict[str, CheckFactory]:

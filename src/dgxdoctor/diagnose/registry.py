@@ -3,5 +3,9 @@
 from __future__ import annotations
 
 from dgxdoctor.diagnose.base import Analyzer
+from dgxdoctor.diagnose.infiniband import IbstatAnalyzer, PerfqueryAnalyzer
 
-ANALYZERS: tuple[Analyzer, ...] = ()
+ANALYZERS: tuple[Analyzer, ...] = (
+    IbstatAnalyzer(),
+    PerfqueryAnalyzer(),
+)

@@ -1,0 +1,1 @@
+"""Probes run by the serving environment's Python (which has torch), never imported by the agent."""
