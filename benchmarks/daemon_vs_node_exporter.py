@@ -148,8 +148,11 @@ def main() -> int:
         elapsed = time.monotonic() - t0
         for t in targets:
             used = cpu_seconds(t.ps()) - before[t.name]
+            full = t.ps().memory_full_info()
             results[t.name] = {
-                "rss_idle_mib": t.ps().memory_info().rss / MIB,
+                "rss_idle_mib": full.rss / MIB,
+                # Unique set size: what the process alone holds (shared libraries not counted).
+                "uss_idle_mib": full.uss / MIB,
                 "cpu_s_per_min": used * 60 / elapsed,
                 "cpu_pct_core": used / elapsed * 100,
             }
@@ -174,6 +177,7 @@ def main() -> int:
     rows = [
         ("resident memory, idle (MiB)", "rss_idle_mib", "{:.1f}"),
         ("resident memory, after scrapes (MiB)", "rss_after_mib", "{:.1f}"),
+        ("unique memory (USS), idle (MiB)", "uss_idle_mib", "{:.1f}"),
         ("CPU per minute, idle (CPU-seconds)", "cpu_s_per_min", "{:.4f}"),
         ("CPU, idle (% of one core)", "cpu_pct_core", "{:.4f}"),
         ("/metrics p50 (ms)", "p50_ms", "{:.2f}"),
