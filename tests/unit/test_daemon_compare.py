@@ -122,3 +122,15 @@ def test_imbalance_ratio() -> None:
     assert imbalance_ratio([0.0, 0.0]) == 0.0
     assert imbalance_ratio([10.0, 5.0]) == 0.5
     assert imbalance_ratio([4.0, 0.0, 2.0]) == 1.0
+
+
+def test_drift_codes_by_kind_of_fact() -> None:
+    a = snap("a", kernel_release="6.8.0-45", ib_port_rates_gbps="400,400", model_shard_sha256__x="1", site="x")
+    b = snap("b", kernel_release="6.8.0-40", ib_port_rates_gbps="400,200", model_shard_sha256__x="2", site="y")
+    found = {f.code: f.status for f in compare([a, b], local="a").findings}
+    assert found == {
+        "PEER_VERSION_SKEW": Status.WARNING,
+        "PEER_HARDWARE_DRIFT": Status.WARNING,
+        "PEER_MODEL_MISMATCH": Status.CRITICAL,
+        "PEER_FACT_DRIFT": Status.WARNING,
+    }

@@ -167,45 +167,47 @@ RULES: tuple[Rule, ...] = (
 
 RULE_KEYS = frozenset(rule.key for rule in RULES)
 
-# Facts whose difference is a fault, with the finding code, the status and what to do.
-_DRIFT: tuple[tuple[str, str, Status, str], ...] = (
+# Facts whose difference is a fault: (how the key matches, code, status, remedy); the first match wins.
+# A pattern ending in "." or "_" is a prefix, one starting with "_" a suffix, "*" matches every key.
+_DRIFT: tuple[tuple[tuple[str, ...], str, Status, str], ...] = (
     (
-        "model_fingerprint",
+        ("model_fingerprint", "model_", "host.model_"),
         "PEER_MODEL_MISMATCH",
         Status.CRITICAL,
         "both nodes must load the same weights from the same path: compare `ls -l MODEL_DIR | md5sum` and `mount`",
     ),
     (
-        "nccl_env.",
+        ("nccl_env.",),
         "PEER_NCCL_ENV_DRIFT",
         Status.WARNING,
         "make /etc/profile.d/nccl.sh identical on both nodes (only VLLM_HOST_IP differs) and restart Ray and vLLM",
     ),
     (
-        "nccl_version",
+        ("driver_version", "cuda_driver_version", "nccl_version"),
         "PEER_VERSION_SKEW",
         Status.CRITICAL,
-        "upgrade both nodes together: ray stop --force, align the versions, rerun nccl-tests",
+        "align the GPU driver, CUDA and NCCL on both nodes (nvidia-smi, top right); a driver mismatch is a top "
+        "cause of multi-node failures",
     ),
     (
-        "driver_version",
-        "PEER_VERSION_SKEW",
-        Status.CRITICAL,
-        "align the GPU driver on both nodes (nvidia-smi, top right); driver mismatch is a top cause of "
-        "multi-node failures",
-    ),
-    (
-        "cuda_driver_version",
-        "PEER_VERSION_SKEW",
-        Status.CRITICAL,
-        "align the GPU driver and CUDA on both nodes (nvidia-smi, top right)",
-    ),
-    (
-        "",
+        ("_version", "kernel_release"),
         "PEER_VERSION_SKEW",
         Status.WARNING,
         "upgrade both nodes together, never one ahead of the other: ray stop --force, align vLLM / Ray / driver / "
         "kernel versions, rerun nccl-tests and the load-test baseline",
+    ),
+    (
+        ("gpu_", "ib_", "topology.", "host.memory_"),
+        "PEER_HARDWARE_DRIFT",
+        Status.WARNING,
+        "the nodes differ in GPUs, NICs or links: look for a missing GPU, a port down or at a lower rate, or a "
+        "changed topology on the odd node (nvidia-smi -L, ibstat, nvidia-smi topo -m)",
+    ),
+    (
+        ("*",),
+        "PEER_FACT_DRIFT",
+        Status.WARNING,
+        "the nodes should be configured identically: compare this fact on both nodes",
     ),
 )
 
@@ -367,10 +369,18 @@ def _odd_nodes(values: Mapping[str, str], counts: Counter[str], local: str | Non
 
 
 def _drift_rule(key: str) -> tuple[str, Status, str]:
-    for prefix, code, status, remedy in _DRIFT:
-        if key == prefix or (prefix.endswith(".") and key.startswith(prefix)) or prefix == "":
+    for patterns, code, status, remedy in _DRIFT:
+        if any(_matches(key, pattern) for pattern in patterns):
             return code, status, remedy
     raise AssertionError("the last drift rule matches every key")
+
+
+def _matches(key: str, pattern: str) -> bool:
+    if pattern == "*" or key == pattern:
+        return True
+    if pattern.startswith("_"):
+        return key.endswith(pattern)
+    return pattern.endswith((".", "_")) and key.startswith(pattern)
 
 
 def _fmt(value: float, unit: str) -> str:

@@ -66,10 +66,12 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-DRIFT_TEXT = """Node facts (`dgxdoctor_node_fact_info`) are compared as well: a fact present on several nodes with
-different values is `PEER_VERSION_SKEW` (critical for the driver, CUDA and NCCL versions), `PEER_NCCL_ENV_DRIFT`
-(an `nccl_env.*` variable differs or is set on one node only) or `PEER_MODEL_MISMATCH` (critical). Ignored,
-because they differ by design: {ignored}."""
+DRIFT_TEXT = """Node facts (`dgxdoctor_node_fact_info`) are compared as well. A fact present on several nodes with
+different values is a finding naming the odd node (the one off the majority; with two nodes, the peer):
+`PEER_MODEL_MISMATCH` (critical: model fingerprint, files, shard hashes), `PEER_NCCL_ENV_DRIFT` (an `nccl_env.*`
+variable differs or is set on one node only), `PEER_VERSION_SKEW` (critical for the driver, CUDA and NCCL
+versions, warning for the kernel, vLLM, Ray, torch, Python), `PEER_HARDWARE_DRIFT` (GPU, IB, topology, memory
+facts) and `PEER_FACT_DRIFT` for any other fact. Ignored, because they differ by design: {ignored}."""
 
 PEER_HEADER = """## Values of `metric` in `dgxdoctor_peer_imbalance_ratio`
 
