@@ -148,3 +148,10 @@ def test_bad_config_at_start_exits_78(tmp_path: Path) -> None:
     config.write_text('[daemon]\nlisten = "nowhere"\n')
     done = run_cli("run", "--config", str(config), timeout=60)
     assert done.returncode == 78 and "daemon.listen" in done.stderr
+
+
+def test_bad_listen_flag_is_a_usage_error() -> None:
+    from conftest import run_cli
+
+    done = run_cli("run", "--listen", "9835", timeout=60)
+    assert done.returncode == 64 and "--listen" in done.stderr and "HOST:PORT" in done.stderr

@@ -13,6 +13,7 @@ comparison sees exactly what peers see of us. The peers, the token and the per-p
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -23,6 +24,8 @@ from dgxdoctor.daemon.compare import RULE_KEYS, compare
 from dgxdoctor.daemon.peers import fetch_state
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample, Status
+
+MAX_PARALLEL_FETCHES = 8
 
 PEER_UP = MetricSpec(
     "dgxdoctor_peer_up",
@@ -55,7 +58,7 @@ class DaemonContext:
 class PeerCompareSettings(CheckSettings):
     interval_s: float = Field(15.0, gt=0, description="daemon: seconds between comparisons")
     timeout_s: float = Field(
-        30.0, gt=0, description="a comparison that takes longer is UNKNOWN (peers are fetched in turn)"
+        30.0, gt=0, description="a comparison that takes longer is UNKNOWN (peers are fetched 8 at a time)"
     )
     tolerances: dict[str, float] = Field(
         default_factory=dict,
@@ -99,9 +102,13 @@ class PeerCompareCheck:
         local = ctx.local_state()
         snapshots = [local]
         down = 0
-        with self.env.http_client(timeout_s=ctx.peer_timeout_s) as client:
-            for url in ctx.peers:
-                got = fetch_state(client, url, ctx.token, ctx.peer_timeout_s)
+        # Peers are fetched in parallel, so a cycle takes one peer_timeout_s at most however many are down.
+        with (
+            self.env.http_client(timeout_s=ctx.peer_timeout_s) as client,
+            ThreadPoolExecutor(min(MAX_PARALLEL_FETCHES, len(ctx.peers)), thread_name_prefix="peer") as pool,
+        ):
+            fetched = list(pool.map(lambda url: fetch_state(client, url, ctx.token, ctx.peer_timeout_s), ctx.peers))
+            for url, got in zip(ctx.peers, fetched, strict=True):
                 builder.sample(PEER_UP, 1.0 if got.up else 0.0, peer=got.label)
                 builder.sample(PEER_FETCH_SECONDS, got.seconds, peer=got.label)
                 if got.state is None:
