@@ -1,6 +1,9 @@
 """Two dgxdoctor daemons in two network namespaces ("nodes") joined by a veth pair compare each other; cutting
 the link turns into a PEER_UNREACHABLE finding and peer_up 0 on both sides.
 
+Each node reads its own sysfs InfiniBand tree (tests/fixtures/sysfs_ib): dgx-a the healthy one, dgx-b the degraded
+one (a rail down, one at half rate), so the comparison has a real asymmetry to name.
+
 Namespaces are named ``dgxd-peer-*``, use 10.78.0.0/24 and have no default route, so nothing leaves the machine.
 """
 
@@ -18,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import FIXTURES, REPO
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +32,21 @@ FETCH = (
     "r = u.Request(sys.argv[1], headers={'Authorization': 'Bearer ' + sys.argv[2]})\n"
     "print(u.urlopen(r, timeout=5).read().decode())\n"
 )
+
+
+def build_sysfs(root: Path, fixture: str) -> Path:
+    """Write a sysfs capture (``path:content`` lines, see tests/fixtures/sysfs_ib/SOURCES.md) back as files."""
+    for line in (FIXTURES / "sysfs_ib" / fixture).read_text().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        rel, _, value = line.partition(":")
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if value == "<unreadable>":
+            path.mkdir()
+        else:
+            path.write_text(value + "\n")
+    return root
 
 
 def sh(*argv: str) -> None:
@@ -85,11 +103,12 @@ def nodes(tmp_path: Path) -> Iterator[tuple[Node, Node]]:
         for n in (a, b):
             sh("ip", "-n", n.netns, "addr", "add", f"{n.ip}/24", "dev", n.veth)
             sh("ip", "-n", n.netns, "link", "set", n.veth, "up")
-        for n, peer in ((a, b), (b, a)):
+        for n, peer, tree in ((a, b, "dgx_ndr_healthy.txt"), (b, a, "dgx_ndr_degraded.txt")):
+            sysfs = build_sysfs(tmp_path / f"sysfs-{n.name}", tree)
             config = tmp_path / f"{n.name}.toml"
             config.write_text(
                 f'node = "{n.name}"\n'
-                f'[paths]\nstate_dir = "{tmp_path / n.name}"\n'
+                f'[paths]\nstate_dir = "{tmp_path / n.name}"\nsysfs_root = "{sysfs}"\n'
                 f'[daemon]\nlisten = "0.0.0.0:{PORT}"\ntoken = "{TOKEN}"\n'
                 f'peers = ["http://{peer.ip}:{PORT}"]\npeer_timeout_s = 1.0\n'
                 f"[checks.peer_compare]\ninterval_s = 1.0\n"
@@ -134,9 +153,17 @@ def test_two_nodes_see_each_other_then_the_cut(nodes: tuple[Node, Node]) -> None
     a, b = nodes
     wait_for_series(a, 'dgxdoctor_peer_up{node="dgx-a",peer="10.78.0.2:9835"} 1.0')
     wait_for_series(b, 'dgxdoctor_peer_up{node="dgx-b",peer="10.78.0.1:9835"} 1.0')
-    state = json.loads(a.get("/state"))
-    compare = next(c for c in state["checks"] if c["name"] == "peer_compare")
-    assert compare["status"] == "ok" and "1/1 peer(s) answered" in compare["summary"]
+    # dgx-b's degraded rails are a hardware difference between the nodes, named from dgx-a's side.
+    deadline = time.monotonic() + 60
+    while True:
+        compare = next(c for c in json.loads(a.get("/state"))["checks"] if c["name"] == "peer_compare")
+        drift = [f for f in compare["findings"] if f["code"] == "PEER_HARDWARE_DRIFT"]
+        if drift or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert "1/1 peer(s) answered" in compare["summary"]
+    assert drift and {f["subject"] for f in drift} == {"dgx-b"}, compare
+    assert any("ib_active_port_count" in f["message"] for f in drift)
 
     sh("ip", "-n", a.netns, "link", "set", a.veth, "down")  # cut the link between the nodes
 
