@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dgxdoctor.checks.base import CheckFactory
+from dgxdoctor.checks.gpu import GpuCheck
 from dgxdoctor.checks.infiniband import InfinibandCheck
 from dgxdoctor.checks.peer_compare import PeerCompareCheck
+from dgxdoctor.checks.xid import XidCheck
 
-ALL_CHECKS: tuple[CheckFactory, ...] = (InfinibandCheck, PeerCompareCheck)
+# peer_compare last: it compares the results of the others.
+ALL_CHECKS: tuple[CheckFactory, ...] = (GpuCheck, XidCheck, InfinibandCheck, PeerCompareCheck)
 
 
 def by_name() -> dict[str, CheckFactory]:
