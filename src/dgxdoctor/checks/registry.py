@@ -9,6 +9,7 @@ from dgxdoctor.checks.host import HostCheck
 from dgxdoctor.checks.infiniband import InfinibandCheck
 from dgxdoctor.checks.logs import LogsCheck
 from dgxdoctor.checks.nccl_env import NcclEnvCheck
+from dgxdoctor.checks.peer_compare import PeerCompareCheck
 from dgxdoctor.checks.topology import TopologyCheck
 from dgxdoctor.checks.vllm import VllmCheck
 from dgxdoctor.checks.xid import XidCheck
@@ -23,6 +24,7 @@ ALL_CHECKS: tuple[CheckFactory, ...] = (
     HostCheck,
     LogsCheck,
     DriftCheck,
+    PeerCompareCheck,
 )
 
 
