@@ -171,9 +171,11 @@ class Config:
         settings: CheckSettings = getattr(self.model.checks, name)  # type: ignore[attr-defined]
         return settings
 
-    def environment(self) -> Environment:
+    def environment(self, one_shot: bool = True) -> Environment:
+        """The seams for this config; the daemon passes ``one_shot=False`` (checks keep history)."""
         p = self.paths
         return Environment(
+            one_shot=one_shot,
             node=self.node,
             sysfs_root=p.sysfs_root,
             proc_root=p.proc_root,

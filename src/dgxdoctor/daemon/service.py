@@ -50,7 +50,7 @@ class Daemon:
         self.listen_override = listen
         self.factories = factories
         self.notifier = notifier or Notifier()
-        self.env: Environment = config.environment()
+        self.env: Environment = config.environment(one_shot=False)
         self.store = ResultStore(self.env.node, config.daemon.history)
         self.runner = CheckRunner(self.env)
         self.scheduler = CheckScheduler(self.runner, self.store)
@@ -156,7 +156,7 @@ class Daemon:
         self.config = new
         self.token = token
         self.app_state.token = token
-        new_env = new.environment()
+        new_env = new.environment(one_shot=False)
         env_changed = new_env.node != self.env.node or new.paths != old.paths
         if new.daemon.listen != old.daemon.listen and self.listen_override is None:
             log.warning("listen_change_needs_restart", listen=new.daemon.listen, serving=old.daemon.listen)
