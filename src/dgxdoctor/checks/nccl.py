@@ -111,6 +111,8 @@ class NcclCheck:
             return CheckResult.skipped(self.name, str(exc))
         except CommandTimeout as exc:
             return CheckResult.unknown(self.name, str(exc))
+        if not self.cfg.command and done.returncode == allreduce.EX_NOT_RUNNABLE:
+            return CheckResult.skipped(self.name, done.stderr.strip().lstrip("# ") or "probe cannot run here")
         return judge(done.stdout, done.stderr, done.returncode, self.cfg)
 
 
