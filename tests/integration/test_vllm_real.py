@@ -266,14 +266,15 @@ def test_full_kv_cache_and_waiting_queue(vllm_server: Server) -> None:
     try:
         wait_for(lambda: vllm_server.metrics().get("num_requests_waiting", 0) > 0, 60, "a waiting queue")
         seen: set[str] = set()
-        result: dict[str, Any] = {}
-        # The queue drains in ~20 s; a run that lands at its tail may miss it, so allow more than one.
-        for _ in range(3):
-            result = check_vllm(vllm_server.config(canary="never", kv_cache_warn=0.6))
-            seen |= codes(result)
-            if "QUEUE_WAITING" in seen and seen & {"KV_CACHE_HIGH", "KV_CACHE_PREEMPTIONS"}:
-                break
-        assert result["status"] in ("warning", "critical"), (result, load.results)
+        # The queue drains in ~20 s on an idle machine, sooner or later on a busy one; a run that lands at its
+        # tail may miss it, so keep checking while the load lasts.
+        runs = [check_vllm(vllm_server.config(canary="never", kv_cache_warn=0.6))]
+        seen |= codes(runs[-1])
+        while load.alive() and not ("QUEUE_WAITING" in seen and seen & {"KV_CACHE_HIGH", "KV_CACHE_PREEMPTIONS"}):
+            runs.append(check_vllm(vllm_server.config(canary="never", kv_cache_warn=0.6)))
+            seen |= codes(runs[-1])
+        result = runs[-1]
+        assert any(r["status"] in ("warning", "critical") for r in runs), (runs, load.results)
         assert "QUEUE_WAITING" in seen, (result, load.results)
         assert seen & {"KV_CACHE_HIGH", "KV_CACHE_PREEMPTIONS"}, (result, load.results)
     finally:
