@@ -31,7 +31,7 @@ def build_checks(
 ) -> list[Check]:
     """Instantiate the enabled checks, in registry order. ``only`` overrides ``enabled = false``."""
     known = [f.name for f in ALL_CHECKS]
-    unknown = sorted(set(only or []) | set(skip or []) - set(known))
+    unknown = sorted((set(only or []) | set(skip or [])) - set(known))
     if unknown:
         raise click.UsageError(f"unknown check(s): {', '.join(unknown)}; known: {', '.join(known)}")
     checks: list[Check] = []

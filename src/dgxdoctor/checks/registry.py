@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dgxdoctor.checks.base import CheckFactory
+from dgxdoctor.checks.ray import RayCheck
 
-ALL_CHECKS: tuple[CheckFactory, ...] = ()
+ALL_CHECKS: tuple[CheckFactory, ...] = (RayCheck,)
 
 
 def by_name() -> dict[str, CheckFactory]:

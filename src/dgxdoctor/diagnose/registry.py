@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from dgxdoctor.diagnose.base import Analyzer
+from dgxdoctor.diagnose.ray_status import RayStatusAnalyzer
 
-ANALYZERS: tuple[Analyzer, ...] = ()
+ANALYZERS: tuple[Analyzer, ...] = (RayStatusAnalyzer(),)
