@@ -39,8 +39,13 @@ class Check(Protocol):
 
 
 class CheckFactory(Protocol):
-    name: ClassVar[str]
-    settings_model: ClassVar[type[CheckSettings]]
+    """A check class. Read-only properties here: mypy never matches a ClassVar protocol member to a class."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def settings_model(self) -> type[CheckSettings]: ...
 
     def __call__(self, settings: CheckSettings, env: Environment) -> Check: ...
 

@@ -279,7 +279,7 @@ class RayCheck:
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
         if not isinstance(settings, RaySettings):
             raise TypeError(f"ray check needs RaySettings, got {type(settings).__name__}")
-        self.settings = settings
+        self.settings: CheckSettings = settings
         self._cfg = settings
         self.env = env
 

@@ -2,6 +2,7 @@
 
 - ``/proc/<pid>/comm``: the process name, truncated by the kernel to 15 characters (``raylet``, ``gcs_server``).
 - ``/proc/<pid>/stat``: field 3 is the state letter (``Z`` zombie, ``X`` dead); see proc(5).
+- ``/proc/<pid>/ns/net``: a link naming the process's network namespace (``net:[4026531840]``).
 - ``/proc/net/tcp`` and ``/proc/net/tcp6``: one socket per line, local address as hex ``ADDR:PORT``, state
   ``0A`` is TCP_LISTEN (include/net/tcp_states.h). They show the network namespace of the reader.
 """
@@ -73,9 +74,21 @@ def parse_stat_state(text: str) -> str:
     return m.group("state") if m else "?"
 
 
+def _net_ns(proc_dir: Path) -> str | None:
+    try:
+        return str((proc_dir / "ns" / "net").readlink())
+    except OSError:
+        return None
+
+
 def find_processes(proc_root: Path, names: Iterable[str]) -> list[Process]:
-    """Processes whose ``comm`` is one of ``names``. Processes that exit while we look are skipped."""
+    """Processes whose ``comm`` is one of ``names``, in this network namespace when that can be told.
+
+    A raylet in another network namespace belongs to another node (containers, or namespaces used as nodes)
+    and serves other addresses. Processes that exit while we look are skipped.
+    """
     wanted = set(names)
+    own_ns = _net_ns(proc_root / "self")
     found = []
     try:
         entries = list(proc_root.iterdir())
@@ -89,6 +102,8 @@ def find_processes(proc_root: Path, names: Iterable[str]) -> list[Process]:
         except OSError:
             continue
         if name not in wanted:
+            continue
+        if own_ns is not None and _net_ns(entry) not in (own_ns, None):
             continue
         try:
             state = parse_stat_state((entry / "stat").read_text(encoding="utf-8", errors="replace"))
