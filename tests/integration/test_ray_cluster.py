@@ -7,8 +7,10 @@ once and nothing leaves the machine; the host reaches 10.77.0.1 only through the
       |-- veth -- netns dgxd-ray-head   eth0 10.77.0.1  `ray start --head --num-gpus=8` (GCS 6379, dashboard 8265)
       `-- veth -- netns dgxd-ray-worker eth0 10.77.0.2  `ray start --address=10.77.0.1:6379 --num-gpus=8`
 
-Each node runs under `unshare --pid --fork --kill-child`: killing that unshare process kills the namespace's
-first process, and the kernel then kills every process of the node, as a crashed machine would.
+The cluster runs with Ray's token authentication (RAY_AUTH_MODE=token, the token in a file of the test's own),
+so the dashboard API answers only with ``Authorization: Bearer <token>``. Each node runs under
+`unshare --pid --fork --kill-child`: killing that unshare process kills the namespace's first process, and the
+kernel then kills every process of the node, as a crashed machine would.
 Needs root, iproute2 with `ip netns`, and Ray in .cache/venv-ray (scripts/install-ray).
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -49,6 +52,7 @@ HEALTH_CHECK_ENV = {
     "RAY_health_check_failure_threshold": "3",
 }
 START_TIMEOUT_S = 90.0
+_TOKEN: dict[str, str] = {}  # the module's cluster token, once the fixture made it
 DEATH_TIMEOUT_S = 30.0
 
 
@@ -128,11 +132,20 @@ def _start_node(ns: str, args: list[str], temp_dir: Path, extra_env: dict[str, s
     return RayNodeProcess(ns, popen, log)
 
 
+def _api(path: str) -> Any:
+    headers = {"Authorization": f"Bearer {_TOKEN['token']}"}
+    with httpx.Client(timeout=3.0, trust_env=False, headers=headers) as client:
+        return client.get(f"{DASHBOARD}{path}").json()
+
+
 def _nodes() -> list[dict[str, Any]]:
-    with httpx.Client(timeout=3.0, trust_env=False) as client:
-        doc = client.get(f"{DASHBOARD}/api/v0/nodes?detail=1").json()
-    rows: list[dict[str, Any]] = doc["data"]["result"]["result"]
+    rows: list[dict[str, Any]] = _api("/api/v0/nodes?detail=1")["data"]["result"]["result"]
     return rows
+
+
+def _autoscaler_gpus() -> float:
+    """GPUs in the autoscaler report, which `ray status` prints; it lags the node list by a few seconds."""
+    return float(_api("/api/cluster_status")["data"]["clusterStatus"]["loadMetricsReport"]["usage"]["GPU"][1])
 
 
 def _poll(what: str, predicate: Any, timeout_s: float, *procs: RayNodeProcess) -> Any:
@@ -161,11 +174,21 @@ class Cluster:
     worker: RayNodeProcess
     worker_node_id: str
     tmp: Path
+    procs: list[RayNodeProcess]  # every node started, killed by the fixture's teardown
 
-    def config(self, **settings: str) -> Path:
-        path = self.tmp / "dgxdoctor.toml"
-        lines = ["[checks.ray]", f'dashboard_url = "{DASHBOARD}"']
-        lines += [f"{key} = {value}" for key, value in settings.items()]
+    @property
+    def token_file(self) -> Path:
+        return self.tmp / "auth_token"
+
+    @property
+    def ray_env(self) -> dict[str, str]:
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token_file)}
+
+    def config(self, dashboard_url: str = DASHBOARD, token: bool = True) -> Path:
+        path = self.tmp / f"dgxdoctor-{secrets.token_hex(4)}.toml"
+        lines = ["[checks.ray]", f'dashboard_url = "{dashboard_url}"']
+        if token:
+            lines.append(f'auth_token_file = "{self.token_file}"')
         path.write_text("\n".join(lines) + "\n")
         return path
 
@@ -178,18 +201,21 @@ def cluster() -> Iterator[Cluster]:
     _remove_network()
     tmp = Path(tempfile.mkdtemp(prefix=PREFIX, dir="/tmp"))  # short: Ray's unix socket paths must fit 107 bytes
     procs: list[RayNodeProcess] = []
+    _TOKEN["token"] = secrets.token_hex(32)
+    (tmp / "auth_token").write_text(_TOKEN["token"])
+    auth_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(tmp / "auth_token")}
     try:
         _create_network()
         head = _start_node(
             HEAD_NS,
             ["--head", f"--node-ip-address={HEAD_IP}", "--port=6379", "--dashboard-host=0.0.0.0"],
             tmp / "head",
-            HEALTH_CHECK_ENV,
+            {**HEALTH_CHECK_ENV, **auth_env},
         )
         procs.append(head)
         _poll("the head's dashboard", lambda: len(_nodes()) >= 1, START_TIMEOUT_S, head)
         worker = _start_node(
-            WORKER_NS, [f"--address={HEAD_IP}:6379", f"--node-ip-address={WORKER_IP}"], tmp / "worker", {}
+            WORKER_NS, [f"--address={HEAD_IP}:6379", f"--node-ip-address={WORKER_IP}"], tmp / "worker", auth_env
         )
         procs.append(worker)
 
@@ -199,7 +225,8 @@ def cluster() -> Iterator[Cluster]:
 
         alive = _poll("2 nodes ALIVE", two_alive, START_TIMEOUT_S, head, worker)
         worker_id = next(n["node_id"] for n in alive if n["node_ip"] == WORKER_IP)
-        yield Cluster(head, worker, worker_id, tmp)
+        _poll("the autoscaler report to count 16 GPUs", lambda: _autoscaler_gpus() == 16.0, 30, head, worker)
+        yield Cluster(head, worker, worker_id, tmp, procs)
     finally:
         for proc in reversed(procs):
             proc.kill()
@@ -227,9 +254,20 @@ def test_healthy_cluster_is_ok(cluster: Cluster) -> None:
     assert "16/16 GPUs" in check["summary"]
 
 
+def test_missing_token_is_unknown_not_ok(cluster: Cluster) -> None:
+    run = run_cli("check", "--only", "ray", "--json", "--config", str(cluster.config(token=False)))
+    assert run.returncode == 3, run.stdout + run.stderr
+    check = _ray_check(run.json())
+    assert check["status"] == "unknown"
+    (finding,) = check["findings"]
+    assert finding["code"] == "RAY_API_UNAUTHORIZED"
+    assert "401" in finding["message"]
+
+
 def test_head_role_checks_its_ports(cluster: Cluster) -> None:
     """Inside the head's namespace the default loopback URL answers: head role, GCS and dashboard ports listen."""
-    done = _cli_in_ns(HEAD_NS, "check", "--only", "ray", "--json")
+    config = cluster.config(dashboard_url="http://127.0.0.1:8265")
+    done = _cli_in_ns(HEAD_NS, "check", "--only", "ray", "--json", "--config", str(config))
     assert done.returncode == 0, done.stdout + done.stderr
     check = _ray_check(json.loads(done.stdout))
     assert check["status"] == "ok", check
@@ -248,7 +286,7 @@ def test_worker_role_sees_its_raylet(cluster: Cluster) -> None:
 def test_diagnose_reads_live_ray_status(cluster: Cluster) -> None:
     status = subprocess.run(
         ["ip", "netns", "exec", HEAD_NS, str(RAY_BIN), "status", f"--address={HEAD_IP}:6379"],
-        capture_output=True, text=True, timeout=60, check=True,
+        capture_output=True, text=True, timeout=60, check=True, env={**os.environ, **cluster.ray_env},
     )  # fmt: skip
     run = run_cli("diagnose", "--json", "-", stdin=status.stdout)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -260,7 +298,7 @@ def test_diagnose_reads_live_ray_status(cluster: Cluster) -> None:
 
 
 def test_killed_worker_is_critical(cluster: Cluster) -> None:
-    """Last in this module: it kills the worker node for good."""
+    """Kills the worker node; the next test brings it back."""
     cluster.worker.kill()
     _poll(
         "the worker to be DEAD",
@@ -282,3 +320,28 @@ def test_killed_worker_is_critical(cluster: Cluster) -> None:
     # The worker machine itself: no dashboard, no raylet left -> Ray is not here.
     done = _cli_in_ns(WORKER_NS, "check", "--only", "ray", "--json")
     assert _ray_check(json.loads(done.stdout))["status"] == "skipped", done.stdout
+
+
+def test_rejoined_worker_is_ok_again(cluster: Cluster) -> None:
+    """The tutorial's fix for a missing worker (`ray start --address=<head>:6379` again) brings the verdict back."""
+    rejoined = _start_node(
+        WORKER_NS,
+        [f"--address={HEAD_IP}:6379", f"--node-ip-address={WORKER_IP}"],
+        cluster.tmp / "worker2",
+        cluster.ray_env,
+    )
+    cluster.procs.append(rejoined)
+    _poll(
+        "the worker to rejoin",
+        lambda: sum(n["state"] == "ALIVE" for n in _nodes()) == 2,
+        START_TIMEOUT_S,
+        cluster.head,
+        rejoined,
+    )
+    run = run_cli("check", "--only", "ray", "--json", "--config", str(cluster.config()))
+    assert run.returncode == 0, run.stdout + run.stderr
+    check = _ray_check(run.json())
+    assert check["status"] == "ok", check
+    assert "16/16 GPUs" in check["summary"]
+    (old,) = [f for f in check["findings"] if f["code"] == "RAY_NODE_REJOINED"]
+    assert old["subject"] == cluster.worker_node_id

@@ -16,7 +16,8 @@ A dashboard URL that points at another machine gives the cluster verdict without
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import ClassVar, Literal
 from urllib.parse import urlsplit
 
@@ -91,6 +92,11 @@ class RaySettings(CheckSettings):
     gcs_port: int = Field(6379, ge=1, le=65535, description="GCS port that must listen on the head (ray start --port)")
     dashboard_port: int = Field(8265, ge=1, le=65535, description="dashboard port that must listen on the head")
     request_timeout_s: float = Field(5.0, gt=0, description="timeout of each dashboard request")
+    auth_token_file: Path | None = Field(
+        None,
+        description="file with the cluster's token when Ray runs with RAY_AUTH_MODE=token (Ray keeps it in "
+        "~/.ray/auth_token); sent as 'Authorization: Bearer'",
+    )
 
     @field_validator("dashboard_url")
     @classmethod
@@ -210,7 +216,12 @@ def cluster_findings(
                 Finding(
                     "RAY_GPUS_UNEXPECTED",
                     Status.WARNING,
-                    f"Ray sees {_gpus(view.gpus_total)} GPUs, {expected_gpus} expected",
+                    f"Ray sees {_gpus(view.gpus_total)} GPUs, {expected_gpus} expected"
+                    + (
+                        " (ray status may count a rejoined node's old resources for a few seconds: look again)"
+                        if alive == expected_nodes
+                        else ""
+                    ),
                     "GPU",
                     evidence=gpu_evidence,
                     remedy="check each node's --num-gpus in its `ray start` command; set expected_gpus if intended",
@@ -270,6 +281,16 @@ class _Unreachable(Exception):
     pass
 
 
+class _Unauthorized(Exception):
+    pass
+
+
+AUTH_REMEDY = (
+    "the dashboard wants Ray's token (RAY_AUTH_MODE=token): set checks.ray.auth_token_file to a copy of the head's "
+    "~/.ray/auth_token readable by dgxdoctor"
+)
+
+
 class RayCheck:
     """See the module docstring for roles and the commands that show the same by hand."""
 
@@ -287,20 +308,30 @@ class RayCheck:
         s = self._cfg
         if s.role == "worker":
             return self._worker(configured=True)
+        try:
+            headers = self._auth_headers()
+        except (OSError, UnicodeDecodeError) as exc:
+            bad = ResultBuilder(self.name)
+            bad.finding("RAY_AUTH_TOKEN_UNREADABLE", Status.UNKNOWN, f"cannot read auth_token_file: {exc}")
+            return bad.build(f"Ray token unreadable: {exc}")
+        builder = ResultBuilder(self.name)
         with self.env.http_client(s.dashboard_url, s.request_timeout_s) as client:
             try:
-                nodes = self._nodes(client)
+                nodes = self._nodes(client, headers)
             except _Unreachable as exc:
                 return self._unreachable(str(exc))
+            except _Unauthorized as exc:
+                builder.finding("RAY_API_UNAUTHORIZED", Status.UNKNOWN, str(exc), s.dashboard_url, remedy=AUTH_REMEDY)
+                if self._is_head():
+                    self._ports(builder)
+                return builder.build(f"Ray dashboard refused the request: {exc}")
             except RayApiError as exc:
-                bad = ResultBuilder(self.name)
-                bad.finding("RAY_API_ERROR", Status.UNKNOWN, str(exc), s.dashboard_url)
-                return bad.build(f"Ray dashboard answered but its node list is unusable: {exc}")
-            builder = ResultBuilder(self.name)
+                builder.finding("RAY_API_ERROR", Status.UNKNOWN, str(exc), s.dashboard_url)
+                return builder.build(f"Ray dashboard answered but its node list is unusable: {exc}")
             status = None
             try:
-                status = parse_cluster_status(self._get(client, CLUSTER_STATUS_PATH).content)
-            except (_Unreachable, RayApiError) as exc:
+                status = parse_cluster_status(self._get(client, CLUSTER_STATUS_PATH, headers).content)
+            except (_Unreachable, _Unauthorized, RayApiError) as exc:
                 builder.finding(
                     "RAY_CLUSTER_STATUS_UNAVAILABLE",
                     Status.UNKNOWN,
@@ -308,8 +339,8 @@ class RayCheck:
                     s.dashboard_url,
                 )
             try:
-                version = parse_version(self._get(client, VERSION_PATH).content)
-            except (_Unreachable, RayApiError):
+                version = parse_version(self._get(client, VERSION_PATH, headers).content)
+            except (_Unreachable, _Unauthorized, RayApiError):
                 version = None
         if version:
             builder.facts["ray_version"] = version
@@ -323,29 +354,44 @@ class RayCheck:
             builder.sample(PENDING_DEMANDS, sum(d.count for d in view.pending_tasks))
             builder.sample(PGS_PENDING, sum(d.count for d in view.pending_placement_groups))
         summary = cluster_summary(view, s.expected_nodes, s.expected_gpus)
-        if s.role == "head" or is_loopback_url(s.dashboard_url):
+        if self._is_head():
             self._ports(builder)
         else:
             summary += f" (head at {s.dashboard_url}; its ports are checked there)"
         return builder.build(summary)
 
-    def _get(self, client: httpx.Client, path: str) -> httpx.Response:
+    def _is_head(self) -> bool:
+        return self._cfg.role == "head" or is_loopback_url(self._cfg.dashboard_url)
+
+    def _auth_headers(self) -> dict[str, str]:
+        if self._cfg.auth_token_file is None:
+            return {}
+        token = self._cfg.auth_token_file.read_text(encoding="utf-8").strip()
+        if not token:
+            raise OSError(f"{self._cfg.auth_token_file} is empty")
+        return {"Authorization": f"Bearer {token}"}
+
+    def _request(self, client: httpx.Client, path: str, headers: Mapping[str, str]) -> httpx.Response:
         try:
-            response = client.get(path)
+            response = client.get(path, headers=headers)
         except httpx.TransportError as exc:
-            raise _Unreachable(f"{self._cfg.dashboard_url}{path}: {type(exc).__name__}: {exc}") from None
+            raise _Unreachable(f"{type(exc).__name__}: {exc}") from None
+        if response.status_code in (401, 403):
+            sent = "a token" if headers else "no token"
+            raise _Unauthorized(f"{path}: HTTP {response.status_code} {response.text[:80]!r} ({sent} sent)")
+        return response
+
+    def _get(self, client: httpx.Client, path: str, headers: Mapping[str, str]) -> httpx.Response:
+        response = self._request(client, path, headers)
         if response.status_code != 200:
             raise RayApiError(f"{path}: HTTP {response.status_code} {response.text[:120]!r}")
         return response
 
-    def _nodes(self, client: httpx.Client) -> Sequence[RayNode]:
-        try:
-            response = client.get(NODES_DETAIL_PATH)
-        except httpx.TransportError as exc:
-            raise _Unreachable(f"{type(exc).__name__}: {exc}") from None
+    def _nodes(self, client: httpx.Client, headers: Mapping[str, str]) -> Sequence[RayNode]:
+        response = self._request(client, NODES_DETAIL_PATH, headers)
         if response.status_code == 404:
             # Releases before the state API (Ray < 2.0) list nodes only in the dashboard's summary.
-            return parse_nodes_summary(self._get(client, NODES_SUMMARY_PATH).content)
+            return parse_nodes_summary(self._get(client, NODES_SUMMARY_PATH, headers).content)
         if response.status_code != 200:
             raise RayApiError(f"{NODES_DETAIL_PATH}: HTTP {response.status_code} {response.text[:120]!r}")
         return parse_nodes_detail(response.content)
