@@ -42,6 +42,7 @@ RAY_BIN = REPO / ".cache" / "venv-ray" / "bin" / "ray"
 PREFIX = "dgxd-ray-"
 BRIDGE = f"{PREFIX}br"
 HEAD_NS, WORKER_NS = f"{PREFIX}head", f"{PREFIX}worker"
+VETHS = (f"{PREFIX}v1", f"{PREFIX}v2")  # host ends of the head's and the worker's veth pairs
 HEAD_IP, WORKER_IP, HOST_IP = "10.77.0.1", "10.77.0.2", "10.77.0.254"
 DASHBOARD = f"http://{HEAD_IP}:8265"
 # Death of a node is detected in ~2 s instead of ~15 s (GCS health checks of each raylet).
@@ -80,6 +81,10 @@ def _remove_network() -> None:
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid), signal.SIGKILL)
         _ip("netns", "del", ns, check=False)
+    # A deleted namespace is torn down asynchronously (it can take minutes on a busy machine) and its veth peer
+    # lives until then: delete the host ends by name so the next run can create them again.
+    for host_end in VETHS:
+        _ip("link", "del", host_end, check=False)
     _ip("link", "del", BRIDGE, check=False)
 
 
@@ -87,8 +92,7 @@ def _create_network() -> None:
     _ip("link", "add", BRIDGE, "type", "bridge")
     _ip("addr", "add", f"{HOST_IP}/24", "dev", BRIDGE)
     _ip("link", "set", BRIDGE, "up")
-    for i, (ns, addr) in enumerate(((HEAD_NS, HEAD_IP), (WORKER_NS, WORKER_IP)), start=1):
-        host_end = f"{PREFIX}v{i}"
+    for host_end, ns, addr in zip(VETHS, (HEAD_NS, WORKER_NS), (HEAD_IP, WORKER_IP), strict=True):
         _ip("netns", "add", ns)
         _ip("link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", ns)
         _ip("link", "set", host_end, "master", BRIDGE, "up")

@@ -86,8 +86,8 @@ class RaySettings(CheckSettings):
     expected_gpus: int = Field(DEFAULT_EXPECTED_GPUS, ge=0, description="GPUs that Ray must see in the cluster")
     role: Literal["auto", "head", "worker"] = Field(
         "auto",
-        description="head: cluster verdict and ports; worker: raylet only; auto: head if the dashboard answers "
-        "on loopback, worker if only a raylet runs here",
+        description="auto, head or worker. head: cluster verdict and GCS/dashboard ports; worker: raylet only; "
+        "auto: head if the dashboard answers on a loopback URL, worker if it is refused and a raylet runs here",
     )
     gcs_port: int = Field(6379, ge=1, le=65535, description="GCS port that must listen on the head (ray start --port)")
     dashboard_port: int = Field(8265, ge=1, le=65535, description="dashboard port that must listen on the head")
