@@ -147,9 +147,13 @@ def _nodes() -> list[dict[str, Any]]:
     return rows
 
 
-def _autoscaler_gpus() -> float:
-    """GPUs in the autoscaler report, which `ray status` prints; it lags the node list by a few seconds."""
-    return float(_api("/api/cluster_status")["data"]["clusterStatus"]["loadMetricsReport"]["usage"]["GPU"][1])
+def _autoscaler_settled() -> bool:
+    """The autoscaler report (what `ray status` prints) lags the node list by seconds and, after a node rejoins,
+    passes through stale states (the dead node's resources still counted, 24 GPUs). Settled: it covers exactly the
+    ALIVE nodes and 16 GPUs."""
+    alive = {n["node_id"] for n in _nodes() if n["state"] == "ALIVE"}
+    report = _api("/api/cluster_status")["data"]["clusterStatus"]["loadMetricsReport"]
+    return set(report["usageByNode"]) == alive and report["usage"]["GPU"][1] == 16.0
 
 
 def _poll(what: str, predicate: Any, timeout_s: float, *procs: RayNodeProcess) -> Any:
@@ -229,7 +233,7 @@ def cluster() -> Iterator[Cluster]:
 
         alive = _poll("2 nodes ALIVE", two_alive, START_TIMEOUT_S, head, worker)
         worker_id = next(n["node_id"] for n in alive if n["node_ip"] == WORKER_IP)
-        _poll("the autoscaler report to count 16 GPUs", lambda: _autoscaler_gpus() == 16.0, 30, head, worker)
+        _poll("the autoscaler report to count both nodes", _autoscaler_settled, 30, head, worker)
         yield Cluster(head, worker, worker_id, tmp, procs)
     finally:
         for proc in reversed(procs):
@@ -349,3 +353,36 @@ def test_rejoined_worker_is_ok_again(cluster: Cluster) -> None:
     assert "16/16 GPUs" in check["summary"]
     (old,) = [f for f in check["findings"] if f["code"] == "RAY_NODE_REJOINED"]
     assert old["subject"] == cluster.worker_node_id
+
+
+def test_dashboard_down_on_the_head_falls_back_to_ray_status(cluster: Cluster) -> None:
+    """Last: stops the head's dashboard. SIGTERM, because `ray start --block` kills the whole node when one of its
+    processes dies of anything else."""
+    _poll("the autoscaler report to settle after the rejoin", _autoscaler_settled, 30, cluster.head)
+    pids = _ip("netns", "pids", HEAD_NS).stdout.split()
+    dashboards = [p for p in pids if b"ray/dashboard/dashboard.py" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(dashboards) == 1, dashboards
+    os.kill(int(dashboards[0]), signal.SIGTERM)
+
+    def refused() -> bool:
+        try:
+            _nodes()
+        except httpx.TransportError:
+            return True
+        return False
+
+    _poll("the dashboard to stop answering", refused, 30, cluster.head)
+    config = cluster.config(dashboard_url="http://127.0.0.1:8265")
+    with config.open("a") as fh:
+        fh.write(f'ray_command = "{RAY_BIN}"\n')
+    done = _cli_in_ns(HEAD_NS, "check", "--only", "ray", "--json", "--config", str(config))
+    assert done.returncode == 2, done.stdout + done.stderr
+    check = _ray_check(json.loads(done.stdout))
+    codes = {f["code"] for f in check["findings"]}
+    if codes != {"RAY_DASHBOARD_DOWN", "RAY_PORT_NOT_LISTENING"}:
+        status = subprocess.run(
+            ["ip", "netns", "exec", HEAD_NS, str(RAY_BIN), "status", "--address=127.0.0.1:6379"],
+            capture_output=True, text=True, timeout=60, check=False, env={**os.environ, **cluster.ray_env},
+        )  # fmt: skip
+        pytest.fail(f"{json.dumps(check, indent=1)}\nray status now:\n{status.stdout}{status.stderr}")
+    assert "ray status: 2/2 nodes ALIVE, 16/16 GPUs" in check["summary"]

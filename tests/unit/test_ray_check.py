@@ -7,7 +7,7 @@ small tree under tmp_path. The real cluster runs in tests/integration/test_ray_c
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -21,6 +21,7 @@ from dgxdoctor.diagnose.ray_status import RayStatusAnalyzer
 from dgxdoctor.diagnose.registry import ANALYZERS
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, Status
+from dgxdoctor.sources.commands import CommandNotFound, CommandResult, CommandRunner
 
 RAY = Path(__file__).resolve().parents[1] / "fixtures" / "ray"
 WORKER_ID = "7cf0e4d13538d46a83b175ecc2c9162830812885b35ce9a2a1d7170c"
@@ -74,6 +75,21 @@ def proc_tree(root: Path, listening: bool = True, procs: Mapping[int, tuple[str,
     return root
 
 
+def no_commands(argv: Sequence[str], timeout_s: float = 10.0) -> CommandResult:
+    raise CommandNotFound(f"{argv[0]} not found in PATH")
+
+
+def ray_status_prints(name: str, calls: list[list[str]] | None = None, returncode: int = 0) -> CommandRunner:
+    def run(argv: Sequence[str], timeout_s: float = 10.0) -> CommandResult:
+        if calls is not None:
+            calls.append(list(argv))
+        out = fixture(name).decode() if returncode == 0 else ""
+        err = "" if returncode == 0 else "ConnectionError: Could not find any running Ray instance."
+        return CommandResult(tuple(argv), returncode, out, err)
+
+    return run
+
+
 def run_check(
     tmp_path: Path,
     routes: Mapping[str, Reply],
@@ -81,6 +97,7 @@ def run_check(
     listening: bool = True,
     procs: Mapping[int, tuple[str, str]] | None = None,
     seen: list[httpx.Request] | None = None,
+    runner: CommandRunner = no_commands,
     **settings: object,
 ) -> CheckResult:
     env = Environment(
@@ -88,6 +105,7 @@ def run_check(
         proc_root=proc_tree(tmp_path / "proc", listening, procs),
         state_dir=tmp_path / "state",
         http_transport=dashboard(routes, seen),
+        run_command=runner,
     )
     settings.setdefault("dashboard_url", REMOTE)
     return RayCheck(RaySettings.model_validate(settings), env).run()
@@ -286,6 +304,43 @@ def test_gcs_running_but_dashboard_refused_is_critical(tmp_path: Path) -> None:
     assert result.status is Status.CRITICAL
     assert "RAY_DASHBOARD_DOWN" in codes(result)
     assert "gcs_server pid 100" in result.summary
+
+
+def test_dashboard_down_falls_back_to_ray_status(tmp_path: Path) -> None:
+    """The GCS still answers `ray status`: the cluster verdict survives the dashboard."""
+    calls: list[list[str]] = []
+    token = tmp_path / "auth_token"
+    token.write_text("abc")
+    result = run_check(
+        tmp_path,
+        REFUSED,
+        dashboard_url=LOCAL,
+        procs={100: ("gcs_server", "S")},
+        runner=ray_status_prints("dead-ray-status.txt", calls),
+        ray_command="/opt/ray/bin/ray",
+        auth_token_file=str(token),
+    )
+    assert calls == [
+        ["env", "RAY_AUTH_MODE=token", f"RAY_AUTH_TOKEN_PATH={token}", "/opt/ray/bin/ray", "status",
+         "--address=127.0.0.1:6379"]
+    ]  # fmt: skip
+    found = codes(result)
+    assert found["RAY_DASHBOARD_DOWN"] is Status.CRITICAL
+    assert found["RAY_GPUS_MISSING"] is Status.CRITICAL
+    assert "ray status: 1/2 nodes ALIVE, 8/16 GPUs" in result.summary
+    assert "dgxdoctor_ray_nodes_dead" not in samples(result)  # the text does not list dead nodes
+    assert samples(result)["dgxdoctor_ray_gpus_total"] == 8
+
+
+@pytest.mark.parametrize(
+    ("runner", "expected"),
+    [(no_commands, "not found"), (ray_status_prints("healthy-ray-status.txt", returncode=1), "exit 1")],
+)
+def test_dashboard_down_and_no_ray_status(tmp_path: Path, runner: CommandRunner, expected: str) -> None:
+    result = run_check(tmp_path, REFUSED, dashboard_url=LOCAL, procs={100: ("gcs_server", "S")}, runner=runner)
+    assert result.status is Status.CRITICAL
+    unavailable = next(f for f in result.findings if f.code == "RAY_STATUS_UNAVAILABLE")
+    assert expected in unavailable.message
 
 
 def test_declared_head_without_ray_is_critical(tmp_path: Path) -> None:

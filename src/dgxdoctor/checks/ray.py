@@ -27,6 +27,7 @@ from pydantic import Field, field_validator
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
+from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.localproc import find_processes, listening_ports
 from dgxdoctor.sources.ray_api import (
     CLUSTER_STATUS_PATH,
@@ -42,6 +43,7 @@ from dgxdoctor.sources.ray_api import (
     parse_nodes_summary,
     parse_version,
 )
+from dgxdoctor.sources.ray_status import RayStatusError, parse_ray_status
 
 # The tutorial's deployment: two DGX nodes of 8 GPUs each, one Ray node per machine.
 DEFAULT_EXPECTED_NODES = 2
@@ -92,6 +94,9 @@ class RaySettings(CheckSettings):
     gcs_port: int = Field(6379, ge=1, le=65535, description="GCS port that must listen on the head (ray start --port)")
     dashboard_port: int = Field(8265, ge=1, le=65535, description="dashboard port that must listen on the head")
     request_timeout_s: float = Field(5.0, gt=0, description="timeout of each dashboard request")
+    ray_command: str = Field(
+        "ray", description="the ray CLI (name in PATH or full path): `ray status` when the head's dashboard is down"
+    )
     auth_token_file: Path | None = Field(
         None,
         description="file with the cluster's token when Ray runs with RAY_AUTH_MODE=token (Ray keeps it in "
@@ -346,19 +351,24 @@ class RayCheck:
             builder.facts["ray_version"] = version
         view = cluster_view(nodes, status)
         builder.findings.extend(cluster_findings(view, s.expected_nodes, s.expected_gpus))
-        builder.sample(NODES_ALIVE, view.nodes_alive)
-        builder.sample(NODES_DEAD, len(view.dead_nodes))
-        builder.sample(GPUS_TOTAL, view.gpus_total)
-        builder.sample(GPUS_USED, view.gpus_used)
-        if status is not None:
-            builder.sample(PENDING_DEMANDS, sum(d.count for d in view.pending_tasks))
-            builder.sample(PGS_PENDING, sum(d.count for d in view.pending_placement_groups))
+        self._cluster_samples(builder, view, with_demands=status is not None)
         summary = cluster_summary(view, s.expected_nodes, s.expected_gpus)
         if self._is_head():
             self._ports(builder)
         else:
             summary += f" (head at {s.dashboard_url}; its ports are checked there)"
         return builder.build(summary)
+
+    @staticmethod
+    def _cluster_samples(builder: ResultBuilder, view: ClusterView, with_demands: bool) -> None:
+        builder.sample(NODES_ALIVE, view.nodes_alive)
+        # `ray status` text does not list dead nodes (Ray 2.60): their count is unknown there, not zero.
+        builder.sample(NODES_DEAD, len(view.dead_nodes) if view.nodes else None)
+        builder.sample(GPUS_TOTAL, view.gpus_total)
+        builder.sample(GPUS_USED, view.gpus_used)
+        if with_demands:
+            builder.sample(PENDING_DEMANDS, sum(d.count for d in view.pending_tasks))
+            builder.sample(PGS_PENDING, sum(d.count for d in view.pending_placement_groups))
 
     def _is_head(self) -> bool:
         return self._cfg.role == "head" or is_loopback_url(self._cfg.dashboard_url)
@@ -438,8 +448,42 @@ class RayCheck:
             remedy="if Ray runs, read /tmp/ray/session_latest/logs/dashboard.log; else start the head: "
             "`ray start --head --port=6379 --dashboard-host=0.0.0.0 --num-gpus=8 --disable-usage-stats`",
         )
+        summary = f"head node: dashboard not answering; {running}"
+        if gcs:
+            view = self._ray_status(builder)
+            if view is not None:
+                builder.findings.extend(cluster_findings(view, s.expected_nodes, s.expected_gpus))
+                self._cluster_samples(builder, view, with_demands=True)
+                summary += f"; ray status: {cluster_summary(view, s.expected_nodes, s.expected_gpus)}"
         self._ports(builder)
-        return builder.build(f"head node: dashboard not answering; {running}")
+        return builder.build(summary)
+
+    def _ray_status(self, builder: ResultBuilder) -> ClusterView | None:
+        """The GCS still answers `ray status` when the dashboard is down: the cluster verdict from its text."""
+        s = self._cfg
+        argv = [s.ray_command, "status", f"--address=127.0.0.1:{s.gcs_port}"]
+        if s.auth_token_file is not None:
+            argv = ["env", "RAY_AUTH_MODE=token", f"RAY_AUTH_TOKEN_PATH={s.auth_token_file}", *argv]
+        try:
+            done = self.env.run_command(argv, timeout_s=max(1.0, s.timeout_s / 2))
+        except CommandNotFound:
+            builder.finding(
+                "RAY_STATUS_UNAVAILABLE",
+                Status.UNKNOWN,
+                f"`{s.ray_command}` not found: nodes and GPUs unknown while the dashboard is down",
+                remedy="set checks.ray.ray_command to the ray executable of the Ray installation",
+            )
+            return None
+        except CommandTimeout as exc:
+            builder.finding("RAY_STATUS_UNAVAILABLE", Status.UNKNOWN, f"`ray status` hung: {exc}")
+            return None
+        try:
+            if done.returncode != 0:
+                raise RayStatusError(f"exit {done.returncode}: {(done.stderr or done.stdout).strip()[-200:]}")
+            return parse_ray_status(done.stdout).view()
+        except RayStatusError as exc:
+            builder.finding("RAY_STATUS_UNAVAILABLE", Status.UNKNOWN, f"`ray status` failed: {exc}")
+            return None
 
     def _worker(self, configured: bool) -> CheckResult:
         builder = ResultBuilder(self.name)
