@@ -386,3 +386,8 @@ def test_dashboard_down_on_the_head_falls_back_to_ray_status(cluster: Cluster) -
         )  # fmt: skip
         pytest.fail(f"{json.dumps(check, indent=1)}\nray status now:\n{status.stdout}{status.stderr}")
     assert "ray status: 2/2 nodes ALIVE, 16/16 GPUs" in check["summary"]
+
+    # Seen from outside (the host, through the bridge), the head's dashboard no longer answers.
+    run = run_cli("check", "--only", "ray", "--json", "--config", str(cluster.config()))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert [f["code"] for f in _ray_check(run.json())["findings"]] == ["RAY_DASHBOARD_UNREACHABLE"]

@@ -279,6 +279,15 @@ def test_no_ray_here_is_skipped(tmp_path: Path) -> None:
     assert "no Ray here" in result.summary and "Connection refused" in result.summary
 
 
+def test_configured_remote_head_that_does_not_answer_warns(tmp_path: Path) -> None:
+    result = run_check(tmp_path, REFUSED, dashboard_url=REMOTE)
+    assert codes(result) == {"RAY_DASHBOARD_UNREACHABLE": Status.WARNING}
+    assert "8265/tcp" in (result.findings[0].remedy or "")
+    with_raylet = run_check(tmp_path / "w", REFUSED, dashboard_url=REMOTE, procs={9: ("raylet", "S")})
+    assert with_raylet.status is Status.WARNING
+    assert "raylet running (pid 9)" in with_raylet.summary
+
+
 def test_refused_with_a_raylet_is_a_worker(tmp_path: Path) -> None:
     result = run_check(tmp_path, REFUSED, dashboard_url=LOCAL, procs={4242: ("raylet", "S")})
     assert result.status is Status.OK

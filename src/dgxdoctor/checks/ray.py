@@ -10,7 +10,8 @@ and on a worker node: ``pgrep -a raylet``.
 Roles: the head answers the dashboard API and owns the cluster verdict (nodes, GPUs, demands, its ports);
 a worker only checks that its raylet runs. ``auto`` takes the head role when the dashboard answers on a
 loopback URL, the worker role when it is refused but a raylet runs here, and skips when there is no Ray.
-A dashboard URL that points at another machine gives the cluster verdict without the local port checks.
+A dashboard URL that points at another machine gives the cluster verdict without the local port checks; when
+that machine does not answer, it is a warning (head down or a firewall between), never "no Ray here".
 """
 
 from __future__ import annotations
@@ -433,6 +434,18 @@ class RayCheck:
         gcs = [p for p in procs if p.name == "gcs_server"]
         raylets = [p for p in procs if p.name == "raylet"]
         if s.role == "auto" and not gcs:
+            if not is_loopback_url(s.dashboard_url):
+                # A head configured by address that does not answer: down, or a firewall in between (tutorial
+                # error 5). Not "no Ray here": someone said where the head is.
+                unreachable = Finding(
+                    "RAY_DASHBOARD_UNREACHABLE",
+                    Status.WARNING,
+                    f"the head's dashboard {s.dashboard_url} does not answer from here ({error})",
+                    s.dashboard_url,
+                    remedy="check the head is up (`ray status` there) and that its firewall lets 6379/tcp and "
+                    "8265/tcp in: `sudo ufw allow 6379/tcp && sudo ufw allow 8265/tcp`",
+                )
+                return self._worker(configured=False, extra=unreachable, required=False)
             if raylets:
                 return self._worker(configured=False)
             return CheckResult.skipped(
@@ -485,13 +498,18 @@ class RayCheck:
             builder.finding("RAY_STATUS_UNAVAILABLE", Status.UNKNOWN, f"`ray status` failed: {exc}")
             return None
 
-    def _worker(self, configured: bool) -> CheckResult:
+    def _worker(self, configured: bool, extra: Finding | None = None, required: bool = True) -> CheckResult:
+        """A worker node: its raylet must run. ``required=False`` when it is unknown whether Ray belongs here."""
         builder = ResultBuilder(self.name)
+        if extra is not None:
+            builder.findings.append(extra)
         raylets = [p for p in find_processes(self.env.proc_root, ("raylet",)) if p.alive]
         if raylets:
             pids = ", ".join(str(p.pid) for p in raylets)
             how = "" if configured else f" ({self._cfg.dashboard_url} not answering here)"
             return builder.build(f"worker node: raylet running (pid {pids}){how}; cluster checks run on the head")
+        if not required:
+            return builder.build(f"no raylet here and the head's dashboard {self._cfg.dashboard_url} does not answer")
         builder.finding(
             "RAY_RAYLET_DOWN",
             Status.CRITICAL,
