@@ -17,6 +17,7 @@ Needs root, iproute2 with `ip netns`, and Ray in .cache/venv-ray (scripts/instal
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -52,6 +53,7 @@ HEALTH_CHECK_ENV = {
     "RAY_health_check_timeout_ms": "1000",
     "RAY_health_check_failure_threshold": "3",
 }
+LOCK_PATH = Path("/tmp") / f"{PREFIX}test.lock"
 START_TIMEOUT_S = 90.0
 _TOKEN: dict[str, str] = {}  # the module's cluster token, once the fixture made it
 DEATH_TIMEOUT_S = 30.0
@@ -206,6 +208,10 @@ def cluster() -> Iterator[Cluster]:
     reason = _why_not_runnable()
     if reason:
         pytest.skip(reason)
+    # One run at a time on a machine: the names and the subnet are fixed, and the stale-leftover cleanup below
+    # must never reach a cluster that another run of this module is using.
+    lock = open(LOCK_PATH, "w")  # noqa: SIM115 - held until teardown
+    fcntl.flock(lock, fcntl.LOCK_EX)
     _remove_network()
     tmp = Path(tempfile.mkdtemp(prefix=PREFIX, dir="/tmp"))  # short: Ray's unix socket paths must fit 107 bytes
     procs: list[RayNodeProcess] = []
@@ -240,6 +246,7 @@ def cluster() -> Iterator[Cluster]:
             proc.kill()
         _remove_network()
         shutil.rmtree(tmp, ignore_errors=True)
+        lock.close()
 
 
 def _cli_in_ns(ns: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
