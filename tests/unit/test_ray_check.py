@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from conftest import run_cli
-from dgxdoctor.checks.ray import RayCheck, RaySettings
+from dgxdoctor.checks.ray import RayCheck, RaySettings, cluster_findings
 from dgxdoctor.config import ConfigError, parse_config
 from dgxdoctor.diagnose.base import diagnose_text
 from dgxdoctor.diagnose.ray_status import RayStatusAnalyzer
@@ -22,6 +22,7 @@ from dgxdoctor.diagnose.registry import ANALYZERS
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandResult, CommandRunner
+from dgxdoctor.sources.ray_api import ClusterView, Demand
 
 RAY = Path(__file__).resolve().parents[1] / "fixtures" / "ray"
 WORKER_ID = "7cf0e4d13538d46a83b175ecc2c9162830812885b35ce9a2a1d7170c"
@@ -428,3 +429,16 @@ def test_diagnose_cli_on_a_captured_file() -> None:
     assert entry["kind"] == "ray-status"
     assert entry["data"]["nodes_alive"] == 1
     assert "RAY_GPUS_MISSING" in {f["code"] for f in entry["findings"]}
+
+
+def test_never_fits_is_judged_per_task_not_per_count() -> None:
+    view = ClusterView(
+        nodes_alive=2,
+        gpus_total=16.0,
+        demands=(Demand("tasks", "{'GPU': 8.0}", 3, 8.0), Demand("tasks", "{'GPU': 32.0}", 1, 32.0)),
+    )
+    messages = [f.message for f in cluster_findings(view, 2, 16)]
+    assert messages == [
+        "3+ tasks/actors wait for {'GPU': 8.0}",
+        "1+ tasks/actors wait for {'GPU': 32.0}; it can never fit: the cluster has 16 GPUs",
+    ]

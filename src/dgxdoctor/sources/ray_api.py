@@ -55,7 +55,10 @@ DemandKind = Literal["tasks", "placement_group", "request_resources"]
 
 @dataclass(frozen=True)
 class Demand:
-    """Resources that something waits for: ``shape`` printed as ``ray status`` prints it."""
+    """Resources that something waits for: ``shape`` printed as ``ray status`` prints it, ``count`` of them.
+
+    ``gpus`` is what one of them needs: one task's GPUs, or all the bundles of one placement group.
+    """
 
     kind: DemandKind
     shape: str
@@ -216,7 +219,7 @@ def _resource_demands(items: Any, where: str, kind: DemandKind) -> list[Demand]:
     demands = []
     for item in items:
         shape, count = _shape_pair(item, where)
-        demands.append(Demand(kind, format_shape(shape), count, _gpus(shape, where) * count))
+        demands.append(Demand(kind, format_shape(shape), count, _gpus(shape, where)))
     return demands
 
 

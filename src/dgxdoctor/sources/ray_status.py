@@ -149,8 +149,7 @@ def parse_ray_status(text: str) -> RayStatusReport:
             shape = m.group("shape").strip()
             count = int(m.group("count"))
             kind = _KINDS[m.group("what")]
-            gpus = _bundle_gpus(shape) * (count if kind == "tasks" else 1)
-            demands.append(Demand(kind, shape, count, gpus, stripped))
+            demands.append(Demand(kind, shape, count, _bundle_gpus(shape), stripped))
     if not (saw_node_status and saw_resources):
         missing = [name for name, seen in (("Node status", saw_node_status), ("Resources", saw_resources)) if not seen]
         raise RayStatusError(f"not `ray status` output: no {' or '.join(missing)} section")
