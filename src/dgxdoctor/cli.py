@@ -12,7 +12,7 @@ import click
 from dgxdoctor import __version__
 from dgxdoctor.checks.base import Check, CheckRunner
 from dgxdoctor.checks.registry import ALL_CHECKS
-from dgxdoctor.config import EX_CONFIG, Config, ConfigError, load_config
+from dgxdoctor.config import DEFAULT_LISTEN, EX_CONFIG, Config, ConfigError, load_config, parse_listen
 from dgxdoctor.diagnose.base import diagnose_text
 from dgxdoctor.diagnose.registry import ANALYZERS
 from dgxdoctor.environment import Environment
@@ -104,6 +104,34 @@ def check(config_path: Path | None, as_json: bool, only: str | None, skip: str |
     else:
         click.echo(report_table(env.node, results, verbose))
     sys.exit(exit_code(overall_status(results)))
+
+
+@cli.command()
+@config_option
+@click.option(
+    "--listen",
+    metavar="HOST:PORT",
+    default=None,
+    help=f"serve /metrics, /healthz and /state here (default from [daemon] listen, {DEFAULT_LISTEN})",
+)
+def run(config_path: Path | None, listen: str | None) -> None:
+    """Run the daemon: scheduled checks, Prometheus /metrics, /state for peers, systemd notify."""
+    from dgxdoctor.daemon import logging as daemon_logging
+    from dgxdoctor.daemon.service import Daemon
+
+    config = _load(config_path)
+    if listen is not None:
+        try:
+            parse_listen(listen)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--listen") from None
+    daemon_logging.configure(config.daemon.log_level)
+    try:
+        daemon = Daemon(config, config_path, listen)
+    except (OSError, ValueError) as exc:
+        click.echo(f"invalid configuration: daemon.token_file: {exc}", err=True)
+        sys.exit(EX_CONFIG)
+    sys.exit(asyncio.run(daemon.serve()))
 
 
 @cli.command()

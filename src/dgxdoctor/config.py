@@ -10,9 +10,10 @@ import socket
 import tomllib
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.checks.registry import ALL_CHECKS
@@ -37,6 +38,77 @@ class PathsSettings(_Frozen):
     )
 
 
+DEFAULT_PORT = 9835
+DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9835`` for IPv6) -> (host, port); ValueError naming what is wrong."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"port must be 1-65535, got {port_text!r}")
+    return host, int(port_text)
+
+
+class DaemonSettings(_Frozen):
+    """``dgxdoctor run``: where it listens, who may read its state, which peers it compares with."""
+
+    listen: str = Field(DEFAULT_LISTEN, description="HOST:PORT of /metrics, /healthz and /state")
+    token: str | None = Field(
+        None,
+        min_length=16,
+        description="shared secret peers send as 'Authorization: Bearer ...'; without it /state is loopback-only",
+    )
+    token_file: Path | None = Field(None, description="file holding the token (instead of token); keep it 0600")
+    peers: tuple[str, ...] = Field((), description='dgxdoctor on the other nodes, e.g. ["http://dgx-b:9835"]')
+    peer_timeout_s: float = Field(3.0, gt=0, le=60, description="seconds to wait for one peer's /state")
+    textfile_path: Path | None = Field(
+        None,
+        description="also write the exposition here for node_exporter's textfile collector (a *.prom file)",
+    )
+    textfile_interval_s: float = Field(15.0, gt=0, description="seconds between textfile writes")
+    history: int = Field(20, ge=1, le=1000, description="results kept per check for /state and transitions")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        parse_listen(value)
+        return value
+
+    @field_validator("peers")
+    @classmethod
+    def _check_peers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for peer in value:
+            url = urlsplit(peer)
+            if url.scheme not in ("http", "https") or not url.hostname:
+                raise ValueError(f"peer {peer!r} is not an http(s)://HOST:PORT URL")
+            if url.path not in ("", "/") or url.query or url.fragment or url.username:
+                raise ValueError(f"peer {peer!r}: give only scheme, host and port")
+        if len(set(value)) != len(value):
+            raise ValueError("a peer is listed twice")
+        return tuple(p.rstrip("/") for p in value)
+
+    @model_validator(mode="after")
+    def _one_token_source(self) -> DaemonSettings:
+        if self.token is not None and self.token_file is not None:
+            raise ValueError("set token or token_file, not both")
+        return self
+
+    def resolve_token(self) -> str | None:
+        """The token itself, reading ``token_file`` if that is how it is given (OSError/ValueError if bad)."""
+        if self.token_file is None:
+            return self.token
+        text = self.token_file.read_text(encoding="utf-8").strip()
+        if len(text) < 16:
+            raise ValueError(f"{self.token_file}: token shorter than 16 characters")
+        return text
+
+
 @cache
 def checks_model() -> type[BaseModel]:
     fields: dict[str, Any] = {
@@ -56,6 +128,7 @@ def config_model() -> type[BaseModel]:
         __config__=ConfigDict(extra="forbid", frozen=True),
         node=(str | None, Field(None, description="node name in labels and peer reports; default hostname")),
         paths=(PathsSettings, Field(PathsSettings())),
+        daemon=(DaemonSettings, Field(DaemonSettings())),
         checks=(checks, Field(default_factory=checks)),
     )
     return model
@@ -89,13 +162,20 @@ class Config:
         paths: PathsSettings = self.model.paths  # type: ignore[attr-defined]
         return paths
 
+    @property
+    def daemon(self) -> DaemonSettings:
+        daemon: DaemonSettings = self.model.daemon  # type: ignore[attr-defined]
+        return daemon
+
     def check_settings(self, name: str) -> CheckSettings:
         settings: CheckSettings = getattr(self.model.checks, name)  # type: ignore[attr-defined]
         return settings
 
-    def environment(self) -> Environment:
+    def environment(self, one_shot: bool = True) -> Environment:
+        """The seams for this config; the daemon passes ``one_shot=False`` (checks keep history)."""
         p = self.paths
         return Environment(
+            one_shot=one_shot,
             node=self.node,
             sysfs_root=p.sysfs_root,
             proc_root=p.proc_root,

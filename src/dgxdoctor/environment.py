@@ -38,6 +38,9 @@ class Environment:
     run_command: CommandRunner = run_command
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
+    # True for `dgxdoctor check` (one run, nothing before it); the daemon sets False. Checks that need two
+    # readings (rates, forward progress) take both within one run when True, and use their previous run otherwise.
+    one_shot: bool = True
 
     def http_client(self, base_url: str = "", timeout_s: float = 5.0) -> httpx.Client:
         return httpx.Client(base_url=base_url, timeout=timeout_s, transport=self.http_transport)

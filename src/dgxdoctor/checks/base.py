@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from dataclasses import replace
@@ -78,12 +79,15 @@ class CheckRunner:
         future: asyncio.Future[CheckResult] = loop.create_future()
 
         def work() -> None:
+            outcome: CheckResult | None = None
+            error: BaseException | None = None
             try:
                 outcome = check.run()
             except BaseException as exc:  # every failure becomes UNKNOWN
-                loop.call_soon_threadsafe(_settle, future, None, exc)
-            else:
-                loop.call_soon_threadsafe(_settle, future, outcome, None)
+                error = exc
+            # A run that returns after its timeout may find the loop gone (one-shot `check` has exited).
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_settle, future, outcome, error)
 
         # A daemon thread per run (not a pool): a hung call must not eat a shared worker forever.
         thread = threading.Thread(target=work, name=f"check-{name}", daemon=True)

@@ -3,9 +3,31 @@
 from __future__ import annotations
 
 from dgxdoctor.checks.base import CheckFactory
+from dgxdoctor.checks.drift import DriftCheck
+from dgxdoctor.checks.gpu import GpuCheck
+from dgxdoctor.checks.host import HostCheck
+from dgxdoctor.checks.infiniband import InfinibandCheck
+from dgxdoctor.checks.logs import LogsCheck
+from dgxdoctor.checks.nccl_env import NcclEnvCheck
+from dgxdoctor.checks.peer_compare import PeerCompareCheck
 from dgxdoctor.checks.ray import RayCheck
+from dgxdoctor.checks.topology import TopologyCheck
+from dgxdoctor.checks.vllm import VllmCheck
+from dgxdoctor.checks.xid import XidCheck
 
-ALL_CHECKS: tuple[CheckFactory, ...] = (RayCheck,)
+ALL_CHECKS: tuple[CheckFactory, ...] = (
+    GpuCheck,
+    XidCheck,
+    TopologyCheck,
+    InfinibandCheck,
+    NcclEnvCheck,
+    VllmCheck,
+    RayCheck,
+    HostCheck,
+    LogsCheck,
+    DriftCheck,
+    PeerCompareCheck,
+)
 
 
 def by_name() -> dict[str, CheckFactory]:

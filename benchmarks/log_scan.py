@@ -1,0 +1,62 @@
+"""How fast the logs check reads and matches a busy log.
+
+    PYTHONPATH=src python benchmarks/log_scan.py [MEGABYTES]
+
+Writes a synthetic vLLM/Ray log of ordinary INFO lines with one real failure line every 10,000 lines, then times
+(1) the catalog's match over every line and (2) a LogFollower poll + match over the whole file, and prints
+lines per second and MB per second for each.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dgxdoctor.sources.logtail import LogFollower
+from dgxdoctor.sources.signatures import load_catalog
+
+ORDINARY = [
+    "INFO 05-16 18:43:01 [loader.py:447] Loading weights took 2.60 seconds",
+    "INFO 07-25 06:50:45 config.py:718] Defaulting to use ray for distributed inference",
+    "2024-07-25 06:50:45,885\tINFO worker.py:1788 -- Connected to Ray cluster.",
+    "gcn6:1080060:1080060 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB; OOB eno1np0:172.18.62.6<0>",
+    'INFO:     127.0.0.1:52144 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+]
+FAILURE = "RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error"
+
+
+def main() -> None:
+    megabytes = float(sys.argv[1]) if len(sys.argv) > 1 else 64.0
+    catalog = load_catalog()
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "vllm.log"
+        lines = []
+        size = 0
+        i = 0
+        while size < megabytes * 1e6:
+            line = FAILURE if i % 10_000 == 9_999 else ORDINARY[i % len(ORDINARY)]
+            lines.append(line)
+            size += len(line) + 1
+            i += 1
+        log.write_text("\n".join(lines) + "\n")
+
+        t0 = time.perf_counter()
+        matches = sum(len(catalog.match(line, "vllm")) for line in lines)
+        match_s = time.perf_counter() - t0
+
+        follower = LogFollower(from_start=True)
+        t0 = time.perf_counter()
+        polled = follower.poll([str(log)], int(size) + 1)
+        followed = sum(len(catalog.match(line, "vllm")) for _, line in polled.lines)
+        poll_s = time.perf_counter() - t0
+
+    print(f"log: {size / 1e6:.1f} MB, {len(lines)} lines, {matches} failure lines")
+    print(f"match only:    {match_s:.2f} s, {len(lines) / match_s:,.0f} lines/s, {size / 1e6 / match_s:.1f} MB/s")
+    print(f"poll + match:  {poll_s:.2f} s, {len(lines) / poll_s:,.0f} lines/s, {size / 1e6 / poll_s:.1f} MB/s")
+    assert followed == matches
+
+
+if __name__ == "__main__":
+    main()

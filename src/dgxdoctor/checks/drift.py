@@ -1,0 +1,193 @@
+"""`drift`: the facts two nodes must agree on (kernel, serving stack versions, model files), for comparison.
+
+By hand, on each node: ``uname -r``; ``<serving python> -m pip list | grep -E 'vllm|ray|torch|nccl'``;
+``ls -lR /models/glm | md5sum`` and ``sha256sum`` of a few shards (the tutorial's step 5).
+
+Driver and CUDA versions come from the gpu check and the NCCL environment from the nccl_env check; this check
+adds the rest. It never fails on its own: what it cannot read is reported as unknown (an OK finding) and left
+out of the facts, and the peer comparison decides what a difference means.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import Field
+
+from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.environment import Environment
+from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
+from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
+from dgxdoctor.sources.fingerprint import ShardHasher, listing_fingerprint, sample_shards, scan_model_dir
+from dgxdoctor.sources.serving_env import (
+    DISTRIBUTIONS,
+    PROBE,
+    ProcessInfo,
+    find_serving_python,
+    parse_probe_output,
+    psutil_processes,
+)
+
+NODE_INFO = MetricSpec(
+    "dgxdoctor_node_info",
+    "Software versions on this node that must match across the serving nodes (empty label: unknown).",
+    "info",
+    ("kernel_release", "vllm_version", "ray_version", "torch_version", "nccl_version", "python_version"),
+)
+MODEL_INFO = MetricSpec(
+    "dgxdoctor_model_info",
+    "Fingerprint of the model directory: sha256 of its sorted file names and sizes (first 16 hex digits).",
+    "info",
+    ("model_dir", "fingerprint"),
+)
+VERSION_KEYS = ("kernel_release", *DISTRIBUTIONS, "python_version")
+
+
+class DriftSettings(CheckSettings):
+    """The drift check: versions and model files to compare between the nodes."""
+
+    interval_s: float = Field(300.0, gt=0, description="daemon: seconds between runs")
+    serving_python: str | None = Field(
+        None,
+        description="Python interpreter of the vLLM/Ray install (e.g. /opt/vllm/.venv/bin/python); "
+        "default: the executable of a running vLLM or Ray Python process",
+    )
+    probe_timeout_s: float = Field(10.0, gt=0, description="seconds allowed for the serving python's version probe")
+    model_dir: Path | None = Field(None, description="model directory to fingerprint (same path on every node)")
+    sample_shards: int = Field(
+        0,
+        ge=0,
+        description="sha256 this many *.safetensors shards (first and last by name, then evenly spaced); "
+        "0 = names and sizes only",
+    )
+    hash_bytes_per_run: int = Field(
+        256 * 1024 * 1024, gt=0, description="read at most this many shard bytes per run; a hash completes over runs"
+    )
+
+
+class DriftCheck:
+    name: ClassVar[str] = "drift"
+    settings_model: ClassVar[type[CheckSettings]] = DriftSettings
+
+    def __init__(
+        self,
+        settings: CheckSettings,
+        env: Environment,
+        processes: Callable[[], Iterable[ProcessInfo]] = psutil_processes,
+    ) -> None:
+        if not isinstance(settings, DriftSettings):
+            raise TypeError(f"drift check needs DriftSettings, got {type(settings).__name__}")
+        self.settings: CheckSettings = settings
+        self._settings = settings
+        self.env = env
+        self._processes = processes
+        self._hasher = ShardHasher()
+
+    def run(self) -> CheckResult:
+        b = ResultBuilder(self.name)
+        facts: dict[str, str] = {}
+        kernel = self._kernel_release()
+        if kernel:
+            facts["kernel_release"] = kernel
+        else:
+            b.finding("DRIFT_UNKNOWN", Status.OK, "kernel release unreadable", "kernel_release")
+        facts.update(self._versions(b))
+        for key in VERSION_KEYS:
+            if key not in facts and key != "kernel_release":
+                b.finding("DRIFT_UNKNOWN", Status.OK, f"{key} unknown", key)
+        b.sample(NODE_INFO, 1, **{key: facts.get(key, "") for key in NODE_INFO.labels})
+        self._model(b, facts)
+        b.facts.update(facts)
+        known = [k for k in VERSION_KEYS if k in facts]
+        summary = f"{len(known)}/{len(VERSION_KEYS)} versions known"
+        if "model_fingerprint" in facts:
+            summary += f", model {facts['model_fingerprint']}"
+        return b.build(summary)
+
+    def _kernel_release(self) -> str | None:
+        try:
+            return (self.env.proc_root / "sys/kernel/osrelease").read_text().strip() or None
+        except OSError:
+            # Only the real /proc may fall back to the running kernel; a test root stands for another machine.
+            return os.uname().release if self.env.proc_root == Path("/proc") else None
+
+    def _versions(self, b: ResultBuilder) -> dict[str, str]:
+        s = self._settings
+        python = s.serving_python
+        if python is None:
+            found = find_serving_python(self._processes)
+            if found is None:
+                b.finding(
+                    "SERVING_PYTHON_UNKNOWN",
+                    Status.OK,
+                    "no serving_python configured and no running vLLM or Ray Python process found",
+                    remedy="set checks.drift.serving_python to the vLLM environment's python",
+                )
+                return {}
+            python = found.exe
+        try:
+            done = self.env.run_command([python, "-c", PROBE], s.probe_timeout_s)
+        except (CommandNotFound, CommandTimeout, OSError) as exc:
+            b.finding("SERVING_PYTHON_UNKNOWN", Status.OK, f"cannot run {python}: {exc}", python)
+            return {}
+        if done.returncode != 0:
+            b.finding(
+                "SERVING_PYTHON_UNKNOWN",
+                Status.OK,
+                f"{python} version probe exited {done.returncode}: {done.stderr.strip()[-200:]}",
+                python,
+            )
+            return {}
+        try:
+            return parse_probe_output(done.stdout)
+        except ValueError as exc:
+            b.finding("SERVING_PYTHON_UNKNOWN", Status.OK, str(exc), python)
+            return {}
+
+    def _model(self, b: ResultBuilder, facts: dict[str, str]) -> None:
+        s = self._settings
+        if s.model_dir is None:
+            b.finding("MODEL_DIR_UNKNOWN", Status.OK, "no model_dir configured: model files not fingerprinted")
+            return
+        root = s.model_dir
+        if not root.is_dir():
+            # The tutorial's error 2: a path missing on one node is exactly the drift to catch.
+            b.finding(
+                "MODEL_DIR_MISSING",
+                Status.WARNING,
+                f"model directory {root} does not exist on this node",
+                str(root),
+                remedy="use the same model path on both nodes (check the NFS mount: mount | grep "
+                f"{root}), then ray stop --force and restart the cluster",
+            )
+            facts["model_fingerprint"] = "missing"
+            b.sample(MODEL_INFO, 1, model_dir=str(root), fingerprint="missing")
+            return
+        entries = scan_model_dir(root)
+        fingerprint = listing_fingerprint(entries)
+        facts["model_fingerprint"] = fingerprint
+        facts["model_files"] = str(len(entries))
+        facts["model_bytes"] = str(sum(e.size for e in entries))
+        b.sample(MODEL_INFO, 1, model_dir=str(root), fingerprint=fingerprint)
+        shards = sample_shards(entries, s.sample_shards)
+        if not shards:
+            return
+        digests = self._hasher.advance([root / e.name for e in shards], s.hash_bytes_per_run)
+        pending = []
+        for entry in shards:
+            digest = digests.get(str(root / entry.name))
+            if digest is None:
+                pending.append(entry.name)
+            else:
+                facts[f"model_shard_sha256.{entry.name}"] = digest
+        if pending:
+            b.finding(
+                "MODEL_SHARDS_HASHING",
+                Status.OK,
+                f"sha256 of {len(pending)} sampled shard(s) still in progress "
+                f"({s.hash_bytes_per_run} bytes per run): {', '.join(pending)}",
+                str(root),
+            )

@@ -1,0 +1,188 @@
+"""`logs`: new lines of the vLLM and Ray logs matched against the catalog of known failure signatures.
+
+By hand: ``grep -E 'NCCL WARN|Watchdog caught|connectFullMesh|CUDA out of memory|placement group'
+/tmp/ray/session_latest/logs/*.err /var/log/vllm.log``.
+
+Offsets live in ``<state_dir>/logs_offsets.json`` (see ``sources.logtail`` for rotation and truncation). A match
+stays in the result for ``hold_s`` after it was last seen, then the check returns to OK by itself; matches inside
+that window are kept in the same file, so a restart or a one-shot ``dgxdoctor check`` still reports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import structlog
+from pydantic import Field
+
+from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.environment import Environment
+from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
+from dgxdoctor.sources.logtail import LogFollower, expand_paths
+from dgxdoctor.sources.signatures import Catalog, Signature, load_catalog
+from dgxdoctor.sources.statefile import StateFile
+
+log = structlog.get_logger(__name__)
+
+MATCHES_TOTAL = MetricSpec(
+    "dgxdoctor_logs_signature_matches_total",
+    "Log lines matching a known failure signature since the agent started, by signature code.",
+    "counter",
+    ("code",),
+)
+FILES_FOLLOWED = MetricSpec(
+    "dgxdoctor_logs_files_followed",
+    "Log files the logs check followed in its last run.",
+)
+EVIDENCE_MAX = 500
+
+
+class LogsSettings(CheckSettings):
+    """The logs check: vLLM and Ray log files followed for known failure signatures."""
+
+    interval_s: float = Field(10.0, gt=0, description="daemon: seconds between runs")
+    vllm_paths: list[str] = Field(
+        default_factory=list,
+        description="vLLM log files or globs (e.g. /var/log/vllm/vllm.log); empty: none",
+    )
+    ray_paths: list[str] = Field(
+        default_factory=lambda: [
+            "/tmp/ray/session_latest/logs/*.log",
+            "/tmp/ray/session_latest/logs/*.err",
+            "/tmp/ray/session_latest/logs/*.out",
+        ],
+        description="Ray log files or globs",
+    )
+    max_bytes_per_run: int = Field(
+        32 * 1024 * 1024, gt=0, description="read at most this many new bytes per run over all files; rest next run"
+    )
+    from_start: bool = Field(
+        False,
+        description="read files present when the agent starts from their start (default: from their end, so a "
+        "restart does not report old lines; files appearing later are always read whole)",
+    )
+    hold_s: float = Field(900.0, gt=0, description="keep reporting a match this many seconds after it was last seen")
+
+
+@dataclass
+class _Recent:
+    signature: Signature
+    path: str
+    line: str
+    last_seen: float
+    count: int
+
+
+class LogsCheck:
+    name: ClassVar[str] = "logs"
+    settings_model: ClassVar[type[CheckSettings]] = LogsSettings
+
+    def __init__(self, settings: CheckSettings, env: Environment, catalog: Catalog | None = None) -> None:
+        if not isinstance(settings, LogsSettings):
+            raise TypeError(f"logs check needs LogsSettings, got {type(settings).__name__}")
+        self.settings: CheckSettings = settings
+        self._settings = settings
+        self.env = env
+        self.catalog = catalog or load_catalog()
+        self.state = StateFile(env.state_dir / "logs_offsets.json")
+        self._follower: LogFollower | None = None
+        self._recent: dict[tuple[str, str], _Recent] = {}
+        self._totals: dict[str, int] = {}
+
+    def _load_follower(self) -> LogFollower:
+        if self._follower is None:
+            saved = self.state.load()
+            positions = saved.get("positions", {})
+            self._follower = LogFollower(
+                positions if isinstance(positions, dict) else {}, from_start=self._settings.from_start
+            )
+            self._recent = self._restore_recent(saved.get("recent"))
+        return self._follower
+
+    def _restore_recent(self, raw: object) -> dict[tuple[str, str], _Recent]:
+        """Matches still inside the window survive a restart (and one-shot `dgxdoctor check` runs)."""
+        signatures = self.catalog.by_code()
+        recent: dict[tuple[str, str], _Recent] = {}
+        for item in raw if isinstance(raw, list) else []:
+            if not isinstance(item, dict):
+                continue
+            sig = signatures.get(str(item.get("code")))
+            path, line, last_seen, count = item.get("path"), item.get("line"), item.get("last_seen"), item.get("count")
+            if sig is None or not isinstance(path, str) or not isinstance(line, str):
+                continue
+            if not isinstance(last_seen, int | float) or not isinstance(count, int) or count < 1:
+                continue
+            recent[(sig.code, path)] = _Recent(sig, path, line, float(last_seen), count)
+        return recent
+
+    def _save(self, follower: LogFollower) -> None:
+        recent = [
+            {
+                "code": r.signature.code,
+                "path": r.path,
+                "line": r.line[:EVIDENCE_MAX],
+                "last_seen": r.last_seen,
+                "count": r.count,
+            }
+            for r in self._recent.values()
+        ]
+        try:
+            self.state.save({"positions": follower.state(), "recent": recent})
+        except OSError as exc:
+            log.warning("logs_state_unsaved", path=str(self.state.path), error=str(exc))
+
+    def run(self) -> CheckResult:
+        s = self._settings
+        kinds = {path: "ray" for path in expand_paths(s.ray_paths)}
+        kinds.update({path: "vllm" for path in expand_paths(s.vllm_paths)})
+        follower = self._load_follower()
+        if not kinds:
+            # Still a poll: files that appear from now on (Ray started after the agent) are new, read from 0.
+            follower.poll([], 0)
+            return CheckResult.skipped(self.name, "no vLLM or Ray log files configured or present")
+        polled = follower.poll(sorted(kinds), s.max_bytes_per_run)
+
+        now = self.env.clock()
+        for path, line in polled.lines:
+            kind = kinds.get(path) or kinds.get(path.removesuffix(".1"))
+            for match in self.catalog.match(line, kind):
+                code = match.code
+                self._totals[code] = self._totals.get(code, 0) + 1
+                key = (code, path)
+                seen = self._recent.get(key)
+                count = seen.count + 1 if seen else 1
+                self._recent[key] = _Recent(match.signature, path, line, now, count)
+        for key in [k for k, r in self._recent.items() if now - r.last_seen > s.hold_s]:
+            del self._recent[key]
+        self._save(follower)
+
+        b = ResultBuilder(self.name)
+        for recent in sorted(self._recent.values(), key=lambda r: (-r.signature.severity.rank, r.path)):
+            sig = recent.signature
+            times = f" ({recent.count} lines)" if recent.count > 1 else ""
+            b.finding(
+                sig.code,
+                sig.severity,
+                f"{sig.meaning}{times}",
+                recent.path,
+                evidence=recent.line[:EVIDENCE_MAX],
+                remedy=sig.fix,
+            )
+        for code in sorted(self._totals):
+            b.sample(MATCHES_TOTAL, self._totals[code], code=code)
+        b.sample(FILES_FOLLOWED, len(polled.files))
+        for error in polled.errors:
+            b.finding("LOG_UNREADABLE", Status.WARNING, f"cannot read log file: {error}", error.split(":", 1)[0])
+        if polled.budget_exhausted:
+            b.finding(
+                "LOG_BACKLOG",
+                Status.OK,
+                f"read the per-run limit of {s.max_bytes_per_run} bytes; the rest is read next run",
+            )
+        codes = sorted({r.signature.code for r in self._recent.values()})
+        if codes:
+            summary = f"{len(codes)} failure signature(s) in the last {s.hold_s:g} s: {', '.join(codes)}"
+        else:
+            summary = f"no known failure signature in {len(polled.files)} log file(s)"
+        return b.build(summary)

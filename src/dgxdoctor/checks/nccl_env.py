@@ -1,0 +1,153 @@
+"""NCCL environment (the tutorial's step 3): /etc/profile.d/nccl.sh and a running process's environment,
+checked against this host's interfaces, RDMA devices, GID table and addresses.
+
+By hand: ``cat /etc/profile.d/nccl.sh; tr '\\0' '\\n' < /proc/$(pgrep -o raylet)/environ | grep -E 'NCCL|GLOO|VLLM';
+ip -br addr; ls /sys/class/infiniband; show_gids``.
+
+The file is parsed with shlex as data and never sourced.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+
+import psutil
+from pydantic import Field
+
+from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.environment import Environment
+from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
+from dgxdoctor.sources.nccl_env import (
+    compare_envs,
+    env_facts,
+    evaluate_nccl_env,
+    parse_env_file,
+    parse_environ,
+    read_ib_ports,
+    read_net_interfaces,
+    watched,
+)
+from dgxdoctor.sources.processes import command_matches, iter_processes
+
+NCCL_ENV_VARS = MetricSpec(
+    "dgxdoctor_nccl_env_variables", "NCCL_*/GLOO_*/VLLM_HOST_IP variables set in the checked environment"
+)
+
+# Files bigger than this are not an environment file.
+MAX_ENV_FILE_BYTES = 1 << 20
+
+
+def local_addresses() -> set[str]:
+    """Every IPv4/IPv6 address of this host's interfaces."""
+    found: set[str] = set()
+    for addrs in psutil.net_if_addrs().values():
+        for addr in addrs:
+            if addr.family in (socket.AF_INET, socket.AF_INET6):
+                found.add(addr.address)
+    return found
+
+
+class NcclEnvSettings(CheckSettings):
+    interval_s: float = Field(120.0, gt=0, description="daemon: seconds between runs")
+    env_file: Path | None = Field(
+        Path("/etc/profile.d/nccl.sh"), description="the NCCL environment file (parsed as data, never sourced)"
+    )
+    process_name: str | None = Field(
+        None,
+        description='a running process whose environment is checked and compared with env_file, e.g. "raylet" '
+        'or "vllm"; unset: only the file',
+    )
+    require_nccl_debug: bool = Field(True, description="warn when NCCL_DEBUG is unset (the tutorial keeps WARN on)")
+
+
+class NcclEnvCheck:
+    name: ClassVar[str] = "nccl_env"
+    settings_model: ClassVar[type[CheckSettings]] = NcclEnvSettings
+
+    def __init__(
+        self, settings: CheckSettings, env: Environment, addresses: Callable[[], set[str]] | None = None
+    ) -> None:
+        self.settings: CheckSettings = settings
+        assert isinstance(settings, NcclEnvSettings)
+        self.cfg: NcclEnvSettings = settings
+        self.env = env
+        self.addresses = addresses or local_addresses
+
+    def run(self) -> CheckResult:
+        s = self.cfg
+        b = ResultBuilder(self.name)
+        missing: list[str] = []
+
+        file_values: dict[str, str] | None = None
+        file_label = str(s.env_file)
+        if s.env_file is not None and s.env_file.is_file():
+            size = s.env_file.stat().st_size
+            if size > MAX_ENV_FILE_BYTES:
+                raise ValueError(f"{s.env_file} is {size} bytes: not an environment file")
+            parsed = parse_env_file(s.env_file.read_text(encoding="utf-8", errors="replace"))
+            file_values = parsed.values
+            for line, problem in parsed.problems:
+                b.finding("NCCL_ENV_FILE_LINE", Status.OK, f"line {line}: {problem}", f"{s.env_file}:{line}")
+        elif s.env_file is not None:
+            missing.append(f"{s.env_file} absent")
+
+        proc_values: dict[str, str] | None = None
+        proc_label = ""
+        if s.process_name:
+            me = os.getpid()
+            found = sorted(
+                p.pid
+                for p in iter_processes(self.env.proc_root)
+                if p.pid != me and command_matches(s.process_name, p.comm, p.cmdline)
+            )
+            if not found:
+                missing.append(f"no {s.process_name} process")
+            else:
+                pid = found[0]
+                proc_label = f"{s.process_name} (pid {pid})"
+                try:
+                    proc_values = parse_environ((self.env.proc_root / str(pid) / "environ").read_bytes())
+                except PermissionError:
+                    b.finding(
+                        "NCCL_ENV_PROCESS_UNREADABLE",
+                        Status.UNKNOWN,
+                        f"cannot read the environment of {proc_label}: permission denied",
+                        s.process_name,
+                        remedy="run dgxdoctor as root or as the user that runs the process",
+                    )
+                except OSError:  # ENOENT/ESRCH: it exited between listing and reading
+                    missing.append(f"{proc_label} exited")
+
+        if file_values is None and proc_values is None:
+            if not b.findings:
+                reason = "; ".join(missing) if missing else "neither env_file nor process_name configured"
+                return CheckResult.skipped(self.name, f"no NCCL environment to check: {reason}")
+            return b.build("; ".join(missing))
+
+        effective = proc_values if proc_values is not None else file_values
+        assert effective is not None
+        source = proc_label if proc_values is not None else file_label
+        interfaces = read_net_interfaces(self.env.sysfs_root)
+        ib_ports = read_ib_ports(self.env.sysfs_root)
+        b.findings.extend(
+            evaluate_nccl_env(effective, interfaces, ib_ports, self.addresses(), require_debug=s.require_nccl_debug)
+        )
+        if file_values is not None and proc_values is not None:
+            b.findings.extend(compare_envs(file_values, file_label, proc_values, proc_label))
+        b.facts.update(env_facts(effective))
+        b.sample(NCCL_ENV_VARS, len(watched(effective)))
+
+        bad = [f for f in b.findings if f.status in (Status.WARNING, Status.CRITICAL, Status.UNKNOWN)]
+        if bad:
+            summary = f"{source}: " + "; ".join(f.message for f in bad[:3])
+            if len(bad) > 3:
+                summary += f" (+{len(bad) - 3} more)"
+        else:
+            summary = f"{source}: {len(watched(effective))} NCCL/GLOO/VLLM variables consistent with this host"
+        if missing:
+            summary += " (" + "; ".join(missing) + ")"
+        return b.build(summary)

@@ -1,0 +1,147 @@
+"""peer_compare: read every peer's ``/state`` and compare it with this node's latest results.
+
+By hand: ``curl -H "Authorization: Bearer $TOKEN" http://dgx-b:9835/state | jq '.facts, .checks[].samples'``
+on both nodes, and ``nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv`` side by side.
+
+Where the local snapshot comes from: the daemon hands this check a ``DaemonContext`` through the optional
+``attach_daemon()`` hook before the first run (the same way event checks get ``start_following``). Its
+``local_state()`` is the result store's ``/state`` document without this check's own result, so the
+comparison sees exactly what peers see of us. The peers, the token and the per-peer timeout come from the
+``[daemon]`` table. Outside the daemon (``dgxdoctor check``) there is no store and the check is SKIPPED.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pydantic import Field, field_validator
+
+from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.daemon.compare import RULE_KEYS, compare
+from dgxdoctor.daemon.peers import fetch_state
+from dgxdoctor.environment import Environment
+from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample, Status
+
+MAX_PARALLEL_FETCHES = 8
+
+PEER_UP = MetricSpec(
+    "dgxdoctor_peer_up",
+    "1 if the peer's dgxdoctor answered /state with a valid document in this cycle, else 0",
+    labels=("peer",),
+)
+PEER_FETCH_SECONDS = MetricSpec(
+    "dgxdoctor_peer_fetch_duration_seconds",
+    "seconds the last /state request to the peer took (until the answer or the timeout)",
+    labels=("peer",),
+)
+PEER_IMBALANCE = MetricSpec(
+    "dgxdoctor_peer_imbalance_ratio",
+    "(max - min) / max of a compared metric over this node and its peers: 0 balanced, 1 one node idle; "
+    "rail is device/port for per-rail IB metrics, empty for node-wide ones",
+    labels=("metric", "rail"),
+)
+
+
+@dataclass(frozen=True)
+class DaemonContext:
+    """What the daemon gives checks that need more than ``env`` (see the module docstring)."""
+
+    local_state: Callable[[], dict[str, Any]]
+    peers: tuple[str, ...]
+    token: str | None
+    peer_timeout_s: float
+
+
+class PeerCompareSettings(CheckSettings):
+    interval_s: float = Field(15.0, gt=0, description="daemon: seconds between comparisons")
+    timeout_s: float = Field(
+        30.0, gt=0, description="a comparison that takes longer is UNKNOWN (peers are fetched 8 at a time)"
+    )
+    tolerances: dict[str, float] = Field(
+        default_factory=dict,
+        description="imbalance tolerated per compared metric before a finding, e.g. {gpu_utilization = 0.3}; "
+        f"keys: {', '.join(sorted(RULE_KEYS))}",
+    )
+
+    @field_validator("tolerances")
+    @classmethod
+    def _known_keys(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(value) - RULE_KEYS)
+        if unknown:
+            raise ValueError(f"unknown metric(s) {unknown}; known: {sorted(RULE_KEYS)}")
+        bad = sorted(k for k, v in value.items() if not 0 < v <= 1)
+        if bad:
+            raise ValueError(f"tolerance of {bad} must be in (0, 1]")
+        return value
+
+
+class PeerCompareCheck:
+    name: ClassVar[str] = "peer_compare"
+    settings_model: ClassVar[type[CheckSettings]] = PeerCompareSettings
+
+    def __init__(self, settings: CheckSettings, env: Environment) -> None:
+        assert isinstance(settings, PeerCompareSettings)
+        self.settings: CheckSettings = settings
+        self.tolerances = settings.tolerances
+        self.env = env
+        self.context: DaemonContext | None = None
+
+    def attach_daemon(self, context: DaemonContext) -> None:
+        self.context = context
+
+    def run(self) -> CheckResult:
+        ctx = self.context
+        if ctx is None:
+            return CheckResult.skipped(self.name, "compares nodes inside the daemon (dgxdoctor run) only")
+        if not ctx.peers:
+            return CheckResult.skipped(self.name, "no peers configured ([daemon] peers)")
+        builder = ResultBuilder(self.name)
+        local = ctx.local_state()
+        snapshots = [local]
+        down = 0
+        # Peers are fetched in parallel, so a cycle takes one peer_timeout_s at most however many are down.
+        with (
+            self.env.http_client(timeout_s=ctx.peer_timeout_s) as client,
+            ThreadPoolExecutor(min(MAX_PARALLEL_FETCHES, len(ctx.peers)), thread_name_prefix="peer") as pool,
+        ):
+            fetched = list(pool.map(lambda url: fetch_state(client, url, ctx.token, ctx.peer_timeout_s), ctx.peers))
+            for url, got in zip(ctx.peers, fetched, strict=True):
+                builder.sample(PEER_UP, 1.0 if got.up else 0.0, peer=got.label)
+                builder.sample(PEER_FETCH_SECONDS, got.seconds, peer=got.label)
+                if got.state is None:
+                    down += 1
+                    builder.finding(
+                        "PEER_UNREACHABLE",
+                        Status.WARNING,
+                        f"peer {url} gave no state: {got.error}",
+                        subject=got.label,
+                        remedy="check dgxdoctor on that node (systemctl status dgxdoctor) and the network between "
+                        "the nodes (ping, the IB/RoCE link); nodes cannot be compared meanwhile",
+                    )
+                    continue
+                state = got.state
+                if any(s["node"] == state["node"] for s in snapshots):
+                    builder.finding(
+                        "PEER_NAME_CLASH",
+                        Status.WARNING,
+                        f"peer {url} reports node name {state['node']!r}, already seen; set a distinct 'node' "
+                        "in each node's config",
+                        subject=got.label,
+                    )
+                    state = {**state, "node": f"{state['node']}@{got.label}"}
+                snapshots.append(state)
+        outcome = compare(snapshots, self.tolerances, local=str(local["node"]))
+        for imbalance in outcome.imbalances:
+            # Not builder.sample(): its first parameter is called ``metric`` too.
+            labels = {"metric": imbalance.key, "rail": imbalance.rail}
+            builder.samples.append(Sample(PEER_IMBALANCE, imbalance.ratio, labels))
+        builder.findings.extend(outcome.findings)
+        up = len(ctx.peers) - down
+        summary = (
+            f"{up}/{len(ctx.peers)} peer(s) answered; {len(outcome.imbalances)} metric(s) and "
+            f"{outcome.compared_facts} fact(s) compared, {len(outcome.findings)} difference(s)"
+        )
+        return builder.build(summary)

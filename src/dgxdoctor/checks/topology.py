@@ -1,0 +1,73 @@
+"""GPU interconnect topology: every GPU pair joined by NVLink, GPU count, GPU-to-NIC proximity.
+
+By hand: ``nvidia-smi topo -m`` (the tutorial's step 2: GPUs must show NV#, not SYS).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.environment import Environment
+from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
+from dgxdoctor.sources.commands import CommandNotFound
+from dgxdoctor.sources.topo import evaluate_topology, gpu_link_summary, parse_topo_matrix
+
+TOPOLOGY_GPUS = MetricSpec("dgxdoctor_topology_gpus", "GPUs listed by nvidia-smi topo -m")
+TOPOLOGY_NON_NVLINK_PAIRS = MetricSpec(
+    "dgxdoctor_topology_non_nvlink_gpu_pairs",
+    "GPU pairs that nvidia-smi topo -m shows connected over PCIe or SMP (SYS/NODE/PHB/PXB/PIX) instead of NVLink",
+)
+
+
+class TopologySettings(CheckSettings):
+    interval_s: float = Field(300.0, gt=0, description="daemon: seconds between runs (topology rarely changes)")
+    expected_gpus: int | None = Field(
+        None, ge=1, description="GPUs this node must show (8 on a DGX); unset: not compared"
+    )
+    require_nvlink: bool = Field(
+        True,
+        description="every GPU pair must be NVLink (DGX/HGX with NVSwitch): a non-NVLink pair is critical; "
+        "false for PCIe servers, where it is a warning",
+    )
+    command_timeout_s: float = Field(15.0, gt=0, description="seconds nvidia-smi topo -m may take")
+
+
+class TopologyCheck:
+    name: ClassVar[str] = "topology"
+    settings_model: ClassVar[type[CheckSettings]] = TopologySettings
+
+    def __init__(self, settings: CheckSettings, env: Environment) -> None:
+        self.settings: CheckSettings = settings
+        assert isinstance(settings, TopologySettings)
+        self.cfg: TopologySettings = settings
+        self.env = env
+
+    def run(self) -> CheckResult:
+        try:
+            done = self.env.run_command(["nvidia-smi", "topo", "-m"], self.cfg.command_timeout_s)
+        except CommandNotFound:
+            return CheckResult.skipped(self.name, "nvidia-smi not installed: no NVIDIA driver here")
+        if done.returncode != 0:
+            detail = (done.stderr or done.stdout).strip().splitlines()
+            raise RuntimeError(f"nvidia-smi topo -m exited {done.returncode}: {detail[-1] if detail else 'no output'}")
+        topo = parse_topo_matrix(done.stdout)
+        builder = ResultBuilder(self.name)
+        for finding in evaluate_topology(
+            topo, expected_gpus=self.cfg.expected_gpus, require_nvlink=self.cfg.require_nvlink
+        ):
+            builder.findings.append(finding)
+        non_nvlink = sum(1 for f in builder.findings if f.code == "TOPO_GPU_PAIR_NOT_NVLINK")
+        builder.sample(TOPOLOGY_GPUS, len(topo.gpus))
+        builder.sample(TOPOLOGY_NON_NVLINK_PAIRS, non_nvlink if len(topo.gpus) > 1 else None)
+        links = gpu_link_summary(topo)
+        builder.facts["topology.gpu_links"] = links or "none"
+        builder.facts["topology.nics"] = ",".join(topo.nic_device(n) for n in topo.nics)
+        bad = [f for f in builder.findings if f.status in (Status.WARNING, Status.CRITICAL)]
+        if bad:
+            summary = f"{len(bad)} topology problem(s): " + "; ".join(f.message for f in bad[:3])
+        else:
+            summary = f"{len(topo.gpus)} GPUs, GPU-GPU links {links or 'none (one GPU)'}, {len(topo.nics)} NICs"
+        return builder.build(summary)

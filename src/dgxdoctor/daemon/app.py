@@ -1,0 +1,124 @@
+"""The HTTP face of the daemon (aiohttp): ``/metrics``, ``/healthz``, ``/state`` and ``POST /reload``.
+
+``/metrics`` and ``/healthz`` are open, as Prometheus and load balancers expect. ``/state`` and everything that
+changes something need ``Authorization: Bearer <daemon.token>`` (constant-time compare); with no token
+configured they answer only to loopback clients. Request bodies are capped at ``MAX_BODY_BYTES``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+
+from dgxdoctor import __version__
+from dgxdoctor.daemon.store import ResultStore
+
+MAX_BODY_BYTES = 64 * 1024
+# The classic text format (what generate_latest writes for our ASCII names); Prometheus 2.x and node_exporter-era
+# tooling expect this version string.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class AppState:
+    store: ResultStore
+    registry: CollectorRegistry
+    health: Callable[[], dict[str, Any]]
+    token: str | None = None
+    # Reload the config; returns the problems found (empty on success).
+    reload: Callable[[], Awaitable[list[str]]] | None = None
+    protected: frozenset[str] = field(default_factory=lambda: frozenset({"/state", "/reload"}))
+
+
+STATE_KEY = web.AppKey("dgxdoctor_state", AppState)
+
+
+def is_loopback(remote: str | None) -> bool:
+    if not remote:
+        return False
+    try:
+        return ipaddress.ip_address(remote.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def token_ok(header: str | None, token: str) -> bool:
+    """``Bearer <token>``, compared in constant time (hmac.compare_digest) so timing leaks nothing."""
+    if not header:
+        return False
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.strip().encode("utf-8", "replace"), token.encode("utf-8"))
+
+
+def _error(status: int, message: str, **headers: str) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers or None)
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    if request.path in state.protected:
+        if state.token is not None:
+            if not token_ok(request.headers.get("Authorization"), state.token):
+                return _error(401, "missing or wrong bearer token", **{"WWW-Authenticate": 'Bearer realm="dgxdoctor"'})
+        elif not is_loopback(request.remote):
+            return _error(403, "no daemon.token configured: this endpoint answers only on loopback")
+    return await handler(request)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[STATE_KEY].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    report = request.app[STATE_KEY].health()
+    return web.json_response(report, status=200 if report.get("healthy") else 503)
+
+
+async def state(request: web.Request) -> web.Response:
+    return web.json_response(request.app[STATE_KEY].store.snapshot())
+
+
+async def reload(request: web.Request) -> web.Response:
+    app_state = request.app[STATE_KEY]
+    raw = await request.read()  # capped by client_max_size
+    if raw.strip():
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            return _error(400, "body must be empty or an empty JSON object")
+        if doc != {}:
+            return _error(400, "body must be empty or an empty JSON object (reload takes no parameters)")
+    if app_state.reload is None:
+        return _error(501, "reload not available")
+    problems = await app_state.reload()
+    return web.json_response({"reloaded": not problems, "problems": problems}, status=200 if not problems else 422)
+
+
+async def index(request: web.Request) -> web.Response:
+    return web.json_response(
+        {"service": "dgxdoctor", "version": __version__, "endpoints": ["/metrics", "/healthz", "/state", "/reload"]}
+    )
+
+
+def make_app(app_state: AppState) -> web.Application:
+    app = web.Application(middlewares=[auth_middleware], client_max_size=MAX_BODY_BYTES)
+    app[STATE_KEY] = app_state
+    app.router.add_get("/", index)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/state", state)
+    app.router.add_post("/reload", reload)
+    return app

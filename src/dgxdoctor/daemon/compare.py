@@ -1,0 +1,393 @@
+"""Pure comparison of N nodes' ``/state`` snapshots: imbalance of the load metrics and drift of the facts.
+
+Under tensor parallelism across two nodes every layer waits for both, so the two nodes' GPUs must be busy
+together and their environments identical (the operator tutorial: "both nodes' GPUs have memory in use and
+their utilisation rises together; if only machine A moves, the requests are not being distributed", and
+"driver and CUDA identical on both machines; driver mismatch is a top cause of multi-node failures").
+
+Imbalance of one metric over nodes is ``(max - min) / max`` (0 = equal, 1 = one node idle). The asymmetric node is
+the extreme one in the direction that hurts: the lowest utilisation, the highest error rate. Nothing here does I/O;
+``peers.py`` fetches the snapshots.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from dgxdoctor.daemon.store import NODE_LOCAL_FACTS
+from dgxdoctor.result import Finding, Status
+
+Aggregate = Literal["sum", "mean", "max"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one sample family is compared between nodes.
+
+    ``per_rail`` compares each ``device/port`` separately (IB rails) instead of one value per node;
+    ``bad`` is the direction that names the asymmetric node; ``floor``: when every node is below it the
+    cluster is idle on that metric and nothing is compared (0 vs 0.01 utilisation is no finding).
+    """
+
+    key: str
+    metric: str
+    aggregate: Aggregate
+    bad: Literal["low", "high"]
+    tolerance: float
+    floor: float
+    code: str
+    what: str
+    cause: str
+    per_rail: bool = False
+    unit: str = ""
+
+
+GIB = 2.0**30
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "gpu_memory_used",
+        "dgxdoctor_gpu_memory_used_bytes",
+        "sum",
+        "low",
+        0.25,
+        1 * GIB,
+        "PEER_GPU_MEMORY_IMBALANCE",
+        "GPU memory in use",
+        "uneven sharding: this node holds less of the model or KV cache, or its workers did not start "
+        "(compare `nvidia-smi --query-gpu=index,memory.used --format=csv` on both nodes)",
+        unit="bytes",
+    ),
+    Rule(
+        "gpu_utilization",
+        "dgxdoctor_gpu_utilization_ratio",
+        "mean",
+        "low",
+        0.5,
+        0.2,
+        "PEER_GPU_UTILIZATION_IMBALANCE",
+        "mean GPU utilisation",
+        "both nodes' GPUs must be busy together under tensor parallelism: requests are not reaching this "
+        "node's workers (check --distributed-executor-backend ray and `ray status`) or it waits on the network",
+    ),
+    Rule(
+        "gpu_temperature",
+        "dgxdoctor_gpu_temperature_celsius",
+        "max",
+        "high",
+        0.25,
+        60.0,
+        "PEER_GPU_TEMPERATURE_IMBALANCE",
+        "hottest GPU temperature",
+        "cooling on this node (fans, inlet air, a blocked chassis): check `nvidia-smi -q -d TEMPERATURE`",
+        unit="°C",
+    ),
+    Rule(
+        "gpu_power",
+        "dgxdoctor_gpu_power_watts",
+        "sum",
+        "low",
+        0.4,
+        800.0,
+        "PEER_GPU_POWER_IMBALANCE",
+        "GPU power draw",
+        "this node does less work (uneven sharding) or is power-capped: check `nvidia-smi -q -d POWER`",
+        unit="W",
+    ),
+    Rule(
+        "ib_errors",
+        "dgxdoctor_ib_port_errors_per_second",
+        "sum",
+        "high",
+        0.5,
+        1.0,
+        "PEER_IB_ERROR_IMBALANCE",
+        "IB error rate",
+        "a degraded link on this rail (cable, transceiver or switch port): check `ibstat` and "
+        "`perfquery -x` symbol and receive errors, reseat or replace the cable",
+        per_rail=True,
+        unit="/s",
+    ),
+    Rule(
+        "ib_rcv_throughput",
+        "dgxdoctor_ib_port_rcv_bytes_per_second",
+        "sum",
+        "low",
+        0.5,
+        100e6,
+        "PEER_IB_RCV_IMBALANCE",
+        "IB receive throughput",
+        "one-sided network congestion on this rail, or NCCL does not use it here (NCCL_IB_HCA differs)",
+        per_rail=True,
+        unit="B/s",
+    ),
+    Rule(
+        "ib_xmit_throughput",
+        "dgxdoctor_ib_port_xmit_bytes_per_second",
+        "sum",
+        "low",
+        0.5,
+        100e6,
+        "PEER_IB_XMIT_IMBALANCE",
+        "IB transmit throughput",
+        "one-sided network congestion on this rail, or NCCL does not use it here (NCCL_IB_HCA differs)",
+        per_rail=True,
+        unit="B/s",
+    ),
+    Rule(
+        "nccl_busbw",
+        "dgxdoctor_nccl_busbw_bytes_per_second",
+        "max",
+        "low",
+        0.3,
+        1e9,
+        "PEER_NCCL_BANDWIDTH_IMBALANCE",
+        "NCCL bus bandwidth",
+        "a degraded link, or NCCL fell back to sockets or lost GPUDirect RDMA on this node "
+        "(NCCL_DEBUG=INFO shows 'NET/IB' vs 'NET/Socket')",
+        unit="B/s",
+    ),
+    Rule(
+        "vllm_kv_cache_usage",
+        "dgxdoctor_vllm_kv_cache_usage_ratio",
+        "mean",
+        "high",
+        0.5,
+        0.1,
+        "PEER_KV_CACHE_IMBALANCE",
+        "vLLM KV-cache usage",
+        "uneven load between the instances: the load balancer favours this node, or the instances were "
+        "started with different --max-model-len / --gpu-memory-utilization",
+    ),
+)
+
+RULE_KEYS = frozenset(rule.key for rule in RULES)
+
+# Facts whose difference is a fault: (how the key matches, code, status, remedy); the first match wins.
+# A pattern ending in "." or "_" is a prefix, one starting with "_" a suffix, "*" matches every key.
+_DRIFT: tuple[tuple[tuple[str, ...], str, Status, str], ...] = (
+    (
+        ("model_fingerprint", "model_", "host.model_"),
+        "PEER_MODEL_MISMATCH",
+        Status.CRITICAL,
+        "both nodes must load the same weights from the same path: compare `ls -l MODEL_DIR | md5sum` and `mount`",
+    ),
+    (
+        ("nccl_env.",),
+        "PEER_NCCL_ENV_DRIFT",
+        Status.WARNING,
+        "make /etc/profile.d/nccl.sh identical on both nodes (only VLLM_HOST_IP differs) and restart Ray and vLLM",
+    ),
+    (
+        ("driver_version", "cuda_driver_version", "nccl_version"),
+        "PEER_VERSION_SKEW",
+        Status.CRITICAL,
+        "align the GPU driver, CUDA and NCCL on both nodes (nvidia-smi, top right); a driver mismatch is a top "
+        "cause of multi-node failures",
+    ),
+    (
+        ("_version", "kernel_release"),
+        "PEER_VERSION_SKEW",
+        Status.WARNING,
+        "upgrade both nodes together, never one ahead of the other: ray stop --force, align vLLM / Ray / driver / "
+        "kernel versions, rerun nccl-tests and the load-test baseline",
+    ),
+    (
+        ("gpu_", "ib_", "topology.", "host.memory_"),
+        "PEER_HARDWARE_DRIFT",
+        Status.WARNING,
+        "the nodes differ in GPUs, NICs or links: look for a missing GPU, a port down or at a lower rate, or a "
+        "changed topology on the odd node (nvidia-smi -L, ibstat, nvidia-smi topo -m)",
+    ),
+    (
+        ("*",),
+        "PEER_FACT_DRIFT",
+        Status.WARNING,
+        "the nodes should be configured identically: compare this fact on both nodes",
+    ),
+)
+
+# Set per node on purpose (the tutorial: "only VLLM_HOST_IP changes per machine").
+IGNORED_FACTS = NODE_LOCAL_FACTS | {"nccl_env.VLLM_HOST_IP", "nccl_env.NCCL_HOSTID"}
+
+UNSET = "(unset)"
+
+
+@dataclass(frozen=True)
+class Imbalance:
+    """The imbalance of one compared metric (``rail`` empty for node-wide metrics)."""
+
+    key: str
+    rail: str
+    ratio: float
+    values: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    findings: tuple[Finding, ...] = ()
+    imbalances: tuple[Imbalance, ...] = ()
+    nodes: tuple[str, ...] = ()
+    compared_facts: int = 0
+
+
+@dataclass
+class _NodeView:
+    values: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(list))
+    facts: dict[str, str] = field(default_factory=dict)
+
+
+def compare(
+    snapshots: Iterable[Mapping[str, Any]],
+    tolerances: Mapping[str, float] | None = None,
+    local: str | None = None,
+) -> Comparison:
+    """Compare validated ``/state`` documents (see ``peers.validate_state``); one per node, names unique."""
+    tolerances = tolerances or {}
+    views: dict[str, _NodeView] = {}
+    for snap in snapshots:
+        views[str(snap["node"])] = _view(snap)
+    nodes = tuple(views)
+    if len(views) < 2:
+        return Comparison(nodes=nodes)
+    findings: list[Finding] = []
+    imbalances: list[Imbalance] = []
+    for rule in RULES:
+        tolerance = tolerances.get(rule.key, rule.tolerance)
+        rails = sorted({rail for v in views.values() for (key, rail) in v.values if key == rule.key})
+        for rail in rails:
+            values = {
+                node: _aggregate(rule.aggregate, v.values[(rule.key, rail)])
+                for node, v in views.items()
+                if (rule.key, rail) in v.values
+            }
+            if len(values) < 2:
+                continue
+            ratio = imbalance_ratio(values.values())
+            imbalances.append(Imbalance(rule.key, rail, ratio, values))
+            if max(values.values()) < rule.floor or ratio <= tolerance:
+                continue
+            pick = min if rule.bad == "low" else max
+            odd = pick(values, key=lambda n: values[n])
+            others = ", ".join(f"{n} {_fmt(values[n], rule.unit)}" for n in values if n != odd)
+            where = f" on rail {rail}" if rail else ""
+            findings.append(
+                Finding(
+                    rule.code,
+                    Status.WARNING,
+                    f"{rule.what}{where}: {odd} {_fmt(values[odd], rule.unit)} vs {others} "
+                    f"(imbalance {ratio:.0%} > {tolerance:.0%}); likely cause on {odd}: {rule.cause}",
+                    subject=f"{odd} {rail}" if rail else odd,
+                    remedy=rule.cause,
+                )
+            )
+    drift, compared = _drift(views, local)
+    findings.extend(drift)
+    return Comparison(tuple(findings), tuple(imbalances), nodes, compared)
+
+
+def imbalance_ratio(values: Iterable[float]) -> float:
+    vals = list(values)
+    top = max(vals)
+    if top <= 0:
+        return 0.0
+    return max(0.0, (top - min(vals)) / top)
+
+
+def _view(snap: Mapping[str, Any]) -> _NodeView:
+    view = _NodeView()
+    by_metric: dict[str, list[Rule]] = defaultdict(list)
+    for rule in RULES:
+        by_metric[rule.metric].append(rule)
+    for check in snap.get("checks", ()):
+        for sample in check.get("samples", ()):
+            value = sample.get("value")
+            if not isinstance(value, int | float) or not math.isfinite(value):
+                continue
+            for rule in by_metric.get(sample.get("name", ""), ()):
+                labels = sample.get("labels", {})
+                rail = f"{labels.get('device', '?')}/{labels.get('port', '?')}" if rule.per_rail else ""
+                view.values[(rule.key, rail)].append(float(value))
+    view.facts = {k: str(v) for k, v in snap.get("facts", {}).items() if k not in IGNORED_FACTS}
+    return view
+
+
+def _aggregate(how: Aggregate, values: list[float]) -> float:
+    if how == "sum":
+        return sum(values)
+    if how == "max":
+        return max(values)
+    return sum(values) / len(values)
+
+
+def _drift(views: Mapping[str, _NodeView], local: str | None) -> tuple[list[Finding], int]:
+    findings: list[Finding] = []
+    keys = sorted({k for v in views.values() for k in v.facts})
+    # A node reports its NCCL environment only when its nccl_env check ran; among those, a variable
+    # set on one node and not on the other is drift too.
+    nccl_nodes = [n for n, v in views.items() if any(k.startswith("nccl_env.") for k in v.facts)]
+    compared = 0
+    for key in keys:
+        if key.startswith("nccl_env."):
+            values = {n: views[n].facts.get(key, UNSET) for n in nccl_nodes}
+        else:
+            values = {n: v.facts[key] for n, v in views.items() if key in v.facts}
+        if len(values) < 2:
+            continue
+        compared += 1
+        counts = Counter(values.values())
+        if len(counts) == 1:
+            continue
+        odd = _odd_nodes(values, counts, local)
+        code, status, remedy = _drift_rule(key)
+        shown = "; ".join(f"{n}: {val}" for n, val in sorted(values.items()))
+        findings.append(
+            Finding(
+                code,
+                status,
+                f"{key} differs between nodes ({shown}); {', '.join(odd)} differs from the rest",
+                subject=",".join(odd),
+                remedy=remedy,
+            )
+        )
+    return findings, compared
+
+
+def _odd_nodes(values: Mapping[str, str], counts: Counter[str], local: str | None) -> list[str]:
+    """The nodes off the majority value. On a tie (two nodes) the nodes that differ from the local one."""
+    top = counts.most_common()
+    if len(top) > 1 and top[0][1] == top[1][1]:
+        if local is not None and local in values:
+            return sorted(n for n, v in values.items() if v != values[local])
+        return sorted(values)
+    majority = top[0][0]
+    return sorted(n for n, v in values.items() if v != majority)
+
+
+def _drift_rule(key: str) -> tuple[str, Status, str]:
+    for patterns, code, status, remedy in _DRIFT:
+        if any(_matches(key, pattern) for pattern in patterns):
+            return code, status, remedy
+    raise AssertionError("the last drift rule matches every key")
+
+
+def _matches(key: str, pattern: str) -> bool:
+    if pattern == "*" or key == pattern:
+        return True
+    if pattern.startswith("_"):
+        return key.endswith(pattern)
+    return pattern.endswith((".", "_")) and key.startswith(pattern)
+
+
+def _fmt(value: float, unit: str) -> str:
+    if unit == "bytes":
+        return f"{value / GIB:.1f} GiB"
+    if unit == "B/s":
+        return f"{value / 1e9:.2f} GB/s"
+    if unit == "":
+        return f"{value:.2f}"
+    return f"{value:.1f} {unit}"

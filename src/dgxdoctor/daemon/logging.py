@@ -1,0 +1,49 @@
+"""structlog configured for the daemon: one JSON object per line on stdout, which journald keeps.
+
+Libraries that log through the standard ``logging`` module (APScheduler, aiohttp) go through the same JSON
+renderer. APScheduler is held at ERROR: a skipped fire while a slow check still runs is the design ("never two
+runs of one check at once"), not news worth a line every interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+LEVELS = ("debug", "info", "warning", "error")
+
+
+def configure(level: str = "info") -> None:
+    numeric = getattr(logging, level.upper(), logging.INFO)
+    shared: list[structlog.typing.Processor] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            *shared,
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
+        cache_logger_on_first_use=False,
+    )
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                structlog.processors.JSONRenderer(),
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(numeric)
+    logging.getLogger("apscheduler").setLevel(max(numeric, logging.ERROR))

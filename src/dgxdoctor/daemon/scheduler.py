@@ -1,0 +1,162 @@
+"""One APScheduler job per check: its own interval, never two runs at once, missed runs coalesced, jitter.
+
+Runs go through ``checks.base.CheckRunner`` (timeout, exception -> UNKNOWN, duration); results go to the
+store; a status change is logged once (one line per transition, not per run). Event-driven checks expose
+``start_following(loop)`` / ``stop()`` and are started here; they fold their events into the next result.
+A heartbeat job proves the scheduler is turning: ``/healthz`` and the systemd watchdog read it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import structlog
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+
+from dgxdoctor.checks.base import Check, CheckRunner
+from dgxdoctor.daemon.store import ResultStore, Transition
+from dgxdoctor.result import Status
+
+log = structlog.get_logger(__name__)
+
+HEARTBEAT_S = 5.0
+# A heartbeat older than this many periods means the scheduler has stopped turning.
+HEARTBEAT_STALE_PERIODS = 3
+MAX_JITTER_S = 5.0
+HEARTBEAT_JOB = "__heartbeat__"
+
+
+def jitter_for(interval_s: float) -> float:
+    """Up to 10% of the interval, at most 5 s: spreads runs without making cheap checks irregular."""
+    return min(interval_s * 0.1, MAX_JITTER_S)
+
+
+class CheckScheduler:
+    def __init__(
+        self,
+        runner: CheckRunner,
+        store: ResultStore,
+        monotonic: Callable[[], float] = time.monotonic,
+        heartbeat_s: float = HEARTBEAT_S,
+    ) -> None:
+        self.runner = runner
+        self.store = store
+        self.monotonic = monotonic
+        self.heartbeat_s = heartbeat_s
+        self.checks: dict[str, Check] = {}
+        self.last_heartbeat: float | None = None
+        self.extra_jobs: list[str] = []
+        self.scheduler = AsyncIOScheduler(
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.scheduler.start()
+        self._heartbeat()
+        self.scheduler.add_job(
+            self._heartbeat, IntervalTrigger(seconds=self.heartbeat_s), id=HEARTBEAT_JOB, name="heartbeat"
+        )
+
+    def shutdown(self) -> None:
+        for name in list(self.checks):
+            self._stop_following(name, self.checks[name])
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=False)
+
+    def _heartbeat(self) -> None:
+        self.last_heartbeat = self.monotonic()
+
+    def heartbeat_age(self) -> float | None:
+        if self.last_heartbeat is None:
+            return None
+        return self.monotonic() - self.last_heartbeat
+
+    def healthy(self) -> bool:
+        """The scheduler runs and its heartbeat job fired recently (so the event loop turns too)."""
+        age = self.heartbeat_age()
+        return self.scheduler.running and age is not None and age < self.heartbeat_s * HEARTBEAT_STALE_PERIODS
+
+    # -- checks ----------------------------------------------------------------------------------------
+
+    def add(self, check: Check, first_run_in_s: float = 0.0) -> None:
+        name = check.name
+        if name in self.checks:
+            self.remove(name)
+        self.checks[name] = check
+        interval = check.settings.interval_s
+        self.scheduler.add_job(
+            self._run,
+            IntervalTrigger(seconds=interval, jitter=jitter_for(interval)),
+            args=[name],
+            id=name,
+            name=name,
+            next_run_time=datetime.now().astimezone() + timedelta(seconds=first_run_in_s),
+        )
+        start = getattr(check, "start_following", None)
+        if callable(start):
+            try:
+                start(asyncio.get_running_loop())
+            except Exception as exc:  # a broken event source must not stop the daemon
+                log.error("follow_start_failed", check=name, error=f"{type(exc).__name__}: {exc}")
+
+    def remove(self, name: str, forget: bool = True) -> None:
+        check = self.checks.pop(name, None)
+        if self.scheduler.get_job(name) is not None:
+            self.scheduler.remove_job(name)
+        if check is not None:
+            self._stop_following(name, check)
+        if forget:
+            self.store.forget(name)
+
+    def add_job(self, job_id: str, func: Callable[[], Any], interval_s: float) -> None:
+        """A non-check periodic job (the textfile writer)."""
+        if self.scheduler.get_job(job_id) is not None:
+            self.scheduler.remove_job(job_id)
+        self.scheduler.add_job(func, IntervalTrigger(seconds=interval_s), id=job_id, name=job_id)
+
+    def remove_job(self, job_id: str) -> None:
+        if self.scheduler.get_job(job_id) is not None:
+            self.scheduler.remove_job(job_id)
+
+    async def run_now(self, name: str) -> None:
+        await self._run(name)
+
+    async def _run(self, name: str) -> None:
+        check = self.checks.get(name)
+        if check is None:
+            return
+        result = await self.runner.run(check)
+        if self.checks.get(name) is not check:
+            return  # removed or replaced by a reload while it ran
+        transition = self.store.put(result)
+        if transition is not None:
+            log_transition(transition)
+
+    @staticmethod
+    def _stop_following(name: str, check: Check) -> None:
+        stop = getattr(check, "stop", None)
+        if callable(stop):
+            try:
+                stop()
+            except Exception as exc:
+                log.error("follow_stop_failed", check=name, error=f"{type(exc).__name__}: {exc}")
+
+
+def log_transition(t: Transition) -> None:
+    level = {Status.CRITICAL: "error", Status.WARNING: "warning", Status.UNKNOWN: "warning"}.get(t.new, "info")
+    getattr(log, level)(
+        "check_transition",
+        check=t.check,
+        old=t.old.value if t.old else None,
+        new=t.new.value,
+        summary=t.result.summary,
+        findings=[f"{f.code}:{f.subject}" if f.subject else f.code for f in t.result.findings if f.status.rank > 1],
+        error=t.result.error,
+    )

@@ -1,0 +1,243 @@
+"""``dgxdoctor run``: wires the store, the scheduler, the HTTP app, systemd notify, signals and reloads.
+
+SIGTERM/SIGINT stop cleanly (STOPPING=1, jobs and event sources stopped, the server closed, exit 0). SIGHUP (and
+an authorised ``POST /reload``) reloads the config: a bad new config is logged with every problem and the old
+one stays in force. Checks whose settings did not change keep their instance and so their history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from dgxdoctor import __version__
+from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner
+from dgxdoctor.checks.peer_compare import DaemonContext
+from dgxdoctor.checks.registry import ALL_CHECKS
+from dgxdoctor.config import Config, ConfigError, load_config, parse_listen
+from dgxdoctor.daemon.app import AppState, make_app
+from dgxdoctor.daemon.scheduler import CheckScheduler
+from dgxdoctor.daemon.sdnotify import Notifier
+from dgxdoctor.daemon.store import ResultStore
+from dgxdoctor.environment import Environment
+from dgxdoctor.exporters.collector import make_registry
+from dgxdoctor.exporters.textfile import write_textfile
+
+log = structlog.get_logger(__name__)
+
+TEXTFILE_JOB = "__textfile__"
+# Spread the first runs over this many seconds so a start does not run every check in the same instant.
+FIRST_RUN_SPREAD_S = 2.0
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: Config,
+        config_path: Path | None,
+        listen: str | None = None,
+        factories: tuple[CheckFactory, ...] = ALL_CHECKS,
+        notifier: Notifier | None = None,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.listen_override = listen
+        self.factories = factories
+        self.notifier = notifier or Notifier()
+        self.env: Environment = config.environment(one_shot=False)
+        self.store = ResultStore(self.env.node, config.daemon.history)
+        self.runner = CheckRunner(self.env)
+        self.scheduler = CheckScheduler(self.runner, self.store)
+        self.registry = make_registry(self.store, lambda: self.runner.timeouts_total)
+        self.token = config.daemon.resolve_token()
+        self.app_state = AppState(self.store, self.registry, self.health, self.token, self.reload)
+        self.started_at = time.time()
+        self.stopping = asyncio.Event()
+        self.bound: tuple[str, int] | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    # -- checks ----------------------------------------------------------------------------------------
+
+    def _context(self) -> DaemonContext:
+        d = self.config.daemon
+        return DaemonContext(
+            local_state=lambda: self.store.snapshot(exclude=("peer_compare",)),
+            peers=d.peers,
+            token=self.token,
+            peer_timeout_s=d.peer_timeout_s,
+        )
+
+    def _build(self, factory: CheckFactory) -> Check:
+        check = factory(self.config.check_settings(factory.name), self.env)
+        self._attach(check)
+        return check
+
+    def _attach(self, check: Check) -> None:
+        attach = getattr(check, "attach_daemon", None)
+        if callable(attach):
+            attach(self._context())
+
+    def _schedule_all(self) -> None:
+        enabled = [f for f in self.factories if self.config.check_settings(f.name).enabled]
+        for i, factory in enumerate(enabled):
+            offset = FIRST_RUN_SPREAD_S * i / max(len(enabled), 1)
+            self.scheduler.add(self._build(factory), first_run_in_s=offset)
+        log.info("checks_scheduled", checks={f.name: self.config.check_settings(f.name).interval_s for f in enabled})
+
+    # -- health ----------------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        age = self.scheduler.heartbeat_age()
+        return {
+            "healthy": self.scheduler.healthy() and not self.stopping.is_set(),
+            "scheduler_running": self.scheduler.scheduler.running,
+            "heartbeat_age_s": None if age is None else round(age, 3),
+            "checks": sorted(self.scheduler.checks),
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "version": __version__,
+        }
+
+    async def _watchdog(self, interval: float) -> None:
+        """WATCHDOG=1 only while the loop turns (this task runs) and the scheduler's heartbeat is fresh."""
+        while True:
+            await asyncio.sleep(interval)
+            if self.scheduler.healthy():
+                self.notifier.notify("WATCHDOG=1")
+            else:
+                log.error("watchdog_withheld", heartbeat_age_s=self.scheduler.heartbeat_age())
+
+    # -- textfile --------------------------------------------------------------------------------------
+
+    def _configure_textfile(self) -> None:
+        d = self.config.daemon
+        if d.textfile_path is None:
+            self.scheduler.remove_job(TEXTFILE_JOB)
+            return
+        path = d.textfile_path
+
+        def write() -> None:
+            try:
+                write_textfile(path, self.registry)
+            except OSError as exc:
+                log.error("textfile_write_failed", path=str(path), error=str(exc))
+
+        self.scheduler.add_job(TEXTFILE_JOB, write, d.textfile_interval_s)
+
+    # -- reload ----------------------------------------------------------------------------------------
+
+    async def reload(self) -> list[str]:
+        """Load the config again; on any problem keep the old one and return the problems."""
+        self.notifier.notify(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        try:
+            problems = self._reload()
+        finally:
+            self.notifier.notify("READY=1")
+        return problems
+
+    def _reload(self) -> list[str]:
+        try:
+            new = load_config(self.config_path)
+            token = new.daemon.resolve_token()
+        except ConfigError as exc:
+            problems = [f"{path}: {reason}" for path, reason in exc.problems]
+            log.error("config_reload_rejected", source=exc.source, problems=problems, kept="previous configuration")
+            return problems
+        except (OSError, ValueError) as exc:
+            problem = f"daemon.token_file: {exc}"
+            log.error("config_reload_rejected", problems=[problem], kept="previous configuration")
+            return [problem]
+        old = self.config
+        self.config = new
+        self.token = token
+        self.app_state.token = token
+        new_env = new.environment(one_shot=False)
+        env_changed = new_env.node != self.env.node or new.paths != old.paths
+        if new.daemon.listen != old.daemon.listen and self.listen_override is None:
+            log.warning("listen_change_needs_restart", listen=new.daemon.listen, serving=old.daemon.listen)
+        if env_changed:
+            self.env = new_env
+            self.store.node = new_env.node
+        changed: list[str] = []
+        for factory in self.factories:
+            name = factory.name
+            settings = new.check_settings(name)
+            current = self.scheduler.checks.get(name)
+            if not settings.enabled:
+                if current is not None:
+                    self.scheduler.remove(name)
+                    changed.append(f"-{name}")
+                continue
+            if current is not None and current.settings == settings and not env_changed:
+                self._attach(current)  # peers or token may have changed
+                continue
+            self.scheduler.remove(name, forget=False)
+            self.scheduler.add(self._build(factory))
+            changed.append(f"~{name}" if current is not None else f"+{name}")
+        self._configure_textfile()
+        log.info("config_reloaded", source=new.source, changed=changed)
+        return []
+
+    # -- run -------------------------------------------------------------------------------------------
+
+    async def serve(self) -> int:
+        loop = asyncio.get_running_loop()
+        host, port = parse_listen(self.listen_override or self.config.daemon.listen)
+        if self.token is None and not _is_loopback_host(host):
+            log.warning(
+                "no_token",
+                detail="no daemon.token: /state and /reload answer only on loopback, so peers cannot compare with us",
+            )
+        self.scheduler.start()
+        self._schedule_all()
+        self._configure_textfile()
+        runner = web.AppRunner(make_app(self.app_state), access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            log.error("listen_failed", listen=f"{host}:{port}", error=str(exc))
+            self.scheduler.shutdown()
+            await runner.cleanup()
+            return 1
+        sockets = getattr(site._server, "sockets", None) or []  # the real port when asked for port 0
+        self.bound = sockets[0].getsockname()[:2] if sockets else (host, port)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_stop, sig)
+        loop.add_signal_handler(signal.SIGHUP, self._on_hup)
+        self.notifier.notify(f"READY=1\nSTATUS=serving on {host}:{self.bound[1]}")
+        log.info("serving", listen=f"{host}:{self.bound[1]}", node=self.env.node, version=__version__)
+        if self.notifier.watchdog_s:
+            self._tasks.append(asyncio.create_task(self._watchdog(self.notifier.watchdog_s)))
+        await self.stopping.wait()
+        self.notifier.notify("STOPPING=1")
+        log.info("stopping")
+        for task in self._tasks:
+            task.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+        self.scheduler.shutdown()
+        await runner.cleanup()
+        self.notifier.close()
+        log.info("stopped")
+        return 0
+
+    def _on_stop(self, sig: signal.Signals) -> None:
+        log.info("signal", signal=sig.name)
+        self.stopping.set()
+
+    def _on_hup(self) -> None:
+        log.info("signal", signal="SIGHUP")
+        task = asyncio.get_running_loop().create_task(self.reload())
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+
+
+def _is_loopback_host(host: str) -> bool:
+    return host in ("localhost", "127.0.0.1", "::1")

@@ -1,0 +1,124 @@
+"""`dgxdoctor diagnose` for ``ibstat`` and ``perfquery`` output (same parsers as the live check)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from dgxdoctor.checks.infiniband import DEFAULT_THRESHOLDS, ERROR_COUNTERS, REMEDIES, port_state_verdict
+from dgxdoctor.diagnose.base import Diagnosis
+from dgxdoctor.result import Finding, Status
+from dgxdoctor.sources.ibstat import IbstatFormatError, looks_like_ibstat, parse_ibstat
+from dgxdoctor.sources.perfquery import FIELD_TO_COUNTER, PerfqueryFormatError, looks_like_perfquery, parse_perfquery
+
+# Counters whose any increase the live check calls critical; a non-zero value in one snapshot is the same
+# event seen without a time base.
+_CRITICAL_ON_ANY = frozenset(
+    (rule.counter or name)
+    for name, rule in DEFAULT_THRESHOLDS.items()
+    if rule.kind == "increase" and rule.severity == "critical"
+)
+_COUNTER_TO_FIELD = {v: k for k, v in FIELD_TO_COUNTER.items()}
+
+
+class IbstatAnalyzer:
+    kind: ClassVar[str] = "ibstat"
+
+    def detect(self, text: str) -> bool:
+        return looks_like_ibstat(text)
+
+    def analyze(self, text: str) -> Diagnosis:
+        try:
+            ports = parse_ibstat(text)
+        except IbstatFormatError as exc:
+            return _unparsable(self.kind, str(exc))
+        findings: list[Finding] = []
+        lines = text.splitlines()
+        for p in ports:
+            verdict = port_state_verdict(p.to_ib_port())
+            if verdict is None:
+                continue
+            findings.append(
+                Finding(
+                    verdict.code,
+                    verdict.status,
+                    verdict.message,
+                    f"{p.ca}/{p.port}",
+                    evidence=_evidence(lines, p.ca, p.port),
+                    remedy=verdict.remedy,
+                )
+            )
+        if not ports:
+            findings.append(
+                Finding(
+                    "IB_NO_PORTS",
+                    Status.UNKNOWN,
+                    "ibstat output lists no port",
+                    remedy="no RDMA device is visible: check the driver (`lsmod | grep mlx5_ib`) and `lspci`",
+                )
+            )
+        data: dict[str, Any] = {"ports": [p.to_dict() for p in ports]}
+        return Diagnosis(self.kind, tuple(findings), data)
+
+
+def _unparsable(kind: str, error: str) -> Diagnosis:
+    return Diagnosis(
+        kind,
+        (Finding("UNPARSABLE_INPUT", Status.UNKNOWN, f"not valid {kind} output: {error}", remedy=None),),
+        {"ports": []},
+    )
+
+
+def _evidence(lines: list[str], ca: str, port: int) -> str | None:
+    """The ``State:`` line of ``ca``'s port ``port``."""
+    in_ca = in_port = False
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith("CA '"):
+            in_ca, in_port = stripped == f"CA '{ca}'", False
+        elif in_ca and stripped.startswith("Port ") and stripped.endswith(":"):
+            in_port = stripped == f"Port {port}:"
+        elif in_ca and in_port and stripped.startswith("State:"):
+            return f"CA '{ca}' Port {port}: {stripped}"
+    return None
+
+
+class PerfqueryAnalyzer:
+    kind: ClassVar[str] = "perfquery"
+
+    def detect(self, text: str) -> bool:
+        return looks_like_perfquery(text)
+
+    def analyze(self, text: str) -> Diagnosis:
+        try:
+            blocks = parse_perfquery(text)
+        except PerfqueryFormatError as exc:
+            return _unparsable(self.kind, str(exc))
+        findings: list[Finding] = []
+        for block in blocks:
+            subject = f"lid {block.lid} port {block.port}"
+            for counter, value in block.counters.items():
+                if counter not in ERROR_COUNTERS or value == 0:
+                    continue
+                field = _COUNTER_TO_FIELD.get(counter, counter)
+                status = Status.CRITICAL if counter in _CRITICAL_ON_ANY else Status.WARNING
+                findings.append(
+                    Finding(
+                        f"IB_{counter.upper()}",
+                        status,
+                        f"{subject}: {field} is {value} since the counters were last cleared "
+                        "(one snapshot has no time base: compare two readings for a rate)",
+                        subject,
+                        evidence=block.fields.get(field),
+                        remedy=REMEDIES.get(counter, "inspect the port with `mlxlink` and `ibstat`"),
+                    )
+                )
+        if not blocks:
+            findings.append(
+                Finding("IB_NO_COUNTERS", Status.UNKNOWN, "perfquery output has no counters block", remedy=None)
+            )
+        data: dict[str, Any] = {
+            "ports": [
+                {"lid": b.lid, "port": b.port, "extended": b.extended, "counters": dict(b.counters)} for b in blocks
+            ]
+        }
+        return Diagnosis(self.kind, tuple(findings), data)

@@ -1,0 +1,76 @@
+"""`dgxdoctor diagnose` for kernel logs (dmesg, journalctl -k, syslog): NVIDIA XID and NVSwitch SXID errors."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from dgxdoctor.checks.xid import DEFAULT_APP_LEVEL_XIDS, assess_sxid, assess_xid, escalate
+from dgxdoctor.diagnose.base import Diagnosis
+from dgxdoctor.result import Finding, Status
+from dgxdoctor.sources.xid import SxidEvent, XidEvent, load_catalog, scan_text
+
+# Repeats in a pasted log have no reliable clock; the same XID on the same GPU this often escalates.
+REPEAT_THRESHOLD = 3
+
+
+class KernelLogAnalyzer:
+    kind: ClassVar[str] = "kernel-log"
+
+    def detect(self, text: str) -> bool:
+        return "NVRM: Xid" in text or ": SXid (" in text or ("NVRM:" in text and "fallen off the bus" in text)
+
+    def analyze(self, text: str) -> Diagnosis:
+        catalog = load_catalog()
+        events = scan_text(text)
+        xid_events: list[dict[str, Any]] = []
+        sxid_events: list[dict[str, Any]] = []
+        groups: dict[tuple[str, str, int], list[XidEvent | SxidEvent]] = {}
+        for event in events:
+            if isinstance(event, XidEvent):
+                entry = catalog.xid(event.xid)
+                xid_events.append(
+                    {
+                        "pci_bus_id": event.pci_bus_id,
+                        "xid": event.xid,
+                        "name": entry.name,
+                        "resolution": entry.resolution,
+                        "line": event.line,
+                    }
+                )
+                groups.setdefault(("xid", event.pci_bus_id, event.xid), []).append(event)
+            else:
+                sentry = catalog.sxid(event.sxid)
+                sxid_events.append(
+                    {
+                        "pci_bus_id": event.pci_bus_id,
+                        "sxid": event.sxid,
+                        "name": sentry.name if sentry else ("fatal" if event.fatal else "non-fatal"),
+                        "resolution": sentry.resolution if sentry else ("RESET_FABRIC" if event.fatal else "IGNORE"),
+                        "line": event.line,
+                    }
+                )
+                groups.setdefault(("sxid", event.pci_bus_id, event.sxid), []).append(event)
+
+        findings: list[Finding] = []
+        for (family, bus, code), group in groups.items():
+            last = group[-1]
+            if isinstance(last, XidEvent):
+                entry = catalog.xid(code)
+                assessment = escalate(assess_xid(last, entry, DEFAULT_APP_LEVEL_XIDS), len(group), REPEAT_THRESHOLD)
+                message = f"XID {code} ({entry.name}) on {bus}: {len(group)} time(s)"
+            else:
+                assessment = assess_sxid(last, catalog.sxid(code))
+                message = f"SXID {code} on {last.device} {bus}: {len(group)} time(s)"
+            findings.append(
+                Finding(
+                    f"{family.upper()}_{code}",
+                    assessment.status,
+                    message,
+                    bus,
+                    evidence=last.line,
+                    remedy=assessment.remedy,
+                )
+            )
+        if not findings:
+            findings.append(Finding("NO_XID_EVENTS", Status.OK, "no XID or SXID errors in this log"))
+        return Diagnosis(self.kind, tuple(findings), {"xid_events": xid_events, "sxid_events": sxid_events})

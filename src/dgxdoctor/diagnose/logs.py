@@ -1,0 +1,84 @@
+"""`vllm-log` and `ray-log`: known failure signatures in a pasted or saved vLLM / Ray log.
+
+The same catalog and matcher as the live `logs` check (``sources.signatures``); one finding per signature code,
+with the first offending line as evidence and the number of lines that matched.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar
+
+from dgxdoctor.diagnose.base import Diagnosis
+from dgxdoctor.result import Finding
+from dgxdoctor.sources.signatures import Catalog, load_catalog
+
+# INFO 07-25 06:50:45 config.py:718] Defaulting to use ray for distributed inference      (vllm-project/vllm#6775)
+# INFO 05-16 18:43:01 [loader.py:447] Loading weights took 2.60 seconds                   (xming521/WeClone#83)
+# (RayWorkerWrapper pid=11613, ip=11.46.89.2) ERROR 12-07 20:30:45 worker_base.py:480]    (vllm-project/vllm#10886)
+VLLM_LINE = re.compile(
+    r"^(?:\S.*?\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w.]+\.py:\d+\]",
+    re.MULTILINE,
+)
+# 2024-07-25 06:50:45,878	INFO worker.py:1603 -- Connecting to existing Ray cluster at address: 192.168.201.210:6379
+#   (vllm-project/vllm#6775; Ray's Python logging format "%(asctime)s\t%(levelname)s %(filename)s:%(lineno)s -- ")
+RAY_PY_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+(?:DEBUG|INFO|WARNING|ERROR) [\w.]+:\d+ -- ", re.M)
+# (raylet) A worker died or was killed while executing a task ...   (verl-project/verl#2398)
+# (autoscaler +41s) Error: No available node types can fulfill ...  (vllm-project/vllm#14111)
+# ray.exceptions.RayActorError: The actor died unexpectedly ...    (sjtu-marl/malib#33)
+# [2026-11-30 02:06:41,232 W 22797 22797] (gcs_server) gcs_worker_manager.cc:70: Reporting worker exit, ...
+#   (Ray 2.60.0 gcs_server.out; the driver prints "(raylet)" wrapped in ANSI colour codes)
+RAY_MARKER = re.compile(r"\((?:raylet|autoscaler|gcs_server)[^)]*\)|ray\.exceptions\.|/tmp/ray/session_")
+
+
+def _findings(text: str, kind: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int], int]:
+    first: dict[str, tuple[int, str]] = {}
+    counts: dict[str, int] = {}
+    lines = text.splitlines()
+    for number, line in enumerate(lines, start=1):
+        for match in catalog.match(line, kind):
+            counts[match.code] = counts.get(match.code, 0) + 1
+            first.setdefault(match.code, (number, line))
+    signatures = catalog.by_code()
+    findings = []
+    for code, (number, line) in sorted(first.items(), key=lambda kv: kv[1][0]):
+        sig = signatures[code]
+        times = f" ({counts[code]} lines)" if counts[code] > 1 else ""
+        findings.append(
+            Finding(
+                code, sig.severity, sig.meaning + times, f"line {number}", evidence=line.strip()[:500], remedy=sig.fix
+            )
+        )
+    return findings, counts, len(lines)
+
+
+class _LogAnalyzer:
+    kind: ClassVar[str]
+    log_kind: ClassVar[str]
+
+    def __init__(self, catalog: Catalog | None = None) -> None:
+        self._catalog = catalog
+
+    @property
+    def catalog(self) -> Catalog:
+        return self._catalog or load_catalog()
+
+    def analyze(self, text: str) -> Diagnosis:
+        findings, counts, n_lines = _findings(text, self.log_kind, self.catalog)
+        return Diagnosis(self.kind, tuple(findings), {"lines": n_lines, "matches": counts})
+
+
+class VllmLogAnalyzer(_LogAnalyzer):
+    kind: ClassVar[str] = "vllm-log"
+    log_kind: ClassVar[str] = "vllm"
+
+    def detect(self, text: str) -> bool:
+        return VLLM_LINE.search(text) is not None
+
+
+class RayLogAnalyzer(_LogAnalyzer):
+    kind: ClassVar[str] = "ray-log"
+    log_kind: ClassVar[str] = "ray"
+
+    def detect(self, text: str) -> bool:
+        return RAY_PY_LINE.search(text) is not None or RAY_MARKER.search(text) is not None

@@ -1,0 +1,177 @@
+"""The Prometheus collector over the result store, on a private registry. A scrape never runs a check.
+
+Every family gets a ``node`` label (checks never set it). Samples of the same family from different checks
+are merged into one family; a family whose type or labels disagree between checks keeps the first check's
+definition and drops the rest (logged once), so a scrape never fails over it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from dgxdoctor import __version__
+from dgxdoctor.daemon.store import ResultStore
+from dgxdoctor.result import MetricSpec, Status
+
+log = structlog.get_logger(__name__)
+
+NODE_LABEL = "node"
+
+CHECK_STATUS = MetricSpec(
+    "dgxdoctor_check_status",
+    "latest status of the check: 0 ok, 1 warning, 2 critical, 3 unknown, -1 skipped (not applicable here)",
+    labels=("check",),
+)
+CHECK_SUCCESS = MetricSpec(
+    "dgxdoctor_check_success",
+    "1 if the check's latest run completed and reached a verdict, 0 if it failed, timed out or was unknown",
+    labels=("check",),
+)
+CHECK_DURATION = MetricSpec(
+    "dgxdoctor_check_duration_seconds", "how long the check's latest run took", labels=("check",)
+)
+CHECK_LAST_RUN = MetricSpec(
+    "dgxdoctor_check_last_run_timestamp_seconds",
+    "Unix time the check's latest run started",
+    labels=("check",),
+)
+CHECK_RUNS = MetricSpec(
+    "dgxdoctor_check_runs_total", "runs of the check since dgxdoctor started", "counter", ("check",)
+)
+CHECK_TIMEOUTS = MetricSpec(
+    "dgxdoctor_check_timeouts_total",
+    "runs of the check that did not answer within its timeout_s since dgxdoctor started",
+    "counter",
+    ("check",),
+)
+CHECK_FINDINGS = MetricSpec(
+    "dgxdoctor_check_findings",
+    "findings in the check's latest result, by status",
+    labels=("check", "status"),
+)
+NODE_FACT = MetricSpec(
+    "dgxdoctor_node_fact_info",
+    "a node fact compared between nodes for drift (driver, CUDA, kernel, vLLM, Ray, NCCL versions, NCCL "
+    "environment, model fingerprint); value always 1",
+    "info",
+    ("key", "value"),
+)
+BUILD_INFO = MetricSpec("dgxdoctor_build_info", "the running dgxdoctor version; value always 1", "info", ("version",))
+
+OWN_METRICS: tuple[MetricSpec, ...] = (
+    BUILD_INFO,
+    CHECK_STATUS,
+    CHECK_SUCCESS,
+    CHECK_DURATION,
+    CHECK_LAST_RUN,
+    CHECK_RUNS,
+    CHECK_TIMEOUTS,
+    CHECK_FINDINGS,
+    NODE_FACT,
+)
+
+
+_Family = GaugeMetricFamily | CounterMetricFamily
+
+
+def _family(spec: MetricSpec, extra_labels: tuple[str, ...] = ()) -> _Family:
+    labels = [NODE_LABEL, *spec.labels, *extra_labels]
+    if spec.type == "counter":
+        return CounterMetricFamily(spec.name, spec.help, labels=labels)
+    return GaugeMetricFamily(spec.name, spec.help, labels=labels)
+
+
+class StoreCollector(Collector):
+    """Builds fresh families from the store at every scrape."""
+
+    def __init__(self, store: ResultStore, timeouts: Callable[[], Mapping[str, int]] | None = None) -> None:
+        self.store = store
+        self.timeouts = timeouts or dict
+        self._warned: set[tuple[str, str]] = set()
+
+    def describe(self) -> list[Metric]:
+        # Unchecked registry: the families depend on which checks ran.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        node = self.store.node
+        latest = self.store.latest()
+        names = sorted(latest)
+        build = _family(BUILD_INFO)
+        build.add_metric([node, __version__], 1.0)
+        yield build
+        status = _family(CHECK_STATUS)
+        success = _family(CHECK_SUCCESS)
+        duration = _family(CHECK_DURATION)
+        last_run = _family(CHECK_LAST_RUN)
+        findings = _family(CHECK_FINDINGS)
+        for name in names:
+            r = latest[name]
+            status.add_metric([node, name], float(r.status.code))
+            success.add_metric([node, name], 0.0 if r.status is Status.UNKNOWN or r.error else 1.0)
+            duration.add_metric([node, name], r.duration_s)
+            last_run.add_metric([node, name], r.started_at)
+            for level in (Status.WARNING, Status.CRITICAL, Status.UNKNOWN):
+                findings.add_metric([node, name, level.value], float(sum(f.status is level for f in r.findings)))
+        yield from (status, success, duration, last_run, findings)
+        runs = _family(CHECK_RUNS)
+        for name, count in sorted(self.store.runs_total().items()):
+            runs.add_metric([node, name], float(count))
+        yield runs
+        timeouts = _family(CHECK_TIMEOUTS)
+        for name, count in sorted(self.timeouts().items()):
+            timeouts.add_metric([node, name], float(count))
+        yield timeouts
+        facts = _family(NODE_FACT)
+        for key, value in sorted(self.store.facts().items()):
+            facts.add_metric([node, key, value], 1.0)
+        yield facts
+        yield from self._check_samples(node, [latest[n] for n in names])
+
+    def _check_samples(self, node: str, results: list[Any]) -> Iterator[Metric]:
+        specs: dict[str, MetricSpec] = {}
+        families: dict[str, _Family] = {}
+        seen: dict[str, set[tuple[str, ...]]] = {}
+        for result in results:
+            for sample in result.samples:
+                spec = sample.metric
+                first = specs.setdefault(spec.name, spec)
+                if first != spec or NODE_LABEL in spec.labels or spec.name in _OWN_NAMES:
+                    self._warn_once(result.check, spec.name)
+                    continue
+                family = families.get(spec.name)
+                if family is None:
+                    family = families[spec.name] = _family(spec)
+                    seen[spec.name] = set()
+                values = tuple(sample.labels[label] for label in spec.labels)
+                if values in seen[spec.name]:
+                    continue  # the same series from two checks: the first one wins
+                seen[spec.name].add(values)
+                family.add_metric([node, *values], sample.value)
+        for name in sorted(families):
+            yield families[name]
+
+    def _warn_once(self, check: str, metric: str) -> None:
+        if (check, metric) not in self._warned:
+            self._warned.add((check, metric))
+            log.warning("metric_conflict", check=check, metric=metric, detail="type/labels differ or reserved")
+
+
+_OWN_NAMES = frozenset(spec.name for spec in OWN_METRICS)
+
+
+def make_registry(store: ResultStore, timeouts: Callable[[], Mapping[str, int]] | None = None) -> CollectorRegistry:
+    """A private registry holding only our collector (no process/platform collectors of the default one)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(store, timeouts))
+    return registry
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

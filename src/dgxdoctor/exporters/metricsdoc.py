@@ -1,0 +1,84 @@
+"""Generate docs/metrics.md from the MetricSpec constants: ``python -m dgxdoctor.exporters.metricsdoc``.
+
+Sources: the exporter's own families and every ``MetricSpec`` constant in the module of each registered check.
+A test keeps docs/metrics.md equal to this output, so a new metric cannot ship undocumented.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+from dgxdoctor.checks.registry import ALL_CHECKS
+from dgxdoctor.daemon.compare import IGNORED_FACTS, RULES
+from dgxdoctor.exporters.collector import NODE_LABEL, OWN_METRICS
+from dgxdoctor.result import MetricSpec
+
+HEADER = """# Metrics
+
+Generated from the code by `python -m dgxdoctor.exporters.metricsdoc > docs/metrics.md`; do not edit by hand.
+
+`dgxdoctor run` serves these on `/metrics` (default port 9835, `[daemon] listen` or `--listen HOST:PORT`) and,
+when `[daemon] textfile_path` is set, writes the same exposition for node_exporter's textfile collector.
+Every series carries a `node` label (the `node` config key, default the hostname). A scrape never runs a
+check: it reads the latest result of each. A value a check could not read is absent, never zero.
+
+`dgxdoctor_check_status`: 0 ok, 1 warning, 2 critical, 3 unknown, -1 skipped (the check does not apply on
+this node: no such device, not configured). Info metrics (`_info`) are exposed as gauges valued 1.
+"""
+
+
+def all_specs() -> Iterator[tuple[MetricSpec, str]]:
+    """Every documented family once, with where it comes from (``dgxdoctor`` or a check name)."""
+    seen: set[str] = set()
+    for spec in OWN_METRICS:
+        seen.add(spec.name)
+        yield spec, "dgxdoctor"
+    for factory in ALL_CHECKS:
+        module = sys.modules[factory.__module__]
+        for value in vars(module).values():
+            if isinstance(value, MetricSpec) and value.name not in seen:
+                seen.add(value.name)
+                yield value, factory.name
+
+
+def render() -> str:
+    lines = [HEADER, "| Metric | Type | Labels | Meaning | From |", "|---|---|---|---|---|"]
+    own = [(s, src) for s, src in all_specs() if src == "dgxdoctor"]
+    checks = sorted((p for p in all_specs() if p[1] != "dgxdoctor"), key=lambda p: p[0].name)
+    for spec, source in own + checks:
+        labels = ", ".join(f"`{label}`" for label in (NODE_LABEL, *spec.labels))
+        meaning = spec.help.replace("|", "\\|")
+        lines.append(f"| `{spec.name}` | {spec.type} | {labels} | {meaning} | {source} |")
+    lines += [
+        "",
+        PEER_HEADER,
+        "",
+        "| `metric` | Compares | Per | Tolerance | Odd node | Finding |",
+        "|---|---|---|---|---|---|",
+    ]
+    for rule in RULES:
+        per = "rail (`device/port`)" if rule.per_rail else "node"
+        odd = "lowest" if rule.bad == "low" else "highest"
+        compares = f"{rule.aggregate} of `{rule.metric}`"
+        lines.append(f"| `{rule.key}` | {compares} | {per} | {rule.tolerance:g} | {odd} | `{rule.code}` |")
+    lines += ["", DRIFT_TEXT.format(ignored=", ".join(f"`{k}`" for k in sorted(IGNORED_FACTS)))]
+    return "\n".join(lines) + "\n"
+
+
+DRIFT_TEXT = """Node facts (`dgxdoctor_node_fact_info`) are compared as well. A fact present on several nodes with
+different values is a finding naming the odd node (the one off the majority; with two nodes, the peer):
+`PEER_MODEL_MISMATCH` (critical: model fingerprint, files, shard hashes), `PEER_NCCL_ENV_DRIFT` (an `nccl_env.*`
+variable differs or is set on one node only), `PEER_VERSION_SKEW` (critical for the driver, CUDA and NCCL
+versions, warning for the kernel, vLLM, Ray, torch, Python), `PEER_HARDWARE_DRIFT` (GPU, IB, topology, memory
+facts) and `PEER_FACT_DRIFT` for any other fact. Ignored, because they differ by design: {ignored}."""
+
+PEER_HEADER = """## Values of `metric` in `dgxdoctor_peer_imbalance_ratio`
+
+Each compares one value per node (or per rail) between this node and its peers: imbalance = (max - min) / max.
+Above the tolerance (`[checks.peer_compare] tolerances`), and when some node is above the metric's floor, the
+`peer_compare` check reports a finding naming the odd node: the one with the lowest or highest value."""
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())

@@ -1,0 +1,287 @@
+"""Parse what nccl-tests (all_reduce_perf, all_gather_perf, ...) printed, in every layout it has used.
+
+The column header names the layout, so rows are read by the header's column names, not by position:
+
+- NCCL 1 era (NVIDIA/nccl#120): ``#  bytes  N  type  op  time  algbw  busbw  res  ...`` with time in ms and a max
+  error ("res") instead of a count;
+- 2.x before redop (NVIDIA/nccl-tests#82, broadcast): ``size count type root time algbw busbw error ...``;
+- 2.x with redop (NVIDIA/nccl-tests#107, NVIDIA/nccl#583): ``size count type redop time algbw busbw error ...``;
+- 2.13+ (NVIDIA/nccl-tests#232, #252): ``size count type redop root time algbw busbw #wrong ...``, with a units
+  line ``(B) (elements) (us) (GB/s) (GB/s)`` and values ``N/A`` where a check was skipped;
+- 2.18+ adds ``# nccl-tests version 2.18.0 nccl-headers=... nccl-library=...`` and ``# Collective test starting:``.
+
+Output of ``mpirun`` may prefix every line with ``[1,0]<stdout>:``; NCCL_DEBUG=INFO lines are mixed in and tell
+the transport (``NET/IB`` or the TCP fallback ``NET/Socket``). Without a header (a pasted fragment) a row is read
+from its end: the last eight values are time, algbw, busbw, error for out-of-place then in-place.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# [1,0]<stdout>:#       size         count      type   redop    root     time   algbw   busbw #wrong ...
+#   (aws/aws-k8s-tester#503: Open MPI's --tag-output prefix)
+MPI_PREFIX = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
+# # Avg bus bandwidth    : 95.3009
+#   (NVIDIA/nccl-tests#252; printed as "# %-20s : %g" by src/common.cu writeResultFooter)
+AVG_BUSBW = re.compile(r"Avg bus bandwidth\s*:\s*(\S+)")
+# # Out of bounds values : 0 OK
+#   (NVIDIA/nccl-tests#252)
+OUT_OF_BOUNDS = re.compile(r"Out of bounds values\s*:\s*(\d+)")
+# # nThread 1 nGpus 1 minBytes 8 maxBytes 1073741824 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 ...
+#   (NVIDIA/nccl-tests#293)
+NGPUS = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)")
+# # nccl-tests version 2.18.0 nccl-headers=22907 nccl-library=22907
+#   (nccl-tests 2.18 header, as pasted in public benchmark notes)
+TESTS_VERSION = re.compile(r"nccl-tests version (\S+)")
+# NCCL version 2.21.5+cuda12.4
+#   (NVIDIA/nccl-tests#293)
+NCCL_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+\S*)")
+# # Collective test starting: all_gather_perf_mpi
+#   (nccl-tests 2.18 header)
+COLLECTIVE = re.compile(r"Collective test starting:\s*(\S+)")
+# #  Rank  0 Group  0 Pid   3595 on      test1 device  0 [0x81] NVIDIA A100-PCIE-40GB
+#   (NVIDIA/nccl-tests#293; 2.x before groups: "#   Rank  0 Pid   1320 on ip-172-31-20-228 device  0 ...", #107)
+RANK_HOST = re.compile(r"Rank\s+\d+\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device")
+# test1:3595:3609 [0] NCCL INFO Using network IB            (NVIDIA/nccl#1066)
+# SHJS-PF4ZKYLL:92777:92777 [0] NCCL INFO Using network Socket (NVIDIA/nccl#573)
+NET_USING = re.compile(r"NCCL INFO Using network (\w+)")
+# gcn6:1080060:1080060 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB; OOB eno1np0:172.18.62.6<0>
+#   (NVIDIA/nccl#1066)
+# SHJS-PF4ZKYLL:92777:92777 [0] NCCL INFO NET/Socket : Using [0]eth0:172.27.213.95<0>   (NVIDIA/nccl#573)
+NET_INIT = re.compile(r"NCCL INFO NET/(IB|Socket) ?: ?Using \[")
+# :22901:22901 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/4
+#   (autoscriptlabs/nccl-mesh-plugin#56)
+NET_CHANNEL = re.compile(r"NCCL INFO Channel .* via NET/(IB|Socket)\b")
+
+MIB = 1024 * 1024
+# The tutorial: "带宽只有几十 MB/s,说明流量走了 TCP 回退" -- tens of MB/s at large sizes means TCP fallback.
+LOW_BUSBW_GBPS = 1.0
+LOW_BUSBW_MIN_SIZE = MIB
+
+_ALIASES = {"bytes": "size", "n": "count", "op": "redop", "#wrong": "wrong", "error": "wrong", "res": "wrong"}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    time_us: float | None
+    algbw_gbps: float | None
+    busbw_gbps: float | None
+    # #wrong count (2.13+), error count (2.x) or max error (NCCL 1 "res"); None for N/A.
+    wrong: float | None
+
+
+@dataclass(frozen=True)
+class Row:
+    size_bytes: int
+    count: int | None
+    type: str | None
+    redop: str | None
+    root: int | None
+    out_of_place: Measurement
+    in_place: Measurement
+
+    @property
+    def busbw_gbps(self) -> float | None:
+        values = [v for v in (self.out_of_place.busbw_gbps, self.in_place.busbw_gbps) if v is not None]
+        return max(values) if values else None
+
+
+@dataclass(frozen=True)
+class NcclTestsReport:
+    rows: tuple[Row, ...]
+    avg_busbw_gbps: float | None
+    out_of_bounds: int | None = None
+    # nThread x nGpus of one process (the "# nThread 1 nGpus 8" header line).
+    gpus_per_process: int | None = None
+    ranks: int = 0
+    tests_version: str | None = None
+    nccl_version: str | None = None
+    collective: str | None = None
+    hosts: tuple[str, ...] = ()
+    # Network transports NCCL reported ("IB", "Socket"), first seen first, with the first line for each.
+    transports: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def peak_busbw_gbps(self) -> float | None:
+        values = [r.busbw_gbps for r in self.rows if r.busbw_gbps is not None]
+        return max(values) if values else None
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "avg_busbw_gbps": self.avg_busbw_gbps,
+            "peak_busbw_gbps": self.peak_busbw_gbps,
+            "rows": [asdict(r) for r in self.rows],
+            "out_of_bounds": self.out_of_bounds,
+            "gpus_per_process": self.gpus_per_process,
+            "ranks": self.ranks,
+            "tests_version": self.tests_version,
+            "nccl_version": self.nccl_version,
+            "collective": self.collective,
+            "hosts": list(self.hosts),
+            "transports": sorted(self.transports),
+        }
+
+
+def looks_like_nccl_tests(text: str) -> bool:
+    return "Avg bus bandwidth" in text or ("algbw" in text and "busbw" in text)
+
+
+def _strip(line: str) -> str:
+    return MPI_PREFIX.sub("", line.rstrip("\r\n"))
+
+
+def _number(token: str) -> float | None:
+    try:
+        value = float(token)
+    except ValueError:
+        return None  # "N/A", "nan" printed as text, garbage
+    return value if math.isfinite(value) else None
+
+
+def _int(token: str | None) -> int | None:
+    if token is None:
+        return None
+    try:
+        return int(token)
+    except ValueError:
+        return None
+
+
+def _header(line: str) -> list[str] | None:
+    body = line.lstrip().lstrip("#").strip()
+    tokens = body.split()
+    if "algbw" not in tokens or "busbw" not in tokens or "time" not in tokens:
+        return None
+    return [_ALIASES.get(t.lower(), t.lower()) for t in tokens]
+
+
+def _measure(values: list[str | None], time_scale: float) -> Measurement:
+    t, a, b, w = (None if v is None else _number(v) for v in values)
+    return Measurement(None if t is None else t * time_scale, a, b, w)
+
+
+def _row_by_header(tokens: list[str], header: list[str], time_scale: float) -> Row | None:
+    if len(tokens) != len(header):
+        return None
+    named: dict[str, list[str]] = {}
+    for name, token in zip(header, tokens, strict=True):
+        named.setdefault(name, []).append(token)
+
+    def nth(name: str, i: int) -> str | None:
+        got = named.get(name, [])
+        return got[i] if len(got) > i else None
+
+    size = _int(nth("size", 0))
+    if size is None:
+        return None
+    return Row(
+        size_bytes=size,
+        count=_int(nth("count", 0)),
+        type=nth("type", 0),
+        redop=nth("redop", 0),
+        root=_int(nth("root", 0)),
+        out_of_place=_measure([nth(k, 0) for k in ("time", "algbw", "busbw", "wrong")], time_scale),
+        in_place=_measure([nth(k, 1) for k in ("time", "algbw", "busbw", "wrong")], time_scale),
+    )
+
+
+def _row_from_end(tokens: list[str], time_scale: float) -> Row | None:
+    if len(tokens) < 10:
+        return None
+    size = _int(tokens[0])
+    if size is None:
+        return None
+    tail = tokens[-8:]
+    middle = tokens[2:-8]
+    return Row(
+        size_bytes=size,
+        count=_int(tokens[1]),
+        type=middle[0] if middle else None,
+        redop=middle[1] if len(middle) > 1 and not middle[1].lstrip("-").isdigit() else None,
+        root=_int(middle[-1]) if len(middle) > 1 and middle[-1].lstrip("-").isdigit() else None,
+        out_of_place=_measure(list(tail[:4]), time_scale),
+        in_place=_measure(list(tail[4:]), time_scale),
+    )
+
+
+def parse_nccl_tests(text: str) -> NcclTestsReport:
+    """Rows and summary of nccl-tests output; raises ValueError when the text has no result rows at all."""
+    header: list[str] | None = None
+    time_scale = 1.0  # to microseconds
+    rows: list[Row] = []
+    avg: float | None = None
+    oob: int | None = None
+    gpus_per_process = tests_version = nccl_version = collective = None
+    ranks = 0
+    hosts: dict[str, None] = {}
+    transports: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = _strip(raw)
+        if not line.strip():
+            continue
+        if "NCCL INFO" in line or "NCCL WARN" in line:
+            for pattern in (NET_USING, NET_INIT, NET_CHANNEL):
+                m = pattern.search(line)
+                if m:
+                    transports.setdefault(m.group(1), line.strip())
+            if (m := NCCL_VERSION.search(line)) and nccl_version is None:
+                nccl_version = m.group(1)
+            continue
+        if (m := AVG_BUSBW.search(line)) is not None:
+            avg = _number(m.group(1))
+            continue
+        if (m := OUT_OF_BOUNDS.search(line)) is not None:
+            oob = int(m.group(1))
+            continue
+        if line.lstrip().startswith("#") or header is None:
+            found = _header(line)
+            if found is not None:
+                header = found
+                # NCCL 1 printed milliseconds and named the columns bytes/N/op/res.
+                time_scale = 1000.0 if "bytes" in line.split() else 1.0
+                continue
+        if "(us)" in line or "(ms)" in line:
+            time_scale = 1000.0 if "(ms)" in line else 1.0
+            continue
+        if (m := NGPUS.search(line)) is not None:
+            gpus_per_process = gpus_per_process or int(m.group(1)) * int(m.group(2))
+            continue
+        if (m := TESTS_VERSION.search(line)) is not None:
+            tests_version = m.group(1)
+            continue
+        if (m := COLLECTIVE.search(line)) is not None:
+            collective = m.group(1)
+            continue
+        if (m := RANK_HOST.search(line)) is not None:
+            hosts.setdefault(m.group(1), None)
+            ranks += 1
+            continue
+        if (m := NCCL_VERSION.search(line)) is not None:
+            nccl_version = nccl_version or m.group(1)
+            continue
+        if line.lstrip().startswith("#"):
+            continue
+        tokens = line.split()
+        row = _row_by_header(tokens, header, time_scale) if header else None
+        if row is None and tokens and tokens[0].isdigit():
+            row = _row_from_end(tokens, time_scale)
+        if row is not None:
+            rows.append(row)
+    if not rows and avg is None:
+        raise ValueError("no nccl-tests result rows and no 'Avg bus bandwidth' line found")
+    return NcclTestsReport(
+        rows=tuple(rows),
+        avg_busbw_gbps=avg,
+        out_of_bounds=oob,
+        gpus_per_process=gpus_per_process,
+        ranks=ranks,
+        tests_version=tests_version,
+        nccl_version=nccl_version,
+        collective=collective,
+        hosts=tuple(hosts),
+        transports=transports,
+    )

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+from unittest import mock
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
+
+from dgxdoctor.daemon.app import MAX_BODY_BYTES, STATE_KEY, AppState, auth_middleware, is_loopback, make_app, token_ok
+from dgxdoctor.daemon.store import ResultStore
+from dgxdoctor.exporters.collector import make_registry
+from fakechecks import gpu_result
+
+TOKEN = "0123456789abcdef-token"
+
+
+def app_state(token: str | None, healthy: bool = True) -> AppState:
+    store = ResultStore("dgx-a")
+    store.put(gpu_result())
+    reloads: list[int] = []
+
+    async def reload() -> list[str]:
+        reloads.append(1)
+        return []
+
+    state = AppState(store, make_registry(store), lambda: {"healthy": healthy}, token, reload)
+    state.reloads = reloads  # type: ignore[attr-defined]
+    return state
+
+
+@pytest.fixture
+async def client_factory() -> AsyncIterator[Any]:
+    clients: list[TestClient[Any, Any]] = []
+
+    async def make(state: AppState) -> TestClient[Any, Any]:
+        client: TestClient[Any, Any] = TestClient(TestServer(make_app(state), host="127.0.0.1"))
+        await client.start_server()
+        clients.append(client)
+        return client
+
+    yield make
+    for c in clients:
+        await c.close()
+
+
+async def test_metrics_and_healthz_are_open(client_factory: Any) -> None:
+    client = await client_factory(app_state(TOKEN))
+    resp = await client.get("/metrics")
+    assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert 'dgxdoctor_check_status{check="gpu",node="dgx-a"} 0.0' in await resp.text()
+    assert (await client.get("/healthz")).status == 200
+    sick = await client_factory(app_state(TOKEN, healthy=False))
+    assert (await sick.get("/healthz")).status == 503
+
+
+async def test_state_needs_the_token(client_factory: Any) -> None:
+    client = await client_factory(app_state(TOKEN))
+    assert (await client.get("/state")).status == 401
+    assert (await client.get("/state", headers={"Authorization": "Bearer wrong"})).status == 401
+    assert (await client.get("/state", headers={"Authorization": f"Basic {TOKEN}"})).status == 401
+    resp = await client.get("/state", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert resp.status == 200
+    doc = await resp.json()
+    assert doc["node"] == "dgx-a" and doc["checks"][0]["name"] == "gpu"
+
+
+async def test_without_token_state_is_loopback_only(client_factory: Any) -> None:
+    state = app_state(None)
+    client = await client_factory(state)
+    assert (await client.get("/state")).status == 200  # the test client connects from 127.0.0.1
+
+    transport = mock.Mock()
+    transport.get_extra_info.side_effect = lambda key, default=None: ("10.1.2.3", 5555) if key == "peername" else None
+    app = make_app(state)
+    request = make_mocked_request("GET", "/state", app=app, transport=transport)
+    handler = mock.AsyncMock(return_value=web.Response(text="should not run"))
+    response = await auth_middleware(request, handler)
+    assert response.status == 403 and not handler.called
+    assert request.app[STATE_KEY] is state
+
+
+async def test_reload_is_protected_and_validates_its_body(client_factory: Any) -> None:
+    state = app_state(TOKEN)
+    client = await client_factory(state)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert (await client.post("/reload")).status == 401
+    assert (await client.post("/reload", headers=auth, data=b'{"x": 1}')).status == 400
+    assert (await client.post("/reload", headers=auth, data=b"not json")).status == 400
+    assert (await client.post("/reload", headers=auth, data=b"x" * (MAX_BODY_BYTES + 1))).status == 413
+    resp = await client.post("/reload", headers=auth, data=b"{}")
+    assert resp.status == 200 and (await resp.json()) == {"reloaded": True, "problems": []}
+    assert state.reloads == [1]  # type: ignore[attr-defined]
+    assert (await client.get("/reload", headers=auth)).status == 405
+
+
+def test_token_compare_and_loopback() -> None:
+    assert token_ok(f"Bearer {TOKEN}", TOKEN) and token_ok(f"bearer  {TOKEN}", TOKEN)
+    assert not token_ok(None, TOKEN) and not token_ok("Bearer", TOKEN) and not token_ok("Bearer é", TOKEN)
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("127.8.9.10")
+    assert not is_loopback("10.78.0.1") and not is_loopback(None) and not is_loopback("dgx-b")

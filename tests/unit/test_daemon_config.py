@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dgxdoctor.config import DEFAULT_LISTEN, ConfigError, load_config, parse_config, parse_listen
+
+
+def problems(data: dict[str, object]) -> dict[str, str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    return dict(info.value.problems)
+
+
+def test_defaults() -> None:
+    d = parse_config({}).daemon
+    assert d.listen == DEFAULT_LISTEN == "0.0.0.0:9835"
+    assert d.peers == () and d.token is None and d.resolve_token() is None and d.textfile_path is None
+
+
+def test_every_problem_reported_with_its_key() -> None:
+    found = problems(
+        {
+            "daemon": {
+                "listen": "9835",
+                "peers": ["dgx-b:9835", "http://dgx-c:9835/state"],
+                "token": "short",
+                "peer_timeout_s": 0,
+                "colour": "blue",
+            }
+        }
+    )
+    assert set(found) == {"daemon.listen", "daemon.peers", "daemon.token", "daemon.peer_timeout_s", "daemon.colour"}
+    assert "HOST:PORT" in found["daemon.listen"] and "dgx-b:9835" in found["daemon.peers"]
+    assert found["daemon.colour"] == "unknown key"
+
+
+def test_token_or_token_file(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("abcdefghijklmnopqrstuvwxyz\n")
+    assert (
+        parse_config({"daemon": {"token_file": str(token_file)}}).daemon.resolve_token() == "abcdefghijklmnopqrstuvwxyz"
+    )
+    assert "not both" in str(problems({"daemon": {"token": "x" * 16, "token_file": str(token_file)}}))
+    token_file.write_text("short")
+    with pytest.raises(ValueError, match="shorter than 16"):
+        parse_config({"daemon": {"token_file": str(token_file)}}).daemon.resolve_token()
+
+
+def test_peers_normalised_and_duplicates_refused() -> None:
+    assert parse_config({"daemon": {"peers": ["http://dgx-b:9835/"]}}).daemon.peers == ("http://dgx-b:9835",)
+    assert "twice" in problems({"daemon": {"peers": ["http://b:1", "http://b:1"]}})["daemon.peers"]
+
+
+def test_peer_compare_settings_live_with_the_check(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[checks.peer_compare]\ninterval_s = 5\ntolerances = { gpu_utilization = 0.3 }\n")
+    assert load_config(path).check_settings("peer_compare").interval_s == 5
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("0.0.0.0:9835", ("0.0.0.0", 9835)), ("[::1]:80", ("::1", 80)), ("dgx-a:1", ("dgx-a", 1))],
+)
+def test_parse_listen(text: str, expected: tuple[str, int]) -> None:
+    assert parse_listen(text) == expected
+
+
+@pytest.mark.parametrize("text", [":9835", "host", "host:0", "host:65536", "host:http"])
+def test_parse_listen_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_listen(text)

@@ -1,0 +1,56 @@
+"""Reload keeps unchanged check instances (and their history), rebuilds changed ones, drops disabled ones, and
+keeps the old config when the new one is bad."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dgxdoctor.checks.peer_compare import PeerCompareCheck
+from dgxdoctor.config import load_config
+from dgxdoctor.daemon.sdnotify import Notifier
+from dgxdoctor.daemon.service import Daemon
+
+TOKEN = "reload-token-0123456789"
+
+
+def write(path: Path, extra: str = "", peers: str = '["http://dgx-b:9835"]') -> None:
+    path.write_text(
+        f'node = "dgx-a"\n[paths]\nstate_dir = "{path.parent / "state"}"\n'
+        f'[daemon]\ntoken = "{TOKEN}"\npeers = {peers}\n{extra}'
+    )
+
+
+async def test_reload_semantics(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    write(path)
+    daemon = Daemon(load_config(path), path, notifier=Notifier({}))
+    daemon.scheduler.start()
+    try:
+        daemon._schedule_all()
+        first = daemon.scheduler.checks["peer_compare"]
+        assert isinstance(first, PeerCompareCheck) and first.context is not None
+        assert first.context.peers == ("http://dgx-b:9835",)
+
+        write(path, peers='["http://dgx-b:9835", "http://dgx-c:9835"]')
+        assert await daemon.reload() == []
+        kept = daemon.scheduler.checks["peer_compare"]
+        assert kept is first  # same settings: same instance, new peers handed over
+        assert kept.context is not None and kept.context.peers == ("http://dgx-b:9835", "http://dgx-c:9835")
+
+        write(path, extra="[checks.peer_compare]\ninterval_s = 5\n")
+        assert await daemon.reload() == []
+        assert daemon.scheduler.checks["peer_compare"] is not first
+        assert daemon.scheduler.scheduler.get_job("peer_compare") is not None
+
+        write(path, extra="[checks.peer_compare]\nenabled = false\n")
+        assert await daemon.reload() == []
+        assert "peer_compare" not in daemon.scheduler.checks
+        assert daemon.scheduler.scheduler.get_job("peer_compare") is None
+
+        before = daemon.config
+        path.write_text('[daemon]\nlisten = "nowhere"\ntoken = "short"\n')
+        problems = await daemon.reload()
+        assert any(p.startswith("daemon.listen") for p in problems) and any("daemon.token" in p for p in problems)
+        assert daemon.config is before and daemon.app_state.token == TOKEN
+    finally:
+        daemon.scheduler.shutdown()

@@ -1,0 +1,96 @@
+"""The scheduler with test-only checks. Waits on events (with generous limits); asserts nothing about timing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import structlog
+
+from dgxdoctor.checks.base import CheckRunner
+from dgxdoctor.daemon.scheduler import CheckScheduler, jitter_for
+from dgxdoctor.daemon.store import ResultStore
+from dgxdoctor.environment import Environment
+from dgxdoctor.result import CheckResult, Status
+from fakechecks import FakeSettings, FollowingCheck, SlowCheck, StaticCheck
+
+ENV = Environment(node="dgx-a", state_dir=Path("/nonexistent"))
+
+
+@pytest.fixture
+async def sched() -> AsyncIterator[CheckScheduler]:
+    store = ResultStore("dgx-a")
+    s = CheckScheduler(CheckRunner(ENV), store, heartbeat_s=0.05)
+    s.start()
+    yield s
+    s.shutdown()
+
+
+async def wait_for(predicate: object, limit_s: float = 10.0) -> None:
+    async def poll() -> None:
+        while not predicate():  # type: ignore[operator]
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(poll(), limit_s)
+
+
+async def test_runs_checks_and_stores_results(sched: CheckScheduler) -> None:
+    ok = StaticCheck(FakeSettings(), ENV)
+    boom = StaticCheck(FakeSettings(), ENV, outcome=RuntimeError("nvml exploded"), name="boom")
+    sched.add(ok)
+    sched.add(boom)
+    await wait_for(lambda: ok.runs >= 3 and boom.runs >= 3)
+    assert sched.store.get("static").status is Status.OK  # type: ignore[union-attr]
+    failed = sched.store.get("boom")
+    assert failed is not None and failed.status is Status.UNKNOWN and "nvml exploded" in (failed.error or "")
+    assert sched.healthy()
+
+
+async def test_never_two_runs_of_one_check(sched: CheckScheduler) -> None:
+    slow = SlowCheck(FakeSettings(interval_s=0.01), ENV)
+    sched.add(slow)
+    await wait_for(slow.started.is_set)
+    await asyncio.sleep(0.2)  # many intervals pass while the run blocks
+    assert slow.runs == 1 and slow.max_active == 1
+    slow.release.set()
+    await wait_for(lambda: slow.runs >= 2)
+    assert slow.max_active == 1
+
+
+async def test_event_source_started_and_stopped(sched: CheckScheduler) -> None:
+    follower = FollowingCheck(FakeSettings(), ENV)
+    sched.add(follower)
+    assert follower.loop is asyncio.get_running_loop()
+    await wait_for(lambda: sched.store.get("following") is not None)
+    sched.remove("following")
+    assert follower.stopped and sched.store.get("following") is None
+
+
+async def test_one_log_line_per_transition(sched: CheckScheduler) -> None:
+    check = StaticCheck(FakeSettings(), ENV)
+    with structlog.testing.capture_logs() as logs:
+        sched.add(check)
+        await wait_for(lambda: check.runs >= 3)
+        check.outcome = CheckResult("static", Status.CRITICAL, "broke")
+        seen = check.runs
+        await wait_for(lambda: check.runs >= seen + 3)
+    transitions = [(e["old"], e["new"]) for e in logs if e["event"] == "check_transition"]
+    assert transitions == [(None, "ok"), ("ok", "critical")]
+    assert json.dumps(logs, default=str)
+
+
+async def test_replaced_check_result_is_dropped(sched: CheckScheduler) -> None:
+    slow = SlowCheck(FakeSettings(), ENV)
+    sched.add(slow)
+    await wait_for(slow.started.is_set)
+    sched.remove("slow")
+    slow.release.set()
+    await asyncio.sleep(0.1)
+    assert sched.store.get("slow") is None
+
+
+def test_jitter_is_bounded() -> None:
+    assert jitter_for(2) == pytest.approx(0.2) and jitter_for(600) == 5.0

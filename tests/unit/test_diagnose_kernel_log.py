@@ -1,0 +1,64 @@
+"""`dgxdoctor diagnose` on pasted kernel logs, through the real CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import run_cli
+from dgxdoctor.diagnose.kernel_log import KernelLogAnalyzer
+
+KERNEL_LOG = Path(__file__).resolve().parents[1] / "fixtures" / "kernel_log"
+
+
+def test_xid_events_in_input_order_with_catalog_fields() -> None:
+    done = run_cli("diagnose", str(KERNEL_LOG / "journal_610_xid79_xid154_os_reboot.txt"), "--json")
+    assert done.returncode == 2, done.stderr
+    (doc,) = done.json()["inputs"]
+    assert doc["kind"] == "kernel-log"
+    assert doc["data"]["xid_events"] == [
+        {
+            "pci_bus_id": "0000:01:00",
+            "xid": 79,
+            "name": "GPU has fallen off the bus",
+            "resolution": "RESTART_BM",
+            "line": "NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.",
+        },
+        {
+            "pci_bus_id": "0000:01:00",
+            "xid": 154,
+            "name": "GPU recovery action changed",
+            "resolution": "XID_154_EVAL",
+            "line": "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (OS Reboot)",
+        },
+    ]
+    assert doc["data"]["sxid_events"] == []
+    codes = {f["code"]: f for f in doc["findings"]}
+    assert codes["XID_79"]["status"] == "critical"
+    assert codes["XID_79"]["evidence"].startswith("NVRM: Xid (PCI:0000:01:00): 79")
+    assert codes["XID_79"]["remedy"]
+
+
+def test_sxid_events_from_stdin() -> None:
+    text = (KERNEL_LOG / "nvtrust_124_dmesg_sxid.txt").read_text()
+    done = run_cli("diagnose", "-", "--json", stdin=text)
+    (doc,) = done.json()["inputs"]
+    assert [(e["pci_bus_id"], e["sxid"]) for e in doc["data"]["sxid_events"]] == [("0000:04:00.0", 22013)] * 2
+    assert doc["data"]["sxid_events"][0]["line"].endswith("Non-fatal, Link 44 Minion Link DLREQ interrupt")
+
+
+def test_app_level_repeats_escalate_in_a_pasted_log() -> None:
+    diagnosis = KernelLogAnalyzer().analyze((KERNEL_LOG / "gpud_pr46_dmesg_ctime.txt").read_text())
+    by_code = {f.code: f.status.value for f in diagnosis.findings}
+    assert by_code == {"XID_13": "critical", "XID_109": "critical"}  # 13 three times on one GPU
+
+
+def test_detection_is_conservative() -> None:
+    analyzer = KernelLogAnalyzer()
+    assert analyzer.detect((KERNEL_LOG / "nvsentinel_155_dmesg_fallen_off_no_xid.txt").read_text())
+    assert not analyzer.detect("Feb 14 05:03:41 host kernel: mlx5_core 0000:ab:00.0 mlx5_5: Port: 1 Link ACTIVE\n")
+
+
+def test_lookalikes_alone_are_ok() -> None:
+    diagnosis = KernelLogAnalyzer().analyze((KERNEL_LOG / "lookalikes.txt").read_text())
+    assert diagnosis.data == {"xid_events": [], "sxid_events": []}
+    assert [f.code for f in diagnosis.findings] == ["NO_XID_EVENTS"]

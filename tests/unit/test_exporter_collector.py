@@ -1,0 +1,126 @@
+"""The exposition: names, the node label, merged families, and a golden file guarding all of it.
+
+Rewrite the golden file after an intended change:
+``DGXDOCTOR_REWRITE_GOLDEN=1 pytest tests/unit/test_exporter_collector.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from dgxdoctor.daemon.store import ResultStore
+from dgxdoctor.exporters.collector import exposition, make_registry
+from dgxdoctor.exporters.textfile import write_textfile
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample, Status
+from fakechecks import FAKE_INFO, GPU_UTIL, IB_ERRORS, XID_TOTAL, gpu_result
+
+GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden" / "daemon_metrics.prom"
+
+
+def populated_store() -> ResultStore:
+    """A fixed set of results covering every kind of family the collector emits."""
+    store = ResultStore("dgx-a")
+    gpu = gpu_result(util=0.75)
+    store.put(CheckResult(**{**gpu.__dict__, "started_at": 1_700_000_000.0, "duration_s": 0.012}))
+    ib = ResultBuilder("infiniband")
+    ib.sample(IB_ERRORS, 0.5, device="mlx5_0", port="1", counter="symbol_error")
+    ib.finding("IB_SYMBOL_ERRORS", Status.WARNING, "0.5/s symbol errors", "mlx5_0/1")
+    ib_result = ib.build("1 port degraded")
+    store.put(CheckResult(**{**ib_result.__dict__, "started_at": 1_700_000_001.0, "duration_s": 0.003}))
+    xid = CheckResult(
+        "xid",
+        Status.CRITICAL,
+        "XID 79",
+        findings=(Finding("XID_79", Status.CRITICAL, "fell off the bus", "00000000:18:00.0"),),
+        samples=(
+            Sample(XID_TOTAL, 2, {"pci_bus_id": "00000000:18:00.0", "xid": "79"}),
+            Sample(FAKE_INFO, 1, {"model": 'quote " and \\ backslash'}),
+        ),
+        started_at=1_700_000_002.0,
+        duration_s=0.001,
+    )
+    store.put(xid)
+    # A second check exporting the same family: merged into one family, duplicate series dropped.
+    store.put(
+        CheckResult(
+            "zz_second",
+            Status.SKIPPED,
+            "no device",
+            samples=(
+                Sample(GPU_UTIL, 0.5, {"gpu": "7", "pci_bus_id": "00000000:DF:00.0"}),
+                Sample(GPU_UTIL, 0.1, {"gpu": "0", "pci_bus_id": "00000000:18:00.0"}),
+            ),
+            started_at=1_700_000_003.0,
+        )
+    )
+    store.put(CheckResult.unknown("zz_timeout", "zz_timeout did not answer in 20 s"))
+    return store
+
+
+def scrape(store: ResultStore, timeouts: dict[str, int] | None = None) -> str:
+    return exposition(make_registry(store, lambda: timeouts or {"zz_timeout": 1})).decode()
+
+
+def test_golden_exposition() -> None:
+    text = scrape(populated_store())
+    if os.environ.get("DGXDOCTOR_REWRITE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "exposition changed; rewrite with DGXDOCTOR_REWRITE_GOLDEN=1 if intended"
+
+
+def test_every_series_has_the_node_label_and_status_codes() -> None:
+    families = {f.name: f for f in text_string_to_metric_families(scrape(populated_store()))}
+    for family in families.values():
+        for sample in family.samples:
+            assert sample.labels.get("node") == "dgx-a", sample
+    status = {s.labels["check"]: s.value for s in families["dgxdoctor_check_status"].samples}
+    assert status == {"gpu": 0, "infiniband": 1, "xid": 2, "zz_second": -1, "zz_timeout": 3}
+    success = {s.labels["check"]: s.value for s in families["dgxdoctor_check_success"].samples}
+    assert success["zz_timeout"] == 0 and success["xid"] == 1
+    timeouts = families["dgxdoctor_check_timeouts"].samples
+    assert [(s.name, s.labels["check"], s.value) for s in timeouts] == [
+        ("dgxdoctor_check_timeouts_total", "zz_timeout", 1.0)
+    ]
+    facts = {s.labels["key"]: s.labels["value"] for s in families["dgxdoctor_node_fact_info"].samples}
+    assert facts["driver_version"] == "580.159.04"
+
+
+def test_same_family_from_two_checks_is_merged() -> None:
+    families = {f.name: f for f in text_string_to_metric_families(scrape(populated_store()))}
+    util = {(s.labels["gpu"], s.value) for s in families["dgxdoctor_gpu_utilization_ratio"].samples}
+    assert util == {("0", 0.75), ("1", 0.75), ("7", 0.5)}  # gpu 0 from zz_second dropped: first check wins
+
+
+def test_conflicting_definition_is_dropped_not_fatal() -> None:
+    store = ResultStore("n")
+    store.put(gpu_result())
+    clash = MetricSpec("dgxdoctor_gpu_utilization_ratio", "other help", "counter", ("gpu", "pci_bus_id"))
+    own = MetricSpec("dgxdoctor_check_status", "hijack", labels=())
+    noded = MetricSpec("dgxdoctor_bad_nodes", "sets node itself", labels=("node",))
+    store.put(
+        CheckResult(
+            "zz_bad",  # after "gpu": the first check in name order defines a family
+            Status.OK,
+            "x",
+            samples=(
+                Sample(clash, 1, {"gpu": "9", "pci_bus_id": "p"}),
+                Sample(own, 5, {}),
+                Sample(noded, 1, {"node": "elsewhere"}),
+            ),
+        )
+    )
+    text = scrape(store)
+    assert 'gpu="9"' not in text and "hijack" not in text and "dgxdoctor_bad_nodes" not in text
+    assert list(text_string_to_metric_families(text))
+
+
+def test_textfile_is_written_atomically(tmp_path: Path) -> None:
+    target = tmp_path / "dgxdoctor.prom"
+    target.write_text("old\n")
+    write_textfile(target, make_registry(populated_store()))
+    assert target.read_text().startswith("# HELP dgxdoctor_build_info")
+    assert [p.name for p in tmp_path.iterdir()] == ["dgxdoctor.prom"]  # no temporary left behind
+    assert oct(target.stat().st_mode & 0o777) == "0o644"

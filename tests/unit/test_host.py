@@ -1,0 +1,219 @@
+"""Host check: RAM/disk against the weights, free space, required processes (a fake probe, real files)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from dgxdoctor.checks.host import (
+    DiskUsage,
+    HostCheck,
+    HostSettings,
+    ProcessInfo,
+    evaluate_free_space,
+    evaluate_weights,
+    existing_ancestor,
+    process_matches,
+    weights_size,
+)
+from dgxdoctor.environment import Environment
+from dgxdoctor.result import Status
+
+GiB = 2**30
+
+
+class FakeProbe:
+    def __init__(
+        self,
+        total: int = 2048 * GiB,
+        available: int = 1800 * GiB,
+        disks: dict[str, DiskUsage] | None = None,
+        procs: Iterable[ProcessInfo] = (),
+    ) -> None:
+        self.total, self.available = total, available
+        self.disks = disks or {}
+        self.procs = list(procs)
+        self.asked: list[Path] = []
+
+    def memory(self) -> tuple[int, int]:
+        return self.total, self.available
+
+    def swap_used(self) -> int | None:
+        return 0
+
+    def load1_per_cpu(self) -> float | None:
+        return None
+
+    def disk_usage(self, path: Path) -> DiskUsage:
+        self.asked.append(path)
+        return self.disks.get(str(path), DiskUsage(1000 * GiB, 500 * GiB))
+
+    def processes(self) -> Iterable[ProcessInfo]:
+        return self.procs
+
+
+def run(tmp_path: Path, probe: FakeProbe, **settings: object) -> HostCheck:
+    settings.setdefault("ray_log_dir", tmp_path / "ray")
+    settings.setdefault("root_path", tmp_path)
+    return HostCheck(HostSettings(**settings), Environment(node="n1", state_dir=tmp_path), probe)  # type: ignore[arg-type]
+
+
+def model_dir(tmp_path: Path, sizes: dict[str, int]) -> Path:
+    root = tmp_path / "model"
+    for name, size in sizes.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.truncate(size)  # sparse: the size is what counts
+    return root
+
+
+def test_weights_size_counts_weight_files_once(tmp_path: Path) -> None:
+    root = model_dir(
+        tmp_path,
+        {
+            "model-00001-of-00002.safetensors": 5000,
+            "model-00002-of-00002.safetensors": 3000,
+            "sub/consolidated.pt": 700,
+            "q.gguf": 11,
+            "pytorch_model.bin": 200,
+            "config.json": 999_999,
+            "tokenizer.model": 999_999,
+        },
+    )
+    # Hugging Face cache layout: snapshot files are links to blobs; a second link to the same blob counts once.
+    os.symlink(root / "model-00001-of-00002.safetensors", root / "sub" / "again.safetensors")
+    os.symlink(root / "missing.bin", root / "dangling.bin")
+    assert weights_size(root) == (5000 + 3000 + 700 + 11 + 200, 5)
+
+
+def test_existing_ancestor(tmp_path: Path) -> None:
+    assert existing_ancestor(tmp_path / "ray" / "session_latest") == tmp_path
+    assert existing_ancestor(tmp_path) == tmp_path
+
+
+@pytest.mark.parametrize(
+    ("free", "expected"),
+    [(500, None), (101, None), (99, Status.WARNING), (31, Status.WARNING), (29, Status.CRITICAL), (0, Status.CRITICAL)],
+)
+def test_free_space_thresholds(free: int, expected: Status | None) -> None:
+    finding = evaluate_free_space("/tmp/ray", DiskUsage(1000, free), warn_percent=10, critical_percent=3)
+    assert (finding.status if finding else None) == expected
+    if finding:
+        assert finding.code == "HOST_DISK_LOW" and finding.subject == "/tmp/ray"
+
+
+def test_weights_rules_of_the_tutorial() -> None:
+    weights = 800 * GiB
+    ok = evaluate_weights(weights, 1200 * GiB, 1600 * GiB, 1.5, 2.0, "/models/m")
+    assert ok == []
+    bad = evaluate_weights(weights, 1199 * GiB, 1599 * GiB, 1.5, 2.0, "/models/m")
+    assert [(f.code, f.status) for f in bad] == [
+        ("HOST_MEMORY_BELOW_WEIGHTS", Status.WARNING),
+        ("HOST_DISK_BELOW_WEIGHTS", Status.WARNING),
+    ]
+    assert bad[0].message == "system RAM 1199.0 GiB is below 1.5x the weights (800.0 GiB)"
+    assert evaluate_weights(weights, 1199 * GiB, None, 1.5, 2.0, "model")[0].code == "HOST_MEMORY_BELOW_WEIGHTS"
+
+
+@pytest.mark.parametrize(
+    ("wanted", "name", "cmdline", "expected"),
+    [
+        (
+            "raylet",
+            "raylet",
+            ("/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet", "--x=1"),
+            True,
+        ),
+        ("vllm", "python3", ("/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"), True),
+        ("vllm", "vllm", ("/venv/bin/python", "/venv/bin/vllm", "serve", "m"), True),
+        ("vllm", "python3", ("python3", "-m", "dgxdoctor", "check", "--only", "vllm"), False),
+        ("vllm", "python3", ("python3", "serve.py", "--model", "/models/vllm-test"), False),
+        ("raylet", "bash", ("bash", "-c", "tail -f /tmp/ray/session_latest/logs/raylet.out"), False),
+    ],
+)
+def test_process_matching(wanted: str, name: str, cmdline: tuple[str, ...], expected: bool) -> None:
+    assert process_matches(wanted, ProcessInfo(10, name, cmdline)) is expected
+
+
+def test_check_without_model_dir_notes_it(tmp_path: Path) -> None:
+    result = run(tmp_path, FakeProbe()).run()
+    assert result.status is Status.OK
+    assert result.summary == "RAM 2048.0 GiB, 1800.0 GiB available (model_dir not configured: weights size not checked)"
+    names = {(s.metric.name, tuple(s.labels.items())) for s in result.samples}
+    assert ("dgxdoctor_host_memory_total_bytes", ()) in names
+    assert ("dgxdoctor_host_filesystem_free_bytes", (("path", str(tmp_path / "ray")),)) in names
+    assert ("dgxdoctor_host_filesystem_free_bytes", (("path", str(tmp_path)),)) in names
+    assert not any(s.metric.name == "dgxdoctor_host_model_weights_bytes" for s in result.samples)
+    assert not any(s.metric.name == "dgxdoctor_host_load1_per_cpu" for s in result.samples)  # None: absent
+
+
+def test_check_weights_against_memory_and_disk(tmp_path: Path) -> None:
+    root = model_dir(tmp_path, {"a.safetensors": 100 * GiB, "b.safetensors": 100 * GiB})
+    probe = FakeProbe(total=256 * GiB, available=200 * GiB, disks={str(root): DiskUsage(1000 * GiB, 300 * GiB)})
+    result = run(tmp_path, probe, model_dir=root).run()
+    assert result.status is Status.WARNING
+    assert [f.code for f in result.findings] == ["HOST_MEMORY_BELOW_WEIGHTS", "HOST_DISK_BELOW_WEIGHTS"]
+    weights = [s.value for s in result.samples if s.metric.name == "dgxdoctor_host_model_weights_bytes"]
+    assert weights == [200.0 * GiB]
+    assert result.facts["host.model_weights_bytes"] == str(200 * GiB)
+    assert result.action is not None and result.action.kind == "investigate"
+
+
+def test_weights_override(tmp_path: Path) -> None:
+    result = run(tmp_path, FakeProbe(total=100 * GiB, available=90 * GiB), weights_bytes=80 * GiB).run()
+    assert [f.code for f in result.findings] == ["HOST_MEMORY_BELOW_WEIGHTS"]
+
+
+def test_missing_model_dir_is_critical(tmp_path: Path) -> None:
+    result = run(tmp_path, FakeProbe(), model_dir=tmp_path / "nowhere").run()
+    assert [(f.code, f.status) for f in result.findings] == [("HOST_MODEL_DIR_MISSING", Status.CRITICAL)]
+
+
+def test_model_dir_without_weights_is_warning(tmp_path: Path) -> None:
+    root = model_dir(tmp_path, {"config.json": 10})
+    result = run(tmp_path, FakeProbe(), model_dir=root).run()
+    assert [(f.code, f.status) for f in result.findings] == [("HOST_MODEL_NO_WEIGHTS", Status.WARNING)]
+
+
+def test_full_ray_dir_is_critical(tmp_path: Path) -> None:
+    probe = FakeProbe(disks={str(tmp_path): DiskUsage(1000 * GiB, 10 * GiB)})
+    result = run(tmp_path, probe).run()  # root and /tmp/ray both live on tmp_path here
+    assert result.status is Status.CRITICAL
+    assert [f.subject for f in result.findings] == [str(tmp_path), str(tmp_path / "ray")]
+    assert probe.asked == [tmp_path, tmp_path]
+
+
+def test_low_available_memory_is_warning(tmp_path: Path) -> None:
+    result = run(tmp_path, FakeProbe(total=1000 * GiB, available=20 * GiB)).run()
+    assert [f.code for f in result.findings] == ["HOST_MEMORY_LOW_AVAILABLE"]
+
+
+def test_required_processes(tmp_path: Path) -> None:
+    procs = [ProcessInfo(42, "raylet", ("/x/raylet",)), ProcessInfo(os.getpid(), "python3", ("vllm",))]
+    result = run(tmp_path, FakeProbe(procs=procs), required_processes=["raylet", "vllm"]).run()
+    assert result.status is Status.CRITICAL
+    assert [(f.code, f.subject) for f in result.findings] == [
+        ("HOST_PROCESS_RUNNING", "raylet"),
+        ("HOST_PROCESS_MISSING", "vllm"),  # our own process never counts
+    ]
+    up = {s.labels["process"]: s.value for s in result.samples if s.metric.name == "dgxdoctor_host_process_up"}
+    assert up == {"raylet": 1.0, "vllm": 0.0}
+
+
+def test_settings_are_validated() -> None:
+    with pytest.raises(ValidationError, match="disk_critical_free_percent must not exceed"):
+        HostSettings(disk_warn_free_percent=5, disk_critical_free_percent=10)
+    with pytest.raises(ValidationError, match="must not be empty"):
+        HostSettings(required_processes=[" "])
+
+
+def test_real_psutil_probe_runs(tmp_path: Path) -> None:
+    check = HostCheck(HostSettings(ray_log_dir=tmp_path / "ray", root_path=tmp_path), Environment(state_dir=tmp_path))
+    result = check.run()
+    assert result.status in (Status.OK, Status.WARNING, Status.CRITICAL)
+    assert any(s.metric.name == "dgxdoctor_host_memory_total_bytes" and s.value > 0 for s in result.samples)

@@ -1,0 +1,143 @@
+"""The logs check finds every catalog signature in real log excerpts appended to followed files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dgxdoctor.checks.logs import LogsCheck, LogsSettings
+from dgxdoctor.environment import Environment
+from dgxdoctor.result import Status
+
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+CODES = sorted(p.stem.upper() for p in LOGS.glob("*.log") if p.stem != "lookalikes")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(tmp_path: Path, clock: Clock, **settings: object) -> tuple[LogsCheck, Path, Path]:
+    vllm_log = tmp_path / "logs" / "vllm.log"
+    ray_dir = tmp_path / "ray"
+    vllm_log.parent.mkdir()
+    ray_dir.mkdir()
+    vllm_log.write_text("INFO 05-16 18:43:01 [loader.py:447] Loading weights took 2.60 seconds\n")
+    defaults: dict[str, object] = {
+        "vllm_paths": [str(vllm_log)],
+        "ray_paths": [str(ray_dir / "*.err"), str(ray_dir / "*.out")],
+    }
+    env = Environment(state_dir=tmp_path / "state", clock=clock)
+    check = LogsCheck(LogsSettings(**{**defaults, **settings}), env)
+    return check, vllm_log, ray_dir
+
+
+def append(path: Path, text: str) -> None:
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+@pytest.mark.parametrize("code", CODES)
+def test_finds_each_signature_in_real_excerpt(tmp_path: Path, code: str) -> None:
+    clock = Clock()
+    check, vllm_log, _ = make(tmp_path, clock)
+    assert check.run().status is Status.OK  # first sight: history is not reported
+    append(vllm_log, (LOGS / f"{code.lower()}.log").read_text())
+    result = check.run()
+    codes = {f.code for f in result.findings}
+    assert codes == {code}
+    finding = result.findings[0]
+    assert finding.subject == str(vllm_log)
+    assert finding.evidence and finding.remedy
+    assert result.status is finding.status
+    assert result.action is not None and result.action.remedy == finding.remedy
+
+
+def test_ray_logs_and_window_expiry(tmp_path: Path) -> None:
+    clock = Clock()
+    check, _, ray_dir = make(tmp_path, clock, hold_s=900.0)
+    worker = ray_dir / "worker-abc.err"
+    worker.write_text("")
+    check.run()
+    append(worker, (LOGS / "ray_worker_died.log").read_text())
+    result = check.run()
+    assert [f.code for f in result.findings] == ["RAY_WORKER_DIED"]
+    assert "(4 lines)" in result.findings[0].message
+    counter = {s.labels["code"]: s.value for s in result.samples if s.metric.name.endswith("_matches_total")}
+    assert counter == {"RAY_WORKER_DIED": 4.0}
+    clock.now += 600
+    assert check.run().status is Status.CRITICAL  # still inside the window
+    clock.now += 400
+    result = check.run()
+    assert result.status is Status.OK and result.findings == ()
+
+
+def test_lookalikes_give_ok(tmp_path: Path) -> None:
+    check, vllm_log, _ = make(tmp_path, Clock())
+    check.run()
+    append(vllm_log, (LOGS / "lookalikes.log").read_text())
+    assert check.run().findings == ()
+
+
+def test_restart_does_not_report_history_again(tmp_path: Path) -> None:
+    clock = Clock()
+    check, vllm_log, _ = make(tmp_path, clock)
+    check.run()
+    append(vllm_log, (LOGS / "cuda_oom.log").read_text())
+    assert check.run().status is Status.CRITICAL
+    again = LogsCheck(check.settings, Environment(state_dir=tmp_path / "state", clock=clock))
+    result = again.run()  # offsets came back from the state file: the lines are not read twice ...
+    assert [f.code for f in result.findings] == ["CUDA_OOM"]  # ... and the match is still inside its window
+    assert "(3 lines)" in result.findings[0].message
+    clock.now += 1000
+    assert LogsCheck(check.settings, Environment(state_dir=tmp_path / "state", clock=clock)).run().findings == ()
+
+
+def test_nothing_configured_or_present_is_skipped(tmp_path: Path) -> None:
+    env = Environment(state_dir=tmp_path / "state")
+    check = LogsCheck(LogsSettings(vllm_paths=[], ray_paths=[str(tmp_path / "nope" / "*.log")]), env)
+    result = check.run()
+    assert result.status is Status.SKIPPED
+
+
+def test_unwritable_state_dir_still_reports(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    log = tmp_path / "vllm.log"
+    log.write_text("")
+    env = Environment(state_dir=blocker / "state")  # a file where a directory should be
+    check = LogsCheck(LogsSettings(vllm_paths=[str(log)], ray_paths=[]), env)
+    check.run()
+    append(log, "RuntimeError: CUDA error: out of memory\n")
+    assert [f.code for f in check.run().findings] == ["CUDA_OOM"]
+
+
+def test_logs_appearing_after_a_skipped_run_are_read_whole(tmp_path: Path) -> None:
+    ray_dir = tmp_path / "ray"
+    env = Environment(state_dir=tmp_path / "state", clock=Clock())
+    check = LogsCheck(LogsSettings(vllm_paths=[], ray_paths=[str(ray_dir / "*.out")]), env)
+    assert check.run().status is Status.SKIPPED  # Ray not started yet
+    ray_dir.mkdir()
+    session = (LOGS / "captured" / "ray_2.60.0_actor_died_session.txt").read_text()
+    (ray_dir / "gcs_server.out").write_text(session)
+    result = check.run()
+    assert [f.code for f in result.findings] == ["RAY_WORKER_DIED"]
+    assert "(2 lines)" in result.findings[0].message
+
+
+def test_corrupt_state_is_ignored(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "logs_offsets.json").write_text(
+        '{"positions": {"/x": "nope"}, "recent": [{"code": "NOT_A_CODE", "path": "/x", "line": "l", '
+        '"last_seen": 1, "count": 1}, {"code": "CUDA_OOM", "path": 3}, "junk"]}'
+    )
+    log = tmp_path / "vllm.log"
+    log.write_text("RuntimeError: CUDA error: out of memory\n")  # history: first sight starts at the end
+    check = LogsCheck(LogsSettings(vllm_paths=[str(log)], ray_paths=[]), Environment(state_dir=state, clock=Clock()))
+    assert check.run().findings == ()

@@ -1,0 +1,130 @@
+"""Every catalog signature is found in its real log excerpt; real look-alike lines match nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dgxdoctor.result import Status
+from dgxdoctor.sources.signatures import CatalogError, load_catalog, parse_catalog
+
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+REQUIRED = [
+    "NCCL_NET_FAILURE",
+    "NCCL_TIMEOUT",
+    "NCCL_SYSTEM_ERROR",
+    "GLOO_SOCKET",
+    "MODEL_PATH_MISSING",
+    "TP_HEADS_NOT_DIVISIBLE",
+    "KV_CACHE_NO_MEMORY",
+    "RAY_GPUS_PENDING",
+    "RAY_WORKER_DIED",
+    "CUDA_OOM",
+]
+
+
+def test_catalog_has_every_required_code_with_fix() -> None:
+    catalog = load_catalog()
+    codes = catalog.by_code()
+    assert sorted(codes) == sorted(REQUIRED)
+    for sig in codes.values():
+        assert sig.fix and sig.meaning and sig.patterns
+        assert sig.severity in (Status.WARNING, Status.CRITICAL)
+
+
+@pytest.mark.parametrize("code", REQUIRED)
+def test_signature_found_in_its_real_excerpt(code: str) -> None:
+    text = (LOGS / f"{code.lower()}.log").read_text()
+    found = {m.code for m in load_catalog().scan(text)}
+    assert found == {code}
+
+
+def test_real_vllm_capture_missing_model() -> None:
+    text = (LOGS / "captured" / "vllm_0.32.0_missing_model.txt").read_text()
+    matches = load_catalog().scan(text, "vllm")
+    assert {m.code for m in matches} == {"MODEL_PATH_MISSING"}
+    assert "/models/glm-missing" in matches[0].line
+
+
+def test_real_ray_capture_actor_died() -> None:
+    catalog = load_catalog()
+    driver = catalog.scan((LOGS / "captured" / "ray_2.60.0_actor_died_driver.txt").read_text(), "ray")
+    assert [m.code for m in driver] == ["RAY_WORKER_DIED", "RAY_WORKER_DIED"]
+    session = (LOGS / "captured" / "ray_2.60.0_actor_died_session.txt").read_text().splitlines()
+    assert [bool(catalog.match(line, "ray")) for line in session] == [True, True, False, False]
+
+
+def test_every_pattern_is_exercised_by_a_fixture() -> None:
+    catalog = load_catalog()
+    files = [*LOGS.glob("*.log"), *LOGS.glob("captured/*.txt")]
+    text = "\n".join(p.read_text() for p in files)
+    for sig in catalog.signatures:
+        for pattern in sig.patterns:
+            assert pattern.search(text), f"{sig.code}: {pattern.pattern!r} has no real example in fixtures"
+
+
+@pytest.mark.parametrize("line", (LOGS / "lookalikes.log").read_text().splitlines())
+def test_lookalike_line_matches_nothing(line: str) -> None:
+    assert load_catalog().match(line) == []
+
+
+def test_tutorial_strings() -> None:
+    catalog = load_catalog()
+    assert [m.code for m in catalog.match("OSError: /models/glm does not exist")] == ["MODEL_PATH_MISSING"]
+    assert [m.code for m in catalog.match("NCCL WARN NET/IB : No device found")] == ["NCCL_NET_FAILURE"]
+    heads = "ValueError: Total number of attention heads must be divisible by tensor parallel size"
+    assert [m.code for m in catalog.match(heads)] == ["TP_HEADS_NOT_DIVISIBLE"]
+
+
+def test_kind_filter() -> None:
+    catalog = load_catalog()
+    line = "RuntimeError: CUDA error: out of memory"
+    assert catalog.match(line, "vllm") and catalog.match(line, "ray")
+    assert catalog.match(line, "dmesg") == []
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({}, "no [[signature]]"),
+        ({"signature": [{"code": "bad code"}]}, "UPPER_SNAKE"),
+        (
+            {"signature": [{"code": "X", "severity": "fatal", "kinds": ["vllm"], "meaning": "m", "fix": "f"}]},
+            "severity",
+        ),
+        (
+            {
+                "signature": [
+                    {
+                        "code": "X",
+                        "severity": "warning",
+                        "kinds": ["vllm"],
+                        "meaning": "m",
+                        "fix": "f",
+                        "patterns": ["("],
+                    }
+                ]
+            },
+            "does not compile",
+        ),
+        (
+            {
+                "signature": [
+                    {
+                        "code": "X",
+                        "severity": "warning",
+                        "kinds": ["vllm"],
+                        "meaning": "m",
+                        "fix": "f",
+                        "patterns": ["(?P<x>a)"],
+                    }
+                ]
+            },
+            "named groups",
+        ),
+    ],
+)
+def test_bad_catalog_is_named(data: dict[str, object], message: str) -> None:
+    with pytest.raises(CatalogError, match=message.replace("[", r"\[")):
+        parse_catalog(data)
