@@ -136,7 +136,7 @@ def test_healthy_remote_head(tmp_path: Path) -> None:
         "dgxdoctor_ray_pending_demands": 0,
         "dgxdoctor_ray_placement_groups_pending": 0,
     }
-    assert result.facts == {"ray_version": "2.60.0"}
+    assert result.facts == {"ray_cluster_version": "2.60.0"}
 
 
 def test_healthy_head_on_loopback_checks_its_ports(tmp_path: Path) -> None:
@@ -231,7 +231,7 @@ def test_old_ray_without_state_api_uses_the_node_summary(tmp_path: Path) -> None
     result = run_check(tmp_path, routes)
     assert result.status is Status.CRITICAL
     assert next(f for f in result.findings if f.code == "RAY_NODE_DEAD").subject == WORKER_ID
-    assert "ray_version" not in result.facts
+    assert "ray_cluster_version" not in result.facts
 
 
 @pytest.mark.parametrize(

@@ -349,7 +349,7 @@ class RayCheck:
             except (_Unreachable, _Unauthorized, RayApiError):
                 version = None
         if version:
-            builder.facts["ray_version"] = version
+            builder.facts["ray_cluster_version"] = version
         view = cluster_view(nodes, status)
         builder.findings.extend(cluster_findings(view, s.expected_nodes, s.expected_gpus))
         self._cluster_samples(builder, view, with_demands=status is not None)
