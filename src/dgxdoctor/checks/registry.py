@@ -8,6 +8,7 @@ from dgxdoctor.checks.gpu import GpuCheck
 from dgxdoctor.checks.host import HostCheck
 from dgxdoctor.checks.infiniband import InfinibandCheck
 from dgxdoctor.checks.logs import LogsCheck
+from dgxdoctor.checks.nccl import NcclCheck
 from dgxdoctor.checks.nccl_env import NcclEnvCheck
 from dgxdoctor.checks.peer_compare import PeerCompareCheck
 from dgxdoctor.checks.ray import RayCheck
@@ -21,6 +22,7 @@ ALL_CHECKS: tuple[CheckFactory, ...] = (
     TopologyCheck,
     InfinibandCheck,
     NcclEnvCheck,
+    NcclCheck,
     VllmCheck,
     RayCheck,
     HostCheck,

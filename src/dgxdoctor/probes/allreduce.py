@@ -15,11 +15,13 @@ Only stdlib at import time: torch is imported inside the worker processes.
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import sys
 import time
 from typing import Any
+
+# Exit status for "this machine cannot run the probe" (no torch, fewer than 2 GPUs): not a fault.
+EX_NOT_RUNNABLE = 3
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -93,13 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     args = parser.parse_args(argv)
 
-    import torch
-    import torch.multiprocessing as mp
+    try:
+        import torch
+        import torch.multiprocessing as mp
+    except ImportError as exc:
+        print(f"# torch is not importable by {sys.executable}: {exc}", file=sys.stderr)
+        return EX_NOT_RUNNABLE
 
     world = args.gpus or torch.cuda.device_count()
     if world < 2:
         print(f"# need at least 2 GPUs, found {world}", file=sys.stderr)
-        return 2
+        return EX_NOT_RUNNABLE
     # Small integers keep the sum check exact: each warm-up and iteration multiplies by world.
     iters = min(args.iters, 20)
     plan = sizes(args.min_bytes, args.max_bytes, args.factor)
@@ -109,10 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# nThread 1 nGpus {world} minBytes {args.min_bytes} maxBytes {args.max_bytes} step: {args.factor}(factor)")
     print(f"# Using devices (torch {torch.__version__}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))})")
     for rank in range(world):
-        print(
-            f"#  Rank {rank:2d} Pid {os.getpid():6d} on {socket.gethostname()} device {rank} "
-            f"[{torch.cuda.get_device_properties(rank).name}]"
-        )
+        name = torch.cuda.get_device_properties(rank).name
+        print(f"#  Rank {rank:2d} on {socket.gethostname()} device {rank} [{name}]")
     mp.spawn(_worker, args=(world, port, plan, iters, args.warmup, queue), nprocs=world, join=True)
     rows = queue.get()
     print(TABLE_HEADER)
