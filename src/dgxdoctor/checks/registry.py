@@ -11,6 +11,7 @@ from dgxdoctor.checks.logs import LogsCheck
 from dgxdoctor.checks.nccl import NcclCheck
 from dgxdoctor.checks.nccl_env import NcclEnvCheck
 from dgxdoctor.checks.peer_compare import PeerCompareCheck
+from dgxdoctor.checks.ray import RayCheck
 from dgxdoctor.checks.topology import TopologyCheck
 from dgxdoctor.checks.vllm import VllmCheck
 from dgxdoctor.checks.xid import XidCheck
@@ -23,6 +24,7 @@ ALL_CHECKS: tuple[CheckFactory, ...] = (
     NcclEnvCheck,
     NcclCheck,
     VllmCheck,
+    RayCheck,
     HostCheck,
     LogsCheck,
     DriftCheck,

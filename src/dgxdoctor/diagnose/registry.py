@@ -10,6 +10,7 @@ from dgxdoctor.diagnose.infiniband import IbstatAnalyzer, PerfqueryAnalyzer
 from dgxdoctor.diagnose.kernel_log import KernelLogAnalyzer
 from dgxdoctor.diagnose.logs import RayLogAnalyzer, VllmLogAnalyzer
 from dgxdoctor.diagnose.nccl_tests import NcclTestsAnalyzer
+from dgxdoctor.diagnose.ray_status import RayStatusAnalyzer
 from dgxdoctor.diagnose.topo import TopoAnalyzer
 from dgxdoctor.diagnose.vllm_metrics import VllmMetricsAnalyzer
 
@@ -19,6 +20,7 @@ ANALYZERS: tuple[Analyzer, ...] = (
     TopoAnalyzer(),
     NcclTestsAnalyzer(),
     VllmMetricsAnalyzer(),
+    RayStatusAnalyzer(),
     KernelLogAnalyzer(),
     VllmLogAnalyzer(),
     RayLogAnalyzer(),

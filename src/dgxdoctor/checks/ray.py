@@ -1,0 +1,519 @@
+"""Ray cluster under vLLM: nodes ALIVE, GPUs registered, what waits for resources, head ports.
+
+By hand, on the head node::
+
+    ray status                                   # nodes, "0.0/16.0 GPU", pending demands
+    curl -s 'http://127.0.0.1:8265/api/v0/nodes?detail=1'   # state and state_message per node
+    ss -lntp | grep -E '6379|8265'               # GCS and dashboard listening
+and on a worker node: ``pgrep -a raylet``.
+
+Roles: the head answers the dashboard API and owns the cluster verdict (nodes, GPUs, demands, its ports);
+a worker only checks that its raylet runs. ``auto`` takes the head role when the dashboard answers on a
+loopback URL, the worker role when it is refused but a raylet runs here, and skips when there is no Ray.
+A dashboard URL that points at another machine gives the cluster verdict without the local port checks; when
+that machine does not answer, it is a warning (head down or a firewall between), never "no Ray here".
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import ClassVar, Literal
+from urllib.parse import urlsplit
+
+import httpx
+from pydantic import Field, field_validator
+
+from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.environment import Environment
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
+from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
+from dgxdoctor.sources.localproc import find_processes, listening_ports
+from dgxdoctor.sources.ray_api import (
+    CLUSTER_STATUS_PATH,
+    NODES_DETAIL_PATH,
+    NODES_SUMMARY_PATH,
+    VERSION_PATH,
+    ClusterView,
+    RayApiError,
+    RayNode,
+    cluster_view,
+    parse_cluster_status,
+    parse_nodes_detail,
+    parse_nodes_summary,
+    parse_version,
+)
+from dgxdoctor.sources.ray_status import RayStatusError, parse_ray_status
+
+# The tutorial's deployment: two DGX nodes of 8 GPUs each, one Ray node per machine.
+DEFAULT_EXPECTED_NODES = 2
+DEFAULT_EXPECTED_GPUS = 16
+
+NODES_ALIVE = MetricSpec("dgxdoctor_ray_nodes_alive", "Ray nodes in state ALIVE, as the head's GCS reports them")
+NODES_DEAD = MetricSpec(
+    "dgxdoctor_ray_nodes_dead", "Ray nodes in state DEAD since the head started (a rejoined node counts again)"
+)
+GPUS_TOTAL = MetricSpec("dgxdoctor_ray_gpus_total", "GPUs registered with Ray by the ALIVE nodes")
+GPUS_USED = MetricSpec("dgxdoctor_ray_gpus_used", "GPUs held by Ray tasks, actors and placement groups")
+PENDING_DEMANDS = MetricSpec(
+    "dgxdoctor_ray_pending_demands", "Ray tasks/actors waiting for resources (lower bound: Ray reports 1+)"
+)
+PGS_PENDING = MetricSpec(
+    "dgxdoctor_ray_placement_groups_pending", "Ray placement groups waiting for resources (lower bound)"
+)
+PORT_LISTENING = MetricSpec(
+    "dgxdoctor_ray_port_listening",
+    "1 if the Ray head port (GCS, dashboard) is listening on this node",
+    labels=("port",),
+)
+
+RECONNECT_REMEDY = (
+    "the worker node has not joined the head, or a firewall blocks Ray's ports. On the head: "
+    "`sudo ufw allow 6379/tcp && sudo ufw allow 8265/tcp`; on the worker: `ray stop --force` then "
+    "`ray start --address=<head IP>:6379 --num-gpus=8 --disable-usage-stats`; then `ray status` on the head must "
+    "show 2 nodes and 16.0 GPU. The worker's logs are in /tmp/ray/session_latest/logs/"
+)
+DEMAND_REMEDY = (
+    "work waits for resources the cluster does not have free: a vLLM worker stays PENDING when Ray lacks the "
+    "GPUs of the tensor-parallel group. Bring every node back (`ray status` must show 16.0 GPU), or stop what holds "
+    "the GPUs (`ray list actors --filter state=ALIVE`), or lower --tensor-parallel-size"
+)
+
+
+class RaySettings(CheckSettings):
+    dashboard_url: str = Field(
+        "http://127.0.0.1:8265", description="Ray dashboard of the head node (started with --dashboard-host)"
+    )
+    expected_nodes: int = Field(DEFAULT_EXPECTED_NODES, ge=1, description="Ray nodes that must be ALIVE")
+    expected_gpus: int = Field(DEFAULT_EXPECTED_GPUS, ge=0, description="GPUs that Ray must see in the cluster")
+    role: Literal["auto", "head", "worker"] = Field(
+        "auto",
+        description="auto, head or worker. head: cluster verdict and GCS/dashboard ports; worker: raylet only; "
+        "auto: head if the dashboard answers on a loopback URL, worker if it is refused and a raylet runs here",
+    )
+    gcs_port: int = Field(6379, ge=1, le=65535, description="GCS port that must listen on the head (ray start --port)")
+    dashboard_port: int = Field(8265, ge=1, le=65535, description="dashboard port that must listen on the head")
+    request_timeout_s: float = Field(5.0, gt=0, description="timeout of each dashboard request")
+    ray_command: str = Field(
+        "ray", description="the ray CLI (name in PATH or full path): `ray status` when the head's dashboard is down"
+    )
+    auth_token_file: Path | None = Field(
+        None,
+        description="file with the cluster's token when Ray runs with RAY_AUTH_MODE=token (Ray keeps it in "
+        "~/.ray/auth_token); sent as 'Authorization: Bearer'",
+    )
+
+    @field_validator("dashboard_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http(s) URL such as http://127.0.0.1:8265")
+        return value.rstrip("/")
+
+
+def is_loopback_url(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _gpus(value: float) -> str:
+    return f"{value:g}"
+
+
+def _describe(node: RayNode) -> str:
+    return f"{node.node_ip or '?'} ({_gpus(node.gpus)} GPUs)"
+
+
+def cluster_findings(
+    view: ClusterView, expected_nodes: int, expected_gpus: int, gpu_evidence: str | None = None
+) -> list[Finding]:
+    """The cluster verdict, shared by the live check and `dgxdoctor diagnose` of `ray status` text."""
+    findings: list[Finding] = []
+    alive_nodes = [n for n in view.nodes if n.alive]
+    alive_ips = {n.node_ip for n in alive_nodes}
+    alive = view.nodes_alive if view.nodes_alive is not None else len(alive_nodes)
+    short = alive < expected_nodes
+
+    dead_reported = 0
+    for node in view.dead_nodes:
+        why = node.state_message or "no state message"
+        if node.node_ip in alive_ips:
+            findings.append(
+                Finding(
+                    "RAY_NODE_REJOINED",
+                    Status.OK,
+                    f"{_describe(node)} died ({why}) and rejoined as a new node",
+                    node.node_id,
+                )
+            )
+        elif short:
+            dead_reported += 1
+            findings.append(
+                Finding(
+                    "RAY_NODE_DEAD",
+                    Status.CRITICAL,
+                    f"Ray node {_describe(node)} is DEAD: {why}",
+                    node.node_id,
+                    remedy=RECONNECT_REMEDY,
+                )
+            )
+        else:
+            findings.append(
+                Finding(
+                    "RAY_NODE_DEAD_EARLIER",
+                    Status.OK,
+                    f"{_describe(node)} died earlier ({why}); the cluster has its expected nodes",
+                    node.node_id,
+                )
+            )
+    for line in view.failures:
+        findings.append(
+            Finding(
+                "RAY_NODE_FAILED",
+                Status.CRITICAL if short else Status.WARNING,
+                f"ray status lists a recent node failure: {line}",
+                evidence=line,
+                remedy=RECONNECT_REMEDY,
+            )
+        )
+    unexplained = expected_nodes - alive - dead_reported - len(view.failures)
+    if short and unexplained > 0:
+        findings.append(
+            Finding(
+                "RAY_NODES_MISSING",
+                Status.CRITICAL,
+                f"{alive} of {expected_nodes} Ray nodes ALIVE: {unexplained} never joined or left without a trace",
+                remedy=RECONNECT_REMEDY,
+            )
+        )
+    elif alive > expected_nodes:
+        findings.append(
+            Finding(
+                "RAY_NODES_UNEXPECTED",
+                Status.WARNING,
+                f"{alive} Ray nodes ALIVE, {expected_nodes} expected",
+                remedy="a node joined that the deployment does not plan for: `ray status` on the head shows which; "
+                "set expected_nodes if the cluster grew on purpose",
+            )
+        )
+
+    if view.gpus_total is not None:
+        if view.gpus_total < expected_gpus:
+            findings.append(
+                Finding(
+                    "RAY_GPUS_MISSING",
+                    Status.CRITICAL,
+                    f"Ray sees {_gpus(view.gpus_total)} of {expected_gpus} GPUs: vLLM's Ray workers stay PENDING "
+                    "until every GPU of the tensor-parallel group is there",
+                    "GPU",
+                    evidence=gpu_evidence,
+                    remedy=RECONNECT_REMEDY,
+                )
+            )
+        elif view.gpus_total > expected_gpus:
+            findings.append(
+                Finding(
+                    "RAY_GPUS_UNEXPECTED",
+                    Status.WARNING,
+                    f"Ray sees {_gpus(view.gpus_total)} GPUs, {expected_gpus} expected"
+                    + (
+                        " (ray status may count a rejoined node's old resources for a few seconds: look again)"
+                        if alive == expected_nodes
+                        else ""
+                    ),
+                    "GPU",
+                    evidence=gpu_evidence,
+                    remedy="check each node's --num-gpus in its `ray start` command; set expected_gpus if intended",
+                )
+            )
+
+    for demand in view.pending_tasks:
+        fits = (
+            ""
+            if view.gpus_total is None or demand.gpus <= view.gpus_total
+            else (f"; it can never fit: the cluster has {_gpus(view.gpus_total)} GPUs")
+        )
+        findings.append(
+            Finding(
+                "RAY_PENDING_DEMAND",
+                Status.WARNING,
+                f"{demand.count}+ tasks/actors wait for {demand.shape}{fits}",
+                demand.shape,
+                evidence=demand.line,
+                remedy=DEMAND_REMEDY,
+            )
+        )
+    for demand in view.pending_placement_groups:
+        fits = (
+            ""
+            if view.gpus_total is None or demand.gpus <= view.gpus_total
+            else (f"; it needs {_gpus(demand.gpus)} GPUs, the cluster has {_gpus(view.gpus_total)}")
+        )
+        findings.append(
+            Finding(
+                "RAY_PLACEMENT_GROUP_PENDING",
+                Status.WARNING,
+                f"{demand.count}+ placement groups wait for {demand.shape}{fits}",
+                demand.shape,
+                evidence=demand.line,
+                remedy=DEMAND_REMEDY,
+            )
+        )
+    return findings
+
+
+def cluster_summary(view: ClusterView, expected_nodes: int, expected_gpus: int) -> str:
+    parts = [f"{view.nodes_alive}/{expected_nodes} nodes ALIVE"]
+    if view.dead_nodes:
+        parts.append(f"{len(view.dead_nodes)} dead")
+    if view.gpus_total is not None:
+        used = f", {_gpus(view.gpus_used)} used" if view.gpus_used is not None else ""
+        parts.append(f"{_gpus(view.gpus_total)}/{expected_gpus} GPUs{used}")
+    waiting = sum(d.count for d in view.pending_tasks)
+    groups = sum(d.count for d in view.pending_placement_groups)
+    if waiting or groups:
+        parts.append(f"{waiting}+ tasks and {groups}+ placement groups pending")
+    return ", ".join(parts)
+
+
+class _Unreachable(Exception):
+    pass
+
+
+class _Unauthorized(Exception):
+    pass
+
+
+AUTH_REMEDY = (
+    "the dashboard wants Ray's token (RAY_AUTH_MODE=token): set checks.ray.auth_token_file to a copy of the head's "
+    "~/.ray/auth_token readable by dgxdoctor"
+)
+
+
+class RayCheck:
+    """See the module docstring for roles and the commands that show the same by hand."""
+
+    name: ClassVar[str] = "ray"
+    settings_model: ClassVar[type[CheckSettings]] = RaySettings
+
+    def __init__(self, settings: CheckSettings, env: Environment) -> None:
+        if not isinstance(settings, RaySettings):
+            raise TypeError(f"ray check needs RaySettings, got {type(settings).__name__}")
+        self.settings: CheckSettings = settings
+        self._cfg = settings
+        self.env = env
+
+    def run(self) -> CheckResult:
+        s = self._cfg
+        if s.role == "worker":
+            return self._worker(configured=True)
+        try:
+            headers = self._auth_headers()
+        except (OSError, UnicodeDecodeError) as exc:
+            bad = ResultBuilder(self.name)
+            bad.finding("RAY_AUTH_TOKEN_UNREADABLE", Status.UNKNOWN, f"cannot read auth_token_file: {exc}")
+            return bad.build(f"Ray token unreadable: {exc}")
+        builder = ResultBuilder(self.name)
+        with self.env.http_client(s.dashboard_url, s.request_timeout_s) as client:
+            try:
+                nodes = self._nodes(client, headers)
+            except _Unreachable as exc:
+                return self._unreachable(str(exc))
+            except _Unauthorized as exc:
+                builder.finding("RAY_API_UNAUTHORIZED", Status.UNKNOWN, str(exc), s.dashboard_url, remedy=AUTH_REMEDY)
+                if self._is_head():
+                    self._ports(builder)
+                return builder.build(f"Ray dashboard refused the request: {exc}")
+            except RayApiError as exc:
+                builder.finding("RAY_API_ERROR", Status.UNKNOWN, str(exc), s.dashboard_url)
+                return builder.build(f"Ray dashboard answered but its node list is unusable: {exc}")
+            status = None
+            try:
+                status = parse_cluster_status(self._get(client, CLUSTER_STATUS_PATH, headers).content)
+            except (_Unreachable, _Unauthorized, RayApiError) as exc:
+                builder.finding(
+                    "RAY_CLUSTER_STATUS_UNAVAILABLE",
+                    Status.UNKNOWN,
+                    f"no autoscaler report, pending demands unknown: {exc}",
+                    s.dashboard_url,
+                )
+            try:
+                version = parse_version(self._get(client, VERSION_PATH, headers).content)
+            except (_Unreachable, _Unauthorized, RayApiError):
+                version = None
+        if version:
+            builder.facts["ray_cluster_version"] = version
+        view = cluster_view(nodes, status)
+        builder.findings.extend(cluster_findings(view, s.expected_nodes, s.expected_gpus))
+        self._cluster_samples(builder, view, with_demands=status is not None)
+        summary = cluster_summary(view, s.expected_nodes, s.expected_gpus)
+        if self._is_head():
+            self._ports(builder)
+        else:
+            summary += f" (head at {s.dashboard_url}; its ports are checked there)"
+        return builder.build(summary)
+
+    @staticmethod
+    def _cluster_samples(builder: ResultBuilder, view: ClusterView, with_demands: bool) -> None:
+        builder.sample(NODES_ALIVE, view.nodes_alive)
+        # `ray status` text does not list dead nodes (Ray 2.60): their count is unknown there, not zero.
+        builder.sample(NODES_DEAD, len(view.dead_nodes) if view.nodes else None)
+        builder.sample(GPUS_TOTAL, view.gpus_total)
+        builder.sample(GPUS_USED, view.gpus_used)
+        if with_demands:
+            builder.sample(PENDING_DEMANDS, sum(d.count for d in view.pending_tasks))
+            builder.sample(PGS_PENDING, sum(d.count for d in view.pending_placement_groups))
+
+    def _is_head(self) -> bool:
+        return self._cfg.role == "head" or is_loopback_url(self._cfg.dashboard_url)
+
+    def _auth_headers(self) -> dict[str, str]:
+        if self._cfg.auth_token_file is None:
+            return {}
+        token = self._cfg.auth_token_file.read_text(encoding="utf-8").strip()
+        if not token:
+            raise OSError(f"{self._cfg.auth_token_file} is empty")
+        return {"Authorization": f"Bearer {token}"}
+
+    def _request(self, client: httpx.Client, path: str, headers: Mapping[str, str]) -> httpx.Response:
+        try:
+            response = client.get(path, headers=headers)
+        except httpx.TransportError as exc:
+            raise _Unreachable(f"{type(exc).__name__}: {exc}") from None
+        if response.status_code in (401, 403):
+            sent = "a token" if headers else "no token"
+            raise _Unauthorized(f"{path}: HTTP {response.status_code} {response.text[:80]!r} ({sent} sent)")
+        return response
+
+    def _get(self, client: httpx.Client, path: str, headers: Mapping[str, str]) -> httpx.Response:
+        response = self._request(client, path, headers)
+        if response.status_code != 200:
+            raise RayApiError(f"{path}: HTTP {response.status_code} {response.text[:120]!r}")
+        return response
+
+    def _nodes(self, client: httpx.Client, headers: Mapping[str, str]) -> Sequence[RayNode]:
+        response = self._request(client, NODES_DETAIL_PATH, headers)
+        if response.status_code == 404:
+            # Releases before the state API (Ray < 2.0) list nodes only in the dashboard's summary.
+            return parse_nodes_summary(self._get(client, NODES_SUMMARY_PATH, headers).content)
+        if response.status_code != 200:
+            raise RayApiError(f"{NODES_DETAIL_PATH}: HTTP {response.status_code} {response.text[:120]!r}")
+        return parse_nodes_detail(response.content)
+
+    def _ports(self, builder: ResultBuilder) -> None:
+        ports = listening_ports(self.env.proc_root)
+        if ports is None:
+            builder.finding(
+                "RAY_PORTS_UNREADABLE", Status.UNKNOWN, f"cannot read {self.env.proc_root}/net/tcp: ports not checked"
+            )
+            return
+        for what, port in (("GCS", self._cfg.gcs_port), ("dashboard", self._cfg.dashboard_port)):
+            listening = port in ports
+            builder.sample(PORT_LISTENING, 1 if listening else 0, port=str(port))
+            if not listening:
+                builder.finding(
+                    "RAY_PORT_NOT_LISTENING",
+                    Status.CRITICAL,
+                    f"Ray {what} port {port} is not listening on the head node",
+                    f"port {port}",
+                    remedy=f"the head's {what} is down: `ss -lntp | grep {port}`; restart the head with "
+                    "`ray stop --force` and `ray start --head --port=6379 --dashboard-host=0.0.0.0 --num-gpus=8 "
+                    "--disable-usage-stats`, then reconnect the worker",
+                )
+
+    def _unreachable(self, error: str) -> CheckResult:
+        s = self._cfg
+        procs = [p for p in find_processes(self.env.proc_root, ("raylet", "gcs_server")) if p.alive]
+        gcs = [p for p in procs if p.name == "gcs_server"]
+        raylets = [p for p in procs if p.name == "raylet"]
+        if s.role == "auto" and not gcs:
+            if not is_loopback_url(s.dashboard_url):
+                # A head configured by address that does not answer: down, or a firewall in between (tutorial
+                # error 5). Not "no Ray here": someone said where the head is.
+                unreachable = Finding(
+                    "RAY_DASHBOARD_UNREACHABLE",
+                    Status.WARNING,
+                    f"the head's dashboard {s.dashboard_url} does not answer from here ({error})",
+                    s.dashboard_url,
+                    remedy="check the head is up (`ray status` there) and that its firewall lets 6379/tcp and "
+                    "8265/tcp in: `sudo ufw allow 6379/tcp && sudo ufw allow 8265/tcp`",
+                )
+                return self._worker(configured=False, extra=unreachable, required=False)
+            if raylets:
+                return self._worker(configured=False)
+            return CheckResult.skipped(
+                self.name, f"no Ray here: dashboard {s.dashboard_url} not answering ({error}), no raylet or gcs_server"
+            )
+        builder = ResultBuilder(self.name)
+        running = ", ".join(f"{p.name} pid {p.pid}" for p in procs) or "no raylet or gcs_server process"
+        builder.finding(
+            "RAY_DASHBOARD_DOWN",
+            Status.CRITICAL,
+            f"Ray dashboard {s.dashboard_url} not answering on the head ({error}); {running}",
+            s.dashboard_url,
+            remedy="if Ray runs, read /tmp/ray/session_latest/logs/dashboard.log; else start the head: "
+            "`ray start --head --port=6379 --dashboard-host=0.0.0.0 --num-gpus=8 --disable-usage-stats`",
+        )
+        summary = f"head node: dashboard not answering; {running}"
+        if gcs:
+            view = self._ray_status(builder)
+            if view is not None:
+                builder.findings.extend(cluster_findings(view, s.expected_nodes, s.expected_gpus))
+                self._cluster_samples(builder, view, with_demands=True)
+                summary += f"; ray status: {cluster_summary(view, s.expected_nodes, s.expected_gpus)}"
+        self._ports(builder)
+        return builder.build(summary)
+
+    def _ray_status(self, builder: ResultBuilder) -> ClusterView | None:
+        """The GCS still answers `ray status` when the dashboard is down: the cluster verdict from its text."""
+        s = self._cfg
+        argv = [s.ray_command, "status", f"--address=127.0.0.1:{s.gcs_port}"]
+        if s.auth_token_file is not None:
+            argv = ["env", "RAY_AUTH_MODE=token", f"RAY_AUTH_TOKEN_PATH={s.auth_token_file}", *argv]
+        try:
+            done = self.env.run_command(argv, timeout_s=max(1.0, s.timeout_s / 2))
+        except CommandNotFound:
+            builder.finding(
+                "RAY_STATUS_UNAVAILABLE",
+                Status.UNKNOWN,
+                f"`{s.ray_command}` not found: nodes and GPUs unknown while the dashboard is down",
+                remedy="set checks.ray.ray_command to the ray executable of the Ray installation",
+            )
+            return None
+        except CommandTimeout as exc:
+            builder.finding("RAY_STATUS_UNAVAILABLE", Status.UNKNOWN, f"`ray status` hung: {exc}")
+            return None
+        try:
+            if done.returncode != 0:
+                raise RayStatusError(f"exit {done.returncode}: {(done.stderr or done.stdout).strip()[-200:]}")
+            return parse_ray_status(done.stdout).view()
+        except RayStatusError as exc:
+            builder.finding("RAY_STATUS_UNAVAILABLE", Status.UNKNOWN, f"`ray status` failed: {exc}")
+            return None
+
+    def _worker(self, configured: bool, extra: Finding | None = None, required: bool = True) -> CheckResult:
+        """A worker node: its raylet must run. ``required=False`` when it is unknown whether Ray belongs here."""
+        builder = ResultBuilder(self.name)
+        if extra is not None:
+            builder.findings.append(extra)
+        raylets = [p for p in find_processes(self.env.proc_root, ("raylet",)) if p.alive]
+        if raylets:
+            pids = ", ".join(str(p.pid) for p in raylets)
+            how = "" if configured else f" ({self._cfg.dashboard_url} not answering here)"
+            return builder.build(f"worker node: raylet running (pid {pids}){how}; cluster checks run on the head")
+        if not required:
+            return builder.build(f"no raylet here and the head's dashboard {self._cfg.dashboard_url} does not answer")
+        builder.finding(
+            "RAY_RAYLET_DOWN",
+            Status.CRITICAL,
+            "no running raylet on this worker node: it is not part of the Ray cluster",
+            remedy=RECONNECT_REMEDY,
+        )
+        return builder.build("worker node: no raylet running")

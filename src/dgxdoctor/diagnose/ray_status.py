@@ -1,0 +1,53 @@
+"""`dgxdoctor diagnose` of pasted `ray status` output (kind ``ray-status``).
+
+Without a config, the expected cluster is the tutorial's: 2 nodes, 16 GPUs. "GPU 数只有 8" (8 of 16 GPUs) is
+the tutorial's error 5: the worker never joined, or a firewall blocks 6379/8265.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from dgxdoctor.checks.ray import DEFAULT_EXPECTED_GPUS, DEFAULT_EXPECTED_NODES, cluster_findings
+from dgxdoctor.diagnose.base import Diagnosis
+from dgxdoctor.result import Finding, Status
+from dgxdoctor.sources.ray_status import RayStatusError, looks_like_ray_status, parse_ray_status
+
+
+class RayStatusAnalyzer:
+    kind: ClassVar[str] = "ray-status"
+
+    def detect(self, text: str) -> bool:
+        return looks_like_ray_status(text)
+
+    def analyze(self, text: str) -> Diagnosis:
+        try:
+            report = parse_ray_status(text)
+        except RayStatusError as exc:
+            return Diagnosis(
+                self.kind,
+                (
+                    Finding(
+                        "RAY_STATUS_UNPARSED", Status.UNKNOWN, str(exc), remedy="paste the whole `ray status` output"
+                    ),
+                ),
+            )
+        view = report.view()
+        gpu = report.usage.get("GPU")
+        findings = cluster_findings(
+            view, DEFAULT_EXPECTED_NODES, DEFAULT_EXPECTED_GPUS, gpu_evidence=gpu.line if gpu else None
+        )
+        data = {
+            "timestamp": report.timestamp,
+            "nodes_alive": view.nodes_alive,
+            "gpus_total": view.gpus_total,
+            "gpus_used": view.gpus_used,
+            "pending_nodes": list(report.pending_nodes),
+            "recent_failures": list(report.failures),
+            "pending_demands": [
+                {"kind": d.kind, "shape": d.shape, "count": d.count, "gpus": d.gpus} for d in report.demands
+            ],
+            "expected_nodes": DEFAULT_EXPECTED_NODES,
+            "expected_gpus": DEFAULT_EXPECTED_GPUS,
+        }
+        return Diagnosis(self.kind, tuple(findings), data)
