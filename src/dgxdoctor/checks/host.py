@@ -320,7 +320,7 @@ class HostCheck:
         # One listing for every name: each process's comm and cmdline are read once.
         running = [p for p in iter_processes(self.env.proc_root) if p.pid != me]
         for name in wanted:
-            found = sorted((p for p in running if p.matches(name)), key=lambda p: p.pid)
+            found = sorted((p for p in running if p.matches(name) and p.alive), key=lambda p: p.pid)
             b.sample(HOST_PROCESS_UP, 1 if found else 0, process=name)
             if found:
                 b.finding(

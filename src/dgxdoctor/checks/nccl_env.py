@@ -100,7 +100,11 @@ class NcclEnvCheck:
         if s.process_name:
             me = os.getpid()
             found = sorted(
-                (p for p in iter_processes(self.env.proc_root) if p.pid != me and p.matches(s.process_name)),
+                (
+                    p
+                    for p in iter_processes(self.env.proc_root)
+                    if p.pid != me and p.matches(s.process_name) and p.alive
+                ),
                 key=lambda p: p.pid,
             )
             if not found:

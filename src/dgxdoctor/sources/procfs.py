@@ -306,15 +306,15 @@ class ProcessInfo:
 
 
 def iter_processes(proc_root: Path) -> Iterator[ProcessInfo]:
-    """Every ``<proc_root>/<pid>`` (kernel threads included; nothing is read until a field is asked for)."""
+    """Every ``<proc_root>/<pid>``, by pid (kernel threads included; nothing of a process is read until one of
+    its fields is asked for)."""
     try:
-        names = [entry.name for entry in os.scandir(proc_root)]
+        pids = sorted(int(entry.name) for entry in os.scandir(proc_root) if entry.name.isdigit())
     except OSError:
         return
     boot = BootTime(proc_root)
-    for name in names:
-        if name.isdigit():
-            yield ProcessInfo(proc_root, int(name), boot)
+    for pid in pids:
+        yield ProcessInfo(proc_root, pid, boot)
 
 
 def read_process(proc_root: Path, pid: int) -> ProcessInfo | None:

@@ -79,7 +79,7 @@ def _interpreter(exe: str, argv: Sequence[str]) -> str:
 
 
 def _serving(argv: Sequence[str]) -> str | None:
-    """"vllm" or "ray" when argv runs that stack (see ``procfs.runs_package``), else None."""
+    """``vllm`` or ``ray`` when argv runs that stack (see ``procfs.runs_package``), else None."""
     if runs_package(argv, "vllm"):
         return "vllm"
     if runs_package(argv, "ray") or any(a.startswith("ray::") for a in argv):
