@@ -221,11 +221,8 @@ class ProcessInfo:
     @cached_property
     def cmdline(self) -> tuple[str, ...]:
         """argv; () for kernel threads, zombies and processes gone or unreadable."""
-        try:
-            with open(os.path.join(self._dir, "cmdline"), "rb") as fh:
-                return parse_cmdline(fh.read())
-        except OSError:
-            return ()
+        raw = _read_bytes(os.path.join(self._dir, "cmdline"))
+        return () if raw is None else parse_cmdline(raw)
 
     @cached_property
     def exe(self) -> str | None:
@@ -367,9 +364,23 @@ def _netns_of(proc_dir: str) -> int | None:
         return None
 
 
-def _read_text(path: str) -> str | None:
+def _read_bytes(path: str) -> bytes | None:
+    """The whole file, None when unreadable. os.open/os.read: half the cost of open() on these small files."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:  # ESRCH: the process exited between open and read
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_text(path: str) -> str | None:
+    raw = _read_bytes(path)
+    return None if raw is None else raw.decode("utf-8", errors="replace")
