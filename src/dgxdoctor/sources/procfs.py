@@ -44,12 +44,13 @@ BTIME_RE = re.compile(r"^btime\s+(\d+)\s*$", re.MULTILINE)
 # 7573 (VLLM::EngineCor) S 7538 7538 7538 0 -1 4194304 163112 488 0 0 644 105 0 0 20 0 15 0 177676 2451329024 ...
 STAT_RE = re.compile(r"^(\d+) \((.*)\) (.*)$", re.DOTALL)
 
-# /proc/<pid>/status, the uid line (real, effective, saved set, filesystem), from a Debian 12 host:
-# Uid:	1000	1000	1000	1000
+# /proc/<pid>/status, the uid line (real, effective, saved set, filesystem; tab-separated), of a root shell on the
+# development host (kernel 6.x):
+# Uid:	0	0	0	0
 STATUS_UID_RE = re.compile(r"^Uid:\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$", re.MULTILINE)
 
-# readlink /proc/<pid>/ns/net, from a Debian 12 host:
-# net:[4026531840]
+# readlink /proc/<pid>/ns/net on the development host (4026531840 is the usual inode of the initial namespace):
+# net:[4026531833]
 NETNS_LINK_RE = re.compile(r"^net:\[(\d+)\]$")
 
 # /proc/net/tcp and /proc/net/tcp6 of a Ray head (tests/fixtures/ray/head-proc-net-tcp*.txt):
