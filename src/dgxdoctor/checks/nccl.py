@@ -89,7 +89,7 @@ class NcclCheck:
             return list(cfg.command)
         python = cfg.serving_python
         if python is None:
-            found = find_serving_python()
+            found = find_serving_python(self.env.proc_root)
             python = found.exe if found else None
         if python is None:
             return None
