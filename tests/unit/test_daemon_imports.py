@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 NOT_IN_DAEMON = (
@@ -34,3 +36,31 @@ def test_daemon_imports_no_one_shot_code() -> None:
     loaded = set(json.loads(done.stdout))
     assert "dgxdoctor.daemon.service" in loaded
     assert sorted(loaded.intersection(NOT_IN_DAEMON)) == []
+
+
+def test_no_nvml_library_means_no_pynvml_import() -> None:
+    code = (
+        "import sys\n"
+        "from dgxdoctor.sources.nvml import NvmlLibraryNotFound, PynvmlClient, nvml_library_loads\n"
+        "if nvml_library_loads():\n"
+        "    print('present')\n"
+        "    raise SystemExit(0)\n"
+        "try:\n"
+        "    PynvmlClient().init()\n"
+        "except NvmlLibraryNotFound as exc:\n"
+        "    print(exc)\n"
+        "print('pynvml' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env={"PYTHONPATH": str(SRC)}, capture_output=True, text=True, check=True
+    )
+    if done.stdout.startswith("present"):
+        pytest.skip("libnvidia-ml.so.1 loads on this machine: pynvml is rightly imported here")
+    assert done.stdout.splitlines() == ["NVML library not found (libnvidia-ml.so.1 did not load)", "False"]
+
+
+def test_malloc_arena_cap_defers_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dgxdoctor.daemon.service import limit_malloc_arenas
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert limit_malloc_arenas() is False

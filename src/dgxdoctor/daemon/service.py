@@ -35,7 +35,7 @@ log = structlog.get_logger(__name__)
 TEXTFILE_JOB = "__textfile__"
 # glibc mallopt(3) parameter M_ARENA_MAX (malloc.h) and the arenas the daemon keeps. Every check run is a thread of
 # its own (base.CheckRunner), and glibc gives threads up to 8 arenas per core, each keeping freed memory resident:
-# on a 2-core VM that is ~1.5 MiB of the daemon's RSS, more on a DGX's 224 CPUs. Python's own allocator serves the
+# on a 2-core VM that was ~1.3 MiB of the daemon's RSS, more on a DGX's 224 CPUs. Python's own allocator serves the
 # small objects; the arenas only see the larger buffers, for which two suffice.
 M_ARENA_MAX = -8
 MALLOC_ARENAS = 2
