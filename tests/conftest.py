@@ -28,7 +28,9 @@ class CliRun:
 
 def run_cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = None, timeout: float = 120) -> CliRun:
     """Run ``python -m dgxdoctor ARGS`` from this checkout's src, as an operator would."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})}
+    # This checkout's src first; whatever PYTHONPATH already holds (e.g. carried dependency wheels) after it.
+    python_path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH", "")) if p)
+    full_env = {**os.environ, "PYTHONPATH": python_path, **(env or {})}
     done = subprocess.run(
         [sys.executable, "-m", "dgxdoctor", *args],
         input=stdin,
