@@ -79,7 +79,7 @@ def response_json(body: bytes) -> Any:
 
     try:
         return json.loads(body)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser's stack
         raise InvalidState(f"not JSON ({exc})") from None
 
 

@@ -105,7 +105,7 @@ class ClusterView:
 def _load(payload: str | bytes, what: str) -> Any:
     try:
         return json.loads(payload)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser's stack
         text = payload if isinstance(payload, str) else payload[:200].decode("utf-8", "replace")
         raise RayApiError(f"{what}: not JSON ({exc}); starts with {text[:80]!r}") from None
 

@@ -1,0 +1,398 @@
+"""Property tests: every pure parser in dgxdoctor.sources and every diagnose analyzer, fed damaged real output
+and garbage, returns a value or raises its documented ValueError subclass with a message — nothing else."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dgxdoctor.config import ConfigError, parse_config
+from dgxdoctor.daemon import compare as compare_mod
+from dgxdoctor.daemon.peers import InvalidState, response_json, validate_state
+from dgxdoctor.diagnose.base import diagnose_text
+from dgxdoctor.diagnose.registry import ANALYZERS
+from dgxdoctor.sources import (
+    fingerprint,
+    ibstat,
+    kmsg,
+    nccl_env,
+    nccl_tests,
+    perfquery,
+    prom_text,
+    ray_api,
+    ray_status,
+    signatures,
+    sysfs_ib,
+    topo,
+    vllm_metrics,
+    xid,
+)
+from dgxdoctor.sources.logtail import LogFollower, Position
+from dgxdoctor.sources.statefile import StateFile
+from fuzzing import FIXTURES, FUZZ, clean, deep_json, garbage, json_mutants, json_values, mutated, texts_for
+
+KERNEL = texts_for("kernel_log/*.txt")
+
+
+# --- kernel log: /dev/kmsg records, XID/SXID/fallen-off lines -------------------------------------------------
+
+
+@FUZZ
+@given(KERNEL)
+def test_kmsg_records(text: str) -> None:
+    for line in text.splitlines() or [text]:
+        record = clean(kmsg.parse_kmsg_record, line, allowed=(kmsg.KmsgFormatError,))
+        if record is not None:
+            assert isinstance(record.lines, list)
+    clean(lambda t: list(kmsg.text_records(t)), text, allowed=(kmsg.KmsgFormatError,))
+
+
+@FUZZ
+@given(KERNEL)
+def test_xid_lines(text: str) -> None:
+    for line in text.splitlines():
+        event = xid.parse_xid_line(line)
+        if event is not None:
+            assert event.xid >= 0
+        xid.parse_sxid_line(line)
+        xid.parse_fallen_off_line(line)
+    xid.scan_text(text)
+
+
+def test_xid_catalog_lookups_never_fail() -> None:
+    catalog = xid.load_catalog()
+    for code in (-1, 0, 1, 79, 10**30):
+        assert catalog.xid(code).name
+        catalog.sxid(code)
+
+
+# --- topology, ibstat, perfquery, sysfs IB values ------------------------------------------------------------
+
+
+@FUZZ
+@given(texts_for("topo/*"))
+def test_topo_matrix(text: str) -> None:
+    matrix = clean(topo.parse_topo_matrix, text, allowed=(topo.TopoParseError,))
+    if matrix is not None:
+        topo.evaluate_topology(matrix, expected_gpus=8)
+        topo.gpu_link_summary(matrix)
+        json.dumps(matrix.to_data())
+
+
+@FUZZ
+@given(texts_for("ib/ibstat*"))
+def test_ibstat(text: str) -> None:
+    ibstat.looks_like_ibstat(text)
+    ports = clean(ibstat.parse_ibstat, text, allowed=(ibstat.IbstatFormatError,))
+    for port in ports or []:
+        port.to_dict()
+        port.to_ib_port()
+
+
+@FUZZ
+@given(texts_for("ib/perfquery*"))
+def test_perfquery(text: str) -> None:
+    perfquery.looks_like_perfquery(text)
+    clean(perfquery.parse_perfquery, text, allowed=(perfquery.PerfqueryFormatError,))
+
+
+SYSFS_VALUES = st.one_of(
+    garbage(),
+    st.sampled_from(["4: ACTIVE", "5: LinkUp", "400 Gb/sec (4X NDR)", "25 Gb/sec (1X EDR)", "123456789", "0"]),
+    mutated(["4: ACTIVE\n", "5: LinkUp\n", "400 Gb/sec (4X NDR)\n", "18446744073709551615\n", "-1\n"]),
+)
+
+
+@FUZZ
+@given(SYSFS_VALUES)
+def test_sysfs_ib_values(text: str) -> None:
+    for parse in (sysfs_ib.parse_state, sysfs_ib.parse_phys_state, sysfs_ib.parse_rate, sysfs_ib.parse_counter):
+        clean(parse, text, allowed=(sysfs_ib.SysfsFormatError,))
+    sysfs_ib.normalize_state(text)
+    sysfs_ib.normalize_phys_state(text)
+
+
+# --- nccl-tests, Prometheus text / vLLM metrics ----------------------------------------------------------------
+
+
+@FUZZ
+@given(texts_for("nccl_tests/*.txt"))
+def test_nccl_tests(text: str) -> None:
+    nccl_tests.looks_like_nccl_tests(text)
+    report = clean(nccl_tests.parse_nccl_tests, text)
+    if report is not None:
+        report.peak_busbw_gbps  # noqa: B018 - the property must not fail either
+        json.dumps(report.to_data(), allow_nan=True)
+
+
+PROM = texts_for("vllm/*.txt", "golden/*.prom")
+
+
+@FUZZ
+@given(PROM)
+def test_prom_text_and_vllm_metrics(text: str) -> None:
+    snap = clean(prom_text.parse_prom_text, text, allowed=(prom_text.PromTextError,))
+    if snap is not None:
+        for name in snap.names()[:20]:
+            clean(snap.histogram, name.removesuffix("_bucket"), allowed=(prom_text.PromTextError,))
+            snap.sum(name)
+    metrics = clean(
+        vllm_metrics.parse_vllm_metrics, text, allowed=(prom_text.PromTextError, vllm_metrics.NotVllmMetrics)
+    )
+    if metrics is not None:
+        metrics.tokens_total  # noqa: B018
+        metrics.has_load  # noqa: B018
+        clean(vllm_metrics.window_stats, metrics, metrics, 10.0, allowed=(prom_text.PromTextError,))
+        clean(vllm_metrics.window_stats, metrics, None, 0.0, allowed=(prom_text.PromTextError,))
+
+
+@FUZZ
+@given(st.floats(allow_nan=True), st.lists(st.tuples(st.floats(allow_nan=True), st.floats(allow_nan=True)), max_size=6))
+def test_histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> None:
+    hist = prom_text.Histogram(tuple(sorted(buckets, key=lambda b: (math.isnan(b[0]), b[0]))), None)
+    clean(prom_text.histogram_quantile, q, hist)
+    clean(prom_text.histogram_delta, hist, hist)
+
+
+# --- Ray: dashboard JSON payloads and `ray status` -------------------------------------------------------------
+
+RAY_DOCS = {
+    name: [json.loads(p.read_text()) for p in sorted((FIXTURES / "ray").glob(pattern))]
+    for name, pattern in (
+        ("detail", "*nodes-detail.json"),
+        ("summary", "*nodes-summary.json"),
+        ("status", "*cluster-status*.json"),
+    )
+}
+RAY_PARSERS = {
+    "detail": ray_api.parse_nodes_detail,
+    "summary": ray_api.parse_nodes_summary,
+    "status": ray_api.parse_cluster_status,
+}
+
+
+@pytest.mark.parametrize("which", sorted(RAY_PARSERS))
+@FUZZ
+@given(data=st.data())
+def test_ray_api_payloads(which: str, data: st.DataObject) -> None:
+    parse = RAY_PARSERS[which]
+    doc = data.draw(st.one_of(json_mutants(RAY_DOCS[which]), json_values))
+    payload = json.dumps(doc)
+    clean(parse, payload, allowed=(ray_api.RayApiError,))
+    clean(parse, payload.encode()[: data.draw(st.integers(0, len(payload)))], allowed=(ray_api.RayApiError,))
+    clean(parse, data.draw(garbage()), allowed=(ray_api.RayApiError,))
+    clean(ray_api.parse_version, payload, allowed=(ray_api.RayApiError,))
+
+
+@pytest.mark.parametrize(
+    "parse",
+    [
+        ray_api.parse_nodes_detail,
+        ray_api.parse_nodes_summary,
+        ray_api.parse_cluster_status,
+        ray_api.parse_version,
+    ],
+)
+def test_ray_api_deeply_nested_json_is_a_clean_error(parse: Any) -> None:
+    # Found by the property test: json.loads raises RecursionError (not ValueError) on deep nesting.
+    with pytest.raises(ray_api.RayApiError, match="not JSON"):
+        parse(deep_json())
+
+
+@FUZZ
+@given(texts_for("ray/*ray-status*.txt"))
+def test_ray_status(text: str) -> None:
+    ray_status.looks_like_ray_status(text)
+    report = clean(ray_status.parse_ray_status, text, allowed=(ray_status.RayStatusError,))
+    if report is not None:
+        report.view()
+
+
+# --- NCCL environment: env files, /proc/<pid>/environ, NCCL_* name specs ----------------------------------------
+
+
+@FUZZ
+@given(texts_for("nccl_env/nccl.sh"))
+def test_nccl_env_file(text: str) -> None:
+    parsed = nccl_env.parse_env_file(text)
+    for number, problem in parsed.problems:
+        assert number >= 1 and problem
+    nccl_env.env_facts(nccl_env.watched(parsed.values))
+
+
+@FUZZ
+@given(st.binary(max_size=2048), st.text(max_size=60), st.booleans())
+def test_nccl_environ_and_name_specs(data: bytes, spec: str, allow_port: bool) -> None:
+    nccl_env.parse_environ(data)
+    clean(lambda v: nccl_env.parse_name_spec(v, allow_port=allow_port), spec, allowed=(nccl_env.SpecError,))
+    nccl_env.is_local_address(spec, {"10.0.0.1"})
+    nccl_env.gid_is_zero(spec)
+
+
+# --- log signatures, log tail positions, state files, model fingerprint ----------------------------------------
+
+LOG_TEXTS = texts_for("logs/*.log", "logs/captured/*")
+
+
+@FUZZ
+@given(LOG_TEXTS, st.sampled_from([None, *signatures.LOG_KINDS]))
+def test_signature_scan(text: str, kind: str | None) -> None:
+    catalog = signatures.load_catalog()
+    for match in catalog.scan(text, kind):
+        assert match.code and match.line is not None
+
+
+SIGNATURE_ENTRY = st.fixed_dictionaries(
+    {},
+    optional={
+        "code": st.one_of(st.sampled_from(["A_B", "X"]), json_values),
+        "severity": st.one_of(st.sampled_from(sorted(signatures.SEVERITIES)), json_values),
+        "kinds": st.one_of(st.lists(st.sampled_from(list(signatures.LOG_KINDS))), json_values),
+        "title": json_values,
+        "remedy": json_values,
+        "patterns": st.one_of(st.lists(st.sampled_from(["(", "a+", "(?P<x>y)", "[", "ok"]), max_size=3), json_values),
+        "extra": json_values,
+    },
+)
+
+
+@FUZZ
+@given(st.one_of(json_values, st.fixed_dictionaries({"signature": st.one_of(st.lists(SIGNATURE_ENTRY), json_values)})))
+def test_signature_catalog(data: Any) -> None:
+    clean(
+        signatures.parse_catalog,
+        data if isinstance(data, dict) else {"signature": data},
+        allowed=(signatures.CatalogError,),
+    )
+
+
+@FUZZ
+@given(json_values)
+def test_logtail_positions(raw: Any) -> None:
+    Position.from_dict(raw)
+    LogFollower(raw if isinstance(raw, dict) else {"/var/log/x": raw})
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=512), json_values.map(lambda v: json.dumps(v).encode())))
+def test_statefile_load_of_corrupt_files(tmp_path_factory: pytest.TempPathFactory, raw: bytes) -> None:
+    path = tmp_path_factory.mktemp("state") / "s.json"
+    path.write_bytes(raw)
+    assert isinstance(StateFile(path).load(), dict)
+
+
+@pytest.mark.parametrize("raw", [b"\xff\xfe{}", deep_json().encode(), b'{"a": 1', b""])
+def test_statefile_corrupt_is_empty_state(tmp_path: Path, raw: bytes) -> None:
+    # Found by the property test: invalid UTF-8 and deep nesting escaped load() instead of reading as empty.
+    path = tmp_path / "s.json"
+    path.write_bytes(raw)
+    assert StateFile(path).load() == {}
+
+
+@FUZZ
+@given(
+    st.lists(st.builds(fingerprint.Entry, st.text(max_size=30), st.integers(-(2**63), 2**63)), max_size=20),
+    st.integers(-5, 50),
+)
+def test_fingerprint(entries: list[fingerprint.Entry], count: int) -> None:
+    assert len(fingerprint.listing_fingerprint(entries)) == 16
+    picked = fingerprint.sample_shards(entries, count)
+    assert len(picked) <= max(count, 0)
+
+
+# --- peers' /state documents and what the comparison does with them -------------------------------------------
+
+GOOD_STATE = {
+    "node": "dgx-a",
+    "status": "ok",
+    "checks": [
+        {
+            "name": "gpu",
+            "status": "ok",
+            "samples": [{"name": "dgxdoctor_gpu_power_watts", "labels": {"gpu": "0"}, "value": 1.0}],
+        }
+    ],
+    "facts": {"driver_version": "580.1"},
+}
+
+
+@FUZZ
+@given(st.one_of(json_mutants([GOOD_STATE]), json_values))
+def test_peer_state_validation(doc: Any) -> None:
+    state = clean(validate_state, doc, allowed=(InvalidState,))
+    if state is not None:
+        json.dumps(state)
+        compare_mod.compare([state, {**state, "node": state["node"] + "-peer"}], local=state["node"])
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=512), garbage().map(str.encode)))
+def test_peer_response_json(body: bytes) -> None:
+    clean(response_json, body, allowed=(InvalidState,))
+
+
+def test_peer_deeply_nested_json_is_invalid_state() -> None:
+    # Found by the property test: RecursionError from json.loads escaped the peer fetch.
+    with pytest.raises(InvalidState, match="not JSON"):
+        response_json(deep_json().encode())
+
+
+# --- config ---------------------------------------------------------------------------------------------------
+
+CONFIG_KEYS = st.sampled_from(["node", "paths", "daemon", "checks", "gpu", "enabled", "listen", "token", "peers", "x"])
+CONFIG_DOCS = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12)),
+    lambda children: st.one_of(st.lists(children, max_size=3), st.dictionaries(CONFIG_KEYS, children, max_size=4)),
+    max_leaves=20,
+)
+
+
+@FUZZ
+@given(st.dictionaries(CONFIG_KEYS, CONFIG_DOCS, max_size=5))
+def test_parse_config_random_dicts(data: dict[str, Any]) -> None:
+    try:
+        parse_config(data, "fuzz.toml")
+    except ConfigError as exc:
+        assert exc.problems
+        for path, reason in exc.problems:
+            assert path and reason
+            assert path in str(exc)
+
+
+# --- diagnose: every analyzer, auto-detected and forced --------------------------------------------------------
+
+ALL_FIXTURES = texts_for(
+    "kernel_log/*.txt",
+    "ib/*.txt",
+    "topo/*",
+    "nccl_tests/*.txt",
+    "vllm/*.txt",
+    "ray/*.txt",
+    "logs/*.log",
+    "logs/captured/*",
+)
+
+
+@FUZZ
+@given(ALL_FIXTURES)
+def test_diagnose_autodetect(text: str) -> None:
+    diagnosis = diagnose_text(text, ANALYZERS)
+    assert diagnosis.kind
+    json.dumps(diagnosis.data, default=str)
+
+
+@pytest.mark.parametrize("kind", [a.kind for a in ANALYZERS])
+@FUZZ
+@given(ALL_FIXTURES)
+def test_diagnose_forced_kind(kind: str, text: str) -> None:
+    # Forced or not, an analyzer answers with findings (an UNKNOWN one for input it cannot read), never an error:
+    # `dgxdoctor diagnose --kind` prints whatever it returns.
+    diagnosis = diagnose_text(text, ANALYZERS, kind)
+    for finding in diagnosis.findings:
+        assert finding.code and finding.message
