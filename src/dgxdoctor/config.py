@@ -217,6 +217,8 @@ def load_config(path: Path | None) -> Config:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(path), [("(syntax)", str(exc))]) from None
+    except RecursionError:  # tomllib recurses per nesting level: "a = [[[[..." deeper than the stack
+        raise ConfigError(str(path), [("(syntax)", "arrays or inline tables nested too deeply")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), [("(file)", str(exc))]) from None
     return parse_config(data, str(path))
