@@ -35,7 +35,7 @@ from dgxdoctor.sources import (
 )
 from dgxdoctor.sources.logtail import LogFollower, Position
 from dgxdoctor.sources.statefile import StateFile
-from fuzzing import FIXTURES, FUZZ, clean, deep_json, garbage, json_mutants, json_values, mutated, texts_for
+from fuzzing import FIXTURES, FUZZ, clean, corpus, deep_json, garbage, json_mutants, json_values, mutated, texts_for
 
 KERNEL = texts_for("kernel_log/*.txt")
 
@@ -396,3 +396,134 @@ def test_diagnose_forced_kind(kind: str, text: str) -> None:
     diagnosis = diagnose_text(text, ANALYZERS, kind)
     for finding in diagnosis.findings:
         assert finding.code and finding.message
+
+
+# --- more untrusted input: vLLM HTTP answers, the serving-python probe, kmsg device reads, log files ----------
+
+
+@FUZZ
+@given(st.one_of(json_values, json_mutants([{"object": "list", "data": [{"id": "m", "object": "model"}]}])))
+def test_vllm_models_payload(payload: Any) -> None:
+    from dgxdoctor.checks.vllm import parse_models
+
+    clean(parse_models, payload)
+
+
+@FUZZ
+@given(
+    st.one_of(
+        json_values, json_mutants([{"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": 3}}])
+    )
+)
+def test_vllm_completion_payload(payload: Any) -> None:
+    from dgxdoctor.checks.vllm import parse_completion_tokens
+
+    clean(parse_completion_tokens, payload)
+
+
+PROBE_OUTPUT = corpus("drift/*.json")
+
+
+@FUZZ
+@given(st.one_of(mutated(PROBE_OUTPUT), garbage(), json_values.map(json.dumps)))
+def test_serving_probe_output(stdout: str) -> None:
+    from dgxdoctor.sources.serving_env import parse_probe_output
+
+    facts = clean(parse_probe_output, stdout)
+    assert facts is None or all(isinstance(v, str) for v in facts.values())
+
+
+@pytest.mark.xfail(
+    strict=True, raises=RecursionError, reason="serving_env.parse_probe_output: json.loads RecursionError not caught"
+)
+def test_serving_probe_output_deeply_nested() -> None:
+    from dgxdoctor.sources.serving_env import parse_probe_output
+
+    with pytest.raises(ValueError, match="no JSON"):
+        parse_probe_output(deep_json())
+
+
+@FUZZ
+@given(
+    st.lists(
+        st.one_of(st.binary(max_size=300), mutated(corpus("kernel_log/kmsg_records_*")).map(str.encode)), max_size=20
+    )
+)
+def test_kmsg_device_reader_on_garbage_records(chunks: list[bytes]) -> None:
+    import errno
+
+    pending = list(chunks)
+
+    def read(fd: int, size: int) -> bytes:
+        if not pending:
+            raise BlockingIOError(errno.EAGAIN, "no more")
+        return pending.pop(0)[:size]
+
+    reader = kmsg.KmsgReader(Path(__file__), read=read, device=True)
+    try:
+        records = reader.read_available()
+    finally:
+        reader.close()
+    assert reader.stats.records == len(records)
+    assert reader.stats.records + reader.stats.malformed <= len(chunks)
+
+
+POSITION_DICTS = st.fixed_dictionaries(
+    {"dev": json_values, "ino": json_values, "offset": json_values}, optional={"head": json_values}
+)
+
+
+@FUZZ
+@given(
+    st.one_of(
+        POSITION_DICTS, st.fixed_dictionaries({"dev": st.integers(), "ino": st.integers(), "offset": st.integers()})
+    )
+)
+def test_logtail_position_records(raw: dict[str, Any]) -> None:
+    pos = Position.from_dict(raw)
+    assert pos is None or pos.offset >= 0
+    LogFollower({"/var/log/x.log": raw})
+
+
+@pytest.mark.parametrize("offset", [math.inf, -math.inf, math.nan, "1e999", 1e300, [1], {"a": 1}])
+def test_logtail_corrupt_offset_is_dropped(offset: Any) -> None:
+    # Found by the property test: int(Infinity) (json.loads reads "Infinity") raised OverflowError.
+    raw = {"dev": 1, "ino": 2, "offset": offset}
+    assert Position.from_dict(raw) is None or Position.from_dict(raw).offset >= 0  # type: ignore[union-attr]
+    LogFollower({"/var/log/x.log": raw})
+
+
+@FUZZ
+@given(st.lists(st.binary(max_size=3000), min_size=1, max_size=4), st.integers(1, 4096))
+def test_logtail_on_garbage_files(tmp_path_factory: pytest.TempPathFactory, writes: list[bytes], budget: int) -> None:
+    path = tmp_path_factory.mktemp("logs") / "vllm.log"
+    follower = LogFollower(from_start=True)
+    path.write_bytes(b"")
+    for data in writes:
+        with path.open("ab") as fh:
+            fh.write(data)
+        result = follower.poll([str(path)], budget)
+        assert not result.errors
+        assert all(isinstance(line, str) for _, line in result.lines)
+    state = follower.state()
+    assert LogFollower(json.loads(json.dumps(state))).state() == state
+
+
+@FUZZ
+@given(
+    st.one_of(st.text(max_size=12), st.sampled_from(["8M", "1G", "0", "-1", "1T", "M", "", "99999999999999999999G"]))
+)
+def test_allreduce_sizes(text: str) -> None:
+    import argparse
+
+    from dgxdoctor.probes.allreduce import parse_size
+
+    clean(parse_size, text, allowed=(argparse.ArgumentTypeError,))
+
+
+@FUZZ
+@given(st.text(max_size=40))
+def test_parse_listen(value: str) -> None:
+    from dgxdoctor.config import parse_listen
+
+    clean(parse_listen, value)
