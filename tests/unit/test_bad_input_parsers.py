@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -527,3 +528,96 @@ def test_parse_listen(value: str) -> None:
     from dgxdoctor.config import parse_listen
 
     clean(parse_listen, value)
+
+
+# --- regressions found by the property tests: numbers past int()'s 4300-digit limit, "²" passing isdigit() ----
+
+BIG = "9" * 5000
+
+
+@pytest.mark.parametrize(
+    ("parse", "text", "allowed"),
+    [
+        (kmsg.parse_kmsg_record, f"{BIG},1,2,-;msg", kmsg.KmsgFormatError),
+        (kmsg.parse_kmsg_record, f"6,{BIG},2,-;msg", kmsg.KmsgFormatError),
+        (xid.parse_xid_line, f"NVRM: Xid (PCI:0000:3b:00): {BIG}, pid=1, name=x", None),
+        (xid.parse_xid_line, f"NVRM: Xid (PCI:0000:3b:00): 79, pid={BIG}, name=x, GPU has fallen off the bus.", None),
+        (xid.parse_xid_line, f"NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link {BIG} (0x0)", None),
+        (xid.parse_sxid_line, f"nvidia-nvswitch0: SXid (PCI:0000:86:00.0): {BIG}, Non-fatal, Link 44", None),
+        (xid.parse_sxid_line, f"nvidia-nvswitch0: SXid (PCI:0000:86:00.0): 12028, Non-fatal, Link {BIG}", None),
+        (
+            lambda t: topo.evaluate_topology(topo.parse_topo_matrix(t)),
+            f"\tGPU0\tGPU1\nGPU0\tX\tNV{BIG}\nGPU1\tNV{BIG}\tX\n",
+            topo.TopoParseError,
+        ),
+        (ibstat.parse_ibstat, f"CA 'mlx5_0'\n\tPort {BIG}:\n\t\tState: Active\n", ibstat.IbstatFormatError),
+        (
+            perfquery.parse_perfquery,
+            f"# Port extended counters: Lid {BIG} port 1 (CapMask: 0x5A00)\nPortXmitData:.......1\n",
+            perfquery.PerfqueryFormatError,
+        ),
+        (sysfs_ib.parse_state, f"{BIG}: ACTIVE", sysfs_ib.SysfsFormatError),
+        (sysfs_ib.parse_phys_state, f"{BIG}: LinkUp", sysfs_ib.SysfsFormatError),
+        (
+            ray_status.parse_ray_status,
+            f"Node status\n---\nActive:\n {BIG} node_abc\nResources\n---\n",
+            ray_status.RayStatusError,
+        ),
+        (
+            ray_status.parse_ray_status,
+            "Node status\n---\nActive:\n 1 node_a\nResources\n---\nDemands:\n"
+            f" {{'GPU': 1.0}}: {BIG}+ pending tasks/actors\n",
+            ray_status.RayStatusError,
+        ),
+        (
+            nccl_tests.parse_nccl_tests,
+            f"# nThread 1 nGpus {BIG} minBytes 8\n# Out of bounds values : {BIG} OK\n",
+            ValueError,
+        ),
+        (lambda v: nccl_env.parse_name_spec(v, allow_port=True), f"mlx5_0:{BIG}", nccl_env.SpecError),
+        (lambda v: nccl_env.parse_name_spec(v, allow_port=True), "mlx5_0:\u00b2", nccl_env.SpecError),
+    ],
+)
+def test_huge_and_odd_numbers_fail_cleanly(parse: Any, text: str, allowed: type[Exception] | None) -> None:
+    clean(parse, text, allowed=(allowed,) if allowed else ())
+
+
+@pytest.mark.parametrize("text", [f"x:{BIG}", "x:\u00b2", "x:\u0663"])
+def test_parse_listen_odd_ports(text: str) -> None:
+    from dgxdoctor.config import parse_listen
+
+    with pytest.raises(ValueError, match="port must be 1-65535"):
+        parse_listen(text)
+
+
+@pytest.mark.parametrize("kind", [a.kind for a in ANALYZERS])
+def test_diagnose_huge_numbers(kind: str) -> None:
+    text = "\n".join(
+        [
+            f"NVRM: Xid (PCI:0000:3b:00): {BIG}, pid=1",
+            f"nvidia-nvswitch0: SXid (PCI:0000:86:00.0): 1, Non-fatal, Link {BIG}",
+            f"CA 'mlx5_0'\n\tPort {BIG}:\n\t\tState: Active",
+            f"\tGPU0\tGPU1\nGPU0\tX\tNV{BIG}\nGPU1\tNV{BIG}\tX",
+            f"Node status\n---\nActive:\n {BIG} node_abc\nResources\n---",
+        ]
+    )
+    diagnose_text(text, ANALYZERS, kind)
+
+
+@pytest.mark.parametrize(
+    ("demand", "message"),
+    [
+        ([{"GPU": 32.0}, math.inf], "count inf is not a number"),
+        ([{"GPU": 32.0}, math.nan], "count nan is not a number"),
+        ([{"CPU": {}}, 1], "resource 'CPU' is {}, not a number"),
+        ([{"CPU": "abc"}, 1], "resource 'CPU' is 'abc', not a number"),
+        ([{"CPU": None}, 1], "resource 'CPU' is None, not a number"),
+    ],
+)
+def test_ray_cluster_status_bad_demand(demand: list[Any], message: str) -> None:
+    # Found by the property test: int(Infinity) raised OverflowError (Python's json reads Infinity and NaN), and a
+    # non-numeric resource amount raised TypeError/ValueError from float() while formatting the demand.
+    doc = json.loads((FIXTURES / "ray" / "pending-cluster-status.json").read_text())
+    doc["data"]["clusterStatus"]["loadMetricsReport"]["resourceDemand"] = [demand]
+    with pytest.raises(ray_api.RayApiError, match=re.escape(message)):
+        ray_api.parse_cluster_status(json.dumps(doc))

@@ -29,7 +29,7 @@ T = TypeVar("T")
 # `state`, e.g. "4: ACTIVE" (kernel: "%d: %s" over ib_port_state; names NOP, DOWN, INIT, ARMED, ACTIVE,
 # ACTIVE_DEFER). `phys_state`, e.g. "5: LinkUp" (names Sleep, Polling, Disabled, PortConfigurationTraining,
 # LinkUp, LinkErrorRecovery, Phy Test). Both: "<code>: <name>".
-STATE_RE = re.compile(r"^\s*(?P<code>\d+)\s*:\s*(?P<name>.*?)\s*$")
+STATE_RE = re.compile(r"^\s*(?P<code>\d{1,9})\s*:\s*(?P<name>.*?)\s*$")
 
 # `rate`, e.g. "400 Gb/sec (4X NDR)", "200 Gb/sec (4X HDR)", "2.5 Gb/sec (1X SDR)", "25 Gb/sec (1X EDR)"
 # on a RoCE port (kernel: "%d%s Gb/sec (%dX%s)"). Older kernels print "40 Gb/sec (4X QDR)"; the
