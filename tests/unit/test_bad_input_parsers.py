@@ -522,6 +522,16 @@ def test_allreduce_sizes(text: str) -> None:
     clean(parse_size, text, allowed=(argparse.ArgumentTypeError,))
 
 
+def test_allreduce_size_with_a_superscript_digit() -> None:
+    # Found by the property test: "²" passed str.isdigit() and int() raised a bare ValueError.
+    import argparse
+
+    from dgxdoctor.probes.allreduce import parse_size
+
+    with pytest.raises(argparse.ArgumentTypeError, match="not a size"):
+        parse_size("\u00b2M")
+
+
 @FUZZ
 @given(st.text(max_size=40))
 def test_parse_listen(value: str) -> None:
