@@ -136,3 +136,14 @@ def test_diagnose_file_names_are_never_a_shell(tmp_path: Path) -> None:
     done = run_cli("diagnose", name)
     assert done.returncode == EX_USAGE and not sentinel.exists()
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:$(touch {s})", "0.0.0.0:\u00b2", "0.0.0.0:" + "9" * 5000, ";touch {s}"])
+def test_run_with_a_bad_listen_address_is_a_usage_error(tmp_path: Path, listen: str) -> None:
+    sentinel = tmp_path / "executed"
+    config = tmp_path / "config.toml"
+    config.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n')
+    done = run_cli("run", "--config", str(config), "--listen", listen.format(s=sentinel))
+    assert done.returncode == EX_USAGE, done.stderr
+    assert "--listen" in done.stderr and "Traceback" not in done.stderr
+    assert not sentinel.exists()
