@@ -17,7 +17,7 @@ from dgxdoctor.daemon.app import MAX_BODY_BYTES, AppState, make_app, token_ok
 from dgxdoctor.daemon.store import ResultStore
 from dgxdoctor.exporters.collector import make_registry
 from fakechecks import gpu_result
-from fuzzing import FUZZ, deep_json
+from fuzzing import FUZZ, deep_json, json_values
 
 TOKEN = "0123456789abcdef-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -153,3 +153,41 @@ def test_token_ok_takes_any_header(header: str | None) -> None:
     # Any text at all (non-ASCII, surrogates, NULs) is compared, never an exception; only the token itself passes.
     assert token_ok(header, TOKEN) is (header is not None and TOKEN in header and header.split()[-1] == TOKEN)
     assert token_ok(f"Bearer {TOKEN}", TOKEN)
+
+
+HEADER_TEXT = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=200)
+PATHS = st.one_of(
+    st.sampled_from(["/", "/metrics", "/healthz", "/state", "/reload", "/state/", "/reload?x=1"]),
+    st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_characters="#?"), max_size=60).map(
+        lambda p: "/" + p.lstrip("/")
+    ),
+)
+
+
+@FUZZ
+@given(
+    method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]),
+    path=PATHS,
+    body=st.one_of(st.binary(max_size=2048), json_values.map(lambda v: json.dumps(v).encode())),
+    auth=st.one_of(st.none(), HEADER_TEXT, st.just(AUTH["Authorization"])),
+    headers=st.dictionaries(st.from_regex(r"\AX-[A-Za-z]{1,10}\Z"), HEADER_TEXT, max_size=4),
+)
+def test_random_requests_never_5xx(
+    method: str, path: str, body: bytes, auth: str | None, headers: dict[str, str]
+) -> None:
+    async def scenario() -> None:
+        state = app_state()
+        before = state.store.snapshot()
+        async with TestClient(TestServer(make_app(state), host="127.0.0.1")) as client:
+            sent = {**headers, **({"Authorization": auth} if auth is not None else {})}
+            resp = await client.request(method, path, headers=sent, data=body or None)
+            assert resp.status < 500, (resp.status, await resp.text())
+            if resp.status >= 400 and method != "HEAD":
+                assert (await resp.text()).strip()
+            if state.reload_calls:  # type: ignore[attr-defined]
+                # the one request that may change something: POST /reload with the token and an empty object
+                assert method == "POST" and auth == AUTH["Authorization"]
+            else:
+                await still_serving(client, state, before)
+
+    asyncio.run(scenario())
