@@ -366,6 +366,39 @@ def test_parse_config_random_dicts(data: dict[str, Any]) -> None:
             assert path in str(exc)
 
 
+def _tables() -> st.SearchStrategy[dict[str, Any]]:
+    """Config documents using the real key names, with values of any type (custom validators included)."""
+    from dgxdoctor.checks.registry import ALL_CHECKS
+    from dgxdoctor.config import DaemonSettings, PathsSettings
+
+    def table(model: Any) -> st.SearchStrategy[dict[str, Any]]:
+        names = sorted(model.model_fields)
+        value = st.one_of(json_values, st.lists(st.text(max_size=30), max_size=3))
+        return st.dictionaries(st.sampled_from([*names, "no_such_key"]), value, max_size=4)
+
+    checks = st.fixed_dictionaries({}, optional={f.name: table(f.settings_model) for f in ALL_CHECKS})
+    return st.fixed_dictionaries(
+        {},
+        optional={
+            "paths": table(PathsSettings),
+            "daemon": table(DaemonSettings),
+            "checks": checks,
+            "node": json_values,
+        },
+    )
+
+
+@FUZZ
+@given(_tables())
+def test_parse_config_real_keys_random_values(data: dict[str, Any]) -> None:
+    try:
+        config = parse_config(data, "fuzz.toml")
+    except ConfigError as exc:
+        assert exc.problems and all(path and reason for path, reason in exc.problems)
+        return
+    config.daemon.peers  # noqa: B018 - a config that validates is usable
+
+
 # --- diagnose: every analyzer, auto-detected and forced --------------------------------------------------------
 
 ALL_FIXTURES = texts_for(
