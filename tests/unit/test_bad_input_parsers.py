@@ -307,6 +307,26 @@ def test_fingerprint(entries: list[fingerprint.Entry], count: int) -> None:
     assert len(picked) <= max(count, 0)
 
 
+def test_model_dir_with_symlink_loops_is_scanned_once(tmp_path: Path) -> None:
+    # Found while reviewing the walk: two links back up the tree made os.walk(followlinks=True) take ~2^40 steps.
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"x")
+    (tmp_path / "sub" / "config.json").write_text("{}")
+    for name in ("up1", "up2", "up3"):
+        (tmp_path / "sub" / name).symlink_to("..")
+    (tmp_path / "self").symlink_to(".")
+    entries = fingerprint.scan_model_dir(tmp_path)
+    assert [e.name for e in entries] == ["model-00001-of-00002.safetensors", "sub/config.json"]
+
+
+def test_model_dir_lists_only_regular_files(tmp_path: Path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "model-00002-of-00002.safetensors")  # hashing it would block forever
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"x")
+    assert [e.name for e in fingerprint.scan_model_dir(tmp_path)] == ["model-00001-of-00002.safetensors"]
+
+
 # --- peers' /state documents and what the comparison does with them -------------------------------------------
 
 GOOD_STATE = {
