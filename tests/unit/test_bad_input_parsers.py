@@ -575,6 +575,12 @@ def test_allreduce_sizes(text: str) -> None:
     clean(parse_size, text, allowed=(argparse.ArgumentTypeError,))
 
 
+def test_prom_text_integer_too_large_for_a_float() -> None:
+    # Found by the property test: float() of the parsed integer value raised OverflowError.
+    with pytest.raises(prom_text.PromTextError, match="not valid Prometheus text"):
+        prom_text.parse_prom_text("vllm:num_requests_running{} 2" + "0" * 400 + "\n")
+
+
 def test_allreduce_size_with_a_superscript_digit() -> None:
     # Found by the property test: "²" passed str.isdigit() and int() raised a bare ValueError.
     import argparse
