@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -191,3 +191,27 @@ def test_random_requests_never_5xx(
                 await still_serving(client, state, before)
 
     asyncio.run(scenario())
+
+
+def test_peer_trickling_its_answer_is_cut_off() -> None:
+    # httpx bounds each read, not the whole answer: without a total deadline a peer sending a byte now and then
+    # held the peer comparison (and its thread) indefinitely.
+    import time
+
+    import httpx
+
+    from dgxdoctor.daemon.peers import fetch_state
+
+    def trickle() -> Iterator[bytes]:
+        yield b'{"node": "dgx-b", "checks": ['
+        for _ in range(1000):
+            time.sleep(0.01)
+            yield b" "
+        yield b"]}"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=trickle())
+
+    with httpx.Client(transport=httpx.MockTransport(handler)) as client:
+        got = fetch_state(client, "http://dgx-b:9835", None, 0.1)
+    assert not got.up and "not complete within 0.1 s" in (got.error or ""), got.error
