@@ -19,4 +19,8 @@ get http://127.0.0.1:9835/metrics > "$OUT/metrics.prom"
 get http://127.0.0.1:9835/state > "$OUT/state.json"
 grep -E 'VmRSS|VmHWM' /proc/$pid/status >> "$OUT/when.txt"
 kill -TERM $pid; wait $pid; echo "daemon exit $?" >> "$OUT/when.txt"
-cat "$OUT/when.txt"; head -c 3000 "$OUT/check.txt"
+# The tests that need the real driver (nvidia-smi) and the NVML-facing unit tests, on this machine.
+python3 -m pytest -q -p no:cacheprovider tests/integration/test_hostenv_real.py tests/unit/test_gpu.py \
+    tests/unit/test_topo.py > "$OUT/pytest.txt" 2>&1
+echo "pytest exit $?" >> "$OUT/when.txt"
+cat "$OUT/when.txt"; head -c 3000 "$OUT/check.txt"; tail -5 "$OUT/pytest.txt"

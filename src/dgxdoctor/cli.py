@@ -13,13 +13,31 @@ from dgxdoctor import __version__
 from dgxdoctor.checks.base import Check, CheckRunner
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import DEFAULT_LISTEN, EX_CONFIG, Config, ConfigError, load_config, parse_listen
-from dgxdoctor.diagnose.base import diagnose_text
-from dgxdoctor.diagnose.registry import ANALYZERS
 from dgxdoctor.environment import Environment
 from dgxdoctor.report import overall_status, report_dict, report_table
 from dgxdoctor.result import Status, exit_code
 
 MAX_DIAGNOSE_BYTES = 64 * 1024 * 1024
+
+
+class _AnalyzerKind(click.Choice):  # type: ignore[type-arg]
+    """``--kind``: the analyzers' kinds, imported only when ``diagnose`` parses it or prints its help.
+
+    The daemon (``dgxdoctor run``) goes through this module too and must not load every analyzer.
+    """
+
+    def __init__(self) -> None:
+        super().__init__((), case_sensitive=True)
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        from dgxdoctor.diagnose.registry import ANALYZERS
+
+        return tuple(a.kind for a in ANALYZERS)
+
+    @choices.setter
+    def choices(self, value: object) -> None:
+        pass
 
 
 def _names(value: str | None) -> list[str]:
@@ -136,10 +154,13 @@ def run(config_path: Path | None, listen: str | None) -> None:
 
 @cli.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(allow_dash=True, dir_okay=False))
-@click.option("--kind", type=click.Choice([a.kind for a in ANALYZERS]) if ANALYZERS else str, default=None)
+@click.option("--kind", type=_AnalyzerKind(), default=None)
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report")
 def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool) -> None:
     """Say what is wrong in pasted tool output (a file each, - for stdin)."""
+    from dgxdoctor.diagnose.base import diagnose_text
+    from dgxdoctor.diagnose.registry import ANALYZERS
+
     inputs = []
     worst = Status.OK
     for name in files:

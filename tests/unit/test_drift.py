@@ -26,8 +26,10 @@ from dgxdoctor.sources.serving_env import (
     _interpreter,
     find_serving_python,
     parse_probe_output,
+    pick_serving_python,
     trusted_process,
 )
+from proctree import write_process
 
 VERSIONS = {
     "python_version": "3.12.3",
@@ -72,7 +74,7 @@ def test_facts_and_info_samples(tmp_path: Path) -> None:
     runner = Runner()
     env = Environment(proc_root=proc_root(tmp_path), run_command=runner)
     settings = DriftSettings(serving_python="/opt/vllm/bin/python", model_dir=model_dir(tmp_path))
-    result = DriftCheck(settings, env, processes=lambda: []).run()
+    result = DriftCheck(settings, env).run()
     assert result.status is Status.OK
     assert runner.calls == [["/opt/vllm/bin/python", "-c", PROBE]]
     assert result.facts["kernel_release"] == "6.18.44"
@@ -90,7 +92,7 @@ def test_facts_and_info_samples(tmp_path: Path) -> None:
 
 def test_nothing_to_read_is_ok_with_unknowns(tmp_path: Path) -> None:
     env = Environment(proc_root=tmp_path / "noproc", run_command=Runner())
-    result = DriftCheck(DriftSettings(), env, processes=lambda: []).run()
+    result = DriftCheck(DriftSettings(), env).run()
     assert result.status is Status.OK
     codes = {f.code for f in result.findings}
     assert {"SERVING_PYTHON_UNKNOWN", "MODEL_DIR_UNKNOWN", "DRIFT_UNKNOWN"} <= codes
@@ -105,7 +107,7 @@ def test_nothing_to_read_is_ok_with_unknowns(tmp_path: Path) -> None:
 )
 def test_probe_failures_are_unknown_not_errors(tmp_path: Path, runner: Runner) -> None:
     env = Environment(proc_root=proc_root(tmp_path), run_command=runner)
-    result = DriftCheck(DriftSettings(serving_python="/x/python"), env, processes=lambda: []).run()
+    result = DriftCheck(DriftSettings(serving_python="/x/python"), env).run()
     assert result.status is Status.OK
     assert "SERVING_PYTHON_UNKNOWN" in {f.code for f in result.findings}
     assert "vllm_version" not in result.facts
@@ -113,21 +115,22 @@ def test_probe_failures_are_unknown_not_errors(tmp_path: Path, runner: Runner) -
 
 def test_serving_python_found_from_processes(tmp_path: Path) -> None:
     runner = Runner()
-    env = Environment(proc_root=proc_root(tmp_path), run_command=runner)
-    procs = [
-        ("/usr/bin/bash", ["bash"]),
-        ("/opt/ray/bin/python3.12", ["ray::RayWorkerWrapper"]),
-        ("/opt/vllm/bin/python3", ["/opt/vllm/bin/python3", "/opt/vllm/bin/vllm", "serve", "/models/glm"]),
-    ]
-    DriftCheck(DriftSettings(), env, processes=lambda: procs).run()
+    root = proc_root(tmp_path)
+    env = Environment(proc_root=root, run_command=runner)
+    write_process(root, 10, "bash", ["bash"], exe="/usr/bin/bash")
+    write_process(root, 11, "ray::RayWorkerW", ["ray::RayWorkerWrapper"], exe="/opt/ray/bin/python3.12")
+    vllm_argv = ["/opt/vllm/bin/python3", "/opt/vllm/bin/vllm", "serve", "/models/glm"]
+    write_process(root, 12, "vllm", vllm_argv, exe="/opt/vllm/bin/python3")
+    DriftCheck(DriftSettings(), env).run()
     assert runner.calls[0][0] == "/opt/vllm/bin/python3"
-    found = find_serving_python(lambda: procs[:2])
+    (root / "12" / "cmdline").write_bytes(b"")  # it exited: the Ray worker's interpreter is next
+    found = find_serving_python(root)
     assert found is not None and found.exe == "/opt/ray/bin/python3.12"
     others = [
         ("/usr/bin/python3", ["/usr/bin/python3", "-m", "pytest", "tests/integration/test_vllm_real.py"]),
         ("/opt/vllm/bin/python3", ["/opt/vllm/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]),
     ]
-    found = find_serving_python(lambda: others)
+    found = pick_serving_python(others)
     assert found is not None and found.exe == "/opt/vllm/bin/python3"
     ray_worker = [
         (
@@ -135,7 +138,18 @@ def test_serving_python_found_from_processes(tmp_path: Path) -> None:
             ["/opt/ray/bin/python", "/opt/ray/lib/python3.11/site-packages/ray/_private/workers/default_worker.py"],
         )
     ]
-    assert find_serving_python(lambda: ray_worker) is not None
+    assert pick_serving_python(ray_worker) is not None
+
+
+def test_serving_python_of_another_user_is_not_run(tmp_path: Path) -> None:
+    root = proc_root(tmp_path)
+    argv = ["/home/eve/venv/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]
+    write_process(root, 20, "python3", argv, exe="/home/eve/venv/bin/python3", uid=4242)
+    assert find_serving_python(root, agent_uid=1000) is None
+    write_process(root, 21, "python3", argv, exe="/opt/vllm/bin/python3", uid=0)  # root's: trusted
+    found = find_serving_python(root, agent_uid=1000)
+    assert found is not None and found.exe == "/opt/vllm/bin/python3"
+    assert found.why.startswith("running vLLM process: /home/eve/venv/bin/python3 -m vllm")
 
 
 def test_only_processes_of_the_agent_user_or_root_are_trusted() -> None:
@@ -157,7 +171,7 @@ def test_venv_interpreter_path_is_kept(tmp_path: Path) -> None:
 def test_missing_model_dir_is_a_warning(tmp_path: Path) -> None:
     env = Environment(proc_root=proc_root(tmp_path), run_command=Runner())
     settings = DriftSettings(serving_python="/x/python", model_dir=tmp_path / "models" / "absent")
-    result = DriftCheck(settings, env, processes=lambda: []).run()
+    result = DriftCheck(settings, env).run()
     assert result.status is Status.WARNING
     assert result.facts["model_fingerprint"] == "missing"
 
@@ -190,7 +204,7 @@ def test_shard_hashes_complete_over_runs_within_budget(tmp_path: Path) -> None:
     runner = Runner()
     env = Environment(proc_root=proc_root(tmp_path), run_command=runner)
     settings = DriftSettings(serving_python="/x/python", model_dir=root, sample_shards=2, hash_bytes_per_run=1500)
-    check = DriftCheck(settings, env, processes=lambda: [])
+    check = DriftCheck(settings, env)
     first = check.run()
     assert "MODEL_SHARDS_HASHING" in {f.code for f in first.findings}
     done = check.run()

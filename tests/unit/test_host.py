@@ -1,9 +1,9 @@
-"""Host check: RAM/disk against the weights, free space, required processes (a fake probe, real files)."""
+"""Host check: RAM/disk against the weights, free space, required processes (a fake probe, real files, a proc
+tree laid out in tmp_path)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -13,15 +13,14 @@ from dgxdoctor.checks.host import (
     DiskUsage,
     HostCheck,
     HostSettings,
-    ProcessInfo,
     evaluate_free_space,
     evaluate_weights,
     existing_ancestor,
-    process_matches,
     weights_size,
 )
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import Status
+from proctree import write_process
 
 GiB = 2**30
 
@@ -32,11 +31,9 @@ class FakeProbe:
         total: int = 2048 * GiB,
         available: int = 1800 * GiB,
         disks: dict[str, DiskUsage] | None = None,
-        procs: Iterable[ProcessInfo] = (),
     ) -> None:
         self.total, self.available = total, available
         self.disks = disks or {}
-        self.procs = list(procs)
         self.asked: list[Path] = []
 
     def memory(self) -> tuple[int, int]:
@@ -52,14 +49,12 @@ class FakeProbe:
         self.asked.append(path)
         return self.disks.get(str(path), DiskUsage(1000 * GiB, 500 * GiB))
 
-    def processes(self) -> Iterable[ProcessInfo]:
-        return self.procs
-
 
 def run(tmp_path: Path, probe: FakeProbe, **settings: object) -> HostCheck:
     settings.setdefault("ray_log_dir", tmp_path / "ray")
     settings.setdefault("root_path", tmp_path)
-    return HostCheck(HostSettings(**settings), Environment(node="n1", state_dir=tmp_path), probe)  # type: ignore[arg-type]
+    env = Environment(node="n1", state_dir=tmp_path, proc_root=tmp_path / "proc")
+    return HostCheck(HostSettings(**settings), env, probe)  # type: ignore[arg-type]
 
 
 def model_dir(tmp_path: Path, sizes: dict[str, int]) -> Path:
@@ -120,26 +115,6 @@ def test_weights_rules_of_the_tutorial() -> None:
     assert evaluate_weights(weights, 1199 * GiB, None, 1.5, 2.0, "model")[0].code == "HOST_MEMORY_BELOW_WEIGHTS"
 
 
-@pytest.mark.parametrize(
-    ("wanted", "name", "cmdline", "expected"),
-    [
-        (
-            "raylet",
-            "raylet",
-            ("/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet", "--x=1"),
-            True,
-        ),
-        ("vllm", "python3", ("/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"), True),
-        ("vllm", "vllm", ("/venv/bin/python", "/venv/bin/vllm", "serve", "m"), True),
-        ("vllm", "python3", ("python3", "-m", "dgxdoctor", "check", "--only", "vllm"), False),
-        ("vllm", "python3", ("python3", "serve.py", "--model", "/models/vllm-test"), False),
-        ("raylet", "bash", ("bash", "-c", "tail -f /tmp/ray/session_latest/logs/raylet.out"), False),
-    ],
-)
-def test_process_matching(wanted: str, name: str, cmdline: tuple[str, ...], expected: bool) -> None:
-    assert process_matches(wanted, ProcessInfo(10, name, cmdline)) is expected
-
-
 def test_check_without_model_dir_notes_it(tmp_path: Path) -> None:
     result = run(tmp_path, FakeProbe()).run()
     assert result.status is Status.OK
@@ -194,13 +169,16 @@ def test_low_available_memory_is_warning(tmp_path: Path) -> None:
 
 
 def test_required_processes(tmp_path: Path) -> None:
-    procs = [ProcessInfo(42, "raylet", ("/x/raylet",)), ProcessInfo(os.getpid(), "python3", ("vllm",))]
-    result = run(tmp_path, FakeProbe(procs=procs), required_processes=["raylet", "vllm"]).run()
+    write_process(tmp_path / "proc", 42, "raylet", ["/x/raylet"])
+    write_process(tmp_path / "proc", 43, "raylet", ["/x/raylet"], state="Z")  # a zombie is not running
+    write_process(tmp_path / "proc", os.getpid(), "python3", ["python3", "-m", "vllm"])
+    result = run(tmp_path, FakeProbe(), required_processes=["raylet", "vllm"]).run()
     assert result.status is Status.CRITICAL
     assert [(f.code, f.subject) for f in result.findings] == [
         ("HOST_PROCESS_RUNNING", "raylet"),
         ("HOST_PROCESS_MISSING", "vllm"),  # our own process never counts
     ]
+    assert result.findings[0].message == "raylet running (pid 42)"
     up = {s.labels["process"]: s.value for s in result.samples if s.metric.name == "dgxdoctor_host_process_up"}
     assert up == {"raylet": 1.0, "vllm": 0.0}
 

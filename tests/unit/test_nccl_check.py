@@ -78,3 +78,10 @@ def test_probe_sizes_parse() -> None:
     assert parse_size("8M") == 8 << 20
     assert parse_size("1G") == 1 << 30
     assert sizes(1 << 20, 8 << 20, 2) == [1 << 20, 2 << 20, 4 << 20, 8 << 20]
+
+
+def test_not_runnable_status_is_the_probes() -> None:
+    from dgxdoctor.checks import nccl
+    from dgxdoctor.probes import allreduce
+
+    assert nccl.EX_NOT_RUNNABLE == allreduce.EX_NOT_RUNNABLE

@@ -24,7 +24,7 @@ from dgxdoctor.sources.nccl_env import (
     read_ib_ports,
     read_net_interfaces,
 )
-from dgxdoctor.sources.processes import command_matches
+from dgxdoctor.sources.procfs import command_matches
 
 NCCL = FIXTURES / "nccl_env"
 SYSFS = NCCL / "sysfs"

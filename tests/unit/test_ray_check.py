@@ -23,6 +23,7 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandResult, CommandRunner
 from dgxdoctor.sources.ray_api import ClusterView, Demand
+from proctree import stat_line
 
 RAY = Path(__file__).resolve().parents[1] / "fixtures" / "ray"
 WORKER_ID = "7cf0e4d13538d46a83b175ecc2c9162830812885b35ce9a2a1d7170c"
@@ -72,7 +73,7 @@ def proc_tree(root: Path, listening: bool = True, procs: Mapping[int, tuple[str,
     for pid, (comm, state) in (procs or {}).items():
         (root / str(pid)).mkdir()
         (root / str(pid) / "comm").write_text(comm + "\n")
-        (root / str(pid) / "stat").write_text(f"{pid} ({comm}) {state} 1 1 1 0\n")
+        (root / str(pid) / "stat").write_text(stat_line(pid, comm, state))
     return root
 
 

@@ -1,4 +1,5 @@
-"""Parsers of the Ray dashboard API, of `ray status` text and of procfs, over real captures (tests/fixtures/ray)."""
+"""Parsers of the Ray dashboard API and of `ray status` text, over real captures (tests/fixtures/ray); the procfs
+parts are in test_procfs.py."""
 
 from __future__ import annotations
 
@@ -7,12 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from dgxdoctor.sources.localproc import (
-    find_processes,
-    listening_ports,
-    parse_proc_net_tcp,
-    parse_stat_state,
-)
 from dgxdoctor.sources.ray_api import (
     RayApiError,
     cluster_view,
@@ -229,50 +224,3 @@ def test_ray_status_names_a_line_it_does_not_understand() -> None:
     text = read("pending-ray-status.txt").decode().replace("1+ pending tasks/actors", "many waiting")
     with pytest.raises(RayStatusError, match="demand line not understood"):
         parse_ray_status(text)
-
-
-# --- procfs
-
-
-def test_listening_ports_of_the_real_head_namespace(tmp_path: Path) -> None:
-    (tmp_path / "net").mkdir()
-    (tmp_path / "net" / "tcp").write_bytes(read("head-proc-net-tcp.txt"))
-    (tmp_path / "net" / "tcp6").write_bytes(read("head-proc-net-tcp6.txt"))
-    ports = listening_ports(tmp_path)
-    assert ports is not None
-    assert {6379, 8265} <= ports  # GCS only on tcp6 ([::]), dashboard only on tcp (0.0.0.0)
-    v4 = parse_proc_net_tcp(read("head-proc-net-tcp.txt").decode())
-    assert 6379 not in {s.port for s in v4 if s.state == "0A"}
-
-
-def test_listening_ports_unreadable_is_none(tmp_path: Path) -> None:
-    assert listening_ports(tmp_path) is None
-
-
-def make_proc(root: Path, pid: int, comm: str, state: str = "S", netns: str = "net:[4026531840]") -> None:
-    d = root / str(pid)
-    (d / "ns").mkdir(parents=True)
-    (d / "comm").write_text(comm + "\n")
-    (d / "stat").write_text(f"{pid} ({comm}) {state} 1 {pid} {pid} 0 -1 4194560\n")
-    (d / "ns" / "net").symlink_to(netns)
-
-
-def test_find_processes_skips_zombies_other_names_and_other_network_namespaces(tmp_path: Path) -> None:
-    (tmp_path / "self" / "ns").mkdir(parents=True)
-    (tmp_path / "self" / "ns" / "net").symlink_to("net:[4026531840]")
-    make_proc(tmp_path, 10, "raylet")
-    make_proc(tmp_path, 11, "gcs_server")
-    make_proc(tmp_path, 12, "raylet", state="Z")
-    make_proc(tmp_path, 13, "raylet", netns="net:[4026532999]")  # another node's namespace
-    make_proc(tmp_path, 14, "python3")
-    found = find_processes(tmp_path, ("raylet", "gcs_server"))
-    assert [(p.pid, p.name, p.alive) for p in found] == [
-        (10, "raylet", True),
-        (11, "gcs_server", True),
-        (12, "raylet", False),
-    ]
-
-
-def test_stat_state_with_parentheses_in_the_name() -> None:
-    assert parse_stat_state("4242 (ray::IDLE) (x)) R 1 2 3") == "R"
-    assert parse_stat_state("garbage") == "?"

@@ -11,7 +11,6 @@ out of the facts, and the peer comparison decides what a difference means.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import ClassVar
 
@@ -22,14 +21,7 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.fingerprint import ShardHasher, listing_fingerprint, sample_shards, scan_model_dir
-from dgxdoctor.sources.serving_env import (
-    DISTRIBUTIONS,
-    PROBE,
-    ProcessInfo,
-    find_serving_python,
-    parse_probe_output,
-    psutil_processes,
-)
+from dgxdoctor.sources.serving_env import DISTRIBUTIONS, PROBE, find_serving_python, parse_probe_output
 
 NODE_INFO = MetricSpec(
     "dgxdoctor_node_info",
@@ -72,18 +64,12 @@ class DriftCheck:
     name: ClassVar[str] = "drift"
     settings_model: ClassVar[type[CheckSettings]] = DriftSettings
 
-    def __init__(
-        self,
-        settings: CheckSettings,
-        env: Environment,
-        processes: Callable[[], Iterable[ProcessInfo]] = psutil_processes,
-    ) -> None:
+    def __init__(self, settings: CheckSettings, env: Environment) -> None:
         if not isinstance(settings, DriftSettings):
             raise TypeError(f"drift check needs DriftSettings, got {type(settings).__name__}")
         self.settings: CheckSettings = settings
         self._settings = settings
         self.env = env
-        self._processes = processes
         self._hasher = ShardHasher()
 
     def run(self) -> CheckResult:
@@ -118,7 +104,7 @@ class DriftCheck:
         s = self._settings
         python = s.serving_python
         if python is None:
-            found = find_serving_python(self._processes)
+            found = find_serving_python(self.env.proc_root)
             if found is None:
                 b.finding(
                     "SERVING_PYTHON_UNKNOWN",

@@ -11,7 +11,6 @@ process that is not running is CRITICAL.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
@@ -22,7 +21,7 @@ from pydantic import Field, model_validator
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
-from dgxdoctor.sources.processes import command_matches
+from dgxdoctor.sources.procfs import iter_processes
 
 HOST_MEMORY_TOTAL = MetricSpec("dgxdoctor_host_memory_total_bytes", "Total system memory (RAM)")
 HOST_MEMORY_AVAILABLE = MetricSpec(
@@ -102,20 +101,14 @@ class HostSettings(CheckSettings):
 
 
 @dataclass(frozen=True)
-class ProcessInfo:
-    pid: int
-    name: str
-    cmdline: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class DiskUsage:
     total: int
     free: int
 
 
 class HostProbe(Protocol):
-    """What the host check reads about the machine; psutil by default, a fake in tests."""
+    """Memory, load and disk as the host check reads them; psutil by default, a fake in tests. Processes are
+    read from ``env.proc_root`` (sources.procfs)."""
 
     def memory(self) -> tuple[int, int]:
         """(total, available) bytes."""
@@ -126,8 +119,6 @@ class HostProbe(Protocol):
     def load1_per_cpu(self) -> float | None: ...
 
     def disk_usage(self, path: Path) -> DiskUsage: ...
-
-    def processes(self) -> Iterable[ProcessInfo]: ...
 
 
 class PsutilProbe:
@@ -150,15 +141,6 @@ class PsutilProbe:
     def disk_usage(self, path: Path) -> DiskUsage:
         usage = psutil.disk_usage(str(path))
         return DiskUsage(int(usage.total), int(usage.free))
-
-    def processes(self) -> Iterator[ProcessInfo]:
-        for proc in psutil.process_iter(["pid", "name", "cmdline"]):
-            info = proc.info
-            yield ProcessInfo(int(info["pid"]), info.get("name") or "", tuple(info.get("cmdline") or ()))
-
-
-def process_matches(wanted: str, proc: ProcessInfo) -> bool:
-    return command_matches(wanted, proc.name, proc.cmdline)
 
 
 def weights_size(model_dir: Path) -> tuple[int, int]:
@@ -335,9 +317,10 @@ class HostCheck:
         if not wanted:
             return
         me = os.getpid()
-        running = [p for p in self.probe.processes() if p.pid != me]
+        # One listing for every name: each process's comm and cmdline are read once.
+        running = [p for p in iter_processes(self.env.proc_root) if p.pid != me]
         for name in wanted:
-            found = [p for p in running if process_matches(name, p)]
+            found = sorted((p for p in running if p.matches(name) and p.alive), key=lambda p: p.pid)
             b.sample(HOST_PROCESS_UP, 1 if found else 0, process=name)
             if found:
                 b.finding(

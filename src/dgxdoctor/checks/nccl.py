@@ -20,14 +20,16 @@ from typing import ClassVar
 from pydantic import Field
 
 from dgxdoctor.checks.base import CheckSettings
-from dgxdoctor.diagnose.nccl_tests import nccl_tests_findings
 from dgxdoctor.environment import Environment
-from dgxdoctor.probes import allreduce
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
 from dgxdoctor.sources.serving_env import find_serving_python
 from dgxdoctor.sources.signatures import load_catalog
+
+# The probe's exit status for "cannot run here" (no torch, no GPU): ``dgxdoctor.probes.allreduce.EX_NOT_RUNNABLE``,
+# repeated so the daemon does not import the probe (argparse and all) to compare one number; a test holds them equal.
+EX_NOT_RUNNABLE = 3
 
 BUSBW = MetricSpec(
     "dgxdoctor_nccl_busbw_bytes_per_second",
@@ -87,10 +89,12 @@ class NcclCheck:
             return list(cfg.command)
         python = cfg.serving_python
         if python is None:
-            found = find_serving_python()
+            found = find_serving_python(self.env.proc_root)
             python = found.exe if found else None
         if python is None:
             return None
+        from dgxdoctor.probes import allreduce  # argparse and the probe's code: only once there is a probe to run
+
         argv = [python, str(Path(allreduce.__file__))]
         argv += ["--min-bytes", cfg.min_bytes, "--max-bytes", cfg.max_bytes]
         if cfg.gpus:
@@ -111,7 +115,7 @@ class NcclCheck:
             return CheckResult.skipped(self.name, str(exc))
         except CommandTimeout as exc:
             return CheckResult.unknown(self.name, str(exc))
-        if not self.cfg.command and done.returncode == allreduce.EX_NOT_RUNNABLE:
+        if not self.cfg.command and done.returncode == EX_NOT_RUNNABLE:
             return CheckResult.skipped(self.name, done.stderr.strip().lstrip("# ") or "probe cannot run here")
         return judge(done.stdout, done.stderr, done.returncode, self.cfg)
 
@@ -139,6 +143,8 @@ def judge(stdout: str, stderr: str, returncode: int, cfg: NcclSettings) -> Check
         )
         return b.build(f"probe failed (exit {returncode})")
     b.sample(PROBE_OK, 1)
+    from dgxdoctor.diagnose.nccl_tests import nccl_tests_findings  # `diagnose`'s module: only once there is a table
+
     b.findings.extend(nccl_tests_findings(report))
     largest = max(report.rows, key=lambda r: r.size_bytes)
     peak_at_largest = largest.busbw_gbps

@@ -31,7 +31,7 @@ from dgxdoctor.sources.nccl_env import (
     read_net_interfaces,
     watched,
 )
-from dgxdoctor.sources.processes import command_matches, iter_processes
+from dgxdoctor.sources.procfs import iter_processes
 
 NCCL_ENV_VARS = MetricSpec(
     "dgxdoctor_nccl_env_variables", "NCCL_*/GLOO_*/VLLM_HOST_IP variables set in the checked environment"
@@ -100,17 +100,20 @@ class NcclEnvCheck:
         if s.process_name:
             me = os.getpid()
             found = sorted(
-                p.pid
-                for p in iter_processes(self.env.proc_root)
-                if p.pid != me and command_matches(s.process_name, p.comm, p.cmdline)
+                (
+                    p
+                    for p in iter_processes(self.env.proc_root)
+                    if p.pid != me and p.matches(s.process_name) and p.alive
+                ),
+                key=lambda p: p.pid,
             )
             if not found:
                 missing.append(f"no {s.process_name} process")
             else:
-                pid = found[0]
-                proc_label = f"{s.process_name} (pid {pid})"
+                proc = found[0]
+                proc_label = f"{s.process_name} (pid {proc.pid})"
                 try:
-                    proc_values = parse_environ((self.env.proc_root / str(pid) / "environ").read_bytes())
+                    proc_values = parse_environ(proc.environ())
                 except PermissionError:
                     b.finding(
                         "NCCL_ENV_PROCESS_UNREADABLE",

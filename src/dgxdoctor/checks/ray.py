@@ -29,7 +29,7 @@ from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
-from dgxdoctor.sources.localproc import find_processes, listening_ports
+from dgxdoctor.sources.procfs import listening_ports, processes_named
 from dgxdoctor.sources.ray_api import (
     CLUSTER_STATUS_PATH,
     NODES_DETAIL_PATH,
@@ -430,9 +430,9 @@ class RayCheck:
 
     def _unreachable(self, error: str) -> CheckResult:
         s = self._cfg
-        procs = [p for p in find_processes(self.env.proc_root, ("raylet", "gcs_server")) if p.alive]
-        gcs = [p for p in procs if p.name == "gcs_server"]
-        raylets = [p for p in procs if p.name == "raylet"]
+        procs = [p for p in processes_named(self.env.proc_root, ("raylet", "gcs_server")) if p.alive]
+        gcs = [p for p in procs if p.comm == "gcs_server"]
+        raylets = [p for p in procs if p.comm == "raylet"]
         if s.role == "auto" and not gcs:
             if not is_loopback_url(s.dashboard_url):
                 # A head configured by address that does not answer: down, or a firewall in between (tutorial
@@ -452,7 +452,7 @@ class RayCheck:
                 self.name, f"no Ray here: dashboard {s.dashboard_url} not answering ({error}), no raylet or gcs_server"
             )
         builder = ResultBuilder(self.name)
-        running = ", ".join(f"{p.name} pid {p.pid}" for p in procs) or "no raylet or gcs_server process"
+        running = ", ".join(f"{p.comm} pid {p.pid}" for p in procs) or "no raylet or gcs_server process"
         builder.finding(
             "RAY_DASHBOARD_DOWN",
             Status.CRITICAL,
@@ -503,7 +503,7 @@ class RayCheck:
         builder = ResultBuilder(self.name)
         if extra is not None:
             builder.findings.append(extra)
-        raylets = [p for p in find_processes(self.env.proc_root, ("raylet",)) if p.alive]
+        raylets = [p for p in processes_named(self.env.proc_root, ("raylet",)) if p.alive]
         if raylets:
             pids = ", ".join(str(p.pid) for p in raylets)
             how = "" if configured else f" ({self._cfg.dashboard_url} not answering here)"

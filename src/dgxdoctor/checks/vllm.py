@@ -34,7 +34,7 @@ from pydantic import Field, SecretStr, field_validator
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
-from dgxdoctor.sources.proc_table import CLK_TCK, ProcInfo, iter_processes, read_process
+from dgxdoctor.sources.procfs import CLK_TCK, ProcessInfo, iter_processes, read_process
 from dgxdoctor.sources.prom_text import PromTextError
 from dgxdoctor.sources.vllm_metrics import (
     NotVllmMetrics,
@@ -111,6 +111,12 @@ def is_vllm_api_server(argv: tuple[str, ...]) -> bool:
 
 def is_vllm_process(argv: tuple[str, ...]) -> bool:
     return is_vllm_api_server(argv) or (bool(argv) and argv[0].startswith(VLLM_TITLE_PREFIX))
+
+
+def _user_process(proc_root: Path, pid: int) -> ProcessInfo | None:
+    """A process with a command line, its stat read now; None when gone, a zombie or a kernel thread."""
+    info = read_process(proc_root, pid)
+    return info if info is not None and info.cmdline else None
 
 
 def cmdline_port(argv: tuple[str, ...]) -> int | None:
@@ -292,7 +298,7 @@ class VllmCheck:
         self._progress_t: float | None = None  # last reading at which tokens advanced (or there was no load)
         self._window: WindowStats | None = None
         self._sleep: Callable[[float], None] = time.sleep  # tests advance a fake clock instead
-        self._api_server: ProcInfo | None = None
+        self._api_server: ProcessInfo | None = None
 
     def _reset(self) -> None:
         """The server went away: its counters and windows mean nothing for the next one."""
@@ -306,7 +312,7 @@ class VllmCheck:
         key = self.cfg.api_key
         return {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
 
-    def _find_process(self) -> tuple[ProcInfo | None, str | None]:
+    def _find_process(self) -> tuple[ProcessInfo | None, str | None]:
         """The vLLM API server process (else any vLLM process), oldest first; and why none, if none."""
         root = self.env.proc_root
         pid_file = self.cfg.pid_file
@@ -317,17 +323,18 @@ class VllmCheck:
                 return None, f"pid file {pid_file}: {exc.strerror or exc}"
             if not (raw.isascii() and raw.isdigit() and len(raw) <= 10):
                 return None, f"pid file {pid_file} holds {raw[:40]!r}, not a pid"
-            info = read_process(root, int(raw))
+            info = _user_process(root, int(raw))
             return (info, None) if info else (None, f"process {raw} from {pid_file} is gone")
         cached = self._api_server
         if cached is not None:
             # The API server found last time, if it is still the same process: no /proc scan every run.
-            again = read_process(root, cached.pid)
-            if again is not None and again.stat.start_ticks == cached.stat.start_ticks:
+            again = _user_process(root, cached.pid)
+            if again is not None and again.start_ticks == cached.start_ticks:
                 return again, None
             self._api_server = None
         port = urlsplit(self.cfg.base_url).port or (443 if self.cfg.base_url.startswith("https") else 80)
-        found = [p for p in iter_processes(root) if is_vllm_process(p.cmdline)]
+        # Processes that exit while listed (no stat line left) are skipped.
+        found = [p for p in iter_processes(root) if is_vllm_process(p.cmdline) and p.stat is not None]
         # A server started with another --port is not the one this check watches.
         found = [p for p in found if cmdline_port(p.cmdline) in (None, port)]
         if not found:
@@ -338,8 +345,8 @@ class VllmCheck:
         return found[0], None
 
     def _cpu_ticks(self, pid: int) -> tuple[int, str] | None:
-        info = read_process(self.env.proc_root, pid)
-        return (info.stat.cpu_ticks, info.stat.state) if info else None
+        info = _user_process(self.env.proc_root, pid)
+        return (info.stat.cpu_ticks, info.stat.state) if info and info.stat else None
 
     def _health(self, client: httpx.Client) -> _Health:
         t0 = time.monotonic()
@@ -405,7 +412,7 @@ class VllmCheck:
         self,
         b: ResultBuilder,
         health: _Health,
-        proc: ProcInfo | None,
+        proc: ProcessInfo | None,
         no_proc_reason: str | None,
         uptime: float | None,
         loading: bool,

@@ -203,6 +203,25 @@ class NvmlClient(Protocol):
 # without the driver gets a clean "NVML library not found".
 
 
+# What pynvml dlopens on Linux (nvidia-ml-py's _LoadNvmlLibrary).
+NVML_LIBRARY = "libnvidia-ml.so.1"
+
+
+def nvml_library_loads() -> bool:
+    """Whether the dynamic loader finds NVML's library, tried before importing pynvml.
+
+    pynvml is 2 MiB of module the daemon would keep for good on a node without the driver only to learn what this
+    one dlopen says (the library stays loaded for pynvml when present).
+    """
+    import ctypes
+
+    try:
+        ctypes.CDLL(NVML_LIBRARY)
+    except OSError:
+        return False
+    return True
+
+
 class PynvmlClient:
     """``NvmlClient`` over NVIDIA's ``pynvml`` module."""
 
@@ -240,6 +259,10 @@ class PynvmlClient:
         with self._lock:
             if self._nvml is not None:
                 return
+            if not nvml_library_loads():
+                raise NvmlLibraryNotFound(
+                    f"NVML library not found ({NVML_LIBRARY} did not load)", NVML_ERROR_LIBRARY_NOT_FOUND
+                )
             try:
                 import pynvml
             except ImportError as exc:

