@@ -690,3 +690,34 @@ def test_ray_cluster_status_bad_demand(demand: list[Any], message: str) -> None:
     doc["data"]["clusterStatus"]["loadMetricsReport"]["resourceDemand"] = [demand]
     with pytest.raises(ray_api.RayApiError, match=re.escape(message)):
         ray_api.parse_cluster_status(json.dumps(doc))
+
+
+# --- /proc: what another user's process controls (comm, argv) and the kernel's tables -------------------------
+
+
+@FUZZ
+@given(
+    st.one_of(garbage(), mutated([(FIXTURES / "vllm" / "proc" / "stat").read_text(errors="replace")])),
+    st.one_of(st.binary(max_size=600), st.lists(st.text(max_size=30), max_size=6).map(lambda a: "\0".join(a).encode())),
+)
+def test_procfs_parsers(text: str, raw: bytes) -> None:
+    from dgxdoctor.sources import procfs
+
+    clean(procfs.parse_proc_stat, text, allowed=(procfs.ProcFormatError,))
+    procfs.parse_btime(text)
+    procfs.parse_status_uid(text)
+    procfs.parse_netns_link(text)
+    argv = procfs.parse_cmdline(raw)
+    comm = text[:15]
+    for wanted in ("vllm", "raylet", "gcs_server"):
+        procfs.command_matches(wanted, comm, argv)
+        procfs.runs_package(argv, wanted)
+
+
+@FUZZ
+@given(texts_for("ray/head-proc-net-tcp*.txt"))
+def test_proc_net_tcp(text: str) -> None:
+    from dgxdoctor.sources import procfs
+
+    for socket in procfs.parse_proc_net_tcp(text):
+        assert 0 <= socket.port <= 0xFFFF
