@@ -721,3 +721,24 @@ def test_proc_net_tcp(text: str) -> None:
 
     for socket in procfs.parse_proc_net_tcp(text):
         assert 0 <= socket.port <= 0xFFFF
+
+
+# --- regressions: regexes that took quadratic time on one long line (a pasted file can hold a 64 MiB line) -----
+# Each case took about a minute before its fix and takes milliseconds after; the deadline of FUZZ fails a relapse.
+
+N_REPEATS = 60_000
+
+
+@FUZZ
+@given(
+    st.sampled_from(
+        [
+            (xid.scan_text, "NVRM: Xid (PCI:0000:3b:00): 154, recovery action changed from " + " to (" * N_REPEATS),
+            (ray_status.parse_ray_status, "Node status\nResources\nDemands:\n {" + " " * N_REPEATS + ": 1x\n"),
+            (sysfs_ib.parse_rate, "1 Gb/sec (1X" + " " * N_REPEATS),
+        ]
+    )
+)
+def test_long_lines_take_linear_time(case: tuple[Any, str]) -> None:
+    parse, text = case
+    clean(parse, text)

@@ -32,7 +32,7 @@ USAGE_RE = re.compile(
 # " {'CPU': 0.001, 'GPU': 8.0} * 2, {'GPU': 8.0} * 1 (STRICT_SPREAD): 1+ pending placement groups"
 # " {'CPU': 16}: 100+ from request_resources()"
 DEMAND_RE = re.compile(
-    r"^\s+(?P<shape>\{.*)\s*:\s*(?P<count>\d{1,18})\+?\s+"
+    r"^\s+(?P<shape>\{.*\S)\s*:\s*(?P<count>\d{1,18})\+?\s+"
     r"(?P<what>pending tasks/actors|pending placement groups|from request_resources\(\))\s*$"
 )
 # "{'CPU': 0.001, 'GPU': 8.0} * 2" inside a demand's shape

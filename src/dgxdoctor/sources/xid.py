@@ -47,7 +47,8 @@ NVLINK5_RE = re.compile(
 
 # XID 154 names the recovery the driver now requires:
 #   NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)
-XID154_RE = re.compile(r"recovery action changed from .*? to (?:0x[0-9a-fA-F]+ )?\((?P<action>[^)]*)\)")
+# (The action is bounded: unbounded, a long line of " to (" without ")" took quadratic time.)
+XID154_RE = re.compile(r"recovery action changed from .*? to (?:0x[0-9a-fA-F]+ )?\((?P<action>[^)]{0,200})\)")
 
 # The three lines NVSwitch prints per error; only the one with Fatal/Non-fatal is counted, the other two
 # (Severity/Data) repeat the same SXid with register detail:
