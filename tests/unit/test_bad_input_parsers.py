@@ -736,6 +736,10 @@ N_REPEATS = 60_000
             (xid.scan_text, "NVRM: Xid (PCI:0000:3b:00): 154, recovery action changed from " + " to (" * N_REPEATS),
             (ray_status.parse_ray_status, "Node status\nResources\nDemands:\n {" + " " * N_REPEATS + ": 1x\n"),
             (sysfs_ib.parse_rate, "1 Gb/sec (1X" + " " * N_REPEATS),
+            (
+                ray_status.parse_ray_status,
+                "Node status\nResources\nDemands:\n " + "{" * N_REPEATS + "}: 1+ pending tasks/actors\n",
+            ),
         ]
     )
 )

@@ -36,7 +36,7 @@ DEMAND_RE = re.compile(
     r"(?P<what>pending tasks/actors|pending placement groups|from request_resources\(\))\s*$"
 )
 # "{'CPU': 0.001, 'GPU': 8.0} * 2" inside a demand's shape
-BUNDLE_RE = re.compile(r"\{(?P<resources>[^}]*)\}(?:\s*\*\s*(?P<n>\d{1,18})\b)?")
+BUNDLE_RE = re.compile(r"\{(?P<resources>[^{}]*)\}(?:\s*\*\s*(?P<n>\d{1,18})\b)?")
 # "'GPU': 8.0" inside a bundle
 GPU_IN_BUNDLE_RE = re.compile(r"'GPU':\s*(?P<gpus>\d+(?:\.\d+)?)")
 
