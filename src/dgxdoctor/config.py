@@ -49,7 +49,8 @@ def parse_listen(value: str) -> tuple[str, int]:
         raise ValueError(f"expected HOST:PORT, got {value!r}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    # isascii: str.isdigit() accepts "²", which int() refuses; the length keeps int() off huge digit runs
+    if not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5 and 0 < int(port_text) < 65536):
         raise ValueError(f"port must be 1-65535, got {port_text!r}")
     return host, int(port_text)
 
@@ -217,6 +218,8 @@ def load_config(path: Path | None) -> Config:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(path), [("(syntax)", str(exc))]) from None
+    except RecursionError:  # tomllib recurses per nesting level: "a = [[[[..." deeper than the stack
+        raise ConfigError(str(path), [("(syntax)", "arrays or inline tables nested too deeply")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), [("(file)", str(exc))]) from None
     return parse_config(data, str(path))

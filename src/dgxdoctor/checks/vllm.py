@@ -128,7 +128,8 @@ def cmdline_port(argv: tuple[str, ...]) -> int | None:
         elif arg.startswith("--port="):
             value = arg.split("=", 1)[1]
         if value is not None:
-            return int(value) if value.isdigit() else None
+            # another user's process may write anything here; "²".isdigit() is True but int() refuses it
+            return int(value) if value.isascii() and value.isdigit() and len(value) <= 5 else None
     return None
 
 
@@ -320,7 +321,7 @@ class VllmCheck:
                 raw = pid_file.read_text().strip()
             except OSError as exc:
                 return None, f"pid file {pid_file}: {exc.strerror or exc}"
-            if not raw.isdigit():
+            if not (raw.isascii() and raw.isdigit() and len(raw) <= 10):
                 return None, f"pid file {pid_file} holds {raw[:40]!r}, not a pid"
             info = _user_process(root, int(raw))
             return (info, None) if info else (None, f"process {raw} from {pid_file} is gone")

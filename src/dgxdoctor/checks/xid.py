@@ -138,7 +138,7 @@ class XidSettings(CheckSettings):
     @field_validator("overrides")
     @classmethod
     def _xid_keys(cls, value: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in value if not k.isdigit() or not 0 < int(k) < 1000]
+        bad = [k for k in value if not (k.isascii() and k.isdigit() and len(k) <= 3 and 0 < int(k) < 1000)]
         if bad:
             raise ValueError(f"keys must be XID numbers 1..999 as strings, got {', '.join(repr(k) for k in bad)}")
         return value

@@ -97,7 +97,7 @@ async def reload(request: web.Request) -> web.Response:
     if raw.strip():
         try:
             doc = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
             return _error(400, "body must be empty or an empty JSON object")
         if doc != {}:
             return _error(400, "body must be empty or an empty JSON object (reload takes no parameters)")

@@ -64,6 +64,10 @@ def fetch_state(client: httpx.Client, url: str, token: str | None, timeout_s: fl
                 body += chunk
                 if len(body) > MAX_STATE_BYTES:
                     raise InvalidState(f"answer larger than {MAX_STATE_BYTES} bytes")
+                # httpx's timeout bounds each read, not the whole answer: a peer trickling bytes would hold
+                # this check (and its thread) for as long as it likes.
+                if time.monotonic() - t0 > timeout_s:
+                    raise InvalidState(f"answer not complete within {timeout_s:g} s")
         state = validate_state(response_json(bytes(body)))
     except httpx.TimeoutException:
         return PeerFetch(url, label, None, f"no answer within {timeout_s:g} s", time.monotonic() - t0)
@@ -79,7 +83,7 @@ def response_json(body: bytes) -> Any:
 
     try:
         return json.loads(body)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser's stack
         raise InvalidState(f"not JSON ({exc})") from None
 
 

@@ -38,7 +38,7 @@ def parse_size(text: str) -> int:
     text = text.strip().upper().removesuffix("B")
     unit = text[-1] if text and text[-1] in "KMG" else ""
     number = text[: -1 if unit else None]
-    if not number.isdigit():
+    if not (number.isascii() and number.isdigit()):  # "²".isdigit() is True, but int() refuses it
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 8M, 1G)")
     return int(number) * _UNITS[unit]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +26,22 @@ class Entry:
 
 
 def scan_model_dir(root: Path) -> list[Entry]:
-    """Every regular file under ``root`` (symlinks followed, as the Hugging Face cache uses them), sorted."""
+    """Every regular file under ``root`` (symlinks followed, as the Hugging Face cache uses them), sorted.
+
+    Each real directory is listed once: a directory symlink back up the tree (``sub/up -> ..``) would otherwise
+    make the walk endless (two such links: 2^40 paths before the kernel's ELOOP stops it)."""
     entries: list[Entry] = []
+    seen: set[tuple[int, int]] = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        try:
+            st = os.stat(dirpath)
+        except OSError:
+            dirnames[:] = []
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            dirnames[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for filename in filenames:
             if filename.startswith("."):
@@ -37,6 +51,8 @@ def scan_model_dir(root: Path) -> list[Entry]:
                 st = full.stat()
             except OSError:
                 continue
+            if not stat.S_ISREG(st.st_mode):
+                continue  # a FIFO or device named *.safetensors would block or never end the shard hashing
             entries.append(Entry(full.relative_to(root).as_posix(), st.st_size))
     return sorted(entries, key=lambda e: e.name)
 

@@ -35,7 +35,7 @@ from dgxdoctor.sources.sysfs_ib import IbPort, normalize_phys_state, normalize_s
 # CA 'mlx5_0'
 CA_RE = re.compile(r"^CA\s+'(?P<ca>[^']+)'\s*$")
 # \tPort 1:
-PORT_RE = re.compile(r"^\s+Port\s+(?P<port>\d+):\s*$")
+PORT_RE = re.compile(r"^\s+Port\s+(?P<port>\d{1,9}):\s*$")
 # \t\tState: Active   /   \t\tPhysical state: LinkUp   /   \t\tRate: 400   /   \t\tLink layer: Ethernet
 FIELD_RE = re.compile(r"^\s+(?P<key>[A-Za-z][A-Za-z ]*?):\s*(?P<value>.*?)\s*$")
 # Rate: 400   /   Rate: 2.5   /   Rate: 400 Gb/sec (4X NDR)  (hand-edited copies carry a unit)

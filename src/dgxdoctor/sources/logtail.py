@@ -49,7 +49,7 @@ class Position:
             return None
         try:
             dev, ino, offset = (int(raw[k]) for k in ("dev", "ino", "offset"))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: int(Infinity) from a corrupt file
             return None
         head = raw.get("head", "")
         return cls(dev, ino, offset, head if isinstance(head, str) else "") if offset >= 0 else None

@@ -136,8 +136,9 @@ def parse_name_spec(value: str, *, allow_port: bool) -> NameSpec:
         if colon:
             if not allow_port:
                 raise SpecError(f"{item!r}: an interface name has no ':port'")
-            if not port_text.isdigit() or int(port_text) < 1:
-                raise SpecError(f"{item!r}: port must be a positive number")
+            # isascii: str.isdigit() accepts "²", which int() refuses; the length keeps int() off huge digit runs
+            if not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5 and int(port_text) >= 1):
+                raise SpecError(f"{item!r}: port must be a positive number (at most 5 digits)")
             port = int(port_text)
         if not name:
             raise SpecError(f"{item!r}: empty name")
@@ -463,7 +464,8 @@ def _check_hca(value: str, ib_ports: dict[str, dict[int, IbPort]]) -> tuple[list
 
 def _check_gid(value: str, ports: list[IbPort]) -> list[Finding]:
     var = "NCCL_IB_GID_INDEX"
-    if not value.strip().isdigit():
+    # isascii: str.isdigit() accepts "²", which int() refuses; a GID table has at most a few hundred entries.
+    if not (value.strip().isascii() and value.strip().isdigit() and len(value.strip()) <= 6):
         return [_finding("NCCL_ENV_INVALID", Status.CRITICAL, f"{var}={value!r} is not a number", var, REMEDY_ENV_FILE)]
     index = int(value)
     findings: list[Finding] = []

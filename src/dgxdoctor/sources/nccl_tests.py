@@ -30,10 +30,10 @@ MPI_PREFIX = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
 AVG_BUSBW = re.compile(r"Avg bus bandwidth\s*:\s*(\S+)")
 # # Out of bounds values : 0 OK
 #   (NVIDIA/nccl-tests#252)
-OUT_OF_BOUNDS = re.compile(r"Out of bounds values\s*:\s*(\d+)")
+OUT_OF_BOUNDS = re.compile(r"Out of bounds values\s*:\s*(\d{1,18})\b")
 # # nThread 1 nGpus 1 minBytes 8 maxBytes 1073741824 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 ...
 #   (NVIDIA/nccl-tests#293)
-NGPUS = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)")
+NGPUS = re.compile(r"nThread\s+(\d{1,9})\s+nGpus\s+(\d{1,9})\b")
 # # nccl-tests version 2.18.0 nccl-headers=22907 nccl-library=22907
 #   (nccl-tests 2.18 header, as pasted in public benchmark notes)
 TESTS_VERSION = re.compile(r"nccl-tests version (\S+)")

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 # # Port counters: Lid 1 port 1 (CapMask: 0x1600)
 # # Port extended counters: Lid 1719 port 1 (CapMask: 0x5300 CapMask2: 0x0000002)
 HEADER_RE = re.compile(
-    r"^#\s*Port\s+(?P<extended>extended\s+)?counters:\s*Lid\s+(?P<lid>\d+)\s+port\s+(?P<port>\d+)", re.I
+    r"^#\s*Port\s+(?P<extended>extended\s+)?counters:\s*Lid\s+(?P<lid>\d{1,9})\s+port\s+(?P<port>\d{1,9})\b", re.I
 )
 # SymbolErrorCounter:..............0        (dots pad the name to a column)
 FIELD_RE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9]*):\.*\s*(?P<value>\S+)\s*$")

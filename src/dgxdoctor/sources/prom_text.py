@@ -137,7 +137,7 @@ def parse_prom_text(text: str) -> PromSnapshot:
             types[family.name] = family.type
             for s in family.samples:
                 samples.setdefault(s.name, []).append(PromSample(s.name, dict(s.labels), float(s.value)))
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:  # OverflowError: an integer sample value too large for a float
         raise PromTextError(f"metrics payload is not valid Prometheus text: {exc}") from None
     if not samples:
         raise PromTextError("metrics payload has no samples")

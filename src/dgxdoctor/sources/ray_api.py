@@ -18,6 +18,7 @@ Every function raises :class:`RayApiError` naming what is wrong when the payload
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -105,7 +106,7 @@ class ClusterView:
 def _load(payload: str | bytes, what: str) -> Any:
     try:
         return json.loads(payload)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser's stack
         text = payload if isinstance(payload, str) else payload[:200].decode("utf-8", "replace")
         raise RayApiError(f"{what}: not JSON ({exc}); starts with {text[:80]!r}") from None
 
@@ -200,7 +201,7 @@ def format_shape(resources: Mapping[str, Any]) -> str:
 
 
 def _count(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise RayApiError(f"{where}: count {value!r} is not a number")
     return int(value)
 
@@ -211,6 +212,15 @@ def _shape_pair(item: Any, where: str) -> tuple[Mapping[str, Any], int]:
     return item[0], _count(item[1], where)
 
 
+def _shape(item: Any, where: str) -> tuple[Mapping[str, Any], int]:
+    """A ``[resources, count]`` pair whose resources are all amounts (numbers)."""
+    resources, count = _shape_pair(item, where)
+    for name, amount in resources.items():
+        if isinstance(amount, bool) or not isinstance(amount, int | float):
+            raise RayApiError(f"{where}: resource {name!r} is {amount!r:.40}, not a number")
+    return resources, count
+
+
 def _resource_demands(items: Any, where: str, kind: DemandKind) -> list[Demand]:
     if items is None:
         return []
@@ -218,7 +228,7 @@ def _resource_demands(items: Any, where: str, kind: DemandKind) -> list[Demand]:
         raise RayApiError(f"{where}: not a list")
     demands = []
     for item in items:
-        shape, count = _shape_pair(item, where)
+        shape, count = _shape(item, where)
         demands.append(Demand(kind, format_shape(shape), count, _gpus(shape, where)))
     return demands
 
@@ -235,7 +245,7 @@ def _pg_demands(items: Any, where: str) -> list[Demand]:
         parts = []
         gpus = 0.0
         for bundle in bundles:
-            shape, n = _shape_pair(bundle, f"{where} bundle")
+            shape, n = _shape(bundle, f"{where} bundle")
             parts.append(f"{format_shape(shape)} * {n}")
             gpus += _gpus(shape, where) * n
         strategy = group.get("strategy")

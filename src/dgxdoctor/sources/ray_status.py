@@ -22,7 +22,7 @@ class RayStatusError(ValueError):
 # ======== Autoscaler status: 2026-11-30 01:59:21.820618 ========
 HEADER_RE = re.compile(r"^=+ Autoscaler status: (?P<ts>.+?) =+$")
 # " 1 node_7cf0e4d13538d46a83b175ecc2c9162830812885b35ce9a2a1d7170c" (under Active:, Healthy: or Idle:)
-NODE_COUNT_RE = re.compile(r"^\s+(?P<count>\d+) (?P<name>\S.*)$")
+NODE_COUNT_RE = re.compile(r"^\s+(?P<count>\d{1,18}) (?P<name>\S.*)$")
 # " 0.0/16.0 GPU", " 2/2 GPU", " 0B/31.36GiB memory", " 0.00/19.915 GiB memory", " 1/2 AcceleratorType:V100"
 USAGE_RE = re.compile(
     r"^\s+(?P<used>\d+(?:\.\d+)?)(?P<used_unit>[A-Za-z]*)/(?P<total>\d+(?:\.\d+)?)\s?(?P<total_unit>[A-Za-z]*)"
@@ -32,11 +32,11 @@ USAGE_RE = re.compile(
 # " {'CPU': 0.001, 'GPU': 8.0} * 2, {'GPU': 8.0} * 1 (STRICT_SPREAD): 1+ pending placement groups"
 # " {'CPU': 16}: 100+ from request_resources()"
 DEMAND_RE = re.compile(
-    r"^\s+(?P<shape>\{.*)\s*:\s*(?P<count>\d+)\+?\s+"
+    r"^\s+(?P<shape>\{.*\S)\s*:\s*(?P<count>\d{1,18})\+?\s+"
     r"(?P<what>pending tasks/actors|pending placement groups|from request_resources\(\))\s*$"
 )
 # "{'CPU': 0.001, 'GPU': 8.0} * 2" inside a demand's shape
-BUNDLE_RE = re.compile(r"\{(?P<resources>[^}]*)\}(?:\s*\*\s*(?P<n>\d+))?")
+BUNDLE_RE = re.compile(r"\{(?P<resources>[^{}]*)\}(?:\s*\*\s*(?P<n>\d{1,18})\b)?")
 # "'GPU': 8.0" inside a bundle
 GPU_IN_BUNDLE_RE = re.compile(r"'GPU':\s*(?P<gpus>\d+(?:\.\d+)?)")
 

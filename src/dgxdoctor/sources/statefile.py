@@ -32,15 +32,15 @@ class StateFile:
 
     def load(self) -> dict[str, Any]:
         try:
-            raw = self.path.read_text(encoding="utf-8")
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return {}
         except OSError as exc:
             log.warning("state_unreadable", path=str(self.path), error=str(exc))
             return {}
         try:
-            data = json.loads(raw)
-        except ValueError as exc:
+            data = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as exc:  # not UTF-8 or not JSON; RecursionError: absurdly deep nesting
             log.warning("state_corrupt", path=str(self.path), error=str(exc))
             return {}
         if not isinstance(data, dict):

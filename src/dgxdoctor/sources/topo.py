@@ -27,12 +27,12 @@ ANSI_ESCAPE_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 GPU_NAME_RE = re.compile(r"^GPU(\d+)$")
 
 # "NV18" = "Connection traversing a bonded set of # NVLinks" (the legend's "NV#").
-NVLINK_RE = re.compile(r"^NV(\d+)$")
+NVLINK_RE = re.compile(r"^NV(\d{1,4})$")
 
 # Any cell of the device part of the matrix: "X" (self), "NV12", "SYS", "NODE", "PHB", "PXB", "PIX",
 # "SOC" (the name of SYS before driver 384), "N/A". Unknown upper-case codes are kept, not rejected:
 # a newer driver may add one, and it is still "not NVLink".
-LINK_CELL_RE = re.compile(r"^(X|NV\d+|[A-Z][A-Z0-9/]{1,7})$")
+LINK_CELL_RE = re.compile(r"^(X|NV\d{1,4}|[A-Z][A-Z0-9/]{1,7})$")
 
 # "  NIC0: mlx5_0" in the "NIC Legend:" block.
 NIC_LEGEND_RE = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")

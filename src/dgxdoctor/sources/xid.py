@@ -27,26 +27,28 @@ _BUS = r"(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?P<fn>\.[0-7])?
 #   NVRM: Xid (PCI:0000:c6:00): 79, pid=1101234, name=nvc:[driver], GPU has fallen off the bus.
 #   NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp Exception ...
 #   NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 ...)   (NVLink5)
-XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?" + _BUS + r"\):\s*(?P<xid>\d+)\b,?\s*(?P<rest>.*)$")
+XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?" + _BUS + r"\):\s*(?P<xid>\d{1,9})\b,?\s*(?P<rest>.*)$")
 
 # The header cut by a wrapped terminal or mail client: "... NVRM: Xid (PCI:0000:3b:00):" then "79, pid=...".
 XID_HEADER_ONLY_RE = re.compile(r"NVRM: Xid(?: \((?:PCI:)?[0-9A-Fa-f:.]*\)?:?)?\s*$")
 
 #   pid=1101234, name=nvc:[driver], GPU has fallen off the bus.
 #   pid='<unknown>', name=<unknown>, Graphics SM Warp Exception ...
-XID_PID_RE = re.compile(r"^pid=(?P<pid>'?<unknown>'?|\d+),\s*(?:name=(?P<name>[^,]*),\s*)?")
+XID_PID_RE = re.compile(r"^pid=(?P<pid>'?<unknown>'?|\d{1,10}),\s*(?:name=(?P<name>[^,]*),\s*)?")
 
 # NVLink5 sub-code form (Blackwell, XIDs 144-150), documented under WORKFLOW_NVLINK5_ERR in the XID catalog:
 #   149, NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)
 #   144, SAW_MVB Nonfatal XC0 i0 Link 0 (0x00000001 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)
 NVLINK5_RE = re.compile(
-    r"^(?P<unit>[A-Z][A-Z0-9_]*) (?P<sev>Fatal|Nonfatal) XC(?P<xc>\d+) i(?P<inst>\d+) Link (?P<link>-?\d+)"
+    r"^(?P<unit>[A-Z][A-Z0-9_]*) (?P<sev>Fatal|Nonfatal) XC(?P<xc>\d{1,9}) i(?P<inst>\d{1,9}) "
+    r"Link (?P<link>-?\d{1,9})\b"
     r"(?: \((?P<regs>[0-9a-fx ]*)\))?"
 )
 
 # XID 154 names the recovery the driver now requires:
 #   NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)
-XID154_RE = re.compile(r"recovery action changed from .*? to (?:0x[0-9a-fA-F]+ )?\((?P<action>[^)]*)\)")
+# (The action is bounded: unbounded, a long line of " to (" without ")" took quadratic time.)
+XID154_RE = re.compile(r"recovery action changed from .*? to (?:0x[0-9a-fA-F]+ )?\((?P<action>[^)]{0,200})\)")
 
 # The three lines NVSwitch prints per error; only the one with Fatal/Non-fatal is counted, the other two
 # (Severity/Data) repeat the same SXid with register detail:
@@ -54,10 +56,10 @@ XID154_RE = re.compile(r"recovery action changed from .*? to (?:0x[0-9a-fA-F]+ )
 #   nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Severity 0 Engine instance 44 Sub-engine instance 00
 #   nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Data {0x0000002c, 0x0000002c, 0x00000000, ...}
 SXID_RE = re.compile(
-    r"(?P<device>nvidia-nvswitch\d+): SXid \((?:PCI:)?" + _BUS + r"\):\s*(?P<sxid>\d+),\s*"
+    r"(?P<device>nvidia-nvswitch\d+): SXid \((?:PCI:)?" + _BUS + r"\):\s*(?P<sxid>\d{1,9}),\s*"
     r"(?P<sev>Fatal|Non-fatal),\s*(?P<rest>.*)$"
 )
-SXID_LINK_RE = re.compile(r"\bLink (?P<link>\d+)\b")
+SXID_LINK_RE = re.compile(r"\bLink (?P<link>\d{1,9})\b")
 
 # "Fallen off the bus" without an Xid line (counted as XID 79):
 #   NVRM: GPU at 0000:01:00.0 has fallen off the bus.                       (older drivers)
