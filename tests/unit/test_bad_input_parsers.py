@@ -487,9 +487,6 @@ def test_serving_probe_output(stdout: str) -> None:
     assert facts is None or all(isinstance(v, str) for v in facts.values())
 
 
-@pytest.mark.xfail(
-    strict=True, raises=RecursionError, reason="serving_env.parse_probe_output: json.loads RecursionError not caught"
-)
 def test_serving_probe_output_deeply_nested() -> None:
     from dgxdoctor.sources.serving_env import parse_probe_output
 

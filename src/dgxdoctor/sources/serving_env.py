@@ -49,7 +49,7 @@ def parse_probe_output(stdout: str) -> dict[str, str]:
     """The probe's JSON object -> {fact: version}; anything else raises ValueError naming what is wrong."""
     try:
         data: Any = json.loads(stdout.strip().splitlines()[-1] if stdout.strip() else "")
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested deeper than the parser's stack
         raise ValueError(f"serving python probe printed no JSON: {stdout[:200]!r}") from exc
     if not isinstance(data, dict):
         raise ValueError(f"serving python probe printed {type(data).__name__}, not an object")
