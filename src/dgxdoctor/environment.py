@@ -56,4 +56,8 @@ class Environment:
     one_shot: bool = True
 
     def http_client(self, base_url: str = "", timeout_s: float = 5.0) -> httpx.Client:
-        return httpx.Client(base_url=base_url, timeout=timeout_s, transport=self.http_transport, verify=tls_context())
+        """An httpx client whose responses are size-capped (``sources.http``); TLS context shared."""
+        from dgxdoctor.sources.http import CappedTransport
+
+        inner = self.http_transport or httpx.HTTPTransport(verify=tls_context())
+        return httpx.Client(base_url=base_url, timeout=timeout_s, transport=CappedTransport(inner))
