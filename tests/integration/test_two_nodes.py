@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, REPO
+from conftest import REPO
+from sysfstree import build_sysfs_tree
 
 pytestmark = pytest.mark.integration
 
@@ -32,21 +33,6 @@ FETCH = (
     "r = u.Request(sys.argv[1], headers={'Authorization': 'Bearer ' + sys.argv[2]})\n"
     "print(u.urlopen(r, timeout=5).read().decode())\n"
 )
-
-
-def build_sysfs(root: Path, fixture: str) -> Path:
-    """Write a sysfs capture (``path:content`` lines, see tests/fixtures/sysfs_ib/SOURCES.md) back as files."""
-    for line in (FIXTURES / "sysfs_ib" / fixture).read_text().splitlines():
-        if not line or line.startswith("#"):
-            continue
-        rel, _, value = line.partition(":")
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if value == "<unreadable>":
-            path.mkdir()
-        else:
-            path.write_text(value + "\n")
-    return root
 
 
 def sh(*argv: str) -> None:
@@ -104,7 +90,7 @@ def nodes(tmp_path: Path) -> Iterator[tuple[Node, Node]]:
             sh("ip", "-n", n.netns, "addr", "add", f"{n.ip}/24", "dev", n.veth)
             sh("ip", "-n", n.netns, "link", "set", n.veth, "up")
         for n, peer, tree in ((a, b, "dgx_ndr_healthy.txt"), (b, a, "dgx_ndr_degraded.txt")):
-            sysfs = build_sysfs(tmp_path / f"sysfs-{n.name}", tree)
+            sysfs = build_sysfs_tree(tmp_path / f"sysfs-{n.name}", tree)
             config = tmp_path / f"{n.name}.toml"
             config.write_text(
                 f'node = "{n.name}"\n'

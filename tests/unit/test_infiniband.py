@@ -25,29 +25,14 @@ from dgxdoctor.sources.sysfs_ib import (
     parse_state,
     read_ports,
 )
+from sysfstree import build_sysfs_tree
 
-SYSFS_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs_ib"
 IB_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ib"
 BOOT_A = "0b2cf1d4-6f0e-4a47-9d1c-3f6f8c1a2b01"
 BOOT_B = "7e5d9a10-2c44-4b8e-8a55-d2c1e0f9a3b7"
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------
-
-
-def build_tree(root: Path, fixture: str) -> Path:
-    """Write a `grep -r .` capture back as files under ``root`` (the sysfs root)."""
-    for line in (SYSFS_FIXTURES / fixture).read_text().splitlines():
-        if not line or line.startswith("#"):
-            continue
-        rel, _, value = line.partition(":")
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if value == "<unreadable>":
-            path.mkdir()  # reading a directory fails with an OSError, like EIO from the driver
-        else:
-            path.write_text(value + "\n")
-    return root
 
 
 def set_counter(root: Path, device: str, counter: str, value: int, port: int = 1) -> None:
@@ -94,7 +79,7 @@ def make_env(tmp_path: Path, fixture: str | None, clock: Clock, runner: Any = No
     sysfs = tmp_path / "sys"
     sysfs.mkdir(exist_ok=True)
     if fixture is not None:
-        build_tree(sysfs, fixture)
+        build_sysfs_tree(sysfs, fixture)
     set_boot(tmp_path, boot)
     return Environment(
         node="dgx-a",
@@ -172,7 +157,7 @@ def test_parse_rejects_malformed_values(parse: Any, text: str) -> None:
 
 
 def test_read_ports_healthy_tree(tmp_path: Path) -> None:
-    root = build_tree(tmp_path, "dgx_ndr_healthy.txt")
+    root = build_sysfs_tree(tmp_path, "dgx_ndr_healthy.txt")
     ports = read_ports(root)
     assert [p.name for p in ports] == [f"mlx5_{i}/1" for i in range(8)]
     p0 = ports[0]
@@ -187,7 +172,7 @@ def test_read_ports_healthy_tree(tmp_path: Path) -> None:
 
 
 def test_read_ports_degraded_tree_keeps_unreadable_counters_absent(tmp_path: Path) -> None:
-    ports = {p.device: p for p in read_ports(build_tree(tmp_path, "dgx_ndr_degraded.txt"))}
+    ports = {p.device: p for p in read_ports(build_sysfs_tree(tmp_path, "dgx_ndr_degraded.txt"))}
     assert ports["mlx5_2"].rate_gbps == 200.0
     assert (ports["mlx5_5"].state, ports["mlx5_5"].phys_state) == ("Down", "Polling")
     bad = ports["mlx5_6"]
@@ -197,7 +182,7 @@ def test_read_ports_degraded_tree_keeps_unreadable_counters_absent(tmp_path: Pat
 
 
 def test_read_ports_no_pma(tmp_path: Path) -> None:
-    (port,) = read_ports(build_tree(tmp_path, "no_pma.txt"))
+    (port,) = read_ports(build_sysfs_tree(tmp_path, "no_pma.txt"))
     assert port.device == "rxe0" and port.link_layer == "Ethernet" and port.netdev == "eth0"
     assert "symbol_error" not in port.counters and "port_rcv_data" not in port.counters
     assert port.counters["sent_pkts"] == 81240
@@ -590,7 +575,7 @@ def test_vanished_port_keeps_only_its_flaps(tmp_path: Path) -> None:
 def test_cli_check_over_a_sysfs_tree(tmp_path: Path) -> None:
     from conftest import run_cli
 
-    sysfs = build_tree(tmp_path / "sys", "dgx_ndr_degraded.txt")
+    sysfs = build_sysfs_tree(tmp_path / "sys", "dgx_ndr_degraded.txt")
     set_boot(tmp_path, BOOT_A)
     cfg = tmp_path / "config.toml"
     cfg.write_text(
@@ -617,7 +602,7 @@ def test_unreadable_state_is_unknown_not_down(tmp_path: Path) -> None:
 
 
 def test_dual_port_device_maps_each_port_to_its_netdev(tmp_path: Path) -> None:
-    root = build_tree(tmp_path, "roce_node.txt")
+    root = build_sysfs_tree(tmp_path, "roce_node.txt")
     dev = root / "class/infiniband/mlx5_0"
     import shutil
 
