@@ -209,3 +209,17 @@ def config_example() -> None:
     from dgxdoctor.config_doc import example_config
 
     click.echo(example_config(), nl=False)
+
+
+@cli.command("dashboards")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+def dashboards(directory: Path) -> None:
+    """Write the Grafana dashboards and a provisioning file for them into DIRECTORY (docs/dashboards.md)."""
+    from dgxdoctor.dashboards import write_dashboards
+
+    try:
+        written = write_dashboards(directory)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot write the dashboards to {directory}: {exc}") from None
+    for path in written:
+        click.echo(str(path))
