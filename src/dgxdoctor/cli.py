@@ -158,8 +158,7 @@ def run(config_path: Path | None, listen: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report")
 def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool) -> None:
     """Say what is wrong in pasted tool output (a file each, - for stdin)."""
-    from dgxdoctor.diagnose.base import diagnose_text
-    from dgxdoctor.diagnose.registry import ANALYZERS
+    from dgxdoctor.diagnose.registry import diagnose as read_paste
 
     inputs = []
     worst = Status.OK
@@ -174,9 +173,9 @@ def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool) -> None:
             raise click.UsageError(f"cannot read {name}: {exc.strerror or exc}") from None
         if len(raw) > MAX_DIAGNOSE_BYTES:
             raise click.UsageError(f"{name}: larger than {MAX_DIAGNOSE_BYTES // 2**20} MiB")
-        diagnosis = diagnose_text(raw.decode("utf-8", errors="replace"), ANALYZERS, kind)
-        worst = Status.worst([worst, diagnosis.status])
-        inputs.append((name, diagnosis))
+        for diagnosis in read_paste(raw.decode("utf-8", errors="replace"), kind):
+            worst = Status.worst([worst, diagnosis.status])
+            inputs.append((name, diagnosis))
     if as_json:
         doc = {
             "inputs": [
