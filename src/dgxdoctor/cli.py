@@ -209,3 +209,17 @@ def config_example() -> None:
     from dgxdoctor.config_doc import example_config
 
     click.echo(example_config(), nl=False)
+
+
+@cli.command()
+@click.option(
+    "--only",
+    type=click.Choice(["recording", "alerts"]),
+    default=None,
+    help="print only the recording rules (peer comparison by median) or only the alert rules",
+)
+def rules(only: str | None) -> None:
+    """Print the Prometheus rules (recording and alert rules) as one file for rule_files."""
+    from dgxdoctor.alerts.rules import combined
+
+    click.echo(combined((only,) if only else ("recording", "alerts")), nl=False)
