@@ -6,7 +6,6 @@ from grafana_foundation_sdk.builders import dashboard as dash_b
 from grafana_foundation_sdk.cog import builder as cog_builder
 from grafana_foundation_sdk.models import dashboard as dash
 
-from dgxdoctor.daemon.compare import IGNORED_FACTS
 from dgxdoctor.dashboards.common import deviation_records, frame
 from dgxdoctor.dashboards.panels import (
     NODE,
@@ -21,13 +20,14 @@ from dgxdoctor.dashboards.panels import (
     timeseries,
     transform,
 )
+from dgxdoctor.fleet.compare import IGNORED_FACTS
 
 UID = "dgxdoctor-overview"
 TITLE = "dgxdoctor / Cluster overview"
 
 Panels = list[cog_builder.Builder[dash.Panel] | dash_b.Row]
 
-# The serving nodes must share every fact except these, which differ by design (daemon.compare.IGNORED_FACTS).
+# The serving nodes must share every fact except these, which differ by design (fleet.compare.IGNORED_FACTS).
 _IGNORED = "|".join(sorted(IGNORED_FACTS)).replace(".", "\\\\.")
 FACT = f'dgxdoctor_node_fact_info{{{NODE}, key!~"{_IGNORED}"}}'
 DISTINCT_VALUES = f"count by (key) (count by (key, value) ({FACT}))"
