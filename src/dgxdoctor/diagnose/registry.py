@@ -1,7 +1,7 @@
 """Input kinds `dgxdoctor diagnose` recognises: sections (a tool's output) and line readers (logs, any text).
 
-Every section kind found in a paste is read; then the first line reader that takes it (vLLM log, Ray log, else
-any text showing a known failure signature). ``ANALYZERS`` is both, in the order a forced ``--kind`` lists them.
+Every section kind found in a paste is read; then the first line reader that takes it (vLLM log, Ray log, NCCL log,
+else any text showing a known failure signature). ``ANALYZERS`` is both, in the order a forced ``--kind`` lists them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dgxdoctor.diagnose.base import Analyzer, Diagnosis, diagnose_all, diagnose_text
 from dgxdoctor.diagnose.infiniband import IbstatAnalyzer, PerfqueryAnalyzer
 from dgxdoctor.diagnose.kernel_log import KernelLogAnalyzer
-from dgxdoctor.diagnose.logs import RayLogAnalyzer, TextAnalyzer, VllmLogAnalyzer
+from dgxdoctor.diagnose.logs import NcclLogAnalyzer, RayLogAnalyzer, TextAnalyzer, VllmLogAnalyzer
 from dgxdoctor.diagnose.nccl_tests import NcclTestsAnalyzer
 from dgxdoctor.diagnose.ray_status import RayStatusAnalyzer
 from dgxdoctor.diagnose.topo import TopoAnalyzer
@@ -26,7 +26,7 @@ SECTIONS: tuple[Analyzer, ...] = (
     RayStatusAnalyzer(),
     KernelLogAnalyzer(),
 )
-LINE_READERS: tuple[Analyzer, ...] = (VllmLogAnalyzer(), RayLogAnalyzer(), TextAnalyzer())
+LINE_READERS: tuple[Analyzer, ...] = (VllmLogAnalyzer(), RayLogAnalyzer(), NcclLogAnalyzer(), TextAnalyzer())
 ANALYZERS: tuple[Analyzer, ...] = SECTIONS + LINE_READERS
 
 
