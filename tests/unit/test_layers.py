@@ -29,6 +29,7 @@ LAYERS = {
     "alerts": 7,
     "remediation": 7,
     "dashboards": 7,
+    "plan_report": 8,  # renders a layout plan for the cli
     "daemon": 8,
     "cli": 9,
     "__main__": 10,
