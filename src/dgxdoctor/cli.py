@@ -117,7 +117,7 @@ def check(config_path: Path | None, as_json: bool, only: str | None, skip: str |
     config = _load(config_path)
     env = config.environment()
     checks = build_checks(config, env, _names(only), _names(skip))
-    results = asyncio.run(CheckRunner(env).run_all(checks))
+    results = asyncio.run(CheckRunner(env).run_once(checks))
     if as_json:
         click.echo(json.dumps(report_dict(env.node, results), indent=2))
     else:

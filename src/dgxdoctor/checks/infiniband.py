@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.infiniband import (
     DEFAULT_THRESHOLDS,
@@ -125,7 +125,7 @@ class InfinibandSettings(CheckSettings):
     use_ibstat: bool = Field(True, description="fall back to `ibstat` when sysfs shows no RDMA device")
 
 
-class InfinibandCheck:
+class InfinibandCheck(Check):
     """RDMA ports (InfiniBand and RoCE). Same data by hand: ``grep -r . /sys/class/infiniband/*/ports/*/`` or
     ``ibstat``; counters via ``perfquery -x``."""
 
@@ -133,8 +133,7 @@ class InfinibandCheck:
     settings_model: ClassVar[type[CheckSettings]] = InfinibandSettings
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        if not isinstance(settings, InfinibandSettings):
-            raise TypeError(f"infiniband check needs InfinibandSettings, got {type(settings).__name__}")
+        settings = own_settings(self.name, settings, InfinibandSettings)
         self.settings: CheckSettings = settings
         self.cfg = settings
         self.env = env

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.nccl import nccl_tests_findings
 from dgxdoctor.judge.signatures import load_catalog
@@ -74,12 +74,12 @@ class NcclSettings(CheckSettings):
     )
 
 
-class NcclCheck:
+class NcclCheck(Check):
     name: ClassVar[str] = "nccl"
     settings_model: ClassVar[type[CheckSettings]] = NcclSettings
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        assert isinstance(settings, NcclSettings)
+        settings = own_settings(self.name, settings, NcclSettings)
         self.settings: CheckSettings = settings
         self.cfg = settings
         self.env = env
