@@ -28,7 +28,9 @@ from dgxdoctor.daemon.sdnotify import Notifier
 from dgxdoctor.daemon.store import ResultStore
 from dgxdoctor.environment import Environment
 from dgxdoctor.exporters.collector import make_registry
+from dgxdoctor.exporters.remediation import RemediationCollector
 from dgxdoctor.exporters.textfile import write_textfile
+from dgxdoctor.remediation.engine import Remediator, build_remediator
 
 log = structlog.get_logger(__name__)
 
@@ -63,7 +65,17 @@ class Daemon:
         self.scheduler = CheckScheduler(self.runner, self.store)
         self.registry = make_registry(self.store, lambda: self.runner.timeouts_total)
         self.token = config.daemon.resolve_token()
-        self.app_state = AppState(self.store, self.registry, self.health, self.token, self.reload)
+        self.remediator: Remediator = build_remediator(config, self.token, self.store.latest)
+        self.registry.register(RemediationCollector(lambda: self.store.node, self.remediator.metrics))
+        self.app_state = AppState(
+            self.store,
+            self.registry,
+            self.health,
+            self.token,
+            self.reload,
+            alerts=self.remediator.accept_alerts,
+            step=self.remediator.run_step,
+        )
         self.started_at = time.time()
         self.stopping = asyncio.Event()
         self.bound: tuple[str, int] | None = None
@@ -187,6 +199,7 @@ class Daemon:
             self.scheduler.add(self._build(factory))
             changed.append(f"~{name}" if current is not None else f"+{name}")
         self._configure_textfile()
+        self.remediator.reconfigure(build_remediator(new, token, self.store.latest))
         log.info("config_reloaded", source=new.source, changed=changed)
         return []
 
@@ -203,6 +216,7 @@ class Daemon:
             )
         self.scheduler.start()
         self._schedule_all()
+        self.remediator.start()
         self._configure_textfile()
         runner = web.AppRunner(make_app(self.app_state), access_log=None, handle_signals=False)
         await runner.setup()
@@ -231,6 +245,7 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         self.scheduler.shutdown()
+        await self.remediator.stop()
         await runner.cleanup()
         self.notifier.close()
         log.info("stopped")
