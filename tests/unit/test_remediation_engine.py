@@ -13,6 +13,7 @@ import pytest
 
 from dgxdoctor.alerts.webhook import IncomingAlert
 from dgxdoctor.config import AlertsSettings, RemediationSettings
+from dgxdoctor.daemon.remediation import make_pager
 from dgxdoctor.remediation.actions import VllmTarget
 from dgxdoctor.remediation.audit import AuditLog, StateFile
 from dgxdoctor.remediation.engine import Remediator, Targets
@@ -56,8 +57,8 @@ def remediator(
     cfg["commands"] = {"restart_vllm": ["true"], **kw.pop("commands", {})}
     settings = RemediationSettings(**{**cfg, **kw})
     targets = Targets(VllmTarget("http://vllm:8000", "tiny"), "http://ray:8265", 2, 16, (), "t" * 16)
-    alerts = AlertsSettings(alertmanager_url="http://am:9093")
-    return Remediator(settings, alerts, "dgx-a", tmp_path, targets, lambda: results, transport=transport)
+    pager = make_pager(AlertsSettings(alertmanager_url="http://am:9093"), transport)
+    return Remediator(settings, pager, "dgx-a", tmp_path, targets, lambda: results, transport=transport)
 
 
 async def settle(r: Remediator) -> None:

@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from dgxdoctor.alerts.peer_rules import rule_names
-from dgxdoctor.checks.infiniband import DEFAULT_THRESHOLDS
-from dgxdoctor.daemon.compare import RULES
+from dgxdoctor.fleet.compare import RULES
+from dgxdoctor.judge.infiniband import DEFAULT_THRESHOLDS
 from dgxdoctor.remediation.policy import RESTART_CLUSTER_CODES, RESTART_VLLM_CODES
 from dgxdoctor.sources.xid import load_catalog
 

@@ -1,6 +1,6 @@
 """Prometheus recording rules that do the peer comparison for clusters past a handful of nodes.
 
-The same metrics and aggregations as ``daemon.compare.RULES``, computed by Prometheus over every node it
+The same metrics and aggregations as ``fleet.compare.RULES``, computed by Prometheus over every node it
 scrapes: one value per node (or per node and rail), the cluster median, and each node's deviation from it,
 ``(node - median) / median``. Regenerate the shipped file with
 ``python -m dgxdoctor.alerts.peer_rules > src/dgxdoctor/alerts/peer_compare.rules.yml``.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from dgxdoctor.daemon.compare import RULES, Rule
+from dgxdoctor.fleet.compare import RULES, Rule
 
 _PROMQL_AGG = {"sum": "sum", "mean": "avg", "max": "max"}
 # Keeps a zero median from dividing by zero; a node busy while the median node idles shows a huge deviation.

@@ -19,13 +19,14 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.nccl import nccl_tests_findings
+from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
 from dgxdoctor.sources.serving_env import find_serving_python
-from dgxdoctor.sources.signatures import load_catalog
 
 # The probe's exit status for "cannot run here" (no torch, no GPU): ``dgxdoctor.probes.allreduce.EX_NOT_RUNNABLE``,
 # repeated so the daemon does not import the probe (argparse and all) to compare one number; a test holds them equal.
@@ -73,12 +74,12 @@ class NcclSettings(CheckSettings):
     )
 
 
-class NcclCheck:
+class NcclCheck(Check):
     name: ClassVar[str] = "nccl"
     settings_model: ClassVar[type[CheckSettings]] = NcclSettings
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        assert isinstance(settings, NcclSettings)
+        settings = own_settings(self.name, settings, NcclSettings)
         self.settings: CheckSettings = settings
         self.cfg = settings
         self.env = env
@@ -143,8 +144,6 @@ def judge(stdout: str, stderr: str, returncode: int, cfg: NcclSettings) -> Check
         )
         return b.build(f"probe failed (exit {returncode})")
     b.sample(PROBE_OK, 1)
-    from dgxdoctor.diagnose.nccl_tests import nccl_tests_findings  # `diagnose`'s module: only once there is a table
-
     b.findings.extend(nccl_tests_findings(report))
     largest = max(report.rows, key=lambda r: r.size_bytes)
     peak_at_largest = largest.busbw_gbps

@@ -31,8 +31,9 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import Field, SecretStr, field_validator
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.vllm import DEFAULT_KV_CACHE_WARN
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.procfs import CLK_TCK, ProcessInfo, iter_processes, read_process
 from dgxdoctor.sources.prom_text import PromTextError
@@ -44,8 +45,6 @@ from dgxdoctor.sources.vllm_metrics import (
     window_stats,
 )
 
-# The tutorial's maintenance section: "KV Cache 使用率持续 > 0.9 就该扩容或降并发".
-DEFAULT_KV_CACHE_WARN = 0.9
 # `dgxdoctor check` reads /metrics this many times across oneshot_window_s: the KV cache of a saturated server
 # oscillates (blocks freed and taken every step), so "sustained" is judged on the mean of several readings.
 ONESHOT_READINGS = 5
@@ -274,7 +273,7 @@ def _fmt_n(value: float | None) -> str:
     return "n/a" if value is None else f"{value:g}"
 
 
-class VllmCheck:
+class VllmCheck(Check):
     """Health, model list, metrics (KV cache, queue, latency, forward progress) and a canary of one vLLM server.
 
     By hand: ``curl -s -m 5 -w '%{http_code}\\n' http://127.0.0.1:8000/health``, ``curl -s .../v1/models``,
@@ -286,8 +285,7 @@ class VllmCheck:
     settings_model: ClassVar[type[CheckSettings]] = VllmSettings
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        if not isinstance(settings, VllmSettings):
-            raise TypeError(f"vllm check needs VllmSettings, got {type(settings).__name__}")
+        settings = own_settings(self.name, settings, VllmSettings)
         self.settings: CheckSettings = settings  # the protocol's type: a mutable attribute is invariant
         self.cfg = settings
         self.env = env

@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dgxdoctor import __version__
-from dgxdoctor.daemon.store import ResultStore
+from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.result import MetricSpec, Status
 
 log = structlog.get_logger(__name__)

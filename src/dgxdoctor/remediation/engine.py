@@ -20,20 +20,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import structlog
 
-from dgxdoctor.alerts.sender import page_alert, post_alerts
-from dgxdoctor.alerts.webhook import IncomingAlert
-from dgxdoctor.config import AlertsSettings, Config, RemediationSettings
+from dgxdoctor.config import RemediationSettings
 from dgxdoctor.remediation.actions import StepResult, VllmTarget, ask_worker, run_argv, verify_vllm, wait_ray
 from dgxdoctor.remediation.audit import AuditLog, StateFile
 from dgxdoctor.remediation.guard import Decision, Guard, GuardState
 from dgxdoctor.remediation.policy import Problem, problem_from_alert, problems_from_results
 from dgxdoctor.result import CheckResult
-from dgxdoctor.sources.xid import load_catalog
 
 log = structlog.get_logger(__name__)
 
@@ -42,6 +39,25 @@ _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 SEEN_FINGERPRINTS = 1000
 WORKER_STEPS = ("ray_stop", "ray_start")
 UPTIME_METRIC = "dgxdoctor_vllm_process_uptime_seconds"
+
+
+class FiringAlert(Protocol):
+    """One alert of Alertmanager's webhook (``alerts.webhook.IncomingAlert``)."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def labels(self) -> dict[str, str]: ...
+    @property
+    def fingerprint(self) -> str: ...
+    @property
+    def starts_at(self) -> str: ...
+    @property
+    def started(self) -> float | None: ...
+
+
+# (node, problem, suggested action, reason, now) -> what happened; raises when the page could not be delivered.
+Pager = Callable[[str, str, str, str, float], str]
 
 
 @dataclass(frozen=True)
@@ -67,7 +83,7 @@ class Remediator:
     def __init__(
         self,
         settings: RemediationSettings,
-        alerts: AlertsSettings,
+        pager: Pager | None,
         node: str,
         state_dir: Path,
         targets: Targets,
@@ -78,7 +94,7 @@ class Remediator:
     ) -> None:
         self.transport = transport  # tests inject one; None: real HTTP
         self.settings = settings
-        self.alerts_settings = alerts
+        self.pager = pager
         self.node = node
         self.targets = targets
         self.latest = latest
@@ -132,7 +148,7 @@ class Remediator:
 
     # -- input -----------------------------------------------------------------------------------------
 
-    def accept_alerts(self, alerts: Iterable[IncomingAlert]) -> tuple[int, int]:
+    def accept_alerts(self, alerts: Iterable[FiringAlert]) -> tuple[int, int]:
         """Webhook alerts: queue those for this node that carry an action; (accepted, ignored)."""
         accepted = ignored = 0
         for alert in alerts:
@@ -289,15 +305,14 @@ class Remediator:
         return [s if not s.step.startswith(("stop_", "ray_stop")) else _best_effort(s) for s in steps]
 
     async def _page(self, decision: Decision, now: float) -> None:
-        url = self.alerts_settings.alertmanager_url
         detail = "no [alerts] alertmanager_url: logged only"
         outcome = "logged"
-        if url is not None:
-            alert = page_alert(self.node, decision.problem.key, decision.problem.action, decision.reason, now)
+        if self.pager is not None:
+            p = decision.problem
             try:
-                detail = await asyncio.to_thread(self._post, url, alert)
+                detail = await asyncio.to_thread(self.pager, self.node, p.key, p.action, decision.reason, now)
                 outcome = "sent"
-            except httpx.HTTPError as exc:
+            except Exception as exc:  # Alertmanager away or refusing: audited, counted, never fatal
                 detail, outcome = f"{type(exc).__name__}: {exc}"[:300], "failed"
         self.audit.append(
             {"ts": now, "event": "page", "problem": decision.problem.key, "seen": decision.problem.reason,
@@ -305,10 +320,6 @@ class Remediator:
         )  # fmt: skip
         self.counts[("page", outcome)] += 1
         log.warning("remediation_page", problem=decision.problem.key, outcome=outcome, detail=detail)
-
-    def _post(self, url: str, alert: dict[str, object]) -> str:
-        with httpx.Client(transport=self.transport) as client:
-            return post_alerts(url, [alert], self.alerts_settings.timeout_s, client)
 
     # -- the worker's side -----------------------------------------------------------------------------
 
@@ -335,7 +346,7 @@ class Remediator:
     def reconfigure(self, new: Remediator) -> None:
         """A reload: new settings and targets; the counters, the queue and the loop stay."""
         self.settings = new.settings
-        self.alerts_settings = new.alerts_settings
+        self.pager = new.pager
         self.node = new.node
         self.targets = new.targets
         self.audit = new.audit
@@ -349,27 +360,3 @@ class Remediator:
 def _best_effort(step: StepResult) -> StepResult:
     return StepResult(f"stop:{step.step}", True, ("" if step.ok else "ignored failure: ") + step.detail,
                       step.duration_s, step.argv, step.returncode)  # fmt: skip
-
-
-def build_remediator(config: Config, token: str | None, latest: Callable[[], dict[str, CheckResult]]) -> Remediator:
-    """The remediator for ``config``: its targets from the vllm and ray checks' settings and the daemon's peers."""
-    vllm = config.check_settings("vllm")
-    ray = config.check_settings("ray")
-    api_key = getattr(vllm, "api_key", None)
-    targets = Targets(
-        vllm=VllmTarget(
-            base_url=getattr(vllm, "base_url", "http://127.0.0.1:8000"),
-            model=getattr(vllm, "served_model_name", None),
-            api_key=api_key.get_secret_value() if api_key is not None else None,
-            request_timeout_s=float(getattr(vllm, "request_timeout_s", 10.0)),
-        ),
-        ray_dashboard_url=getattr(ray, "dashboard_url", "http://127.0.0.1:8265"),
-        ray_nodes=int(getattr(ray, "expected_nodes", 2)),
-        ray_gpus=int(getattr(ray, "expected_gpus", 16)),
-        workers=config.daemon.peers if config.remediation.role == "head" else (),
-        token=token,
-    )
-    resolutions = {code: entry.resolution for code, entry in load_catalog().xids.items()}
-    return Remediator(
-        config.remediation, config.alerts, config.node, config.paths.state_dir, targets, latest, resolutions
-    )

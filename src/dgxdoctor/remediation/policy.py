@@ -31,6 +31,7 @@ RESTART_CLUSTER_CODES = frozenset(
         "RAY_GPUS_MISSING",
         "RAY_RAYLET_DOWN",
         "NCCL_NET_FAILURE",
+        "NCCL_NETWORK_ERROR",
         "NCCL_TIMEOUT",
         "NCCL_SYSTEM_ERROR",
         "GLOO_SOCKET",
