@@ -240,6 +240,41 @@ def rules(only: str | None) -> None:
     click.echo(combined((only,) if only else ("recording", "alerts")), nl=False)
 
 
+@cli.group()
+def remediation() -> None:
+    """Remediation's state: mode, breaker, budget, last actions; reset the breaker."""
+
+
+@remediation.command("status")
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="print the status as JSON")
+@click.option("--last", default=10, show_default=True, type=click.IntRange(1, 1000), help="actions to show")
+def remediation_status(config_path: Path | None, as_json: bool, last: int) -> None:
+    """Mode, role, breaker, budget left, an action in flight and the last actions (from the state dir)."""
+    from dgxdoctor.remediation.status import render_status, status_document
+
+    config = _load(config_path)
+    try:
+        doc = status_document(config, last)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot read the remediation state: {exc}") from None
+    click.echo(json.dumps(doc, indent=2) if as_json else render_status(doc))
+
+
+@remediation.command("reset")
+@config_option
+def remediation_reset(config_path: Path | None) -> None:
+    """Close the breaker and forget the budget, the ladder and the cooldowns (the daemon sees it at once)."""
+    from dgxdoctor.remediation.status import reset
+
+    config = _load(config_path)
+    try:
+        reset(config)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot reset the remediation state: {exc}") from None
+    click.echo("remediation reset: breaker closed, budget restored")
+
+
 EX_DATAERR = 65  # sysexits.h: the input (a config.json) is unusable
 # `plan`'s choices, spelled here so the daemon (which loads this module) does not import the planner;
 # tests/unit/test_plan.py holds them equal to dgxdoctor.judge.plan's.

@@ -92,7 +92,7 @@ def problems_from_results(
             action = action_for_code(finding.code, resolution)
             if action is None:
                 continue
-            key = f"{result.check}:{action}"
+            key = f"check:{result.check}:{action}"
             if key not in found:
                 subject = f" {finding.subject}" if finding.subject else ""
                 found[key] = Problem(key, action, "check", f"{finding.code}{subject}: {finding.message}")
