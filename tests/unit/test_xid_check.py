@@ -253,13 +253,19 @@ def test_bad_overrides_name_the_key(overrides: dict[str, str], message: str) -> 
     assert "checks.xid.overrides" in str(err.value)
 
 
-async def test_daemon_calling_convention_passes_the_loop(tmp_path: Path) -> None:
+async def test_start_follows_the_log_in_the_daemon_only(tmp_path: Path) -> None:
     import asyncio
+    import dataclasses
 
     path = tmp_path / "kern.log"
     path.write_text(XID_79 + "\n")
+    one_shot = _check(path)
+    one_shot.start()
+    assert not one_shot.following
     check = _check(path)
-    check.start_following(asyncio.get_running_loop())
+    check.env = dataclasses.replace(check.env, one_shot=False)
+    check.start()
+    assert check.following
     try:
         deadline = time.monotonic() + 10
         while check.count("0000:3b:00", 79) == 0 and time.monotonic() < deadline:
