@@ -6,7 +6,9 @@ else any text showing a known failure signature). ``ANALYZERS`` is both, in the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+from pydantic import BaseModel
 
 from dgxdoctor.diagnose.base import Analyzer, Diagnosis, diagnose_all, diagnose_text
 from dgxdoctor.diagnose.infiniband import IbstatAnalyzer, PerfqueryAnalyzer
@@ -17,21 +19,32 @@ from dgxdoctor.diagnose.ray_status import RayStatusAnalyzer
 from dgxdoctor.diagnose.topo import TopoAnalyzer
 from dgxdoctor.diagnose.vllm_metrics import VllmMetricsAnalyzer
 
-SECTIONS: tuple[Analyzer, ...] = (
-    IbstatAnalyzer(),
-    PerfqueryAnalyzer(),
-    TopoAnalyzer(),
-    NcclTestsAnalyzer(),
-    VllmMetricsAnalyzer(),
-    RayStatusAnalyzer(),
-    KernelLogAnalyzer(),
-)
+
+def sections(settings: Mapping[str, BaseModel] | None = None) -> tuple[Analyzer, ...]:
+    """The section analyzers, judging with the checks' settings where given (``diagnose --config``): keys are
+    check names (``infiniband``, ``nccl``, ``ray``)."""
+    given = settings or {}
+    return (
+        IbstatAnalyzer(given.get("infiniband")),
+        PerfqueryAnalyzer(),
+        TopoAnalyzer(),
+        NcclTestsAnalyzer(given.get("nccl")),
+        VllmMetricsAnalyzer(),
+        RayStatusAnalyzer(given.get("ray")),
+        KernelLogAnalyzer(),
+    )
+
+
+SECTIONS = sections()
 LINE_READERS: tuple[Analyzer, ...] = (VllmLogAnalyzer(), RayLogAnalyzer(), NcclLogAnalyzer(), TextAnalyzer())
 ANALYZERS: tuple[Analyzer, ...] = SECTIONS + LINE_READERS
 
 
-def diagnose(text: str, kind: str | None = None) -> Sequence[Diagnosis]:
+def diagnose(
+    text: str, kind: str | None = None, settings: Mapping[str, BaseModel] | None = None
+) -> Sequence[Diagnosis]:
     """What ``dgxdoctor diagnose`` reports for one input: every kind in it, or the one ``kind`` forces."""
+    found = sections(settings) if settings else SECTIONS
     if kind is not None:
-        return (diagnose_text(text, ANALYZERS, kind),)
-    return diagnose_all(text, SECTIONS, LINE_READERS)
+        return (diagnose_text(text, found + LINE_READERS, kind),)
+    return diagnose_all(text, found, LINE_READERS)
