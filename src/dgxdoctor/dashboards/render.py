@@ -5,8 +5,9 @@ server runs here: the snapshot is what tests/integration/test_dashboards_prometh
 Prometheus for each panel, and this draws it the way the panel shows it (lines, a status matrix, a state row per
 series, a value per stat), with the panel's title, unit and colours.
 
-Snapshot: ``{"title": str, "taken_at": str, "panels": [{"title", "type", "unit", "note", "series": [{"name",
-"labels", "t": [unix seconds], "v": [float | null]}]}]}``.
+Snapshot: ``{"title": str, "taken_at": str, "panels": [{"title", "type", "unit", "note", "grid": {"x", "y", "w",
+"h"}, "series": [{"name", "labels", "t": [unix seconds], "v": [float | null]}]}]}`` (rows included, as the
+dashboard lists them).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,6 @@ UNITS: dict[str, tuple[float, str]] = {
     "suffix:tok/s": (1.0, "tokens/s"),
     "reqps": (1.0, "req/s"),
 }
-COLUMNS = 3
 
 
 def _latest(series: dict[str, Any]) -> float | None:
@@ -59,7 +60,6 @@ def _lines(ax: Axes, panel: dict[str, Any], t0: float) -> None:
         t = [(x - t0) / 60 for x in s["t"]]
         v = [math.nan if y is None else y * scale for y in s["v"]]
         ax.plot(t, v, linewidth=1.2, label=s["name"][:40])
-    ax.set_xlabel("minutes", fontsize=7)
     ax.set_ylabel(label, fontsize=7)
     ax.legend(fontsize=6, loc="upper left", frameon=False)
 
@@ -72,7 +72,6 @@ def _state_rows(ax: Axes, panel: dict[str, Any], t0: float) -> None:
             if y is not None:
                 ax.barh(i, 2 / 60, left=(x - t0) / 60, color=colours.get(float(y), "#CCCCCC"), height=0.8)
     ax.set_yticks(range(len(series)), [s["name"][:28] for s in series], fontsize=6)
-    ax.set_xlabel("minutes", fontsize=7)
 
 
 def _matrix(ax: Axes, panel: dict[str, Any]) -> None:
@@ -104,29 +103,45 @@ def _fmt(value: float | None, scale: float) -> str:
     return "-" if value is None else f"{value * scale:.4g}"
 
 
+def _panel(ax: Axes, panel: dict[str, Any], t0: float) -> None:
+    ax.set_title(panel["title"], fontsize=9, loc="left")
+    ax.tick_params(labelsize=6)
+    if not panel["series"]:
+        note = f"no data: {panel['note']}" if panel.get("note") else "no data"
+        _note(ax, "\n".join(textwrap.wrap(note, 60)))
+    elif panel["type"] == "table" and "node × check" in panel["title"]:
+        _matrix(ax, panel)
+    elif panel["type"] == "state-timeline":
+        _state_rows(ax, panel, t0)
+    elif panel["type"] == "timeseries":
+        _lines(ax, panel, t0)
+    else:
+        _values(ax, panel)
+
+
 def draw(snapshot: dict[str, Any], out: Path) -> None:
+    """Each panel where the dashboard puts it (gridPos: 24 columns, rows of ~30 px), with its row titles."""
     panels = snapshot["panels"]
-    rows = math.ceil(len(panels) / COLUMNS)
-    fig, axes = plt.subplots(rows, COLUMNS, figsize=(6 * COLUMNS, 3.1 * rows), squeeze=False)
-    t0 = min((t for p in panels for s in p["series"] for t in s["t"]), default=0.0)
-    for ax, panel in zip(axes.flat, panels, strict=False):
-        ax.set_title(panel["title"], fontsize=9, loc="left")
-        ax.tick_params(labelsize=6)
-        if not panel["series"]:
-            _note(ax, f"no data: {panel['note']}" if panel.get("note") else "no data")
-        elif panel["type"] == "table" and "node × check" in panel["title"]:
-            _matrix(ax, panel)
-        elif panel["type"] == "state-timeline":
-            _state_rows(ax, panel, t0)
-        elif panel["type"] == "timeseries":
-            _lines(ax, panel, t0)
-        else:
-            _values(ax, panel)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.axis("off")
-    fig.suptitle(f"{snapshot['title']} — Prometheus's answers, {snapshot['taken_at']}", fontsize=12)
-    fig.tight_layout(rect=(0, 0, 1, 0.985))
-    fig.savefig(out, dpi=72)
+    bottom = max(p["grid"]["y"] + p["grid"]["h"] for p in panels)
+    fig = plt.figure(figsize=(20, bottom * 0.33))
+    grid = fig.add_gridspec(bottom, 24, hspace=0.0, wspace=0.0)
+    # The time axis: minutes before the last answer (0 is when the snapshot was taken).
+    t0 = max((t for p in panels for s in p["series"] for t in s["t"]), default=0.0)
+    for panel in panels:
+        x, y, w, h = (panel["grid"][k] for k in ("x", "y", "w", "h"))
+        if panel["type"] == "row":
+            ax = fig.add_subplot(grid[y : y + h, :])
+            ax.axis("off")
+            ax.text(0, 0.2, panel["title"], fontsize=11, weight="bold", transform=ax.transAxes)
+            continue
+        # A margin inside the panel's cells for its title and tick labels.
+        ax = fig.add_subplot(grid[y + 1 : y + h - 1, x : x + w])
+        _panel(ax, panel, t0)
+    fig.suptitle(
+        f"{snapshot['title']}: Prometheus's answers at {snapshot['taken_at']} (time axes: minutes before)", fontsize=13
+    )
+    fig.subplots_adjust(left=0.06, right=0.99, top=1 - 1.5 / bottom, bottom=0.01)
+    fig.savefig(out, dpi=60)
     plt.close(fig)
 
 
