@@ -89,6 +89,9 @@ class Daemon:
         attach = getattr(check, "attach_daemon", None)
         if callable(attach):
             attach(self._context())
+        attach_cluster = getattr(check, "attach_cluster", None)
+        if callable(attach_cluster):
+            attach_cluster(self.token)
 
     def _schedule_all(self) -> None:
         enabled = [f for f in self.factories if self.config.check_settings(f.name).enabled]
