@@ -21,7 +21,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -29,7 +29,7 @@ from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.checks.nccl_cross import PeerRefused, run_cross_node
 from dgxdoctor.checks.nccl_guard import in_window, parse_window, serving_reason
 from dgxdoctor.environment import Environment
-from dgxdoctor.judge.nccl_transport import transport_findings
+from dgxdoctor.judge.nccl_transport import describe, transport_findings
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.nccl_env import parse_env_file, read_ib_ports
@@ -82,6 +82,9 @@ class NcclSettings(CheckSettings):
         description="Python with torch for the bundled probe; default: that of a running vLLM or Ray process",
     )
     gpus: int = Field(0, ge=0, description="bundled probe: GPUs to use on this node (0 = all visible)")
+    backend: Literal["nccl", "gloo"] = Field(
+        "nccl", description="bundled probe: torch.distributed backend; gloo runs on CPU (no NCCL: tests, rehearsals)"
+    )
     min_bytes: str = Field("8M", description="bundled probe: smallest message")
     max_bytes: str = Field("1G", description="bundled probe: largest message")
     quick: bool = Field(False, description="bundled probe: 64M-256M, few iterations: an answer in ~10 s")
@@ -209,6 +212,8 @@ class NcclCheck:
             argv += ["--min-bytes", cfg.min_bytes, "--max-bytes", cfg.max_bytes]
         if cfg.gpus:
             argv += ["--gpus", str(cfg.gpus)]
+        if cfg.backend != "nccl":
+            argv += ["--backend", cfg.backend]
         if nnodes > 1:
             argv += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-port", str(cfg.master_port)]
             argv += ["--master-addr", cfg.master_addr or "127.0.0.1", "--join-timeout", f"{cfg.join_timeout_s:g}"]
@@ -265,7 +270,18 @@ class NcclCheck:
         # Leave room for the runner's own timeout to report a hang rather than a half-read table.
         timeout = timeout_s if timeout_s is not None else max(1.0, self.cfg.timeout_s - 5)
         done = self.env.run_command(argv, timeout_s=timeout)
+        self.keep_output(rail, done.stdout, done.stderr)
         return ProbeRun(done.returncode, done.stdout, done.stderr, rail)
+
+    def keep_output(self, rail: str | None, stdout: str, stderr: str) -> None:
+        """The whole output of the last run (table and NCCL's INFO lines) in ``<state_dir>/nccl/``, for the
+        operator: ``last-probe.txt``, or ``last-probe-<HCA>.txt`` for a per-rail run."""
+        path = self.env.state_dir / "nccl" / (f"last-probe-{rail}.txt" if rail else "last-probe.txt")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"{stdout}\n# --- stderr ---\n{stderr}", encoding="utf-8")
+        except OSError:
+            pass  # the verdict does not depend on it
 
 
 def probe_env(cfg: NcclSettings, rail: str | None = None) -> dict[str, str]:
@@ -354,9 +370,12 @@ def _judge_one(b: ResultBuilder, run: ProbeRun, cfg: NcclSettings, node_has_ib: 
 
     transport = parse_nccl_info(run.stdout + "\n" + run.stderr)
     cross = run.peer is not None or (transport.nodes or 1) > 1
-    # The transport verdict below replaces the table's own NET/Socket warning.
-    b.findings.extend(f for f in nccl_tests_findings(report) if f.code != "NCCL_SOCKET_TRANSPORT")
-    b.findings.extend(transport_findings(transport, node_has_ib=node_has_ib, subject=subject, cross_node=cross))
+    # The transport verdict below replaces the table's own NET/Socket warning; gloo (CPU) is not held to NCCL's
+    # TCP-fallback floor.
+    dropped = {"NCCL_SOCKET_TRANSPORT"} | ({"NCCL_TESTS_LOW_BUSBW"} if cfg.backend == "gloo" else set())
+    b.findings.extend(f for f in nccl_tests_findings(report) if f.code not in dropped)
+    if cfg.backend == "nccl" or transport.seen:
+        b.findings.extend(transport_findings(transport, node_has_ib=node_has_ib, subject=subject, cross_node=cross))
     peak = _bandwidth(b, report, cfg, subject, sample=run.rail is None)
     if run.peer is not None:
         b.findings.extend(_peer_findings(run, report, cfg))
@@ -372,8 +391,6 @@ def _judge_one(b: ResultBuilder, run: ProbeRun, cfg: NcclSettings, node_has_ib: 
 
 
 def _transport_word(t: NcclTransport) -> str:
-    from dgxdoctor.judge.nccl_transport import describe
-
     return f"transport {describe(t)}"
 
 
@@ -418,5 +435,7 @@ def _peer_findings(run: ProbeRun, report: NcclTestsReport, cfg: NcclSettings) ->
             )
         ]
     peer_transport = parse_nccl_info(peer.stdout + "\n" + peer.stderr)
-    found = transport_findings(peer_transport, node_has_ib=peer.has_ib, subject=cfg.peer, cross_node=True)
+    found = []
+    if cfg.backend == "nccl" or peer_transport.seen:
+        found = transport_findings(peer_transport, node_has_ib=peer.has_ib, subject=cfg.peer, cross_node=True)
     return found + peer_agreement(report, peer_report, cfg.peer or "peer")

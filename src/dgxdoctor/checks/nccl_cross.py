@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 # What a peer's answer may carry back: the probe's output is a table and NCCL's INFO lines.
 MAX_OUTPUT_CHARS = 1 << 20
 POLL_S = 0.5
+PEER_AFTER_OK_S = 30.0
+PEER_AFTER_FAILURE_S = 5.0
 HTTP_TIMEOUT_S = 10.0
 
 
@@ -71,7 +73,9 @@ def run_cross_node(check: NcclCheck, rail: str | None) -> ProbeRun:
             why = f"{peer} answered HTTP {answer.status_code}: {_error_text(answer)}"
             return ProbeRun(EX_PEER_MISSING, "", "", rail, peer_error=why)
         local = check.run_local(check.argv(rail, nnodes=2, node_rank=0), rail)
-        deadline = time.monotonic() + cfg.join_timeout_s + 30
+        # Both sides end together once the collectives are done; after a failure here the peer's ranks notice
+        # within seconds (the rendezvous is gone), so only a short wait for its output.
+        deadline = time.monotonic() + (PEER_AFTER_OK_S if local.returncode == 0 else PEER_AFTER_FAILURE_S)
         peer_run, error = fetch_result(client, peer, run_id, headers, deadline, rail)
     return replace(local, peer=peer_run, peer_error=error)
 
