@@ -29,14 +29,15 @@ from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.checks.nccl_cross import PeerRefused, run_cross_node
 from dgxdoctor.checks.nccl_guard import in_window, parse_window, serving_reason
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.nccl import nccl_tests_findings
 from dgxdoctor.judge.nccl_transport import describe, transport_findings
+from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.nccl_env import parse_env_file, read_ib_ports
 from dgxdoctor.sources.nccl_info import NcclTransport, parse_nccl_info
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
 from dgxdoctor.sources.serving_env import find_serving_python
-from dgxdoctor.sources.signatures import load_catalog
 
 # The probe's exit statuses, repeated from ``dgxdoctor.probes.allreduce`` so the daemon does not import the probe
 # (argparse and all) to compare numbers; a test holds them equal.
@@ -366,8 +367,6 @@ def _judge_one(b: ResultBuilder, run: ProbeRun, cfg: NcclSettings, node_has_ib: 
         )
         return f"{prefix}probe failed (exit {run.returncode})", None
     b.sample(PROBE_OK, 1)
-    from dgxdoctor.diagnose.nccl_tests import nccl_tests_findings  # `diagnose`'s module: only once there is a table
-
     transport = parse_nccl_info(run.stdout + "\n" + run.stderr)
     cross = run.peer is not None or (transport.nodes or 1) > 1
     # The transport verdict below replaces the table's own NET/Socket warning; gloo (CPU) is not held to NCCL's
