@@ -24,13 +24,16 @@ PERIOD_S, BEFORE_S, AFTER_S = 0.5, 5.0, 30.0
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def loop(rank: int, port: int) -> None:
+def loop(rank: int, port: int, ready: object) -> None:
     import torch
     import torch.distributed as dist
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     buf = torch.ones(16 << 20, device="cuda")
+    dist.all_reduce(buf)
+    torch.cuda.synchronize()
+    ready.set()  # type: ignore[attr-defined]
     while True:
         dist.all_reduce(buf)
         torch.cuda.synchronize()
@@ -55,6 +58,7 @@ def gpm(handle: object, previous: object) -> tuple[object, dict[str, float]]:
         data.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
         data.metrics[1].metricId = pynvml.NVML_GPM_METRIC_SM_OCCUPANCY
         pynvml.nvmlGpmMetricsGet(data)
+        pynvml.nvmlGpmSampleFree(previous)
         return sample, {"gpm_sm_util": data.metrics[0].value, "gpm_sm_occupancy": data.metrics[1].value}
     except pynvml.NVMLError as exc:
         return None, {"gpm_error": str(exc)}  # type: ignore[dict-item]
@@ -65,10 +69,13 @@ def main(outdir: str) -> None:
     pynvml.nvmlInit()
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(2)]
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=loop, args=(r, 29577)) for r in range(2)]
+    ready = [ctx.Event() for _ in range(2)]
+    procs = [ctx.Process(target=loop, args=(r, 29577, ready[r])) for r in range(2)]
     for p in procs:
         p.start()
-    time.sleep(8)  # CUDA and NCCL start-up; the loop is running after this
+    for event in ready:  # CUDA and NCCL start-up; the loop runs after this
+        if not event.wait(120):
+            raise SystemExit("the all-reduce loop did not start within 120 s")
     rows, gpm_prev = [], [None, None]
     last = {p.pid: cpu_ticks(p.pid) for p in procs}
     t0, stopped = time.monotonic(), False
@@ -92,6 +99,7 @@ def main(outdir: str) -> None:
         time.sleep(max(0.0, PERIOD_S - (time.monotonic() - t0 - now)))
     for p in procs:
         os.kill(p.pid, signal.SIGKILL)
+        p.join()
     keys = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 99)
     with open(os.path.join(outdir, "hang.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=keys)

@@ -333,8 +333,8 @@ def _header(plan: Plan, torch: Any) -> None:
     host = socket.gethostname()
     for local in range(plan.gpus):
         rank = plan.node_rank * plan.gpus + local
-        name = torch.cuda.get_device_properties(local).name if plan.backend == "nccl" else "cpu"
-        print(f"#  Rank {rank:2d} on {host} device {local} [{name}]", flush=True)
+        # No device name: asking torch for it would create a CUDA context in this process, on the GPU under test.
+        print(f"#  Rank {rank:2d} on {host} device {local} [{'cuda' if plan.backend == 'nccl' else 'cpu'}]", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
