@@ -7,10 +7,10 @@
 #     join over the API (full and quick mode, wall time), and nccl-tests with the same environment;
 #  4. the quick mode on both GPUs of one node (wall time).
 # Expects in $D: wheels/ (dgxdoctor and the dependencies the machine lacks), nccl-tests/ (sources), record_hang.py,
-# nccl_vs_nccl_tests.py; OUT set. Results in $OUT/r (tarred at the end).
+# nccl_vs_nccl_tests.py; OUT set. Results in /tmp/r, tarred into $OUT at the end.
 set -u
 D=${D:-.dev/nccl}
-R=$OUT/r
+R=/tmp/r
 mkdir -p "$R"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \

@@ -63,3 +63,20 @@ def test_no_lines_is_unknown_and_garbage_never_raises() -> None:
     assert not t.seen
     (unknown,) = transport_findings(t, node_has_ib=True)
     assert unknown.status is Status.UNKNOWN
+
+
+def test_h200_two_agents_over_sockets() -> None:
+    t = parse_nccl_info((INFO / "h200_socket_two_agents.log").read_text())
+    assert t.channels == {"NET/Socket": 4} and t.network == "Socket" and t.ib_absent
+    assert t.net_devices == {"Socket": ["lo:127.0.0.1<0>"]} and (t.ranks, t.nodes) == (2, 2)
+    assert t.env["NCCL_ALGO"] == "Ring" and t.env["NCCL_PROTO"] == "Simple" and t.env["NCCL_P2P_DISABLE"] == "1"
+    assert t.version == "2.28.9"
+    (finding,) = transport_findings(t, node_has_ib=True, cross_node=True)
+    assert finding.code == "NCCL_SOCKET_FALLBACK"
+
+
+def test_h200_one_node_over_nvlink_is_not_a_socket_transport() -> None:
+    t = parse_nccl_info((INFO / "h200_p2p_one_node.log").read_text())
+    assert t.network == "Socket" and set(t.channels) == {"P2P/CUMEM"}
+    (finding,) = transport_findings(t, node_has_ib=True)
+    assert finding.code == "NCCL_TRANSPORT" and finding.status is Status.OK

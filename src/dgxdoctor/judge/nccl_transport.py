@@ -34,7 +34,8 @@ def describe(t: NcclTransport) -> str:
 
 
 def uses_socket(t: NcclTransport) -> bool:
-    return "NET/Socket" in t.channels or (not t.net_channels and t.network == "Socket")
+    # "Using network Socket" alone is printed on a single node too, where no channel crosses the network.
+    return "NET/Socket" in t.channels or (not t.channels and t.network == "Socket")
 
 
 def transport_findings(

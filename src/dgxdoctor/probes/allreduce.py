@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
+import multiprocessing
 import os
 import queue as queue_mod
 import socket
@@ -40,7 +42,7 @@ EX_PEER_MISSING = 4
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # Quick mode: three sizes where busbw is already near its plateau, few iterations (answers in seconds).
-QUICK = {"min_bytes": 64 << 20, "max_bytes": 256 << 20, "iters": 10, "warmup": 3, "rounds": 1}
+QUICK = {"min_bytes": 32 << 20, "max_bytes": 128 << 20, "iters": 5, "warmup": 2, "rounds": 1}
 # Below this size the iteration count grows (iters * SMALL_SIZE // size, at most MAX_ITERS) so one timing spans
 # well over a graph launch (~10 us).
 SMALL_SIZE = 8 << 20
@@ -128,6 +130,9 @@ def _worker(local_rank: int, plan: Plan, out: Any) -> None:
     import torch.distributed as dist
 
     rank = plan.node_rank * plan.gpus + local_rank
+    if local_rank == 0:
+        nccl = ".".join(map(str, torch.cuda.nccl.version())) if plan.backend == "nccl" else "n/a"
+        out.put(("info", rank, {"torch": str(torch.__version__), "nccl": nccl}))
     timeout = datetime.timedelta(seconds=plan.join_timeout_s)
     try:
         store = dist.TCPStore(
@@ -259,7 +264,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3, help="timings per size; the median is reported")
     p.add_argument("--no-graph", dest="graph", action="store_false", help="time the eager loop, not a CUDA graph")
-    p.add_argument("--quick", action="store_true", help="64M-256M, 10 iterations, 1 round: an answer in seconds")
+    p.add_argument("--quick", action="store_true", help="32M-128M, 5 iterations, 1 round: an answer in seconds")
     p.add_argument("--env", type=parse_assignment, action="append", default=[], help="NAME=VALUE for NCCL")
     return p
 
@@ -321,15 +326,27 @@ def _print_table(plan: Plan, rows: list[Any]) -> None:
     print("#")
 
 
-def _header(plan: Plan, torch: Any) -> None:
-    nccl = ".".join(map(str, torch.cuda.nccl.version())) if plan.backend == "nccl" else "n/a"
+def visible_gpus() -> int:
+    """NVIDIA GPUs this process may use, without CUDA: the driver's list, narrowed by CUDA_VISIBLE_DEVICES."""
+    try:
+        present = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        present = 0
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return present
+    return min(present, len([d for d in listed.split(",") if d.strip() and not d.strip().startswith("-")]))
+
+
+def _header(plan: Plan, info: dict[str, str]) -> None:
+    nccl = info.get("nccl", "n/a")
     print(
         f"# nThread 1 nGpus {plan.gpus} minBytes {plan.sizes[0] if plan.sizes else 0} "
         f"maxBytes {plan.sizes[-1] if plan.sizes else 0} step: 2(factor) warmup iters: {plan.warmup} "
         f"iters: {plan.iters} rounds: {plan.rounds} graph: {int(plan.graph and plan.backend == 'nccl')}"
     )
     print(f"# nNodes {plan.nnodes} nodeRank {plan.node_rank} nRanks {plan.world} backend {plan.backend}")
-    print(f"# Using devices (torch {torch.__version__}, NCCL {nccl})")
+    print(f"# Using devices (torch {info.get('torch', '?')}, NCCL {nccl})")
     host = socket.gethostname()
     for local in range(plan.gpus):
         rank = plan.node_rank * plan.gpus + local
@@ -341,24 +358,26 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     for name, value in args.env:
         os.environ[name] = value  # read by NCCL in the workers (spawned: they inherit this environment)
-    try:
-        import torch
-        import torch.multiprocessing as mp
-    except ImportError as exc:
-        print(f"# torch is not importable by {sys.executable}: {exc}", file=sys.stderr)
+    # torch is imported by the workers only: importing it here too would cost seconds of a quick run.
+    if importlib.util.find_spec("torch") is None:
+        print(f"# torch is not importable by {sys.executable}", file=sys.stderr)
         return EX_NOT_RUNNABLE
-    gpus = args.gpus or (torch.cuda.device_count() if args.backend == "nccl" else 1)
-    if args.backend == "nccl" and torch.cuda.device_count() < gpus:
-        print(f"# need {gpus} GPUs, found {torch.cuda.device_count()}", file=sys.stderr)
+    visible = visible_gpus() if args.backend == "nccl" else 1
+    gpus = args.gpus or visible
+    if args.backend == "nccl" and visible < gpus:
+        print(f"# need {gpus} GPUs, found {visible}", file=sys.stderr)
         return EX_NOT_RUNNABLE
     plan = _plan(args, gpus)
     if plan.world < 2:
         print(f"# need at least 2 ranks, found {plan.world}", file=sys.stderr)
         return EX_NOT_RUNNABLE
-    _header(plan, torch)
-    # CUDA must start fresh in each worker (spawn); without CUDA (gloo) a fork reuses this process's torch import,
-    # seconds saved per rank.
-    ctx = mp.get_context("spawn" if plan.backend == "nccl" else "fork")
+    if plan.backend == "nccl":
+        # CUDA must start fresh in each worker
+        ctx: Any = multiprocessing.get_context("spawn")
+    else:
+        import torch  # noqa: F401  (forked workers share this import: seconds saved per rank without CUDA)
+
+        ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(i, plan, out), daemon=True) for i in range(plan.gpus)]
     for p in procs:
@@ -378,6 +397,7 @@ def _report(plan: Plan, messages: list[tuple[str, int, Any]], procs: list[Any]) 
             print(f"# rank {rank} failed: {detail}", file=sys.stderr)
             return 1
     rows = next((detail for kind, _, detail in messages if kind == "rows"), None)
+    _header(plan, next((detail for kind, _, detail in messages if kind == "info"), {}))
     if rows is None:
         codes = [p.exitcode for p in procs]
         print(f"# the ranks ended without a result (exit codes {codes})", file=sys.stderr)
