@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.checks.nccl_cross import PeerRefused, run_cross_node
 from dgxdoctor.checks.nccl_guard import in_window, parse_window, serving_reason
 from dgxdoctor.environment import Environment
-from dgxdoctor.judge.nccl import nccl_tests_findings
+from dgxdoctor.judge.nccl import bandwidth_finding, nccl_tests_findings
 from dgxdoctor.judge.nccl_transport import describe, transport_findings
 from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
@@ -59,6 +59,11 @@ RAIL_BUSBW = MetricSpec(
     "dgxdoctor_nccl_rail_busbw_bytes_per_second",
     "All-reduce bus bandwidth at the largest size of the last per-rail probe, NCCL_IB_HCA set to this one HCA.",
     labels=("device",),
+)
+EXPECTED_BUSBW = MetricSpec(
+    "dgxdoctor_nccl_expected_busbw_bytes_per_second",
+    "The bus bandwidth this fabric should give at the largest message ([checks.nccl] expected_busbw_gbps); "
+    "absent when not configured.",
 )
 
 GB = 1e9
@@ -166,20 +171,25 @@ class ProbeRun:
     has_ib: bool = False
 
 
-class NcclCheck:
+class NcclCheck(Check):
     name: ClassVar[str] = "nccl"
     settings_model: ClassVar[type[CheckSettings]] = NcclSettings
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        assert isinstance(settings, NcclSettings)
+        settings = own_settings(self.name, settings, NcclSettings)
         self.settings: CheckSettings = settings
         self.cfg = settings
         self.env = env
-        self.token: str | None = None
+        self._token: str | None = None
 
     def attach_cluster(self, token: str | None) -> None:
-        """The shared daemon token, for asking the peer to join (the daemon and ``dgxdoctor check`` call this)."""
-        self.token = token
+        """The shared daemon token for ``dgxdoctor check``, which has no fleet (the daemon's comes through
+        ``env.fleet``, current after a reload)."""
+        self._token = token
+
+    @property
+    def token(self) -> str | None:
+        return self.env.fleet.peers().token if self.env.fleet is not None else self._token
 
     # -- what runs -------------------------------------------------------------------------------------
 
@@ -404,16 +414,10 @@ def _bandwidth(
     if sample:
         b.sample(BUSBW, None if peak is None else peak * GB)
         b.sample(AVG_BUSBW, None if report.avg_busbw_gbps is None else report.avg_busbw_gbps * GB)
-    if cfg.expected_busbw_gbps is not None and peak is not None and peak < cfg.expected_busbw_gbps * cfg.min_fraction:
-        b.finding(
-            "NCCL_BANDWIDTH_LOW",
-            Status.CRITICAL,
-            f"busbw {peak:.1f} GB/s at {largest.size_bytes} B is below {cfg.min_fraction:.0%} of the "
-            f"expected {cfg.expected_busbw_gbps:g} GB/s",
-            subject,
-            remedy="check every rail: ibstat (all ports Active at full rate), the infiniband check's error "
-            "counters, NCCL_IB_HCA listing every HCA, and GPUDirect RDMA (NCCL_NET_GDR_LEVEL)",
-        )
+        b.sample(EXPECTED_BUSBW, None if cfg.expected_busbw_gbps is None else cfg.expected_busbw_gbps * GB)
+    low = bandwidth_finding(report, cfg.expected_busbw_gbps, cfg.min_fraction)
+    if low is not None:
+        b.findings.append(replace(low, subject=subject))
     return peak
 
 
