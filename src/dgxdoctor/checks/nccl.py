@@ -21,7 +21,7 @@ from pydantic import Field
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
-from dgxdoctor.judge.nccl import nccl_tests_findings
+from dgxdoctor.judge.nccl import bandwidth_finding, nccl_tests_findings
 from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
@@ -149,17 +149,9 @@ def judge(stdout: str, stderr: str, returncode: int, cfg: NcclSettings) -> Check
     peak_at_largest = largest.busbw_gbps
     b.sample(BUSBW, None if peak_at_largest is None else peak_at_largest * GB)
     b.sample(AVG_BUSBW, None if report.avg_busbw_gbps is None else report.avg_busbw_gbps * GB)
-    if cfg.expected_busbw_gbps is not None and peak_at_largest is not None:
-        floor = cfg.expected_busbw_gbps * cfg.min_fraction
-        if peak_at_largest < floor:
-            b.finding(
-                "NCCL_BANDWIDTH_LOW",
-                Status.CRITICAL,
-                f"busbw {peak_at_largest:.1f} GB/s at {largest.size_bytes} B is below {cfg.min_fraction:.0%} of the "
-                f"expected {cfg.expected_busbw_gbps:g} GB/s",
-                remedy="check every rail: ibstat (all ports Active at full rate), the infiniband check's error "
-                "counters, NCCL_IB_HCA listing every HCA, and GPUDirect RDMA (NCCL_NET_GDR_LEVEL)",
-            )
+    low = bandwidth_finding(report, cfg.expected_busbw_gbps, cfg.min_fraction)
+    if low is not None:
+        b.findings.append(low)
     avg = "n/a" if report.avg_busbw_gbps is None else f"{report.avg_busbw_gbps:.1f}"
     peak = "n/a" if peak_at_largest is None else f"{peak_at_largest:.1f}"
     return b.build(f"busbw {peak} GB/s at {largest.size_bytes} B, average {avg} GB/s over {len(report.rows)} sizes")

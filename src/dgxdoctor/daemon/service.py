@@ -23,12 +23,15 @@ from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import Config, ConfigError, load_config, parse_listen
 from dgxdoctor.daemon.app import AppState, make_app
+from dgxdoctor.daemon.remediation import build_remediator
 from dgxdoctor.daemon.scheduler import CheckScheduler
 from dgxdoctor.daemon.sdnotify import Notifier
 from dgxdoctor.environment import Environment, Fleet, Peers
 from dgxdoctor.exporters.collector import make_registry
+from dgxdoctor.exporters.remediation import RemediationCollector
 from dgxdoctor.exporters.textfile import write_textfile
 from dgxdoctor.fleet.store import ResultStore
+from dgxdoctor.remediation.engine import Remediator
 
 log = structlog.get_logger(__name__)
 
@@ -66,7 +69,17 @@ class Daemon:
         self.scheduler = CheckScheduler(self.runner, self.store)
         self.registry = make_registry(self.store, lambda: self.runner.timeouts_total)
         self.token = config.daemon.resolve_token()
-        self.app_state = AppState(self.store, self.registry, self.health, self.token, self.reload)
+        self.remediator: Remediator = build_remediator(config, self.token, self.store.latest)
+        self.registry.register(RemediationCollector(lambda: self.store.node, self.remediator.metrics))
+        self.app_state = AppState(
+            self.store,
+            self.registry,
+            self.health,
+            self.token,
+            self.reload,
+            alerts=self.remediator.accept_alerts,
+            step=self.remediator.run_step,
+        )
         self.started_at = time.time()
         self.stopping = asyncio.Event()
         self.bound: tuple[str, int] | None = None
@@ -180,6 +193,7 @@ class Daemon:
             self.scheduler.add(self._build(factory))
             changed.append(f"~{name}" if current is not None else f"+{name}")
         self._configure_textfile()
+        self.remediator.reconfigure(build_remediator(new, token, self.store.latest))
         log.info("config_reloaded", source=new.source, changed=changed)
         return []
 
@@ -196,6 +210,7 @@ class Daemon:
             )
         self.scheduler.start()
         self._schedule_all()
+        self.remediator.start()
         self._configure_textfile()
         runner = web.AppRunner(make_app(self.app_state), access_log=None, handle_signals=False)
         await runner.setup()
@@ -224,6 +239,7 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         self.scheduler.shutdown()
+        await self.remediator.stop()
         await runner.cleanup()
         self.notifier.close()
         log.info("stopped")
