@@ -357,3 +357,17 @@ def _gpu_memory(text: str | None, parse: Callable[[str], int]) -> int:
         return smallest_gpu_memory(Environment().nvml_factory())[0]
     except NvmlError as exc:
         raise click.UsageError(f"give --gpu-memory: cannot read it through NVML ({exc})") from None
+
+
+@cli.command("dashboards")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+def dashboards(directory: Path) -> None:
+    """Write the Grafana dashboards and a provisioning file for them into DIRECTORY (docs/dashboards.md)."""
+    from dgxdoctor.dashboards import write_dashboards
+
+    try:
+        written = write_dashboards(directory)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot write the dashboards to {directory}: {exc}") from None
+    for path in written:
+        click.echo(str(path))

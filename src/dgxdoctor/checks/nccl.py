@@ -41,6 +41,11 @@ AVG_BUSBW = MetricSpec(
     "All-reduce bus bandwidth averaged over the probe's message sizes (nccl-tests' 'Avg bus bandwidth').",
 )
 PROBE_OK = MetricSpec("dgxdoctor_nccl_probe_success", "1 when the last bandwidth probe ran and printed its table.")
+EXPECTED_BUSBW = MetricSpec(
+    "dgxdoctor_nccl_expected_busbw_bytes_per_second",
+    "The bus bandwidth this fabric should give at the largest message ([checks.nccl] expected_busbw_gbps); "
+    "absent when not configured.",
+)
 
 GB = 1e9
 
@@ -149,6 +154,7 @@ def judge(stdout: str, stderr: str, returncode: int, cfg: NcclSettings) -> Check
     peak_at_largest = largest.busbw_gbps
     b.sample(BUSBW, None if peak_at_largest is None else peak_at_largest * GB)
     b.sample(AVG_BUSBW, None if report.avg_busbw_gbps is None else report.avg_busbw_gbps * GB)
+    b.sample(EXPECTED_BUSBW, None if cfg.expected_busbw_gbps is None else cfg.expected_busbw_gbps * GB)
     low = bandwidth_finding(report, cfg.expected_busbw_gbps, cfg.min_fraction)
     if low is not None:
         b.findings.append(low)

@@ -69,6 +69,13 @@ SXID_LAST_SEEN = MetricSpec(
     "gauge",
     ("pci_bus_id", "sxid"),
 )
+XID_CATALOG_INFO = MetricSpec(
+    "dgxdoctor_xid_catalog_info",
+    "NVIDIA's catalog entry of each XID code seen: its name and resolution bucket (RESTART_APP, RESET_GPU, "
+    "RESTART_BM, CONTACT_SUPPORT, IGNORE, ...); value 1. Join on xid to group XIDs by what they need.",
+    "info",
+    ("xid", "name", "resolution"),
+)
 KMSG_RECORDS_LOST = MetricSpec(
     "dgxdoctor_kmsg_records_lost_total",
     "Kernel log records overwritten before dgxdoctor read them (ring buffer overrun), since the agent started",
@@ -256,6 +263,9 @@ class XidCheck(Check):
         now = self.env.clock()
         xids, sxids = self.ledger.snapshot()
         stats = self.reader.stats
+        for code in sorted({code for (_, code), _ in xids}):
+            entry = self.catalog.xid(code)
+            b.sample(XID_CATALOG_INFO, 1.0, xid=str(code), name=entry.name, resolution=entry.resolution)
         assessments = self._xid_findings(b, xids, now) + self._sxid_findings(b, sxids, now)
         b.sample(KMSG_RECORDS_LOST, stats.lost)
         b.sample(KMSG_RECORDS_READ, stats.records)
