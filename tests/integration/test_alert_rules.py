@@ -157,6 +157,20 @@ def test_vllm_kv_cache_sustained_not_a_spike(tmp_path: Path, rules: Path) -> Non
     run_tests(tmp_path, rules, inputs, cases)
 
 
+def test_vllm_engine_without_progress_warns_before_the_finding(tmp_path: Path, rules: Path) -> None:
+    """The stall gauge crosses half of stall_s on dgx-a (a hang building up); dgx-b's short stalls stay quiet."""
+    inputs = [
+        series("dgxdoctor_vllm_seconds_since_progress", "0 0 2 6 8 10", node="dgx-a"),
+        series("dgxdoctor_vllm_seconds_since_progress", "0 2 0 2 0 4", node="dgx-b"),
+    ]
+    cases = [
+        {"eval_time": "45s", "alertname": "DgxdoctorVllmEngineNoProgress", "exp_alerts": []},
+        {"eval_time": "60s", "alertname": "DgxdoctorVllmEngineNoProgress",
+         "exp_alerts": [expect("DgxdoctorVllmEngineNoProgress", "8", node="dgx-a")]},
+    ]  # fmt: skip
+    run_tests(tmp_path, rules, inputs, cases)
+
+
 def test_fleet_alerts(tmp_path: Path, rules: Path) -> None:
     """Version drift between nodes, a peer unreachable, a port down, probe timeouts, the breaker open."""
     fact = "dgxdoctor_node_fact_info"
