@@ -6,6 +6,7 @@ assembled from the explicit registry, so a check's keys live beside its code.
 
 from __future__ import annotations
 
+import re
 import socket
 import tomllib
 from functools import cache
@@ -55,6 +56,14 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+# user:password@ in a URL (http://admin:pw@dgx-b:9835): a password in a URL is not repeated in an error.
+_USERINFO = re.compile(r"://[^/@\s'\"]*@")
+
+
+def _without_userinfo(url: str) -> str:
+    return _USERINFO.sub("://***@", url)
+
+
 class DaemonSettings(_Frozen):
     """``dgxdoctor run``: where it listens, who may read its state, which peers it compares with."""
 
@@ -72,6 +81,13 @@ class DaemonSettings(_Frozen):
         description="also write the exposition here for node_exporter's textfile collector (a *.prom file)",
     )
     textfile_interval_s: float = Field(15.0, gt=0, description="seconds between textfile writes")
+    max_connections: int = Field(
+        256,
+        ge=8,
+        le=65536,
+        description="client connections held at once (Prometheus, peers, curl); over it the longest-idle one is "
+        "closed. Never more than the open-file limit leaves free for the checks",
+    )
     history: int = Field(20, ge=1, le=1000, description="results kept per check for /state and transitions")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
 
@@ -86,10 +102,11 @@ class DaemonSettings(_Frozen):
     def _check_peers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for peer in value:
             url = urlsplit(peer)
+            shown = _without_userinfo(peer)
             if url.scheme not in ("http", "https") or not url.hostname:
-                raise ValueError(f"peer {peer!r} is not an http(s)://HOST:PORT URL")
+                raise ValueError(f"peer {shown!r} is not an http(s)://HOST:PORT URL")
             if url.path not in ("", "/") or url.query or url.fragment or url.username:
-                raise ValueError(f"peer {peer!r}: give only scheme, host and port")
+                raise ValueError(f"peer {shown!r}: give only scheme, host and port (no user or password)")
         if len(set(value)) != len(value):
             raise ValueError("a peer is listed twice")
         return tuple(p.rstrip("/") for p in value)
@@ -198,12 +215,24 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     return Config(model, source)
 
 
+# Keys whose value is a secret: an error names the key and what is wrong, never the value (logs, /reload answers
+# and terminals are read by more people than the token file).
+SECRET_KEYS = frozenset({"token", "api_key"})
+
+
+def _is_secret(loc: tuple[int | str, ...]) -> bool:
+    return any(isinstance(part, str) and part in SECRET_KEYS for part in loc)
+
+
 def _reason(err: Any) -> str:
     if err["type"] == "extra_forbidden":
         return "unknown key"
     value = err.get("input")
-    shown = "" if isinstance(value, dict) else f" (got {value!r})"
-    return f"{err['msg']}{shown}"
+    if _is_secret(tuple(err["loc"])):
+        shown = " (value not shown: a secret)"
+    else:
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+    return _USERINFO.sub("://***@", f"{err['msg']}{shown}")
 
 
 def load_config(path: Path | None) -> Config:

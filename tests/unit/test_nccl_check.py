@@ -68,7 +68,7 @@ def test_bundled_probe_argv_uses_the_serving_python() -> None:
     argv = check.argv()
     assert argv is not None
     assert argv[0] == "/opt/vllm/bin/python"
-    assert argv[1].endswith("probes/allreduce.py")
+    assert argv[1] == "-I" and argv[2].endswith("probes/allreduce.py")
     assert argv[-2:] == ["--gpus", "8"]
 
 

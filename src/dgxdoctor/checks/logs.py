@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import structlog
 from pydantic import Field
 
 from dgxdoctor.checks.base import CheckSettings
@@ -22,8 +21,6 @@ from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.logtail import LogFollower, expand_paths
 from dgxdoctor.sources.signatures import Catalog, Signature, load_catalog
 from dgxdoctor.sources.statefile import StateFile
-
-log = structlog.get_logger(__name__)
 
 MATCHES_TOTAL = MetricSpec(
     "dgxdoctor_logs_signature_matches_total",
@@ -127,10 +124,7 @@ class LogsCheck:
             }
             for r in self._recent.values()
         ]
-        try:
-            self.state.save({"positions": follower.state(), "recent": recent})
-        except OSError as exc:
-            log.warning("logs_state_unsaved", path=str(self.state.path), error=str(exc))
+        self.state.save({"positions": follower.state(), "recent": recent})  # a failure is logged and counted
 
     def run(self) -> CheckResult:
         s = self._settings

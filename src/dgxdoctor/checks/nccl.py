@@ -22,7 +22,7 @@ from pydantic import Field
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
-from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
+from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
 from dgxdoctor.sources.serving_env import find_serving_python
 from dgxdoctor.sources.signatures import load_catalog
@@ -95,7 +95,7 @@ class NcclCheck:
             return None
         from dgxdoctor.probes import allreduce  # argparse and the probe's code: only once there is a probe to run
 
-        argv = [python, str(Path(allreduce.__file__))]
+        argv = python_argv(python, str(Path(allreduce.__file__)))
         argv += ["--min-bytes", cfg.min_bytes, "--max-bytes", cfg.max_bytes]
         if cfg.gpus:
             argv += ["--gpus", str(cfg.gpus)]

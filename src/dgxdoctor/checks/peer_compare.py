@@ -13,7 +13,6 @@ comparison sees exactly what peers see of us. The peers, the token and the per-p
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -21,11 +20,9 @@ from pydantic import Field, field_validator
 
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.daemon.compare import RULE_KEYS, compare
-from dgxdoctor.daemon.peers import fetch_state
+from dgxdoctor.daemon.peers import fetch_all
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample, Status
-
-MAX_PARALLEL_FETCHES = 8
 
 PEER_UP = MetricSpec(
     "dgxdoctor_peer_up",
@@ -102,37 +99,35 @@ class PeerCompareCheck:
         local = ctx.local_state()
         snapshots = [local]
         down = 0
-        # Peers are fetched in parallel, so a cycle takes one peer_timeout_s at most however many are down.
-        with (
-            self.env.http_client(timeout_s=ctx.peer_timeout_s) as client,
-            ThreadPoolExecutor(min(MAX_PARALLEL_FETCHES, len(ctx.peers)), thread_name_prefix="peer") as pool,
-        ):
-            fetched = list(pool.map(lambda url: fetch_state(client, url, ctx.token, ctx.peer_timeout_s), ctx.peers))
-            for url, got in zip(ctx.peers, fetched, strict=True):
-                builder.sample(PEER_UP, 1.0 if got.up else 0.0, peer=got.label)
-                builder.sample(PEER_FETCH_SECONDS, got.seconds, peer=got.label)
-                if got.state is None:
-                    down += 1
-                    builder.finding(
-                        "PEER_UNREACHABLE",
-                        Status.WARNING,
-                        f"peer {url} gave no state: {got.error}",
-                        subject=got.label,
-                        remedy="check dgxdoctor on that node (systemctl status dgxdoctor) and the network between "
-                        "the nodes (ping, the IB/RoCE link); nodes cannot be compared meanwhile",
-                    )
-                    continue
-                state = got.state
-                if any(s["node"] == state["node"] for s in snapshots):
-                    builder.finding(
-                        "PEER_NAME_CLASH",
-                        Status.WARNING,
-                        f"peer {url} reports node name {state['node']!r}, already seen; set a distinct 'node' "
-                        "in each node's config",
-                        subject=got.label,
-                    )
-                    state = {**state, "node": f"{state['node']}@{got.label}"}
-                snapshots.append(state)
+        # Peers are fetched in parallel, each under a hard deadline of peer_timeout_s for the whole exchange.
+        fetched = fetch_all(
+            lambda: self.env.async_http_client(ctx.peer_timeout_s), ctx.peers, ctx.token, ctx.peer_timeout_s
+        )
+        for url, got in zip(ctx.peers, fetched, strict=True):
+            builder.sample(PEER_UP, 1.0 if got.up else 0.0, peer=got.label)
+            builder.sample(PEER_FETCH_SECONDS, got.seconds, peer=got.label)
+            if got.state is None:
+                down += 1
+                builder.finding(
+                    "PEER_UNREACHABLE",
+                    Status.WARNING,
+                    f"peer {url} gave no state: {got.error}",
+                    subject=got.label,
+                    remedy="check dgxdoctor on that node (systemctl status dgxdoctor) and the network between "
+                    "the nodes (ping, the IB/RoCE link); nodes cannot be compared meanwhile",
+                )
+                continue
+            state = got.state
+            if any(s["node"] == state["node"] for s in snapshots):
+                builder.finding(
+                    "PEER_NAME_CLASH",
+                    Status.WARNING,
+                    f"peer {url} reports node name {state['node']!r}, already seen; set a distinct 'node' "
+                    "in each node's config",
+                    subject=got.label,
+                )
+                state = {**state, "node": f"{state['node']}@{got.label}"}
+            snapshots.append(state)
         outcome = compare(snapshots, self.tolerances, local=str(local["node"]))
         for imbalance in outcome.imbalances:
             # Not builder.sample(): its first parameter is called ``metric`` too.

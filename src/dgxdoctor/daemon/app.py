@@ -113,8 +113,9 @@ async def index(request: web.Request) -> web.Response:
     )
 
 
-def make_app(app_state: AppState) -> web.Application:
-    app = web.Application(middlewares=[auth_middleware], client_max_size=MAX_BODY_BYTES)
+def make_app(app_state: AppState, outer: tuple[Any, ...] = ()) -> web.Application:
+    """The app; ``outer`` middlewares run first (the connection guard's deadline and request accounting)."""
+    app = web.Application(middlewares=[*outer, auth_middleware], client_max_size=MAX_BODY_BYTES)
     app[STATE_KEY] = app_state
     app.router.add_get("/", index)
     app.router.add_get("/metrics", metrics)
