@@ -28,11 +28,11 @@ from dgxdoctor.daemon.app import AppState, make_app
 from dgxdoctor.daemon.ratelog import LoopErrors, RequestLog
 from dgxdoctor.daemon.scheduler import CheckScheduler
 from dgxdoctor.daemon.sdnotify import Notifier
-from dgxdoctor.daemon.store import ResultStore
 from dgxdoctor.environment import Environment
 from dgxdoctor.exporters import collector
 from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.exporters.textfile import write_textfile
+from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.result import Sample
 from dgxdoctor.sources.statefile import WRITE_ERRORS, note_file, write_failed
 

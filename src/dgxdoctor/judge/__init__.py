@@ -1,0 +1,1 @@
+"""Verdicts, one module per failure domain: pure functions from values to Findings, shared by checks and diagnose."""
