@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +21,21 @@ import structlog
 
 from dgxdoctor import __version__
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner
-from dgxdoctor.checks.peer_compare import DaemonContext
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import Config, ConfigError, load_config, parse_listen
 from dgxdoctor.daemon import connections
 from dgxdoctor.daemon.app import AppState, make_app
 from dgxdoctor.daemon.ratelog import LoopErrors, RequestLog
+from dgxdoctor.daemon.remediation import build_remediator
 from dgxdoctor.daemon.scheduler import CheckScheduler
 from dgxdoctor.daemon.sdnotify import Notifier
-from dgxdoctor.environment import Environment
+from dgxdoctor.environment import Environment, Fleet, Peers
 from dgxdoctor.exporters import collector
 from dgxdoctor.exporters.collector import make_registry
+from dgxdoctor.exporters.remediation import RemediationCollector
 from dgxdoctor.exporters.textfile import write_textfile
 from dgxdoctor.fleet.store import ResultStore
+from dgxdoctor.remediation.engine import Remediator
 from dgxdoctor.result import Sample
 from dgxdoctor.sources.statefile import WRITE_ERRORS, note_file, write_failed
 
@@ -67,13 +70,26 @@ class Daemon:
         self.listen_override = listen
         self.factories = factories
         self.notifier = notifier or Notifier()
-        self.env: Environment = config.environment(one_shot=False)
+        # Checks reach the store and the peers through this seam; it reads self.config at each call, so a reload's
+        # peers and token apply without rebuilding a check.
+        self.fleet = Fleet(local_state=self._local_state, peers=self._peers)
+        self.env: Environment = replace(config.environment(one_shot=False), fleet=self.fleet)
         self.store = ResultStore(self.env.node, config.daemon.history)
         self.runner = CheckRunner(self.env)
         self.scheduler = CheckScheduler(self.runner, self.store)
         self.registry = make_registry(self.store, lambda: self.runner.timeouts_total, self.own_samples)
         self.token = config.daemon.resolve_token()
-        self.app_state = AppState(self.store, self.registry, self.health, self.token, self.reload)
+        self.remediator: Remediator = build_remediator(config, self.token, self.store.latest)
+        self.registry.register(RemediationCollector(lambda: self.store.node, self.remediator.metrics))
+        self.app_state = AppState(
+            self.store,
+            self.registry,
+            self.health,
+            self.token,
+            self.reload,
+            alerts=self.remediator.accept_alerts,
+            step=self.remediator.run_step,
+        )
         self.started_at = time.time()
         self.stopping = asyncio.Event()
         self.bound: tuple[str, int] | None = None
@@ -86,24 +102,15 @@ class Daemon:
 
     # -- checks ----------------------------------------------------------------------------------------
 
-    def _context(self) -> DaemonContext:
+    def _local_state(self, without: str) -> dict[str, Any]:
+        return self.store.snapshot(exclude=(without,))
+
+    def _peers(self) -> Peers:
         d = self.config.daemon
-        return DaemonContext(
-            local_state=lambda: self.store.snapshot(exclude=("peer_compare",)),
-            peers=d.peers,
-            token=self.token,
-            peer_timeout_s=d.peer_timeout_s,
-        )
+        return Peers(d.peers, self.token, d.peer_timeout_s)
 
     def _build(self, factory: CheckFactory) -> Check:
-        check = factory(self.config.check_settings(factory.name), self.env)
-        self._attach(check)
-        return check
-
-    def _attach(self, check: Check) -> None:
-        attach = getattr(check, "attach_daemon", None)
-        if callable(attach):
-            attach(self._context())
+        return factory(self.config.check_settings(factory.name), self.env)
 
     def _schedule_all(self) -> None:
         enabled = [f for f in self.factories if self.config.check_settings(f.name).enabled]
@@ -205,7 +212,7 @@ class Daemon:
         self.config = new
         self.token = token
         self.app_state.token = token
-        new_env = new.environment(one_shot=False)
+        new_env = replace(new.environment(one_shot=False), fleet=self.fleet)
         env_changed = new_env.node != self.env.node or new.paths != old.paths
         if new.daemon.listen != old.daemon.listen and self.listen_override is None:
             log.warning("listen_change_needs_restart", listen=new.daemon.listen, serving=old.daemon.listen)
@@ -223,12 +230,12 @@ class Daemon:
                     changed.append(f"-{name}")
                 continue
             if current is not None and current.settings == settings and not env_changed:
-                self._attach(current)  # peers or token may have changed
                 continue
             self.scheduler.remove(name, forget=False)
             self.scheduler.add(self._build(factory))
             changed.append(f"~{name}" if current is not None else f"+{name}")
         self._configure_textfile()
+        self.remediator.reconfigure(build_remediator(new, token, self.store.latest))
         log.info("config_reloaded", source=new.source, changed=changed)
         return []
 
@@ -246,6 +253,7 @@ class Daemon:
         loop.set_exception_handler(self.loop_errors)
         self.scheduler.start()
         self._schedule_all()
+        self.remediator.start()
         self._configure_textfile()
         app = make_app(self.app_state, outer=(self.guard.middleware,))
         runner = connections.make_runner(app, self.guard.limits, self.request_log)
@@ -278,6 +286,7 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         self.scheduler.shutdown()
+        await self.remediator.stop()
         await http.stop()
         self.notifier.close()
         log.info("stopped")
