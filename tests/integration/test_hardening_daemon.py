@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import stat
 import threading
@@ -190,6 +191,11 @@ def test_trickling_peer_and_sigterm_while_everything_is_held(tmp_path: Path) -> 
         held = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(3)]
         held[0].sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
         held[1].sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        # A reload while all of that is held completes, and the daemon still answers.
+        assert d.proc is not None
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait_for(lambda: '"event": "config_reloaded"' in d.log_text(), 20, "reloaded")
+        assert d.get("/healthz").status_code == 200
         code, seconds = d.stop(limit_s=unit_stop_timeout_s() + 10)
         for s in held:
             s.close()
@@ -197,4 +203,34 @@ def test_trickling_peer_and_sigterm_while_everything_is_held(tmp_path: Path) -> 
         assert '"event": "stopped"' in d.log_text()
     finally:
         peer.stop()
+        d.kill()
+
+
+def test_textfile_write_failures_are_exported_and_the_textfile_carries_its_age(tmp_path: Path) -> None:
+    """Before: a failing textfile write logged a line every interval and exported nothing; a site scraping
+    node_exporter silently read stale data."""
+    prom_dir = tmp_path / "textfile"
+    prom_dir.mkdir()
+    textfile = prom_dir / "dgxdoctor.prom"
+    extra = f'textfile_path = "{textfile}"\ntextfile_interval_s = 0.5\n'
+    d = DaemonProc(tmp_path / "d", config(tmp_path, extra), token=TOKEN).start()
+    try:
+        d.wait_healthy()
+        d.wait_for(lambda: "dgxdoctor_textfile_write_timestamp_seconds" in textfile.read_text(), 20, "textfile")
+        written = next(
+            float(line.split()[-1])
+            for line in textfile.read_text().splitlines()
+            if line.startswith("dgxdoctor_textfile_write_timestamp_seconds")
+        )
+        assert abs(time.time() - written) < 10
+        assert d.metric("dgxdoctor_write_errors_total", file="textfile") == 0.0
+        # The directory goes away (as good as read-only or full for this writer): every write fails from now on.
+        prom_dir.rename(tmp_path / "gone")
+        prom_dir.write_text("not a directory")
+        d.wait_for(lambda: (d.metric("dgxdoctor_write_errors_total", file="textfile") or 0) >= 2, 20, "counted")
+        stale = d.metric("dgxdoctor_textfile_write_timestamp_seconds")
+        time.sleep(1.5)
+        assert d.metric("dgxdoctor_textfile_write_timestamp_seconds") == stale  # the age grows
+        assert d.get("/healthz").status_code == 200
+    finally:
         d.kill()

@@ -6,8 +6,8 @@ One-shot (``dgxdoctor check``): reads the kernel log buffer since boot (or the l
 In the daemon, :meth:`XidCheck.start` (called by the runner before the first run) follows the log until
 :meth:`XidCheck.stop`: a daemon thread folds each new record in within a second (see sources/kmsg.py), and
 ``run()`` only reports the state. When not following, each ``run()`` reads what is new since the previous run.
-Counters are monotonic since the agent started (the first read takes the whole buffer since boot) and not
-persisted: a restart reads the buffer again, and Prometheus treats the drop as a counter reset.
+In the daemon, counts are per boot and survive a restart of the daemon (checks/xid_memory.py: what is kept, and
+how the window and the records lost are stated truthfully).
 
 Severity comes from the catalog's resolution (data/xid_catalog.json, NVIDIA's Xid catalog): reset,
 reboot or support is CRITICAL, restart-the-application is WARNING, IGNORE is OK. Application-level XIDs
@@ -20,21 +20,25 @@ XIDs stay OK).
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import structlog
 from pydantic import Field, field_validator
 
+from dgxdoctor.checks import xid_memory
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.xid_memory import MAX_TIMES_KEPT, Memory
+from dgxdoctor.checks.xid_memory import Tally as _Tally
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.xid import DEFAULT_APP_LEVEL_XIDS, Assessment, assess_sxid, assess_xid, escalate, worst_action
 from dgxdoctor.judge.xid import override as override_status
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.kmsg import KmsgFollower, KmsgReader, KmsgRecord
 from dgxdoctor.sources.nvml_xid import NvmlEventsUnavailable, NvmlXidFollower, PynvmlXidEvents, XidEventSource
+from dgxdoctor.sources.statefile import StateFile, boot_id
 from dgxdoctor.sources.xid import (
     CatalogEntry,
     KernelLogScanner,
@@ -46,8 +50,8 @@ from dgxdoctor.sources.xid import (
 
 XID_ERRORS_TOTAL = MetricSpec(
     "dgxdoctor_xid_errors_total",
-    "NVIDIA XID errors seen in the kernel log per GPU and XID code, since the agent started "
-    "(a 'fallen off the bus' line without an Xid line counts as XID 79)",
+    "NVIDIA XID errors seen in the kernel log per GPU and XID code, this boot (the daemon keeps them across its "
+    "restarts; a 'fallen off the bus' line without an Xid line counts as XID 79)",
     "counter",
     ("pci_bus_id", "xid"),
 )
@@ -59,7 +63,8 @@ XID_LAST_SEEN = MetricSpec(
 )
 SXID_ERRORS_TOTAL = MetricSpec(
     "dgxdoctor_nvswitch_sxid_errors_total",
-    "NVSwitch SXID errors seen in the kernel log per switch and SXID code, since the agent started",
+    "NVSwitch SXID errors seen in the kernel log per switch and SXID code, this boot (kept across restarts of "
+    "the daemon)",
     "counter",
     ("pci_bus_id", "sxid"),
 )
@@ -78,7 +83,8 @@ XID_CATALOG_INFO = MetricSpec(
 )
 KMSG_RECORDS_LOST = MetricSpec(
     "dgxdoctor_kmsg_records_lost_total",
-    "Kernel log records overwritten before dgxdoctor read them (ring buffer overrun), since the agent started",
+    "Kernel log records of this boot that left the ring buffer before dgxdoctor read them: gone before its first "
+    "read, overrun between reads, or while it was down",
     "counter",
 )
 KMSG_RECORDS_READ = MetricSpec(
@@ -101,7 +107,6 @@ FALLEN_OFF_MERGE_S = 30.0
 # one event (the driver raises both).
 CROSS_SOURCE_MERGE_S = 5.0
 # Event times kept per (GPU, XID) for the repeat window; a storm beyond this is "at least this many".
-MAX_TIMES_KEPT = 1024
 
 
 class XidSettings(CheckSettings):
@@ -155,16 +160,6 @@ class XidSettings(CheckSettings):
         return value
 
 
-@dataclass
-class _Tally:
-    """Events of one (device, code): count since start, times for the repeat window, the latest line."""
-
-    count: int
-    last_seen: float
-    last_event: XidEvent | SxidEvent
-    times: deque[float]
-
-
 class XidCheck(Check):
     name: ClassVar[str] = "xid"
     settings_model: ClassVar[type[CheckSettings]] = XidSettings
@@ -195,6 +190,12 @@ class XidCheck(Check):
         self._sxids: dict[tuple[str, int], _Tally] = {}
         self._recent_79: dict[str, tuple[float, bool]] = {}  # bus -> (time, synthesized)
         self.events_seen = 0  # for tests and the latency benchmark
+        # The daemon remembers its tallies across restarts (checks/xid_memory.py); a look-back window does not.
+        self._persist = not env.one_shot and self.cfg.lookback_s is None
+        self._statefile = StateFile(env.state_dir / xid_memory.STATE_FILE_NAME)
+        self._memory: Memory | None = None
+        self._first_wall: float | None = None  # Unix time of the first record read since start
+        self._saved: tuple[int, int | None, int] | None = None
 
     # --- daemon API ---------------------------------------------------------------------------------
 
@@ -250,9 +251,27 @@ class XidCheck(Check):
         if self._opened:
             return
         self.reader.open()
+        if self._persist:
+            self._restore()
         if self.cfg.lookback_s is not None:
             self._min_usec = int((self.env.monotonic() - self.cfg.lookback_s) * 1e6)
         self._opened = True
+
+    def _restore(self) -> None:
+        """Take up this boot's memory, if any: tallies, and reading resumes after the last record counted."""
+        boot = boot_id(self.env.proc_root)
+        memory = xid_memory.load(self._statefile, boot)
+        if memory is None:
+            self._memory = Memory(boot_id=boot)
+            return
+        with self._lock:
+            self._xids.update(memory.xids)
+            self._sxids.update(memory.sxids)
+        if memory.last_seq is not None and self.reader.is_device:
+            self.reader.resume_after(memory.last_seq)
+        self._memory = memory
+        self._saved = (self.events_seen, memory.last_seq, memory.lost)
+        log.info("xid_memory_restored", xids=len(memory.xids), sxids=len(memory.sxids), last_seq=memory.last_seq)
 
     def ingest(self, records: list[KmsgRecord]) -> None:
         """Fold kernel log records in (the follower's callback; also usable directly)."""
@@ -263,6 +282,8 @@ class XidCheck(Check):
                 if self._min_usec is not None and record.usec is not None and record.usec < self._min_usec:
                     continue
                 when = boot_wall + record.usec / 1e6 if record.usec is not None else now
+                if self._first_wall is None:
+                    self._first_wall = when
                 for line in record.lines:
                     for event in self._scanner.feed(line):
                         self._count(event, when)
@@ -351,7 +372,39 @@ class XidCheck(Check):
             raise RuntimeError(self._follower.error)
         if self._nvml_follower is not None and self._nvml_follower.error:
             self._nvml_note = self._nvml_follower.error
-        return self._report()
+        result = self._report()
+        if self._persist:
+            self._remember()
+        return result
+
+    # --- the window and the memory ------------------------------------------------------------------
+
+    def _window(self) -> tuple[bool, float | None, int]:
+        """(from boot?, the window's first record's time, records of this boot lost before or between reads)."""
+        stats = self.reader.stats
+        memory = self._memory
+        if memory is not None and memory.last_seq is not None:
+            return memory.from_boot, memory.window_start, memory.lost + stats.lost
+        if not self.reader.is_device or stats.first_seq is None:
+            # A text log is what it is; a device not read yet says nothing either way.
+            return True, None, stats.lost
+        before = stats.first_seq  # records 0 .. first_seq-1 of this boot left the buffer unread
+        return before == 0, self._first_wall, before + stats.lost
+
+    def _remember(self) -> None:
+        """Save this boot's memory when something changed since the last save."""
+        memory = self._memory
+        if memory is None:
+            return
+        with self._lock:
+            from_boot, start, lost = self._window()
+            last_seq = self.reader.last_seq
+            marker = (self.events_seen, last_seq, lost)
+            if marker == self._saved or last_seq is None:
+                return
+            new = Memory(memory.boot_id, last_seq, from_boot, start, lost, dict(self._xids), dict(self._sxids))
+        if xid_memory.save(self._statefile, new):
+            self._saved = marker
 
     def _report(self) -> CheckResult:
         builder = ResultBuilder(self.name)
@@ -364,8 +417,8 @@ class XidCheck(Check):
             sxids = sorted(
                 (key, _Tally(t.count, t.last_seen, t.last_event, deque(t.times))) for key, t in self._sxids.items()
             )
-            stats = self.reader.stats
-            lost, read = stats.lost, stats.records
+            read = self.reader.stats.records
+            from_boot, start, lost = self._window()
         for code in sorted({code for (_, code), _ in xids}):
             entry = self.catalog.xid(code)
             builder.sample(XID_CATALOG_INFO, 1.0, xid=str(code), name=entry.name, resolution=entry.resolution)
@@ -410,7 +463,18 @@ class XidCheck(Check):
         builder.sample(KMSG_RECORDS_LOST, lost)
         builder.sample(KMSG_RECORDS_READ, read)
         builder.sample(KMSG_FOLLOWING, 1.0 if self.following else 0.0)
-        return builder.build(self._summary(xids, sxids, lost), worst_action(a for _, a in actions))
+        since = self._since(from_boot, start)
+        return builder.build(self._summary(xids, sxids, lost, since), worst_action(a for _, a in actions))
+
+    def _since(self, from_boot: bool, start: float | None) -> str:
+        if self.cfg.lookback_s:
+            return f"in the last {self.cfg.lookback_s:g} s"
+        if from_boot:
+            return "since boot"
+        if start is None:
+            return "since dgxdoctor started reading (the ring buffer no longer held the boot)"
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(start))
+        return f"since {when} (the ring buffer no longer held the boot)"
 
     def _cleared(self, tally: _Tally, now: float) -> bool:
         clear = self.cfg.clear_after_s
@@ -427,10 +491,13 @@ class XidCheck(Check):
         return escalate(base, repeats, self.cfg.repeat_threshold)
 
     def _summary(
-        self, xids: list[tuple[tuple[str, int], _Tally]], sxids: list[tuple[tuple[str, int], _Tally]], lost: int
+        self,
+        xids: list[tuple[tuple[str, int], _Tally]],
+        sxids: list[tuple[tuple[str, int], _Tally]],
+        lost: int,
+        since: str,
     ) -> str:
-        since = f"in the last {self.cfg.lookback_s:g} s" if self.cfg.lookback_s else "since boot"
-        lost_note = f"; {lost} kernel log record(s) lost to overruns" if lost else ""
+        lost_note = f"; {lost} kernel log record(s) of this boot lost (left the ring buffer unread)" if lost else ""
         if self._nvml_note:
             lost_note += f"; {self._nvml_note}"
         if not xids and not sxids:
