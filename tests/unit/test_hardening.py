@@ -159,9 +159,9 @@ def test_nccl_probe_runs_isolated_from_a_fixed_directory(tmp_path: Path, monkeyp
     (planted / "argparse.py").write_text(PLANTED.format(marker=str(marker)))
     monkeypatch.chdir(planted)
     monkeypatch.setenv("PYTHONPATH", str(planted))
-    check = NcclCheck(NcclSettings(serving_python=sys.executable, timeout_s=30), Environment(node="n"))
+    check = NcclCheck(NcclSettings(serving_python=sys.executable, timeout_s=30, env_file=None), Environment(node="n"))
     argv = check.argv()
-    assert argv is not None and argv[1] == "-I"
+    assert argv is not None and argv[argv.index(sys.executable) + 1] == "-I"
     check.run()
     assert not marker.exists(), "the all-reduce probe imported the planted argparse.py"
 

@@ -21,27 +21,13 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeGuard
 
+from dgxdoctor.checks.xid_events import MAX_TIMES_KEPT, Key, Tally
 from dgxdoctor.sources.statefile import StateFile
 from dgxdoctor.sources.xid import SxidEvent, XidEvent
 
 STATE_FILE_NAME = "xid.json"
 VERSION = 1
-# Kept per (GPU, code): enough for any repeat window; the count itself is exact.
-MAX_TIMES_KEPT = 1024
 MAX_ENTRIES = 4096
-
-
-@dataclass
-class Tally:
-    """Events of one (device, code): count, times for the repeat window, the latest line."""
-
-    count: int
-    last_seen: float
-    last_event: XidEvent | SxidEvent
-    times: deque[float]
-
-
-Key = tuple[str, int]
 
 
 @dataclass

@@ -194,7 +194,8 @@ class Guard:
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         conn = self.request_started(request.protocol)
         try:
-            async with asyncio.timeout(self.limits.request_timeout_s):
+            async with asyncio.timeout(self.limits.request_timeout_s) as deadline:
+                request[DEADLINE_KEY] = (deadline, conn)
                 return await handler(request)
         except TimeoutError:
             return web.json_response({"error": "request not complete in time"}, status=408)
@@ -204,6 +205,22 @@ class Guard:
 
     def samples(self) -> dict[str, Any]:
         return {"open": len(self.conns), "cap": self.cap, "closed": dict(self.closed)}
+
+
+DEADLINE_KEY = "dgxdoctor_deadline"
+
+
+def lift_deadline(request: web.Request) -> None:
+    """For an authenticated action that runs to its own timeout (a remediation step the head asked for): the
+    exchange is no longer cut at ``request_timeout_s``. Call it only after the request was authenticated."""
+    held = request.get(DEADLINE_KEY)
+    if held is None:
+        return
+    deadline, conn = held
+    deadline.reschedule(None)
+    if conn is not None and conn.timer is not None:
+        conn.timer.cancel()
+        conn.timer = None
 
 
 class GuardedServer:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from aiohttp import web
 
 from dgxdoctor import __version__
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner
@@ -90,6 +91,7 @@ class Daemon:
             alerts=self.remediator.accept_alerts,
             step=self.remediator.run_step,
         )
+        self.app_state.extra_routes = self._nccl_routes
         self.started_at = time.time()
         self.stopping = asyncio.Event()
         self.bound: tuple[str, int] | None = None
@@ -118,6 +120,17 @@ class Daemon:
             offset = FIRST_RUN_SPREAD_S * i / max(len(enabled), 1)
             self.scheduler.add(self._build(factory), first_run_in_s=offset)
         log.info("checks_scheduled", checks={f.name: self.config.check_settings(f.name).interval_s for f in enabled})
+
+    def _nccl_routes(self, app: web.Application) -> None:
+        from dgxdoctor.checks.nccl import NcclSettings
+        from dgxdoctor.daemon.nccl_join import NcclJoinService, add_routes
+
+        def settings() -> NcclSettings:
+            current = self.config.check_settings("nccl")
+            assert isinstance(current, NcclSettings)
+            return current
+
+        add_routes(app, NcclJoinService(settings, lambda: self.env))
 
     # -- health ----------------------------------------------------------------------------------------
 
