@@ -79,6 +79,11 @@ class BenchCheckSettings(CheckSettings):
     )
     baseline_path: Path | None = Field(None, description="default <state_dir>/bench-baseline.json")
     serving_python: str | None = Field(None, description="Python with vLLM; default: that of the running vLLM process")
+    command_prefix: list[str] = Field(
+        default_factory=list,
+        description="argv put before the benchmark client, e.g. to run it outside the daemon's own memory and CPU "
+        'limits: ["systemd-run", "--scope", "--quiet", "--"]',
+    )
     throughput_tolerance: float = Field(0.10, gt=0, lt=1, description="a drop beyond this fraction warns")
     tpot_tolerance: float = Field(0.20, gt=0, description="a P99 TPOT rise beyond this fraction warns")
     ttft_tolerance: float = Field(0.50, gt=0, description="a P99 TTFT rise beyond this fraction warns")
@@ -156,7 +161,9 @@ class BenchCheck:
         timeout = max(1.0, self.cfg.timeout_s - 5)
         try:
             with tempfile.TemporaryDirectory(prefix="dgxdoctor-bench-") as tmp:
-                point = run_step(self.env.run_command, python, settings, concurrency, Path(tmp), timeout)
+                point = run_step(
+                    self.env.run_command, python, settings, concurrency, Path(tmp), timeout, self.cfg.command_prefix
+                )
         except (BenchRunError, BenchResultError, CommandTimeout, CommandNotFound) as exc:
             return CheckResult.unknown(self.name, str(exc))
         finished = self.env.clock()

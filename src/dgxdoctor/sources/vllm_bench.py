@@ -165,11 +165,17 @@ class BenchRunError(RuntimeError):
 
 
 def run_step(
-    runner: CommandRunner, python: str, settings: BenchSettings, concurrency: int, result_dir: Path, timeout_s: float
+    runner: CommandRunner,
+    python: str,
+    settings: BenchSettings,
+    concurrency: int,
+    result_dir: Path,
+    timeout_s: float,
+    prefix: Sequence[str] = (),
 ) -> BenchPoint:
-    """One concurrency: run vLLM's benchmark and read the result it saved."""
+    """One concurrency: run vLLM's benchmark (after ``prefix``, e.g. a systemd-run line) and read its result."""
     filename = f"concurrency-{concurrency}.json"
-    done = runner(bench_argv(python, settings, concurrency, result_dir, filename), timeout_s=timeout_s)
+    done = runner([*prefix, *bench_argv(python, settings, concurrency, result_dir, filename)], timeout_s=timeout_s)
     if done.returncode != 0:
         tail = (done.stderr.strip() or done.stdout.strip())[-800:]
         raise BenchRunError(f"vllm bench serve at concurrency {concurrency} exited {done.returncode}: {tail}")
