@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.bench import Tolerances, compare_to_baseline
 from dgxdoctor.maintenance import in_window, validate_windows
@@ -98,14 +98,13 @@ def baseline_path(settings: BenchCheckSettings, env: Environment) -> Path:
     return settings.baseline_path or env.state_dir / "bench-baseline.json"
 
 
-class BenchCheck:
+class BenchCheck(Check):
     name: ClassVar[str] = "bench"
     settings_model: ClassVar[type[CheckSettings]] = BenchCheckSettings
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        assert isinstance(settings, BenchCheckSettings)
-        self.settings: CheckSettings = settings
-        self.cfg = settings
+        self.cfg = own_settings(self.name, settings, BenchCheckSettings)
+        self.settings = self.cfg
         self.env = env
 
     def _reference(self) -> tuple[Baseline, BenchPoint, int] | CheckResult:

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import Action, CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.nvml import (
@@ -166,15 +166,14 @@ class GpuSettings(CheckSettings):
     )
 
 
-class GpuCheck:
+class GpuCheck(Check):
     """GPUs over NVML: count, model, temperature, clock events, ECC, row remapping, NVLink, PCIe, recovery."""
 
     name: ClassVar[str] = "gpu"
     settings_model: ClassVar[type[CheckSettings]] = GpuSettings
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        if not isinstance(settings, GpuSettings):
-            raise TypeError(f"gpu check needs GpuSettings, got {type(settings).__name__}")
+        settings = own_settings(self.name, settings, GpuSettings)
         self.settings: CheckSettings = settings
         self._settings = settings
         self._env = env
@@ -188,7 +187,8 @@ class GpuCheck:
             self._client = client
         return self._client
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Shut NVML down (the runner calls this after the last run; the next run initialises it again)."""
         client, self._client = self._client, None
         if client is not None:
             client.shutdown()
@@ -202,7 +202,7 @@ class GpuCheck:
             result = sweep(client)
         except NvmlError:
             # NVML itself failed (driver reloaded, device count unreadable): start afresh next run.
-            self.close()
+            self.stop()
             raise
         if not result.gpus:
             return CheckResult.skipped(self.name, "NVML reports no GPUs on this node")

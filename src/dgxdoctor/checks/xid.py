@@ -3,12 +3,11 @@
 By hand: ``dmesg -T | grep -E 'NVRM: Xid|SXid|fallen off the bus'`` (or ``journalctl -k -g Xid``).
 
 One-shot (``dgxdoctor check``): reads the kernel log buffer since boot (or the last ``lookback_s``).
-In the daemon: call :meth:`XidCheck.start_following` (the loop may be passed) once at start-up and
-:meth:`XidCheck.stop` at shutdown; a daemon thread then folds each new record in within a second
-(see sources/kmsg.py), and ``run()`` only reports the state. Without ``start_following`` each
-``run()`` reads what is new since the previous run. Counters are monotonic since the agent started
-(the first read takes the whole buffer since boot) and not persisted: a restart reads the buffer
-again, and Prometheus treats the drop as a counter reset.
+In the daemon, :meth:`XidCheck.start` (called by the runner before the first run) follows the log until
+:meth:`XidCheck.stop`: a daemon thread folds each new record in within a second (see sources/kmsg.py), and
+``run()`` only reports the state. When not following, each ``run()`` reads what is new since the previous run.
+Counters are monotonic since the agent started (the first read takes the whole buffer since boot) and not
+persisted: a restart reads the buffer again, and Prometheus treats the drop as a counter reset.
 
 Severity comes from the catalog's resolution (data/xid_catalog.json, NVIDIA's Xid catalog): reset,
 reboot or support is CRITICAL, restart-the-application is WARNING, IGNORE is OK. Application-level XIDs
@@ -20,7 +19,6 @@ XIDs stay OK).
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -30,7 +28,7 @@ from typing import ClassVar, Literal
 import structlog
 from pydantic import Field, field_validator
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.xid import DEFAULT_APP_LEVEL_XIDS, Assessment, assess_sxid, assess_xid, escalate, worst_action
 from dgxdoctor.judge.xid import override as override_status
@@ -70,6 +68,13 @@ SXID_LAST_SEEN = MetricSpec(
     "Unix time of the latest SXID error of this code on this NVSwitch",
     "gauge",
     ("pci_bus_id", "sxid"),
+)
+XID_CATALOG_INFO = MetricSpec(
+    "dgxdoctor_xid_catalog_info",
+    "NVIDIA's catalog entry of each XID code seen: its name and resolution bucket (RESTART_APP, RESET_GPU, "
+    "RESTART_BM, CONTACT_SUPPORT, IGNORE, ...); value 1. Join on xid to group XIDs by what they need.",
+    "info",
+    ("xid", "name", "resolution"),
 )
 KMSG_RECORDS_LOST = MetricSpec(
     "dgxdoctor_kmsg_records_lost_total",
@@ -160,7 +165,7 @@ class _Tally:
     times: deque[float]
 
 
-class XidCheck:
+class XidCheck(Check):
     name: ClassVar[str] = "xid"
     settings_model: ClassVar[type[CheckSettings]] = XidSettings
 
@@ -171,7 +176,7 @@ class XidCheck:
         catalog: XidCatalog | None = None,
         nvml_events_factory: Callable[[], XidEventSource] = PynvmlXidEvents,
     ) -> None:
-        assert isinstance(settings, XidSettings)
+        settings = own_settings(self.name, settings, XidSettings)
         self.settings: CheckSettings = settings
         self.cfg: XidSettings = settings
         self.env = env
@@ -193,13 +198,17 @@ class XidCheck:
 
     # --- daemon API ---------------------------------------------------------------------------------
 
-    def start_following(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def start(self) -> None:
+        """The daemon follows the kernel log; the one-shot run reads it in ``run()`` instead."""
+        if not self.env.one_shot:
+            self.start_following()
+
+    def start_following(self) -> None:
         """Follow the kernel log in a daemon thread; new events are folded in within a second.
 
-        ``loop`` is accepted for the daemon's calling convention and not used: the follower is a thread
-        (a blocking read cannot be interrupted; a poll() with a short timeout can), so it never runs on,
-        nor blocks, the event loop. Raises OSError (no such file, permission denied) for the caller to
-        log; the daemon keeps running and ``run()`` then reports the problem (SKIPPED or UNKNOWN).
+        The follower is a thread (a blocking read cannot be interrupted; a poll() with a short timeout can), so
+        it never runs on, nor blocks, the event loop. Raises OSError (no such file, permission denied) for the
+        caller to log; the daemon keeps running and ``run()`` then reports the problem (SKIPPED or UNKNOWN).
         """
         if self._follower is not None and self._follower.running:
             return
@@ -357,6 +366,9 @@ class XidCheck:
             )
             stats = self.reader.stats
             lost, read = stats.lost, stats.records
+        for code in sorted({code for (_, code), _ in xids}):
+            entry = self.catalog.xid(code)
+            builder.sample(XID_CATALOG_INFO, 1.0, xid=str(code), name=entry.name, resolution=entry.resolution)
         for (bus, code), tally in xids:
             builder.sample(XID_ERRORS_TOTAL, tally.count, pci_bus_id=bus, xid=str(code))
             builder.sample(XID_LAST_SEEN, tally.last_seen, pci_bus_id=bus, xid=str(code))

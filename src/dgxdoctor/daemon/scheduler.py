@@ -1,14 +1,13 @@
 """One APScheduler job per check: its own interval, never two runs at once, missed runs coalesced, jitter.
 
 Runs go through ``checks.base.CheckRunner`` (timeout, exception -> UNKNOWN, duration); results go to the
-store; a status change is logged once (one line per transition, not per run). Event-driven checks expose
-``start_following(loop)`` / ``stop()`` and are started here; they fold their events into the next result.
+store; a status change is logged once (one line per transition, not per run). A check is started (through the
+runner, ``Check.start``) when it is added and stopped when it is removed or the scheduler shuts down.
 A heartbeat job proves the scheduler is turning: ``/healthz`` and the systemd watchdog read it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -65,8 +64,7 @@ class CheckScheduler:
         )
 
     def shutdown(self) -> None:
-        for name in list(self.checks):
-            self._stop_following(name, self.checks[name])
+        self.runner.stop_all(self.checks.values())
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
 
@@ -99,19 +97,14 @@ class CheckScheduler:
             name=name,
             next_run_time=datetime.now().astimezone() + timedelta(seconds=first_run_in_s),
         )
-        start = getattr(check, "start_following", None)
-        if callable(start):
-            try:
-                start(asyncio.get_running_loop())
-            except Exception as exc:  # a broken event source must not stop the daemon
-                log.error("follow_start_failed", check=name, error=f"{type(exc).__name__}: {exc}")
+        self.runner.start(check)  # a broken event source is logged there and does not stop the daemon
 
     def remove(self, name: str, forget: bool = True) -> None:
         check = self.checks.pop(name, None)
         if self.scheduler.get_job(name) is not None:
             self.scheduler.remove_job(name)
         if check is not None:
-            self._stop_following(name, check)
+            self.runner.stop(check)
         if forget:
             self.store.forget(name)
 
@@ -125,9 +118,6 @@ class CheckScheduler:
         if self.scheduler.get_job(job_id) is not None:
             self.scheduler.remove_job(job_id)
 
-    async def run_now(self, name: str) -> None:
-        await self._run(name)
-
     async def _run(self, name: str) -> None:
         check = self.checks.get(name)
         if check is None:
@@ -138,15 +128,6 @@ class CheckScheduler:
         transition = self.store.put(result)
         if transition is not None:
             log_transition(transition)
-
-    @staticmethod
-    def _stop_following(name: str, check: Check) -> None:
-        stop = getattr(check, "stop", None)
-        if callable(stop):
-            try:
-                stop()
-            except Exception as exc:
-                log.error("follow_stop_failed", check=name, error=f"{type(exc).__name__}: {exc}")
 
 
 def log_transition(t: Transition) -> None:
