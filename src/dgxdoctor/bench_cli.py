@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from dgxdoctor.bench_report import sweep_dict, sweep_text, write_outputs
-from dgxdoctor.checks.bench import BenchCheckSettings, baseline_path
+from dgxdoctor.checks.bench import BenchCheckSettings, baseline_path, vllm_launcher
 from dgxdoctor.config import Config
 from dgxdoctor.judge.bench import Knee, find_knee
 from dgxdoctor.sources.bench_baseline import Baseline, save_baseline, serving_versions, vllm_serve_argv
@@ -109,7 +109,15 @@ def run_sweep_command(
             )
 
     try:
-        points = sweep(config.environment().run_command, python, settings, concurrencies, raw, step_timeout_s, progress)
+        points = sweep(
+            config.environment().run_command,
+            vllm_launcher(python),
+            settings,
+            concurrencies,
+            raw,
+            step_timeout_s,
+            progress,
+        )
     except (BenchRunError, BenchResultError, CommandTimeout, CommandNotFound) as exc:
         raise click.ClickException(str(exc)) from None
     knee = _knee(points, min_gain, max_tpot_growth)

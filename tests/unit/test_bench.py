@@ -16,7 +16,7 @@ import pytest
 
 from conftest import FIXTURES, run_cli
 from dgxdoctor.bench_report import sweep_csv, sweep_text, write_outputs
-from dgxdoctor.checks.bench import BenchCheck, BenchCheckSettings
+from dgxdoctor.checks.bench import BenchCheck, BenchCheckSettings, vllm_launcher
 from dgxdoctor.config import ConfigError, parse_config
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.bench import Tolerances, compare_to_baseline, find_knee
@@ -136,7 +136,7 @@ def test_csv_text_and_files(tmp_path: Path) -> None:
 
 def test_bench_argv_is_vllms_own_command() -> None:
     settings = BenchSettings("http://127.0.0.1:8000", "glm-5.3", None, 1024, 256)
-    argv = bench_argv("/venv/bin/python", settings, 32, Path("/tmp/r"), "concurrency-32.json")
+    argv = bench_argv(vllm_launcher("/venv/bin/python"), settings, 32, Path("/tmp/r"), "concurrency-32.json")
     assert argv[0] == "/venv/bin/python" and argv[1].endswith("probes/vllm_cli.py")
     assert argv[2:4] == ["bench", "serve"]
     joined = " ".join(argv)

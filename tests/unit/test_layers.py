@@ -19,6 +19,7 @@ LAYERS = {
     "sources": 1,  # read the world: thin readers and pure parse_*(); no verdicts
     "probes": 1,  # run in the serving Python: stdlib only at import
     "environment": 2,
+    "maintenance": 2,  # maintenance windows, a settings piece checks share
     "judge": 3,  # verdicts per failure domain, shared by checks and diagnose
     "fleet": 3,  # the results store, peer snapshots, the node comparison
     "checks": 4,
@@ -29,7 +30,9 @@ LAYERS = {
     "alerts": 7,
     "remediation": 7,
     "dashboards": 7,
+    "bench_report": 7,  # renders a benchmark sweep (JSON, CSV, PNG) for the cli
     "plan_report": 8,  # renders a layout plan for the cli
+    "bench_cli": 8,  # `dgxdoctor bench`: the sweep, the knee, the files, the baseline
     "daemon": 8,
     "cli": 9,
     "__main__": 10,

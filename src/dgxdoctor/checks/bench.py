@@ -94,6 +94,13 @@ class BenchCheckSettings(CheckSettings):
         return validate_windows(value)
 
 
+def vllm_launcher(python: str) -> list[str]:
+    """vLLM's command line as run by ``python`` (the serving environment's): ``probes/vllm_cli.py``."""
+    from dgxdoctor.probes import vllm_cli  # its path only; the module runs in the serving Python
+
+    return [python, str(Path(vllm_cli.__file__))]
+
+
 def baseline_path(settings: BenchCheckSettings, env: Environment) -> Path:
     return settings.baseline_path or env.state_dir / "bench-baseline.json"
 
@@ -161,7 +168,13 @@ class BenchCheck(Check):
         try:
             with tempfile.TemporaryDirectory(prefix="dgxdoctor-bench-") as tmp:
                 point = run_step(
-                    self.env.run_command, python, settings, concurrency, Path(tmp), timeout, self.cfg.command_prefix
+                    self.env.run_command,
+                    vllm_launcher(python),
+                    settings,
+                    concurrency,
+                    Path(tmp),
+                    timeout,
+                    self.cfg.command_prefix,
                 )
         except (BenchRunError, BenchResultError, CommandTimeout, CommandNotFound) as exc:
             return CheckResult.unknown(self.name, str(exc))

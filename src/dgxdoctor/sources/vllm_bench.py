@@ -6,9 +6,10 @@ By hand (the runbook's load test)::
         --endpoint /v1/chat/completions --dataset-name random --random-input-len 1024 --random-output-len 256 \\
         --num-prompts 500 --max-concurrency 32 --request-rate inf --save-result --result-dir DIR
 
-The command runs under the serving environment's Python through ``dgxdoctor/probes/vllm_cli.py`` (the ``vllm``
-console script fails on CPU builds; see there). Each concurrency is one run with ``--save-result``; the JSON it
-writes (keys such as ``output_throughput``, ``p99_tpot_ms``) is parsed by ``parse_bench_result``.
+The caller names the command that is vLLM's CLI: the serving environment's Python running
+``dgxdoctor/probes/vllm_cli.py`` (the ``vllm`` console script fails on CPU builds; see there). Each concurrency is
+one run with ``--save-result``; the JSON it writes (keys such as ``output_throughput``, ``p99_tpot_ms``) is parsed
+by ``parse_bench_result``.
 """
 
 from __future__ import annotations
@@ -142,11 +143,12 @@ def read_bench_result(path: Path) -> BenchPoint:
         raise BenchResultError(f"{path}: {exc}") from None
 
 
-def bench_argv(python: str, settings: BenchSettings, concurrency: int, result_dir: Path, filename: str) -> list[str]:
-    """The argv of one sweep step: ``vllm bench serve`` through the wrapper, results saved to ``result_dir``."""
-    from dgxdoctor.probes import vllm_cli  # the path of the wrapper, run by the serving Python
-
-    argv = [python, str(Path(vllm_cli.__file__)), "bench", "serve"]
+def bench_argv(
+    vllm: Sequence[str], settings: BenchSettings, concurrency: int, result_dir: Path, filename: str
+) -> list[str]:
+    """The argv of one sweep step: ``vllm`` (the command that is vLLM's CLI, e.g. the serving Python and
+    ``probes/vllm_cli.py``) ``bench serve ...``, results saved to ``result_dir``."""
+    argv = [*vllm, "bench", "serve"]
     argv += ["--backend", settings.backend, "--base-url", settings.base_url, "--endpoint", settings.endpoint]
     if settings.model:
         argv += ["--model", settings.model]
@@ -166,7 +168,7 @@ class BenchRunError(RuntimeError):
 
 def run_step(
     runner: CommandRunner,
-    python: str,
+    vllm: Sequence[str],
     settings: BenchSettings,
     concurrency: int,
     result_dir: Path,
@@ -175,7 +177,7 @@ def run_step(
 ) -> BenchPoint:
     """One concurrency: run vLLM's benchmark (after ``prefix``, e.g. a systemd-run line) and read its result."""
     filename = f"concurrency-{concurrency}.json"
-    done = runner([*prefix, *bench_argv(python, settings, concurrency, result_dir, filename)], timeout_s=timeout_s)
+    done = runner([*prefix, *bench_argv(vllm, settings, concurrency, result_dir, filename)], timeout_s=timeout_s)
     if done.returncode != 0:
         tail = (done.stderr.strip() or done.stdout.strip())[-800:]
         raise BenchRunError(f"vllm bench serve at concurrency {concurrency} exited {done.returncode}: {tail}")
@@ -184,7 +186,7 @@ def run_step(
 
 def run_sweep(
     runner: CommandRunner,
-    python: str,
+    vllm: Sequence[str],
     settings: BenchSettings,
     concurrencies: Sequence[int],
     result_dir: Path,
@@ -195,7 +197,7 @@ def run_sweep(
     points = []
     for i, concurrency in enumerate(concurrencies):
         progress(i, concurrency, None)
-        point = run_step(runner, python, settings, concurrency, result_dir, timeout_s)
+        point = run_step(runner, vllm, settings, concurrency, result_dir, timeout_s)
         progress(i, concurrency, point)
         points.append(point)
     return points
