@@ -17,10 +17,10 @@ import pytest
 from conftest import FIXTURES, run_cli
 from dgxdoctor.bench_report import sweep_csv, sweep_text, write_outputs
 from dgxdoctor.checks.bench import BenchCheck, BenchCheckSettings, vllm_launcher
+from dgxdoctor.checks.nccl_guard import in_window, parse_window
 from dgxdoctor.config import ConfigError, parse_config
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.bench import Tolerances, compare_to_baseline, find_knee
-from dgxdoctor.maintenance import in_window, parse_window
 from dgxdoctor.probes.vllm_cli import vllm_version
 from dgxdoctor.result import Status
 from dgxdoctor.sources.bench_baseline import Baseline, BaselineError, load_baseline, save_baseline

@@ -19,7 +19,6 @@ LAYERS = {
     "sources": 1,  # read the world: thin readers and pure parse_*(); no verdicts
     "probes": 1,  # run in the serving Python: stdlib only at import
     "environment": 2,
-    "maintenance": 2,  # maintenance windows, a settings piece checks share
     "judge": 3,  # verdicts per failure domain, shared by checks and diagnose
     "fleet": 3,  # the results store, peer snapshots, the node comparison
     "checks": 4,

@@ -24,9 +24,9 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.nccl_guard import in_window, parse_window
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.bench import Tolerances, compare_to_baseline
-from dgxdoctor.maintenance import in_window, validate_windows
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
 from dgxdoctor.sources.bench_baseline import Baseline, BaselineError, load_baseline, raw_point
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
@@ -91,7 +91,9 @@ class BenchCheckSettings(CheckSettings):
     @field_validator("maintenance_windows")
     @classmethod
     def _windows(cls, value: list[str]) -> list[str]:
-        return validate_windows(value)
+        for window in value:
+            parse_window(window)  # the NCCL probe's window syntax: one rule for both
+        return value
 
 
 def vllm_launcher(python: str) -> list[str]:
