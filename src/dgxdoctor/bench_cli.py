@@ -82,6 +82,7 @@ def run_sweep_command(
     input_len: int,
     output_len: int,
     num_prompts: int | None,
+    prompts_per_concurrency: int,
     serving_python: str | None,
     step_timeout_s: float,
     save_baseline: bool,
@@ -91,7 +92,9 @@ def run_sweep_command(
     as_json: bool,
 ) -> int:
     python = _serving_python(serving_python, config)
-    settings = BenchSettings(base_url, model, tokenizer, input_len, output_len, num_prompts=num_prompts)
+    settings = BenchSettings(
+        base_url, model, tokenizer, input_len, output_len, prompts_per_concurrency, num_prompts=num_prompts
+    )
     out = out_dir or Path(f"bench-{datetime.now(UTC):%Y%m%d-%H%M%S}")
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)

