@@ -108,7 +108,7 @@ def test_sweep_finds_the_knee_and_draws_it(served: Served) -> None:
     print(json.dumps(doc["results"], indent=1))  # shown when the test fails
     assert [r["concurrency"] for r in doc["results"]] == [4, 64, 256]
     assert all(r["failed"] == 0 and r["completed"] == r["num_prompts"] for r in doc["results"])
-    assert "[3/3] concurrency 64" in run.stderr  # the progress lines
+    assert "[3/3] concurrency 256" in run.stderr  # the progress lines
     assert doc["knee"]["found"], doc["knee"]
     assert doc["knee"]["concurrency"] == 64
     assert doc["knee"]["recommended_max_num_seqs"] == 64
