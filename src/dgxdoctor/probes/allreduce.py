@@ -14,10 +14,10 @@ per operation averaged over the ranks, busbw = algbw * 2 * (n - 1) / n. By defau
 operations are ``ncclAllReduce`` calls made through ctypes on the NCCL library torch loaded, between two CUDA
 events, exactly as nccl-tests makes them: torch's all_reduce adds c10d bookkeeping and stream events to every call,
 which cost a measurable share of the time per operation below 8 MiB on an H200 pair, whether launched one by one
-or replayed from a CUDA graph (``--timing graph``, ``--timing eager`` for the plain loop; docs/h200/nccl-*). Small sizes run
-more iterations so one timing spans milliseconds. The median of ``--rounds`` timings is reported. Without CUDA (the
-``gloo`` backend, used by the tests on CPU) the loop runs eagerly under ``time.perf_counter``. The all-reduce is
-in-place, so the out-of-place and in-place column groups carry the same measurement.
+or replayed from a CUDA graph (``--timing graph``, ``--timing eager`` for the plain loop; docs/h200/nccl-*). Small
+sizes run more iterations so one timing spans milliseconds. The median of ``--rounds`` timings is reported.
+Without CUDA (the ``gloo`` backend, used by the tests on CPU) the loop runs eagerly under ``time.perf_counter``.
+The all-reduce is in-place, so the out-of-place and in-place column groups carry the same measurement.
 
 Only stdlib at import time: torch is imported inside the worker processes.
 """
