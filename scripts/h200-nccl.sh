@@ -28,6 +28,19 @@ export LD_LIBRARY_PATH="$LIB:${LD_LIBRARY_PATH:-}"
  echo "build exit $?" >> "$R/nccl-tests-build.log") &
 BUILD=$!
 
+if [ "${SMALL:-0}" = 1 ]; then  # only the small sizes on NVLink, three rounds each side, interleaved
+    wait $BUILD; tail -1 "$R/nccl-tests-build.log"
+    NT=$(find /tmp/nt -name all_reduce_perf -type f | head -1)
+    for i in 1 2 3; do
+        timeout 60 python3 /tmp/site/dgxdoctor/probes/allreduce.py --min-bytes 1M --max-bytes 64M \
+            > "$R/probe-small-$i.txt" 2> "$R/probe-small-$i.err"
+        timeout 60 $NT -b 1M -e 64M -f 2 -g 2 > "$R/nccl-tests-small-$i.txt" 2>&1
+    done
+    python3 "$D/nccl_vs_nccl_tests.py" --probe "$R"/probe-small-?.txt --nccl-tests "$R"/nccl-tests-small-?.txt \
+        | tee "$R/summary-small.txt"
+    tar czf "$OUT/nccl-run.tgz" -C "$R" .
+    exit 0
+fi
 if [ "${HANG:-1}" = 1 ]; then
     stamp hang-recording
     timeout 120 python3 "$D/record_hang.py" "$R/hang" > "$R/hang.log" 2>&1; stamp "hang exit $?"

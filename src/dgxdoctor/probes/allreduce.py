@@ -14,8 +14,8 @@ per operation averaged over the ranks, busbw = algbw * 2 * (n - 1) / n. By defau
 operations are ``ncclAllReduce`` calls made through ctypes on the NCCL library torch loaded, between two CUDA
 events, exactly as nccl-tests makes them: torch's all_reduce adds c10d bookkeeping and stream events to every call,
 which cost a measurable share of the time per operation below 8 MiB on an H200 pair, whether launched one by one
-or replayed from a CUDA graph (``--timing graph``, ``--timing eager`` for the plain loop; docs/h200/nccl-*). Small
-sizes run more iterations so one timing spans milliseconds. The median of ``--rounds`` timings is reported.
+or replayed from a CUDA graph (``--timing graph``, ``--timing eager`` for the plain loop; docs/h200/nccl-*). The torch
+paths run more iterations at small sizes so one timing spans milliseconds. The median of ``--rounds`` timings is reported.
 Without CUDA (the ``gloo`` backend, used by the tests on CPU) the loop runs eagerly under ``time.perf_counter``.
 The all-reduce is in-place, so the out-of-place and in-place column groups carry the same measurement.
 
@@ -168,7 +168,9 @@ def _measure(torch: Any, dist: Any, store: Any, rank: int, local_rank: int, plan
     for i, size in enumerate(plan.sizes):
         count = size // 4
         wrong = _validate(torch, dist, count, rank, plan.world, device)
-        iters = iters_for(size, plan.iters)
+        # Direct calls: nccl-tests' own iteration count, so both carry the same fixed cost per timing; the torch
+        # paths run more iterations at small sizes to spread their launch and graph-upload cost.
+        iters = plan.iters if direct is not None else iters_for(size, plan.iters)
         buf = torch.zeros(count, dtype=torch.float32, device=device)
         if direct is not None:
             seconds, how = _direct_timer(torch, dist, direct, buf, iters, plan)
