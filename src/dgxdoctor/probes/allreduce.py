@@ -12,10 +12,10 @@ never a hang. Each node's first rank prints the table of its own timing.
 Timing follows nccl-tests (``src/common.cu``): ``iters`` back-to-back all-reduces after ``warmup`` ones, the time
 per operation averaged over the ranks, busbw = algbw * 2 * (n - 1) / n. By default (``--timing direct``) the
 operations are ``ncclAllReduce`` calls made through ctypes on the NCCL library torch loaded, between two CUDA
-events, exactly as nccl-tests makes them: torch's all_reduce adds c10d bookkeeping and stream events to every call,
-which cost a measurable share of the time per operation below 8 MiB on an H200 pair, whether launched one by one
-or replayed from a CUDA graph (``--timing graph``, ``--timing eager`` for the plain loop; docs/h200/nccl-*). The torch
-paths run more iterations at small sizes so one timing spans milliseconds. The median of ``--rounds`` timings is reported.
+events, as nccl-tests makes them (20 per timing). torch's all_reduce adds c10d bookkeeping and stream events to
+every call: on an H200 pair it reached 40-75 % of nccl-tests' busbw from 1 to 4 MiB launched one by one, 68-92 %
+replayed from a CUDA graph (``--timing eager`` / ``--timing graph``, docs/h200/nccl-2026-11-30); those two paths run
+more iterations at small sizes so one timing spans milliseconds. The median of ``--rounds`` timings is reported.
 Without CUDA (the ``gloo`` backend, used by the tests on CPU) the loop runs eagerly under ``time.perf_counter``.
 The all-reduce is in-place, so the out-of-place and in-place column groups carry the same measurement.
 
