@@ -12,8 +12,8 @@ import re
 from typing import ClassVar
 
 from dgxdoctor.diagnose.base import Diagnosis
-from dgxdoctor.judge.oom import oom_phase
-from dgxdoctor.judge.signatures import Catalog, Signature, load_catalog
+from dgxdoctor.judge.context import reading
+from dgxdoctor.judge.signatures import Catalog, load_catalog
 from dgxdoctor.result import Finding
 
 # INFO 07-25 06:50:45 config.py:718] Defaulting to use ray for distributed inference      (vllm-project/vllm#6775)
@@ -38,17 +38,6 @@ RAY_MARKER = re.compile(r"\((?:raylet|autoscaler|gcs_server)[^)]*\)|ray\.excepti
 NCCL_LINE = re.compile(r"^(?:\([^()\n]{1,200}\) ?){0,3}\S+:\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)\b|^NCCL version \d", re.M)
 
 
-# The phase of a CUDA_OOM line, when the lines around it tell (judge.oom), picks the signature that refines it.
-_OOM_BY_PHASE = {"startup": "CUDA_OOM_STARTUP", "serving": "CUDA_OOM_SERVING"}
-
-
-def _refined(sig: Signature, lines: list[str], index: int, signatures: dict[str, Signature]) -> Signature:
-    if sig.code != "CUDA_OOM":
-        return sig
-    phase = oom_phase(lines, index)
-    return signatures.get(_OOM_BY_PHASE[phase], sig) if phase else sig
-
-
 def _findings(text: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int], int]:
     first: dict[str, tuple[int, str]] = {}
     counts: dict[str, int] = {}
@@ -56,7 +45,10 @@ def _findings(text: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int
     signatures = catalog.by_code()
     for index, line in enumerate(lines):
         for match in catalog.match(line):
-            code = _refined(match.signature, lines, index, signatures).code
+            refined = reading(match.signature, lines, index, signatures)
+            if refined is None:
+                continue
+            code = refined.code
             counts[code] = counts.get(code, 0) + 1
             first.setdefault(code, (index + 1, line))
     findings = []
