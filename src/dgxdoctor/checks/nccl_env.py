@@ -20,6 +20,7 @@ from pydantic import Field
 
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.presence import nccl_env_absent
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.nccl_env import (
     compare_envs,
@@ -126,10 +127,13 @@ class NcclEnvCheck:
                     missing.append(f"{proc_label} exited")
 
         if file_values is None and proc_values is None:
-            if not b.findings:
-                reason = "; ".join(missing) if missing else "neither env_file nor process_name configured"
+            reason = "; ".join(missing) if missing else "neither env_file nor process_name configured"
+            required = nccl_env_absent(self.env.role, reason)
+            if required is not None:
+                b.findings.append(required)
+            elif not b.findings:
                 return CheckResult.skipped(self.name, f"no NCCL environment to check: {reason}")
-            return b.build("; ".join(missing))
+            return b.build(f"no NCCL environment: {reason}")
 
         effective = proc_values if proc_values is not None else file_values
         assert effective is not None

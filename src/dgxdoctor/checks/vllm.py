@@ -140,7 +140,7 @@ class VllmSettings(CheckSettings):
     required: bool = Field(
         False,
         description="vLLM must run here: a refused connection is CRITICAL even with no vLLM process on this node "
-        "(otherwise it is SKIPPED as 'no vLLM here')",
+        "(otherwise it is SKIPPED as 'no vLLM here'); [node] role = \"head\" implies it",
     )
     pid_file: Path | None = Field(
         None, description="pid file of the vLLM API server (default: find it by its command line in /proc)"
@@ -439,18 +439,20 @@ class VllmCheck:
             )
             return b.build(f"vLLM loading ({uptime:.0f} s of {s.startup_grace_s:g} s grace): {what}")
         self._reset()
-        expected = proc is not None or s.required or s.pid_file is not None or self._seen_up
+        head = self.env.role == "head"
+        expected = proc is not None or s.required or s.pid_file is not None or self._seen_up or head
         if health.outcome in ("refused", "unreachable"):
             if not expected:
                 return CheckResult.skipped(self.name, f"no vLLM here: nothing answers at {url} and {no_proc_reason}")
             where = f"{proc_text} exists but does not listen" if proc_text else (no_proc_reason or "no process")
+            why = "; the head node ([node] role) must serve it" if head and proc is None else ""
             b.finding(
                 "VLLM_DEAD",
                 Status.CRITICAL,
-                f"{what} at {url}: vLLM is dead ({where})",
+                f"{what} at {url}: vLLM is dead ({where}){why}",
                 url,
-                remedy="vLLM is down: read the end of its log (OOM, NCCL or Ray errors), then restart it (serve.sh); "
-                "on a multi-node deployment check `ray status` first",
+                remedy="vLLM is down: read the end of its log (`journalctl -u vllm -n 200`: OOM, NCCL or Ray errors), "
+                "check `ray status` (both nodes, 16 GPUs), then `systemctl restart vllm`",
             )
             return b.build(f"vLLM dead: {what} at {url}")
         if health.outcome == "timeout":
