@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.sources.logtail import LogFollower
-from dgxdoctor.sources.signatures import load_catalog
 
 ORDINARY = [
     "INFO 05-16 18:43:01 [loader.py:447] Loading weights took 2.60 seconds",

@@ -134,7 +134,7 @@ def check(config_path: Path | None, as_json: bool, only: str | None, skip: str |
 )
 def run(config_path: Path | None, listen: str | None) -> None:
     """Run the daemon: scheduled checks, Prometheus /metrics, /state for peers, systemd notify."""
-    from dgxdoctor.daemon import logging as daemon_logging
+    from dgxdoctor.daemon import logconfig
     from dgxdoctor.daemon.service import Daemon
 
     config = _load(config_path)
@@ -143,7 +143,7 @@ def run(config_path: Path | None, listen: str | None) -> None:
             parse_listen(listen)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--listen") from None
-    daemon_logging.configure(config.daemon.log_level)
+    logconfig.configure(config.daemon.log_level)
     try:
         daemon = Daemon(config, config_path, listen)
     except (OSError, ValueError) as exc:
@@ -209,3 +209,17 @@ def config_example() -> None:
     from dgxdoctor.config_doc import example_config
 
     click.echo(example_config(), nl=False)
+
+
+@cli.command()
+@click.option(
+    "--only",
+    type=click.Choice(["recording", "alerts"]),
+    default=None,
+    help="print only the recording rules (peer comparison by median) or only the alert rules",
+)
+def rules(only: str | None) -> None:
+    """Print the Prometheus rules (recording and alert rules) as one file for rule_files."""
+    from dgxdoctor.alerts.rules import combined
+
+    click.echo(combined((only,) if only else ("recording", "alerts")), nl=False)

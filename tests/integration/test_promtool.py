@@ -11,9 +11,9 @@ import pytest
 
 from conftest import FIXTURES
 from dgxdoctor.checks.peer_compare import DaemonContext, PeerCompareCheck, PeerCompareSettings
-from dgxdoctor.daemon.store import ResultStore
 from dgxdoctor.environment import Environment
 from dgxdoctor.exporters.collector import exposition, make_registry
+from dgxdoctor.fleet.store import ResultStore
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dgxdoctor.daemon.app import MAX_BODY_BYTES, AppState, make_app, token_ok
-from dgxdoctor.daemon.store import ResultStore
 from dgxdoctor.exporters.collector import make_registry
+from dgxdoctor.fleet.store import ResultStore
 from fakechecks import gpu_result
 from fuzzing import FUZZ, deep_json, json_values
 
@@ -200,7 +200,7 @@ def test_peer_trickling_its_answer_is_cut_off() -> None:
 
     import httpx
 
-    from dgxdoctor.daemon.peers import fetch_state
+    from dgxdoctor.fleet.peers import fetch_state
 
     def trickle() -> Iterator[bytes]:
         yield b'{"node": "dgx-b", "checks": ['

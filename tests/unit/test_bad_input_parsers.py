@@ -14,10 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dgxdoctor.config import ConfigError, parse_config
-from dgxdoctor.daemon import compare as compare_mod
-from dgxdoctor.daemon.peers import InvalidState, response_json, validate_state
 from dgxdoctor.diagnose.base import diagnose_text
 from dgxdoctor.diagnose.registry import ANALYZERS
+from dgxdoctor.fleet import compare as compare_mod
+from dgxdoctor.fleet.peers import InvalidState, response_json, validate_state
+from dgxdoctor.judge import signatures
+from dgxdoctor.judge.topology import evaluate_topology
 from dgxdoctor.sources import (
     fingerprint,
     ibstat,
@@ -28,7 +30,6 @@ from dgxdoctor.sources import (
     prom_text,
     ray_api,
     ray_status,
-    signatures,
     sysfs_ib,
     topo,
     vllm_metrics,
@@ -81,7 +82,7 @@ def test_xid_catalog_lookups_never_fail() -> None:
 def test_topo_matrix(text: str) -> None:
     matrix = clean(topo.parse_topo_matrix, text, allowed=(topo.TopoParseError,))
     if matrix is not None:
-        topo.evaluate_topology(matrix, expected_gpus=8)
+        evaluate_topology(matrix, expected_gpus=8)
         topo.gpu_link_summary(matrix)
         json.dumps(matrix.to_data())
 
@@ -612,7 +613,7 @@ BIG = "9" * 5000
         (xid.parse_sxid_line, f"nvidia-nvswitch0: SXid (PCI:0000:86:00.0): {BIG}, Non-fatal, Link 44", None),
         (xid.parse_sxid_line, f"nvidia-nvswitch0: SXid (PCI:0000:86:00.0): 12028, Non-fatal, Link {BIG}", None),
         (
-            lambda t: topo.evaluate_topology(topo.parse_topo_matrix(t)),
+            lambda t: evaluate_topology(topo.parse_topo_matrix(t)),
             f"\tGPU0\tGPU1\nGPU0\tX\tNV{BIG}\nGPU1\tNV{BIG}\tX\n",
             topo.TopoParseError,
         ),

@@ -9,8 +9,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
 from dgxdoctor.daemon.app import MAX_BODY_BYTES, STATE_KEY, AppState, auth_middleware, is_loopback, make_app, token_ok
-from dgxdoctor.daemon.store import ResultStore
 from dgxdoctor.exporters.collector import make_registry
+from dgxdoctor.fleet.store import ResultStore
 from fakechecks import gpu_result
 
 TOKEN = "0123456789abcdef-token"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dgxdoctor.daemon.compare import compare, imbalance_ratio
+from dgxdoctor.fleet.compare import compare, imbalance_ratio
 from dgxdoctor.result import Status
 
 GIB = 2**30

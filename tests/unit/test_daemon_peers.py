@@ -7,8 +7,8 @@ import httpx
 import pytest
 
 from dgxdoctor.checks.peer_compare import DaemonContext, PeerCompareCheck, PeerCompareSettings
-from dgxdoctor.daemon.peers import InvalidState, fetch_state, validate_state
 from dgxdoctor.environment import Environment
+from dgxdoctor.fleet.peers import InvalidState, fetch_state, validate_state
 from dgxdoctor.result import Status
 
 TOKEN = "s3cret-token-0123456789"

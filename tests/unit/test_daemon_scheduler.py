@@ -12,8 +12,8 @@ import structlog
 
 from dgxdoctor.checks.base import CheckRunner
 from dgxdoctor.daemon.scheduler import CheckScheduler, jitter_for
-from dgxdoctor.daemon.store import ResultStore
 from dgxdoctor.environment import Environment
+from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.result import CheckResult, Status
 from fakechecks import FakeSettings, FollowingCheck, SlowCheck, StaticCheck
 

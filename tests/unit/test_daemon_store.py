@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 import math
 
-from dgxdoctor.daemon.store import ResultStore
+from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.result import CheckResult, Finding, Sample, Status
 from fakechecks import GPU_UTIL, gpu_result
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from dgxdoctor.daemon.store import ResultStore
 from dgxdoctor.exporters.collector import exposition, make_registry
 from dgxdoctor.exporters.textfile import write_textfile
+from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample, Status
 from fakechecks import FAKE_INFO, GPU_UTIL, IB_ERRORS, XID_TOTAL, gpu_result
 

@@ -13,10 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO
 from dgxdoctor.checks.peer_compare import DaemonContext, PeerCompareCheck, PeerCompareSettings
-from dgxdoctor.daemon.store import ResultStore
 from dgxdoctor.environment import Environment
 from dgxdoctor.exporters.collector import exposition, make_registry
 from dgxdoctor.exporters.metricsdoc import all_specs, render
+from dgxdoctor.fleet.store import ResultStore
 
 DOC = REPO / "docs" / "metrics.md"
 

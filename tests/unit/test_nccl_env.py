@@ -11,12 +11,11 @@ import pytest
 from conftest import FIXTURES
 from dgxdoctor.checks.nccl_env import NcclEnvCheck, NcclEnvSettings
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.nccl_env import compare_envs, evaluate_nccl_env
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.nccl_env import (
     SpecError,
-    compare_envs,
     env_facts,
-    evaluate_nccl_env,
     gid_is_zero,
     parse_env_file,
     parse_environ,

@@ -14,12 +14,13 @@ import httpx
 import pytest
 
 from conftest import run_cli
-from dgxdoctor.checks.ray import RayCheck, RaySettings, cluster_findings
+from dgxdoctor.checks.ray import RayCheck, RaySettings
 from dgxdoctor.config import ConfigError, parse_config
 from dgxdoctor.diagnose.base import diagnose_text
 from dgxdoctor.diagnose.ray_status import RayStatusAnalyzer
 from dgxdoctor.diagnose.registry import ANALYZERS
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.ray import cluster_findings
 from dgxdoctor.result import CheckResult, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandResult, CommandRunner
 from dgxdoctor.sources.ray_api import ClusterView, Demand

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from dgxdoctor.judge.signatures import CatalogError, load_catalog, parse_catalog
 from dgxdoctor.result import Status
-from dgxdoctor.sources.signatures import CatalogError, load_catalog, parse_catalog
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 REQUIRED = [

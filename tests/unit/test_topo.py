@@ -14,9 +14,10 @@ from dgxdoctor.diagnose.base import diagnose_text
 from dgxdoctor.diagnose.registry import ANALYZERS
 from dgxdoctor.diagnose.topo import TopoAnalyzer
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.topology import evaluate_topology
 from dgxdoctor.result import Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandResult
-from dgxdoctor.sources.topo import TopoParseError, evaluate_topology, gpu_link_summary, parse_topo_matrix
+from dgxdoctor.sources.topo import TopoParseError, gpu_link_summary, parse_topo_matrix
 
 TOPO = FIXTURES / "topo"
 

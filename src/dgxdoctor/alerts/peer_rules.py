@@ -1,6 +1,6 @@
 """Prometheus recording rules that do the peer comparison for clusters past a handful of nodes.
 
-The same metrics and aggregations as ``daemon.compare.RULES``, computed by Prometheus over every node it
+The same metrics and aggregations as ``fleet.compare.RULES``, computed by Prometheus over every node it
 scrapes: one value per node (or per node and rail), the cluster median, and each node's deviation from it,
 ``(node - median) / median``. Regenerate the shipped file with
 ``python -m dgxdoctor.alerts.peer_rules > src/dgxdoctor/alerts/peer_compare.rules.yml``.
@@ -11,26 +11,33 @@ from __future__ import annotations
 import json
 import sys
 
-from dgxdoctor.daemon.compare import RULES, Rule
+from dgxdoctor.fleet.compare import RULES, Rule
 
 _PROMQL_AGG = {"sum": "sum", "mean": "avg", "max": "max"}
 # Keeps a zero median from dividing by zero; a node busy while the median node idles shows a huge deviation.
 _EPSILON = "1e-12"
 
 
+def rule_names(rule: Rule) -> tuple[str, str, str]:
+    """The recorded series of one compared metric: (per node or rail, cluster median, deviation ratio)."""
+    agg = _PROMQL_AGG[rule.aggregate]
+    node, cluster = ("node_rail", "cluster_rail") if rule.per_rail else ("node", "cluster")
+    return (
+        f"{node}:{rule.metric}:{agg}",
+        f"{cluster}:{rule.metric}:median",
+        f"{node}:{rule.metric}:deviation_ratio",
+    )
+
+
 def _rules_for(rule: Rule) -> list[tuple[str, str]]:
     agg = _PROMQL_AGG[rule.aggregate]
+    per_node, median, deviation = rule_names(rule)
     if rule.per_rail:
-        level, by, match = "node_rail", "node, device, port", "on(device, port) group_left()"
-        per_node = f"node_rail:{rule.metric}:{agg}"
-        median = f"cluster_rail:{rule.metric}:median"
+        by, match = "node, device, port", "on(device, port) group_left()"
         median_expr = f"quantile by (device, port) (0.5, {per_node})"
     else:
-        level, by, match = "node", "node", "on() group_left()"
-        per_node = f"node:{rule.metric}:{agg}"
-        median = f"cluster:{rule.metric}:median"
+        by, match = "node", "on() group_left()"
         median_expr = f"quantile(0.5, {per_node})"
-    deviation = f"{level}:{rule.metric}:deviation_ratio"
     return [
         (per_node, f"{agg} by ({by}) ({rule.metric})"),
         (median, median_expr),

@@ -24,14 +24,23 @@ starts a new baseline instead of producing a bogus negative rate.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.infiniband import (
+    DEFAULT_THRESHOLDS,
+    ERROR_COUNTERS,
+    PER_SECONDS,
+    REMEDIES,
+    CounterThreshold,
+    duration_text,
+    port_state_verdict,
+    rate_breach,
+)
 from dgxdoctor.judge.presence import rdma_absent
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound
@@ -44,98 +53,6 @@ STATE_FILE_NAME = "infiniband.json"
 STATE_VERSION = 1
 IBSTAT_TIMEOUT_S = 10.0
 
-PER_SECONDS = {"second": 1.0, "minute": 60.0, "hour": 3600.0}
-
-# Counters whose increase means something went wrong (IBTA PortCounters, and mlx5 hw_counters as described in
-# NVIDIA's "Understanding mlx5 Linux Counters"). Their rates are exported as errors_per_second; the
-# `perfquery` analyzer reports the non-zero ones.
-ERROR_COUNTERS = frozenset(
-    {
-        "symbol_error",
-        "link_error_recovery",
-        "link_downed",
-        "port_rcv_errors",
-        "port_rcv_remote_physical_errors",
-        "port_rcv_switch_relay_errors",
-        "port_xmit_discards",
-        "port_xmit_constraint_errors",
-        "port_rcv_constraint_errors",
-        "local_link_integrity_errors",
-        "excessive_buffer_overrun_errors",
-        "VL15_dropped",
-        "out_of_buffer",
-        "out_of_sequence",
-        "packet_seq_err",
-        "local_ack_timeout_err",
-        "rnr_nak_retry_err",
-        "implied_nak_seq_err",
-        "req_cqe_error",
-        "resp_cqe_error",
-        "req_remote_access_errors",
-        "req_remote_invalid_request",
-        "resp_local_length_error",
-        "resp_remote_access_errors",
-        "rx_icrc_encapsulated",
-        "roce_slow_restart",
-    }
-)
-
-
-class CounterThreshold(BaseModel):
-    """One rule over one counter: any increase above ``limit`` between runs, or a rate above ``limit`` per
-    ``per``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    counter: str = Field("", description="sysfs counter name (counters/ or hw_counters/); empty: the rule's name")
-    kind: Literal["increase", "rate"] = Field(
-        "rate", description="'increase': change since the last run above limit; 'rate': events per `per` above limit"
-    )
-    limit: float = Field(0.0, ge=0, description="breach when the increase or the rate is above this")
-    per: Literal["second", "minute", "hour"] = Field("second", description="time unit of a rate limit")
-    severity: Literal["warning", "critical"] = Field("warning", description="status of a breach")
-    enabled: bool = Field(True, description="false switches this rule off")
-
-
-def _rule(kind: Literal["increase", "rate"], limit: float, severity: Literal["warning", "critical"], **kw: Any) -> Any:
-    return CounterThreshold(kind=kind, limit=limit, severity=severity, **kw)
-
-
-# NVIDIA NIC health monitor defaults (see the module docstring for the source).
-DEFAULT_THRESHOLDS: Mapping[str, CounterThreshold] = {
-    # Fatal: any increment breaks a running job.
-    "link_downed": _rule("increase", 0, "critical"),  # the port lost its link and retrained (a flap)
-    "excessive_buffer_overrun_errors": _rule("increase", 0, "critical"),  # lossless flow control violated
-    "local_link_integrity_errors": _rule("increase", 0, "critical"),  # physical errors over the hardware cap
-    "rnr_nak_retry_err": _rule("increase", 0, "critical"),  # a connection dropped after RNR retries ran out
-    # IBTA BER 1e-12: at NDR/HDR speeds that budget is 120 symbol errors per hour.
-    "symbol_error_ber": _rule("rate", 120, "critical", counter="symbol_error", per="hour"),
-    # Degradation: warn.
-    "symbol_error": _rule("rate", 10, "warning", per="second"),
-    "link_error_recovery": _rule("rate", 5, "warning", per="minute"),
-    "port_rcv_errors": _rule("rate", 10, "warning", per="second"),
-    "local_ack_timeout_err": _rule("rate", 1, "warning", per="second"),
-    "port_xmit_discards": _rule("rate", 100, "warning", per="second"),
-    "roce_slow_restart": _rule("rate", 10, "warning", per="second"),
-}
-
-REMEDIES: Mapping[str, str] = {
-    "link_downed": "the link went down and retrained: reseat or replace the cable/transceiver on both ends, "
-    "check the switch port, and `dmesg | grep mlx5` for port down events",
-    "excessive_buffer_overrun_errors": "receive buffers overran (flow control broken): check the peer switch "
-    "port's buffer/VL configuration and the cable; on RoCE check PFC on the switch",
-    "local_link_integrity_errors": "physical errors exceeded the port's limit: replace the cable or transceiver",
-    "rnr_nak_retry_err": "a queue pair ran out of RNR retries (the peer did not post receives in time): "
-    "restart the affected job and check the peer node's health",
-    "symbol_error": "bit errors on the link: clean or reseat the connectors, replace the cable/transceiver; "
-    "`mlxlink -d <dev> -c` shows BER and FEC counters",
-    "link_error_recovery": "the link keeps retraining: reseat or replace the cable/transceiver",
-    "port_rcv_errors": "malformed/CRC-failed packets received: check the cable and the peer port",
-    "local_ack_timeout_err": "ACKs time out: check the fabric path and whether the peer node is alive",
-    "port_xmit_discards": "packets discarded on transmit (congestion or a stuck peer): check the switch "
-    "port and congestion control",
-    "roce_slow_restart": "RoCE flows keep restarting slowly: check ECN/PFC configuration on the switches",
-}
 
 # Metrics (metric name contract: IB labels {device, port} and {device, port, counter}).
 PORT_RATE = MetricSpec(
@@ -208,43 +125,6 @@ class InfinibandSettings(CheckSettings):
     flap_window_s: float = Field(86400.0, gt=0, description="how far back link flaps are remembered, seconds")
     flap_warn_count: int = Field(2, ge=1, description="this many flaps of one port within the window is a warning")
     use_ibstat: bool = Field(True, description="fall back to `ibstat` when sysfs shows no RDMA device")
-
-
-@dataclass(frozen=True)
-class StateVerdict:
-    code: str
-    status: Status
-    message: str
-    remedy: str
-
-
-def port_state_verdict(port: IbPort) -> StateVerdict | None:
-    """What is wrong with a port's logical/physical state, or None when it is Active (or unknown)."""
-    if port.state is None or port.active:
-        return None
-    phys = port.phys_state or "unknown"
-    where = f"{port.name}" + (f" ({port.netdev})" if port.netdev else "")
-    if port.state == "Down" and phys == "Disabled":
-        return StateVerdict(
-            "IB_PORT_DISABLED",
-            Status.WARNING,
-            f"{where} is Down, physical state Disabled (administratively off)",
-            "enable the port (`ibportstate` / switch side) or list it in devices_exclude if it is unused",
-        )
-    if port.state == "Down":
-        return StateVerdict(
-            "IB_PORT_DOWN",
-            Status.CRITICAL,
-            f"{where} is Down, physical state {phys}",
-            "no link: check the cable and transceiver on both ends and the switch port; `ibstat` must show "
-            "State: Active, Physical state: LinkUp. NCCL traffic on this rail fails or falls back",
-        )
-    return StateVerdict(
-        "IB_PORT_NOT_ACTIVE",
-        Status.CRITICAL,
-        f"{where} is {port.state}, physical state {phys}: the link is up but the port is not Active",
-        "the subnet manager has not activated this port: check that opensm/UFM runs and sees it (`sminfo`)",
-    )
 
 
 class InfinibandCheck:
@@ -524,7 +404,7 @@ class InfinibandCheck:
             b.finding(
                 "IB_LINK_FLAPPING",
                 Status.WARNING,
-                f"{port.name} lost its link {len(flaps)} time(s) in the last {_duration(self.cfg.flap_window_s)}",
+                f"{port.name} lost its link {len(flaps)} time(s) in the last {duration_text(self.cfg.flap_window_s)}",
                 port.name,
                 remedy=REMEDIES["link_downed"],
             )
@@ -565,10 +445,10 @@ class InfinibandCheck:
                 increase = deltas[counter]
                 if increase <= rule.limit:
                     continue
-                detail = f"{counter} rose by {increase} in {_duration(elapsed)}"
+                detail = f"{counter} rose by {increase} in {duration_text(elapsed)}"
             else:
                 window = PER_SECONDS[rule.per]
-                breach = _rate_breach(counter, counters[counter], now, window, rule.limit, prev, checkpoints)
+                breach = rate_breach(counter, counters[counter], now, window, rule.limit, prev, checkpoints)
                 if breach is None:
                     continue
                 detail = f"{counter} {breach} (limit {rule.limit:g} per {rule.per})"
@@ -605,49 +485,3 @@ def _clean_checkpoints(raw: object) -> list[tuple[float, dict[str, int]]]:
         if isinstance(item, list) and len(item) == 2 and isinstance(item[0], int | float) and isinstance(item[1], dict):
             out.append((float(item[0]), {k: v for k, v in item[1].items() if isinstance(v, int)}))
     return sorted(out, key=lambda tc: tc[0])
-
-
-def _rate_breach(
-    counter: str,
-    value: int,
-    now: float,
-    window: float,
-    limit: float,
-    prev: tuple[float, Mapping[str, int]],
-    checkpoints: Iterable[tuple[float, Mapping[str, int]]],
-) -> str | None:
-    """Describe the breach of "more than ``limit`` events per ``window`` seconds", or None.
-
-    Bases are earlier readings of the counter (the last run and the checkpoints). If one lies within the
-    window, the increase since the oldest such base is counted as is: more than ``limit`` events in less than
-    the window already breaks the limit, and scaling a short interval up would cry wolf on a single burst.
-    Otherwise the newest (older) base gives an average rate, scaled to the window.
-    """
-    bases = [(t, c[counter]) for t, c in checkpoints if counter in c and c[counter] <= value]
-    prev_ts, prev_counters = prev
-    before = prev_counters.get(counter)
-    if before is not None and before <= value:
-        bases.append((prev_ts, before))
-    bases = [(t, v) for t, v in bases if t < now]
-    if not bases:
-        return None
-    inside = [(t, v) for t, v in bases if t >= now - window]
-    if inside:
-        t, v = min(inside)
-        increase = value - v
-        if increase > limit:
-            return f"rose by {increase} in {_duration(now - t)}"
-        return None
-    t, v = max(bases)
-    rate = (value - v) / (now - t) * window
-    if rate > limit:
-        return f"rose by {value - v} in {_duration(now - t)}, {rate:.3g} per {_duration(window)} on average"
-    return None
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= 3600 and seconds % 3600 == 0:
-        return f"{seconds / 3600:g} h"
-    if seconds >= 120:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds:.0f} s"

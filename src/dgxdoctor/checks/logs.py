@@ -18,9 +18,9 @@ from pydantic import Field
 
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.signatures import Catalog, Signature, load_catalog
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.logtail import LogFollower, expand_paths
-from dgxdoctor.sources.signatures import Catalog, Signature, load_catalog
 from dgxdoctor.sources.statefile import StateFile
 
 log = structlog.get_logger(__name__)

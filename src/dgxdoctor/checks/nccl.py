@@ -21,11 +21,12 @@ from pydantic import Field
 
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.nccl import nccl_tests_findings
+from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
 from dgxdoctor.sources.serving_env import find_serving_python
-from dgxdoctor.sources.signatures import load_catalog
 
 # The probe's exit status for "cannot run here" (no torch, no GPU): ``dgxdoctor.probes.allreduce.EX_NOT_RUNNABLE``,
 # repeated so the daemon does not import the probe (argparse and all) to compare one number; a test holds them equal.
@@ -143,8 +144,6 @@ def judge(stdout: str, stderr: str, returncode: int, cfg: NcclSettings) -> Check
         )
         return b.build(f"probe failed (exit {returncode})")
     b.sample(PROBE_OK, 1)
-    from dgxdoctor.diagnose.nccl_tests import nccl_tests_findings  # `diagnose`'s module: only once there is a table
-
     b.findings.extend(nccl_tests_findings(report))
     largest = max(report.rows, key=lambda r: r.size_bytes)
     peak_at_largest = largest.busbw_gbps

@@ -20,12 +20,11 @@ from pydantic import Field
 
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.nccl_env import compare_envs, evaluate_nccl_env
 from dgxdoctor.judge.presence import nccl_env_absent
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.nccl_env import (
-    compare_envs,
     env_facts,
-    evaluate_nccl_env,
     parse_env_file,
     parse_environ,
     read_ib_ports,

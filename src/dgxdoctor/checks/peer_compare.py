@@ -20,9 +20,9 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator
 
 from dgxdoctor.checks.base import CheckSettings
-from dgxdoctor.daemon.compare import RULE_KEYS, compare
-from dgxdoctor.daemon.peers import fetch_state
 from dgxdoctor.environment import Environment
+from dgxdoctor.fleet.compare import RULE_KEYS, compare
+from dgxdoctor.fleet.peers import fetch_state
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample, Status
 
 MAX_PARALLEL_FETCHES = 8

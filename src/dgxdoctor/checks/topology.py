@@ -11,9 +11,10 @@ from pydantic import Field
 
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.topology import evaluate_topology
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound
-from dgxdoctor.sources.topo import evaluate_topology, gpu_link_summary, parse_topo_matrix
+from dgxdoctor.sources.topo import gpu_link_summary, parse_topo_matrix
 
 TOPOLOGY_GPUS = MetricSpec("dgxdoctor_topology_gpus", "GPUs listed by nvidia-smi topo -m")
 TOPOLOGY_NON_NVLINK_PAIRS = MetricSpec(

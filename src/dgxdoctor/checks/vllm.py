@@ -33,6 +33,7 @@ from pydantic import Field, SecretStr, field_validator
 
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.vllm import DEFAULT_KV_CACHE_WARN
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.procfs import CLK_TCK, ProcessInfo, iter_processes, read_process
 from dgxdoctor.sources.prom_text import PromTextError
@@ -44,8 +45,6 @@ from dgxdoctor.sources.vllm_metrics import (
     window_stats,
 )
 
-# The tutorial's maintenance section: "KV Cache 使用率持续 > 0.9 就该扩容或降并发".
-DEFAULT_KV_CACHE_WARN = 0.9
 # `dgxdoctor check` reads /metrics this many times across oneshot_window_s: the KV cache of a saturated server
 # oscillates (blocks freed and taken every step), so "sustained" is judged on the mean of several readings.
 ONESHOT_READINGS = 5

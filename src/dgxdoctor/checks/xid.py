@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -32,7 +32,9 @@ from pydantic import Field, field_validator
 
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.environment import Environment
-from dgxdoctor.result import Action, CheckResult, MetricSpec, ResultBuilder, Status
+from dgxdoctor.judge.xid import DEFAULT_APP_LEVEL_XIDS, Assessment, assess_sxid, assess_xid, escalate, worst_action
+from dgxdoctor.judge.xid import override as override_status
+from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.kmsg import KmsgFollower, KmsgReader, KmsgRecord
 from dgxdoctor.sources.nvml_xid import NvmlEventsUnavailable, NvmlXidFollower, PynvmlXidEvents, XidEventSource
 from dgxdoctor.sources.xid import (
@@ -86,9 +88,7 @@ KMSG_FOLLOWING = MetricSpec(
 
 log = structlog.get_logger(__name__)
 
-ActionKind = Literal["reset_gpu", "reboot_node", "restart_app", "contact_support", "none"]
 
-DEFAULT_APP_LEVEL_XIDS = (13, 31, 43, 45)
 # The driver prints "Xid 79" and "GPU ... has fallen off the bus" together; within this many seconds the
 # two are one event.
 FALLEN_OFF_MERGE_S = 30.0
@@ -97,8 +97,6 @@ FALLEN_OFF_MERGE_S = 30.0
 CROSS_SOURCE_MERGE_S = 5.0
 # Event times kept per (GPU, XID) for the repeat window; a storm beyond this is "at least this many".
 MAX_TIMES_KEPT = 1024
-
-_RANK = {"none": 0, "restart_app": 1, "contact_support": 2, "reset_gpu": 3, "reboot_node": 4}
 
 
 class XidSettings(CheckSettings):
@@ -150,114 +148,6 @@ class XidSettings(CheckSettings):
         if bad:
             raise ValueError(f"XID numbers are 1..999, got {bad}")
         return value
-
-
-@dataclass(frozen=True)
-class Assessment:
-    status: Status
-    action: ActionKind
-    remedy: str
-
-
-def assess_xid(event: XidEvent, entry: CatalogEntry, app_level: Iterable[int] = DEFAULT_APP_LEVEL_XIDS) -> Assessment:
-    """Severity and action of one XID from the catalog's resolution bucket (pure)."""
-    bus = event.pci_bus_id
-    if event.xid in set(app_level):
-        return Assessment(
-            Status.WARNING,
-            "restart_app",
-            f"application-level error: check the process on {bus} (its logs, cuda-memcheck); restart it if it hung",
-        )
-    resolution = entry.resolution
-    if resolution == "XID_154_EVAL":
-        return _assess_recovery_action(bus, event.recovery_action)
-    if resolution == "WORKFLOW_NVLINK5_ERR" and event.nvlink_fatal is False:
-        return Assessment(
-            Status.WARNING,
-            "none",
-            f"non-fatal NVLink error on {bus}: watch for repeats; check NVLink counters (nvidia-smi nvlink -e)",
-        )
-    if resolution in ("RESTART_BM", "RESTART_VM"):
-        return Assessment(
-            Status.CRITICAL,
-            "reboot_node",
-            f"drain the node and reboot it; GPU {bus} cannot be recovered in place. If it recurs, check the GPU's "
-            "seating, power and PCIe link, and contact NVIDIA support",
-        )
-    if resolution in ("RESET_GPU", "WORKFLOW_XID_48", "WORKFLOW_NVLINK_ERR", "WORKFLOW_NVLINK5_ERR"):
-        return Assessment(
-            Status.CRITICAL,
-            "reset_gpu",
-            f"drain GPU {bus} and reset it (nvidia-smi -r -i {bus}, or reboot the node); if it recurs, "
-            "run dcgmi diag -r 3 and contact NVIDIA support",
-        )
-    if resolution in ("CONTACT_SUPPORT", "CHECK_MECHANICALS"):
-        return Assessment(
-            Status.CRITICAL,
-            "contact_support",
-            f"drain GPU {bus}, collect nvidia-bug-report.sh and contact NVIDIA support",
-        )
-    if resolution == "UPDATE_SWFW":
-        return Assessment(Status.WARNING, "contact_support", "update the GPU driver and firmware")
-    if resolution in ("RESTART_APP", "CHECK_UVM", "WORKFLOW_XID_45"):
-        return Assessment(
-            Status.WARNING, "restart_app", f"restart the application that used GPU {bus} (vLLM worker, Ray actor)"
-        )
-    if resolution == "IGNORE":
-        return Assessment(Status.OK, "none", "no action needed (informational XID)")
-    return Assessment(
-        Status.WARNING,
-        "contact_support",
-        f"XID {event.xid} is not in the shipped catalog: look it up and contact support",
-    )
-
-
-def _assess_recovery_action(bus: str, action: str | None) -> Assessment:
-    text = (action or "").lower()
-    if "reboot" in text:
-        return Assessment(Status.CRITICAL, "reboot_node", f"the driver requires a node reboot for GPU {bus}")
-    if "reset" in text or "drain" in text or "flr" in text:
-        return Assessment(Status.CRITICAL, "reset_gpu", f"the driver requires GPU {bus} to be drained and reset")
-    if text.startswith("none"):
-        return Assessment(Status.OK, "none", "the driver cleared the recovery action")
-    return Assessment(
-        Status.CRITICAL, "contact_support", f"recovery action '{action}' for GPU {bus}: follow the Xid catalog"
-    )
-
-
-def escalate(assessment: Assessment, repeats: int, threshold: int) -> Assessment:
-    """One step up when the same XID repeated on the same GPU ``threshold`` times in the window."""
-    # IGNORE-class XIDs (63: a row marked for remapping) stay OK however often they come: NVIDIA says to
-    # ignore them, and their failure modes have XIDs of their own (64). ``overrides`` can make them alarm.
-    if repeats < threshold or assessment.status != Status.WARNING:
-        return assessment
-    return Assessment(
-        Status.CRITICAL,
-        "contact_support",
-        f"repeated {repeats} times on the same GPU, which points at the GPU rather than the application: "
-        "drain it, run dcgmi diag -r 3, and contact NVIDIA support if it fails",
-    )
-
-
-def assess_sxid(event: SxidEvent, entry: CatalogEntry | None) -> Assessment:
-    """NVSwitch prints Fatal or Non-fatal; the catalog (when it knows the code) refines it."""
-    if event.fatal:
-        return Assessment(
-            Status.CRITICAL,
-            "reboot_node",
-            f"fatal NVSwitch error on {event.device} ({event.pci_bus_id}): stop the NVLink workload and "
-            "reset the fabric (reboot the node); contact NVIDIA support if it recurs",
-        )
-    if entry is not None and entry.resolution == "IGNORE":
-        return Assessment(Status.OK, "none", "no action needed (informational SXID)")
-    return Assessment(
-        Status.WARNING,
-        "none",
-        f"non-fatal NVSwitch error on {event.device}: watch for repeats on link {event.link}",
-    )
-
-
-_OVERRIDE_STATUS = {"ok": Status.OK, "warning": Status.WARNING, "critical": Status.CRITICAL}
 
 
 @dataclass
@@ -508,7 +398,7 @@ class XidCheck:
         builder.sample(KMSG_RECORDS_LOST, lost)
         builder.sample(KMSG_RECORDS_READ, read)
         builder.sample(KMSG_FOLLOWING, 1.0 if self.following else 0.0)
-        return builder.build(self._summary(xids, sxids, lost), self._action(actions))
+        return builder.build(self._summary(xids, sxids, lost), worst_action(a for _, a in actions))
 
     def _cleared(self, tally: _Tally, now: float) -> bool:
         clear = self.cfg.clear_after_s
@@ -520,20 +410,9 @@ class XidCheck:
         override = self.cfg.overrides.get(str(event.xid))
         base = assess_xid(event, entry, self.cfg.app_level_xids)
         if override is not None:
-            status = _OVERRIDE_STATUS[override]
-            return Assessment(
-                status, base.action if status != Status.OK else "none", base.remedy + " (status set by overrides)"
-            )
+            return override_status(base, override)
         repeats = sum(1 for t in tally.times if now - t <= self.cfg.repeat_window_s)
         return escalate(base, repeats, self.cfg.repeat_threshold)
-
-    @staticmethod
-    def _action(actions: list[tuple[Status, Assessment]]) -> Action | None:
-        relevant = [a for s, a in actions if s in (Status.WARNING, Status.CRITICAL) and a.action != "none"]
-        if not relevant:
-            return None
-        worst = max(relevant, key=lambda a: (a.status.rank, _RANK[a.action]))
-        return Action(worst.action, worst.remedy)
 
     def _summary(
         self, xids: list[tuple[tuple[str, int], _Tally]], sxids: list[tuple[tuple[str, int], _Tally]], lost: int

@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
 from dgxdoctor import __version__
-from dgxdoctor.daemon.store import ResultStore
+from dgxdoctor.fleet.store import ResultStore
 
 MAX_BODY_BYTES = 64 * 1024
 # The classic text format (what generate_latest writes for our ASCII names); Prometheus 2.x and node_exporter-era

@@ -19,7 +19,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from dgxdoctor.checks.base import Check, CheckRunner
-from dgxdoctor.daemon.store import ResultStore, Transition
+from dgxdoctor.fleet.store import ResultStore, Transition
 from dgxdoctor.result import Status
 
 log = structlog.get_logger(__name__)

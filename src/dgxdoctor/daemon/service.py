@@ -25,10 +25,10 @@ from dgxdoctor.config import Config, ConfigError, load_config, parse_listen
 from dgxdoctor.daemon.app import AppState, make_app
 from dgxdoctor.daemon.scheduler import CheckScheduler
 from dgxdoctor.daemon.sdnotify import Notifier
-from dgxdoctor.daemon.store import ResultStore
 from dgxdoctor.environment import Environment
 from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.exporters.textfile import write_textfile
+from dgxdoctor.fleet.store import ResultStore
 
 log = structlog.get_logger(__name__)
 

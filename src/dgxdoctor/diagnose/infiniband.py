@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from dgxdoctor.checks.infiniband import DEFAULT_THRESHOLDS, ERROR_COUNTERS, REMEDIES, port_state_verdict
 from dgxdoctor.diagnose.base import Diagnosis
+from dgxdoctor.judge.infiniband import DEFAULT_THRESHOLDS, ERROR_COUNTERS, REMEDIES, port_state_verdict
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.ibstat import IbstatFormatError, looks_like_ibstat, parse_ibstat
 from dgxdoctor.sources.perfquery import FIELD_TO_COUNTER, PerfqueryFormatError, looks_like_perfquery, parse_perfquery

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from dgxdoctor.checks.xid import DEFAULT_APP_LEVEL_XIDS, assess_sxid, assess_xid, escalate
 from dgxdoctor.diagnose.base import Diagnosis
+from dgxdoctor.judge.xid import DEFAULT_APP_LEVEL_XIDS, assess_sxid, assess_xid, escalate
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.xid import SxidEvent, XidEvent, load_catalog, scan_text
 

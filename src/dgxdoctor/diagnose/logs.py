@@ -10,8 +10,8 @@ import re
 from typing import ClassVar
 
 from dgxdoctor.diagnose.base import Diagnosis
+from dgxdoctor.judge.signatures import Catalog, load_catalog
 from dgxdoctor.result import Finding
-from dgxdoctor.sources.signatures import Catalog, load_catalog
 
 # INFO 07-25 06:50:45 config.py:718] Defaulting to use ray for distributed inference      (vllm-project/vllm#6775)
 # INFO 05-16 18:43:01 [loader.py:447] Loading weights took 2.60 seconds                   (xming521/WeClone#83)

@@ -10,66 +10,12 @@ from __future__ import annotations
 from typing import ClassVar
 
 from dgxdoctor.diagnose.base import Diagnosis
+from dgxdoctor.judge.nccl import nccl_tests_findings
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.nccl_tests import (
-    LOW_BUSBW_GBPS,
-    LOW_BUSBW_MIN_SIZE,
-    NcclTestsReport,
     looks_like_nccl_tests,
     parse_nccl_tests,
 )
-
-FIX_TCP = (
-    "Traffic is on TCP sockets, not RDMA: run ibdev2netdev and set NCCL_IB_HCA to the real HCA names and "
-    "NCCL_IB_GID_INDEX (RoCE) on both nodes, mount /dev/infiniband into the container, check ibstat shows the "
-    "ports Active, then rerun with NCCL_DEBUG=INFO and look for 'Using network IB'."
-)
-
-
-def nccl_tests_findings(report: NcclTestsReport) -> list[Finding]:
-    findings: list[Finding] = []
-    low = [
-        r
-        for r in report.rows
-        if r.size_bytes >= LOW_BUSBW_MIN_SIZE and r.busbw_gbps is not None and r.busbw_gbps < LOW_BUSBW_GBPS
-    ]
-    if low:
-        worst = min(low, key=lambda r: r.busbw_gbps or 0.0)
-        findings.append(
-            Finding(
-                "NCCL_TESTS_LOW_BUSBW",
-                Status.CRITICAL,
-                f"bus bandwidth below {LOW_BUSBW_GBPS:g} GB/s at {len(low)} message size(s) of 1 MiB or more: "
-                "the rate of a TCP fallback, not of NVLink or InfiniBand",
-                f"{worst.size_bytes} B",
-                evidence=f"size {worst.size_bytes} B: busbw {worst.out_of_place.busbw_gbps} GB/s out-of-place, "
-                f"{worst.in_place.busbw_gbps} GB/s in-place",
-                remedy=FIX_TCP,
-            )
-        )
-    socket_line = report.transports.get("Socket")
-    if socket_line is not None and len(report.hosts) != 1:
-        findings.append(
-            Finding(
-                "NCCL_SOCKET_TRANSPORT",
-                Status.WARNING,
-                "NCCL used its TCP socket transport (NET/Socket) for the network: no usable IB/RoCE device",
-                evidence=socket_line[:500],
-                remedy=FIX_TCP,
-            )
-        )
-    if report.out_of_bounds:
-        findings.append(
-            Finding(
-                "NCCL_TESTS_WRONG_RESULTS",
-                Status.CRITICAL,
-                f"{report.out_of_bounds} result values out of bounds: the collective returned wrong data",
-                evidence=f"Out of bounds values : {report.out_of_bounds} FAILED",
-                remedy="Rerun on each GPU pair to isolate the GPU or link; check dmesg for XID errors and the IB "
-                "port error counters; drain the node until it passes.",
-            )
-        )
-    return findings
 
 
 class NcclTestsAnalyzer:

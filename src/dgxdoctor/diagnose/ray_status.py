@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from dgxdoctor.checks.ray import DEFAULT_EXPECTED_GPUS, DEFAULT_EXPECTED_NODES, cluster_findings
 from dgxdoctor.diagnose.base import Diagnosis
+from dgxdoctor.judge.ray import DEFAULT_EXPECTED_GPUS, DEFAULT_EXPECTED_NODES, cluster_findings
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.ray_status import RayStatusError, looks_like_ray_status, parse_ray_status
 

@@ -6,8 +6,9 @@ import re
 from typing import ClassVar
 
 from dgxdoctor.diagnose.base import Diagnosis
+from dgxdoctor.judge.topology import evaluate_topology
 from dgxdoctor.result import Finding, Status
-from dgxdoctor.sources.topo import TopoParseError, evaluate_topology, parse_topo_matrix, strip_ansi
+from dgxdoctor.sources.topo import TopoParseError, parse_topo_matrix, strip_ansi
 
 # A GPU row of the matrix: "GPU0\t X \tNV18\t..." (its diagonal cell is X).
 TOPO_ROW_RE = re.compile(r"^\s*GPU0\s+X\s", re.MULTILINE)

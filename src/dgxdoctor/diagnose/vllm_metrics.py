@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
-from dgxdoctor.checks.vllm import DEFAULT_KV_CACHE_WARN
 from dgxdoctor.diagnose.base import Diagnosis
+from dgxdoctor.judge.vllm import snapshot_findings
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.prom_text import PromTextError
 from dgxdoctor.sources.vllm_metrics import (
@@ -57,30 +57,7 @@ class VllmMetricsAnalyzer:
                 ),
             )
         since_start = window_stats(m, None, 0.0)
-        findings: list[Finding] = []
-        if m.kv_cache_usage is not None and m.kv_cache_usage >= DEFAULT_KV_CACHE_WARN:
-            findings.append(
-                Finding(
-                    "KV_CACHE_HIGH",
-                    Status.WARNING,
-                    f"KV cache usage {m.kv_cache_usage * 100:.0f}% (at or above {DEFAULT_KV_CACHE_WARN * 100:.0f}%); "
-                    "a problem when it stays there",
-                    evidence=_line(text, KV_CACHE_USAGE),
-                    remedy="if sustained: scale out or lower the concurrency; more cache: --kv-cache-dtype fp8, a "
-                    "smaller --max-model-len, then --gpu-memory-utilization",
-                )
-            )
-        if (m.num_requests_waiting or 0) > 0:
-            findings.append(
-                Finding(
-                    "QUEUE_WAITING",
-                    Status.WARNING,
-                    f"{m.num_requests_waiting:g} requests waiting ({m.num_requests_running or 0:g} running); a "
-                    "queue that stays non-zero means the concurrency cap is too low",
-                    evidence=_line(text, REQUESTS_WAITING),
-                    remedy="if it stays non-zero: raise --max-num-seqs if the KV cache allows, or add capacity",
-                )
-            )
+        findings = snapshot_findings(m, kv_line=_line(text, KV_CACHE_USAGE), queue_line=_line(text, REQUESTS_WAITING))
         data = {
             "kv_cache_usage": m.kv_cache_usage,
             "num_requests_waiting": m.num_requests_waiting,

@@ -7,6 +7,7 @@ definition and drops the rest (logged once), so a scrape never fails over it.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -16,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dgxdoctor import __version__
-from dgxdoctor.daemon.store import ResultStore
+from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.result import MetricSpec, Status
 
 log = structlog.get_logger(__name__)
@@ -55,6 +56,12 @@ CHECK_FINDINGS = MetricSpec(
     "findings in the check's latest result, by status",
     labels=("check", "status"),
 )
+CHECK_FINDINGS_BY_CODE = MetricSpec(
+    "dgxdoctor_check_findings_by_code",
+    "findings in the check's latest result, by finding code and status (warning, critical, unknown); what alert "
+    "rules and remediation key on",
+    labels=("check", "code", "status"),
+)
 NODE_FACT = MetricSpec(
     "dgxdoctor_node_fact_info",
     "a node fact compared between nodes for drift (driver, CUDA, kernel, vLLM, Ray, NCCL versions, NCCL "
@@ -73,9 +80,12 @@ OWN_METRICS: tuple[MetricSpec, ...] = (
     CHECK_RUNS,
     CHECK_TIMEOUTS,
     CHECK_FINDINGS,
+    CHECK_FINDINGS_BY_CODE,
     NODE_FACT,
 )
 
+
+_FINDING_LEVELS = (Status.WARNING, Status.CRITICAL, Status.UNKNOWN)
 
 _Family = GaugeMetricFamily | CounterMetricFamily
 
@@ -111,6 +121,7 @@ class StoreCollector(Collector):
         duration = _family(CHECK_DURATION)
         last_run = _family(CHECK_LAST_RUN)
         findings = _family(CHECK_FINDINGS)
+        by_code = _family(CHECK_FINDINGS_BY_CODE)
         for name in names:
             r = latest[name]
             status.add_metric([node, name], float(r.status.code))
@@ -119,7 +130,10 @@ class StoreCollector(Collector):
             last_run.add_metric([node, name], r.started_at)
             for level in (Status.WARNING, Status.CRITICAL, Status.UNKNOWN):
                 findings.add_metric([node, name, level.value], float(sum(f.status is level for f in r.findings)))
-        yield from (status, success, duration, last_run, findings)
+            codes = Counter((f.code, f.status.value) for f in r.findings if f.status in _FINDING_LEVELS)
+            for (code, level_name), count in sorted(codes.items()):
+                by_code.add_metric([node, name, code, level_name], float(count))
+        yield from (status, success, duration, last_run, findings, by_code)
         runs = _family(CHECK_RUNS)
         for name, count in sorted(self.store.runs_total().items()):
             runs.add_metric([node, name], float(count))

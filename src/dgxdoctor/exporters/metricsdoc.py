@@ -10,8 +10,8 @@ import sys
 from collections.abc import Iterator
 
 from dgxdoctor.checks.registry import ALL_CHECKS
-from dgxdoctor.daemon.compare import IGNORED_FACTS, RULES
 from dgxdoctor.exporters.collector import NODE_LABEL, OWN_METRICS
+from dgxdoctor.fleet.compare import IGNORED_FACTS, RULES
 from dgxdoctor.result import MetricSpec
 
 HEADER = """# Metrics

@@ -1,1 +1,1 @@
-"""Pure verdicts per failure domain: values in, Findings out; shared by checks and ``diagnose``."""
+"""Verdicts, one module per failure domain: pure functions from values to Findings, shared by checks and diagnose."""

@@ -58,9 +58,6 @@ NET_INIT = re.compile(r"NCCL INFO NET/(IB|Socket) ?: ?Using \[")
 NET_CHANNEL = re.compile(r"NCCL INFO Channel .* via NET/(IB|Socket)\b")
 
 MIB = 1024 * 1024
-# The tutorial: "带宽只有几十 MB/s,说明流量走了 TCP 回退" -- tens of MB/s at large sizes means TCP fallback.
-LOW_BUSBW_GBPS = 1.0
-LOW_BUSBW_MIN_SIZE = MIB
 
 _ALIASES = {"bytes": "size", "n": "count", "op": "redop", "#wrong": "wrong", "error": "wrong", "res": "wrong"}
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from dgxdoctor.daemon.store import NODE_LOCAL_FACTS
+from dgxdoctor.fleet.store import NODE_LOCAL_FACTS
 from dgxdoctor.result import Finding, Status
 
 Aggregate = Literal["sum", "mean", "max"]

@@ -1,0 +1,237 @@
+"""Prometheus alert rules over dgxdoctor's metrics, generated from the tables the checks and remediation use.
+
+The XID classes come from NVIDIA's catalog (``data/xid_catalog.json``), the IB error limits from the infiniband
+check's defaults, the asymmetry limits from the peer comparison's tolerances (through the median recording rules
+of ``peer_rules``, so 2 nodes and 200 alike), the codes that ask for a restart from ``remediation.policy``.
+Alerts remediation may act on carry ``dgxdoctor_action`` (``restart_vllm``, ``restart_cluster``) and ``node``.
+Regenerate the shipped file with
+``python -m dgxdoctor.alerts.alert_rules > src/dgxdoctor/alerts/dgxdoctor-alerts.rules.yml``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from dgxdoctor.alerts.peer_rules import rule_names
+from dgxdoctor.fleet.compare import RULES
+from dgxdoctor.judge.infiniband import DEFAULT_THRESHOLDS
+from dgxdoctor.remediation.policy import RESTART_CLUSTER_CODES, RESTART_VLLM_CODES
+from dgxdoctor.sources.xid import load_catalog
+
+FINDINGS_BY_CODE = "dgxdoctor_check_findings_by_code"
+# How long a restart condition must last before the alert fires. Short on purpose: the remediation guard applies
+# its own hold_s, start-up grace and cooldown, and an alert that waits long only delays the cure.
+RESTART_FOR = "30s"
+# An XID stays "recent" this long after its latest occurrence (the last-seen gauge, not increase(): a counter's
+# first sample has no increase, and the first XID of a GPU is the one that matters).
+XID_RECENT_S = 900
+_PER_SECONDS = {"second": 1.0, "minute": 60.0, "hour": 3600.0}
+# XID resolution classes (NVIDIA's catalog) -> (alert, severity, what the operator does).
+XID_CLASSES: tuple[tuple[str, frozenset[str], str, str], ...] = (
+    ("DgxdoctorXidGpuResetRequired", frozenset({"RESET_GPU", "WORKFLOW_XID_48"}), "critical", "drain the node "
+     "and reset the GPU (`nvidia-smi -r -i <gpu>`, or reboot); a restart of vLLM does not clear it"),
+    ("DgxdoctorXidRebootRequired", frozenset({"RESTART_BM", "RESTART_VM"}), "critical",
+     "drain and reboot the node; XID 79 (fallen off the bus) often needs the GPU reseated or replaced"),
+    ("DgxdoctorXidContactSupport", frozenset({"CONTACT_SUPPORT", "CHECK_MECHANICALS", "UPDATE_SWFW", "CHECK_UVM"}),
+     "critical", "collect `nvidia-bug-report.sh` and open a case with NVIDIA; update driver/firmware if asked"),
+    ("DgxdoctorXidNvlinkError", frozenset({"WORKFLOW_NVLINK_ERR", "WORKFLOW_NVLINK5_ERR", "WORKFLOW_XID_45"}),
+     "warning", "check `nvidia-smi nvlink -s` and `-e`; repeated NVLink errors need a GPU reset or a field check"),
+    ("DgxdoctorXidApplicationError", frozenset({"RESTART_APP", "XID_154_EVAL"}), "warning",
+     "an application-level GPU fault: the serving process usually dies with it (VLLM_DEAD then restarts it)"),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    expr: str
+    for_: str
+    severity: str
+    summary: str
+    description: str
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        out = [f"      - alert: {self.name}", f"        expr: {json.dumps(self.expr)}"]
+        if self.for_ != "0s":
+            out.append(f"        for: {self.for_}")
+        out.append("        labels:")
+        for key, value in {"severity": self.severity, **self.labels}.items():
+            out.append(f"          {key}: {json.dumps(value)}")
+        out.append("        annotations:")
+        out.append(f"          summary: {json.dumps(self.summary)}")
+        out.append(f"          description: {json.dumps(self.description)}")
+        return out
+
+
+def _codes(codes: Iterable[str]) -> str:
+    return "|".join(sorted(codes))
+
+
+def remediation_alerts() -> list[Alert]:
+    vllm = f'{FINDINGS_BY_CODE}{{check="vllm",status="critical",code=~"{_codes(RESTART_VLLM_CODES)}"}} > 0'
+    ray_codes = _codes(c for c in RESTART_CLUSTER_CODES if c.startswith("RAY_"))
+    ray = f'{FINDINGS_BY_CODE}{{check="ray",status="critical",code=~"{ray_codes}"}} > 0'
+    nccl_codes = _codes(c for c in RESTART_CLUSTER_CODES if not c.startswith("RAY_"))
+    nccl = f'increase(dgxdoctor_logs_signature_matches_total{{code=~"{nccl_codes}"}}[5m]) > 0'
+    return [
+        Alert("DgxdoctorVllmDown", vllm, RESTART_FOR, "critical",
+              "vLLM on {{ $labels.node }}: {{ $labels.code }}",
+              "vLLM is dead, hung or makes no progress (finding {{ $labels.code }}); remediation restarts it "
+              "when [remediation] mode = \"act\".", {"dgxdoctor_action": "restart_vllm"}),
+        Alert("DgxdoctorRayClusterDegraded", ray, RESTART_FOR, "critical",
+              "Ray cluster degraded seen from {{ $labels.node }}: {{ $labels.code }}",
+              "a Ray node is dead or GPUs are missing (the runbook's 'GPU 8 of 16'); the head's agent restarts "
+              "the cluster in the runbook's order when in act mode.", {"dgxdoctor_action": "restart_cluster"}),
+        Alert("DgxdoctorNcclFailure", nccl, "0s", "critical",
+              "NCCL/Gloo failure in the logs on {{ $labels.node }}: {{ $labels.code }}",
+              "a collective between the nodes failed; a cluster restart re-establishes the communicators. If it "
+              "recurs, check the IB links and the NCCL environment.", {"dgxdoctor_action": "restart_cluster"}),
+        Alert("DgxdoctorRemediationBreakerOpen", "dgxdoctor_remediation_breaker_open == 1", "0s", "critical",
+              "remediation breaker open on {{ $labels.node }}",
+              "the action budget is spent: nothing more runs until an operator fixes the cause and runs "
+              "`dgxdoctor remediation reset`."),
+        Alert("DgxdoctorRemediationFailed",
+              'increase(dgxdoctor_remediation_actions_total{outcome=~"failed|interrupted"}[1h]) > 0', "0s",
+              "warning", "remediation {{ $labels.action }} {{ $labels.outcome }} on {{ $labels.node }}",
+              "an action did not verify; see `dgxdoctor remediation status` and <state_dir>/remediation.jsonl."),
+    ]  # fmt: skip
+
+
+def xid_alerts() -> list[Alert]:
+    by_resolution: dict[str, list[int]] = defaultdict(list)
+    for entry in load_catalog().xids.values():
+        if not entry.unused:
+            by_resolution[entry.resolution].append(entry.code)
+    alerts = []
+    for name, resolutions, severity, remedy in XID_CLASSES:
+        codes = sorted(c for r in resolutions for c in by_resolution.get(r, []))
+        if not codes:
+            continue
+        regex = "|".join(str(c) for c in codes)
+        expr = f'time() - dgxdoctor_xid_last_seen_timestamp_seconds{{xid=~"{regex}"}} < {XID_RECENT_S}'
+        alerts.append(
+            Alert(name, expr, "0s", severity,
+                  "XID {{ $labels.xid }} on GPU {{ $labels.pci_bus_id }} of {{ $labels.node }}",
+                  f"resolution class {'/'.join(sorted(resolutions))}: {remedy}")
+        )  # fmt: skip
+    return alerts
+
+
+def ib_alerts() -> list[Alert]:
+    alerts = [
+        Alert("DgxdoctorIbPortDown", "dgxdoctor_ib_port_up == 0", "2m", "critical",
+              "IB port {{ $labels.device }}/{{ $labels.port }} down on {{ $labels.node }}",
+              "the RDMA port is not Active/LinkUp: `ibstat {{ $labels.device }}`; check the cable and the switch "
+              "port. A restart cannot fix a link."),
+        Alert("DgxdoctorIbLinkFlapping", "dgxdoctor_ib_port_link_flaps >= 2", "0s", "warning",
+              "IB port {{ $labels.device }}/{{ $labels.port }} flapping on {{ $labels.node }}",
+              "the link went down and retrained {{ $value }} times in the flap window: reseat or replace the "
+              "cable or transceiver."),
+    ]  # fmt: skip
+    for rule_name, t in sorted(DEFAULT_THRESHOLDS.items()):
+        counter = t.counter or rule_name
+        limit = 0.0 if t.kind == "increase" else t.limit / _PER_SECONDS[t.per]
+        alerts.append(
+            Alert(f"DgxdoctorIbErrors_{rule_name}",
+                  f'dgxdoctor_ib_port_errors_per_second{{counter="{counter}"}} > {limit:g}',
+                  "0s" if t.kind == "increase" else "5m", t.severity,
+                  f"IB {counter} on {{{{ $labels.device }}}}/{{{{ $labels.port }}}} of {{{{ $labels.node }}}}",
+                  f"{counter} at {{{{ $value }}}}/s, above the NIC health limit "
+                  f"({'any increase' if t.kind == 'increase' else f'{t.limit:g} per {t.per}'})."),
+        )  # fmt: skip
+    return alerts
+
+
+def vllm_alerts() -> list[Alert]:
+    ttft = "dgxdoctor_vllm_ttft_p99_seconds"
+    return [
+        Alert("DgxdoctorVllmKvCacheHigh", "avg_over_time(dgxdoctor_vllm_kv_cache_usage_ratio[10m]) > 0.9", "5m",
+              "warning", "KV cache above 90% on {{ $labels.node }}",
+              "the runbook: KV cache usage above 0.9 sustained means scale out or lower concurrency "
+              "(--max-num-seqs, --max-model-len)."),
+        Alert("DgxdoctorVllmQueueWaiting", "dgxdoctor_vllm_requests_waiting > 0", "15m", "warning",
+              "requests waiting for 15 minutes on {{ $labels.node }}",
+              "the runbook: a waiting queue that stays non-zero means the concurrency limit is set too low."),
+        Alert("DgxdoctorVllmTtftP99Jump",
+              f"{ttft} > 3 * avg_over_time({ttft}[1h] offset 15m) and {ttft} > 0.5", "5m", "warning",
+              "TTFT P99 jumped on {{ $labels.node }}",
+              "the runbook: a TTFT P99 jump usually means long inputs crowd the prefill; check the prompt lengths "
+              "and --max-num-batched-tokens."),
+    ]  # fmt: skip
+
+
+def asymmetry_alerts() -> list[Alert]:
+    alerts = []
+    for rule in RULES:
+        per_node, _, deviation = rule_names(rule)
+        # For two nodes the deviation from the median is (x - y) / (x + y); the check's imbalance tolerance t,
+        # (max - min) / max, is the deviation t / (2 - t). More nodes: the same limit from the median.
+        limit = rule.tolerance / (2 - rule.tolerance)
+        test = f"{deviation} < -{limit:.4g}" if rule.bad == "low" else f"{deviation} > {limit:.4g}"
+        by = "device, port" if rule.per_rail else ""
+        floor = f"max by ({by}) ({per_node}) >= {rule.floor:g}"
+        expr = f"{test} and on({by}) ({floor})"
+        alerts.append(
+            Alert(f"DgxdoctorNodeAsymmetric_{rule.key}", expr, "10m", "warning",
+                  f"{{{{ $labels.node }}}} is the odd node on {rule.what}",
+                  f"{rule.code}: {{{{ $labels.node }}}} deviates {{{{ $value | humanizePercentage }}}} from the "
+                  f"cluster median. Likely cause: {rule.cause}")
+        )  # fmt: skip
+    return alerts
+
+
+def fleet_alerts() -> list[Alert]:
+    versions = 'dgxdoctor_node_fact_info{key=~".*_version|kernel_release|model_fingerprint"}'
+    return [
+        Alert("DgxdoctorCheckCritical", "dgxdoctor_check_status == 2", "10m", "critical",
+              "check {{ $labels.check }} critical on {{ $labels.node }}",
+              "`dgxdoctor check --only {{ $labels.check }}` on the node shows the findings and the remedy."),
+        Alert("DgxdoctorPeerDown", "dgxdoctor_peer_up == 0", "2m", "warning",
+              "{{ $labels.node }} cannot reach its peer {{ $labels.peer }}",
+              "the peer's dgxdoctor does not answer /state: the node is down, dgxdoctor stopped, or the network "
+              "or the token between them is wrong."),
+        Alert("DgxdoctorAgentDown", 'up{job="dgxdoctor"} == 0', "2m", "critical",
+              "dgxdoctor on {{ $labels.instance }} is not scraped",
+              "the node or its agent is down (this rule assumes the scrape job is named \"dgxdoctor\")."),
+        Alert("DgxdoctorVersionDrift", f"count by (key) (count by (key, value) ({versions})) > 1", "5m", "critical",
+              "nodes disagree on {{ $labels.key }}",
+              "the runbook: both machines must run the same driver, CUDA, vLLM, Ray and model files; see "
+              "dgxdoctor_node_fact_info{key=\"{{ $labels.key }}\"} for which node differs."),
+        Alert("DgxdoctorProbeTimeouts",
+              "increase(dgxdoctor_check_timeouts_total[15m]) > 0 or increase(dgxdoctor_probe_timeouts_total[15m]) > 0",
+              "0s", "warning", "probes time out on {{ $labels.node }}",
+              "a check or probe did not answer within its timeout: NVML hanging on a GPU that fell off the bus, "
+              "a stuck mount, or an overloaded node."),
+    ]  # fmt: skip
+
+
+def all_alerts() -> list[tuple[str, list[Alert]]]:
+    return [
+        ("dgxdoctor-remediation", remediation_alerts()),
+        ("dgxdoctor-gpu", xid_alerts()),
+        ("dgxdoctor-infiniband", ib_alerts()),
+        ("dgxdoctor-vllm", vllm_alerts()),
+        ("dgxdoctor-fleet", fleet_alerts() + asymmetry_alerts()),
+    ]
+
+
+def render() -> str:
+    lines = [
+        "# Generated by `python -m dgxdoctor.alerts.alert_rules`; do not edit by hand.",
+        "# dgxdoctor's alerts (docs/remediation.md). Alerts with dgxdoctor_action may be acted on by remediation.",
+        "groups:",
+    ]
+    for group, alerts in all_alerts():
+        lines += [f"  - name: {group}", "    rules:"]
+        for alert in alerts:
+            lines += alert.lines()
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())

@@ -1,0 +1,144 @@
+"""XID and SXID verdicts: severity, action and remedy from NVIDIA's Xid catalog, repeats, overrides.
+
+Shared by ``checks/xid.py`` (the followed kernel log and NVML events) and ``diagnose`` (a pasted kernel log).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from dgxdoctor.result import Action, Status
+from dgxdoctor.sources.xid import CatalogEntry, SxidEvent, XidEvent
+
+ActionKind = Literal["reset_gpu", "reboot_node", "restart_app", "contact_support", "none"]
+
+
+DEFAULT_APP_LEVEL_XIDS = (13, 31, 43, 45)
+
+
+ACTION_RANK = {"none": 0, "restart_app": 1, "contact_support": 2, "reset_gpu": 3, "reboot_node": 4}
+
+
+@dataclass(frozen=True)
+class Assessment:
+    status: Status
+    action: ActionKind
+    remedy: str
+
+
+def assess_xid(event: XidEvent, entry: CatalogEntry, app_level: Iterable[int] = DEFAULT_APP_LEVEL_XIDS) -> Assessment:
+    """Severity and action of one XID from the catalog's resolution bucket (pure)."""
+    bus = event.pci_bus_id
+    if event.xid in set(app_level):
+        return Assessment(
+            Status.WARNING,
+            "restart_app",
+            f"application-level error: check the process on {bus} (its logs, cuda-memcheck); restart it if it hung",
+        )
+    resolution = entry.resolution
+    if resolution == "XID_154_EVAL":
+        return _assess_recovery_action(bus, event.recovery_action)
+    if resolution == "WORKFLOW_NVLINK5_ERR" and event.nvlink_fatal is False:
+        return Assessment(
+            Status.WARNING,
+            "none",
+            f"non-fatal NVLink error on {bus}: watch for repeats; check NVLink counters (nvidia-smi nvlink -e)",
+        )
+    if resolution in ("RESTART_BM", "RESTART_VM"):
+        return Assessment(
+            Status.CRITICAL,
+            "reboot_node",
+            f"drain the node and reboot it; GPU {bus} cannot be recovered in place. If it recurs, check the GPU's "
+            "seating, power and PCIe link, and contact NVIDIA support",
+        )
+    if resolution in ("RESET_GPU", "WORKFLOW_XID_48", "WORKFLOW_NVLINK_ERR", "WORKFLOW_NVLINK5_ERR"):
+        return Assessment(
+            Status.CRITICAL,
+            "reset_gpu",
+            f"drain GPU {bus} and reset it (nvidia-smi -r -i {bus}, or reboot the node); if it recurs, "
+            "run dcgmi diag -r 3 and contact NVIDIA support",
+        )
+    if resolution in ("CONTACT_SUPPORT", "CHECK_MECHANICALS"):
+        return Assessment(
+            Status.CRITICAL,
+            "contact_support",
+            f"drain GPU {bus}, collect nvidia-bug-report.sh and contact NVIDIA support",
+        )
+    if resolution == "UPDATE_SWFW":
+        return Assessment(Status.WARNING, "contact_support", "update the GPU driver and firmware")
+    if resolution in ("RESTART_APP", "CHECK_UVM", "WORKFLOW_XID_45"):
+        return Assessment(
+            Status.WARNING, "restart_app", f"restart the application that used GPU {bus} (vLLM worker, Ray actor)"
+        )
+    if resolution == "IGNORE":
+        return Assessment(Status.OK, "none", "no action needed (informational XID)")
+    return Assessment(
+        Status.WARNING,
+        "contact_support",
+        f"XID {event.xid} is not in the shipped catalog: look it up and contact support",
+    )
+
+
+def _assess_recovery_action(bus: str, action: str | None) -> Assessment:
+    text = (action or "").lower()
+    if "reboot" in text:
+        return Assessment(Status.CRITICAL, "reboot_node", f"the driver requires a node reboot for GPU {bus}")
+    if "reset" in text or "drain" in text or "flr" in text:
+        return Assessment(Status.CRITICAL, "reset_gpu", f"the driver requires GPU {bus} to be drained and reset")
+    if text.startswith("none"):
+        return Assessment(Status.OK, "none", "the driver cleared the recovery action")
+    return Assessment(
+        Status.CRITICAL, "contact_support", f"recovery action '{action}' for GPU {bus}: follow the Xid catalog"
+    )
+
+
+def escalate(assessment: Assessment, repeats: int, threshold: int) -> Assessment:
+    """One step up when the same XID repeated on the same GPU ``threshold`` times in the window."""
+    # IGNORE-class XIDs (63: a row marked for remapping) stay OK however often they come: NVIDIA says to
+    # ignore them, and their failure modes have XIDs of their own (64). ``overrides`` can make them alarm.
+    if repeats < threshold or assessment.status != Status.WARNING:
+        return assessment
+    return Assessment(
+        Status.CRITICAL,
+        "contact_support",
+        f"repeated {repeats} times on the same GPU, which points at the GPU rather than the application: "
+        "drain it, run dcgmi diag -r 3, and contact NVIDIA support if it fails",
+    )
+
+
+def assess_sxid(event: SxidEvent, entry: CatalogEntry | None) -> Assessment:
+    """NVSwitch prints Fatal or Non-fatal; the catalog (when it knows the code) refines it."""
+    if event.fatal:
+        return Assessment(
+            Status.CRITICAL,
+            "reboot_node",
+            f"fatal NVSwitch error on {event.device} ({event.pci_bus_id}): stop the NVLink workload and "
+            "reset the fabric (reboot the node); contact NVIDIA support if it recurs",
+        )
+    if entry is not None and entry.resolution == "IGNORE":
+        return Assessment(Status.OK, "none", "no action needed (informational SXID)")
+    return Assessment(
+        Status.WARNING,
+        "none",
+        f"non-fatal NVSwitch error on {event.device}: watch for repeats on link {event.link}",
+    )
+
+
+OVERRIDE_STATUS = {"ok": Status.OK, "warning": Status.WARNING, "critical": Status.CRITICAL}
+
+
+def override(base: Assessment, status: Literal["ok", "warning", "critical"]) -> Assessment:
+    """The operator's ``overrides`` entry for this XID sets the status outright; the remedy says so."""
+    new = OVERRIDE_STATUS[status]
+    return Assessment(new, base.action if new != Status.OK else "none", base.remedy + " (status set by overrides)")
+
+
+def worst_action(assessments: Iterable[Assessment]) -> Action | None:
+    """The action of the worst warning or critical assessment that has one (the most drastic on a tie)."""
+    relevant = [a for a in assessments if a.status in (Status.WARNING, Status.CRITICAL) and a.action != "none"]
+    if not relevant:
+        return None
+    worst = max(relevant, key=lambda a: (a.status.rank, ACTION_RANK[a.action]))
+    return Action(worst.action, worst.remedy)

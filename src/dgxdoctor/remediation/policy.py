@@ -1,0 +1,130 @@
+"""Which findings and alerts lead to which action: pure functions, no clock, no I/O.
+
+Three outcomes. ``restart_vllm`` for a serving process that is dead, hung or stalled; ``restart_cluster`` for a
+Ray cluster that lost a node or GPUs, or NCCL/Gloo failing between the nodes; ``page`` for what no restart
+cures (XIDs asking for a GPU reset or a reboot, IB links down, hardware and version drift): suggested to a
+human, never acted on. The ladder: when ``restart_vllm`` did not cure a problem, its next occurrence gets
+``restart_cluster``; when that did not either, the answer is ``page``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from dgxdoctor.result import CheckResult, Status
+
+ActionName = Literal["restart_vllm", "restart_cluster", "page"]
+RESTARTS: tuple[ActionName, ...] = ("restart_vllm", "restart_cluster")
+LADDER: tuple[ActionName, ...] = ("restart_vllm", "restart_cluster", "page")
+
+# vLLM check: refused connection (dead), /health timing out while idle (hung), /health 200 with work queued and
+# no token counter moving for stall_s (engine hung: a KV or queue stall with no progress).
+RESTART_VLLM_CODES = frozenset({"VLLM_DEAD", "VLLM_HUNG", "ENGINE_HUNG"})
+# Ray check: a node DEAD, fewer nodes or GPUs than planned (the tutorial's "GPU 8 of 16"), the local raylet gone;
+# logs check: the NCCL/Gloo failure signatures of a broken collective between the nodes.
+RESTART_CLUSTER_CODES = frozenset(
+    {
+        "RAY_NODE_DEAD",
+        "RAY_NODES_MISSING",
+        "RAY_GPUS_MISSING",
+        "RAY_RAYLET_DOWN",
+        "NCCL_NET_FAILURE",
+        "NCCL_TIMEOUT",
+        "NCCL_SYSTEM_ERROR",
+        "GLOO_SOCKET",
+    }
+)
+# Resolutions of NVIDIA's XID catalog that need a GPU reset, a reboot or a person (data/xid_catalog.json).
+PAGE_XID_RESOLUTIONS = frozenset(
+    {"RESET_GPU", "RESTART_BM", "RESTART_VM", "CONTACT_SUPPORT", "CHECK_MECHANICALS", "UPDATE_SWFW"}
+)
+PAGE_CODES = frozenset(
+    {
+        "IB_PORT_DOWN",
+        "IB_PORT_DISABLED",
+        "IB_PORT_NOT_ACTIVE",
+        "IB_LINK_FLAPPING",
+        "PEER_HARDWARE_DRIFT",
+        "PEER_VERSION_SKEW",
+        "PEER_MODEL_MISMATCH",
+    }
+)
+
+
+def action_for_code(code: str, xid_resolution: str | None = None) -> ActionName | None:
+    """The action a finding code asks for; ``xid_resolution`` is the catalog's resolution for ``XID_<n>``."""
+    if code in RESTART_VLLM_CODES:
+        return "restart_vllm"
+    if code in RESTART_CLUSTER_CODES:
+        return "restart_cluster"
+    if code in PAGE_CODES or (xid_resolution is not None and xid_resolution in PAGE_XID_RESOLUTIONS):
+        return "page"
+    return None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A condition remediation may answer. ``key`` identifies it across runs (same key, same problem)."""
+
+    key: str
+    action: ActionName
+    source: Literal["check", "alert"]
+    reason: str
+    since: float | None = None  # when the condition began, if the source says (an alert's startsAt)
+
+
+def problems_from_results(
+    results: Iterable[CheckResult], xid_resolution: Mapping[int, str] | None = None
+) -> list[Problem]:
+    """One problem per (check, action): the critical findings of the latest results that ask for an action."""
+    found: dict[str, Problem] = {}
+    for result in results:
+        for finding in result.findings:
+            if finding.status is not Status.CRITICAL:
+                continue
+            resolution = None
+            if finding.code.startswith("XID_") and xid_resolution is not None:
+                number = finding.code.removeprefix("XID_")
+                resolution = xid_resolution.get(int(number)) if number.isdigit() else None
+            action = action_for_code(finding.code, resolution)
+            if action is None:
+                continue
+            key = f"{result.check}:{action}"
+            if key not in found:
+                subject = f" {finding.subject}" if finding.subject else ""
+                found[key] = Problem(key, action, "check", f"{finding.code}{subject}: {finding.message}")
+    return list(found.values())
+
+
+def problem_from_alert(labels: Mapping[str, str], node: str, since: float | None) -> Problem | None:
+    """A firing alert for ``node`` that carries ``dgxdoctor_action``; None when it is not ours to act on."""
+    action = labels.get("dgxdoctor_action")
+    if labels.get("node") != node or action not in RESTARTS:
+        return None
+    name = labels.get("alertname", "alert")
+    return Problem(f"alert:{name}:{action}", action, "alert", f"alert {name} firing", since)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """An earlier action against the same problem, as the guard remembers it."""
+
+    action: ActionName
+    at: float
+
+
+def escalate(action: ActionName, attempts: Sequence[Attempt], now: float, ladder_window_s: float) -> ActionName:
+    """Climb the ladder: the step after the highest step already tried within ``ladder_window_s``.
+
+    A problem that comes back after a restart was not cured by it; ``page`` is where the ladder stops.
+    """
+    if action == "page":
+        return "page"
+    recent = [a.action for a in attempts if now - a.at <= ladder_window_s]
+    step = LADDER.index(action)
+    for tried in recent:
+        if tried in LADDER:
+            step = max(step, LADDER.index(tried) + 1)
+    return LADDER[min(step, len(LADDER) - 1)]

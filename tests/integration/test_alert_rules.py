@@ -1,0 +1,185 @@
+"""The shipped alert rules: generated from the code's tables, valid for ``promtool check rules``, and each firing
+(or staying silent) as intended on synthetic series under ``promtool test rules`` with its labels and annotations.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO, run_cli
+from dgxdoctor.alerts.alert_rules import all_alerts, render
+
+pytestmark = pytest.mark.integration
+
+ALERTS_FILE = REPO / "src" / "dgxdoctor" / "alerts" / "dgxdoctor-alerts.rules.yml"
+ALERTS = {a.name: a for _, group in all_alerts() for a in group}
+_LABEL = re.compile(r"\{\{ \$labels\.(\w+) \}\}")
+_VALUE = re.compile(r"\{\{ \$value( \| humanizePercentage)? \}\}")
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    tool = shutil.which("promtool")
+    if tool is None:
+        pytest.skip("promtool not installed (Debian package prometheus)")
+    return subprocess.run([tool, *args], capture_output=True, text=True, timeout=120)
+
+
+def series(metric: str, values: str, **labels: str) -> dict[str, str]:
+    lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    return {"series": f"{metric}{{{lab}}}", "values": values}
+
+
+def expect(name: str, value: str = "", **labels: str) -> dict[str, Any]:
+    """The alert ``name`` with ``labels`` (of the series, plus the rule's own) and its rendered annotations."""
+    alert = ALERTS[name]
+
+    def fill(text: str) -> str:
+        return _VALUE.sub(value, _LABEL.sub(lambda m: labels.get(m.group(1), ""), text))
+
+    return {
+        "exp_labels": {**labels, "severity": alert.severity, **alert.labels},
+        "exp_annotations": {"summary": fill(alert.summary), "description": fill(alert.description)},
+    }
+
+
+def run_tests(tmp_path: Path, rules: Path, inputs: list[dict[str, str]], cases: list[dict[str, Any]]) -> None:
+    doc = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "15s",
+        "tests": [{"interval": "15s", "input_series": inputs, "alert_rule_test": cases}],
+    }
+    path = tmp_path / "alert_test.yml"
+    path.write_text(json.dumps(doc))  # JSON is YAML
+    done = promtool("test", "rules", str(path))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def rules(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What ``dgxdoctor rules`` prints: the recording and the alert rules in one file."""
+    done = run_cli("rules")
+    assert done.returncode == 0, done.stderr
+    path = tmp_path_factory.mktemp("rules") / "dgxdoctor.rules.yml"
+    path.write_text(done.stdout)
+    return path
+
+
+def test_shipped_alert_rules_are_generated() -> None:
+    assert ALERTS_FILE.read_text() == render(), "regenerate: python -m dgxdoctor.alerts.alert_rules > " + str(
+        ALERTS_FILE.relative_to(REPO)
+    )
+
+
+def test_printed_rules_are_valid(rules: Path) -> None:
+    done = promtool("check", "rules", str(rules))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "DgxdoctorVllmDown" in rules.read_text() and "deviation_ratio" in rules.read_text()
+
+
+def test_actionable_alerts_carry_action_and_node(tmp_path: Path, rules: Path) -> None:
+    """A dead vLLM pages with dgxdoctor_action=restart_vllm after 30 s; a saturated one (warning) never does."""
+    vllm = {"node": "dgx-a", "check": "vllm", "job": "dgxdoctor"}
+    ray = {"node": "dgx-a", "check": "ray", "job": "dgxdoctor", "code": "RAY_GPUS_MISSING", "status": "critical"}
+    inputs = [
+        series("dgxdoctor_check_findings_by_code", "0 1x10", **vllm, code="VLLM_DEAD", status="critical"),
+        series("dgxdoctor_check_findings_by_code", "1x10", **{**vllm, "node": "dgx-b"}, code="VLLM_SATURATED",
+               status="warning"),
+        series("dgxdoctor_check_findings_by_code", "1x10", **ray),
+        series("dgxdoctor_logs_signature_matches_total", "0 0 1 1 1", node="dgx-a", code="NCCL_TIMEOUT"),
+    ]  # fmt: skip
+    dead = {**vllm, "code": "VLLM_DEAD", "status": "critical"}
+    cases = [
+        {"eval_time": "30s", "alertname": "DgxdoctorVllmDown", "exp_alerts": []},  # held for 30 s first
+        {"eval_time": "1m", "alertname": "DgxdoctorVllmDown", "exp_alerts": [expect("DgxdoctorVllmDown", **dead)]},
+        {"eval_time": "1m", "alertname": "DgxdoctorRayClusterDegraded",
+         "exp_alerts": [expect("DgxdoctorRayClusterDegraded", **ray)]},
+        {"eval_time": "45s", "alertname": "DgxdoctorNcclFailure",
+         "exp_alerts": [expect("DgxdoctorNcclFailure", node="dgx-a", code="NCCL_TIMEOUT")]},
+    ]  # fmt: skip
+    run_tests(tmp_path, rules, inputs, cases)
+    for name in ("DgxdoctorVllmDown", "DgxdoctorRayClusterDegraded", "DgxdoctorNcclFailure"):
+        assert ALERTS[name].labels["dgxdoctor_action"] in ("restart_vllm", "restart_cluster")
+
+
+def test_xids_by_resolution_class(tmp_path: Path, rules: Path) -> None:
+    """XID 79 (fallen off the bus) asks for a reboot, XID 64 for a GPU reset, XID 13 is the application's."""
+    now = "0+15x100"  # the last-seen timestamp follows the clock: the XID keeps happening
+    gpu = {"node": "dgx-a", "pci_bus_id": "00000000:19:00.0"}
+    inputs = [
+        series("dgxdoctor_xid_last_seen_timestamp_seconds", now, **gpu, xid="79"),
+        series("dgxdoctor_xid_last_seen_timestamp_seconds", now, **gpu, xid="64"),
+        series("dgxdoctor_xid_last_seen_timestamp_seconds", now, **gpu, xid="13"),
+        series("dgxdoctor_xid_last_seen_timestamp_seconds", "0x100", **gpu, xid="48"),  # 20 minutes ago
+    ]
+    cases = [
+        {"eval_time": "20m", "alertname": "DgxdoctorXidRebootRequired",
+         "exp_alerts": [expect("DgxdoctorXidRebootRequired", **gpu, xid="79")]},
+        {"eval_time": "20m", "alertname": "DgxdoctorXidGpuResetRequired",
+         "exp_alerts": [expect("DgxdoctorXidGpuResetRequired", **gpu, xid="64")]},
+        {"eval_time": "20m", "alertname": "DgxdoctorXidApplicationError",
+         "exp_alerts": [expect("DgxdoctorXidApplicationError", **gpu, xid="13")]},
+    ]  # fmt: skip
+    run_tests(tmp_path, rules, inputs, cases)
+
+
+def test_asymmetric_node_through_the_median(tmp_path: Path, rules: Path) -> None:
+    """Two nodes: dgx-b's GPUs at 0.1 while dgx-a's are at 0.9 is an 80% deviation below the median; three nodes
+    with one odd one name that one alone."""
+    util = "dgxdoctor_gpu_utilization_ratio"
+    two = [series(util, "0.9x60", node="dgx-a", gpu="0"), series(util, "0.1x60", node="dgx-b", gpu="0")]
+    three = [series(util, f"{u}x60", node=n, gpu="0", cluster="c3") for n, u in (("n1", 0.8), ("n2", 0.8), ("n3", 0.2))]
+    name = "DgxdoctorNodeAsymmetric_gpu_utilization"
+    cases = [
+        {"eval_time": "5m", "alertname": name, "exp_alerts": []},
+        {"eval_time": "12m", "alertname": name, "exp_alerts": [expect(name, "-80%", node="dgx-b")]},
+    ]
+    run_tests(tmp_path, rules, two, cases)
+    cases = [{"eval_time": "12m", "alertname": name, "exp_alerts": [expect(name, "-75%", node="n3")]}]
+    run_tests(tmp_path, rules, three, cases)
+
+
+def test_vllm_kv_cache_sustained_not_a_spike(tmp_path: Path, rules: Path) -> None:
+    inputs = [
+        series("dgxdoctor_vllm_kv_cache_usage_ratio", "0.95x80", node="dgx-a", model="glm"),
+        series("dgxdoctor_vllm_kv_cache_usage_ratio", "0.2x20 1 0.2x60", node="dgx-b", model="glm"),
+    ]
+    cases = [
+        {"eval_time": "17m", "alertname": "DgxdoctorVllmKvCacheHigh",
+         "exp_alerts": [expect("DgxdoctorVllmKvCacheHigh", node="dgx-a", model="glm")]},
+    ]  # fmt: skip
+    run_tests(tmp_path, rules, inputs, cases)
+
+
+def test_fleet_alerts(tmp_path: Path, rules: Path) -> None:
+    """Version drift between nodes, a peer unreachable, a port down, probe timeouts, the breaker open."""
+    fact = "dgxdoctor_node_fact_info"
+    inputs = [
+        series(fact, "1x40", node="dgx-a", key="driver_version", value="580.159.04"),
+        series(fact, "1x40", node="dgx-b", key="driver_version", value="570.86.15"),
+        series(fact, "1x40", node="dgx-a", key="kernel_release", value="6.1.0"),
+        series(fact, "1x40", node="dgx-b", key="kernel_release", value="6.1.0"),
+        series("dgxdoctor_peer_up", "0x40", node="dgx-a", peer="http://dgx-b:9835"),
+        series("dgxdoctor_ib_port_up", "0x40", node="dgx-a", device="mlx5_0", port="1"),
+        series("dgxdoctor_check_timeouts_total", "0 0 1x40", node="dgx-a", check="gpu"),
+        series("dgxdoctor_remediation_breaker_open", "0 1x40", node="dgx-a"),
+    ]
+    cases = [
+        {"eval_time": "6m", "alertname": "DgxdoctorVersionDrift",
+         "exp_alerts": [expect("DgxdoctorVersionDrift", key="driver_version")]},
+        {"eval_time": "3m", "alertname": "DgxdoctorPeerDown",
+         "exp_alerts": [expect("DgxdoctorPeerDown", node="dgx-a", peer="http://dgx-b:9835")]},
+        {"eval_time": "3m", "alertname": "DgxdoctorIbPortDown",
+         "exp_alerts": [expect("DgxdoctorIbPortDown", node="dgx-a", device="mlx5_0", port="1")]},
+        {"eval_time": "1m", "alertname": "DgxdoctorProbeTimeouts",
+         "exp_alerts": [expect("DgxdoctorProbeTimeouts", node="dgx-a", check="gpu")]},
+        {"eval_time": "1m", "alertname": "DgxdoctorRemediationBreakerOpen",
+         "exp_alerts": [expect("DgxdoctorRemediationBreakerOpen", node="dgx-a")]},
+    ]  # fmt: skip
+    run_tests(tmp_path, rules, inputs, cases)
