@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -81,7 +82,7 @@ class SlowCheck:
 
 
 class FollowingCheck:
-    """An event source: start_following(loop) / stop() are called by the scheduler."""
+    """An event source: start_following(loop, notify) / stop() are called by the scheduler."""
 
     name: ClassVar[str] = "following"
     settings_model: ClassVar[type[CheckSettings]] = FakeSettings
@@ -89,16 +90,20 @@ class FollowingCheck:
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
         self.settings: CheckSettings = settings
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.notify: Callable[[], None] | None = None
         self.stopped = False
+        self.runs = 0
 
-    def start_following(self, loop: asyncio.AbstractEventLoop) -> None:
+    def start_following(self, loop: asyncio.AbstractEventLoop, notify: Callable[[], None] | None = None) -> None:
         self.loop = loop
+        self.notify = notify
 
     def stop(self) -> None:
         self.stopped = True
 
     def run(self) -> CheckResult:
-        return CheckResult(self.name, Status.OK, "following")
+        self.runs += 1
+        return CheckResult(self.name, Status.OK, f"following: run {self.runs}")
 
 
 def gpu_result(check: str = "gpu", util: float = 0.9, mem_gib: float = 60.0, driver: str = "580.159.04") -> CheckResult:

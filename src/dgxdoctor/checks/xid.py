@@ -3,9 +3,10 @@
 By hand: ``dmesg -T | grep -E 'NVRM: Xid|SXid|fallen off the bus'`` (or ``journalctl -k -g Xid``).
 
 One-shot (``dgxdoctor check``): reads the kernel log buffer since boot (or the last ``lookback_s``).
-In the daemon: call :meth:`XidCheck.start_following` (the loop may be passed) once at start-up and
-:meth:`XidCheck.stop` at shutdown; a daemon thread then folds each new record in within a second
-(see sources/kmsg.py), and ``run()`` only reports the state. Without ``start_following`` each
+In the daemon: call :meth:`XidCheck.start_following` (the loop and a ``notify`` callback may be passed) once
+at start-up and :meth:`XidCheck.stop` at shutdown; a daemon thread then folds each new record in within
+milliseconds (see sources/kmsg.py) and calls ``notify``, on which the scheduler runs the check at once;
+``run()`` only reports the state. Without ``start_following`` each
 ``run()`` reads what is new since the previous run. Counters are monotonic since the agent started
 (the first read takes the whole buffer since boot) and not persisted: a restart reads the buffer
 again, and Prometheus treats the drop as a counter reset.
@@ -190,17 +191,23 @@ class XidCheck:
         self._sxids: dict[tuple[str, int], _Tally] = {}
         self._recent_79: dict[str, tuple[float, bool]] = {}  # bus -> (time, synthesized)
         self.events_seen = 0  # for tests and the latency benchmark
+        self._notify: Callable[[], None] | None = None
 
     # --- daemon API ---------------------------------------------------------------------------------
 
-    def start_following(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """Follow the kernel log in a daemon thread; new events are folded in within a second.
+    def start_following(
+        self, loop: asyncio.AbstractEventLoop | None = None, notify: Callable[[], None] | None = None
+    ) -> None:
+        """Follow the kernel log in a daemon thread; new events are folded in within milliseconds.
 
         ``loop`` is accepted for the daemon's calling convention and not used: the follower is a thread
         (a blocking read cannot be interrupted; a poll() with a short timeout can), so it never runs on,
-        nor blocks, the event loop. Raises OSError (no such file, permission denied) for the caller to
-        log; the daemon keeps running and ``run()`` then reports the problem (SKIPPED or UNKNOWN).
+        nor blocks, the event loop. ``notify`` (thread-safe) is called from the follower whenever a new XID or
+        SXID was counted: the daemon then runs this check at once, so /metrics and /state show it within a
+        second rather than at the next interval. Raises OSError (no such file, permission denied) for the
+        caller to log; the daemon keeps running and ``run()`` then reports the problem (SKIPPED or UNKNOWN).
         """
+        self._notify = notify
         if self._follower is not None and self._follower.running:
             return
         if self.cfg.nvml_events and self._nvml_follower is None:
@@ -250,6 +257,7 @@ class XidCheck:
         now = self.env.clock()
         boot_wall = now - self.env.monotonic()
         with self._lock:
+            before = self.events_seen
             for record in records:
                 if self._min_usec is not None and record.usec is not None and record.usec < self._min_usec:
                     continue
@@ -257,15 +265,30 @@ class XidCheck:
                 for line in record.lines:
                     for event in self._scanner.feed(line):
                         self._count(event, when)
+            counted = self.events_seen != before
+        if counted:
+            self._changed()
 
     def ingest_nvml(self, events: list[tuple[str, int]]) -> None:
         """Fold NVML XID events in (the NVML follower's callback)."""
         when = self.env.clock()
         with self._lock:
+            before = self.events_seen
             for bus, code in events:
                 event = XidEvent(bus, code, f"NVML XID event: Xid {code} on {bus}", detail="reported by NVML")
                 if not self._merge_sources((bus, code), "nvml", when):
                     self._tally(self._xids, (bus, code), event, when)
+            counted = self.events_seen != before
+        if counted:
+            self._changed()
+
+    def _changed(self) -> None:
+        notify = self._notify
+        if notify is not None:
+            try:
+                notify()
+            except Exception as exc:  # the follower must keep reading whatever the daemon's side does
+                log.warning("xid_notify_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _count(self, event: XidEvent | SxidEvent, when: float) -> None:
         if isinstance(event, SxidEvent):

@@ -2,13 +2,16 @@
 
 Runs go through ``checks.base.CheckRunner`` (timeout, exception -> UNKNOWN, duration); results go to the
 store; a status change is logged once (one line per transition, not per run). Event-driven checks expose
-``start_following(loop)`` / ``stop()`` and are started here; they fold their events into the next result.
+``start_following(loop, notify)`` / ``stop()`` and are started here; when their follower counts an event it calls
+``notify`` (from any thread) and the check runs at once, so the event is in /metrics and /state within a second
+instead of at the next interval. Wake-ups coalesce: at most one extra run is queued behind a running one.
 A heartbeat job proves the scheduler is turning: ``/healthz`` and the systemd watchdog read it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -51,6 +54,9 @@ class CheckScheduler:
         self.checks: dict[str, Check] = {}
         self.last_heartbeat: float | None = None
         self.extra_jobs: list[str] = []
+        self._woken: dict[str, bool] = {}  # check -> another wake-up arrived while its wake run was going
+        self._wake_tasks: set[asyncio.Future[None]] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
         self.scheduler = AsyncIOScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
@@ -101,8 +107,9 @@ class CheckScheduler:
         )
         start = getattr(check, "start_following", None)
         if callable(start):
+            loop = asyncio.get_running_loop()
             try:
-                start(asyncio.get_running_loop())
+                start(loop, self._notifier(name, loop))
             except Exception as exc:  # a broken event source must not stop the daemon
                 log.error("follow_start_failed", check=name, error=f"{type(exc).__name__}: {exc}")
 
@@ -128,11 +135,41 @@ class CheckScheduler:
     async def run_now(self, name: str) -> None:
         await self._run(name)
 
+    def _notifier(self, name: str, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+        """What an event source calls, from its own thread, when it has something new."""
+
+        def notify() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the daemon is stopping
+                loop.call_soon_threadsafe(self._wake, name)
+
+        return notify
+
+    def _wake(self, name: str) -> None:
+        if name in self._woken:  # a run is queued or running: one more after it sees this event too
+            self._woken[name] = True
+            return
+        self._woken[name] = False
+        task = asyncio.ensure_future(self._wake_runs(name))
+        self._wake_tasks.add(task)
+        task.add_done_callback(self._wake_tasks.discard)
+
+    async def _wake_runs(self, name: str) -> None:
+        try:
+            while True:
+                await self._run(name)
+                if not self._woken.get(name):
+                    return
+                self._woken[name] = False
+        finally:
+            self._woken.pop(name, None)
+
     async def _run(self, name: str) -> None:
         check = self.checks.get(name)
         if check is None:
             return
-        result = await self.runner.run(check)
+        # A wake-up run and the scheduled run take turns: never two runs of one check at once.
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            result = await self.runner.run(check)
         if self.checks.get(name) is not check:
             return  # removed or replaced by a reload while it ran
         transition = self.store.put(result)
