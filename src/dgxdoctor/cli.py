@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -158,8 +159,7 @@ def run(config_path: Path | None, listen: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report")
 def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool) -> None:
     """Say what is wrong in pasted tool output (a file each, - for stdin)."""
-    from dgxdoctor.diagnose.base import diagnose_text
-    from dgxdoctor.diagnose.registry import ANALYZERS
+    from dgxdoctor.diagnose.registry import diagnose as read_paste
 
     inputs = []
     worst = Status.OK
@@ -174,9 +174,9 @@ def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool) -> None:
             raise click.UsageError(f"cannot read {name}: {exc.strerror or exc}") from None
         if len(raw) > MAX_DIAGNOSE_BYTES:
             raise click.UsageError(f"{name}: larger than {MAX_DIAGNOSE_BYTES // 2**20} MiB")
-        diagnosis = diagnose_text(raw.decode("utf-8", errors="replace"), ANALYZERS, kind)
-        worst = Status.worst([worst, diagnosis.status])
-        inputs.append((name, diagnosis))
+        for diagnosis in read_paste(raw.decode("utf-8", errors="replace"), kind):
+            worst = Status.worst([worst, diagnosis.status])
+            inputs.append((name, diagnosis))
     if as_json:
         doc = {
             "inputs": [
@@ -223,3 +223,87 @@ def rules(only: str | None) -> None:
     from dgxdoctor.alerts.rules import combined
 
     click.echo(combined((only,) if only else ("recording", "alerts")), nl=False)
+
+
+EX_DATAERR = 65  # sysexits.h: the input (a config.json) is unusable
+# `plan`'s choices, spelled here so the daemon (which loads this module) does not import the planner;
+# tests/unit/test_plan.py holds them equal to dgxdoctor.judge.plan's.
+PLAN_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
+PLAN_OVERHEAD_GIB = 4.0
+
+
+class _DataError(click.ClickException):
+    exit_code = EX_DATAERR
+
+
+@cli.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--nodes", type=click.IntRange(1, 1024), default=2, show_default=True)
+@click.option("--gpus-per-node", type=click.IntRange(1, 64), default=8, show_default=True)
+@click.option("--gpu-memory", metavar="SIZE", help="memory of one GPU: 141GiB, 80GB, 143771MiB (default: NVML)")
+@click.option("--max-model-len", type=click.IntRange(1), default=None, help="default: the model's own")
+@click.option("--kv-cache-dtype", type=click.Choice(PLAN_KV_CACHE_DTYPES), default="auto", show_default=True)
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=0.9, show_default=True)
+@click.option(
+    "--overhead-gib",
+    type=click.FloatRange(0),
+    default=PLAN_OVERHEAD_GIB,
+    show_default=True,
+    help="assumed activation/CUDA graph/NCCL margin per GPU (vLLM measures it at start-up)",
+)
+@click.option("--network-gbps", type=click.FloatRange(0, min_open=True), help="RDMA bandwidth per node, Gb/s")
+@click.option("--json", "as_json", is_flag=True, help="print the JSON plan")
+def plan(
+    model: Path,
+    nodes: int,
+    gpus_per_node: int,
+    gpu_memory: str | None,
+    max_model_len: int | None,
+    kv_cache_dtype: str,
+    gpu_memory_utilization: float,
+    overhead_gib: float,
+    network_gbps: float | None,
+    as_json: bool,
+) -> None:
+    """How to cut MODEL (a directory or its config.json) over the GPUs: every TP x PP layout, judged by vLLM's
+    rules, with its memory, and the recommended `vllm serve` line. Exit 0 with a recommendation, 2 if none fits."""
+    from dgxdoctor.judge.plan import PlanSettings, make_plan
+    from dgxdoctor.plan_report import parse_memory, plan_dict, plan_text
+    from dgxdoctor.sources.hf_model import ModelConfigError, read_model
+
+    try:
+        files = read_model(model)
+    except ModelConfigError as exc:
+        raise _DataError(str(exc)) from None
+    memory = _gpu_memory(gpu_memory, parse_memory)
+    settings = PlanSettings(
+        gpu_memory_bytes=memory,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        max_model_len=max_model_len,
+        kv_cache_dtype=kv_cache_dtype,
+        gpu_memory_utilization=gpu_memory_utilization,
+        overhead_bytes=int(overhead_gib * 2**30),
+        network_gbps=network_gbps,
+    )
+    try:
+        result = make_plan(files.shape, str(model), files.weight_bytes, files.weight_source, settings)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(json.dumps(plan_dict(result), indent=2) if as_json else plan_text(result))
+    sys.exit(0 if result.recommended else 2)
+
+
+def _gpu_memory(text: str | None, parse: Callable[[str], int]) -> int:
+    if text is not None:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--gpu-memory") from None
+    from dgxdoctor.plan_report import smallest_gpu_memory
+    from dgxdoctor.sources.nvml import NvmlError
+
+    try:
+        return smallest_gpu_memory(Environment().nvml_factory())[0]
+    except NvmlError as exc:
+        raise click.UsageError(f"give --gpu-memory: cannot read it through NVML ({exc})") from None

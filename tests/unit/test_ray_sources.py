@@ -216,7 +216,7 @@ def test_ray_status_keeps_failure_and_pending_lines() -> None:
 
 def test_ray_status_rejects_other_text() -> None:
     assert not looks_like_ray_status("NCCL INFO Bootstrap : Using eth0\n")
-    with pytest.raises(RayStatusError, match="no Node status or Resources section"):
+    with pytest.raises(RayStatusError, match="no Node status, Resources, Usage or Demands section"):
         parse_ray_status("hello\nworld\n")
 
 

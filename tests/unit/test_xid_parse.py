@@ -73,6 +73,7 @@ def _keys(name: str) -> list[tuple[str, str, int]]:
         ("journal_610_xid79_xid154_os_reboot.txt", [("xid", "0000:01:00", 79), ("xid", "0000:01:00", 154)]),
         ("wrapped_lines.txt", [("xid", "0000:02:00", 79), ("xid", "0000:2a:00", 120)]),
         ("lookalikes.txt", []),
+        ("lone_sxid_detail_lines.txt", [("sxid", "0000:04:00.0", 22013)]),
     ],
 )
 def test_fixture_events_in_input_order(fixture: str, expected: list[tuple[str, str, int]]) -> None:
@@ -158,3 +159,23 @@ def test_three_line_fallen_off_message_is_one_evidence_line() -> None:
         "[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0 NVRM: (PCI ID: 10de:26b5) installed in this system has "
         "NVRM: fallen off the bus and is not responding to commands."
     )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "SXid (PCI:0000:04:00.0): 22013, Data {0x0000002c, 0x0000002c, 0x00000000, 0x0000002c, 0x80005302}",
+        "[   38.180708] nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Severity 0 Engine instance 44 Sub-engine "
+        "instance 00",
+    ],
+)
+def test_one_sxid_detail_line_alone_names_the_sxid_and_the_switch(line: str) -> None:
+    (event,) = scan_text(line + "\n")
+    assert isinstance(event, SxidEvent)
+    assert (event.sxid, event.pci_bus_id, event.severity_known, event.fatal) == (22013, "0000:04:00.0", False, False)
+    assert event.device == ("nvidia-nvswitch3" if "nvswitch3" in line else "NVSwitch")
+
+
+def test_sxid_detail_lines_beside_their_event_add_nothing() -> None:
+    events = scan_text((KERNEL_LOG / "nvtrust_124_dmesg_sxid.txt").read_text())
+    assert all(isinstance(e, SxidEvent) and e.severity_known for e in events)

@@ -2,6 +2,10 @@
 
 Each input kind is an Analyzer: ``detect`` is cheap and conservative, ``analyze`` parses with the same
 pure ``parse_*`` functions the live checks use (one parser per format, wherever it runs).
+
+A paste is often a fragment (one line, the end of a traceback, a few lines of a status) or several kinds at once
+(a log with an embedded ``ray status``). ``diagnose_all`` reads every section kind it finds, then the text as
+lines with the failure-signature catalog, so a known failure in any text is named.
 """
 
 from __future__ import annotations
@@ -37,8 +41,38 @@ class Analyzer(Protocol):
 UNRECOGNIZED = "unknown"
 
 
+def unrecognized(analyzers: Sequence[Analyzer]) -> Diagnosis:
+    return Diagnosis(
+        UNRECOGNIZED,
+        (
+            Finding(
+                "UNRECOGNIZED_INPUT",
+                Status.UNKNOWN,
+                "input is none of the known kinds and shows no known failure signature: "
+                + ", ".join(a.kind for a in analyzers),
+                remedy="pass --kind KIND to force one",
+            ),
+        ),
+    )
+
+
+def diagnose_all(text: str, sections: Sequence[Analyzer], lines: Sequence[Analyzer]) -> tuple[Diagnosis, ...]:
+    """Every section kind found in ``text``, then the first line reader that takes it (the catalog's readers).
+
+    A line reader that finds nothing is left out when a section kind was found (a kernel log is not also an
+    empty "text"); nothing at all is UNRECOGNIZED_INPUT.
+    """
+    found = [a.analyze(text) for a in sections if a.detect(text)]
+    reader = next((a for a in lines if a.detect(text)), None)
+    if reader is not None:
+        read = reader.analyze(text)
+        if read.findings or not found:
+            found.append(read)
+    return tuple(found) or (unrecognized([*sections, *lines]),)
+
+
 def diagnose_text(text: str, analyzers: Sequence[Analyzer], kind: str | None = None) -> Diagnosis:
-    """Pick the analyzer (``kind`` forces one) and run it; unrecognised input is an UNKNOWN finding."""
+    """The first analyzer that takes ``text`` (``kind`` forces one); unrecognised input is an UNKNOWN finding."""
     if kind is not None:
         chosen = next((a for a in analyzers if a.kind == kind), None)
         if chosen is None:
@@ -47,14 +81,4 @@ def diagnose_text(text: str, analyzers: Sequence[Analyzer], kind: str | None = N
     for analyzer in analyzers:
         if analyzer.detect(text):
             return analyzer.analyze(text)
-    return Diagnosis(
-        UNRECOGNIZED,
-        (
-            Finding(
-                "UNRECOGNIZED_INPUT",
-                Status.UNKNOWN,
-                "input is none of the known kinds: " + ", ".join(a.kind for a in analyzers),
-                remedy="pass --kind KIND to force one",
-            ),
-        ),
-    )
+    return unrecognized(analyzers)

@@ -17,7 +17,7 @@ class KernelLogAnalyzer:
     kind: ClassVar[str] = "kernel-log"
 
     def detect(self, text: str) -> bool:
-        return "NVRM: Xid" in text or ": SXid (" in text or ("NVRM:" in text and "fallen off the bus" in text)
+        return "NVRM: Xid" in text or "SXid (" in text or ("NVRM:" in text and "fallen off the bus" in text)
 
     def analyze(self, text: str) -> Diagnosis:
         catalog = load_catalog()
@@ -61,6 +61,8 @@ class KernelLogAnalyzer:
             else:
                 assessment = assess_sxid(last, catalog.sxid(code))
                 message = f"SXID {code} on {last.device} {bus}: {len(group)} time(s)"
+                if not last.severity_known:
+                    message += " (only its Severity/Data line is in the paste: severity from the catalog)"
             findings.append(
                 Finding(
                     f"{family.upper()}_{code}",

@@ -1,7 +1,9 @@
-"""`vllm-log` and `ray-log`: known failure signatures in a pasted or saved vLLM / Ray log.
+"""`vllm-log`, `ray-log` and `text`: known failure signatures in a pasted or saved log, or in any text.
 
 The same catalog and matcher as the live `logs` check (``sources.signatures``); one finding per signature code,
-with the first offending line as evidence and the number of lines that matched.
+with the first offending line as evidence and the number of lines that matched. A paste is searched with every
+signature whatever its kind (a vLLM log carries Ray's and NCCL's lines too); `text` takes what is neither a vLLM
+nor a Ray log but shows a known failure: one traceback line, an NCCL WARN line.
 """
 
 from __future__ import annotations
@@ -31,12 +33,12 @@ RAY_PY_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+(?:DEBUG|INFO|W
 RAY_MARKER = re.compile(r"\((?:raylet|autoscaler|gcs_server)[^)]*\)|ray\.exceptions\.|/tmp/ray/session_")
 
 
-def _findings(text: str, kind: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int], int]:
+def _findings(text: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int], int]:
     first: dict[str, tuple[int, str]] = {}
     counts: dict[str, int] = {}
     lines = text.splitlines()
     for number, line in enumerate(lines, start=1):
-        for match in catalog.match(line, kind):
+        for match in catalog.match(line):
             counts[match.code] = counts.get(match.code, 0) + 1
             first.setdefault(match.code, (number, line))
     signatures = catalog.by_code()
@@ -54,7 +56,6 @@ def _findings(text: str, kind: str, catalog: Catalog) -> tuple[list[Finding], di
 
 class _LogAnalyzer:
     kind: ClassVar[str]
-    log_kind: ClassVar[str]
 
     def __init__(self, catalog: Catalog | None = None) -> None:
         self._catalog = catalog
@@ -64,13 +65,12 @@ class _LogAnalyzer:
         return self._catalog or load_catalog()
 
     def analyze(self, text: str) -> Diagnosis:
-        findings, counts, n_lines = _findings(text, self.log_kind, self.catalog)
+        findings, counts, n_lines = _findings(text, self.catalog)
         return Diagnosis(self.kind, tuple(findings), {"lines": n_lines, "matches": counts})
 
 
 class VllmLogAnalyzer(_LogAnalyzer):
     kind: ClassVar[str] = "vllm-log"
-    log_kind: ClassVar[str] = "vllm"
 
     def detect(self, text: str) -> bool:
         return VLLM_LINE.search(text) is not None
@@ -78,7 +78,16 @@ class VllmLogAnalyzer(_LogAnalyzer):
 
 class RayLogAnalyzer(_LogAnalyzer):
     kind: ClassVar[str] = "ray-log"
-    log_kind: ClassVar[str] = "ray"
 
     def detect(self, text: str) -> bool:
         return RAY_PY_LINE.search(text) is not None or RAY_MARKER.search(text) is not None
+
+
+class TextAnalyzer(_LogAnalyzer):
+    """Any text that shows a known failure signature (the catch-all after every other kind)."""
+
+    kind: ClassVar[str] = "text"
+
+    def detect(self, text: str) -> bool:
+        catalog = self.catalog
+        return any(catalog.match(line) for line in text.splitlines())

@@ -1,4 +1,4 @@
-"""`dgxdoctor diagnose` of pasted `ray status` output (kind ``ray-status``).
+"""`dgxdoctor diagnose` of pasted `ray status` output (kind ``ray-status``), whole or a fragment.
 
 Without a config, the expected cluster is the tutorial's: 2 nodes, 16 GPUs. "GPU 数只有 8" (8 of 16 GPUs) is
 the tutorial's error 5: the worker never joined, or a firewall blocks 6379/8265.
@@ -34,9 +34,9 @@ class RayStatusAnalyzer:
             )
         view = report.view()
         gpu = report.usage.get("GPU")
-        findings = cluster_findings(
-            view, DEFAULT_EXPECTED_NODES, DEFAULT_EXPECTED_GPUS, gpu_evidence=gpu.line if gpu else None
-        )
+        # A fragment without the node section says nothing of the node count: nothing is expected of it.
+        expected_nodes = DEFAULT_EXPECTED_NODES if report.nodes_known else 0
+        findings = cluster_findings(view, expected_nodes, DEFAULT_EXPECTED_GPUS, gpu_evidence=gpu.line if gpu else None)
         data = {
             "timestamp": report.timestamp,
             "nodes_alive": view.nodes_alive,

@@ -1,20 +1,23 @@
-"""Input kinds `dgxdoctor diagnose` recognises, tried in this order (most specific first).
+"""Input kinds `dgxdoctor diagnose` recognises: sections (a tool's output) and line readers (logs, any text).
 
-Log kinds come last: any line that looks like vLLM or Ray output would claim the input.
+Every section kind found in a paste is read; then the first line reader that takes it (vLLM log, Ray log, else
+any text showing a known failure signature). ``ANALYZERS`` is both, in the order a forced ``--kind`` lists them.
 """
 
 from __future__ import annotations
 
-from dgxdoctor.diagnose.base import Analyzer
+from collections.abc import Sequence
+
+from dgxdoctor.diagnose.base import Analyzer, Diagnosis, diagnose_all, diagnose_text
 from dgxdoctor.diagnose.infiniband import IbstatAnalyzer, PerfqueryAnalyzer
 from dgxdoctor.diagnose.kernel_log import KernelLogAnalyzer
-from dgxdoctor.diagnose.logs import RayLogAnalyzer, VllmLogAnalyzer
+from dgxdoctor.diagnose.logs import RayLogAnalyzer, TextAnalyzer, VllmLogAnalyzer
 from dgxdoctor.diagnose.nccl_tests import NcclTestsAnalyzer
 from dgxdoctor.diagnose.ray_status import RayStatusAnalyzer
 from dgxdoctor.diagnose.topo import TopoAnalyzer
 from dgxdoctor.diagnose.vllm_metrics import VllmMetricsAnalyzer
 
-ANALYZERS: tuple[Analyzer, ...] = (
+SECTIONS: tuple[Analyzer, ...] = (
     IbstatAnalyzer(),
     PerfqueryAnalyzer(),
     TopoAnalyzer(),
@@ -22,6 +25,13 @@ ANALYZERS: tuple[Analyzer, ...] = (
     VllmMetricsAnalyzer(),
     RayStatusAnalyzer(),
     KernelLogAnalyzer(),
-    VllmLogAnalyzer(),
-    RayLogAnalyzer(),
 )
+LINE_READERS: tuple[Analyzer, ...] = (VllmLogAnalyzer(), RayLogAnalyzer(), TextAnalyzer())
+ANALYZERS: tuple[Analyzer, ...] = SECTIONS + LINE_READERS
+
+
+def diagnose(text: str, kind: str | None = None) -> Sequence[Diagnosis]:
+    """What ``dgxdoctor diagnose`` reports for one input: every kind in it, or the one ``kind`` forces."""
+    if kind is not None:
+        return (diagnose_text(text, ANALYZERS, kind),)
+    return diagnose_all(text, SECTIONS, LINE_READERS)

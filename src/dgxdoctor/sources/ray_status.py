@@ -10,7 +10,7 @@ The layout is produced by ``ray.autoscaler._private.util.format_info_string``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dgxdoctor.sources.ray_api import ClusterView, Demand, DemandKind
 
@@ -22,17 +22,17 @@ class RayStatusError(ValueError):
 # ======== Autoscaler status: 2026-11-30 01:59:21.820618 ========
 HEADER_RE = re.compile(r"^=+ Autoscaler status: (?P<ts>.+?) =+$")
 # " 1 node_7cf0e4d13538d46a83b175ecc2c9162830812885b35ce9a2a1d7170c" (under Active:, Healthy: or Idle:)
-NODE_COUNT_RE = re.compile(r"^\s+(?P<count>\d{1,18}) (?P<name>\S.*)$")
+NODE_COUNT_RE = re.compile(r"^\s*(?P<count>\d{1,18}) (?P<name>\S.*)$")
 # " 0.0/16.0 GPU", " 2/2 GPU", " 0B/31.36GiB memory", " 0.00/19.915 GiB memory", " 1/2 AcceleratorType:V100"
 USAGE_RE = re.compile(
-    r"^\s+(?P<used>\d+(?:\.\d+)?)(?P<used_unit>[A-Za-z]*)/(?P<total>\d+(?:\.\d+)?)\s?(?P<total_unit>[A-Za-z]*)"
+    r"^\s*(?P<used>\d+(?:\.\d+)?)(?P<used_unit>[A-Za-z]*)/(?P<total>\d+(?:\.\d+)?)\s?(?P<total_unit>[A-Za-z]*)"
     r"\s+(?P<resource>\S+)$"
 )
 # " {'GPU': 32.0}: 1+ pending tasks/actors"
 # " {'CPU': 0.001, 'GPU': 8.0} * 2, {'GPU': 8.0} * 1 (STRICT_SPREAD): 1+ pending placement groups"
 # " {'CPU': 16}: 100+ from request_resources()"
 DEMAND_RE = re.compile(
-    r"^\s+(?P<shape>\{.*\S)\s*:\s*(?P<count>\d{1,18})\+?\s+"
+    r"^\s*(?P<shape>\{.*\S)\s*:\s*(?P<count>\d{1,18})\+?\s+"
     r"(?P<what>pending tasks/actors|pending placement groups|from request_resources\(\))\s*$"
 )
 # "{'CPU': 0.001, 'GPU': 8.0} * 2" inside a demand's shape
@@ -48,6 +48,36 @@ _KINDS: dict[str, DemandKind] = {
 _NODE_SECTIONS = {"Active:", "Healthy:", "Idle:"}
 _USAGE_SECTIONS = {"Total Usage:", "Usage:"}
 _DEMAND_SECTIONS = {"Total Demands:", "Demands:", "Pending Demands:", "From request_resources:"}
+_TITLES = {"Node status", "Resources"}
+_ALL_SECTIONS = _NODE_SECTIONS | _USAGE_SECTIONS | _DEMAND_SECTIONS | _TITLES | {"Pending:", "Recent failures:"}
+# What an unindented line under each section may be (a paste that lost its indentation); anything else is a title.
+_CONTENT: dict[str, re.Pattern[str]] = {
+    **dict.fromkeys(_NODE_SECTIONS, NODE_COUNT_RE),
+    **dict.fromkeys(_USAGE_SECTIONS, USAGE_RE),
+    **dict.fromkeys(_DEMAND_SECTIONS, DEMAND_RE),
+}
+
+# Fragments: a section title over its dashes; a usage, node or demand heading followed by one line of its kind.
+#   Resources
+#   ---------------------------------------------------------------
+#   Total Usage:
+#    0.0/16.0 GPU
+#   Pending Demands:
+#    {'GPU': 32.0}: 1+ pending tasks/actors
+_FRAGMENT_RES = (
+    re.compile(r"^[ \t]*(?:Node status|Resources)[ \t]*\r?\n[ \t]*-{8,}[ \t]*\r?$", re.M),
+    re.compile(
+        r"^[ \t]*(?:Total )?Usage:[ \t]*\r?\n[ \t]*\d+(?:\.\d+)?[A-Za-z]*/\d+(?:\.\d+)? ?[A-Za-z]*[ \t]+\S+[ \t]*\r?$",
+        re.M,
+    ),
+    re.compile(r"^[ \t]*(?:Active|Healthy|Idle):[ \t]*\r?\n[ \t]*\d{1,18} [ \t]*node_[0-9a-f]{8}", re.M),
+    re.compile(
+        r"^[ \t]*(?:(?:Total |Pending )?Demands|From request_resources):[ \t]*\r?\n[ \t]*"
+        r"(?:\((?:no resource demands|none)\)|\{[^\n]{0,4000}\}[^\n]{0,4000}"
+        r"(?:pending tasks/actors|pending placement groups|from request_resources\(\)))",
+        re.M,
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -65,18 +95,22 @@ class RayStatusReport:
     failures: tuple[str, ...]
     usage: dict[str, Usage]
     demands: tuple[Demand, ...]
+    # A fragment may lack the node or the usage section: what it lacks is unknown, not zero.
+    nodes_known: bool = True
+    usage_known: bool = True
 
     @property
-    def nodes_alive(self) -> int:
-        return sum(count for count, _ in self.nodes)
+    def nodes_alive(self) -> int | None:
+        return sum(count for count, _ in self.nodes) if self.nodes_known else None
 
     def view(self) -> ClusterView:
         gpu = self.usage.get("GPU")
         # Usage lists GPU only when some node has GPUs; a GPU-less cluster has 0, not "unknown".
+        none_listed = 0.0 if self.usage_known else None
         return ClusterView(
             nodes_alive=self.nodes_alive,
-            gpus_total=gpu.total if gpu else 0.0,
-            gpus_used=gpu.used if gpu else 0.0,
+            gpus_total=gpu.total if gpu else none_listed,
+            gpus_used=gpu.used if gpu else none_listed,
             demands=self.demands,
             failures=self.failures,
         )
@@ -92,24 +126,23 @@ def _bundle_gpus(shape: str) -> float:
 
 
 def looks_like_ray_status(text: str) -> bool:
-    """Cheap test: the autoscaler banner, or both of its section titles near the top."""
-    head = text[:4096]
-    lines = [line.strip() for line in head.splitlines()[:5]]
-    if any(HEADER_RE.match(line) for line in lines):
+    """Cheap test, true of fragments too: the banner, a section title over its dashes, or a usage, demand or
+    node heading followed by a line of its kind (anywhere: a log may embed the output)."""
+    if "Autoscaler status:" in text and any(HEADER_RE.match(line.strip()) for line in text.splitlines()):
         return True
-    return "\nNode status\n" in head and "\nResources\n" in head
+    return any(r.search(text) is not None for r in _FRAGMENT_RES)
+
+
+def _parse_error(seen: set[str]) -> RayStatusError:
+    if not seen:
+        return RayStatusError("not `ray status` output: no Node status, Resources, Usage or Demands section")
+    return RayStatusError(f"ray status: sections {sorted(seen)} hold nothing readable")
 
 
 def parse_ray_status(text: str) -> RayStatusReport:
-    """Parse ``ray status`` (plain or ``-v``). Only the cluster totals are read, not the per-node sections."""
-    timestamp = None
-    section = ""
-    saw_node_status = saw_resources = False
-    nodes: list[tuple[int, str]] = []
-    pending: list[str] = []
-    failures: list[str] = []
-    usage: dict[str, Usage] = {}
-    demands: list[Demand] = []
+    """Parse ``ray status`` (plain or ``-v``), whole or a fragment; only the cluster totals, not the per-node
+    sections. What a fragment lacks stays unknown (``nodes_known``/``usage_known``)."""
+    state = _State()
     for raw in text.splitlines():
         line = raw.rstrip()
         stripped = line.strip()
@@ -117,47 +150,83 @@ def parse_ray_status(text: str) -> RayStatusReport:
             continue
         header = HEADER_RE.match(stripped)
         if header:
-            timestamp = header.group("ts")
+            state.timestamp = header.group("ts")
             continue
-        if stripped.startswith("Node: ") and not line.startswith(" "):
+        if stripped.startswith("Node: ") and not line.startswith(" ") and state.seen:
             # Per-node sections of `ray status -v`: the cluster totals are above them.
             break
-        if not line.startswith(" "):
-            section = stripped
-            saw_node_status |= stripped == "Node status"
-            saw_resources |= stripped == "Resources"
+        if _is_heading(line, stripped, state.section):
+            state.section = stripped
+            if stripped in _ALL_SECTIONS:
+                state.seen.add(stripped)
             continue
+        state.read(line, stripped)
+    if not state.seen or not (state.nodes_known or state.usage_known or state.demands or state.seen & _TITLES):
+        raise _parse_error(state.seen)
+    return RayStatusReport(
+        timestamp=state.timestamp,
+        nodes=tuple(state.nodes),
+        pending_nodes=tuple(state.pending),
+        failures=tuple(state.failures),
+        usage=state.usage,
+        demands=tuple(state.demands),
+        nodes_known=state.nodes_known,
+        usage_known=state.usage_known,
+    )
+
+
+def _is_heading(line: str, stripped: str, section: str) -> bool:
+    """A section title: a known one, or an unindented line that is not content of the current section."""
+    if stripped in _ALL_SECTIONS:
+        return True
+    if line.startswith((" ", "\t")):
+        return False
+    if stripped.startswith("(") and stripped.endswith(")"):
+        return False
+    content = _CONTENT.get(section)
+    return content is None or content.match(line) is None
+
+
+@dataclass
+class _State:
+    timestamp: str | None = None
+    section: str = ""
+    seen: set[str] = field(default_factory=set)
+    nodes: list[tuple[int, str]] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    usage: dict[str, Usage] = field(default_factory=dict)
+    demands: list[Demand] = field(default_factory=list)
+
+    @property
+    def nodes_known(self) -> bool:
+        return bool(self.seen & _NODE_SECTIONS)
+
+    @property
+    def usage_known(self) -> bool:
+        return bool(self.seen & _USAGE_SECTIONS)
+
+    def read(self, line: str, stripped: str) -> None:
+        section = self.section
         if stripped.startswith("(") and stripped.endswith(")"):
-            continue  # "(no pending nodes)", "(no failures)", "(none)", "(no resource demands)"
+            return  # "(no pending nodes)", "(no failures)", "(none)", "(no resource demands)"
         if section in _NODE_SECTIONS:
             m = NODE_COUNT_RE.match(line)
             if m is None:
                 raise RayStatusError(f"ray status: node line not understood under {section} {stripped!r}")
-            nodes.append((int(m.group("count")), m.group("name")))
+            self.nodes.append((int(m.group("count")), m.group("name")))
         elif section == "Pending:":
-            pending.append(stripped)
+            self.pending.append(stripped)
         elif section == "Recent failures:":
-            failures.append(stripped)
+            self.failures.append(stripped)
         elif section in _USAGE_SECTIONS:
             m = USAGE_RE.match(line)
             if m is not None:
-                usage[m.group("resource")] = Usage(float(m.group("used")), float(m.group("total")), stripped)
+                self.usage[m.group("resource")] = Usage(float(m.group("used")), float(m.group("total")), stripped)
         elif section in _DEMAND_SECTIONS:
             m = DEMAND_RE.match(line)
             if m is None:
                 raise RayStatusError(f"ray status: demand line not understood: {stripped!r}")
             shape = m.group("shape").strip()
-            count = int(m.group("count"))
             kind = _KINDS[m.group("what")]
-            demands.append(Demand(kind, shape, count, _bundle_gpus(shape), stripped))
-    if not (saw_node_status and saw_resources):
-        missing = [name for name, seen in (("Node status", saw_node_status), ("Resources", saw_resources)) if not seen]
-        raise RayStatusError(f"not `ray status` output: no {' or '.join(missing)} section")
-    return RayStatusReport(
-        timestamp=timestamp,
-        nodes=tuple(nodes),
-        pending_nodes=tuple(pending),
-        failures=tuple(failures),
-        usage=usage,
-        demands=tuple(demands),
-    )
+            self.demands.append(Demand(kind, shape, int(m.group("count")), _bundle_gpus(shape), stripped))

@@ -59,6 +59,16 @@ SXID_RE = re.compile(
     r"(?P<device>nvidia-nvswitch\d+): SXid \((?:PCI:)?" + _BUS + r"\):\s*(?P<sxid>\d{1,9}),\s*"
     r"(?P<sev>Fatal|Non-fatal),\s*(?P<rest>.*)$"
 )
+# The other two lines of the event, read alone when a paste holds no Fatal/Non-fatal line for that SXid (a cut
+# paste, or one line copied from a report); the device prefix may be cut too:
+#   nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Data {0x0000002c, 0x0000002c, 0x00000000, ...}
+#   SXid (PCI:0000:04:00.0): 22013, Severity 0 Engine instance 44 Sub-engine instance 00
+SXID_DETAIL_RE = re.compile(
+    r"(?:(?P<device>nvidia-nvswitch\d+): )?SXid \((?:PCI:)?" + _BUS + r"\):\s*(?P<sxid>\d{1,9}),\s*"
+    r"(?P<rest>(?:Severity|Data)\b.*)$"
+)
+# Resolutions of the SXid catalog that mean a fatal error when the paste lacks the Fatal/Non-fatal word.
+_FATAL_RESOLUTIONS = frozenset({"RESET_FABRIC"})
 SXID_LINK_RE = re.compile(r"\bLink (?P<link>\d{1,9})\b")
 
 # "Fallen off the bus" without an Xid line (counted as XID 79):
@@ -102,6 +112,8 @@ class SxidEvent:
     fatal: bool
     link: int | None = None
     detail: str = ""
+    # False when read from a Severity/Data line alone: ``fatal`` then comes from the catalog.
+    severity_known: bool = True
 
 
 def _bus(match: re.Match[str]) -> str:
@@ -156,6 +168,28 @@ def parse_sxid_line(line: str) -> SxidEvent | None:
         fatal=match["sev"] == "Fatal",
         link=int(link["link"]) if link else None,
         detail=rest,
+    )
+
+
+def parse_sxid_detail_line(line: str) -> SxidEvent | None:
+    """An SXID event from its Severity or Data line alone: the severity comes from the catalog (unknown codes
+    count as non-fatal), the switch from the device prefix when the paste kept it."""
+    match = SXID_DETAIL_RE.search(line)
+    if match is None:
+        return None
+    sxid = int(match["sxid"])
+    entry = load_catalog().sxid(sxid)
+    rest = match["rest"].strip()
+    engine = re.search(r"\bEngine instance (?P<link>\d{1,9})\b", rest)
+    return SxidEvent(
+        pci_bus_id=match["bus"].lower() + (match["fn"] or ""),
+        sxid=sxid,
+        line=line.strip(),
+        device=match["device"] or "NVSwitch",
+        fatal=entry is not None and entry.resolution in _FATAL_RESOLUTIONS,
+        link=int(engine["link"]) if engine else None,
+        detail=rest,
+        severity_known=False,
     )
 
 
@@ -234,10 +268,26 @@ def scan_lines(lines: Iterable[str]) -> Iterator[XidEvent | SxidEvent]:
         yield from scanner.feed(line)
 
 
+def _lone_sxid_details(lines: list[str], events: list[XidEvent | SxidEvent]) -> list[SxidEvent]:
+    """One event per SXid whose Severity/Data lines are in the paste without its Fatal/Non-fatal line."""
+    primary = {(e.pci_bus_id, e.sxid) for e in events if isinstance(e, SxidEvent)}
+    lone: dict[tuple[str, int], SxidEvent] = {}
+    for line in lines:
+        if "SXid" not in line:
+            continue
+        detail = parse_sxid_detail_line(line)
+        if detail is not None and (detail.pci_bus_id, detail.sxid) not in primary:
+            lone.setdefault((detail.pci_bus_id, detail.sxid), detail)
+    return list(lone.values())
+
+
 def scan_text(text: str) -> list[XidEvent | SxidEvent]:
     """Events of a pasted log in input order; a fallen-off-the-bus line is dropped when the same text
-    has an Xid 79 line for that GPU (the driver prints both)."""
-    events = list(scan_lines(text.splitlines()))
+    has an Xid 79 line for that GPU (the driver prints both); an SXid seen only in its Severity/Data lines
+    counts once, at the end."""
+    lines = text.splitlines()
+    events = list(scan_lines(lines))
+    events.extend(_lone_sxid_details(lines, events))
     real_79 = {e.pci_bus_id for e in events if isinstance(e, XidEvent) and e.xid == 79 and not e.synthesized}
     kept: list[XidEvent | SxidEvent] = []
     synthesized_seen: set[str] = set()

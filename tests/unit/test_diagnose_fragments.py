@@ -1,0 +1,105 @@
+"""`dgxdoctor diagnose` on what people paste: one line, the end of a traceback, a cut status, several kinds at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from dgxdoctor.diagnose.registry import diagnose
+from dgxdoctor.result import Status
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures"
+
+# The lines of the issue report, each pasted alone.
+TP_LINE = "ValueError: Total number of attention heads (52) must be divisible by tensor parallel size (8).\n"
+# vllm-project/vllm#15598
+OOM_LINE = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a total capacity of "
+    "23.64 GiB of which 1.07 GiB is free.\n"
+)
+# NVIDIA/nccl#1814 (the issue title; the address masked there)
+NCCL_WARN_LINE = (
+    "NCCL WARN NET/IB : Got completion from peer xxx.xxx.xxx.xxx<55921> with status=12 opcode=1 len=0 vendor err "
+    "129 (Send) localGid ::ffff:29.87.4.221 remoteGids::ffff:29.87.88.182\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [(TP_LINE, "TP_HEADS_NOT_DIVISIBLE"), (OOM_LINE, "CUDA_OOM"), (NCCL_WARN_LINE, "NCCL_NET_FAILURE")],
+)
+def test_one_pasted_line_is_named(text: str, code: str) -> None:
+    (d,) = diagnose(text)
+    assert d.kind == "text"
+    assert [f.code for f in d.findings] == [code]
+    assert d.status is Status.CRITICAL
+
+
+def test_cli_reads_a_line_from_stdin() -> None:
+    run = run_cli("diagnose", "-", stdin=TP_LINE)
+    assert run.returncode == 2, run.stderr
+    assert "TP_HEADS_NOT_DIVISIBLE" in run.stdout and "UNRECOGNIZED" not in run.stdout
+
+
+def test_last_lines_of_a_traceback() -> None:
+    tail = (
+        '  File "/usr/local/lib/python3.10/dist-packages/vllm/config.py", line 255, in verify_with_parallel_config\n'
+        "    raise ValueError(\n" + TP_LINE
+    )
+    assert [f.code for d in diagnose(tail) for f in d.findings] == ["TP_HEADS_NOT_DIVISIBLE"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Resources\n" + "-" * 63 + "\nUsage:\n 0.0/16.0 CPU\n 0.0/8.0 GPU\n",
+        "Total Usage:\n 0.0/2.0 CPU\n 0.0/8.0 GPU\n",
+        "Usage:\n0.0/2.0 CPU\n0.0/8.0 GPU\n",  # indentation lost in the paste
+    ],
+)
+def test_partial_ray_status_says_what_it_shows(text: str) -> None:
+    (d,) = diagnose(text)
+    assert d.kind == "ray-status"
+    assert {f.code for f in d.findings} == {"RAY_GPUS_MISSING"}  # 8 of 16; the node count is not in the paste
+    assert d.data["nodes_alive"] is None and d.data["gpus_total"] == 8.0
+
+
+def test_partial_ray_status_without_usage_judges_no_gpus() -> None:
+    text = "Pending Demands:\n {'CPU': 0.001, 'GPU': 8.0} * 2 (STRICT_SPREAD): 1+ pending placement groups\n"
+    (d,) = diagnose(text)
+    assert d.kind == "ray-status"
+    assert [f.code for f in d.findings] == ["RAY_PLACEMENT_GROUP_PENDING"]
+    assert d.data["gpus_total"] is None
+
+
+def test_log_with_an_embedded_ray_status_reads_both() -> None:
+    log = (FIX / "logs" / "ray_gpus_pending.log").read_text()
+    status = (FIX / "ray" / "dead-ray-status.txt").read_text()
+    found = diagnose(log + status + log)
+    kinds = [d.kind for d in found]
+    assert "ray-status" in kinds and kinds[-1] in ("vllm-log", "ray-log", "text")
+    codes = {f.code for d in found for f in d.findings}
+    assert {"RAY_GPUS_MISSING", "RAY_GPUS_PENDING"} <= codes
+
+
+def test_a_kernel_log_with_a_vllm_failure_reads_both() -> None:
+    text = (FIX / "kernel_log" / "open_gpu_1151_journal_xid79.txt").read_text() + OOM_LINE
+    kinds = {d.kind: {f.code for f in d.findings} for d in diagnose(text)}
+    assert kinds == {"kernel-log": {"XID_79"}, "text": {"CUDA_OOM"}}
+
+
+def test_a_healthy_structured_paste_gets_no_text_reading() -> None:
+    (d,) = diagnose((FIX / "ray" / "healthy-ray-status.txt").read_text())
+    assert d.kind == "ray-status" and d.findings == ()
+
+
+def test_plain_text_is_still_unrecognised() -> None:
+    (d,) = diagnose("hello world\n")
+    assert [f.code for f in d.findings] == ["UNRECOGNIZED_INPUT"]
+
+
+def test_forced_kind_reads_one_kind() -> None:
+    (d,) = diagnose(TP_LINE, kind="vllm-log")
+    assert d.kind == "vllm-log" and [f.code for f in d.findings] == ["TP_HEADS_NOT_DIVISIBLE"]
