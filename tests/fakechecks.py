@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 from pydantic import Field
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
 
@@ -28,7 +27,7 @@ class FakeSettings(CheckSettings):
     timeout_s: float = Field(5.0, gt=0, description="a run that takes longer is UNKNOWN")
 
 
-class StaticCheck:
+class StaticCheck(Check):
     """Returns whatever ``outcome`` holds (a CheckResult or an exception to raise); counts its runs."""
 
     name: ClassVar[str] = "static"
@@ -54,7 +53,7 @@ class StaticCheck:
         return self.outcome
 
 
-class SlowCheck:
+class SlowCheck(Check):
     """Blocks until released; records how many runs overlapped."""
 
     name: ClassVar[str] = "slow"
@@ -81,8 +80,8 @@ class SlowCheck:
         return CheckResult(self.name, Status.OK, "done")
 
 
-class FollowingCheck:
-    """An event source: start_following(loop, notify) / stop() are called by the scheduler."""
+class FollowingCheck(Check):
+    """An event source: start() / stop() are called by the scheduler (through the runner)."""
 
     name: ClassVar[str] = "following"
     settings_model: ClassVar[type[CheckSettings]] = FakeSettings
@@ -90,13 +89,11 @@ class FollowingCheck:
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
         self.settings: CheckSettings = settings
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.notify: Callable[[], None] | None = None
         self.stopped = False
         self.runs = 0
 
-    def start_following(self, loop: asyncio.AbstractEventLoop, notify: Callable[[], None] | None = None) -> None:
-        self.loop = loop
-        self.notify = notify
+    def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
 
     def stop(self) -> None:
         self.stopped = True

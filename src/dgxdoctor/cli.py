@@ -117,7 +117,7 @@ def check(config_path: Path | None, as_json: bool, only: str | None, skip: str |
     config = _load(config_path)
     env = config.environment()
     checks = build_checks(config, env, _names(only), _names(skip))
-    results = asyncio.run(CheckRunner(env).run_all(checks))
+    results = asyncio.run(CheckRunner(env).run_once(checks))
     if as_json:
         click.echo(json.dumps(report_dict(env.node, results, env.role), indent=2))
     else:
@@ -157,9 +157,21 @@ def run(config_path: Path | None, listen: str | None) -> None:
 @click.argument("files", nargs=-1, required=True, type=click.Path(allow_dash=True, dir_okay=False))
 @click.option("--kind", type=_AnalyzerKind(), default=None)
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report")
-def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool) -> None:
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="judge with this config's check thresholds (expected busbw, IB rate, Ray nodes and GPUs)",
+)
+def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_path: Path | None) -> None:
     """Say what is wrong in pasted tool output (a file each, - for stdin)."""
     from dgxdoctor.diagnose.registry import diagnose as read_paste
+
+    settings = None
+    if config_path is not None:
+        config = _load(config_path)
+        settings = {name: config.check_settings(name) for name in ("infiniband", "nccl", "ray")}
 
     inputs = []
     worst = Status.OK
@@ -174,7 +186,7 @@ def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool) -> None:
             raise click.UsageError(f"cannot read {name}: {exc.strerror or exc}") from None
         if len(raw) > MAX_DIAGNOSE_BYTES:
             raise click.UsageError(f"{name}: larger than {MAX_DIAGNOSE_BYTES // 2**20} MiB")
-        for diagnosis in read_paste(raw.decode("utf-8", errors="replace"), kind):
+        for diagnosis in read_paste(raw.decode("utf-8", errors="replace"), kind, settings):
             worst = Status.worst([worst, diagnosis.status])
             inputs.append((name, diagnosis))
     if as_json:
@@ -183,6 +195,7 @@ def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool) -> None:
                 {
                     "source": "<stdin>" if name == "-" else name,
                     "kind": d.kind,
+                    "summary": d.summary,
                     "findings": [f.to_diagnose_dict() for f in d.findings],
                     "data": d.data,
                 }
@@ -193,6 +206,8 @@ def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool) -> None:
     else:
         for name, d in inputs:
             click.echo(f"{'<stdin>' if name == '-' else name}: {d.kind}, {d.status.value}")
+            if d.summary:
+                click.echo(f"  {d.summary}")
             for f in d.findings:
                 subject = f"{f.subject}: " if f.subject else ""
                 click.echo(f"  [{f.status.value}] {f.code} {subject}{f.message}")
@@ -223,6 +238,41 @@ def rules(only: str | None) -> None:
     from dgxdoctor.alerts.rules import combined
 
     click.echo(combined((only,) if only else ("recording", "alerts")), nl=False)
+
+
+@cli.group()
+def remediation() -> None:
+    """Remediation's state: mode, breaker, budget, last actions; reset the breaker."""
+
+
+@remediation.command("status")
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="print the status as JSON")
+@click.option("--last", default=10, show_default=True, type=click.IntRange(1, 1000), help="actions to show")
+def remediation_status(config_path: Path | None, as_json: bool, last: int) -> None:
+    """Mode, role, breaker, budget left, an action in flight and the last actions (from the state dir)."""
+    from dgxdoctor.remediation.status import render_status, status_document
+
+    config = _load(config_path)
+    try:
+        doc = status_document(config, last)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot read the remediation state: {exc}") from None
+    click.echo(json.dumps(doc, indent=2) if as_json else render_status(doc))
+
+
+@remediation.command("reset")
+@config_option
+def remediation_reset(config_path: Path | None) -> None:
+    """Close the breaker and forget the budget, the ladder and the cooldowns (the daemon sees it at once)."""
+    from dgxdoctor.remediation.status import reset
+
+    config = _load(config_path)
+    try:
+        reset(config)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot reset the remediation state: {exc}") from None
+    click.echo("remediation reset: breaker closed, budget restored")
 
 
 EX_DATAERR = 65  # sysexits.h: the input (a config.json) is unusable
@@ -307,3 +357,17 @@ def _gpu_memory(text: str | None, parse: Callable[[str], int]) -> int:
         return smallest_gpu_memory(Environment().nvml_factory())[0]
     except NvmlError as exc:
         raise click.UsageError(f"give --gpu-memory: cannot read it through NVML ({exc})") from None
+
+
+@cli.command("dashboards")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+def dashboards(directory: Path) -> None:
+    """Write the Grafana dashboards and a provisioning file for them into DIRECTORY (docs/dashboards.md)."""
+    from dgxdoctor.dashboards import write_dashboards
+
+    try:
+        written = write_dashboards(directory)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot write the dashboards to {directory}: {exc}") from None
+    for path in written:
+        click.echo(str(path))

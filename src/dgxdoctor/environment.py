@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
@@ -42,6 +42,31 @@ def tls_context() -> ssl.SSLContext:
 
 
 @dataclass(frozen=True)
+class Peers:
+    """The other nodes' dgxdoctor and how to ask them (the ``[daemon]`` table's peers, token, peer_timeout_s)."""
+
+    urls: tuple[str, ...]
+    token: str | None
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """What the daemon knows beyond this node; ``Environment.fleet`` is None outside the daemon.
+
+    ``local_state(check)`` is this node's ``/state`` document without that check's own result (the peer
+    comparison leaves itself out, so it sees exactly what peers see of us). ``peers()`` is asked at every run, so
+    a reload's new peers or token apply without rebuilding a check.
+    """
+
+    local_state: Callable[[str], dict[str, Any]]
+    peers: Callable[[], Peers]
+    # Run this check now (thread-safe): an event source calls it when it counted something, so the event reaches
+    # /metrics and /state at once rather than at the check's next interval.
+    wake: Callable[[str], None] = lambda name: None
+
+
+@dataclass(frozen=True)
 class Environment:
     """Where the outside world is. Every path is a root so a test can lay out a copy of the real tree."""
 
@@ -60,6 +85,8 @@ class Environment:
     # True for `dgxdoctor check` (one run, nothing before it); the daemon sets False. Checks that need two
     # readings (rates, forward progress) take both within one run when True, and use their previous run otherwise.
     one_shot: bool = True
+    # The daemon's results store and peers (``fleet/``); None for the one-shot run.
+    fleet: Fleet | None = None
 
     def http_client(self, base_url: str = "", timeout_s: float = 5.0) -> httpx.Client:
         """An httpx client whose responses are size-capped (``sources.http``); TLS context shared."""

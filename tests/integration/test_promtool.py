@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from conftest import FIXTURES
-from dgxdoctor.checks.peer_compare import DaemonContext, PeerCompareCheck, PeerCompareSettings
-from dgxdoctor.environment import Environment
+from dgxdoctor.checks.peer_compare import PeerCompareCheck, PeerCompareSettings
+from dgxdoctor.environment import Environment, Fleet, Peers
 from dgxdoctor.exporters.collector import exposition, make_registry
 from dgxdoctor.fleet.store import ResultStore
 
@@ -32,9 +32,13 @@ def test_golden_exposition_is_lint_clean() -> None:
 
 def test_peer_compare_exposition_is_lint_clean() -> None:
     store = ResultStore("dgx-a")
-    env = Environment(node="dgx-a", http_transport=httpx.MockTransport(lambda r: httpx.Response(401)))
+    peers = Peers(("http://dgx-b:9835", "http://dgx-c:9835"), None, 1.0)
+    env = Environment(
+        node="dgx-a",
+        http_transport=httpx.MockTransport(lambda r: httpx.Response(401)),
+        fleet=Fleet(lambda check: store.snapshot(exclude=(check,)), lambda: peers),
+    )
     check = PeerCompareCheck(PeerCompareSettings(), env)
-    check.attach_daemon(DaemonContext(store.snapshot, ("http://dgx-b:9835", "http://dgx-c:9835"), None, 1.0))
     store.put(check.run())
     done = promtool_check(exposition(make_registry(store)).decode())
     assert done.returncode == 0 and not (done.stdout + done.stderr).strip(), done.stdout + done.stderr

@@ -6,8 +6,8 @@ from typing import Any
 import httpx
 import pytest
 
-from dgxdoctor.checks.peer_compare import DaemonContext, PeerCompareCheck, PeerCompareSettings
-from dgxdoctor.environment import Environment
+from dgxdoctor.checks.peer_compare import PeerCompareCheck, PeerCompareSettings
+from dgxdoctor.environment import Environment, Fleet, Peers
 from dgxdoctor.fleet.peers import InvalidState, fetch_state, validate_state
 from dgxdoctor.result import Status
 
@@ -95,10 +95,10 @@ def test_fetch_timeout_and_garbage_are_errors_not_exceptions() -> None:
 
 
 def make_check(handler: Any, peers: tuple[str, ...] = ("http://dgx-b:9835",), **settings: Any) -> PeerCompareCheck:
-    env = Environment(node="dgx-a", http_transport=transport(handler))
-    check = PeerCompareCheck(PeerCompareSettings(**settings), env)
     local = peer_state("dgx-a", util=0.95)
-    check.attach_daemon(DaemonContext(lambda: json.loads(json.dumps(local)), peers, TOKEN, 1.0))
+    fleet = Fleet(lambda check: json.loads(json.dumps(local)), lambda: Peers(peers, TOKEN, 1.0))
+    env = Environment(node="dgx-a", http_transport=transport(handler), fleet=fleet)
+    check = PeerCompareCheck(PeerCompareSettings(**settings), env)
     return check
 
 

@@ -28,14 +28,14 @@ async def test_reload_semantics(tmp_path: Path) -> None:
     try:
         daemon._schedule_all()
         first = daemon.scheduler.checks["peer_compare"]
-        assert isinstance(first, PeerCompareCheck) and first.context is not None
-        assert first.context.peers == ("http://dgx-b:9835",)
+        assert isinstance(first, PeerCompareCheck) and first.env.fleet is not None
+        assert first.env.fleet.peers().urls == ("http://dgx-b:9835",)
 
         write(path, peers='["http://dgx-b:9835", "http://dgx-c:9835"]')
         assert await daemon.reload() == []
         kept = daemon.scheduler.checks["peer_compare"]
         assert kept is first  # same settings: same instance, new peers handed over
-        assert kept.context is not None and kept.context.peers == ("http://dgx-b:9835", "http://dgx-c:9835")
+        assert kept.env.fleet is not None and kept.env.fleet.peers().urls == ("http://dgx-b:9835", "http://dgx-c:9835")
 
         write(path, extra="[checks.peer_compare]\ninterval_s = 5\n")
         assert await daemon.reload() == []

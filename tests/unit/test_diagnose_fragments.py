@@ -28,7 +28,7 @@ NCCL_WARN_LINE = (
 
 @pytest.mark.parametrize(
     ("text", "code"),
-    [(TP_LINE, "TP_HEADS_NOT_DIVISIBLE"), (OOM_LINE, "CUDA_OOM"), (NCCL_WARN_LINE, "NCCL_NET_FAILURE")],
+    [(TP_LINE, "TP_HEADS_NOT_DIVISIBLE"), (OOM_LINE, "CUDA_OOM"), (NCCL_WARN_LINE, "NCCL_NETWORK_ERROR")],
 )
 def test_one_pasted_line_is_named(text: str, code: str) -> None:
     (d,) = diagnose(text)

@@ -374,7 +374,7 @@ def test_nvml_is_initialised_once_per_instance(tmp_path: Path) -> None:
     for _ in range(3):
         assert check.run().status is Status.OK
     assert fake.init_calls == 1
-    check.close()
+    check.stop()
     assert fake.shutdown_calls == 1
 
 

@@ -12,8 +12,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO
-from dgxdoctor.checks.peer_compare import DaemonContext, PeerCompareCheck, PeerCompareSettings
-from dgxdoctor.environment import Environment
+from dgxdoctor.checks.peer_compare import PeerCompareCheck, PeerCompareSettings
+from dgxdoctor.environment import Environment, Fleet, Peers
 from dgxdoctor.exporters.collector import exposition, make_registry
 from dgxdoctor.exporters.metricsdoc import all_specs, render
 from dgxdoctor.fleet.store import ResultStore
@@ -30,9 +30,12 @@ def test_doc_is_generated_from_the_code() -> None:
 
 def test_every_scraped_family_is_documented() -> None:
     store = ResultStore("dgx-a")
-    env = Environment(node="dgx-a", http_transport=httpx.MockTransport(lambda r: httpx.Response(503)))
+    env = Environment(
+        node="dgx-a",
+        http_transport=httpx.MockTransport(lambda r: httpx.Response(503)),
+        fleet=Fleet(lambda check: store.snapshot(), lambda: Peers(("http://dgx-b:9835",), None, 1.0)),
+    )
     check = PeerCompareCheck(PeerCompareSettings(), env)
-    check.attach_daemon(DaemonContext(lambda: store.snapshot(), ("http://dgx-b:9835",), None, 1.0))
     store.put(check.run())
     families = {f.name for f in text_string_to_metric_families(exposition(make_registry(store)).decode())}
     documented = {spec.name.removesuffix("_total") for spec, _ in all_specs()}

@@ -224,3 +224,52 @@ def test_ray_status_names_a_line_it_does_not_understand() -> None:
     text = read("pending-ray-status.txt").decode().replace("1+ pending tasks/actors", "many waiting")
     with pytest.raises(RayStatusError, match="demand line not understood"):
         parse_ray_status(text)
+
+
+@pytest.mark.parametrize(
+    ("name", "alive", "gpus_total", "demands"),
+    [
+        # Ray 1.6: "Cluster status", nodes as "N node(s) with resources", placement-group bookkeeping resources
+        ("versions/ray_17892_cluster_status_pg.txt", 1, 0.0, 7),
+        # 2022: Healthy:/Usage:/Demands: with "(no resource demands)" and a shell prompt after the output
+        ("versions/ray_26066_healthy_tpu_2022.txt", 5, 0.0, 0),
+        # 2026: the indentation lost in the paste
+        ("versions/gpustack_5509_unindented_tpu.txt", 2, 1.0, 1),
+    ],
+)
+def test_ray_status_layouts_of_every_era(name: str, alive: int, gpus_total: float, demands: int) -> None:
+    text = read(name).decode()
+    assert looks_like_ray_status(text)
+    report = parse_ray_status(text)
+    view = report.view()
+    assert (view.nodes_alive, view.gpus_total, len(report.demands)) == (alive, gpus_total, demands)
+
+
+def test_ray_status_bookkeeping_resources_are_not_the_gpu_count() -> None:
+    report = parse_ray_status(read("versions/ray_17892_cluster_status_pg.txt").decode())
+    assert report.usage["CPU"].total == 16.0
+    assert "CPU_group_0_625ace126f848864c46f50dced5e0ef7" in report.usage
+    assert report.view().gpus_total == 0.0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Usage:\n 0.0/8.0 GPU\n",
+        "Total Usage:\n0.0/16.0 GPU\n",
+        "Pending Demands:\n {'GPU': 8.0} * 2 (STRICT_SPREAD): 1+ pending placement groups\n",
+        "Demands:\n (no resource demands)\n",
+        "Active:\n 1 node_7cf0e4d13538d46a83b175ecc2c9162830812885b35ce9a2a1d7170c\n",
+        "Node status\n---------------------------------------------------------------\n",
+    ],
+)
+def test_fragments_of_ray_status_are_recognised(text: str) -> None:
+    assert looks_like_ray_status(text)
+    parse_ray_status(text)
+
+
+def test_a_fragment_leaves_unknown_what_it_lacks() -> None:
+    report = parse_ray_status("Total Usage:\n 0.0/8.0 GPU\n")
+    assert report.nodes_alive is None and report.view().gpus_total == 8.0
+    report = parse_ray_status("Active:\n 1 node_7cf0e4d13538d46a83b175ecc2c9162830812885b35ce9a2a1d7170c\n")
+    assert report.nodes_alive == 1 and report.view().gpus_total is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,11 @@ from dgxdoctor.judge.signatures import CatalogError, load_catalog, parse_catalog
 from dgxdoctor.result import Status
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "corpus" / "failures"
+# Codes with a one-file excerpt in tests/fixtures/logs/ (the corpus in tests/fixtures/corpus/ covers every class).
 REQUIRED = [
     "NCCL_NET_FAILURE",
+    "NCCL_NETWORK_ERROR",
     "NCCL_TIMEOUT",
     "NCCL_SYSTEM_ERROR",
     "GLOO_SOCKET",
@@ -24,12 +28,24 @@ REQUIRED = [
 ]
 
 
+CORPUS_ONLY = [
+    "CUDA_UNHANDLED_ERROR",
+    "CUDA_ILLEGAL_ACCESS",
+    "MAX_MODEL_LEN_TOO_LARGE",
+    "RAY_NODE_LOST",
+    "RAY_CHANNEL_TIMEOUT",
+    "VLLM_ENGINE_DEAD",
+    "CUDA_OOM_STARTUP",
+    "CUDA_OOM_SERVING",
+]
+
+
 def test_catalog_has_every_required_code_with_fix() -> None:
     catalog = load_catalog()
     codes = catalog.by_code()
-    assert sorted(codes) == sorted(REQUIRED)
+    assert sorted(codes) == sorted(REQUIRED + CORPUS_ONLY)
     for sig in codes.values():
-        assert sig.fix and sig.meaning and sig.patterns
+        assert sig.fix and sig.meaning and (sig.patterns or sig.refines)
         assert sig.severity in (Status.WARNING, Status.CRITICAL)
 
 
@@ -57,7 +73,7 @@ def test_real_ray_capture_actor_died() -> None:
 
 def test_every_pattern_is_exercised_by_a_fixture() -> None:
     catalog = load_catalog()
-    files = [*LOGS.glob("*.log"), *LOGS.glob("captured/*.txt")]
+    files = [*LOGS.glob("*.log"), *LOGS.glob("captured/*.txt"), *CORPUS.glob("*.txt")]
     text = "\n".join(p.read_text() for p in files)
     for sig in catalog.signatures:
         for pattern in sig.patterns:
@@ -128,3 +144,22 @@ def test_kind_filter() -> None:
 def test_bad_catalog_is_named(data: dict[str, object], message: str) -> None:
     with pytest.raises(CatalogError, match=message.replace("[", r"\[")):
         parse_catalog(data)
+
+
+def test_a_refining_signature_replaces_its_base_on_the_same_line() -> None:
+    line = "RuntimeError: CUDA out of memory occurred when warming up sampler with 1024 dummy requests."
+    assert [m.code for m in load_catalog().match(line)] == ["CUDA_OOM_STARTUP"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"refines": "not a code"}, "refines must name"),
+        ({"refines": "NOPE"}, "refines unknown signature"),
+        ({"patterns": ["(?s)x"]}, "leading (?i)"),
+    ],
+)
+def test_catalog_rejects_bad_refines_and_flags(entry: dict[str, object], message: str) -> None:
+    base = {"code": "X", "severity": "warning", "kinds": ["vllm"], "meaning": "m", "fix": "f", "patterns": ["x"]}
+    with pytest.raises(CatalogError, match=re.escape(message)):
+        parse_catalog({"signature": [{**base, **entry}]})

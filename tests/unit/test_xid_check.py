@@ -77,6 +77,10 @@ def test_fallen_off_bus_is_critical_reboot_with_counter_and_last_seen(tmp_path: 
     assert result.action is not None and result.action.kind == "reboot_node"
     assert _sample(result, "dgxdoctor_xid_errors_total", pci_bus_id="0000:2b:00", xid="79") == 1
     assert _sample(result, "dgxdoctor_xid_last_seen_timestamp_seconds", pci_bus_id="0000:2b:00", xid="79") == 1.8e9
+    # The catalog entry, for grouping XIDs by what they need (the overview dashboard joins on xid).
+    (info,) = [s for s in result.samples if s.metric.name == "dgxdoctor_xid_catalog_info"]
+    assert dict(info.labels) == {"xid": "79", "name": "GPU has fallen off the bus", "resolution": "RESTART_BM"}
+    assert info.value == 1
 
 
 def test_counters_are_monotonic_and_new_lines_are_folded_in(tmp_path: Path) -> None:
@@ -249,13 +253,19 @@ def test_bad_overrides_name_the_key(overrides: dict[str, str], message: str) -> 
     assert "checks.xid.overrides" in str(err.value)
 
 
-async def test_daemon_calling_convention_passes_the_loop(tmp_path: Path) -> None:
+async def test_start_follows_the_log_in_the_daemon_only(tmp_path: Path) -> None:
     import asyncio
+    import dataclasses
 
     path = tmp_path / "kern.log"
     path.write_text(XID_79 + "\n")
+    one_shot = _check(path)
+    one_shot.start()
+    assert not one_shot.following
     check = _check(path)
-    check.start_following(asyncio.get_running_loop())
+    check.env = dataclasses.replace(check.env, one_shot=False)
+    check.start()
+    assert check.following
     try:
         deadline = time.monotonic() + 10
         while check.count("0000:3b:00", 79) == 0 and time.monotonic() < deadline:

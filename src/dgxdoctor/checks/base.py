@@ -6,13 +6,17 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import replace
-from typing import ClassVar, Protocol
+from typing import ClassVar, Protocol, TypeVar
 
+import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult
+
+log = structlog.get_logger(__name__)
 
 
 class CheckSettings(BaseModel):
@@ -28,8 +32,13 @@ class CheckSettings(BaseModel):
 class Check(Protocol):
     """A check has a stable snake_case ``name`` and a blocking ``run`` that may raise.
 
-    Construct with ``(settings, env)``. Instances live as long as the process, so a check may keep
-    history between runs (rates, windows) on ``self``.
+    Construct with ``(settings, env)`` (``own_settings`` narrows the settings to the check's model). Instances
+    live as long as the process, so a check may keep history between runs (rates, windows) on ``self``.
+
+    The lifecycle is ``start()``, any number of ``run()``, ``stop()``; ``CheckRunner`` calls start and stop, for
+    ``dgxdoctor check`` as for the daemon (where a reload that replaces a check stops the old instance). Checks
+    subclass this protocol and so inherit the do-nothing ``start``/``stop``; a check that follows an event
+    source or holds a handle (NVML) overrides them.
     """
 
     name: ClassVar[str]
@@ -37,6 +46,24 @@ class Check(Protocol):
     settings: CheckSettings
 
     def run(self) -> CheckResult: ...
+
+    def start(self) -> None:
+        """Before the first run: start following event sources (``env.one_shot`` tells the one-shot run)."""
+        return None
+
+    def stop(self) -> None:
+        """After the last run: stop followers, release handles. Must be safe to call more than once."""
+        return None
+
+
+S = TypeVar("S", bound=CheckSettings)
+
+
+def own_settings(check: str, settings: CheckSettings, model: type[S]) -> S:
+    """The one way a check takes its settings: ``settings`` as the check's own model, TypeError otherwise."""
+    if not isinstance(settings, model):
+        raise TypeError(f"{check} check needs {model.__name__}, got {type(settings).__name__}")
+    return settings
 
 
 class CheckFactory(Protocol):
@@ -107,6 +134,37 @@ class CheckRunner:
 
     async def run_all(self, checks: list[Check]) -> list[CheckResult]:
         return list(await asyncio.gather(*(self.run(c) for c in checks)))
+
+    async def run_once(self, checks: list[Check]) -> list[CheckResult]:
+        """``dgxdoctor check``: start every check, run them all in parallel, stop them."""
+        for check in checks:
+            self.start(check)
+        try:
+            return await self.run_all(checks)
+        finally:
+            self.stop_all(checks)
+
+    def start(self, check: Check) -> None:
+        """The one place a check is started; a broken event source is logged, the check still runs."""
+        try:
+            check.start()
+        except Exception as exc:
+            log.error("check_start_failed", check=check.name, error=f"{type(exc).__name__}: {exc}")
+
+    def stop(self, check: Check) -> None:
+        """The one place a check is stopped; a check whose run is hung is left alone (stopping could hang too)."""
+        stuck = self._hung.get(check.name)
+        if stuck is not None and stuck.is_alive():
+            log.warning("check_stop_skipped", check=check.name, reason="a run is hung")
+            return
+        try:
+            check.stop()
+        except Exception as exc:
+            log.error("check_stop_failed", check=check.name, error=f"{type(exc).__name__}: {exc}")
+
+    def stop_all(self, checks: Iterable[Check]) -> None:
+        for check in checks:
+            self.stop(check)
 
 
 def _settle(future: asyncio.Future[CheckResult], result: CheckResult | None, exc: BaseException | None) -> None:

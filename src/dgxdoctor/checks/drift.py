@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
@@ -60,13 +60,12 @@ class DriftSettings(CheckSettings):
     )
 
 
-class DriftCheck:
+class DriftCheck(Check):
     name: ClassVar[str] = "drift"
     settings_model: ClassVar[type[CheckSettings]] = DriftSettings
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        if not isinstance(settings, DriftSettings):
-            raise TypeError(f"drift check needs DriftSettings, got {type(settings).__name__}")
+        settings = own_settings(self.name, settings, DriftSettings)
         self.settings: CheckSettings = settings
         self._settings = settings
         self.env = env

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.presence import gpus_missing_from_nvml, no_gpus, nvml_unavailable
 from dgxdoctor.result import Action, CheckResult, Finding, MetricSpec, ResultBuilder, Status
@@ -170,15 +170,14 @@ class GpuSettings(CheckSettings):
     )
 
 
-class GpuCheck:
+class GpuCheck(Check):
     """GPUs over NVML: count, model, temperature, clock events, ECC, row remapping, NVLink, PCIe, recovery."""
 
     name: ClassVar[str] = "gpu"
     settings_model: ClassVar[type[CheckSettings]] = GpuSettings
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        if not isinstance(settings, GpuSettings):
-            raise TypeError(f"gpu check needs GpuSettings, got {type(settings).__name__}")
+        settings = own_settings(self.name, settings, GpuSettings)
         self.settings: CheckSettings = settings
         self._settings = settings
         self._env = env
@@ -192,7 +191,8 @@ class GpuCheck:
             self._client = client
         return self._client
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Shut NVML down (the runner calls this after the last run; the next run initialises it again)."""
         client, self._client = self._client, None
         if client is not None:
             client.shutdown()
@@ -221,7 +221,7 @@ class GpuCheck:
             result = sweep(client)
         except NvmlError:
             # NVML itself failed (driver reloaded, device count unreadable): start afresh next run.
-            self.close()
+            self.stop()
             raise
         pci_gpus = self._pci_gpus()
         if not result.gpus:

@@ -18,7 +18,7 @@ from typing import ClassVar, Protocol
 import psutil
 from pydantic import Field, model_validator
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.procfs import iter_processes
@@ -223,13 +223,13 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-class HostCheck:
+class HostCheck(Check):
     name: ClassVar[str] = "host"
     settings_model: ClassVar[type[CheckSettings]] = HostSettings
 
     def __init__(self, settings: CheckSettings, env: Environment, probe: HostProbe | None = None) -> None:
         self.settings: CheckSettings = settings
-        assert isinstance(settings, HostSettings)
+        settings = own_settings(self.name, settings, HostSettings)
         self.cfg: HostSettings = settings
         self.env = env
         self.probe: HostProbe = probe or PsutilProbe()

@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.infiniband import (
     DEFAULT_THRESHOLDS,
@@ -38,6 +38,7 @@ from dgxdoctor.judge.infiniband import (
     REMEDIES,
     CounterThreshold,
     duration_text,
+    port_rate_verdict,
     port_state_verdict,
     rate_breach,
 )
@@ -127,7 +128,7 @@ class InfinibandSettings(CheckSettings):
     use_ibstat: bool = Field(True, description="fall back to `ibstat` when sysfs shows no RDMA device")
 
 
-class InfinibandCheck:
+class InfinibandCheck(Check):
     """RDMA ports (InfiniBand and RoCE). Same data by hand: ``grep -r . /sys/class/infiniband/*/ports/*/`` or
     ``ibstat``; counters via ``perfquery -x``."""
 
@@ -135,8 +136,7 @@ class InfinibandCheck:
     settings_model: ClassVar[type[CheckSettings]] = InfinibandSettings
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        if not isinstance(settings, InfinibandSettings):
-            raise TypeError(f"infiniband check needs InfinibandSettings, got {type(settings).__name__}")
+        settings = own_settings(self.name, settings, InfinibandSettings)
         self.settings: CheckSettings = settings
         self.cfg = settings
         self.env = env
@@ -304,16 +304,9 @@ class InfinibandCheck:
             problems.append(f"{port.name} {port.state}/{port.phys_state or '?'}")
             return  # a port without link has no meaningful rate
 
-        if s.min_rate_gbps is not None and port.rate_gbps is not None and port.rate_gbps < s.min_rate_gbps:
-            b.finding(
-                "IB_PORT_RATE_LOW",
-                Status.WARNING,
-                f"{where} runs at {port.rate_gbps:g} Gb/s, expected at least {s.min_rate_gbps:g} Gb/s"
-                + (f" ({port.rate_text})" if port.rate_text else ""),
-                port.name,
-                remedy="the link trained below its speed or width (a lane down, a bad cable or transceiver): "
-                "reseat or replace the cable; `mlxlink -d <dev> -m` shows the negotiated speed and width",
-            )
+        rate = port_rate_verdict(where, port.rate_gbps, s.min_rate_gbps, port.rate_text)
+        if rate is not None:
+            b.finding(rate.code, rate.status, rate.message, port.name, remedy=rate.remedy)
             problems.append(f"{port.name} at {port.rate_gbps:g} Gb/s")
         if s.link_layer != "any" and port.link_layer is not None and port.link_layer != s.link_layer:
             b.finding(

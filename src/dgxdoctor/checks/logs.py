@@ -16,7 +16,7 @@ from typing import ClassVar
 import structlog
 from pydantic import Field
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.signatures import Catalog, Signature, load_catalog
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
@@ -74,13 +74,12 @@ class _Recent:
     count: int
 
 
-class LogsCheck:
+class LogsCheck(Check):
     name: ClassVar[str] = "logs"
     settings_model: ClassVar[type[CheckSettings]] = LogsSettings
 
     def __init__(self, settings: CheckSettings, env: Environment, catalog: Catalog | None = None) -> None:
-        if not isinstance(settings, LogsSettings):
-            raise TypeError(f"logs check needs LogsSettings, got {type(settings).__name__}")
+        settings = own_settings(self.name, settings, LogsSettings)
         self.settings: CheckSettings = settings
         self._settings = settings
         self.env = env

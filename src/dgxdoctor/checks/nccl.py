@@ -19,9 +19,9 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
-from dgxdoctor.judge.nccl import nccl_tests_findings
+from dgxdoctor.judge.nccl import bandwidth_finding, nccl_tests_findings
 from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
@@ -41,6 +41,11 @@ AVG_BUSBW = MetricSpec(
     "All-reduce bus bandwidth averaged over the probe's message sizes (nccl-tests' 'Avg bus bandwidth').",
 )
 PROBE_OK = MetricSpec("dgxdoctor_nccl_probe_success", "1 when the last bandwidth probe ran and printed its table.")
+EXPECTED_BUSBW = MetricSpec(
+    "dgxdoctor_nccl_expected_busbw_bytes_per_second",
+    "The bus bandwidth this fabric should give at the largest message ([checks.nccl] expected_busbw_gbps); "
+    "absent when not configured.",
+)
 
 GB = 1e9
 
@@ -74,12 +79,12 @@ class NcclSettings(CheckSettings):
     )
 
 
-class NcclCheck:
+class NcclCheck(Check):
     name: ClassVar[str] = "nccl"
     settings_model: ClassVar[type[CheckSettings]] = NcclSettings
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        assert isinstance(settings, NcclSettings)
+        settings = own_settings(self.name, settings, NcclSettings)
         self.settings: CheckSettings = settings
         self.cfg = settings
         self.env = env
@@ -149,17 +154,10 @@ def judge(stdout: str, stderr: str, returncode: int, cfg: NcclSettings) -> Check
     peak_at_largest = largest.busbw_gbps
     b.sample(BUSBW, None if peak_at_largest is None else peak_at_largest * GB)
     b.sample(AVG_BUSBW, None if report.avg_busbw_gbps is None else report.avg_busbw_gbps * GB)
-    if cfg.expected_busbw_gbps is not None and peak_at_largest is not None:
-        floor = cfg.expected_busbw_gbps * cfg.min_fraction
-        if peak_at_largest < floor:
-            b.finding(
-                "NCCL_BANDWIDTH_LOW",
-                Status.CRITICAL,
-                f"busbw {peak_at_largest:.1f} GB/s at {largest.size_bytes} B is below {cfg.min_fraction:.0%} of the "
-                f"expected {cfg.expected_busbw_gbps:g} GB/s",
-                remedy="check every rail: ibstat (all ports Active at full rate), the infiniband check's error "
-                "counters, NCCL_IB_HCA listing every HCA, and GPUDirect RDMA (NCCL_NET_GDR_LEVEL)",
-            )
+    b.sample(EXPECTED_BUSBW, None if cfg.expected_busbw_gbps is None else cfg.expected_busbw_gbps * GB)
+    low = bandwidth_finding(report, cfg.expected_busbw_gbps, cfg.min_fraction)
+    if low is not None:
+        b.findings.append(low)
     avg = "n/a" if report.avg_busbw_gbps is None else f"{report.avg_busbw_gbps:.1f}"
     peak = "n/a" if peak_at_largest is None else f"{peak_at_largest:.1f}"
     return b.build(f"busbw {peak} GB/s at {largest.size_bytes} B, average {avg} GB/s over {len(report.rows)} sizes")

@@ -18,7 +18,7 @@ from typing import ClassVar
 import psutil
 from pydantic import Field
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.nccl_env import compare_envs, evaluate_nccl_env
 from dgxdoctor.judge.presence import nccl_env_absent
@@ -64,7 +64,7 @@ class NcclEnvSettings(CheckSettings):
     require_nccl_debug: bool = Field(True, description="warn when NCCL_DEBUG is unset (the tutorial keeps WARN on)")
 
 
-class NcclEnvCheck:
+class NcclEnvCheck(Check):
     name: ClassVar[str] = "nccl_env"
     settings_model: ClassVar[type[CheckSettings]] = NcclEnvSettings
 
@@ -72,7 +72,7 @@ class NcclEnvCheck:
         self, settings: CheckSettings, env: Environment, addresses: Callable[[], set[str]] | None = None
     ) -> None:
         self.settings: CheckSettings = settings
-        assert isinstance(settings, NcclEnvSettings)
+        settings = own_settings(self.name, settings, NcclEnvSettings)
         self.cfg: NcclEnvSettings = settings
         self.env = env
         self.addresses = addresses or local_addresses

@@ -3,23 +3,20 @@
 By hand: ``curl -H "Authorization: Bearer $TOKEN" http://dgx-b:9835/state | jq '.facts, .checks[].samples'``
 on both nodes, and ``nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv`` side by side.
 
-Where the local snapshot comes from: the daemon hands this check a ``DaemonContext`` through the optional
-``attach_daemon()`` hook before the first run (the same way event checks get ``start_following``). Its
-``local_state()`` is the result store's ``/state`` document without this check's own result, so the
-comparison sees exactly what peers see of us. The peers, the token and the per-peer timeout come from the
-``[daemon]`` table. Outside the daemon (``dgxdoctor check``) there is no store and the check is SKIPPED.
+Where the local snapshot comes from: ``env.fleet``, the seam the daemon fills (``environment.Fleet``). Its
+``local_state(name)`` is the result store's ``/state`` document without this check's own result, so the
+comparison sees exactly what peers see of us; ``peers()`` gives the peers, the token and the per-peer timeout
+of the ``[daemon]`` table. Outside the daemon (``dgxdoctor check``) there is no store and the check is SKIPPED.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import Field, field_validator
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.compare import RULE_KEYS, compare
 from dgxdoctor.fleet.peers import fetch_state
@@ -45,16 +42,6 @@ PEER_IMBALANCE = MetricSpec(
 )
 
 
-@dataclass(frozen=True)
-class DaemonContext:
-    """What the daemon gives checks that need more than ``env`` (see the module docstring)."""
-
-    local_state: Callable[[], dict[str, Any]]
-    peers: tuple[str, ...]
-    token: str | None
-    peer_timeout_s: float
-
-
 class PeerCompareSettings(CheckSettings):
     interval_s: float = Field(15.0, gt=0, description="daemon: seconds between comparisons")
     timeout_s: float = Field(
@@ -78,37 +65,34 @@ class PeerCompareSettings(CheckSettings):
         return value
 
 
-class PeerCompareCheck:
+class PeerCompareCheck(Check):
     name: ClassVar[str] = "peer_compare"
     settings_model: ClassVar[type[CheckSettings]] = PeerCompareSettings
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        assert isinstance(settings, PeerCompareSettings)
+        settings = own_settings(self.name, settings, PeerCompareSettings)
         self.settings: CheckSettings = settings
         self.tolerances = settings.tolerances
         self.env = env
-        self.context: DaemonContext | None = None
-
-    def attach_daemon(self, context: DaemonContext) -> None:
-        self.context = context
 
     def run(self) -> CheckResult:
-        ctx = self.context
-        if ctx is None:
+        fleet = self.env.fleet
+        if fleet is None:
             return CheckResult.skipped(self.name, "compares nodes inside the daemon (dgxdoctor run) only")
-        if not ctx.peers:
+        peers = fleet.peers()
+        if not peers.urls:
             return CheckResult.skipped(self.name, "no peers configured ([daemon] peers)")
         builder = ResultBuilder(self.name)
-        local = ctx.local_state()
+        local = fleet.local_state(self.name)
         snapshots = [local]
         down = 0
         # Peers are fetched in parallel, so a cycle takes one peer_timeout_s at most however many are down.
         with (
-            self.env.http_client(timeout_s=ctx.peer_timeout_s) as client,
-            ThreadPoolExecutor(min(MAX_PARALLEL_FETCHES, len(ctx.peers)), thread_name_prefix="peer") as pool,
+            self.env.http_client(timeout_s=peers.timeout_s) as client,
+            ThreadPoolExecutor(min(MAX_PARALLEL_FETCHES, len(peers.urls)), thread_name_prefix="peer") as pool,
         ):
-            fetched = list(pool.map(lambda url: fetch_state(client, url, ctx.token, ctx.peer_timeout_s), ctx.peers))
-            for url, got in zip(ctx.peers, fetched, strict=True):
+            fetched = list(pool.map(lambda url: fetch_state(client, url, peers.token, peers.timeout_s), peers.urls))
+            for url, got in zip(peers.urls, fetched, strict=True):
                 builder.sample(PEER_UP, 1.0 if got.up else 0.0, peer=got.label)
                 builder.sample(PEER_FETCH_SECONDS, got.seconds, peer=got.label)
                 if got.state is None:
@@ -139,9 +123,9 @@ class PeerCompareCheck:
             labels = {"metric": imbalance.key, "rail": imbalance.rail}
             builder.samples.append(Sample(PEER_IMBALANCE, imbalance.ratio, labels))
         builder.findings.extend(outcome.findings)
-        up = len(ctx.peers) - down
+        up = len(peers.urls) - down
         summary = (
-            f"{up}/{len(ctx.peers)} peer(s) answered; {len(outcome.imbalances)} metric(s) and "
+            f"{up}/{len(peers.urls)} peer(s) answered; {len(outcome.imbalances)} metric(s) and "
             f"{outcome.compared_facts} fact(s) compared, {len(outcome.findings)} difference(s)"
         )
         return builder.build(summary)

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import Field, field_validator
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.ray import (
     DEFAULT_EXPECTED_GPUS,
@@ -130,15 +130,14 @@ AUTH_REMEDY = (
 )
 
 
-class RayCheck:
+class RayCheck(Check):
     """See the module docstring for roles and the commands that show the same by hand."""
 
     name: ClassVar[str] = "ray"
     settings_model: ClassVar[type[CheckSettings]] = RaySettings
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        if not isinstance(settings, RaySettings):
-            raise TypeError(f"ray check needs RaySettings, got {type(settings).__name__}")
+        settings = own_settings(self.name, settings, RaySettings)
         self.settings: CheckSettings = settings
         self._cfg = settings
         self.env = env

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.topology import evaluate_topology
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
@@ -36,13 +36,13 @@ class TopologySettings(CheckSettings):
     command_timeout_s: float = Field(15.0, gt=0, description="seconds nvidia-smi topo -m may take")
 
 
-class TopologyCheck:
+class TopologyCheck(Check):
     name: ClassVar[str] = "topology"
     settings_model: ClassVar[type[CheckSettings]] = TopologySettings
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
         self.settings: CheckSettings = settings
-        assert isinstance(settings, TopologySettings)
+        settings = own_settings(self.name, settings, TopologySettings)
         self.cfg: TopologySettings = settings
         self.env = env
 

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import Field, SecretStr, field_validator
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.vllm import DEFAULT_KV_CACHE_WARN
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
@@ -273,7 +273,7 @@ def _fmt_n(value: float | None) -> str:
     return "n/a" if value is None else f"{value:g}"
 
 
-class VllmCheck:
+class VllmCheck(Check):
     """Health, model list, metrics (KV cache, queue, latency, forward progress) and a canary of one vLLM server.
 
     By hand: ``curl -s -m 5 -w '%{http_code}\\n' http://127.0.0.1:8000/health``, ``curl -s .../v1/models``,
@@ -285,8 +285,7 @@ class VllmCheck:
     settings_model: ClassVar[type[CheckSettings]] = VllmSettings
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        if not isinstance(settings, VllmSettings):
-            raise TypeError(f"vllm check needs VllmSettings, got {type(settings).__name__}")
+        settings = own_settings(self.name, settings, VllmSettings)
         self.settings: CheckSettings = settings  # the protocol's type: a mutable attribute is invariant
         self.cfg = settings
         self.env = env

@@ -3,13 +3,13 @@
 By hand: ``dmesg -T | grep -E 'NVRM: Xid|SXid|fallen off the bus'`` (or ``journalctl -k -g Xid``).
 
 One-shot (``dgxdoctor check``): reads the kernel log buffer since boot (or the last ``lookback_s``).
-In the daemon: call :meth:`XidCheck.start_following` (the loop and a ``notify`` callback may be passed) once
-at start-up and :meth:`XidCheck.stop` at shutdown; a daemon thread then folds each new record in within
-milliseconds (see sources/kmsg.py) and calls ``notify``, on which the scheduler runs the check at once;
-``run()`` only reports the state. Without ``start_following`` each
-``run()`` reads what is new since the previous run. Counters are monotonic since the agent started
-(the first read takes the whole buffer since boot) and not persisted: a restart reads the buffer
-again, and Prometheus treats the drop as a counter reset.
+In the daemon, :meth:`XidCheck.start` (called by the runner before the first run) follows the log until
+:meth:`XidCheck.stop`: a daemon thread folds each new record in within milliseconds (see sources/kmsg.py) and,
+when it counted an XID or SXID, asks the daemon to run the check at once (``env.fleet.wake``), so /metrics and
+/state show it without waiting for the interval; ``run()`` only reports the state. When not following, each
+``run()`` reads what is new since the previous run.
+Counters are monotonic since the agent started (the first read takes the whole buffer since boot) and not
+persisted: a restart reads the buffer again, and Prometheus treats the drop as a counter reset.
 
 Severity comes from the catalog's resolution (data/xid_catalog.json, NVIDIA's Xid catalog): reset,
 reboot or support is CRITICAL, restart-the-application is WARNING, IGNORE is OK. Application-level XIDs
@@ -21,7 +21,6 @@ XIDs stay OK).
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from typing import ClassVar, Literal
 import structlog
 from pydantic import Field, field_validator
 
-from dgxdoctor.checks.base import CheckSettings
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.xid import DEFAULT_APP_LEVEL_XIDS, Assessment, assess_sxid, assess_xid, escalate, worst_action
 from dgxdoctor.judge.xid import override as override_status
@@ -71,6 +70,13 @@ SXID_LAST_SEEN = MetricSpec(
     "Unix time of the latest SXID error of this code on this NVSwitch",
     "gauge",
     ("pci_bus_id", "sxid"),
+)
+XID_CATALOG_INFO = MetricSpec(
+    "dgxdoctor_xid_catalog_info",
+    "NVIDIA's catalog entry of each XID code seen: its name and resolution bucket (RESTART_APP, RESET_GPU, "
+    "RESTART_BM, CONTACT_SUPPORT, IGNORE, ...); value 1. Join on xid to group XIDs by what they need.",
+    "info",
+    ("xid", "name", "resolution"),
 )
 KMSG_RECORDS_LOST = MetricSpec(
     "dgxdoctor_kmsg_records_lost_total",
@@ -161,7 +167,7 @@ class _Tally:
     times: deque[float]
 
 
-class XidCheck:
+class XidCheck(Check):
     name: ClassVar[str] = "xid"
     settings_model: ClassVar[type[CheckSettings]] = XidSettings
 
@@ -172,7 +178,7 @@ class XidCheck:
         catalog: XidCatalog | None = None,
         nvml_events_factory: Callable[[], XidEventSource] = PynvmlXidEvents,
     ) -> None:
-        assert isinstance(settings, XidSettings)
+        settings = own_settings(self.name, settings, XidSettings)
         self.settings: CheckSettings = settings
         self.cfg: XidSettings = settings
         self.env = env
@@ -191,23 +197,21 @@ class XidCheck:
         self._sxids: dict[tuple[str, int], _Tally] = {}
         self._recent_79: dict[str, tuple[float, bool]] = {}  # bus -> (time, synthesized)
         self.events_seen = 0  # for tests and the latency benchmark
-        self._notify: Callable[[], None] | None = None
 
     # --- daemon API ---------------------------------------------------------------------------------
 
-    def start_following(
-        self, loop: asyncio.AbstractEventLoop | None = None, notify: Callable[[], None] | None = None
-    ) -> None:
-        """Follow the kernel log in a daemon thread; new events are folded in within milliseconds.
+    def start(self) -> None:
+        """The daemon follows the kernel log; the one-shot run reads it in ``run()`` instead."""
+        if not self.env.one_shot:
+            self.start_following()
 
-        ``loop`` is accepted for the daemon's calling convention and not used: the follower is a thread
-        (a blocking read cannot be interrupted; a poll() with a short timeout can), so it never runs on,
-        nor blocks, the event loop. ``notify`` (thread-safe) is called from the follower whenever a new XID or
-        SXID was counted: the daemon then runs this check at once, so /metrics and /state show it within a
-        second rather than at the next interval. Raises OSError (no such file, permission denied) for the
+    def start_following(self) -> None:
+        """Follow the kernel log in a daemon thread; new events are folded in within a second.
+
+        The follower is a thread (a blocking read cannot be interrupted; a poll() with a short timeout can), so
+        it never runs on, nor blocks, the event loop. Raises OSError (no such file, permission denied) for the
         caller to log; the daemon keeps running and ``run()`` then reports the problem (SKIPPED or UNKNOWN).
         """
-        self._notify = notify
         if self._follower is not None and self._follower.running:
             return
         if self.cfg.nvml_events and self._nvml_follower is None:
@@ -267,7 +271,7 @@ class XidCheck:
                         self._count(event, when)
             counted = self.events_seen != before
         if counted:
-            self._changed()
+            self._wake()
 
     def ingest_nvml(self, events: list[tuple[str, int]]) -> None:
         """Fold NVML XID events in (the NVML follower's callback)."""
@@ -280,15 +284,17 @@ class XidCheck:
                     self._tally(self._xids, (bus, code), event, when)
             counted = self.events_seen != before
         if counted:
-            self._changed()
+            self._wake()
 
-    def _changed(self) -> None:
-        notify = self._notify
-        if notify is not None:
-            try:
-                notify()
-            except Exception as exc:  # the follower must keep reading whatever the daemon's side does
-                log.warning("xid_notify_failed", error=f"{type(exc).__name__}: {exc}")
+    def _wake(self) -> None:
+        """Ask the daemon to run this check now (from the follower's thread)."""
+        fleet = self.env.fleet
+        if fleet is None:
+            return
+        try:
+            fleet.wake(self.name)
+        except Exception as exc:  # the follower must keep reading whatever the daemon's side does
+            log.warning("xid_wake_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _count(self, event: XidEvent | SxidEvent, when: float) -> None:
         if isinstance(event, SxidEvent):
@@ -380,6 +386,9 @@ class XidCheck:
             )
             stats = self.reader.stats
             lost, read = stats.lost, stats.records
+        for code in sorted({code for (_, code), _ in xids}):
+            entry = self.catalog.xid(code)
+            builder.sample(XID_CATALOG_INFO, 1.0, xid=str(code), name=entry.name, resolution=entry.resolution)
         for (bus, code), tally in xids:
             builder.sample(XID_ERRORS_TOTAL, tally.count, pci_bus_id=bus, xid=str(code))
             builder.sample(XID_LAST_SEEN, tally.last_seen, pci_bus_id=bus, xid=str(code))

@@ -1,4 +1,5 @@
-"""The HTTP face of the daemon (aiohttp): ``/metrics``, ``/healthz``, ``/state`` and ``POST /reload``.
+"""The HTTP face of the daemon (aiohttp): ``/metrics``, ``/healthz``, ``/state``, ``POST /reload``,
+``POST /alertmanager`` (Alertmanager's webhook) and ``POST /remediation/step`` (the head asking a worker).
 
 ``/metrics`` and ``/healthz`` are open, as Prometheus and load balancers expect. ``/state`` and everything that
 changes something need ``Authorization: Bearer <daemon.token>`` (constant-time compare); with no token
@@ -18,6 +19,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
 from dgxdoctor import __version__
+from dgxdoctor.alerts.webhook import IncomingAlert, PayloadError, parse_payload
 from dgxdoctor.fleet.store import ResultStore
 
 MAX_BODY_BYTES = 64 * 1024
@@ -36,7 +38,13 @@ class AppState:
     token: str | None = None
     # Reload the config; returns the problems found (empty on success).
     reload: Callable[[], Awaitable[list[str]]] | None = None
-    protected: frozenset[str] = field(default_factory=lambda: frozenset({"/state", "/reload"}))
+    # Webhook alerts in: (accepted, ignored). Queues only; the work happens in the remediation loop.
+    alerts: Callable[[list[IncomingAlert]], tuple[int, int]] | None = None
+    # The head asks this worker to run a step: (HTTP status, answer).
+    step: Callable[[str, str], Awaitable[tuple[int, dict[str, Any]]]] | None = None
+    protected: frozenset[str] = field(
+        default_factory=lambda: frozenset({"/state", "/reload", "/alertmanager", "/remediation/step"})
+    )
 
 
 STATE_KEY = web.AppKey("dgxdoctor_state", AppState)
@@ -107,9 +115,42 @@ async def reload(request: web.Request) -> web.Response:
     return web.json_response({"reloaded": not problems, "problems": problems}, status=200 if not problems else 422)
 
 
+async def alertmanager(request: web.Request) -> web.Response:
+    """Alertmanager's webhook: validate, queue, answer. Bad payloads are 400 naming the problem, never a 5xx."""
+    app_state = request.app[STATE_KEY]
+    try:
+        alerts = parse_payload(await request.read())
+    except PayloadError as exc:
+        return _error(400, str(exc))
+    if app_state.alerts is None:
+        return web.json_response({"accepted": 0, "ignored": len(alerts), "detail": "remediation not running"})
+    accepted, ignored = app_state.alerts(alerts)
+    return web.json_response({"accepted": accepted, "ignored": ignored})
+
+
+async def remediation_step(request: web.Request) -> web.Response:
+    app_state = request.app[STATE_KEY]
+    if app_state.token is None:
+        return _error(403, "remediation steps need daemon.token (the head authenticates with it)")
+    try:
+        doc = json.loads(await request.read())
+    except (ValueError, RecursionError):
+        return _error(400, 'body must be JSON: {"step": "ray_stop"|"ray_start", "id": "..."}')
+    if not isinstance(doc, dict) or not isinstance(doc.get("step"), str) or not isinstance(doc.get("id", ""), str):
+        return _error(400, 'body must be {"step": "ray_stop"|"ray_start", "id": "..."}')
+    if app_state.step is None:
+        return _error(409, "remediation not running")
+    status, answer = await app_state.step(doc["step"], doc.get("id", ""))
+    return web.json_response(answer, status=status)
+
+
 async def index(request: web.Request) -> web.Response:
     return web.json_response(
-        {"service": "dgxdoctor", "version": __version__, "endpoints": ["/metrics", "/healthz", "/state", "/reload"]}
+        {
+            "service": "dgxdoctor",
+            "version": __version__,
+            "endpoints": ["/metrics", "/healthz", "/state", "/reload", "/alertmanager", "/remediation/step"],
+        }
     )
 
 
@@ -121,4 +162,6 @@ def make_app(app_state: AppState) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/state", state)
     app.router.add_post("/reload", reload)
+    app.router.add_post("/alertmanager", alertmanager)
+    app.router.add_post("/remediation/step", remediation_step)
     return app

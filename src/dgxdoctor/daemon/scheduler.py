@@ -1,10 +1,12 @@
 """One APScheduler job per check: its own interval, never two runs at once, missed runs coalesced, jitter.
 
 Runs go through ``checks.base.CheckRunner`` (timeout, exception -> UNKNOWN, duration); results go to the
-store; a status change is logged once (one line per transition, not per run). Event-driven checks expose
-``start_following(loop, notify)`` / ``stop()`` and are started here; when their follower counts an event it calls
-``notify`` (from any thread) and the check runs at once, so the event is in /metrics and /state within a second
-instead of at the next interval. Wake-ups coalesce: at most one extra run is queued behind a running one.
+store; a status change is logged once (one line per transition, not per run). A check is started (through the
+runner, ``Check.start``) when it is added and stopped when it is removed or the scheduler shuts down. An event
+source asks for a run now with ``wake(name)`` (from any thread; the daemon hands it to checks as
+``env.fleet.wake``): the event is then in /metrics and /state within milliseconds instead of at the next interval.
+Wake-ups coalesce (at most one more run queued behind a running one), and a wake run and the scheduled run take
+turns, never two runs of one check at once.
 A heartbeat job proves the scheduler is turning: ``/healthz`` and the systemd watchdog read it.
 """
 
@@ -52,11 +54,12 @@ class CheckScheduler:
         self.monotonic = monotonic
         self.heartbeat_s = heartbeat_s
         self.checks: dict[str, Check] = {}
-        self.last_heartbeat: float | None = None
-        self.extra_jobs: list[str] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._woken: dict[str, bool] = {}  # check -> another wake-up arrived while its wake run was going
         self._wake_tasks: set[asyncio.Future[None]] = set()
         self._locks: dict[str, asyncio.Lock] = {}
+        self.last_heartbeat: float | None = None
+        self.extra_jobs: list[str] = []
         self.scheduler = AsyncIOScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
@@ -64,6 +67,7 @@ class CheckScheduler:
     # -- lifecycle -------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self.scheduler.start()
         self._heartbeat()
         self.scheduler.add_job(
@@ -71,8 +75,7 @@ class CheckScheduler:
         )
 
     def shutdown(self) -> None:
-        for name in list(self.checks):
-            self._stop_following(name, self.checks[name])
+        self.runner.stop_all(self.checks.values())
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
 
@@ -105,20 +108,14 @@ class CheckScheduler:
             name=name,
             next_run_time=datetime.now().astimezone() + timedelta(seconds=first_run_in_s),
         )
-        start = getattr(check, "start_following", None)
-        if callable(start):
-            loop = asyncio.get_running_loop()
-            try:
-                start(loop, self._notifier(name, loop))
-            except Exception as exc:  # a broken event source must not stop the daemon
-                log.error("follow_start_failed", check=name, error=f"{type(exc).__name__}: {exc}")
+        self.runner.start(check)  # a broken event source is logged there and does not stop the daemon
 
     def remove(self, name: str, forget: bool = True) -> None:
         check = self.checks.pop(name, None)
         if self.scheduler.get_job(name) is not None:
             self.scheduler.remove_job(name)
         if check is not None:
-            self._stop_following(name, check)
+            self.runner.stop(check)
         if forget:
             self.store.forget(name)
 
@@ -132,19 +129,17 @@ class CheckScheduler:
         if self.scheduler.get_job(job_id) is not None:
             self.scheduler.remove_job(job_id)
 
-    async def run_now(self, name: str) -> None:
-        await self._run(name)
-
-    def _notifier(self, name: str, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
-        """What an event source calls, from its own thread, when it has something new."""
-
-        def notify() -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: the daemon is stopping
-                loop.call_soon_threadsafe(self._wake, name)
-
-        return notify
+    def wake(self, name: str) -> None:
+        """Run the check now; callable from any thread (an event source's follower)."""
+        loop = self._loop
+        if loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the daemon is stopping
+            loop.call_soon_threadsafe(self._wake, name)
 
     def _wake(self, name: str) -> None:
+        if name not in self.checks:
+            return
         if name in self._woken:  # a run is queued or running: one more after it sees this event too
             self._woken[name] = True
             return
@@ -175,15 +170,6 @@ class CheckScheduler:
         transition = self.store.put(result)
         if transition is not None:
             log_transition(transition)
-
-    @staticmethod
-    def _stop_following(name: str, check: Check) -> None:
-        stop = getattr(check, "stop", None)
-        if callable(stop):
-            try:
-                stop()
-            except Exception as exc:
-                log.error("follow_stop_failed", check=name, error=f"{type(exc).__name__}: {exc}")
 
 
 def log_transition(t: Transition) -> None:

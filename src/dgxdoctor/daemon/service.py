@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +20,18 @@ from aiohttp import web
 
 from dgxdoctor import __version__
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner
-from dgxdoctor.checks.peer_compare import DaemonContext
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import Config, ConfigError, load_config, parse_listen
 from dgxdoctor.daemon.app import AppState, make_app
+from dgxdoctor.daemon.remediation import build_remediator
 from dgxdoctor.daemon.scheduler import CheckScheduler
 from dgxdoctor.daemon.sdnotify import Notifier
-from dgxdoctor.environment import Environment
+from dgxdoctor.environment import Environment, Fleet, Peers
 from dgxdoctor.exporters.collector import make_registry
+from dgxdoctor.exporters.remediation import RemediationCollector
 from dgxdoctor.exporters.textfile import write_textfile
 from dgxdoctor.fleet.store import ResultStore
+from dgxdoctor.remediation.engine import Remediator
 
 log = structlog.get_logger(__name__)
 
@@ -57,13 +60,28 @@ class Daemon:
         self.listen_override = listen
         self.factories = factories
         self.notifier = notifier or Notifier()
-        self.env: Environment = config.environment(one_shot=False)
+        # Checks reach the store and the peers through this seam; it reads self.config at each call, so a reload's
+        # peers and token apply without rebuilding a check.
+        self.fleet = Fleet(
+            local_state=self._local_state, peers=self._peers, wake=lambda name: self.scheduler.wake(name)
+        )
+        self.env: Environment = replace(config.environment(one_shot=False), fleet=self.fleet)
         self.store = ResultStore(self.env.node, config.daemon.history)
         self.runner = CheckRunner(self.env)
         self.scheduler = CheckScheduler(self.runner, self.store)
         self.registry = make_registry(self.store, lambda: self.runner.timeouts_total)
         self.token = config.daemon.resolve_token()
-        self.app_state = AppState(self.store, self.registry, self.health, self.token, self.reload)
+        self.remediator: Remediator = build_remediator(config, self.token, self.store.latest)
+        self.registry.register(RemediationCollector(lambda: self.store.node, self.remediator.metrics))
+        self.app_state = AppState(
+            self.store,
+            self.registry,
+            self.health,
+            self.token,
+            self.reload,
+            alerts=self.remediator.accept_alerts,
+            step=self.remediator.run_step,
+        )
         self.started_at = time.time()
         self.stopping = asyncio.Event()
         self.bound: tuple[str, int] | None = None
@@ -71,24 +89,18 @@ class Daemon:
 
     # -- checks ----------------------------------------------------------------------------------------
 
-    def _context(self) -> DaemonContext:
+    def _wake(self, check: str) -> None:
+        self.scheduler.wake(check)
+
+    def _local_state(self, without: str) -> dict[str, Any]:
+        return self.store.snapshot(exclude=(without,))
+
+    def _peers(self) -> Peers:
         d = self.config.daemon
-        return DaemonContext(
-            local_state=lambda: self.store.snapshot(exclude=("peer_compare",)),
-            peers=d.peers,
-            token=self.token,
-            peer_timeout_s=d.peer_timeout_s,
-        )
+        return Peers(d.peers, self.token, d.peer_timeout_s)
 
     def _build(self, factory: CheckFactory) -> Check:
-        check = factory(self.config.check_settings(factory.name), self.env)
-        self._attach(check)
-        return check
-
-    def _attach(self, check: Check) -> None:
-        attach = getattr(check, "attach_daemon", None)
-        if callable(attach):
-            attach(self._context())
+        return factory(self.config.check_settings(factory.name), self.env)
 
     def _schedule_all(self) -> None:
         enabled = [f for f in self.factories if self.config.check_settings(f.name).enabled]
@@ -163,8 +175,8 @@ class Daemon:
         self.config = new
         self.token = token
         self.app_state.token = token
-        new_env = new.environment(one_shot=False)
-        env_changed = new_env.node != self.env.node or new.paths != old.paths
+        new_env = replace(new.environment(one_shot=False), fleet=self.fleet)
+        env_changed = new_env.node != self.env.node or new_env.role != self.env.role or new.paths != old.paths
         if new.daemon.listen != old.daemon.listen and self.listen_override is None:
             log.warning("listen_change_needs_restart", listen=new.daemon.listen, serving=old.daemon.listen)
         if env_changed:
@@ -181,12 +193,12 @@ class Daemon:
                     changed.append(f"-{name}")
                 continue
             if current is not None and current.settings == settings and not env_changed:
-                self._attach(current)  # peers or token may have changed
                 continue
             self.scheduler.remove(name, forget=False)
             self.scheduler.add(self._build(factory))
             changed.append(f"~{name}" if current is not None else f"+{name}")
         self._configure_textfile()
+        self.remediator.reconfigure(build_remediator(new, token, self.store.latest))
         log.info("config_reloaded", source=new.source, changed=changed)
         return []
 
@@ -203,6 +215,7 @@ class Daemon:
             )
         self.scheduler.start()
         self._schedule_all()
+        self.remediator.start()
         self._configure_textfile()
         runner = web.AppRunner(make_app(self.app_state), access_log=None, handle_signals=False)
         await runner.setup()
@@ -231,6 +244,7 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         self.scheduler.shutdown()
+        await self.remediator.stop()
         await runner.cleanup()
         self.notifier.close()
         log.info("stopped")

@@ -22,6 +22,8 @@ class Diagnosis:
     kind: str
     findings: tuple[Finding, ...] = ()
     data: dict[str, Any] = field(default_factory=dict)
+    # One line of the figures read, for people (peak and average busbw, ...); None where findings say it all.
+    summary: str | None = None
 
     @property
     def status(self) -> Status:

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from pydantic import BaseModel
+
 from dgxdoctor.diagnose.base import Diagnosis
-from dgxdoctor.judge.infiniband import DEFAULT_THRESHOLDS, ERROR_COUNTERS, REMEDIES, port_state_verdict
+from dgxdoctor.judge.infiniband import (
+    DEFAULT_THRESHOLDS,
+    ERROR_COUNTERS,
+    REMEDIES,
+    mixed_firmware_verdict,
+    mixed_rates_verdict,
+    port_rate_verdict,
+    port_state_verdict,
+)
 from dgxdoctor.result import Finding, Status
-from dgxdoctor.sources.ibstat import IbstatFormatError, looks_like_ibstat, parse_ibstat
+from dgxdoctor.sources.ibstat import IbstatFormatError, IbstatPort, looks_like_ibstat, parse_ibstat
 from dgxdoctor.sources.perfquery import FIELD_TO_COUNTER, PerfqueryFormatError, looks_like_perfquery, parse_perfquery
 
 # Counters whose any increase the live check calls critical; a non-zero value in one snapshot is the same
@@ -21,7 +31,12 @@ _COUNTER_TO_FIELD = {v: k for k, v in FIELD_TO_COUNTER.items()}
 
 
 class IbstatAnalyzer:
+    """``settings``: the infiniband check's (``diagnose --config``), for min_rate_gbps."""
+
     kind: ClassVar[str] = "ibstat"
+
+    def __init__(self, settings: BaseModel | None = None) -> None:
+        self._min_rate: float | None = getattr(settings, "min_rate_gbps", None)
 
     def detect(self, text: str) -> bool:
         return looks_like_ibstat(text)
@@ -31,22 +46,8 @@ class IbstatAnalyzer:
             ports = parse_ibstat(text)
         except IbstatFormatError as exc:
             return _unparsable(self.kind, str(exc))
-        findings: list[Finding] = []
         lines = text.splitlines()
-        for p in ports:
-            verdict = port_state_verdict(p.to_ib_port())
-            if verdict is None:
-                continue
-            findings.append(
-                Finding(
-                    verdict.code,
-                    verdict.status,
-                    verdict.message,
-                    f"{p.ca}/{p.port}",
-                    evidence=_evidence(lines, p.ca, p.port),
-                    remedy=verdict.remedy,
-                )
-            )
+        findings = [*self._port_findings(ports, lines), *_node_findings(ports)]
         if not ports:
             findings.append(
                 Finding(
@@ -58,6 +59,33 @@ class IbstatAnalyzer:
             )
         data: dict[str, Any] = {"ports": [p.to_dict() for p in ports]}
         return Diagnosis(self.kind, tuple(findings), data)
+
+    def _port_findings(self, ports: list[IbstatPort], lines: list[str]) -> list[Finding]:
+        findings: list[Finding] = []
+        for p in ports:
+            subject = f"{p.ca}/{p.port}"
+            verdict = port_state_verdict(p.to_ib_port())
+            if verdict is None and p.state == "Active":
+                verdict = port_rate_verdict("the port", p.rate_gbps, self._min_rate)
+            if verdict is None:
+                continue
+            evidence = _evidence(lines, p.ca, p.port)
+            findings.append(Finding(verdict.code, verdict.status, verdict.message, subject, evidence, verdict.remedy))
+        return findings
+
+
+def _node_findings(ports: list[IbstatPort]) -> list[Finding]:
+    """What only the node's ports together show: Active ports at different rates, HCAs on different firmware."""
+    rates = {f"{p.ca}/{p.port}": p.rate_gbps for p in ports if p.state == "Active" and p.rate_gbps is not None}
+    firmware: dict[str, str] = {}
+    for p in ports:
+        if p.firmware and (p.ca_type or "") == (ports[0].ca_type or ""):
+            firmware.setdefault(p.ca, p.firmware)
+    findings = []
+    for verdict in (mixed_rates_verdict(rates), mixed_firmware_verdict(firmware)):
+        if verdict is not None:
+            findings.append(Finding(verdict.code, verdict.status, verdict.message, remedy=verdict.remedy))
+    return findings
 
 
 def _unparsable(kind: str, error: str) -> Diagnosis:

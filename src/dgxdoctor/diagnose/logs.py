@@ -12,7 +12,8 @@ import re
 from typing import ClassVar
 
 from dgxdoctor.diagnose.base import Diagnosis
-from dgxdoctor.judge.signatures import Catalog, load_catalog
+from dgxdoctor.judge.oom import oom_phase
+from dgxdoctor.judge.signatures import Catalog, Signature, load_catalog
 from dgxdoctor.result import Finding
 
 # INFO 07-25 06:50:45 config.py:718] Defaulting to use ray for distributed inference      (vllm-project/vllm#6775)
@@ -31,17 +32,33 @@ RAY_PY_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+(?:DEBUG|INFO|W
 # [2026-11-30 02:06:41,232 W 22797 22797] (gcs_server) gcs_worker_manager.cc:70: Reporting worker exit, ...
 #   (Ray 2.60.0 gcs_server.out; the driver prints "(raylet)" wrapped in ANSI colour codes)
 RAY_MARKER = re.compile(r"\((?:raylet|autoscaler|gcs_server)[^)]*\)|ray\.exceptions\.|/tmp/ray/session_")
+# gpu5:35917:35994 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.5<0>     (NCCL_DEBUG=INFO: host:pid:tid [cuda device])
+# NCCL version 2.4.7+cuda9.2                                              (NVIDIA/nccl#226)
+# (RayWorkerWrapper pid=581, ip=10.225.128.18) k8s17:581:581 [0] NCCL INFO P2P Chunksize set to 131072   (ray#59778)
+NCCL_LINE = re.compile(r"^(?:\([^()\n]{1,200}\) ?){0,3}\S+:\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)\b|^NCCL version \d", re.M)
+
+
+# The phase of a CUDA_OOM line, when the lines around it tell (judge.oom), picks the signature that refines it.
+_OOM_BY_PHASE = {"startup": "CUDA_OOM_STARTUP", "serving": "CUDA_OOM_SERVING"}
+
+
+def _refined(sig: Signature, lines: list[str], index: int, signatures: dict[str, Signature]) -> Signature:
+    if sig.code != "CUDA_OOM":
+        return sig
+    phase = oom_phase(lines, index)
+    return signatures.get(_OOM_BY_PHASE[phase], sig) if phase else sig
 
 
 def _findings(text: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int], int]:
     first: dict[str, tuple[int, str]] = {}
     counts: dict[str, int] = {}
     lines = text.splitlines()
-    for number, line in enumerate(lines, start=1):
-        for match in catalog.match(line):
-            counts[match.code] = counts.get(match.code, 0) + 1
-            first.setdefault(match.code, (number, line))
     signatures = catalog.by_code()
+    for index, line in enumerate(lines):
+        for match in catalog.match(line):
+            code = _refined(match.signature, lines, index, signatures).code
+            counts[code] = counts.get(code, 0) + 1
+            first.setdefault(code, (index + 1, line))
     findings = []
     for code, (number, line) in sorted(first.items(), key=lambda kv: kv[1][0]):
         sig = signatures[code]
@@ -81,6 +98,15 @@ class RayLogAnalyzer(_LogAnalyzer):
 
     def detect(self, text: str) -> bool:
         return RAY_PY_LINE.search(text) is not None or RAY_MARKER.search(text) is not None
+
+
+class NcclLogAnalyzer(_LogAnalyzer):
+    """NCCL's own log (NCCL_DEBUG=INFO lines) outside a vLLM or Ray log: a healthy one is recognised, not unknown."""
+
+    kind: ClassVar[str] = "nccl-log"
+
+    def detect(self, text: str) -> bool:
+        return NCCL_LINE.search(text) is not None
 
 
 class TextAnalyzer(_LogAnalyzer):

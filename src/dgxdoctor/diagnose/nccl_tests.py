@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from pydantic import BaseModel
+
 from dgxdoctor.diagnose.base import Diagnosis
-from dgxdoctor.judge.nccl import nccl_tests_findings
+from dgxdoctor.judge.nccl import bandwidth_finding, bandwidth_summary, nccl_tests_findings
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.nccl_tests import (
     looks_like_nccl_tests,
@@ -19,7 +21,13 @@ from dgxdoctor.sources.nccl_tests import (
 
 
 class NcclTestsAnalyzer:
+    """``settings``: the nccl check's (``diagnose --config``), for expected_busbw_gbps and min_fraction."""
+
     kind: ClassVar[str] = "nccl-tests"
+
+    def __init__(self, settings: BaseModel | None = None) -> None:
+        self._expected: float | None = getattr(settings, "expected_busbw_gbps", None)
+        self._min_fraction: float = getattr(settings, "min_fraction", 0.7)
 
     def detect(self, text: str) -> bool:
         return looks_like_nccl_tests(text)
@@ -39,4 +47,9 @@ class NcclTestsAnalyzer:
                     ),
                 ),
             )
-        return Diagnosis(self.kind, tuple(nccl_tests_findings(report)), report.to_data())
+        findings = nccl_tests_findings(report)
+        low = bandwidth_finding(report, self._expected, self._min_fraction)
+        if low is not None:
+            findings.append(low)
+        data = {**report.to_data(), "expected_busbw_gbps": self._expected}
+        return Diagnosis(self.kind, tuple(findings), data, summary=bandwidth_summary(report))

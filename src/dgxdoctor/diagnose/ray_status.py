@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from pydantic import BaseModel
+
 from dgxdoctor.diagnose.base import Diagnosis
 from dgxdoctor.judge.ray import DEFAULT_EXPECTED_GPUS, DEFAULT_EXPECTED_NODES, cluster_findings
 from dgxdoctor.result import Finding, Status
@@ -15,7 +17,13 @@ from dgxdoctor.sources.ray_status import RayStatusError, looks_like_ray_status, 
 
 
 class RayStatusAnalyzer:
+    """``settings``: the ray check's (``diagnose --config``), for expected_nodes and expected_gpus."""
+
     kind: ClassVar[str] = "ray-status"
+
+    def __init__(self, settings: BaseModel | None = None) -> None:
+        self._nodes: int = getattr(settings, "expected_nodes", DEFAULT_EXPECTED_NODES)
+        self._gpus: int = getattr(settings, "expected_gpus", DEFAULT_EXPECTED_GPUS)
 
     def detect(self, text: str) -> bool:
         return looks_like_ray_status(text)
@@ -35,8 +43,8 @@ class RayStatusAnalyzer:
         view = report.view()
         gpu = report.usage.get("GPU")
         # A fragment without the node section says nothing of the node count: nothing is expected of it.
-        expected_nodes = DEFAULT_EXPECTED_NODES if report.nodes_known else 0
-        findings = cluster_findings(view, expected_nodes, DEFAULT_EXPECTED_GPUS, gpu_evidence=gpu.line if gpu else None)
+        expected_nodes = self._nodes if report.nodes_known else 0
+        findings = cluster_findings(view, expected_nodes, self._gpus, gpu_evidence=gpu.line if gpu else None)
         data = {
             "timestamp": report.timestamp,
             "nodes_alive": view.nodes_alive,
@@ -47,7 +55,7 @@ class RayStatusAnalyzer:
             "pending_demands": [
                 {"kind": d.kind, "shape": d.shape, "count": d.count, "gpus": d.gpus} for d in report.demands
             ],
-            "expected_nodes": DEFAULT_EXPECTED_NODES,
-            "expected_gpus": DEFAULT_EXPECTED_GPUS,
+            "expected_nodes": self._nodes,
+            "expected_gpus": self._gpus,
         }
         return Diagnosis(self.kind, tuple(findings), data)

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.exporters.collector import NODE_LABEL, OWN_METRICS
+from dgxdoctor.exporters.remediation import REMEDIATION_METRICS
 from dgxdoctor.fleet.compare import IGNORED_FACTS, RULES
 from dgxdoctor.result import MetricSpec
 
@@ -34,6 +35,9 @@ def all_specs() -> Iterator[tuple[MetricSpec, str]]:
     for spec in OWN_METRICS:
         seen.add(spec.name)
         yield spec, "dgxdoctor"
+    for spec in REMEDIATION_METRICS:
+        seen.add(spec.name)
+        yield spec, "remediation"
     for factory in ALL_CHECKS:
         module = sys.modules[factory.__module__]
         for value in vars(module).values():
@@ -44,8 +48,8 @@ def all_specs() -> Iterator[tuple[MetricSpec, str]]:
 
 def render() -> str:
     lines = [HEADER, "| Metric | Type | Labels | Meaning | From |", "|---|---|---|---|---|"]
-    own = [(s, src) for s, src in all_specs() if src == "dgxdoctor"]
-    checks = sorted((p for p in all_specs() if p[1] != "dgxdoctor"), key=lambda p: p[0].name)
+    own = [(s, src) for s, src in all_specs() if src in ("dgxdoctor", "remediation")]
+    checks = sorted((p for p in all_specs() if p[1] not in ("dgxdoctor", "remediation")), key=lambda p: p[0].name)
     for spec, source in own + checks:
         labels = ", ".join(f"`{label}`" for label in (NODE_LABEL, *spec.labels))
         meaning = spec.help.replace("|", "\\|")

@@ -192,3 +192,56 @@ def duration_text(seconds: float) -> str:
     if seconds >= 120:
         return f"{seconds / 60:.0f} min"
     return f"{seconds:.0f} s"
+
+
+RATE_LOW_REMEDY = (
+    "the link trained below its speed or width (a lane down, a bad cable or transceiver): reseat or replace the "
+    "cable; `mlxlink -d <dev> -m` shows the negotiated speed and width"
+)
+
+
+def port_rate_verdict(
+    where: str, rate_gbps: float | None, min_rate_gbps: float | None, rate_text: str | None = None
+) -> StateVerdict | None:
+    """IB_PORT_RATE_LOW when an Active port negotiated less than ``min_rate_gbps`` (the checks' and diagnose's rule)."""
+    if min_rate_gbps is None or rate_gbps is None or rate_gbps >= min_rate_gbps:
+        return None
+    shown = f" ({rate_text})" if rate_text else ""
+    return StateVerdict(
+        "IB_PORT_RATE_LOW",
+        Status.WARNING,
+        f"{where} runs at {rate_gbps:g} Gb/s, expected at least {min_rate_gbps:g} Gb/s{shown}",
+        RATE_LOW_REMEDY,
+    )
+
+
+def mixed_rates_verdict(rates: Mapping[str, float]) -> StateVerdict | None:
+    """IB_PORT_RATES_DIFFER when the Active ports of one node negotiated different rates: the slowest rail paces
+    every collective (NCCL stripes over all HCAs), so one port trained down costs the whole node."""
+    if len(set(rates.values())) < 2:
+        return None
+    top = max(rates.values())
+    slow = sorted(name for name, rate in rates.items() if rate < top)
+    listed = ", ".join(f"{name} {rates[name]:g}" for name in slow)
+    return StateVerdict(
+        "IB_PORT_RATES_DIFFER",
+        Status.WARNING,
+        f"Active ports run at different rates: {listed} Gb/s against {top:g} Gb/s on the others",
+        RATE_LOW_REMEDY,
+    )
+
+
+def mixed_firmware_verdict(firmware: Mapping[str, str]) -> StateVerdict | None:
+    """IB_FIRMWARE_DIFFERS when the node's HCAs of one type run different firmware versions (a partial upgrade)."""
+    versions = sorted(set(firmware.values()))
+    if len(versions) < 2:
+        return None
+    by_version = {v: sorted(ca for ca, fw in firmware.items() if fw == v) for v in versions}
+    listed = "; ".join(f"{v}: {', '.join(cas)}" for v, cas in by_version.items())
+    return StateVerdict(
+        "IB_FIRMWARE_DIFFERS",
+        Status.WARNING,
+        f"HCAs run different firmware versions ({listed})",
+        "a partial firmware upgrade: bring every HCA to the same version (`mlxfwmanager --query`, then "
+        "`mlxfwmanager -u` and a reboot or `mlxfwreset`), so the rails behave alike",
+    )

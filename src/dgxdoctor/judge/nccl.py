@@ -63,3 +63,50 @@ def nccl_tests_findings(report: NcclTestsReport) -> list[Finding]:
             )
         )
     return findings
+
+
+BANDWIDTH_LOW_REMEDY = (
+    "check every rail: ibstat (all ports Active at full rate), the infiniband check's error counters, NCCL_IB_HCA "
+    "listing every HCA, and GPUDirect RDMA (NCCL_NET_GDR_LEVEL)"
+)
+
+
+def bandwidth_finding(report: NcclTestsReport, expected_gbps: float | None, min_fraction: float) -> Finding | None:
+    """NCCL_BANDWIDTH_LOW: busbw at the largest message size under ``min_fraction`` of the expected busbw
+    (checks.nccl.expected_busbw_gbps; the tutorial's 70 % of the NICs' nominal rate)."""
+    if expected_gbps is None or not report.rows:
+        return None
+    largest = max(report.rows, key=lambda r: r.size_bytes)
+    peak = largest.busbw_gbps
+    if peak is None or peak >= expected_gbps * min_fraction:
+        return None
+    return Finding(
+        "NCCL_BANDWIDTH_LOW",
+        Status.CRITICAL,
+        f"busbw {peak:.1f} GB/s at {largest.size_bytes} B is below {min_fraction:.0%} of the expected "
+        f"{expected_gbps:g} GB/s",
+        remedy=BANDWIDTH_LOW_REMEDY,
+    )
+
+
+def _size(size: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return f"{size} B"
+
+
+def bandwidth_summary(report: NcclTestsReport) -> str:
+    """One line for people: peak and average busbw, and the network transport NCCL said it used."""
+    rated = [r for r in report.rows if r.busbw_gbps is not None]
+    peak = max(rated, key=lambda r: r.busbw_gbps or 0.0) if rated else None
+    parts = [
+        f"busbw peak {peak.busbw_gbps:.2f} GB/s at {_size(peak.size_bytes)}" if peak else "busbw peak n/a",
+        "average " + ("n/a" if report.avg_busbw_gbps is None else f"{report.avg_busbw_gbps:.2f} GB/s"),
+        f"{len(report.rows)} sizes",
+    ]
+    if report.transports:
+        parts.append("transport " + ", ".join(f"NET/{t}" for t in report.transports))
+    else:
+        parts.append("transport not in the output (one node, or run with NCCL_DEBUG=INFO to see it)")
+    return ", ".join(parts)

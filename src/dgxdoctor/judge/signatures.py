@@ -38,6 +38,16 @@ class Signature:
     meaning: str
     fix: str
     patterns: tuple[re.Pattern[str], ...]
+    # The broader signature this one replaces on a line both match (CUDA_OOM_STARTUP refines CUDA_OOM).
+    refines: str | None = None
+
+
+def _scoped(pattern: re.Pattern[str]) -> str:
+    """The pattern as a group of the combined prefilter; a leading ``(?i)`` becomes a scoped ``(?i:...)``."""
+    source = pattern.pattern
+    if source.startswith("(?i)"):
+        return f"(?i:{source[4:]})"
+    return f"(?:{source})"
 
 
 @dataclass(frozen=True)
@@ -54,7 +64,7 @@ class Catalog:
     def __init__(self, signatures: Iterable[Signature]) -> None:
         self.signatures: tuple[Signature, ...] = tuple(signatures)
         # Non-capturing alternation of every pattern: the cheap first pass.
-        combined = "|".join(f"(?:{p.pattern})" for s in self.signatures for p in s.patterns)
+        combined = "|".join(_scoped(p) for s in self.signatures for p in s.patterns)
         self._prefilter = re.compile(combined) if combined else None
 
     def by_code(self) -> dict[str, Signature]:
@@ -65,11 +75,13 @@ class Catalog:
         line = line[:MAX_MATCH_CHARS]
         if self._prefilter is None or self._prefilter.search(line) is None:
             return []
-        return [
-            Match(sig, line)
+        found = [
+            sig
             for sig in self.signatures
             if (kind is None or kind in sig.kinds) and any(p.search(line) for p in sig.patterns)
         ]
+        refined = {sig.refines for sig in found if sig.refines}
+        return [Match(sig, line) for sig in found if sig.code not in refined]
 
     def scan(self, text: str, kind: str | None = None) -> list[Match]:
         """Every match in a block of text, line by line, in order."""
@@ -108,28 +120,41 @@ def parse_catalog(data: Mapping[str, Any], source: str = "<catalog>") -> Catalog
             if not isinstance(value, str) or not value.strip():
                 raise CatalogError(f"{where}: {key} must be a non-empty string")
             texts[key] = value.strip()
-        raw_patterns = entry.get("patterns")
-        if not isinstance(raw_patterns, list) or not raw_patterns:
+        refines = entry.get("refines")
+        if refines is not None and (not isinstance(refines, str) or not _CODE.match(refines)):
+            raise CatalogError(f"{where}: refines must name a signature code, got {refines!r}")
+        raw_patterns = entry.get("patterns", [] if refines else None)
+        if not isinstance(raw_patterns, list) or not (raw_patterns or refines):
             raise CatalogError(f"{where}: patterns must be a non-empty list")
-        compiled: list[re.Pattern[str]] = []
-        for raw in raw_patterns:
-            if not isinstance(raw, str) or not raw:
-                raise CatalogError(f"{where}: pattern {raw!r} is not a non-empty string")
-            try:
-                pattern = re.compile(raw)
-            except re.error as exc:
-                raise CatalogError(f"{where}: pattern {raw!r} does not compile: {exc}") from None
-            if pattern.groupindex:
-                # Named groups would collide in the combined prefilter.
-                raise CatalogError(f"{where}: pattern {raw!r} must not use named groups")
-            compiled.append(pattern)
-        unknown = set(entry) - {"code", "severity", "kinds", "meaning", "fix", "patterns"}
+        compiled = [_compile(raw, where) for raw in raw_patterns]
+        unknown = set(entry) - {"code", "severity", "kinds", "meaning", "fix", "patterns", "refines"}
         if unknown:
             raise CatalogError(f"{where}: unknown keys {sorted(unknown)}")
         signatures.append(
-            Signature(code, SEVERITIES[severity], tuple(kinds), texts["meaning"], texts["fix"], tuple(compiled))
+            Signature(
+                code, SEVERITIES[severity], tuple(kinds), texts["meaning"], texts["fix"], tuple(compiled), refines
+            )
         )
+    for sig in signatures:
+        if sig.refines is not None and sig.refines not in seen:
+            raise CatalogError(f"{source}: {sig.code}: refines unknown signature {sig.refines!r}")
     return Catalog(signatures)
+
+
+def _compile(raw: object, where: str) -> re.Pattern[str]:
+    if not isinstance(raw, str) or not raw:
+        raise CatalogError(f"{where}: pattern {raw!r} is not a non-empty string")
+    try:
+        pattern = re.compile(raw)
+    except re.error as exc:
+        raise CatalogError(f"{where}: pattern {raw!r} does not compile: {exc}") from None
+    if pattern.groupindex:
+        # Named groups would collide in the combined prefilter.
+        raise CatalogError(f"{where}: pattern {raw!r} must not use named groups")
+    if pattern.flags & ~(re.UNICODE | re.IGNORECASE) or ("(?" in raw and raw.find("(?i)") > 0):
+        # Only a leading (?i) can be scoped inside the combined prefilter.
+        raise CatalogError(f"{where}: pattern {raw!r} may use no inline flag but a leading (?i)")
+    return pattern
 
 
 @cache

@@ -31,6 +31,7 @@ RESTART_CLUSTER_CODES = frozenset(
         "RAY_GPUS_MISSING",
         "RAY_RAYLET_DOWN",
         "NCCL_NET_FAILURE",
+        "NCCL_NETWORK_ERROR",
         "NCCL_TIMEOUT",
         "NCCL_SYSTEM_ERROR",
         "GLOO_SOCKET",
@@ -91,7 +92,7 @@ def problems_from_results(
             action = action_for_code(finding.code, resolution)
             if action is None:
                 continue
-            key = f"{result.check}:{action}"
+            key = f"check:{result.check}:{action}"
             if key not in found:
                 subject = f" {finding.subject}" if finding.subject else ""
                 found[key] = Problem(key, action, "check", f"{finding.code}{subject}: {finding.message}")

@@ -20,7 +20,11 @@ class RayStatusError(ValueError):
 
 
 # ======== Autoscaler status: 2026-11-30 01:59:21.820618 ========
-HEADER_RE = re.compile(r"^=+ Autoscaler status: (?P<ts>.+?) =+$")
+# ======== Cluster status: 2021-08-17 01:15:02.033448 ========          (Ray 1.6, ray-project/ray#17892)
+HEADER_RE = re.compile(r"^=+ (?:Autoscaler|Cluster) status: (?P<ts>.+?) =+$")
+# Ray 1.6 listed nodes under "Node status" with no Healthy:/Active: heading:
+#  1 node(s) with resources: {'node:192.168.86.195': 1.0, 'CPU': 16.0, ...}
+NODE_WITH_RESOURCES_RE = re.compile(r"^\s*(?P<count>\d{1,18}) node\(s\) with resources: (?P<name>\{.*\})\s*$")
 # " 1 node_7cf0e4d13538d46a83b175ecc2c9162830812885b35ce9a2a1d7170c" (under Active:, Healthy: or Idle:)
 NODE_COUNT_RE = re.compile(r"^\s*(?P<count>\d{1,18}) (?P<name>\S.*)$")
 # " 0.0/16.0 GPU", " 2/2 GPU", " 0B/31.36GiB memory", " 0.00/19.915 GiB memory", " 1/2 AcceleratorType:V100"
@@ -128,15 +132,9 @@ def _bundle_gpus(shape: str) -> float:
 def looks_like_ray_status(text: str) -> bool:
     """Cheap test, true of fragments too: the banner, a section title over its dashes, or a usage, demand or
     node heading followed by a line of its kind (anywhere: a log may embed the output)."""
-    if "Autoscaler status:" in text and any(HEADER_RE.match(line.strip()) for line in text.splitlines()):
+    if " status: " in text and any(HEADER_RE.match(line.strip()) for line in text.splitlines()):
         return True
     return any(r.search(text) is not None for r in _FRAGMENT_RES)
-
-
-def _parse_error(seen: set[str]) -> RayStatusError:
-    if not seen:
-        return RayStatusError("not `ray status` output: no Node status, Resources, Usage or Demands section")
-    return RayStatusError(f"ray status: sections {sorted(seen)} hold nothing readable")
 
 
 def parse_ray_status(text: str) -> RayStatusReport:
@@ -161,8 +159,8 @@ def parse_ray_status(text: str) -> RayStatusReport:
                 state.seen.add(stripped)
             continue
         state.read(line, stripped)
-    if not state.seen or not (state.nodes_known or state.usage_known or state.demands or state.seen & _TITLES):
-        raise _parse_error(state.seen)
+    if not state.seen:
+        raise RayStatusError("not `ray status` output: no Node status, Resources, Usage or Demands section")
     return RayStatusReport(
         timestamp=state.timestamp,
         nodes=tuple(state.nodes),
@@ -198,9 +196,11 @@ class _State:
     usage: dict[str, Usage] = field(default_factory=dict)
     demands: list[Demand] = field(default_factory=list)
 
+    nodes_listed: bool = False
+
     @property
     def nodes_known(self) -> bool:
-        return bool(self.seen & _NODE_SECTIONS)
+        return self.nodes_listed or bool(self.seen & _NODE_SECTIONS)
 
     @property
     def usage_known(self) -> bool:
@@ -210,7 +210,12 @@ class _State:
         section = self.section
         if stripped.startswith("(") and stripped.endswith(")"):
             return  # "(no pending nodes)", "(no failures)", "(none)", "(no resource demands)"
-        if section in _NODE_SECTIONS:
+        if section == "Node status":
+            listed = NODE_WITH_RESOURCES_RE.match(line)
+            if listed is not None:
+                self.nodes_listed = True
+                self.nodes.append((int(listed.group("count")), listed.group("name")))
+        elif section in _NODE_SECTIONS:
             m = NODE_COUNT_RE.match(line)
             if m is None:
                 raise RayStatusError(f"ray status: node line not understood under {section} {stripped!r}")

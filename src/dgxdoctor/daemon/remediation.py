@@ -1,0 +1,60 @@
+"""Wiring remediation into the daemon: its targets from the checks' settings, its pager from ``[alerts]``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+
+from dgxdoctor.alerts.sender import page_alert, post_alerts
+from dgxdoctor.config import AlertsSettings, Config
+from dgxdoctor.remediation.actions import VllmTarget
+from dgxdoctor.remediation.engine import Pager, Remediator, Targets
+from dgxdoctor.result import CheckResult
+from dgxdoctor.sources.xid import load_catalog
+
+
+def make_pager(settings: AlertsSettings, transport: httpx.BaseTransport | None = None) -> Pager | None:
+    """Posts a page to Alertmanager's v2 API; None without ``[alerts] alertmanager_url`` (pages are logged)."""
+    url = settings.alertmanager_url
+    if url is None:
+        return None
+
+    def page(node: str, problem: str, action: str, reason: str, now: float) -> str:
+        with httpx.Client(transport=transport) as client:
+            return post_alerts(url, [page_alert(node, problem, action, reason, now)], settings.timeout_s, client)
+
+    return page
+
+
+def targets_for(config: Config, token: str | None) -> Targets:
+    """The vllm and ray checks' settings say where vLLM and Ray are; the head's peers are its workers."""
+    vllm = config.check_settings("vllm")
+    ray = config.check_settings("ray")
+    api_key = getattr(vllm, "api_key", None)
+    return Targets(
+        vllm=VllmTarget(
+            base_url=getattr(vllm, "base_url", "http://127.0.0.1:8000"),
+            model=getattr(vllm, "served_model_name", None),
+            api_key=api_key.get_secret_value() if api_key is not None else None,
+            request_timeout_s=float(getattr(vllm, "request_timeout_s", 10.0)),
+        ),
+        ray_dashboard_url=getattr(ray, "dashboard_url", "http://127.0.0.1:8265"),
+        ray_nodes=int(getattr(ray, "expected_nodes", 2)),
+        ray_gpus=int(getattr(ray, "expected_gpus", 16)),
+        workers=config.daemon.peers if config.remediation.role == "head" else (),
+        token=token,
+    )
+
+
+def build_remediator(config: Config, token: str | None, latest: Callable[[], dict[str, CheckResult]]) -> Remediator:
+    resolutions = {code: entry.resolution for code, entry in load_catalog().xids.items()}
+    return Remediator(
+        config.remediation,
+        make_pager(config.alerts),
+        config.node,
+        config.paths.state_dir,
+        targets_for(config, token),
+        latest,
+        resolutions,
+    )

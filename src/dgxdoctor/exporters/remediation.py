@@ -1,0 +1,54 @@
+"""Remediation's metrics: what it did, whether its breaker is open, which mode it is in."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from dgxdoctor.result import MetricSpec
+
+ACTIONS_TOTAL = MetricSpec(
+    "dgxdoctor_remediation_actions_total",
+    "remediation actions since dgxdoctor started, by action (restart_vllm, restart_cluster, page, and a worker's "
+    "ray_stop/ray_start steps) and outcome (success, failed, interrupted; a page: sent, logged, failed)",
+    "counter",
+    ("action", "outcome"),
+)
+BREAKER_OPEN = MetricSpec(
+    "dgxdoctor_remediation_breaker_open",
+    "1 while the remediation breaker is open (budget spent; nothing runs until `dgxdoctor remediation reset`)",
+)
+MODE = MetricSpec(
+    "dgxdoctor_remediation_mode",
+    "1 for the remediation mode in force (observe: decide and log only; act: run the actions), 0 for the other",
+    labels=("mode",),
+)
+REMEDIATION_METRICS = (ACTIONS_TOTAL, BREAKER_OPEN, MODE)
+MODES = ("observe", "act")
+
+
+class RemediationCollector(Collector):
+    def __init__(self, node: Callable[[], str], snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.node = node
+        self.snapshot = snapshot
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        node = self.node()
+        snap = self.snapshot()
+        actions = CounterMetricFamily(ACTIONS_TOTAL.name, ACTIONS_TOTAL.help, labels=["node", "action", "outcome"])
+        for (action, outcome), count in sorted(snap["actions"].items()):
+            actions.add_metric([node, action, outcome], float(count))
+        yield actions
+        breaker = GaugeMetricFamily(BREAKER_OPEN.name, BREAKER_OPEN.help, labels=["node"])
+        breaker.add_metric([node], 1.0 if snap["breaker_open"] else 0.0)
+        yield breaker
+        mode = GaugeMetricFamily(MODE.name, MODE.help, labels=["node", "mode"])
+        for name in MODES:
+            mode.add_metric([node, name], 1.0 if snap["mode"] == name else 0.0)
+        yield mode

@@ -1,0 +1,175 @@
+"""The actions: argv lists run without a shell and with a timeout, then a verification of the service.
+
+``restart_vllm`` runs one command and verifies. ``restart_cluster`` follows the runbook's order: stop vLLM,
+``ray stop`` on the workers (asked over their authenticated API) and here, start the head, start the workers,
+wait until Ray has every node and GPU, start vLLM, verify. A failed step ends the action as failed; so does a
+failed verification: ``/health`` 200, the model listed by ``/v1/models``, a real chat completion with tokens.
+Everything here blocks: the engine runs it in a worker thread.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from dgxdoctor.sources.ray_api import RayApiError, parse_nodes_detail
+
+OUTPUT_TAIL = 400  # characters of a command's output kept in the audit
+POLL_S = 0.25
+STEP_PATH = "/remediation/step"
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: str
+    ok: bool
+    detail: str
+    duration_s: float
+    argv: tuple[str, ...] = ()
+    returncode: int | None = None
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "ok": self.ok,
+            "detail": self.detail,
+            "duration_s": round(self.duration_s, 3),
+            "argv": list(self.argv),
+            "returncode": self.returncode,
+        }
+
+
+def run_argv(step: str, argv: Sequence[str], timeout_s: float) -> StepResult:
+    """Run ``argv`` (never through a shell); a non-zero exit, a timeout or a missing program is a failed step."""
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout_s,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return StepResult(step, False, f"timed out after {timeout_s:g} s", time.monotonic() - started, tuple(argv))
+    except OSError as exc:
+        return StepResult(step, False, f"cannot run: {exc}", time.monotonic() - started, tuple(argv))
+    tail = (done.stdout + done.stderr).strip()[-OUTPUT_TAIL:]
+    detail = f"exit {done.returncode}" + (f": {tail}" if tail else "")
+    return StepResult(step, done.returncode == 0, detail, time.monotonic() - started, tuple(argv), done.returncode)
+
+
+@dataclass(frozen=True)
+class VllmTarget:
+    base_url: str
+    model: str | None
+    api_key: str | None = None
+    request_timeout_s: float = 10.0
+
+
+@dataclass
+class Deadline:
+    seconds: float
+    clock: Callable[[], float] = time.monotonic
+    start: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.start = self.clock()
+
+    @property
+    def left(self) -> float:
+        return self.seconds - (self.clock() - self.start)
+
+
+def verify_vllm(target: VllmTarget, timeout_s: float, client: httpx.Client) -> StepResult:
+    """``/health`` 200 (polled until the deadline), the model in ``/v1/models``, a chat completion with tokens."""
+    started = time.monotonic()
+    deadline = Deadline(timeout_s)
+    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+    base = target.base_url.rstrip("/")
+    last = "no answer yet"
+    while True:
+        try:
+            health = client.get(f"{base}/health", headers=headers, timeout=target.request_timeout_s)
+            if health.status_code == 200:
+                break
+            last = f"/health answered {health.status_code}"
+        except httpx.HTTPError as exc:
+            last = f"/health: {type(exc).__name__}"
+        if deadline.left <= 0:
+            why = f"not healthy within {timeout_s:g} s ({last})"
+            return StepResult("verify", False, why, time.monotonic() - started)
+        time.sleep(min(POLL_S, max(deadline.left, 0)))
+    try:
+        detail = _models_and_completion(client, base, headers, target)
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        return StepResult("verify", False, f"{type(exc).__name__}: {exc}"[:OUTPUT_TAIL], time.monotonic() - started)
+    return StepResult("verify", detail is None, detail or "healthy, model listed, completion with tokens",
+                      time.monotonic() - started)  # fmt: skip
+
+
+def _models_and_completion(client: httpx.Client, base: str, headers: dict[str, str], t: VllmTarget) -> str | None:
+    """None when both pass, else what failed."""
+    models = client.get(f"{base}/v1/models", headers=headers, timeout=t.request_timeout_s)
+    models.raise_for_status()
+    served = [str(m["id"]) for m in models.json()["data"]]
+    if not served or (t.model is not None and t.model not in served):
+        return f"/v1/models lists {served}, not {t.model or 'any model'}"
+    body = {
+        "model": t.model or served[0],
+        "messages": [{"role": "user", "content": "Reply with the word OK."}],
+        "max_tokens": 4,
+        "ignore_eos": True,
+    }
+    done = client.post(f"{base}/v1/chat/completions", json=body, headers=headers, timeout=max(t.request_timeout_s, 30))
+    done.raise_for_status()
+    tokens = done.json()["usage"]["completion_tokens"]
+    if not isinstance(tokens, int) or tokens < 1:
+        return f"the completion returned {tokens!r} tokens"
+    return None
+
+
+def wait_ray(dashboard_url: str, nodes: int, gpus: int, timeout_s: float, client: httpx.Client) -> StepResult:
+    """Poll the dashboard until ``nodes`` are ALIVE holding ``gpus`` GPUs together."""
+    started = time.monotonic()
+    deadline = Deadline(timeout_s)
+    url = f"{dashboard_url.rstrip('/')}/api/v0/nodes?detail=1"
+    last = "no answer yet"
+    while True:
+        try:
+            listing = parse_nodes_detail(client.get(url, timeout=5.0).content)
+            alive = [n for n in listing if n.alive]
+            have = sum(n.gpus for n in alive)
+            if len(alive) >= nodes and have >= gpus:
+                return StepResult("wait_ray", True, f"{len(alive)} nodes, {have:g} GPUs", time.monotonic() - started)
+            last = f"{len(alive)} of {nodes} nodes, {have:g} of {gpus} GPUs"
+        except (httpx.HTTPError, RayApiError) as exc:
+            last = f"{type(exc).__name__}: {exc}"[:200]
+        if deadline.left <= 0:
+            return StepResult("wait_ray", False, f"not ready in {timeout_s:g} s: {last}", time.monotonic() - started)
+        time.sleep(min(POLL_S * 2, max(deadline.left, 0)))
+
+
+def ask_worker(
+    peer: str, step: str, action_id: str, token: str | None, timeout_s: float, client: httpx.Client
+) -> StepResult:
+    """Ask a worker's agent to run its own ``step`` (it runs its configured argv; nothing else travels)."""
+    started = time.monotonic()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    name = f"{step}@{peer}"
+    try:
+        answer = client.post(f"{peer}{STEP_PATH}", json={"step": step, "id": action_id}, headers=headers,
+                             timeout=timeout_s + 10)  # fmt: skip
+        doc = answer.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return StepResult(name, False, f"{type(exc).__name__}: {exc}"[:OUTPUT_TAIL], time.monotonic() - started)
+    ok = answer.status_code == 200 and isinstance(doc, dict) and doc.get("ok") is True
+    detail = str(doc.get("detail") if isinstance(doc, dict) else doc)[:OUTPUT_TAIL]
+    return StepResult(name, ok, f"HTTP {answer.status_code}: {detail}", time.monotonic() - started)

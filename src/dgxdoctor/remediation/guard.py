@@ -1,0 +1,168 @@
+"""Every safety limit in one place: the mode, the hold time, the vLLM start-up grace, per-action cooldowns, the
+budget and its breaker, one action at a time, and who orchestrates a cluster-wide action.
+
+``GuardState`` is plain data that survives a restart (``to_doc``/``from_doc``); ``Guard.decide`` is pure given the
+state, the settings and the time. The engine persists the state after every change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from dgxdoctor.config import RemediationSettings
+from dgxdoctor.remediation.policy import ActionName, Attempt, Problem, escalate
+
+Verdict = Literal["act", "page", "observe", "hold", "refuse"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    action: ActionName
+    reason: str
+    problem: Problem
+
+
+@dataclass
+class InFlight:
+    id: str
+    action: ActionName
+    key: str
+    started_at: float
+    pid: int
+
+    def to_doc(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class GuardState:
+    breaker_open: bool = False
+    breaker_reason: str | None = None
+    breaker_opened_at: float | None = None
+    actions: list[dict[str, Any]] = field(default_factory=list)  # {"action", "at"}: the budget's window
+    last: dict[str, float] = field(default_factory=dict)  # action -> start time, for cooldowns
+    # the ladder: a problem's first action (restart_vllm, restart_cluster) -> what ran for it, {"action", "at"}
+    attempts: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    onset: dict[str, float] = field(default_factory=dict)  # problem key -> when the condition (re)appeared
+    in_flight: InFlight | None = None
+    finished_at: float | None = None  # when the last action ended: results of runs before it are stale
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "version": 1,
+            "breaker": {"open": self.breaker_open, "reason": self.breaker_reason, "opened_at": self.breaker_opened_at},
+            "actions": self.actions,
+            "last": self.last,
+            "attempts": self.attempts,
+            "onset": self.onset,
+            "in_flight": self.in_flight.to_doc() if self.in_flight else None,
+            "finished_at": self.finished_at,
+        }
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> GuardState:
+        if not doc:
+            return cls()
+        breaker = doc.get("breaker") or {}
+        flight = doc.get("in_flight")
+        return cls(
+            breaker_open=bool(breaker.get("open", False)),
+            breaker_reason=breaker.get("reason"),
+            breaker_opened_at=breaker.get("opened_at"),
+            actions=list(doc.get("actions") or []),
+            last={str(k): float(v) for k, v in (doc.get("last") or {}).items()},
+            attempts={str(k): list(v) for k, v in (doc.get("attempts") or {}).items()},
+            onset={str(k): float(v) for k, v in (doc.get("onset") or {}).items()},
+            in_flight=InFlight(**flight) if isinstance(flight, dict) else None,
+            finished_at=doc.get("finished_at"),
+        )
+
+
+class Guard:
+    def __init__(self, settings: RemediationSettings, state: GuardState | None = None) -> None:
+        self.settings = settings
+        self.state = state or GuardState()
+
+    # -- what is seen ----------------------------------------------------------------------------------
+
+    def observe(self, present: list[Problem], now: float, source: str) -> None:
+        """Note when each present problem began; a problem of ``source`` no longer present has ended."""
+        keys = {p.key for p in present}
+        for problem in present:
+            self.state.onset.setdefault(problem.key, problem.since if problem.since is not None else now)
+        for key in [k for k in self.state.onset if k.startswith(f"{source}:") and k not in keys]:
+            del self.state.onset[key]
+
+    def budget_used(self, now: float) -> int:
+        window = self.settings.budget_window_s
+        return sum(1 for a in self.state.actions if now - float(a.get("at", 0)) <= window)
+
+    # -- the decision ----------------------------------------------------------------------------------
+
+    def decide(self, problem: Problem, now: float, vllm_uptime_s: float | None) -> Decision:
+        s = self.settings
+        tried = [Attempt(a["action"], float(a["at"])) for a in self.state.attempts.get(problem.action, [])]
+        action = escalate(problem.action, tried, now, s.ladder_window_s)
+
+        def out(verdict: Verdict, reason: str) -> Decision:
+            return Decision(verdict, action, reason, problem)
+
+        if action == "page":
+            if now - self.state.last.get("page", float("-inf")) < s.cooldown_s.get("page", 0.0):
+                return out("hold", "page sent recently (cooldown)")
+            why = "the ladder ended" if problem.action != "page" else "a restart cannot fix this"
+            return out("page", f"{why}: page an operator")
+        if s.mode == "observe":
+            return out("observe", f'mode = "observe": would {action}')
+        if self.state.breaker_open:
+            return out("refuse", f"breaker open ({self.state.breaker_reason}); `dgxdoctor remediation reset`")
+        if self.state.in_flight is not None:
+            return out("refuse", f"{self.state.in_flight.action} in flight: one action at a time")
+        if action == "restart_cluster" and s.role != "head":
+            return out("refuse", "cluster restarts are orchestrated by the head's agent")
+        held = now - self.state.onset.get(problem.key, now)
+        if held < s.hold_s:
+            return out("hold", f"condition held {held:.0f} s of hold_s {s.hold_s:g} s")
+        if vllm_uptime_s is not None and vllm_uptime_s < s.vllm_start_grace_s:
+            return out("hold", f"vLLM started {vllm_uptime_s:.0f} s ago: within the {s.vllm_start_grace_s:g} s grace")
+        since_last = now - self.state.last.get(action, float("-inf"))
+        cooldown = s.cooldown_s.get(action, 0.0)
+        if since_last < cooldown:
+            return out("hold", f"{action} ran {since_last:.0f} s ago: cooldown {cooldown:g} s")
+        if self.budget_used(now) >= s.budget:
+            self.open_breaker(f"budget of {s.budget} actions per {s.budget_window_s:g} s spent", now)
+            return out("refuse", f"breaker opened: {self.state.breaker_reason}")
+        return out("act", f"{problem.reason} held {held:.0f} s")
+
+    # -- bookkeeping -----------------------------------------------------------------------------------
+
+    def open_breaker(self, reason: str, now: float) -> None:
+        self.state.breaker_open = True
+        self.state.breaker_reason = reason
+        self.state.breaker_opened_at = now
+
+    def begin(self, decision: Decision, action_id: str, now: float, pid: int) -> None:
+        st = self.state
+        st.in_flight = InFlight(action_id, decision.action, decision.problem.key, now, pid)
+        st.actions = [a for a in st.actions if now - float(a["at"]) <= self.settings.budget_window_s]
+        st.actions.append({"action": decision.action, "at": now})
+        st.last[decision.action] = now
+        st.attempts.setdefault(decision.problem.action, []).append({"action": decision.action, "at": now})
+
+    def paged(self, decision: Decision, now: float) -> None:
+        self.state.last["page"] = now
+        self.state.attempts.setdefault(decision.problem.action, []).append({"action": "page", "at": now})
+
+    def finish(self, now: float) -> None:
+        """The action ended (either way): the problem's episode ends, a recurrence must hold again."""
+        flight = self.state.in_flight
+        self.state.in_flight = None
+        self.state.finished_at = now
+        if flight is not None:
+            self.state.onset.pop(flight.key, None)
+
+    def reset(self) -> None:
+        """``dgxdoctor remediation reset``: breaker closed, budget, ladder and cooldowns forgotten."""
+        self.state = GuardState(in_flight=self.state.in_flight, finished_at=self.state.finished_at)

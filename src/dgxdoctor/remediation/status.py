@@ -1,0 +1,69 @@
+"""``dgxdoctor remediation status`` and ``reset``: read (and reset) the guard's state in the state directory.
+
+They work whether the daemon runs or not: the state file is the one truth, read and written under its lock.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from dgxdoctor.config import Config
+from dgxdoctor.remediation.audit import AuditLog, StateFile
+from dgxdoctor.remediation.guard import Guard, GuardState
+
+
+def status_document(config: Config, last: int = 10, now: float | None = None) -> dict[str, Any]:
+    now = time.time() if now is None else now
+    s = config.remediation
+    state_file = StateFile(config.paths.state_dir)
+    with state_file.locked():
+        guard = Guard(s, GuardState.from_doc(state_file.read()))
+    st = guard.state
+    records = AuditLog(config.paths.state_dir).tail(5000)
+    actions = [r for r in records if r.get("event") in ("action", "page", "step")][-last:]
+    return {
+        "node": config.node,
+        "mode": s.mode,
+        "role": s.role,
+        "breaker": {"open": st.breaker_open, "reason": st.breaker_reason, "opened_at": st.breaker_opened_at},
+        "budget": {"limit": s.budget, "window_s": s.budget_window_s, "left": max(s.budget - guard.budget_used(now), 0)},
+        "in_flight": st.in_flight.to_doc() if st.in_flight else None,
+        "last_actions": [
+            {k: r.get(k) for k in ("ts", "event", "id", "action", "step", "problem", "outcome", "duration_s", "detail")}
+            for r in actions
+        ],
+        "audit": str(AuditLog(config.paths.state_dir).path),
+    }
+
+
+def render_status(doc: dict[str, Any]) -> str:
+    breaker = doc["breaker"]
+    budget = doc["budget"]
+    lines = [
+        f"node {doc['node']}: mode {doc['mode']}, role {doc['role'] or '-'}",
+        f"breaker: {'OPEN (' + str(breaker['reason']) + ')' if breaker['open'] else 'closed'}",
+        f"budget: {budget['left']} of {budget['limit']} actions left in {budget['window_s']:g} s",
+        f"in flight: {doc['in_flight']['action'] if doc['in_flight'] else 'nothing'}",
+        "last actions:" if doc["last_actions"] else "last actions: none",
+    ]
+    for r in doc["last_actions"]:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(r.get("ts") or 0)))
+        what = r.get("action") or r.get("step") or r.get("event")
+        took = f" in {r['duration_s']:g} s" if isinstance(r.get("duration_s"), int | float) else ""
+        lines.append(f"  {when} {what} {r.get('outcome')}{took} ({r.get('problem') or r.get('id') or ''})")
+    lines.append(f"audit: {doc['audit']}")
+    return "\n".join(lines)
+
+
+def reset(config: Config, now: float | None = None) -> None:
+    state_file = StateFile(config.paths.state_dir)
+    with state_file.locked():
+        guard = Guard(config.remediation, GuardState.from_doc(state_file.read()))
+        was_open = guard.state.breaker_open
+        guard.reset()
+        state_file.write(guard.state.to_doc())
+    AuditLog(config.paths.state_dir).append(
+        {"ts": time.time() if now is None else now, "event": "reset", "by": "dgxdoctor remediation reset",
+         "breaker_was_open": was_open}
+    )  # fmt: skip

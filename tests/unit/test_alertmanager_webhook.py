@@ -1,0 +1,113 @@
+"""``POST /alertmanager``: Alertmanager's real payloads accepted and queued, bad ones a 400 naming the problem,
+no or a wrong token a 401, never a 5xx; ``POST /remediation/step`` needs the token and a known step."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from conftest import FIXTURES
+from dgxdoctor.alerts.webhook import IncomingAlert, PayloadError, parse_payload
+from dgxdoctor.daemon.app import AppState, make_app
+from dgxdoctor.exporters.collector import make_registry
+from dgxdoctor.fleet.store import ResultStore
+
+TOKEN = "0123456789abcdef-token"  # what the captured Alertmanager config sent
+FIRING = (FIXTURES / "alertmanager" / "firing.json").read_bytes()
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def test_real_payloads_parse() -> None:
+    (alert,) = parse_payload(FIRING)
+    assert alert.status == "firing" and alert.fingerprint == "e233e67d778488bc"
+    assert alert.labels["dgxdoctor_action"] == "restart_vllm" and alert.labels["node"] == "dgx-a"
+    assert alert.started is not None and alert.started > 1.7e9  # nanosecond fraction read
+    (resolved,) = parse_payload((FIXTURES / "alertmanager" / "resolved.json").read_bytes())
+    assert resolved.status == "resolved"
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        (b"{not json", "not JSON"),
+        (b"[]", "JSON object"),
+        (json.dumps({"version": "3", "alerts": []}).encode(), "version"),
+        (json.dumps({"version": "4"}).encode(), "'alerts'"),
+        (json.dumps({"version": "4", "alerts": [1]}).encode(), r"alerts\[0\]"),
+        (json.dumps({"version": "4", "alerts": [{"status": "firing"}]}).encode(), "'labels'"),
+        (json.dumps({"version": "4", "alerts": [{"status": "odd", "labels": {}}]}).encode(), "status"),
+        (json.dumps({"version": "4", "alerts": [{"status": "firing", "labels": {"a": 1}}]}).encode(), "labels.a"),
+        (b"[" * 100_000, "JSON"),
+    ],
+)
+def test_bad_payloads_name_the_problem(body: bytes, named: str) -> None:
+    with pytest.raises(PayloadError, match=named):
+        parse_payload(body)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[tuple[TestClient[Any, Any], list[list[IncomingAlert]], list[str]]]:
+    store = ResultStore("dgx-a")
+    got: list[list[IncomingAlert]] = []
+    steps: list[str] = []
+
+    def alerts(items: list[IncomingAlert]) -> tuple[int, int]:
+        got.append(items)
+        return len(items), 0
+
+    async def step(name: str, action_id: str) -> tuple[int, dict[str, Any]]:
+        steps.append(name)
+        return 200, {"ok": True, "detail": "exit 0"}
+
+    state = AppState(store, make_registry(store), lambda: {"healthy": True}, TOKEN, None, alerts=alerts, step=step)
+    c: TestClient[Any, Any] = TestClient(TestServer(make_app(state), host="127.0.0.1"))
+    await c.start_server()
+    yield c, got, steps
+    await c.close()
+
+
+async def test_webhook_accepts_and_queues(client: Any) -> None:
+    c, got, _ = client
+    resp = await c.post("/alertmanager", data=FIRING, headers=AUTH)
+    assert resp.status == 200 and (await resp.json()) == {"accepted": 1, "ignored": 0}
+    assert got[0][0].fingerprint == "e233e67d778488bc"
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong-token-0123456"}, {"Authorization": TOKEN}])
+async def test_webhook_needs_the_token(client: Any, headers: dict[str, str]) -> None:
+    c, got, _ = client
+    resp = await c.post("/alertmanager", data=FIRING, headers=headers)
+    assert resp.status == 401 and not got
+
+
+@pytest.mark.parametrize("body", [b"", b"{", b'{"version": "4", "alerts": "x"}', b"\xff\xfe"])
+async def test_webhook_bad_body_is_400(client: Any, body: bytes) -> None:
+    c, got, _ = client
+    resp = await c.post("/alertmanager", data=body, headers=AUTH)
+    assert resp.status == 400 and "error" in await resp.json() and not got
+
+
+async def test_step_endpoint(client: Any) -> None:
+    c, _, steps = client
+    assert (await c.post("/remediation/step", json={"step": "ray_stop", "id": "a"})).status == 401
+    assert (await c.post("/remediation/step", data=b"[", headers=AUTH)).status == 400
+    assert (await c.post("/remediation/step", json={"step": 1}, headers=AUTH)).status == 400
+    resp = await c.post("/remediation/step", json={"step": "ray_stop", "id": "a"}, headers=AUTH)
+    assert resp.status == 200 and steps == ["ray_stop"]
+
+
+async def test_step_needs_a_configured_token(tmp_path: Path) -> None:
+    store = ResultStore("dgx-a")
+    state = AppState(store, make_registry(store), lambda: {"healthy": True}, None, None)
+    c: TestClient[Any, Any] = TestClient(TestServer(make_app(state), host="127.0.0.1"))
+    await c.start_server()
+    try:
+        resp = await c.post("/remediation/step", json={"step": "ray_stop", "id": "a"})
+        assert resp.status == 403
+    finally:
+        await c.close()

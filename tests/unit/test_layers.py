@@ -1,0 +1,107 @@
+"""Imports point down the layers of DESIGN.md's picture, and no two packages import each other.
+
+Every ``import dgxdoctor...`` in ``src/`` counts, also those inside functions and under ``TYPE_CHECKING``: a lazy
+import is still a dependency. A new top-level module or package needs a line in ``LAYERS``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "dgxdoctor"
+
+# Higher imports lower. Equal layers may not import each other, except the pairs in SIBLINGS.
+LAYERS = {
+    "dgxdoctor": 0,  # the package itself: __version__
+    "result": 0,
+    "report": 1,
+    "sources": 1,  # read the world: thin readers and pure parse_*(); no verdicts
+    "probes": 1,  # run in the serving Python: stdlib only at import
+    "environment": 2,
+    "judge": 3,  # verdicts per failure domain, shared by checks and diagnose
+    "fleet": 3,  # the results store, peer snapshots, the node comparison
+    "checks": 4,
+    "diagnose": 4,
+    "config": 5,  # assembles the [checks.*] tables from the registry
+    "config_doc": 6,
+    "exporters": 7,
+    "alerts": 7,
+    "remediation": 7,
+    "dashboards": 7,
+    "plan_report": 8,  # renders a layout plan for the cli
+    "daemon": 8,
+    "cli": 9,
+    "__main__": 10,
+}
+SIBLINGS = {("alerts", "remediation")}
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    return ".".join(rel.parts).removesuffix(".__init__")
+
+
+def imports() -> dict[tuple[str, str], set[str]]:
+    """(importing unit, imported unit) -> the importing modules."""
+    edges: dict[tuple[str, str], set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if node.module == "dgxdoctor":
+                    targets = [f"dgxdoctor.{alias.name}" for alias in node.names]
+                elif node.module.startswith("dgxdoctor."):
+                    targets = [node.module]
+            elif isinstance(node, ast.ImportFrom) and node.level > 0:
+                raise AssertionError(f"{module}: relative import; use the absolute dgxdoctor.* name")
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names if alias.name.startswith("dgxdoctor.")]
+            for target in targets:
+                src, dst = _unit(module), _unit(target)
+                if target == "dgxdoctor.__version__":
+                    dst = "dgxdoctor"
+                if src != dst:
+                    edges.setdefault((src, dst), set()).add(module)
+    return edges
+
+
+def test_every_module_has_a_layer() -> None:
+    units = {_unit(_module_name(p)) for p in PACKAGE.rglob("*.py")}
+    assert sorted(units - set(LAYERS)) == [], "add the new module or package to LAYERS (see DESIGN.md's picture)"
+
+
+def test_imports_point_down_the_layers() -> None:
+    upward = [
+        f"{src} -> {dst} ({', '.join(sorted(modules))})"
+        for (src, dst), modules in sorted(imports().items())
+        if src in LAYERS and dst in LAYERS and LAYERS[dst] >= LAYERS[src] and (src, dst) not in SIBLINGS
+    ]
+    assert upward == []
+
+
+def test_no_package_cycles() -> None:
+    edges = set(imports())
+    cycles = sorted(f"{a} <-> {b}" for a, b in edges if (b, a) in edges and a < b)
+    assert cycles == []
+
+
+def test_sources_hold_no_verdicts() -> None:
+    """Readers and parsers return values; Status and Finding are decided in judge/ (and the checks)."""
+    deciding = sorted(
+        mod for (src, dst), mods in imports().items() if src == "sources" and dst == "result" for mod in mods
+    )
+    assert deciding == []
+
+
+def test_checks_and_diagnose_share_verdicts_through_judge() -> None:
+    edges = imports()
+    assert ("checks", "diagnose") not in edges
+    assert ("diagnose", "checks") not in edges
+    assert ("checks", "daemon") not in edges and ("exporters", "daemon") not in edges

@@ -1,0 +1,55 @@
+"""``dgxdoctor remediation status [--json]`` and ``reset`` against a state dir, the daemon not running."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import run_cli
+from dgxdoctor.remediation.audit import AuditLog, StateFile
+
+
+def config(tmp_path: Path, extra: str = "") -> str:
+    path = tmp_path / "config.toml"
+    path.write_text(f'node = "dgx-a"\n[paths]\nstate_dir = "{tmp_path}"\n[remediation]\nbudget = 2\n{extra}')
+    return str(path)
+
+
+def test_status_of_a_fresh_node(tmp_path: Path) -> None:
+    done = run_cli("remediation", "status", "--json", "--config", config(tmp_path))
+    assert done.returncode == 0, done.stderr
+    doc = done.json()
+    assert doc["mode"] == "observe" and doc["breaker"]["open"] is False and doc["budget"]["left"] == 2
+    assert doc["last_actions"] == []
+
+
+def test_status_shows_the_breaker_and_reset_closes_it(tmp_path: Path) -> None:
+    import time
+
+    now = time.time()
+    StateFile(tmp_path).write(
+        {"breaker": {"open": True, "reason": "budget of 2 actions per 3600 s spent", "opened_at": now},
+         "actions": [{"action": "restart_vllm", "at": now - 10}, {"action": "restart_cluster", "at": now - 5}]}
+    )  # fmt: skip
+    AuditLog(tmp_path).append({"ts": now - 5, "event": "action", "action": "restart_cluster", "outcome": "failed",
+                               "duration_s": 42.5, "problem": "check:ray:restart_cluster"})  # fmt: skip
+    cfg = config(tmp_path, 'mode = "act"\nrole = "head"\n')
+    text = run_cli("remediation", "status", "--config", cfg)
+    assert text.returncode == 0, text.stderr
+    assert "breaker: OPEN (budget of 2" in text.stdout and "restart_cluster failed in 42.5 s" in text.stdout
+    assert "budget: 0 of 2" in text.stdout
+    done = run_cli("remediation", "reset", "--config", cfg)
+    assert done.returncode == 0 and "breaker closed" in done.stdout
+    doc = run_cli("remediation", "status", "--json", "--config", cfg).json()
+    assert doc["breaker"]["open"] is False and doc["budget"]["left"] == 2
+    assert AuditLog(tmp_path).tail(1)[0]["event"] == "reset"
+
+
+def test_act_mode_without_a_role_is_a_config_error(tmp_path: Path) -> None:
+    done = run_cli("remediation", "status", "--config", config(tmp_path, 'mode = "act"\n'))
+    assert done.returncode == 78 and "remediation" in done.stderr and "role" in done.stderr
+
+
+def test_a_corrupt_state_file_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "remediation-state.json").write_text("{")
+    done = run_cli("remediation", "status", "--config", config(tmp_path))
+    assert done.returncode == 1 and "cannot read the remediation state" in done.stderr

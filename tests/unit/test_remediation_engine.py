@@ -1,0 +1,172 @@
+"""The remediation loop with real commands (argv lists) in a temporary state dir; vLLM and Alertmanager are
+answered by an httpx transport at the HTTP boundary (the end-to-end tests run the real ones)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from dgxdoctor.alerts.webhook import IncomingAlert
+from dgxdoctor.config import AlertsSettings, RemediationSettings
+from dgxdoctor.daemon.remediation import make_pager
+from dgxdoctor.remediation.actions import VllmTarget
+from dgxdoctor.remediation.audit import AuditLog, StateFile
+from dgxdoctor.remediation.engine import Remediator, Targets
+from dgxdoctor.result import CheckResult, Finding, Status
+
+DEAD = CheckResult("vllm", Status.CRITICAL, "dead", (Finding("VLLM_DEAD", Status.CRITICAL, "refused"),))
+
+
+def vllm_app(requests: list[str], healthy: bool = True) -> httpx.MockTransport:
+    def handle(request: httpx.Request) -> httpx.Response:
+        requests.append(f"{request.method} {request.url.path}")
+        if request.url.path == "/health":
+            return httpx.Response(200 if healthy else 503)
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "tiny"}]})
+        if request.url.path == "/v1/chat/completions":
+            return httpx.Response(200, json={"usage": {"completion_tokens": 4}})
+        if request.url.path == "/api/v2/alerts":
+            requests.append(request.content.decode())
+            return httpx.Response(200)
+        return httpx.Response(404)
+
+    return httpx.MockTransport(handle)
+
+
+async def test_back_after_a_restart_climbs_the_ladder_into_the_breaker(tmp_path: Path) -> None:
+    results = {"vllm": DEAD}
+    r = remediator(tmp_path, vllm_app([]), results, budget=1)
+    await settle(r)
+    results["vllm"] = CheckResult("vllm", Status.CRITICAL, "dead", DEAD.findings, started_at=r.clock() + 1)
+    await settle(r)
+    last = events(tmp_path)[-1]
+    assert (last["verdict"], last["action"]) == ("refuse", "restart_cluster") and "breaker opened" in last["reason"]
+    assert r.metrics()["breaker_open"] and StateFile(tmp_path).read()["breaker"]["open"]
+
+
+def remediator(
+    tmp_path: Path, transport: httpx.BaseTransport, results: dict[str, CheckResult], **kw: Any
+) -> Remediator:
+    cfg: dict[str, Any] = {"mode": "act", "role": "head", "hold_s": 0, "vllm_start_grace_s": 0, "verify_timeout_s": 1}
+    cfg["commands"] = {"restart_vllm": ["true"], **kw.pop("commands", {})}
+    settings = RemediationSettings(**{**cfg, **kw})
+    targets = Targets(VllmTarget("http://vllm:8000", "tiny"), "http://ray:8265", 2, 16, (), "t" * 16)
+    pager = make_pager(AlertsSettings(alertmanager_url="http://am:9093"), transport)
+    return Remediator(settings, pager, "dgx-a", tmp_path, targets, lambda: results, transport=transport)
+
+
+async def settle(r: Remediator) -> None:
+    await r.evaluate()
+    for _ in range(200):
+        if not r.busy.locked() and StateFile(r.state_file.dir).read().get("in_flight") is None:
+            return
+        await asyncio.sleep(0.02)
+
+
+def events(tmp_path: Path) -> list[dict[str, Any]]:
+    return AuditLog(tmp_path).tail(100)
+
+
+async def test_a_dead_vllm_is_restarted_verified_and_audited(tmp_path: Path) -> None:
+    seen: list[str] = []
+    r = remediator(tmp_path, vllm_app(seen), {"vllm": DEAD})
+    await settle(r)
+    kinds = [e["event"] for e in events(tmp_path)]
+    assert kinds == ["decision", "action_started", "action"]
+    action = events(tmp_path)[-1]
+    assert action["outcome"] == "success" and action["steps"][0]["argv"] == ["true"]
+    assert action["verification"]["ok"] is True
+    assert seen == ["GET /health", "GET /v1/models", "POST /v1/chat/completions"]
+    assert r.metrics()["actions"] == {("restart_vllm", "success"): 1}
+    await r.evaluate()  # the result from before the restart is stale: nothing new
+    assert len(events(tmp_path)) == 3
+
+
+async def test_a_failed_verification_is_a_failed_action(tmp_path: Path) -> None:
+    r = remediator(tmp_path, vllm_app([], healthy=False), {"vllm": DEAD})
+    await settle(r)
+    action = events(tmp_path)[-1]
+    assert action["outcome"] == "failed" and "not healthy" in action["verification"]["detail"]
+
+
+async def test_a_failing_command_stops_before_verification(tmp_path: Path) -> None:
+    seen: list[str] = []
+    r = remediator(tmp_path, vllm_app(seen), {"vllm": DEAD}, commands={"restart_vllm": ["false"]})
+    await settle(r)
+    action = events(tmp_path)[-1]
+    assert action["outcome"] == "failed" and action["steps"][0]["returncode"] == 1 and seen == []
+
+
+async def test_observe_mode_never_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    r = remediator(tmp_path, vllm_app([]), {"vllm": DEAD}, mode="observe",
+                   commands={"restart_vllm": ["touch", str(marker)]})  # fmt: skip
+    for _ in range(3):
+        await settle(r)
+    assert not marker.exists()
+    assert [e["verdict"] for e in events(tmp_path)] == ["observe"]  # logged once, not every evaluation
+
+
+async def test_an_interrupted_action_is_recorded_and_not_repeated(tmp_path: Path) -> None:
+    now = 1_000_000.0
+    StateFile(tmp_path).write(
+        {"in_flight": {"id": "abc", "action": "restart_vllm", "key": "check:vllm:restart_vllm", "started_at": now - 5,
+                       "pid": 99999}, "last": {"restart_vllm": now - 5}, "actions": [{"action": "restart_vllm",
+                       "at": now - 5}], "attempts": {}, "onset": {}}
+    )  # fmt: skip
+    r = remediator(tmp_path, vllm_app([]), {"vllm": DEAD})
+    r.clock = lambda: now
+    r.recover()
+    record = events(tmp_path)[0]
+    results_now = CheckResult("vllm", Status.CRITICAL, "dead", DEAD.findings, started_at=now + 1)
+    r.latest = lambda: {"vllm": results_now}
+    assert (record["event"], record["outcome"], record["id"]) == ("action", "interrupted", "abc")
+    assert StateFile(tmp_path).read()["in_flight"] is None
+    await settle(r)
+    assert "cooldown" in events(tmp_path)[-1]["reason"]  # not blindly repeated
+
+
+async def test_webhook_alerts_are_idempotent_per_fingerprint(tmp_path: Path) -> None:
+    r = remediator(tmp_path, vllm_app([]), {})
+    labels = {"alertname": "DgxdoctorVllmDown", "node": "dgx-a", "dgxdoctor_action": "restart_vllm"}
+    alert = IncomingAlert("firing", labels, "f1", "2026-11-30T10:00:00Z", 1.0)
+    other = IncomingAlert("firing", {**labels, "node": "dgx-b"}, "f2", "2026-11-30T10:00:00Z", 1.0)
+    assert r.accept_alerts([alert, other]) == (1, 1)
+    assert r.accept_alerts([alert]) == (0, 1)  # Alertmanager's repeat: the same firing episode
+    await settle(r)
+    assert [e["event"] for e in events(tmp_path)] == ["decision", "action_started", "action"]
+    assert r.accept_alerts([alert]) == (0, 1)
+
+
+async def test_ladder_end_pages_through_alertmanager(tmp_path: Path) -> None:
+    seen: list[str] = []
+    r = remediator(tmp_path, vllm_app(seen), {"xid": CheckResult("xid", Status.CRITICAL, "x", (
+        Finding("IB_PORT_DOWN", Status.CRITICAL, "mlx5_0/1 down"),))})  # fmt: skip
+    await settle(r)
+    page = events(tmp_path)[-1]
+    assert page["event"] == "page" and page["outcome"] == "sent"
+    posted = json.loads(seen[-1])
+    assert posted[0]["labels"]["alertname"] == "DgxdoctorRemediationPage" and posted[0]["labels"]["node"] == "dgx-a"
+
+
+async def test_worker_runs_only_its_own_steps_when_acting(tmp_path: Path) -> None:
+    marker = tmp_path / "stopped"
+    r = remediator(tmp_path, vllm_app([]), {}, role="worker", commands={"ray_stop": ["touch", str(marker)]})
+    assert (await r.run_step("rm -rf /", "x"))[0] == 400
+    status, answer = await r.run_step("ray_stop", "id1")
+    assert status == 200 and answer["ok"] and marker.exists()
+    observer = remediator(tmp_path / "o", vllm_app([]), {}, mode="observe", role="worker")
+    assert (await observer.run_step("ray_stop", "id2"))[0] == 409
+
+
+@pytest.mark.parametrize("doc", ["[]", "{not json"])
+def test_a_corrupt_state_file_is_an_error_not_a_reset(tmp_path: Path, doc: str) -> None:
+    (tmp_path / "remediation-state.json").write_text(doc)
+    with pytest.raises(ValueError):
+        StateFile(tmp_path).read()

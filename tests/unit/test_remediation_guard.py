@@ -1,0 +1,102 @@
+"""The guard: every limit, in the order an operator expects, and its state surviving a restart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dgxdoctor.config import RemediationSettings
+from dgxdoctor.remediation.guard import Guard, GuardState
+from dgxdoctor.remediation.policy import Problem
+
+VLLM = Problem("check:vllm:restart_vllm", "restart_vllm", "check", "VLLM_DEAD: refused")
+RAY = Problem("check:ray:restart_cluster", "restart_cluster", "check", "RAY_NODE_DEAD")
+
+
+def guard(**kw: Any) -> Guard:
+    base: dict[str, Any] = {"mode": "act", "role": "head", "hold_s": 10, "vllm_start_grace_s": 60, "budget": 2}
+    return Guard(RemediationSettings(**{**base, **kw}))
+
+
+def seen(g: Guard, problem: Problem, at: float) -> None:
+    g.observe([problem], at, "check")
+
+
+def test_observe_mode_decides_but_never_acts() -> None:
+    g = guard(mode="observe")
+    seen(g, VLLM, 0)
+    d = g.decide(VLLM, 100, None)
+    assert d.verdict == "observe" and "would restart_vllm" in d.reason
+
+
+def test_hold_then_act_then_cooldown() -> None:
+    g = guard()
+    seen(g, VLLM, 0)
+    assert g.decide(VLLM, 5, None).verdict == "hold"
+    d = g.decide(VLLM, 10, None)
+    assert d.verdict == "act" and d.action == "restart_vllm"
+    g.begin(d, "a1", 10, 1)
+    assert g.decide(VLLM, 11, None).verdict == "refuse"  # one at a time
+    g.finish(20)
+    seen(g, VLLM, 21)  # the episode ended: the condition must hold again
+    assert g.decide(VLLM, 25, None).verdict == "hold"
+
+
+def test_start_grace_holds_while_vllm_loads() -> None:
+    g = guard()
+    seen(g, VLLM, 0)
+    d = g.decide(VLLM, 100, vllm_uptime_s=30)
+    assert d.verdict == "hold" and "grace" in d.reason
+    assert g.decide(VLLM, 100, vllm_uptime_s=61).verdict == "act"
+
+
+def test_ladder_then_budget_opens_the_breaker_until_reset() -> None:
+    g = guard(cooldown_s={"restart_vllm": 0, "restart_cluster": 0, "page": 0})
+    t = 0.0
+    for expected in ("restart_vllm", "restart_cluster"):
+        seen(g, VLLM, t)
+        d = g.decide(VLLM, t + 10, None)
+        assert (d.verdict, d.action) == ("act", expected)
+        g.begin(d, expected, t + 10, 1)
+        g.finish(t + 20)
+        t += 30
+    seen(g, VLLM, t)
+    d = g.decide(VLLM, t + 10, None)
+    assert (d.verdict, d.action) == ("page", "page")  # the ladder ends at a page, nothing runs
+    g2 = guard(budget=1, cooldown_s={"restart_vllm": 0, "restart_cluster": 0, "page": 0})
+    seen(g2, RAY, 0)
+    d = g2.decide(RAY, 10, None)
+    g2.begin(d, "x", 10, 1)
+    g2.finish(20)
+    seen(g2, RAY, 20)
+    g2.state.attempts.clear()  # a different problem, same budget
+    d = g2.decide(RAY, 40, None)
+    assert d.verdict == "refuse" and g2.state.breaker_open
+    assert g2.decide(RAY, 10_000, None).verdict == "refuse"  # stays open after the window
+    g2.reset()
+    assert not g2.state.breaker_open and g2.budget_used(10_000) == 0
+
+
+def test_only_the_head_orchestrates_cluster_restarts() -> None:
+    g = guard(role="worker")
+    seen(g, RAY, 0)
+    d = g.decide(RAY, 100, None)
+    assert d.verdict == "refuse" and "head" in d.reason
+
+
+def test_state_round_trips_with_an_action_in_flight() -> None:
+    g = guard()
+    seen(g, VLLM, 0)
+    d = g.decide(VLLM, 10, None)
+    g.begin(d, "a1", 10, 4242)
+    again = GuardState.from_doc(g.state.to_doc())
+    assert again.in_flight is not None and again.in_flight.id == "a1" and again.in_flight.pid == 4242
+    assert again.last == {"restart_vllm": 10} and again.attempts == g.state.attempts
+    assert GuardState.from_doc({}) == GuardState()
+
+
+def test_a_condition_that_clears_starts_over() -> None:
+    g = guard()
+    seen(g, VLLM, 0)
+    g.observe([], 5, "check")
+    seen(g, VLLM, 8)
+    assert g.decide(VLLM, 12, None).verdict == "hold"
