@@ -257,6 +257,29 @@ def judge(
     if names:
         b.facts["gpu_name"] = ",".join(names)
 
+    _judge_inventory(b, nvml, settings, names, pci_gpus)
+    for g in gpus:
+        if g.unreadable is not None:
+            b.finding(
+                "GPU_LOST" if g.lost else "GPU_UNREADABLE",
+                Status.CRITICAL,
+                f"GPU {g.index} cannot be read over NVML: {g.unreadable}",
+                f"gpu{g.index}",
+                remedy="the GPU fell off the bus or needs a reset: look for XID 79/48/94/95 in the kernel log, "
+                "drain the node and reboot it; if it recurs, the GPU needs service",
+            )
+            continue
+        _judge_gpu(b, g, settings)
+
+    return b.build(_summary(b, gpus), _action(b, gpus))
+
+
+def _judge_inventory(
+    b: ResultBuilder, nvml: NvmlSweep, settings: GpuSettings, names: list[str], pci_gpus: Sequence[PciDevice]
+) -> None:
+    """Count and models: against the settings, against each other, and against the PCI bus."""
+    gpus = nvml.gpus
+    readable = [g for g in gpus if g.unreadable is None]
     if settings.expected_count and len(gpus) != settings.expected_count:
         b.finding(
             "GPU_COUNT_MISMATCH",
@@ -285,21 +308,6 @@ def judge(
                     g.subject,
                     remedy="wrong node or wrong hardware: check the inventory and the configured expected_model",
                 )
-
-    for g in gpus:
-        if g.unreadable is not None:
-            b.finding(
-                "GPU_LOST" if g.lost else "GPU_UNREADABLE",
-                Status.CRITICAL,
-                f"GPU {g.index} cannot be read over NVML: {g.unreadable}",
-                f"gpu{g.index}",
-                remedy="the GPU fell off the bus or needs a reset: look for XID 79/48/94/95 in the kernel log, "
-                "drain the node and reboot it; if it recurs, the GPU needs service",
-            )
-            continue
-        _judge_gpu(b, g, settings)
-
-    return b.build(_summary(b, gpus), _action(b, gpus))
 
 
 def _judge_gpu(b: ResultBuilder, g: GpuSnapshot, s: GpuSettings) -> None:

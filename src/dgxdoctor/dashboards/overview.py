@@ -33,9 +33,14 @@ FACT = f'dgxdoctor_node_fact_info{{{NODE}, key!~"{_IGNORED}"}}'
 DISTINCT_VALUES = f"count by (key) (count by (key, value) ({FACT}))"
 STATUS = f"max by (node, check) (dgxdoctor_check_status{{{NODE}}})"
 RED_ABOVE_ZERO = thresholds((None, "green"), (1e-9, "red"))
+PER_GPU = "{{node}} GPU {{gpu}}"
 
 
 def health() -> Panels:
+    return [*_check_health(), *_alerts_and_timing()]
+
+
+def _check_health() -> Panels:
     return [
         row("Health: every check on every node"),
         table(
@@ -62,6 +67,11 @@ def health() -> Panels:
             STATUS_MAPPINGS,
             height=10,
         ),
+    ]
+
+
+def _alerts_and_timing() -> Panels:
+    return [
         table(
             "Alerts from the shipped rules",
             "dgxdoctor's alert rules (src/dgxdoctor/alerts/) pending or firing in this Prometheus, per node. Each "
@@ -110,6 +120,10 @@ def health() -> Panels:
 
 
 def peers() -> Panels:
+    return [*_peers_and_drift(), *_peer_balance()]
+
+
+def _peers_and_drift() -> Panels:
     return [
         row("Peers, drift and imbalance between the nodes"),
         state_timeline(
@@ -148,6 +162,11 @@ def peers() -> Panels:
             width=8,
             height=6,
         ),
+    ]
+
+
+def _peer_balance() -> Panels:
+    return [
         table(
             "Differing facts",
             "Each fact that has more than one value, with the value on each node. Empty when the nodes agree.",
@@ -195,7 +214,10 @@ def _deviation_legend(record: str) -> str:
 
 
 def gpus() -> Panels:
-    per_gpu = "{{node}} GPU {{gpu}}"
+    return [*_gpu_load(), *_gpu_thermal_and_power(), *_gpu_clocks_and_links()]
+
+
+def _gpu_load() -> Panels:
     return [
         row("GPUs per node"),
         timeseries(
@@ -203,7 +225,7 @@ def gpus() -> Panels:
             "Fraction of time a kernel ran, per GPU. Serving with tensor parallelism keeps all 16 GPUs of both "
             "nodes busy together: one node idle while the other works means its ranks are stuck or gone (check "
             "Ray and the XID panel); all idle under load means the engine is hung (Serving dashboard).",
-            [Q(f"dgxdoctor_gpu_utilization_ratio{{{NODE}}}", per_gpu)],
+            [Q(f"dgxdoctor_gpu_utilization_ratio{{{NODE}}}", PER_GPU)],
             "percentunit",
             min_val=0,
             max_val=1,
@@ -214,17 +236,22 @@ def gpus() -> Panels:
             "Framebuffer in use over total, per GPU. vLLM reserves the same share on every GPU "
             "(--gpu-memory-utilization): a GPU far below the others has lost its worker. Near 1.0 outside vLLM's "
             "reservation: another process holds memory (`nvidia-smi`).",
-            [Q(f"dgxdoctor_gpu_memory_used_bytes{{{NODE}}} / dgxdoctor_gpu_memory_total_bytes{{{NODE}}}", per_gpu)],
+            [Q(f"dgxdoctor_gpu_memory_used_bytes{{{NODE}}} / dgxdoctor_gpu_memory_total_bytes{{{NODE}}}", PER_GPU)],
             "percentunit",
             min_val=0,
             max_val=1,
             width=6,
         ),
+    ]
+
+
+def _gpu_thermal_and_power() -> Panels:
+    return [
         timeseries(
             "GPU temperature margin",
             "Degrees left below the GPU's maximum operating temperature (nvidia-smi T.Limit). At 0 the clocks drop. "
             "Red below 5 °C: check the airflow and fans of that chassis, and the clock-event panel.",
-            [Q(f"dgxdoctor_gpu_temperature_margin_celsius{{{NODE}}}", per_gpu)],
+            [Q(f"dgxdoctor_gpu_temperature_margin_celsius{{{NODE}}}", PER_GPU)],
             "celsius",
             steps=thresholds((None, "red"), (5, "yellow"), (15, "green")),
             lines=True,
@@ -234,7 +261,7 @@ def gpus() -> Panels:
             "GPU temperature",
             "GPU core temperature. Compare the nodes: one chassis running hotter under the same load points at "
             "its cooling.",
-            [Q(f"dgxdoctor_gpu_temperature_celsius{{{NODE}}}", per_gpu)],
+            [Q(f"dgxdoctor_gpu_temperature_celsius{{{NODE}}}", PER_GPU)],
             "celsius",
             width=6,
         ),
@@ -243,12 +270,17 @@ def gpus() -> Panels:
             "Power per GPU against the enforced limit. Draw pinned at the limit with clock events: power capping; "
             "a limit below the default: someone lowered it (`nvidia-smi -q -d POWER`).",
             [
-                Q(f"dgxdoctor_gpu_power_watts{{{NODE}}}", per_gpu),
+                Q(f"dgxdoctor_gpu_power_watts{{{NODE}}}", PER_GPU),
                 Q(f"max by (node) (dgxdoctor_gpu_power_limit_watts{{{NODE}}})", "{{node}} limit"),
             ],
             "watt",
             width=8,
         ),
+    ]
+
+
+def _gpu_clocks_and_links() -> Panels:
+    return [
         timeseries(
             "Clock events holding clocks down",
             "GPUs whose clocks are held down, by reason (thermal, power brake, HW slowdown). Sustained thermal or "
