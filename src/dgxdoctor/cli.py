@@ -132,9 +132,9 @@ def check(config_path: Path | None, as_json: bool, only: str | None, skip: str |
     checks = build_checks(config, env, _names(only), _names(skip))
     results = asyncio.run(CheckRunner(env).run_once(checks))
     if as_json:
-        click.echo(json.dumps(report_dict(env.node, results), indent=2))
+        click.echo(json.dumps(report_dict(env.node, results, env.role), indent=2))
     else:
-        click.echo(report_table(env.node, results, verbose))
+        click.echo(report_table(env.node, results, verbose, env.role))
     sys.exit(exit_code(overall_status(results)))
 
 

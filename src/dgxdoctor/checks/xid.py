@@ -4,8 +4,10 @@ By hand: ``dmesg -T | grep -E 'NVRM: Xid|SXid|fallen off the bus'`` (or ``journa
 
 One-shot (``dgxdoctor check``): reads the kernel log buffer since boot (or the last ``lookback_s``).
 In the daemon, :meth:`XidCheck.start` (called by the runner before the first run) follows the log until
-:meth:`XidCheck.stop`: a daemon thread folds each new record in within a second (see sources/kmsg.py), and
-``run()`` only reports the state. When not following, each ``run()`` reads what is new since the previous run.
+:meth:`XidCheck.stop`: a daemon thread folds each new record in within milliseconds (see sources/kmsg.py) and,
+when it counted an XID or SXID, asks the daemon to run the check at once (``env.fleet.wake``), so /metrics and
+/state show it without waiting for the interval; ``run()`` only reports the state. When not following, each
+``run()`` reads what is new since the previous run.
 In the daemon, counts are per boot and survive a restart of the daemon (checks/xid_memory.py: what is kept, and
 how the window and the records lost are stated truthfully).
 
@@ -205,7 +207,7 @@ class XidCheck(Check):
         if self.cfg.nvml_events and self._nvml_follower is None:
             self._start_nvml()
         self._open()
-        self._follower = KmsgFollower(self.reader, self.ledger.ingest)
+        self._follower = KmsgFollower(self.reader, self._followed)
         self._follower.start()
 
     def _start_nvml(self) -> None:
@@ -216,7 +218,7 @@ class XidCheck(Check):
             log.warning("nvml_xid_events_unavailable", error=str(exc))
             return
         self._nvml_note = None
-        self._nvml_follower = NvmlXidFollower(source, self.ledger.ingest_nvml)
+        self._nvml_follower = NvmlXidFollower(source, self._followed_nvml)
         self._nvml_follower.start()
 
     def stop(self) -> None:
@@ -250,6 +252,24 @@ class XidCheck(Check):
 
     def count(self, pci_bus_id: str, xid: int) -> int:
         return self.ledger.count(pci_bus_id, xid)
+
+    def _followed(self, records: list[KmsgRecord]) -> None:
+        if self.ledger.ingest(records):
+            self._wake()
+
+    def _followed_nvml(self, events: list[tuple[str, int]]) -> None:
+        if self.ledger.ingest_nvml(events):
+            self._wake()
+
+    def _wake(self) -> None:
+        """A follower counted something: ask the daemon to run this check now, so /metrics and /state show it."""
+        fleet = self.env.fleet
+        if fleet is None:
+            return
+        try:
+            fleet.wake(self.name)
+        except Exception as exc:  # the follower must keep reading whatever the daemon's side does
+            log.warning("xid_wake_failed", error=f"{type(exc).__name__}: {exc}")
 
     # --- run ----------------------------------------------------------------------------------------
 
@@ -286,7 +306,7 @@ class XidCheck(Check):
         if memory.last_seq is not None and self.reader.is_device:
             self.reader.resume_after(memory.last_seq)
         self._memory = memory
-        self._saved = (self.ledger.changes, memory.last_seq, memory.lost)
+        self._saved = (self.ledger.counted + self.ledger.restored, memory.last_seq, memory.lost)
         log.info("xid_memory_restored", xids=len(memory.xids), sxids=len(memory.sxids), last_seq=memory.last_seq)
 
     def _window(self) -> tuple[bool, float | None, int]:
@@ -318,7 +338,7 @@ class XidCheck(Check):
         if memory is None or last_seq is None:
             return
         from_boot, start, lost = self._window()
-        marker = (self.ledger.changes, last_seq, lost)
+        marker = (self.ledger.counted + self.ledger.restored, last_seq, lost)
         if marker == self._saved:
             return
         xids, sxids = self.ledger.snapshot()
