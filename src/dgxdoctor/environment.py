@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
@@ -17,6 +17,11 @@ from dgxdoctor.sources.commands import CommandRunner, run_command
 
 if TYPE_CHECKING:
     from dgxdoctor.sources.nvml import NvmlClient
+
+
+# What a node is in the deployment (``[node] role``): the head runs the Ray head and vLLM's API server, a worker
+# runs a raylet. None: not declared, so nothing is required and what is absent is SKIPPED.
+Role = Literal["head", "worker"]
 
 
 def _default_nvml() -> NvmlClient:
@@ -56,6 +61,9 @@ class Fleet:
 
     local_state: Callable[[str], dict[str, Any]]
     peers: Callable[[], Peers]
+    # Run this check now (thread-safe): an event source calls it when it counted something, so the event reaches
+    # /metrics and /state at once rather than at the check's next interval.
+    wake: Callable[[str], None] = lambda name: None
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,7 @@ class Environment:
     """Where the outside world is. Every path is a root so a test can lay out a copy of the real tree."""
 
     node: str = field(default_factory=socket.gethostname)
+    role: Role | None = None
     sysfs_root: Path = Path("/sys")
     proc_root: Path = Path("/proc")
     kmsg_path: Path = Path("/dev/kmsg")
@@ -85,3 +94,13 @@ class Environment:
 
         inner = self.http_transport or httpx.HTTPTransport(verify=tls_context())
         return httpx.Client(base_url=base_url, timeout=timeout_s, transport=CappedTransport(inner))
+
+    def async_http_client(self, timeout_s: float = 5.0) -> httpx.AsyncClient:
+        """The same for asyncio (a transport injected for tests must also be an ``httpx.AsyncBaseTransport``)."""
+        from dgxdoctor.sources.http import AsyncCappedTransport
+
+        injected = self.http_transport
+        if injected is not None and not isinstance(injected, httpx.AsyncBaseTransport):
+            raise TypeError(f"{type(injected).__name__} cannot serve an async client")
+        inner = injected if injected is not None else httpx.AsyncHTTPTransport(verify=tls_context())
+        return httpx.AsyncClient(timeout=timeout_s, transport=AsyncCappedTransport(inner))

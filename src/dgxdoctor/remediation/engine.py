@@ -17,7 +17,7 @@ import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
@@ -156,7 +156,7 @@ class Remediator:
                 self.firing.pop(alert.fingerprint, None)
                 ignored += 1
                 continue
-            problem = problem_from_alert(alert.labels, self.node, alert.started)
+            problem = problem_from_alert(alert.labels, self.node, alert.started or self.clock())
             if problem is None or self.seen.get(alert.fingerprint) == alert.starts_at:
                 ignored += 1
                 continue
@@ -168,6 +168,9 @@ class Remediator:
         if accepted:
             self.wake.set()
         return accepted, ignored
+
+    def _fresh_alert(self, problem: Problem) -> bool:
+        return self.finished_at is None or problem.since is None or problem.since > self.finished_at
 
     def poke(self) -> None:
         self.wake.set()
@@ -200,7 +203,8 @@ class Remediator:
     async def evaluate(self) -> None:
         now = self.clock()
         latest = self.latest()
-        alerts = list({p.key: p for p in self.firing.values()}.values())
+        # An alert that began firing before the last action ended describes the world before it: stale too.
+        alerts = list({p.key: p for p in self.firing.values() if self._fresh_alert(p)}.values())
         # Results of runs that started before the last action ended describe the world before it: stale.
         fresh = [r for r in latest.values() if self.finished_at is None or r.started_at > self.finished_at]
         checks = problems_from_results(fresh, self.xid_resolution)
@@ -217,6 +221,13 @@ class Remediator:
             guard.observe(alerts, now, "alert")
             decisions = [guard.decide(p, now, vllm_uptime(latest)) for p in checks + alerts]
             chosen = next((d for d in decisions if d.verdict in ("act", "page")), None)
+            # One action per evaluation: another problem asking for one in the same breath waits its turn.
+            decisions = [
+                d if d is chosen or d.verdict not in ("act", "page") else replace(d, verdict="refuse",
+                reason=f"{chosen.action if chosen else ''} chosen for {chosen.problem.key if chosen else ''}: one "
+                "action at a time")
+                for d in decisions
+            ]  # fmt: skip
             action_id = uuid.uuid4().hex[:12]
             if chosen is not None and chosen.verdict == "act" and not self.busy.locked():
                 guard.begin(chosen, action_id, now, os.getpid())
