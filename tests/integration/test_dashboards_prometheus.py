@@ -66,7 +66,6 @@ NO_DATA_HERE: dict[str, str] = {
 # Metrics other parts of dgxdoctor add; until this build exports them their panels are listed, not failed.
 NOT_IN_THIS_BUILD = {
     "dgxdoctor_probe_timeouts_total": "per-probe timeouts",
-    "dgxdoctor_vllm_seconds_since_progress": "vLLM progress age",
 }
 # Names of older vLLM releases, read beside their newer names (vLLM 0.32 here exports only the newer ones).
 OLDER_VLLM = {
