@@ -72,7 +72,6 @@ class DaemonSettings(_Frozen):
         description="also write the exposition here for node_exporter's textfile collector (a *.prom file)",
     )
     textfile_interval_s: float = Field(15.0, gt=0, description="seconds between textfile writes")
-    history: int = Field(20, ge=1, le=1000, description="results kept per check for /state and transitions")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
 
     @field_validator("listen")

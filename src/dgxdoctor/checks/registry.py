@@ -31,6 +31,3 @@ ALL_CHECKS: tuple[CheckFactory, ...] = (
     PeerCompareCheck,
 )
 
-
-def by_name() -> dict[str, CheckFactory]:
-    return {factory.name: factory for factory in ALL_CHECKS}

@@ -1,7 +1,7 @@
-"""The result store: the latest result of every check, a short history, and status transitions.
+"""The result store: the latest result of every check, runs per check, and status transitions.
 
-The exporter, ``/state`` and the peer comparison all read it; only the scheduler writes it. Everything runs
-on the event loop thread, so there are no locks; readers get immutable results.
+The exporter, ``/state`` and the peer comparison all read it; only the scheduler writes it, on the event loop.
+A lock guards it because the peer comparison reads it from its check thread; readers get immutable results.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,11 +29,9 @@ class Transition:
 
 
 class ResultStore:
-    def __init__(self, node: str, history: int = 20, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, node: str, clock: Callable[[], float] | None = None) -> None:
         self.node = node
-        self._history_size = history
         self._latest: dict[str, CheckResult] = {}
-        self._history: dict[str, deque[CheckResult]] = {}
         self._clock = clock or time.time
         self._runs: dict[str, int] = {}
         # Written on the event loop; read also from check threads (peer_compare's local snapshot).
@@ -45,7 +42,6 @@ class ResultStore:
         with self._lock:
             previous = self._latest.get(result.check)
             self._latest[result.check] = result
-            self._history.setdefault(result.check, deque(maxlen=self._history_size)).append(result)
             self._runs[result.check] = self._runs.get(result.check, 0) + 1
         if previous is None or previous.status is not result.status:
             return Transition(result.check, previous.status if previous else None, result.status, result)
@@ -55,7 +51,6 @@ class ResultStore:
         """A check that was disabled on reload leaves the store (and the exposition) with it."""
         with self._lock:
             self._latest.pop(check, None)
-            self._history.pop(check, None)
             self._runs.pop(check, None)
 
     def latest(self) -> dict[str, CheckResult]:
@@ -65,10 +60,6 @@ class ResultStore:
     def get(self, check: str) -> CheckResult | None:
         with self._lock:
             return self._latest.get(check)
-
-    def history(self, check: str) -> list[CheckResult]:
-        with self._lock:
-            return list(self._history.get(check, ()))
 
     def runs_total(self) -> dict[str, int]:
         with self._lock:
