@@ -11,13 +11,13 @@ import tomllib
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.environment import Environment
+from dgxdoctor.sources.http import http_url
 
 DEFAULT_CONFIG_PATH = Path("/etc/dgxdoctor/config.toml")
 EX_CONFIG = 78  # sysexits.h EX_CONFIG
@@ -83,15 +83,10 @@ class DaemonSettings(_Frozen):
     @field_validator("peers")
     @classmethod
     def _check_peers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for peer in value:
-            url = urlsplit(peer)
-            if url.scheme not in ("http", "https") or not url.hostname:
-                raise ValueError(f"peer {peer!r} is not an http(s)://HOST:PORT URL")
-            if url.path not in ("", "/") or url.query or url.fragment or url.username:
-                raise ValueError(f"peer {peer!r}: give only scheme, host and port")
-        if len(set(value)) != len(value):
+        peers = tuple(http_url(peer, path=False) for peer in value)
+        if len(set(peers)) != len(peers):
             raise ValueError("a peer is listed twice")
-        return tuple(p.rstrip("/") for p in value)
+        return peers
 
     @model_validator(mode="after")
     def _one_token_source(self) -> DaemonSettings:
@@ -198,12 +193,7 @@ class AlertsSettings(_Frozen):
     @field_validator("alertmanager_url")
     @classmethod
     def _check_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        url = urlsplit(value)
-        if url.scheme not in ("http", "https") or not url.hostname or url.query or url.fragment:
-            raise ValueError(f"{value!r} is not an http(s)://HOST:PORT[/PATH] URL")
-        return value.rstrip("/")
+        return None if value is None else http_url(value)
 
 
 @cache

@@ -36,6 +36,7 @@ from dgxdoctor.judge.ray import (
 )
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
+from dgxdoctor.sources.http import http_url
 from dgxdoctor.sources.procfs import listening_ports, processes_named
 from dgxdoctor.sources.ray_api import (
     CLUSTER_STATUS_PATH,
@@ -98,10 +99,7 @@ class RaySettings(CheckSettings):
     @field_validator("dashboard_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http(s) URL such as http://127.0.0.1:8265")
-        return value.rstrip("/")
+        return http_url(value)
 
 
 def is_loopback_url(url: str) -> bool:

@@ -30,4 +30,3 @@ ALL_CHECKS: tuple[CheckFactory, ...] = (
     DriftCheck,
     PeerCompareCheck,
 )
-

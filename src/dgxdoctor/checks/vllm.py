@@ -45,6 +45,7 @@ from dgxdoctor.judge.vllm import (
     unreadable,
 )
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
+from dgxdoctor.sources.http import http_url
 from dgxdoctor.sources.procfs import CLK_TCK, ProcessInfo
 from dgxdoctor.sources.prom_text import PromTextError
 from dgxdoctor.sources.vllm_api import (
@@ -185,12 +186,7 @@ class VllmSettings(CheckSettings):
     @field_validator("base_url")
     @classmethod
     def _url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL with a host: {value!r}")
-        if parts.query or parts.fragment:
-            raise ValueError(f"base_url takes no query or fragment: {value!r}")
-        return value.rstrip("/")
+        return http_url(value)
 
 
 class VllmCheck(Check):
