@@ -34,10 +34,11 @@ from dgxdoctor.judge.nccl_transport import describe, transport_findings
 from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
-from dgxdoctor.sources.nccl_env import parse_env_file, read_ib_ports
+from dgxdoctor.sources.nccl_env import parse_env_file
 from dgxdoctor.sources.nccl_info import NcclTransport, parse_nccl_info
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
 from dgxdoctor.sources.serving_env import find_serving_python
+from dgxdoctor.sources.sysfs_ib import ports_by_device
 
 # The probe's exit statuses, repeated from ``dgxdoctor.probes.allreduce`` so the daemon does not import the probe
 # (argparse and all) to compare numbers; a test holds them equal.
@@ -265,7 +266,7 @@ class NcclCheck(Check):
                 return CheckResult.unknown(self.name, str(exc))
         if not self.cfg.command and runs[0].returncode == EX_NOT_RUNNABLE:
             return CheckResult.skipped(self.name, runs[0].stderr.strip().lstrip("# ") or "probe cannot run here")
-        return judge_runs(runs, self.cfg, node_has_ib=bool(read_ib_ports(self.env.sysfs_root)))
+        return judge_runs(runs, self.cfg, node_has_ib=bool(ports_by_device(self.env.sysfs_root, counters=False)))
 
     def run_once(self, rail: str | None) -> ProbeRun:
         if self.cfg.peer:

@@ -26,11 +26,11 @@ from dgxdoctor.sources.nccl_env import (
     env_facts,
     parse_env_file,
     parse_environ,
-    read_ib_ports,
     read_net_interfaces,
     watched,
 )
 from dgxdoctor.sources.procfs import iter_processes
+from dgxdoctor.sources.sysfs_ib import ports_by_device
 
 NCCL_ENV_VARS = MetricSpec(
     "dgxdoctor_nccl_env_variables", "NCCL_*/GLOO_*/VLLM_HOST_IP variables set in the checked environment"
@@ -137,7 +137,7 @@ class NcclEnvCheck(Check):
         assert effective is not None
         source = proc_label if proc_values is not None else file_label
         interfaces = read_net_interfaces(self.env.sysfs_root)
-        ib_ports = read_ib_ports(self.env.sysfs_root)
+        ib_ports = ports_by_device(self.env.sysfs_root, counters=False, gids=True)
         b.findings.extend(
             evaluate_nccl_env(effective, interfaces, ib_ports, self.addresses(), require_debug=s.require_nccl_debug)
         )
