@@ -1,4 +1,4 @@
-"""Render a set of check results: the one-shot table and the ``--json`` document."""
+"""Render a set of check results: the one-shot table and the ``--json`` document (result.ResultsDocument)."""
 
 from __future__ import annotations
 
@@ -7,23 +7,12 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from dgxdoctor.result import CheckResult, Status
-
-
-def overall_status(results: Sequence[CheckResult]) -> Status:
-    return Status.worst((r.status for r in results), default=Status.OK)
+from dgxdoctor.result import CheckResult, ResultsDocument, Status, overall_status
 
 
 def report_dict(node: str, results: Sequence[CheckResult]) -> dict[str, Any]:
-    facts: dict[str, str] = {}
-    for result in results:
-        facts.update(result.facts)
-    return {
-        "node": node,
-        "status": overall_status(results).value,
-        "checks": [r.to_dict() for r in results],
-        "facts": facts,
-    }
+    """``dgxdoctor check --json`` (result.ResultsDocument)."""
+    return ResultsDocument.of(node, results).report()
 
 
 _MARK = {

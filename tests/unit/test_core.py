@@ -11,8 +11,8 @@ from dgxdoctor.checks.base import CheckRunner, CheckSettings
 from dgxdoctor.config import ConfigError, parse_config
 from dgxdoctor.config_doc import example_config
 from dgxdoctor.environment import Environment
-from dgxdoctor.report import overall_status, report_dict, report_table
-from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample, Status, exit_code
+from dgxdoctor.report import report_dict, report_table
+from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample, Status, exit_code, overall_status
 
 
 class _Settings(CheckSettings):

@@ -6,15 +6,13 @@ A lock guards it because the peer comparison reads it from its check thread; rea
 
 from __future__ import annotations
 
-import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dgxdoctor.report import overall_status
-from dgxdoctor.result import CheckResult, Status
+from dgxdoctor.result import CheckResult, ResultsDocument, Status, merged_facts
 
 # Fact keys that differ between nodes by design; peers never compare them and /state still shows them.
 NODE_LOCAL_FACTS = frozenset({"host_ip", "hostname", "node", "boot_id", "machine_id", "ip_address"})
@@ -66,38 +64,9 @@ class ResultStore:
             return dict(self._runs)
 
     def facts(self) -> dict[str, str]:
-        return dict(_merged_facts(list(self.latest().values())))
+        return merged_facts(self.latest().values())
 
     def snapshot(self, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
         """The ``/state`` document. ``exclude`` leaves checks out (the peer comparison leaves itself out)."""
         results = [r for name, r in self.latest().items() if name not in exclude]
-        return state_document(self.node, results, self._clock())
-
-
-def state_document(node: str, results: list[CheckResult], generated_at: float) -> dict[str, Any]:
-    return {
-        "node": node,
-        "status": overall_status(results).value,
-        "generated_at": round(generated_at, 3),
-        "checks": [result_to_state(r) for r in results],
-        "facts": _merged_facts(results),
-    }
-
-
-def result_to_state(result: CheckResult) -> dict[str, Any]:
-    doc = result.to_dict()
-    doc["started_at"] = round(result.started_at, 3)
-    # JSON has no NaN or infinity: a non-finite value travels as null, which peers treat as absent.
-    doc["samples"] = [
-        {"name": s.metric.name, "labels": dict(s.labels), "value": s.value if math.isfinite(s.value) else None}
-        for s in result.samples
-    ]
-    doc["facts"] = dict(result.facts)
-    return doc
-
-
-def _merged_facts(results: list[CheckResult]) -> Mapping[str, str]:
-    facts: dict[str, str] = {}
-    for result in results:
-        facts.update(result.facts)
-    return facts
+        return ResultsDocument.of(self.node, results, self._clock()).state()
