@@ -151,19 +151,9 @@ class ResultBuilder:
         self.samples: list[Sample] = []
         self.facts: dict[str, str] = {}
 
-    def finding(
-        self,
-        code: str,
-        status: Status,
-        message: str,
-        subject: str | None = None,
-        *,
-        evidence: str | None = None,
-        remedy: str | None = None,
-    ) -> Finding:
-        found = Finding(code, status, message, subject, evidence, remedy)
-        self.findings.append(found)
-        return found
+    def add(self, *findings: Finding) -> None:
+        """The one way findings join a result: built as ``Finding(...)`` (here or by a judge/ function), added here."""
+        self.findings.extend(findings)
 
     def sample(self, metric: MetricSpec, value: float | None, **labels: str) -> None:
         """Record a value; ``None`` means unavailable and is not exported (absent, never zero)."""

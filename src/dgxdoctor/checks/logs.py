@@ -19,7 +19,7 @@ from pydantic import Field
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.signatures import Catalog, Signature, load_catalog
-from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.logtail import LogFollower, expand_paths
 from dgxdoctor.sources.statefile import StateFile
 
@@ -160,24 +160,28 @@ class LogsCheck(Check):
         for recent in sorted(self._recent.values(), key=lambda r: (-r.signature.severity.rank, r.path)):
             sig = recent.signature
             times = f" ({recent.count} lines)" if recent.count > 1 else ""
-            b.finding(
-                sig.code,
-                sig.severity,
-                f"{sig.meaning}{times}",
-                recent.path,
-                evidence=recent.line[:EVIDENCE_MAX],
-                remedy=sig.fix,
+            b.add(
+                Finding(
+                    sig.code,
+                    sig.severity,
+                    f"{sig.meaning}{times}",
+                    recent.path,
+                    evidence=recent.line[:EVIDENCE_MAX],
+                    remedy=sig.fix,
+                )
             )
         for code in sorted(self._totals):
             b.sample(MATCHES_TOTAL, self._totals[code], code=code)
         b.sample(FILES_FOLLOWED, len(polled.files))
         for error in polled.errors:
-            b.finding("LOG_UNREADABLE", Status.WARNING, f"cannot read log file: {error}", error.split(":", 1)[0])
+            b.add(Finding("LOG_UNREADABLE", Status.WARNING, f"cannot read log file: {error}", error.split(":", 1)[0]))
         if polled.budget_exhausted:
-            b.finding(
-                "LOG_BACKLOG",
-                Status.OK,
-                f"read the per-run limit of {s.max_bytes_per_run} bytes; the rest is read next run",
+            b.add(
+                Finding(
+                    "LOG_BACKLOG",
+                    Status.OK,
+                    f"read the per-run limit of {s.max_bytes_per_run} bytes; the rest is read next run",
+                )
             )
         codes = sorted({r.signature.code for r in self._recent.values()})
         if codes:
