@@ -56,6 +56,9 @@ class Fleet:
 
     local_state: Callable[[str], dict[str, Any]]
     peers: Callable[[], Peers]
+    # Run this check now (thread-safe): an event source calls it when it counted something, so the event reaches
+    # /metrics and /state at once rather than at the check's next interval.
+    wake: Callable[[str], None] = lambda name: None
 
 
 @dataclass(frozen=True)

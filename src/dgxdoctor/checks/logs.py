@@ -10,6 +10,7 @@ that window are kept in the same file, so a restart or a one-shot ``dgxdoctor ch
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -18,6 +19,7 @@ from pydantic import Field
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.context import reading
 from dgxdoctor.judge.signatures import Catalog, Signature, load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.logtail import LogFollower, expand_paths
@@ -36,6 +38,8 @@ FILES_FOLLOWED = MetricSpec(
     "Log files the logs check followed in its last run.",
 )
 EVIDENCE_MAX = 500
+# Lines kept per file for the context of a match (the shutdown rule looks 60 lines back).
+CONTEXT_LINES = 120
 
 
 class LogsSettings(CheckSettings):
@@ -88,6 +92,8 @@ class LogsCheck(Check):
         self._follower: LogFollower | None = None
         self._recent: dict[tuple[str, str], _Recent] = {}
         self._totals: dict[str, int] = {}
+        # The last lines of each file, so a match is read in its context (judge.context: OOM phase, a clean stop).
+        self._context: dict[str, deque[str]] = {}
 
     def _load_follower(self) -> LogFollower:
         if self._follower is None:
@@ -143,15 +149,20 @@ class LogsCheck(Check):
         polled = follower.poll(sorted(kinds), s.max_bytes_per_run)
 
         now = self.env.clock()
+        signatures = self.catalog.by_code()
         for path, line in polled.lines:
             kind = kinds.get(path) or kinds.get(path.removesuffix(".1"))
+            context = self._context.setdefault(path, deque(maxlen=CONTEXT_LINES))
+            context.append(line)
             for match in self.catalog.match(line, kind):
-                code = match.code
-                self._totals[code] = self._totals.get(code, 0) + 1
-                key = (code, path)
+                sig = reading(match.signature, list(context), len(context) - 1, signatures)
+                if sig is None:
+                    continue
+                self._totals[sig.code] = self._totals.get(sig.code, 0) + 1
+                key = (sig.code, path)
                 seen = self._recent.get(key)
                 count = seen.count + 1 if seen else 1
-                self._recent[key] = _Recent(match.signature, path, line, now, count)
+                self._recent[key] = _Recent(sig, path, line, now, count)
         for key in [k for k, r in self._recent.items() if now - r.last_seen > s.hold_s]:
             del self._recent[key]
         self._save(follower)

@@ -27,10 +27,12 @@ import httpx
 from pydantic import Field, SecretStr, field_validator
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.vllm_progress import EngineWatch, ProgressFollower
 from dgxdoctor.checks.vllm_window import MetricsWindow
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.vllm import (
     DEFAULT_KV_CACHE_WARN,
+    DEFAULT_STALL_S,
     Down,
     Limits,
     Observed,
@@ -102,6 +104,11 @@ VLLM_ITL_P99 = MetricSpec(
     "99th percentile inter-token latency over the check's window, from histogram bucket deltas",
     labels=("model",),
 )
+VLLM_SECONDS_SINCE_PROGRESS = MetricSpec(
+    "dgxdoctor_vllm_seconds_since_progress",
+    "Seconds since vLLM's engine last made a step or counted a token while requests were running or waiting "
+    "(0 when idle); ENGINE_HUNG at the vllm check's stall_s",
+)
 VLLM_CANARY_LATENCY = MetricSpec(
     "dgxdoctor_vllm_canary_latency_seconds", "Wall time of the canary chat completion", labels=("model",)
 )
@@ -172,9 +179,16 @@ class VllmSettings(CheckSettings):
         None, gt=0, description="WARNING when the inter-token latency P99 exceeds this (seconds)"
     )
     stall_s: float = Field(
-        60.0,
+        DEFAULT_STALL_S,
         gt=0,
-        description="requests running or waiting while no token counter advances for this long: CRITICAL hung engine",
+        description="requests running or waiting while no engine step or token is counted for this long: CRITICAL "
+        "hung engine (docs/checks/vllm.md says why 15 s)",
+    )
+    progress_poll_s: float = Field(
+        2.0,
+        ge=0,
+        description="daemon: seconds between reads of vLLM's counters while requests are in flight, so a stall is "
+        "judged the moment it crosses stall_s; 0 reads them only at the check's interval",
     )
     busy_cpu_ratio: float = Field(
         0.25,
@@ -210,6 +224,8 @@ class VllmCheck(Check):
         self._window = MetricsWindow(settings.latency_window_s, settings.kv_cache_sustained_s, env.one_shot)
         self._sleep: Callable[[float], None] = time.sleep  # tests advance a fake clock instead
         self._api_server: ProcessInfo | None = None
+        self._engines = EngineWatch(env.proc_root, env.monotonic)
+        self._follower: ProgressFollower | None = None
         s = settings
         self._limits = Limits(
             request_timeout_s=s.request_timeout_s,
@@ -222,6 +238,29 @@ class VllmCheck(Check):
             ttft_p99_max_s=s.ttft_p99_max_s,
             itl_p99_max_s=s.itl_p99_max_s,
         )
+
+    def start(self) -> None:
+        """The daemon follows forward progress between runs (`dgxdoctor check` reads it within its own run)."""
+        fleet, s = self.env.fleet, self.cfg
+        if self.env.one_shot or fleet is None or s.progress_poll_s <= 0 or self._follower is not None:
+            return
+        client = self.env.http_client(s.base_url, s.request_timeout_s)
+        self._follower = ProgressFollower(
+            fetch=lambda: get_metrics(client, self._headers()),
+            clock=self._window.progress,
+            engines=self._engines,
+            monotonic=self.env.monotonic,
+            poll_s=s.progress_poll_s,
+            thresholds=(s.stall_s / 2, s.stall_s),
+            wake=lambda: fleet.wake(self.name),
+            close=client.close,
+        )
+        self._follower.start()
+
+    def stop(self) -> None:
+        follower, self._follower = self._follower, None
+        if follower is not None:
+            follower.stop()
 
     # ----- the outside world -------------------------------------------------------------------------------
 
@@ -323,7 +362,11 @@ class VllmCheck(Check):
         except (httpx.HTTPError, PromTextError, NotVllmMetrics) as exc:
             b.add(unreadable("METRICS_UNREADABLE", "/metrics", exc, s.base_url))
             return
-        seen = self._window.observed(s.kv_cache_warn, s.waiting_sustained_s)
+        stalled = self._window.progress.stalled_s()
+        b.sample(VLLM_SECONDS_SINCE_PROGRESS, stalled)
+        # The engine processes are read only when no step was seen: the evidence of a stall, not a routine cost.
+        engines = self._engines.look() if stalled else ()
+        seen = self._window.observed(s.kv_cache_warn, s.waiting_sustained_s, engines)
         m = seen.metrics
         parts.append(
             f"KV cache {fmt_pct(m.kv_cache_usage)}, {fmt_n(m.num_requests_running)} running, "
