@@ -11,6 +11,7 @@ that window are kept in the same file, so a restart or a one-shot ``dgxdoctor ch
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -137,6 +138,22 @@ class LogsCheck(Check):
         except OSError as exc:
             log.warning("logs_state_unsaved", path=str(self.state.path), error=str(exc))
 
+    def _match(self, lines: Iterable[tuple[str, str]], kinds: Mapping[str, str], now: float) -> None:
+        """Count the signatures the new lines show, each read in the context of the lines before it."""
+        signatures = self.catalog.by_code()
+        for path, line in lines:
+            kind = kinds.get(path) or kinds.get(path.removesuffix(".1"))
+            context = self._context.setdefault(path, deque(maxlen=CONTEXT_LINES))
+            context.append(line)
+            for match in self.catalog.match(line, kind):
+                sig = reading(match.signature, list(context), len(context) - 1, signatures)
+                if sig is None:
+                    continue
+                self._totals[sig.code] = self._totals.get(sig.code, 0) + 1
+                key = (sig.code, path)
+                seen = self._recent.get(key)
+                self._recent[key] = _Recent(sig, path, line, now, seen.count + 1 if seen else 1)
+
     def run(self) -> CheckResult:
         s = self._settings
         kinds = {path: "ray" for path in expand_paths(s.ray_paths)}
@@ -149,20 +166,7 @@ class LogsCheck(Check):
         polled = follower.poll(sorted(kinds), s.max_bytes_per_run)
 
         now = self.env.clock()
-        signatures = self.catalog.by_code()
-        for path, line in polled.lines:
-            kind = kinds.get(path) or kinds.get(path.removesuffix(".1"))
-            context = self._context.setdefault(path, deque(maxlen=CONTEXT_LINES))
-            context.append(line)
-            for match in self.catalog.match(line, kind):
-                sig = reading(match.signature, list(context), len(context) - 1, signatures)
-                if sig is None:
-                    continue
-                self._totals[sig.code] = self._totals.get(sig.code, 0) + 1
-                key = (sig.code, path)
-                seen = self._recent.get(key)
-                count = seen.count + 1 if seen else 1
-                self._recent[key] = _Recent(sig, path, line, now, count)
+        self._match(polled.lines, kinds, now)
         for key in [k for k, r in self._recent.items() if now - r.last_seen > s.hold_s]:
             del self._recent[key]
         self._save(follower)
