@@ -243,7 +243,7 @@ def judge(nvml: NvmlSweep, settings: GpuSettings, check: str = "gpu") -> CheckRe
             continue
         _judge_gpu(b, g, settings)
 
-    return b.build(_summary(b, gpus), _action(b, gpus))
+    return b.build(_summary(b, gpus), _action(gpus))
 
 
 def _judge_inventory(b: ResultBuilder, gpus: Sequence[GpuSnapshot], names: list[str], settings: GpuSettings) -> None:
@@ -622,7 +622,7 @@ def _summary(b: ResultBuilder, gpus: tuple[GpuSnapshot, ...]) -> str:
     return f"{what}: {len(bad)} problem{'s' if len(bad) != 1 else ''} ({', '.join(codes)})"
 
 
-def _action(b: ResultBuilder, gpus: tuple[GpuSnapshot, ...]) -> Action | None:
+def _action(gpus: tuple[GpuSnapshot, ...]) -> Action | None:
     """The driver's own recovery action beats the generic "investigate" built from the worst remedy."""
     kinds = []
     for g in gpus:

@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dgxdoctor.sources.kmsg import KmsgRecord
+from dgxdoctor.sources.kmsg import KmsgRecord, records_since
 from dgxdoctor.sources.xid import FallenOffMerge, KernelLogScanner, SxidEvent, XidEvent
 
 # An NVML XID event and the kernel log line of the same XID on the same GPU within this many seconds are
@@ -59,9 +59,7 @@ class XidLedger:
         now = self._clock()
         boot_wall = now - self._monotonic()
         with self._lock:
-            for record in records:
-                if self.min_usec is not None and record.usec is not None and record.usec < self.min_usec:
-                    continue
+            for record in records_since(records, self.min_usec):
                 when = boot_wall + record.usec / 1e6 if record.usec is not None else now
                 for line in record.lines:
                     for event in self._scanner.feed(line):

@@ -49,7 +49,6 @@ class CheckScheduler:
         self.heartbeat_s = heartbeat_s
         self.checks: dict[str, Check] = {}
         self.last_heartbeat: float | None = None
-        self.extra_jobs: list[str] = []
         self.scheduler = AsyncIOScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
