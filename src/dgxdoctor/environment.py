@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
@@ -17,6 +17,11 @@ from dgxdoctor.sources.commands import CommandRunner, run_command
 
 if TYPE_CHECKING:
     from dgxdoctor.sources.nvml import NvmlClient
+
+
+# What a node is in the deployment (``[node] role``): the head runs the Ray head and vLLM's API server, a worker
+# runs a raylet. None: not declared, so nothing is required and what is absent is SKIPPED.
+Role = Literal["head", "worker"]
 
 
 def _default_nvml() -> NvmlClient:
@@ -66,6 +71,7 @@ class Environment:
     """Where the outside world is. Every path is a root so a test can lay out a copy of the real tree."""
 
     node: str = field(default_factory=socket.gethostname)
+    role: Role | None = None
     sysfs_root: Path = Path("/sys")
     proc_root: Path = Path("/proc")
     kmsg_path: Path = Path("/dev/kmsg")

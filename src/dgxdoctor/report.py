@@ -10,9 +10,17 @@ from typing import Any
 from dgxdoctor.result import CheckResult, ResultsDocument, Status, overall_status
 
 
-def report_dict(node: str, results: Sequence[CheckResult]) -> dict[str, Any]:
+def role_note(role: str | None, results: Sequence[CheckResult]) -> str:
+    """What the top line adds, so that an OK with nothing required is never mistaken for a healthy node."""
+    if role is not None:
+        return f"role {role}"
+    skipped = sum(1 for r in results if r.status is Status.SKIPPED)
+    return f"no [node] role declared: nothing was required, {skipped} of {len(results)} checks skipped"
+
+
+def report_dict(node: str, results: Sequence[CheckResult], role: str | None = None) -> dict[str, Any]:
     """``dgxdoctor check --json`` (result.ResultsDocument)."""
-    return ResultsDocument.of(node, results).report()
+    return ResultsDocument.of(node, results).report(role)
 
 
 _MARK = {
@@ -24,11 +32,12 @@ _MARK = {
 }
 
 
-def report_table(node: str, results: Sequence[CheckResult], verbose: bool = False) -> str:
+def report_table(node: str, results: Sequence[CheckResult], verbose: bool = False, role: str | None = None) -> str:
     """A readable table; the findings and the remedy follow each check that is not ok."""
     width = max(60, min(shutil.get_terminal_size((120, 24)).columns, 160))
     name_w = max([len(r.check) for r in results] + [5])
-    lines = [f"dgxdoctor on {node}: {overall_status(results).value.upper()}", ""]
+    top = f"dgxdoctor on {node}: {overall_status(results).value.upper()} ({role_note(role, results)})"
+    lines = [top, ""]
     lines.append(f"{'STATUS':<6}  {'CHECK':<{name_w}}  {'TIME':>6}  SUMMARY")
     indent = " " * (6 + 2 + name_w + 2 + 6 + 2)
     for r in results:

@@ -293,11 +293,16 @@ class ResultsDocument(_Doc):
             facts=merged_facts(results),
         )
 
-    def report(self) -> dict[str, Any]:
-        """The shape of ``dgxdoctor check --json``."""
-        doc = self.model_dump(exclude={"generated_at", "checks"})
-        doc["checks"] = [c.model_dump(include=REPORT_CHECK_KEYS) for c in self.checks]
-        return {"node": doc["node"], "status": doc["status"], "checks": doc["checks"], "facts": doc["facts"]}
+    def report(self, role: str | None = None) -> dict[str, Any]:
+        """The shape of ``dgxdoctor check --json``; ``role`` is the node's declared role (None: nothing required)."""
+        return {
+            "node": self.node,
+            "role": role,
+            "required": role is not None,
+            "status": self.status,
+            "checks": [c.model_dump(include=REPORT_CHECK_KEYS) for c in self.checks],
+            "facts": dict(self.facts),
+        }
 
     def state(self) -> dict[str, Any]:
         """The shape of the daemon's ``/state``."""

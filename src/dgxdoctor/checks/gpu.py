@@ -13,6 +13,7 @@ from pydantic import Field
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.presence import gpus_missing_from_nvml, no_gpus, nvml_unavailable
 from dgxdoctor.result import Action, CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.nvml import (
     CLOCK_EVENT_HW_POWER_BRAKE,
@@ -20,6 +21,7 @@ from dgxdoctor.sources.nvml import (
     CLOCK_EVENT_HW_THERMAL,
     CLOCK_EVENT_REASONS,
     CLOCK_EVENT_SW_THERMAL,
+    NVML_ERROR_LIBRARY_NOT_FOUND,
     RECOVERY_ACTIONS,
     GpuSnapshot,
     NvmlClient,
@@ -29,6 +31,7 @@ from dgxdoctor.sources.nvml import (
     format_cuda_version,
     sweep,
 )
+from dgxdoctor.sources.pci import PciDevice, nvidia_gpus, read_pci_devices
 
 GPU_LABELS = ("gpu", "pci_bus_id")
 
@@ -194,24 +197,52 @@ class GpuCheck(Check):
         if client is not None:
             client.shutdown()
 
+    def _pci_gpus(self) -> list[PciDevice]:
+        devices = read_pci_devices(self._env.sysfs_root)
+        return nvidia_gpus(devices) if devices is not None else []
+
     def run(self) -> CheckResult:
+        s = self._settings
+        role = self._env.role
         try:
             client = self._nvml()
-        except NvmlLibraryNotFound as exc:
-            return CheckResult.skipped(self.name, str(exc))
+        except NvmlError as exc:
+            # The bus and the role say whether "no NVML" is fine (a laptop) or a broken node (driver not loaded).
+            code = exc.code
+            if code is None and isinstance(exc, NvmlLibraryNotFound):
+                code = NVML_ERROR_LIBRARY_NOT_FOUND
+            failed = nvml_unavailable(str(exc), code, self._pci_gpus(), role, s.expected_count)
+            if failed is None:
+                if isinstance(exc, NvmlLibraryNotFound):
+                    return CheckResult.skipped(self.name, f"{exc}; no NVIDIA GPU on the PCI bus")
+                raise
+            return _absent(self.name, failed)
         try:
             result = sweep(client)
         except NvmlError:
             # NVML itself failed (driver reloaded, device count unreadable): start afresh next run.
             self.stop()
             raise
+        pci_gpus = self._pci_gpus()
         if not result.gpus:
-            return CheckResult.skipped(self.name, "NVML reports no GPUs on this node")
-        return judge(result, self._settings, self.name)
+            absent = no_gpus(pci_gpus, role, s.expected_count)
+            if absent is None:
+                return CheckResult.skipped(self.name, "NVML reports no GPUs on this node")
+            return _absent(self.name, absent)
+        return judge(result, s, self.name, pci_gpus)
 
 
-def judge(nvml: NvmlSweep, settings: GpuSettings, check: str = "gpu") -> CheckResult:
-    """Pure: turn one sweep into findings, samples and facts."""
+def _absent(check: str, finding: Finding) -> CheckResult:
+    b = ResultBuilder(check)
+    b.add(finding)
+    b.sample(GPU_COUNT, 0)
+    return b.build(finding.message)
+
+
+def judge(
+    nvml: NvmlSweep, settings: GpuSettings, check: str = "gpu", pci_gpus: Sequence[PciDevice] = ()
+) -> CheckResult:
+    """Pure: turn one sweep (and the NVIDIA GPUs on the PCI bus) into findings, samples and facts."""
     b = ResultBuilder(check)
     gpus = nvml.gpus
     readable = [g for g in gpus if g.unreadable is None]
@@ -226,8 +257,7 @@ def judge(nvml: NvmlSweep, settings: GpuSettings, check: str = "gpu") -> CheckRe
     if names:
         b.facts["gpu_name"] = ",".join(names)
 
-    _judge_inventory(b, gpus, names, settings)
-
+    _judge_inventory(b, nvml, settings, names, pci_gpus)
     for g in gpus:
         if g.unreadable is not None:
             b.add(
@@ -246,8 +276,11 @@ def judge(nvml: NvmlSweep, settings: GpuSettings, check: str = "gpu") -> CheckRe
     return b.build(_summary(b, gpus), _action(gpus))
 
 
-def _judge_inventory(b: ResultBuilder, gpus: Sequence[GpuSnapshot], names: list[str], settings: GpuSettings) -> None:
-    """How many GPUs, and of which models."""
+def _judge_inventory(
+    b: ResultBuilder, nvml: NvmlSweep, settings: GpuSettings, names: list[str], pci_gpus: Sequence[PciDevice]
+) -> None:
+    """Count and models: against the settings, against each other, and against the PCI bus."""
+    gpus = nvml.gpus
     readable = [g for g in gpus if g.unreadable is None]
     if settings.expected_count and len(gpus) != settings.expected_count:
         b.add(
@@ -259,6 +292,9 @@ def _judge_inventory(b: ResultBuilder, gpus: Sequence[GpuSnapshot], names: list[
                 "XID 79; a node reboot usually brings it back, else the GPU needs service",
             )
         )
+    missing = gpus_missing_from_nvml(pci_gpus, [g.pci_bus_id for g in gpus])
+    if missing is not None:
+        b.add(missing)
     if len(names) > 1:
         b.add(
             Finding(

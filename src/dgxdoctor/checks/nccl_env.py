@@ -21,6 +21,7 @@ from pydantic import Field
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.nccl_env import compare_envs, evaluate_nccl_env
+from dgxdoctor.judge.presence import nccl_env_absent
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.nccl_env import (
     env_facts,
@@ -130,10 +131,13 @@ class NcclEnvCheck(Check):
         file_values = self._file_values(b, missing)
         proc_values, proc_label = self._process_values(b, missing)
         if file_values is None and proc_values is None:
-            if not b.findings:
-                reason = "; ".join(missing) if missing else "neither env_file nor process_name configured"
+            reason = "; ".join(missing) if missing else "neither env_file nor process_name configured"
+            required = nccl_env_absent(self.env.role, reason)
+            if required is not None:
+                b.add(required)
+            elif not b.findings:
                 return CheckResult.skipped(self.name, f"no NCCL environment to check: {reason}")
-            return b.build("; ".join(missing))
+            return b.build(f"no NCCL environment: {reason}")
         file_label = str(s.env_file)
         effective = proc_values if proc_values is not None else file_values
         assert effective is not None

@@ -8,8 +8,9 @@ By hand, on the head node::
 and on a worker node: ``pgrep -a raylet``.
 
 Roles: the head answers the dashboard API and owns the cluster verdict (nodes, GPUs, demands, its ports);
-a worker only checks that its raylet runs. ``auto`` takes the head role when the dashboard answers on a
-loopback URL, the worker role when it is refused but a raylet runs here, and skips when there is no Ray.
+a worker only checks that its raylet runs. ``auto`` follows the node's declared role (``[node] role``); with none
+declared it takes the head role when the dashboard answers on a loopback URL, the worker role when it is refused
+but a raylet runs here, and skips when there is no Ray.
 A dashboard URL that points at another machine gives the cluster verdict without the local port checks; when
 that machine does not answer, it is a warning (head down or a firewall between), never "no Ray here".
 """
@@ -82,7 +83,8 @@ class RaySettings(CheckSettings):
     role: Literal["auto", "head", "worker"] = Field(
         "auto",
         description="auto, head or worker. head: cluster verdict and GCS/dashboard ports; worker: raylet only; "
-        "auto: head if the dashboard answers on a loopback URL, worker if it is refused and a raylet runs here",
+        "auto: the [node] role if declared, else head if the dashboard answers on a loopback URL, worker if it is "
+        "refused and a raylet runs here",
     )
     gcs_port: int = Field(6379, ge=1, le=65535, description="GCS port that must listen on the head (ray start --port)")
     dashboard_port: int = Field(8265, ge=1, le=65535, description="dashboard port that must listen on the head")
@@ -140,7 +142,7 @@ class RayCheck(Check):
 
     def run(self) -> CheckResult:
         s = self._cfg
-        if s.role == "worker":
+        if self._role == "worker":
             return self._worker(configured=True)
         try:
             headers = self._auth_headers()
@@ -203,8 +205,13 @@ class RayCheck(Check):
             builder.sample(PENDING_DEMANDS, sum(d.count for d in view.pending_tasks))
             builder.sample(PGS_PENDING, sum(d.count for d in view.pending_placement_groups))
 
+    @property
+    def _role(self) -> str:
+        """checks.ray.role, else the node's declared role ([node] role), else auto."""
+        return self._cfg.role if self._cfg.role != "auto" else (self.env.role or "auto")
+
     def _is_head(self) -> bool:
-        return self._cfg.role == "head" or is_loopback_url(self._cfg.dashboard_url)
+        return self._role == "head" or is_loopback_url(self._cfg.dashboard_url)
 
     def _auth_headers(self) -> dict[str, str]:
         if self._cfg.auth_token_file is None:
@@ -271,7 +278,7 @@ class RayCheck(Check):
         procs = [p for p in processes_named(self.env.proc_root, ("raylet", "gcs_server")) if p.alive]
         gcs = [p for p in procs if p.comm == "gcs_server"]
         raylets = [p for p in procs if p.comm == "raylet"]
-        if s.role == "auto" and not gcs:
+        if self._role == "auto" and not gcs:
             if not is_loopback_url(s.dashboard_url):
                 # A head configured by address that does not answer: down, or a firewall in between (tutorial
                 # error 5). Not "no Ray here": someone said where the head is.

@@ -126,7 +126,7 @@ class VllmSettings(CheckSettings):
     required: bool = Field(
         False,
         description="vLLM must run here: a refused connection is CRITICAL even with no vLLM process on this node "
-        "(otherwise it is SKIPPED as 'no vLLM here')",
+        "(otherwise it is SKIPPED as 'no vLLM here'); [node] role = \"head\" implies it",
     )
     pid_file: Path | None = Field(
         None, description="pid file of the vLLM API server (default: find it by its command line in /proc)"
@@ -313,8 +313,9 @@ class VllmCheck(Check):
             if health.outcome != "up":
                 b.sample(VLLM_UP, 0)
                 process = f"process {proc.pid} ({' '.join(proc.cmdline)[:80]})" if proc else None
-                expected = proc is not None or s.required or s.pid_file is not None or self._seen_up
-                server = Server(s.base_url, process, no_proc_reason, uptime, expected, cpu_ratio, state)
+                head = self.env.role == "head"
+                expected = proc is not None or s.required or s.pid_file is not None or self._seen_up or head
+                server = Server(s.base_url, process, no_proc_reason, uptime, expected, cpu_ratio, state, head)
                 return self._down(b, not_up(health, server, self._limits))
             self._seen_up = True
             b.sample(VLLM_UP, 1)

@@ -4,8 +4,10 @@ By hand: ``dmesg -T | grep -E 'NVRM: Xid|SXid|fallen off the bus'`` (or ``journa
 
 One-shot (``dgxdoctor check``): reads the kernel log buffer since boot (or the last ``lookback_s``).
 In the daemon, :meth:`XidCheck.start` (called by the runner before the first run) follows the log until
-:meth:`XidCheck.stop`: a daemon thread folds each new record in within a second (see sources/kmsg.py), and
-``run()`` only reports the state. When not following, each ``run()`` reads what is new since the previous run.
+:meth:`XidCheck.stop`: a daemon thread folds each new record in within milliseconds (see sources/kmsg.py) and,
+when it counted an XID or SXID, asks the daemon to run the check at once (``env.fleet.wake``), so /metrics and
+/state show it without waiting for the interval; ``run()`` only reports the state. When not following, each
+``run()`` reads what is new since the previous run.
 Counters are monotonic since the agent started (the first read takes the whole buffer since boot) and not
 persisted: a restart reads the buffer again, and Prometheus treats the drop as a counter reset.
 
@@ -195,7 +197,7 @@ class XidCheck(Check):
         if self.cfg.nvml_events and self._nvml_follower is None:
             self._start_nvml()
         self._open()
-        self._follower = KmsgFollower(self.reader, self.ledger.ingest)
+        self._follower = KmsgFollower(self.reader, self._followed)
         self._follower.start()
 
     def _start_nvml(self) -> None:
@@ -206,7 +208,7 @@ class XidCheck(Check):
             log.warning("nvml_xid_events_unavailable", error=str(exc))
             return
         self._nvml_note = None
-        self._nvml_follower = NvmlXidFollower(source, self.ledger.ingest_nvml)
+        self._nvml_follower = NvmlXidFollower(source, self._followed_nvml)
         self._nvml_follower.start()
 
     def stop(self) -> None:
@@ -238,6 +240,24 @@ class XidCheck(Check):
 
     def count(self, pci_bus_id: str, xid: int) -> int:
         return self.ledger.count(pci_bus_id, xid)
+
+    def _followed(self, records: list[KmsgRecord]) -> None:
+        if self.ledger.ingest(records):
+            self._wake()
+
+    def _followed_nvml(self, events: list[tuple[str, int]]) -> None:
+        if self.ledger.ingest_nvml(events):
+            self._wake()
+
+    def _wake(self) -> None:
+        """A follower counted something: ask the daemon to run this check now, so /metrics and /state show it."""
+        fleet = self.env.fleet
+        if fleet is None:
+            return
+        try:
+            fleet.wake(self.name)
+        except Exception as exc:  # the follower must keep reading whatever the daemon's side does
+            log.warning("xid_wake_failed", error=f"{type(exc).__name__}: {exc}")
 
     # --- run ----------------------------------------------------------------------------------------
 

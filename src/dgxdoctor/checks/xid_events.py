@@ -53,26 +53,35 @@ class XidLedger:
         self._xids: dict[Key, Tally] = {}
         self._sxids: dict[Key, Tally] = {}
         self.min_usec: int | None = None  # records stamped before this (lookback_s) are ignored
+        self.counted = 0  # events counted so far (XIDs and SXIDs), so a caller can tell that something new came
 
-    def ingest(self, records: list[KmsgRecord]) -> None:
-        """Fold kernel log records in (the kmsg follower's callback)."""
+    def ingest(self, records: list[KmsgRecord]) -> int:
+        """Fold kernel log records in (the kmsg follower's callback); returns how many events were counted."""
         now = self._clock()
         boot_wall = now - self._monotonic()
         with self._lock:
+            before = self.counted
             for record in records_since(records, self.min_usec):
                 when = boot_wall + record.usec / 1e6 if record.usec is not None else now
                 for line in record.lines:
                     for event in self._scanner.feed(line):
                         self._count(event, when)
+            return self.counted - before
 
-    def ingest_nvml(self, events: list[tuple[str, int]]) -> None:
-        """Fold NVML XID events in (the NVML follower's callback)."""
+    def ingest_nvml(self, events: list[tuple[str, int]]) -> int:
+        """Fold NVML XID events in (the NVML follower's callback); returns how many were counted."""
         when = self._clock()
         with self._lock:
+            before = self.counted
             for bus, code in events:
                 event = XidEvent(bus, code, f"NVML XID event: Xid {code} on {bus}", detail="reported by NVML")
                 if not self._merge_sources((bus, code), "nvml", when):
-                    _tally(self._xids, (bus, code), event, when)
+                    self._add(self._xids, (bus, code), event, when)
+            return self.counted - before
+
+    def _add(self, table: dict[Key, Tally], key: Key, event: XidEvent | SxidEvent, when: float) -> None:
+        self.counted += 1
+        _tally(table, key, event, when)
 
     def count(self, pci_bus_id: str, xid: int) -> int:
         with self._lock:
@@ -88,7 +97,7 @@ class XidLedger:
 
     def _count(self, event: XidEvent | SxidEvent, when: float) -> None:
         if isinstance(event, SxidEvent):
-            _tally(self._sxids, (event.pci_bus_id, event.sxid), event, when)
+            self._add(self._sxids, (event.pci_bus_id, event.sxid), event, when)
             return
         if event.xid == 79 and self._merge_fallen_off(event, when):
             return
@@ -98,7 +107,7 @@ class XidLedger:
             if tally is not None:  # the kernel log's line is the better evidence
                 tally.last_event = event
             return
-        _tally(self._xids, key, event, when)
+        self._add(self._xids, key, event, when)
 
     def _merge_sources(self, key: Key, source: str, when: float) -> bool:
         """True when the other source already reported this XID on this GPU (counted once)."""

@@ -62,7 +62,9 @@ class Daemon:
         self.notifier = notifier or Notifier()
         # Checks reach the store and the peers through this seam; it reads self.config at each call, so a reload's
         # peers and token apply without rebuilding a check.
-        self.fleet = Fleet(local_state=self._local_state, peers=self._peers)
+        self.fleet = Fleet(
+            local_state=self._local_state, peers=self._peers, wake=lambda name: self.scheduler.wake(name)
+        )
         self.env: Environment = replace(config.environment(one_shot=False), fleet=self.fleet)
         self.store = ResultStore(self.env.node)
         self.runner = CheckRunner(self.env)
@@ -87,6 +89,9 @@ class Daemon:
         self._tasks: list[asyncio.Task[Any]] = []
 
     # -- checks ----------------------------------------------------------------------------------------
+
+    def _wake(self, check: str) -> None:
+        self.scheduler.wake(check)
 
     def _local_state(self, without: str) -> dict[str, Any]:
         return self.store.snapshot(exclude=(without,))
@@ -183,7 +188,7 @@ class Daemon:
         self.token = token
         self.app_state.token = token
         new_env = replace(new.environment(one_shot=False), fleet=self.fleet)
-        env_changed = new_env.node != self.env.node or new.paths != old.paths
+        env_changed = new_env.node != self.env.node or new_env.role != self.env.role or new.paths != old.paths
         if new.daemon.listen != old.daemon.listen and self.listen_override is None:
             log.warning("listen_change_needs_restart", listen=new.daemon.listen, serving=old.daemon.listen)
         if env_changed:
