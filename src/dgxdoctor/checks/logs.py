@@ -15,7 +15,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
-import structlog
 from pydantic import Field
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
@@ -25,8 +24,6 @@ from dgxdoctor.judge.signatures import Catalog, Signature, load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.logtail import LogFollower, expand_paths
 from dgxdoctor.sources.statefile import StateFile
-
-log = structlog.get_logger(__name__)
 
 MATCHES_TOTAL = MetricSpec(
     "dgxdoctor_logs_signature_matches_total",
@@ -133,10 +130,7 @@ class LogsCheck(Check):
             }
             for r in self._recent.values()
         ]
-        try:
-            self.state.save({"positions": follower.state(), "recent": recent})
-        except OSError as exc:
-            log.warning("logs_state_unsaved", path=str(self.state.path), error=str(exc))
+        self.state.save({"positions": follower.state(), "recent": recent})  # a failure is logged and counted
 
     def _match(self, lines: Iterable[tuple[str, str]], kinds: Mapping[str, str], now: float) -> None:
         """Count the signatures the new lines show, each read in the context of the lines before it."""
