@@ -181,16 +181,11 @@ class NcclCheck(Check):
         self.settings: CheckSettings = settings
         self.cfg = settings
         self.env = env
-        self._token: str | None = None
-
-    def attach_cluster(self, token: str | None) -> None:
-        """The shared daemon token for ``dgxdoctor check``, which has no fleet (the daemon's comes through
-        ``env.fleet``, current after a reload)."""
-        self._token = token
 
     @property
     def token(self) -> str | None:
-        return self.env.fleet.peers().token if self.env.fleet is not None else self._token
+        """The shared secret a peer's agent wants (``env.token``, the seam every check gets)."""
+        return self.env.token()
 
     # -- what runs -------------------------------------------------------------------------------------
 
