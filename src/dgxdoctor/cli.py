@@ -17,8 +17,8 @@ from dgxdoctor.checks.base import Check, CheckRunner
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import DEFAULT_LISTEN, EX_CONFIG, Config, ConfigError, load_config, parse_listen
 from dgxdoctor.environment import Environment
-from dgxdoctor.report import overall_status, report_dict, report_table
-from dgxdoctor.result import Status, exit_code
+from dgxdoctor.report import report_dict, report_table
+from dgxdoctor.result import Status, exit_code, overall_status
 
 MAX_DIAGNOSE_BYTES = 64 * 1024 * 1024
 

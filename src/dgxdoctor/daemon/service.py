@@ -77,7 +77,7 @@ class Daemon:
             local_state=self._local_state, peers=self._peers, wake=lambda name: self.scheduler.wake(name)
         )
         self.env: Environment = replace(config.environment(one_shot=False), fleet=self.fleet)
-        self.store = ResultStore(self.env.node, config.daemon.history)
+        self.store = ResultStore(self.env.node)
         self.runner = CheckRunner(self.env)
         self.scheduler = CheckScheduler(self.runner, self.store)
         self.registry = make_registry(self.store, lambda: self.runner.timeouts_total, self.own_samples)
