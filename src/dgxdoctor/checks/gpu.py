@@ -48,6 +48,13 @@ UTILIZATION = MetricSpec(
     "Fraction of the last sample period in which a kernel ran on the GPU (0..1).",
     labels=GPU_LABELS,
 )
+# With utilization_ratio, the GPU-side sign of a rank waiting in a collective: the NCCL kernel keeps
+# utilization.gpu at 100 % while memory traffic drops to 0 % (docs/h200/hang-recording-2026-11-30).
+MEMORY_UTILIZATION = MetricSpec(
+    "dgxdoctor_gpu_memory_utilization_ratio",
+    "Fraction of the last sample period during which device memory was read or written (0..1).",
+    labels=GPU_LABELS,
+)
 TEMPERATURE = MetricSpec(
     "dgxdoctor_gpu_temperature_celsius", "GPU core temperature, degrees Celsius.", labels=GPU_LABELS
 )
@@ -325,6 +332,7 @@ def _judge_gpu(b: ResultBuilder, g: GpuSnapshot, s: GpuSettings) -> None:
     b.sample(MEMORY_USED, g.memory_used_bytes, **labels)
     b.sample(MEMORY_TOTAL, g.memory_total_bytes, **labels)
     b.sample(UTILIZATION, g.utilization_ratio, **labels)
+    b.sample(MEMORY_UTILIZATION, g.memory_utilization_ratio, **labels)
     b.sample(TEMPERATURE, g.temperature_c, **labels)
     b.sample(TEMPERATURE_MARGIN, g.temperature_margin_c, **labels)
     for threshold, value in (
