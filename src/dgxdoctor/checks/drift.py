@@ -63,6 +63,7 @@ class DriftSettings(CheckSettings):
 class DriftCheck(Check):
     name: ClassVar[str] = "drift"
     settings_model: ClassVar[type[CheckSettings]] = DriftSettings
+    probes: ClassVar[tuple[str, ...]] = ("version probe",)
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
         settings = own_settings(self.name, settings, DriftSettings)
@@ -116,6 +117,8 @@ class DriftCheck(Check):
         try:
             done = self.env.run_command([python, "-c", PROBE], s.probe_timeout_s)
         except (CommandNotFound, CommandTimeout, OSError) as exc:
+            if isinstance(exc, CommandTimeout):
+                b.timed_out("version probe")
             b.finding("SERVING_PYTHON_UNKNOWN", Status.OK, f"cannot run {python}: {exc}", python)
             return {}
         if done.returncode != 0:

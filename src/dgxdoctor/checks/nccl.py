@@ -174,6 +174,7 @@ class ProbeRun:
 class NcclCheck(Check):
     name: ClassVar[str] = "nccl"
     settings_model: ClassVar[type[CheckSettings]] = NcclSettings
+    probes: ClassVar[tuple[str, ...]] = ("probe",)
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
         settings = own_settings(self.name, settings, NcclSettings)
@@ -262,7 +263,7 @@ class NcclCheck(Check):
             except CommandNotFound as exc:
                 return CheckResult.skipped(self.name, str(exc))
             except CommandTimeout as exc:
-                return CheckResult.unknown(self.name, str(exc))
+                return replace(CheckResult.unknown(self.name, f"the NCCL probe timed out: {exc}"), timeouts=("probe",))
         if not self.cfg.command and runs[0].returncode == EX_NOT_RUNNABLE:
             return CheckResult.skipped(self.name, runs[0].stderr.strip().lstrip("# ") or "probe cannot run here")
         return judge_runs(runs, self.cfg, node_has_ib=bool(read_ib_ports(self.env.sysfs_root)))

@@ -27,6 +27,7 @@ class PeerFetch:
     state: dict[str, Any] | None
     error: str | None
     seconds: float
+    timed_out: bool = False
 
     @property
     def up(self) -> bool:
@@ -67,10 +68,11 @@ def fetch_state(client: httpx.Client, url: str, token: str | None, timeout_s: fl
                 # httpx's timeout bounds each read, not the whole answer: a peer trickling bytes would hold
                 # this check (and its thread) for as long as it likes.
                 if time.monotonic() - t0 > timeout_s:
-                    raise InvalidState(f"answer not complete within {timeout_s:g} s")
+                    raise httpx.ReadTimeout(f"answer not complete within {timeout_s:g} s")
         state = validate_state(response_json(bytes(body)))
-    except httpx.TimeoutException:
-        return PeerFetch(url, label, None, f"no answer within {timeout_s:g} s", time.monotonic() - t0)
+    except httpx.TimeoutException as exc:
+        what = str(exc) if "not complete" in str(exc) else f"no answer within {timeout_s:g} s"
+        return PeerFetch(url, label, None, f"timed out: {what}", time.monotonic() - t0, True)
     except httpx.HTTPError as exc:
         return PeerFetch(url, label, None, f"{type(exc).__name__}: {exc}", time.monotonic() - t0)
     except InvalidState as exc:
