@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -162,7 +163,14 @@ def run(config_path: Path | None, listen: str | None) -> None:
     except (OSError, ValueError) as exc:
         click.echo(f"invalid configuration: daemon.token_file: {exc}", err=True)
         sys.exit(EX_CONFIG)
-    sys.exit(asyncio.run(daemon.serve()))
+    # Not asyncio.run(): at its end it joins the loop's executor threads, and the interpreter joins every
+    # ThreadPoolExecutor's at exit. A thread stuck in a hung call (NVML, a dead NFS textfile directory) would then
+    # hold the process after "stopped" until systemd's SIGKILL. The daemon has closed everything it owns by now.
+    loop = asyncio.new_event_loop()
+    code = loop.run_until_complete(daemon.serve())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 @cli.command()

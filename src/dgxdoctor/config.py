@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import socket
 import tomllib
 from functools import cache
@@ -73,6 +74,14 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+# user:password@ in a URL (http://admin:pw@dgx-b:9835): a password in a URL is not repeated in an error.
+_USERINFO = re.compile(r"://[^/@\s'\"]*@")
+
+
+def _without_userinfo(url: str) -> str:
+    return _USERINFO.sub("://***@", url)
+
+
 class DaemonSettings(_Frozen):
     """``dgxdoctor run``: where it listens, who may read its state, which peers it compares with."""
 
@@ -90,6 +99,13 @@ class DaemonSettings(_Frozen):
         description="also write the exposition here for node_exporter's textfile collector (a *.prom file)",
     )
     textfile_interval_s: float = Field(15.0, gt=0, description="seconds between textfile writes")
+    max_connections: int = Field(
+        256,
+        ge=8,
+        le=65536,
+        description="client connections held at once (Prometheus, peers, curl); over it the longest-idle one is "
+        "closed. Never more than the open-file limit leaves free for the checks",
+    )
     history: int = Field(20, ge=1, le=1000, description="results kept per check for /state and transitions")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
 
@@ -104,10 +120,11 @@ class DaemonSettings(_Frozen):
     def _check_peers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for peer in value:
             url = urlsplit(peer)
+            shown = _without_userinfo(peer)
             if url.scheme not in ("http", "https") or not url.hostname:
-                raise ValueError(f"peer {peer!r} is not an http(s)://HOST:PORT URL")
+                raise ValueError(f"peer {shown!r} is not an http(s)://HOST:PORT URL")
             if url.path not in ("", "/") or url.query or url.fragment or url.username:
-                raise ValueError(f"peer {peer!r}: give only scheme, host and port")
+                raise ValueError(f"peer {shown!r}: give only scheme, host and port (no user or password)")
         if len(set(value)) != len(value):
             raise ValueError("a peer is listed twice")
         return tuple(p.rstrip("/") for p in value)
@@ -357,18 +374,29 @@ def _keys_at(loc: tuple[int | str, ...]) -> list[str]:
 _ARRAY_ERRORS = frozenset({"tuple_type", "list_type", "set_type", "frozen_set_type"})
 
 
+# Keys whose value is a secret: an error names the key and what is wrong, never the value (logs, /reload answers
+# and terminals are read by more people than the token file).
+SECRET_KEYS = frozenset({"token", "api_key"})
+
+
+def _is_secret(loc: tuple[int | str, ...]) -> bool:
+    return any(isinstance(part, str) and part in SECRET_KEYS for part in loc)
+
+
 def _reason(err: Any) -> str:
     loc = tuple(err["loc"])
     if err["type"] == "extra_forbidden":
         close = difflib.get_close_matches(str(loc[-1]), _keys_at(loc[:-1]), n=1, cutoff=0.6)
         return f"unknown key (did you mean {close[0]!r}?)" if close else "unknown key"
     value = err.get("input")
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if _is_secret(tuple(err["loc"])):
+        return f"{msg} (value not shown: a secret)"
     if err["type"] in _ARRAY_ERRORS:
         hint = f", e.g. [{json.dumps(value)}]" if isinstance(value, str) else ""
-        return f"expected a TOML array{hint}, got {type(value).__name__} {value!r}"
-    msg = str(err["msg"]).removeprefix("Value error, ")
+        return _USERINFO.sub("://***@", f"expected a TOML array{hint}, got {type(value).__name__} {value!r}")
     shown = "" if isinstance(value, dict) or repr(value) in msg else f" (got {value!r})"
-    return f"{msg}{shown}"
+    return _USERINFO.sub("://***@", f"{msg}{shown}")
 
 
 def load_config(path: Path | None) -> Config:

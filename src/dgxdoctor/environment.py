@@ -94,3 +94,13 @@ class Environment:
 
         inner = self.http_transport or httpx.HTTPTransport(verify=tls_context())
         return httpx.Client(base_url=base_url, timeout=timeout_s, transport=CappedTransport(inner))
+
+    def async_http_client(self, timeout_s: float = 5.0) -> httpx.AsyncClient:
+        """The same for asyncio (a transport injected for tests must also be an ``httpx.AsyncBaseTransport``)."""
+        from dgxdoctor.sources.http import AsyncCappedTransport
+
+        injected = self.http_transport
+        if injected is not None and not isinstance(injected, httpx.AsyncBaseTransport):
+            raise TypeError(f"{type(injected).__name__} cannot serve an async client")
+        inner = injected if injected is not None else httpx.AsyncHTTPTransport(verify=tls_context())
+        return httpx.AsyncClient(timeout=timeout_s, transport=AsyncCappedTransport(inner))

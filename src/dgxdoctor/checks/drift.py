@@ -19,7 +19,7 @@ from pydantic import Field
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
-from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
+from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
 from dgxdoctor.sources.fingerprint import ShardHasher, listing_fingerprint, sample_shards, scan_model_dir
 from dgxdoctor.sources.serving_env import DISTRIBUTIONS, PROBE, find_serving_python, parse_probe_output
 
@@ -115,7 +115,7 @@ class DriftCheck(Check):
                 return {}
             python = found.exe
         try:
-            done = self.env.run_command([python, "-c", PROBE], s.probe_timeout_s)
+            done = self.env.run_command(python_argv(python, "-c", PROBE), s.probe_timeout_s)
         except (CommandNotFound, CommandTimeout, OSError) as exc:
             if isinstance(exc, CommandTimeout):
                 b.timed_out("version probe")

@@ -14,7 +14,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import ClassVar
 
-import structlog
 from pydantic import Field
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
@@ -24,8 +23,6 @@ from dgxdoctor.judge.signatures import Catalog, Signature, load_catalog
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.logtail import LogFollower, expand_paths
 from dgxdoctor.sources.statefile import StateFile
-
-log = structlog.get_logger(__name__)
 
 MATCHES_TOTAL = MetricSpec(
     "dgxdoctor_logs_signature_matches_total",
@@ -132,10 +129,7 @@ class LogsCheck(Check):
             }
             for r in self._recent.values()
         ]
-        try:
-            self.state.save({"positions": follower.state(), "recent": recent})
-        except OSError as exc:
-            log.warning("logs_state_unsaved", path=str(self.state.path), error=str(exc))
+        self.state.save({"positions": follower.state(), "recent": recent})  # a failure is logged and counted
 
     def run(self) -> CheckResult:
         s = self._settings

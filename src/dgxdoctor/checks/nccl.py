@@ -33,7 +33,7 @@ from dgxdoctor.judge.nccl import bandwidth_finding, nccl_tests_findings
 from dgxdoctor.judge.nccl_transport import describe, transport_findings
 from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
-from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
+from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
 from dgxdoctor.sources.nccl_env import parse_env_file, read_ib_ports
 from dgxdoctor.sources.nccl_info import NcclTransport, parse_nccl_info
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
@@ -217,7 +217,7 @@ class NcclCheck(Check):
             return None
         from dgxdoctor.probes import allreduce  # argparse and the probe's code: only once there is a probe to run
 
-        argv = [python, str(Path(allreduce.__file__))]
+        argv = python_argv(python, str(Path(allreduce.__file__)))
         if cfg.quick:
             argv += ["--quick"]
         else:

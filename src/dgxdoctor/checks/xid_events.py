@@ -57,6 +57,15 @@ class XidLedger:
         self._sxids: dict[Key, Tally] = {}
         self.min_usec: int | None = None  # records stamped before this (lookback_s) are ignored
         self.counted = 0  # events counted so far (XIDs and SXIDs), so a caller can tell that something new came
+        self.first_wall: float | None = None  # Unix time of the first kernel record folded in
+        self.restored = 0  # times tallies from before a restart were taken up (part of "changed since saved")
+
+    def restore(self, xids: dict[Key, Tally], sxids: dict[Key, Tally]) -> None:
+        """Take up tallies remembered from before a restart (checks/xid_memory.py)."""
+        with self._lock:
+            self._xids.update(xids)
+            self._sxids.update(sxids)
+            self.restored += 1
 
     def ingest(self, records: list[KmsgRecord]) -> int:
         """Fold kernel log records in (the kmsg follower's callback); returns how many events were counted."""
@@ -68,6 +77,8 @@ class XidLedger:
                 if self.min_usec is not None and record.usec is not None and record.usec < self.min_usec:
                     continue
                 when = boot_wall + record.usec / 1e6 if record.usec is not None else now
+                if self.first_wall is None:
+                    self.first_wall = when
                 for line in record.lines:
                     for event in self._scanner.feed(line):
                         self._count(event, when)

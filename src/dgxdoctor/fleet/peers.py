@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -14,6 +17,7 @@ MAX_CHECKS = 200
 MAX_SAMPLES = 20_000
 MAX_FACTS = 2_000
 MAX_TEXT = 4_096
+MAX_PARALLEL_FETCHES = 8
 
 
 class InvalidState(ValueError):
@@ -27,7 +31,7 @@ class PeerFetch:
     state: dict[str, Any] | None
     error: str | None
     seconds: float
-    timed_out: bool = False
+    timed_out: bool = False  # no (complete) answer within the deadline: counted as a probe timeout
 
     @property
     def up(self) -> bool:
@@ -40,44 +44,77 @@ def peer_label(url: str) -> str:
     return parts.netloc or url
 
 
-def fetch_state(client: httpx.Client, url: str, token: str | None, timeout_s: float) -> PeerFetch:
-    """GET ``url/state`` with the token; never raises: a failure is an error text on the result."""
-    import time
+async def fetch_state(client: httpx.AsyncClient, url: str, token: str | None, timeout_s: float) -> PeerFetch:
+    """GET ``url/state`` with the token; never raises: a failure is an error text on the result.
 
+    ``timeout_s`` bounds the whole exchange, connect to last byte: httpx's timeouts bound each read only, so a peer
+    trickling its status line, headers or body a byte at a time would otherwise hold the fetch for ever. Cancelling
+    the request at the deadline closes its connection.
+    """
     t0 = time.monotonic()
     label = peer_label(url)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        with client.stream("GET", f"{url}/state", headers=headers, timeout=timeout_s) as response:
-            if response.status_code != 200:
-                hint = (
-                    " (token rejected: set the same daemon.token on both nodes)"
-                    if response.status_code
-                    in (
-                        401,
-                        403,
-                    )
-                    else ""
-                )
-                raise InvalidState(f"HTTP {response.status_code}{hint}")
-            body = bytearray()
-            for chunk in response.iter_bytes():
-                body += chunk
-                if len(body) > MAX_STATE_BYTES:
-                    raise InvalidState(f"answer larger than {MAX_STATE_BYTES} bytes")
-                # httpx's timeout bounds each read, not the whole answer: a peer trickling bytes would hold
-                # this check (and its thread) for as long as it likes.
-                if time.monotonic() - t0 > timeout_s:
-                    raise httpx.ReadTimeout(f"answer not complete within {timeout_s:g} s")
-        state = validate_state(response_json(bytes(body)))
-    except httpx.TimeoutException as exc:
-        what = str(exc) if "not complete" in str(exc) else f"no answer within {timeout_s:g} s"
-        return PeerFetch(url, label, None, f"timed out: {what}", time.monotonic() - t0, True)
+        async with asyncio.timeout(timeout_s):
+            body = await _get(client, f"{url}/state", headers)
+        state = validate_state(response_json(body))
+    except TimeoutError:
+        return PeerFetch(url, label, None, f"timed out: no complete answer within {timeout_s:g} s", _since(t0), True)
+    except httpx.TimeoutException:
+        return PeerFetch(url, label, None, f"timed out: no answer within {timeout_s:g} s", _since(t0), True)
     except httpx.HTTPError as exc:
         return PeerFetch(url, label, None, f"{type(exc).__name__}: {exc}", time.monotonic() - t0)
     except InvalidState as exc:
         return PeerFetch(url, label, None, f"invalid /state: {exc}", time.monotonic() - t0)
     return PeerFetch(url, label, state, None, time.monotonic() - t0)
+
+
+async def _get(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> bytes:
+    async with client.stream("GET", url, headers=headers) as response:
+        if response.status_code != 200:
+            rejected = response.status_code in (401, 403)
+            hint = " (token rejected: set the same daemon.token on both nodes)" if rejected else ""
+            raise InvalidState(f"HTTP {response.status_code}{hint}")
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > MAX_STATE_BYTES:
+                raise InvalidState(f"answer larger than {MAX_STATE_BYTES} bytes")
+        return bytes(body)
+
+
+def _since(t0: float) -> float:
+    return time.monotonic() - t0
+
+
+def fetch_all(
+    client_factory: Callable[[], httpx.AsyncClient],
+    urls: Sequence[str],
+    token: str | None,
+    timeout_s: float,
+    parallel: int = MAX_PARALLEL_FETCHES,
+) -> list[PeerFetch]:
+    """Fetch every peer, ``parallel`` at a time, on an event loop of the calling thread (a check's thread).
+
+    The loop is closed without waiting for helper threads (a hung DNS lookup), so nothing here can hold up the
+    check beyond the deadlines or the process at exit.
+    """
+
+    async def run() -> list[PeerFetch]:
+        gate = asyncio.Semaphore(parallel)
+
+        async def one(url: str) -> PeerFetch:
+            async with gate:
+                return await fetch_state(client, url, token, timeout_s)
+
+        async with client_factory() as client:
+            return list(await asyncio.gather(*(one(url) for url in urls)))
+
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(run())
+    finally:
+        loop.close()
 
 
 def response_json(body: bytes) -> Any:

@@ -111,6 +111,8 @@ class ReadStats:
 
     records: int = 0
     lost: int = 0
+    # Sequence number of the oldest record the kernel still held at the first read (0: the buffer holds the boot).
+    first_seq: int | None = None
     overruns: int = 0
     malformed: int = 0
 
@@ -138,6 +140,16 @@ class KmsgReader:
     @property
     def is_device(self) -> bool:
         return self._is_device
+
+    @property
+    def last_seq(self) -> int | None:
+        """Sequence number of the last record returned (device only)."""
+        return self._last_seq
+
+    def resume_after(self, seq: int) -> None:
+        """Skip records up to ``seq`` (read before a restart); a gap after it is counted as lost."""
+        with self._lock:
+            self._last_seq = seq
 
     def open(self) -> None:
         """Open the path; raises FileNotFoundError/PermissionError for the caller to report."""
@@ -190,6 +202,8 @@ class KmsgReader:
             except KmsgFormatError:
                 self.stats.malformed += 1
                 continue
+            if self.stats.first_seq is None:
+                self.stats.first_seq = record.seq
             if self._last_seq is not None and record.seq is not None:
                 if record.seq <= self._last_seq:
                     continue  # reopened: a new descriptor starts at the oldest record again
