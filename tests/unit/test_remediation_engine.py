@@ -146,13 +146,27 @@ async def test_webhook_alerts_are_idempotent_per_fingerprint(tmp_path: Path) -> 
 
 async def test_ladder_end_pages_through_alertmanager(tmp_path: Path) -> None:
     seen: list[str] = []
-    r = remediator(tmp_path, vllm_app(seen), {"xid": CheckResult("xid", Status.CRITICAL, "x", (
-        Finding("IB_PORT_DOWN", Status.CRITICAL, "mlx5_0/1 down"),))})  # fmt: skip
+    cooldowns = {"restart_vllm": 0, "restart_cluster": 0, "page": 3600}
+    r = remediator(tmp_path, vllm_app(seen), {"vllm": DEAD}, ladder_window_s=3600, cooldown_s=cooldowns)
+    now = r.clock()
+    tried = [{"action": "restart_vllm", "at": now - 60}, {"action": "restart_cluster", "at": now - 30}]
+    StateFile(tmp_path).write({"attempts": {"restart_vllm": tried}})
     await settle(r)
     page = events(tmp_path)[-1]
-    assert page["event"] == "page" and page["outcome"] == "sent"
+    assert page["event"] == "page" and page["outcome"] == "sent" and "ladder ended" in page["reason"]
     posted = json.loads(seen[-1])
     assert posted[0]["labels"]["alertname"] == "DgxdoctorRemediationPage" and posted[0]["labels"]["node"] == "dgx-a"
+    await settle(r)
+    assert [e["event"] for e in events(tmp_path)].count("page") == 1  # the page's cooldown
+
+
+async def test_hardware_faults_are_suggested_not_paged_twice(tmp_path: Path) -> None:
+    seen: list[str] = []
+    r = remediator(tmp_path, vllm_app(seen), {"infiniband": CheckResult("infiniband", Status.CRITICAL, "x", (
+        Finding("IB_PORT_DOWN", Status.CRITICAL, "mlx5_0/1 down"),))})  # fmt: skip
+    await settle(r)
+    (decision,) = events(tmp_path)
+    assert (decision["verdict"], decision["action"]) == ("suggest", "page") and seen == []
 
 
 async def test_worker_runs_only_its_own_steps_when_acting(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
@@ -217,6 +217,13 @@ class Remediator:
             guard.observe(alerts, now, "alert")
             decisions = [guard.decide(p, now, vllm_uptime(latest)) for p in checks + alerts]
             chosen = next((d for d in decisions if d.verdict in ("act", "page")), None)
+            # One action per evaluation: another problem asking for one in the same breath waits its turn.
+            decisions = [
+                d if d is chosen or d.verdict not in ("act", "page") else replace(d, verdict="refuse",
+                reason=f"{chosen.action if chosen else ''} chosen for {chosen.problem.key if chosen else ''}: one "
+                "action at a time")
+                for d in decisions
+            ]  # fmt: skip
             action_id = uuid.uuid4().hex[:12]
             if chosen is not None and chosen.verdict == "act" and not self.busy.locked():
                 guard.begin(chosen, action_id, now, os.getpid())

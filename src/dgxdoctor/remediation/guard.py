@@ -7,13 +7,14 @@ state, the settings and the time. The engine persists the state after every chan
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dgxdoctor.config import RemediationSettings
 from dgxdoctor.remediation.policy import ActionName, Attempt, Problem, escalate
 
-Verdict = Literal["act", "page", "observe", "hold", "refuse"]
+Verdict = Literal["act", "page", "suggest", "observe", "hold", "refuse"]
 
 
 @dataclass(frozen=True)
@@ -50,16 +51,23 @@ class GuardState:
     finished_at: float | None = None  # when the last action ended: results of runs before it are stale
 
     def to_doc(self) -> dict[str, Any]:
-        return {
-            "version": 1,
-            "breaker": {"open": self.breaker_open, "reason": self.breaker_reason, "opened_at": self.breaker_opened_at},
-            "actions": self.actions,
-            "last": self.last,
-            "attempts": self.attempts,
-            "onset": self.onset,
-            "in_flight": self.in_flight.to_doc() if self.in_flight else None,
-            "finished_at": self.finished_at,
-        }
+        """A deep copy: comparing it with a later one shows whether anything changed."""
+        return copy.deepcopy(
+            {
+                "version": 1,
+                "breaker": {
+                    "open": self.breaker_open,
+                    "reason": self.breaker_reason,
+                    "opened_at": self.breaker_opened_at,
+                },
+                "actions": self.actions,
+                "last": self.last,
+                "attempts": self.attempts,
+                "onset": self.onset,
+                "in_flight": self.in_flight.to_doc() if self.in_flight else None,
+                "finished_at": self.finished_at,
+            }
+        )
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> GuardState:
@@ -109,11 +117,13 @@ class Guard:
         def out(verdict: Verdict, reason: str) -> Decision:
             return Decision(verdict, action, reason, problem)
 
+        if action == "page" and problem.action == "page":
+            # Hardware and drift: the shipped alert rules page for these already; remediation only says so.
+            return out("suggest", "a restart cannot fix this: an operator must (the alert rules page for it)")
         if action == "page":
             if now - self.state.last.get("page", float("-inf")) < s.cooldown_s.get("page", 0.0):
                 return out("hold", "page sent recently (cooldown)")
-            why = "the ladder ended" if problem.action != "page" else "a restart cannot fix this"
-            return out("page", f"{why}: page an operator")
+            return out("page", "the ladder ended (restarts did not cure it): page an operator")
         if s.mode == "observe":
             return out("observe", f'mode = "observe": would {action}')
         if self.state.breaker_open:
