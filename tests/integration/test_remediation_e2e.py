@@ -292,8 +292,11 @@ def _node_specs(cluster: Cluster, model: Path) -> None:
                              f"--temp-dir={cluster.tmp / 'h'}"]  # fmt: skip
     worker_ray = [*ray_common, f"--address={head.ip}:6379", f"--node-ip-address={worker.ip}",
                                f"--temp-dir={cluster.tmp / 'w'}"]  # fmt: skip
-    (head.dir / "node.json").write_text(json.dumps({"vllm": vllm, "ray": {"argv": head_ray, "env": HEALTH_CHECK_ENV}}))
-    (worker.dir / "node.json").write_text(json.dumps({"ray": {"argv": worker_ray}}))
+    # This Ray turns token authentication on by default; the nodes here are the test's own, on its own subnet.
+    no_auth = {"RAY_AUTH_MODE": "disabled"}
+    head_spec = {"vllm": vllm, "ray": {"argv": head_ray, "env": {**HEALTH_CHECK_ENV, **no_auth}}}
+    (head.dir / "node.json").write_text(json.dumps(head_spec))
+    (worker.dir / "node.json").write_text(json.dumps({"ray": {"argv": worker_ray, "env": no_auth}}))
 
 
 def _start_prometheus_and_alertmanager(cluster: Cluster, am_port: int, prom_port: int) -> None:

@@ -86,3 +86,15 @@ def test_nccl_env_file_has_no_export_lines() -> None:
         if line.strip() and not line.startswith("#"):
             key, _, value = line.partition("=")
             assert key.isidentifier() and key.isupper() and value, line
+
+
+def test_every_kept_capability_is_explained() -> None:
+    """Least privilege: each capability in the bounding set has its reason in a comment; CAP_KILL is not kept (the
+    default remediation actions go through systemctl, which signals nothing itself)."""
+    text = (REPO / "systemd" / "dgxdoctor.service").read_text()
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("CapabilityBoundingSet=")]
+    kept = line.split("=", 1)[1].split()
+    assert "CAP_KILL" not in kept and "CAP_SYS_ADMIN" not in kept
+    comments = [ln for ln in text.splitlines() if ln.startswith("#")]
+    for cap in kept:
+        assert any(ln.startswith(f"# {cap}: ") for ln in comments), f"{cap} kept without a reason"
