@@ -22,9 +22,9 @@ from pathlib import Path
 
 import psutil
 
-from dgxdoctor.checks.vllm import is_vllm_process
 from dgxdoctor.sources.procfs import iter_processes, processes_named
 from dgxdoctor.sources.serving_env import find_serving_python
+from dgxdoctor.sources.vllm_api import is_vllm_process
 
 REPEATS = 5
 

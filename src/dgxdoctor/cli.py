@@ -62,8 +62,19 @@ def build_checks(
             continue
         if not only and not settings.enabled:
             continue
-        checks.append(factory(settings, env))
+        check = factory(settings, env)
+        attach = getattr(check, "attach_cluster", None)
+        if callable(attach):  # the shared token, for checks that ask a peer's agent (nccl's cross-node probe)
+            attach(_token(config))
+        checks.append(check)
     return checks
+
+
+def _token(config: Config) -> str | None:
+    try:
+        return config.daemon.resolve_token()
+    except (OSError, ValueError) as exc:
+        raise click.UsageError(f"daemon.token_file: {exc}") from None
 
 
 def _load(config_path: Path | None) -> Config:
@@ -357,3 +368,17 @@ def _gpu_memory(text: str | None, parse: Callable[[str], int]) -> int:
         return smallest_gpu_memory(Environment().nvml_factory())[0]
     except NvmlError as exc:
         raise click.UsageError(f"give --gpu-memory: cannot read it through NVML ({exc})") from None
+
+
+@cli.command("dashboards")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+def dashboards(directory: Path) -> None:
+    """Write the Grafana dashboards and a provisioning file for them into DIRECTORY (docs/dashboards.md)."""
+    from dgxdoctor.dashboards import write_dashboards
+
+    try:
+        written = write_dashboards(directory)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot write the dashboards to {directory}: {exc}") from None
+    for path in written:
+        click.echo(str(path))

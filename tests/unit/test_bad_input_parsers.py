@@ -459,7 +459,7 @@ def test_diagnose_forced_kind(kind: str, text: str) -> None:
 @FUZZ
 @given(st.one_of(json_values, json_mutants([{"object": "list", "data": [{"id": "m", "object": "model"}]}])))
 def test_vllm_models_payload(payload: Any) -> None:
-    from dgxdoctor.checks.vllm import parse_models
+    from dgxdoctor.sources.vllm_api import parse_models
 
     clean(parse_models, payload)
 
@@ -471,7 +471,7 @@ def test_vllm_models_payload(payload: Any) -> None:
     )
 )
 def test_vllm_completion_payload(payload: Any) -> None:
-    from dgxdoctor.checks.vllm import parse_completion_tokens
+    from dgxdoctor.sources.vllm_api import parse_completion_tokens
 
     clean(parse_completion_tokens, payload)
 

@@ -34,6 +34,8 @@ class Excerpt:
 
 def excerpts(path: Path) -> list[Excerpt]:
     text = path.read_text(encoding="utf-8")
+    for line in text.splitlines():
+        assert not line.startswith("=== ") or HEADER.match(line), f"{path.name}: malformed header {line!r}"
     heads = list(HEADER.finditer(text))
     assert heads and heads[0].start() == 0, f"{path.name}: must start with a '=== source | what' line"
     out = []

@@ -156,10 +156,40 @@ def test_a_refining_signature_replaces_its_base_on_the_same_line() -> None:
     [
         ({"refines": "not a code"}, "refines must name"),
         ({"refines": "NOPE"}, "refines unknown signature"),
-        ({"patterns": ["(?s)x"]}, "leading (?i)"),
+        ({"patterns": ["(?s)xxxx"]}, "leading (?i)"),
+        ({"patterns": ["a.b\\d+"]}, "4+ literal characters"),
     ],
 )
 def test_catalog_rejects_bad_refines_and_flags(entry: dict[str, object], message: str) -> None:
-    base = {"code": "X", "severity": "warning", "kinds": ["vllm"], "meaning": "m", "fix": "f", "patterns": ["x"]}
+    base = {"code": "X", "severity": "warning", "kinds": ["vllm"], "meaning": "m", "fix": "f", "patterns": ["xxxx"]}
     with pytest.raises(CatalogError, match=re.escape(message)):
         parse_catalog({"signature": [{**base, **entry}]})
+
+
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [
+        ("NCCL (?:INFO|WARN) NET/IB ?: ?No device found", "No device found"),
+        ("OSError: \\S+ does not exist", "OSError:"),
+        ("max seq len \\(\\d+\\) is larger than", ") is larger than"),
+        ("(?i)cuda out of memory", "cuda out of memory"),
+        ("ncclRemoteError", "RemoteError"),
+    ],
+)
+def test_anchor_is_literal_text_every_match_contains(pattern: str, expected: str) -> None:
+    from dgxdoctor.judge.signatures import anchor
+
+    assert anchor(pattern) == expected
+
+
+def test_every_anchor_is_in_every_line_its_pattern_matches() -> None:
+    from dgxdoctor.judge.signatures import _anchor_forms
+
+    files = [*LOGS.glob("*.log"), *LOGS.glob("captured/*.txt"), *CORPUS.glob("*.txt")]
+    lines = [line for p in files for line in p.read_text().splitlines()]
+    for sig in load_catalog().signatures:
+        for pattern in sig.patterns:
+            forms = _anchor_forms(pattern.pattern)
+            for line in lines:
+                if pattern.search(line):
+                    assert any(f in line for f in forms), (sig.code, pattern.pattern, line)

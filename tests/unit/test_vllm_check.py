@@ -19,13 +19,11 @@ from dgxdoctor.checks.vllm import (
     VLLM_UP,
     VllmCheck,
     VllmSettings,
-    cmdline_port,
-    is_vllm_api_server,
-    is_vllm_process,
 )
 from dgxdoctor.config import ConfigError, parse_config
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, Status
+from dgxdoctor.sources.vllm_api import cmdline_port, is_vllm_api_server, is_vllm_process
 
 API_PID, ENGINE_PID = 7538, 7573
 BTIME = 1796003545

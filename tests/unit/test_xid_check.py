@@ -77,6 +77,10 @@ def test_fallen_off_bus_is_critical_reboot_with_counter_and_last_seen(tmp_path: 
     assert result.action is not None and result.action.kind == "reboot_node"
     assert _sample(result, "dgxdoctor_xid_errors_total", pci_bus_id="0000:2b:00", xid="79") == 1
     assert _sample(result, "dgxdoctor_xid_last_seen_timestamp_seconds", pci_bus_id="0000:2b:00", xid="79") == 1.8e9
+    # The catalog entry, for grouping XIDs by what they need (the overview dashboard joins on xid).
+    (info,) = [s for s in result.samples if s.metric.name == "dgxdoctor_xid_catalog_info"]
+    assert dict(info.labels) == {"xid": "79", "name": "GPU has fallen off the bus", "resolution": "RESTART_BM"}
+    assert info.value == 1
 
 
 def test_counters_are_monotonic_and_new_lines_are_folded_in(tmp_path: Path) -> None:

@@ -74,6 +74,7 @@ def _keys(name: str) -> list[tuple[str, str, int]]:
         ("wrapped_lines.txt", [("xid", "0000:02:00", 79), ("xid", "0000:2a:00", 120)]),
         ("lookalikes.txt", []),
         ("lone_sxid_detail_lines.txt", [("sxid", "0000:04:00.0", 22013)]),
+        ("odd_address_forms.txt", [("xid", "unknown (redacted)", 145), ("xid", "unknown (not in the paste)", 79)]),
     ],
 )
 def test_fixture_events_in_input_order(fixture: str, expected: list[tuple[str, str, int]]) -> None:

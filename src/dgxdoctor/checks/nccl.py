@@ -1,36 +1,50 @@
 """`nccl`: an all-reduce bandwidth probe, the tutorial's step 4 ("verify cross-node communication with nccl-tests
-before starting the model"), judged against the bandwidth this fabric should give.
+before starting the model"), judged against the bandwidth this fabric should give and the transport NCCL used.
 
-By hand: ``./all_reduce_perf -b 8 -e 8G -f 2 -g 8`` (both nodes at once, under mpirun for the cross-node figure);
-success is an "Avg bus bandwidth" line, large-message busbw at 70 % or more of the NICs' nominal rate, and no
-NCCL WARN. Tens of MB/s means NCCL fell back to TCP.
+By hand: ``NCCL_DEBUG=INFO ./all_reduce_perf -b 8M -e 8G -f 2 -g 8`` (both nodes at once, under mpirun for the
+cross-node figure); success is an "Avg bus bandwidth" line, large-message busbw at 70 % or more of the NICs'
+nominal rate, ``via NET/IB`` between the nodes and no NCCL WARN.
 
-The probe takes GPUs and fabric bandwidth, so the check is off by default: run it with ``dgxdoctor check
---only nccl`` before and after a change, or enable it with a long interval. It runs ``command`` when set (an
-nccl-tests binary, or an mpirun line around it); otherwise the bundled torch.distributed probe
-(``dgxdoctor/probes/allreduce.py``) with the serving environment's Python, which prints the same table. Either
-way one parser reads the output, and NCCL's own error lines are matched against the failure catalog.
+The probe takes GPUs and fabric bandwidth, so the check is off by default and refuses while vLLM serves on this
+node (``checks.nccl_guard``; ``force`` overrides). Run it with ``dgxdoctor check --only nccl`` before and after a
+change; the daemon runs it only inside ``maintenance_windows``. It runs ``command`` when set (an nccl-tests binary
+or an mpirun line around it); otherwise the bundled torch.distributed probe (``dgxdoctor/probes/allreduce.py``)
+with the serving environment's Python. Either way it runs with the node's NCCL env file, ``NCCL_ALGO`` and
+``NCCL_PROTO`` pinned (so figures compare over time) and ``NCCL_DEBUG=INFO``, so the transport is read from NCCL's
+own lines. With ``peer`` set, the run spans this node and the peer: the peer's agent is asked over the
+authenticated API to start its ranks (``checks.nccl_cross``). With ``rails``, one run per HCA names a slow rail.
 """
 
 from __future__ import annotations
 
+import re
+import shutil
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.nccl_cross import PeerRefused, run_cross_node
+from dgxdoctor.checks.nccl_guard import in_window, parse_window, serving_reason
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.nccl import bandwidth_finding, nccl_tests_findings
+from dgxdoctor.judge.nccl_transport import describe, transport_findings
 from dgxdoctor.judge.signatures import load_catalog
-from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
+from dgxdoctor.sources.nccl_env import parse_env_file, read_ib_ports
+from dgxdoctor.sources.nccl_info import NcclTransport, parse_nccl_info
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
 from dgxdoctor.sources.serving_env import find_serving_python
 
-# The probe's exit status for "cannot run here" (no torch, no GPU): ``dgxdoctor.probes.allreduce.EX_NOT_RUNNABLE``,
-# repeated so the daemon does not import the probe (argparse and all) to compare one number; a test holds them equal.
+# The probe's exit statuses, repeated from ``dgxdoctor.probes.allreduce`` so the daemon does not import the probe
+# (argparse and all) to compare numbers; a test holds them equal.
 EX_NOT_RUNNABLE = 3
+EX_PEER_MISSING = 4
+# ``env`` exits 127 when the program it should run does not exist.
+EX_ENV_NOT_FOUND = 127
 
 BUSBW = MetricSpec(
     "dgxdoctor_nccl_busbw_bytes_per_second",
@@ -41,15 +55,28 @@ AVG_BUSBW = MetricSpec(
     "All-reduce bus bandwidth averaged over the probe's message sizes (nccl-tests' 'Avg bus bandwidth').",
 )
 PROBE_OK = MetricSpec("dgxdoctor_nccl_probe_success", "1 when the last bandwidth probe ran and printed its table.")
+RAIL_BUSBW = MetricSpec(
+    "dgxdoctor_nccl_rail_busbw_bytes_per_second",
+    "All-reduce bus bandwidth at the largest size of the last per-rail probe, NCCL_IB_HCA set to this one HCA.",
+    labels=("device",),
+)
+EXPECTED_BUSBW = MetricSpec(
+    "dgxdoctor_nccl_expected_busbw_bytes_per_second",
+    "The bus bandwidth this fabric should give at the largest message ([checks.nccl] expected_busbw_gbps); "
+    "absent when not configured.",
+)
 
 GB = 1e9
+# NCCL_ALGO / NCCL_PROTO values: names, lists, exclusions ("^NVLS") and per-collective forms ("allreduce:ring").
+NCCL_CHOICE_RE = re.compile(r"^[A-Za-z0-9,^:;_]{0,128}$")
+HCA_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}(?::\d{1,3})?$")
 
 
 class NcclSettings(CheckSettings):
     """The NCCL all-reduce bandwidth probe (off by default: it uses the GPUs and the fabric)."""
 
     enabled: bool = Field(False, description="run this check (it occupies the GPUs while it runs)")
-    interval_s: float = Field(3600.0, gt=0, description="daemon: seconds between probes")
+    interval_s: float = Field(3600.0, gt=0, description="daemon: seconds between attempts (runs only in a window)")
     timeout_s: float = Field(600.0, gt=0, description="a probe that takes longer is UNKNOWN")
     command: list[str] = Field(
         default_factory=list,
@@ -60,9 +87,43 @@ class NcclSettings(CheckSettings):
         None,
         description="Python with torch for the bundled probe; default: that of a running vLLM or Ray process",
     )
-    gpus: int = Field(0, ge=0, description="bundled probe: GPUs to use (0 = all visible)")
+    gpus: int = Field(0, ge=0, description="bundled probe: GPUs to use on this node (0 = all visible)")
+    backend: Literal["nccl", "gloo"] = Field(
+        "nccl", description="bundled probe: torch.distributed backend; gloo runs on CPU (no NCCL: tests, rehearsals)"
+    )
     min_bytes: str = Field("8M", description="bundled probe: smallest message")
     max_bytes: str = Field("1G", description="bundled probe: largest message")
+    quick: bool = Field(False, description="bundled probe: 32M-128M, few iterations: an answer within 10 s")
+    algo: str = Field("Ring", description="NCCL_ALGO for the probe, pinned so runs compare; empty: NCCL chooses")
+    proto: str = Field("Simple", description="NCCL_PROTO for the probe, pinned likewise; empty: NCCL chooses")
+    env_file: Path | None = Field(
+        Path("/etc/profile.d/nccl.sh"),
+        description="the node's NCCL env file (read as data): the probe runs with exactly what vLLM gets",
+    )
+    force: bool = Field(False, description="run even while vLLM serves on this node (disturbs serving)")
+    vllm_url: str | None = Field(
+        "http://127.0.0.1:8000", description="vLLM whose running requests make the probe refuse; empty: none"
+    )
+    maintenance_windows: list[str] = Field(
+        default_factory=list,
+        description='daemon: run only inside these UTC windows, e.g. ["Sat 02:00-04:00"]; none: the daemon never '
+        "runs the probe, `dgxdoctor check --only nccl` runs it on demand",
+    )
+    peer: str | None = Field(
+        None, description="cross-node: the peer's dgxdoctor URL (http://dgx-b:9835); it is asked to join over its API"
+    )
+    master_addr: str | None = Field(
+        None, description="cross-node: this node's address the peer's ranks reach for the rendezvous"
+    )
+    master_port: int = Field(29555, ge=1, le=65535, description="cross-node: rendezvous port on this node")
+    join_timeout_s: float = Field(60.0, gt=0, le=600, description="cross-node: a peer not joined by then is UNKNOWN")
+    rails: list[str] = Field(
+        default_factory=list,
+        description='per-rail runs: one probe per HCA with NCCL_IB_HCA set to it alone, e.g. ["mlx5_0", "mlx5_1"]',
+    )
+    rail_min_fraction: float = Field(
+        0.8, gt=0, le=1, description="a rail below this fraction of the median rail is named as degraded"
+    )
     expected_busbw_gbps: float | None = Field(
         None,
         gt=0,
@@ -72,6 +133,42 @@ class NcclSettings(CheckSettings):
     min_fraction: float = Field(
         0.7, gt=0, le=1, description="busbw below this fraction of expected_busbw_gbps is critical (the tutorial)"
     )
+
+    @field_validator("algo", "proto")
+    @classmethod
+    def _nccl_choice(cls, value: str) -> str:
+        if not NCCL_CHOICE_RE.match(value):
+            raise ValueError(f"{value!r} is not an NCCL_ALGO/NCCL_PROTO value (e.g. Ring, Simple, ^NVLS)")
+        return value
+
+    @field_validator("rails")
+    @classmethod
+    def _rails(cls, value: list[str]) -> list[str]:
+        bad = [r for r in value if not HCA_RE.match(r)]
+        if bad:
+            raise ValueError(f"not HCA names (mlx5_0 or mlx5_0:1): {bad}")
+        return value
+
+    @field_validator("maintenance_windows")
+    @classmethod
+    def _windows(cls, value: list[str]) -> list[str]:
+        for window in value:
+            parse_window(window)
+        return value
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One probe's raw outcome on this node, and the peer's when the run spanned two nodes."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    rail: str | None = None
+    peer: ProbeRun | None = None
+    peer_error: str | None = None
+    # The peer's own answer to "has this node IB/RoCE devices" (its sysfs), for its transport verdict.
+    has_ib: bool = False
 
 
 class NcclCheck(Check):
@@ -83,8 +180,31 @@ class NcclCheck(Check):
         self.settings: CheckSettings = settings
         self.cfg = settings
         self.env = env
+        self._token: str | None = None
 
-    def argv(self) -> list[str] | None:
+    def attach_cluster(self, token: str | None) -> None:
+        """The shared daemon token for ``dgxdoctor check``, which has no fleet (the daemon's comes through
+        ``env.fleet``, current after a reload)."""
+        self._token = token
+
+    @property
+    def token(self) -> str | None:
+        return self.env.fleet.peers().token if self.env.fleet is not None else self._token
+
+    # -- what runs -------------------------------------------------------------------------------------
+
+    def nccl_env(self, rail: str | None = None) -> dict[str, str]:
+        """The probe's environment: the node's NCCL env file, then the pinned choices and INFO logging."""
+        return probe_env(self.cfg, rail)
+
+    def argv(self, rail: str | None = None, *, nnodes: int = 1, node_rank: int = 0) -> list[str] | None:
+        """``env NAME=VALUE ... PROGRAM ARGS``: argv only, never a shell; None when there is no probe here."""
+        program = self.program(nnodes=nnodes, node_rank=node_rank)
+        if program is None:
+            return None
+        return ["env", *(f"{k}={v}" for k, v in self.nccl_env(rail).items()), *program]
+
+    def program(self, *, nnodes: int = 1, node_rank: int = 0) -> list[str] | None:
         cfg = self.cfg
         if cfg.command:
             return list(cfg.command)
@@ -97,61 +217,231 @@ class NcclCheck(Check):
         from dgxdoctor.probes import allreduce  # argparse and the probe's code: only once there is a probe to run
 
         argv = [python, str(Path(allreduce.__file__))]
-        argv += ["--min-bytes", cfg.min_bytes, "--max-bytes", cfg.max_bytes]
+        if cfg.quick:
+            argv += ["--quick"]
+        else:
+            argv += ["--min-bytes", cfg.min_bytes, "--max-bytes", cfg.max_bytes]
         if cfg.gpus:
             argv += ["--gpus", str(cfg.gpus)]
+        if cfg.backend != "nccl":
+            argv += ["--backend", cfg.backend]
+        if nnodes > 1:
+            argv += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-port", str(cfg.master_port)]
+            argv += ["--master-addr", cfg.master_addr or "127.0.0.1", "--join-timeout", f"{cfg.join_timeout_s:g}"]
         return argv
 
+    def refusal(self) -> str | None:
+        """Why the probe must not run now, or None."""
+        cfg = self.cfg
+        if not self.env.one_shot and not in_window(cfg.maintenance_windows, self.env.clock()):
+            if not cfg.maintenance_windows:
+                return "no maintenance window configured: the daemon never probes; run `dgxdoctor check --only nccl`"
+            return f"outside the maintenance windows {cfg.maintenance_windows} (UTC)"
+        if cfg.force:
+            return None
+        why = serving_reason(self.env, cfg.vllm_url or None)
+        return None if why is None else f"refused: {why} (set checks.nccl.force to probe anyway)"
+
+    # -- running ---------------------------------------------------------------------------------------
+
     def run(self) -> CheckResult:
-        argv = self.argv()
-        if argv is None:
+        refused = self.refusal()
+        if refused is not None:
+            return CheckResult.skipped(self.name, refused)
+        if self.argv() is None:
             return CheckResult.skipped(
                 self.name, "no probe: set checks.nccl.command (nccl-tests) or checks.nccl.serving_python (torch)"
             )
+        runs: list[ProbeRun] = []
+        rails: list[str | None] = [*self.cfg.rails] or [None]
+        for rail in rails:
+            try:
+                runs.append(self.run_once(rail))
+            except PeerRefused as exc:
+                return CheckResult.skipped(self.name, f"the peer refused: {exc}")
+            except CommandNotFound as exc:
+                return CheckResult.skipped(self.name, str(exc))
+            except CommandTimeout as exc:
+                return CheckResult.unknown(self.name, str(exc))
+        if not self.cfg.command and runs[0].returncode == EX_NOT_RUNNABLE:
+            return CheckResult.skipped(self.name, runs[0].stderr.strip().lstrip("# ") or "probe cannot run here")
+        return judge_runs(runs, self.cfg, node_has_ib=bool(read_ib_ports(self.env.sysfs_root)))
+
+    def run_once(self, rail: str | None) -> ProbeRun:
+        if self.cfg.peer:
+            return run_cross_node(self, rail)
+        return self.run_local(self.argv(rail), rail)
+
+    def run_local(self, argv: list[str] | None, rail: str | None, timeout_s: float | None = None) -> ProbeRun:
+        if argv is None:
+            raise CommandNotFound("no probe program")
+        program = argv[argv.index("env") + 1 + len(self.nccl_env(rail))] if argv[0] == "env" else argv[0]
+        if shutil.which(program) is None:
+            raise CommandNotFound(f"{program} not found")
         # Leave room for the runner's own timeout to report a hang rather than a half-read table.
-        timeout = max(1.0, self.cfg.timeout_s - 5)
+        timeout = timeout_s if timeout_s is not None else max(1.0, self.cfg.timeout_s - 5)
+        done = self.env.run_command(argv, timeout_s=timeout)
+        self.keep_output(rail, done.stdout, done.stderr)
+        return ProbeRun(done.returncode, done.stdout, done.stderr, rail)
+
+    def keep_output(self, rail: str | None, stdout: str, stderr: str) -> None:
+        """The whole output of the last run (table and NCCL's INFO lines) in ``<state_dir>/nccl/``, for the
+        operator: ``last-probe.txt``, or ``last-probe-<HCA>.txt`` for a per-rail run."""
+        path = self.env.state_dir / "nccl" / (f"last-probe-{rail}.txt" if rail else "last-probe.txt")
         try:
-            done = self.env.run_command(argv, timeout_s=timeout)
-        except CommandNotFound as exc:
-            return CheckResult.skipped(self.name, str(exc))
-        except CommandTimeout as exc:
-            return CheckResult.unknown(self.name, str(exc))
-        if not self.cfg.command and done.returncode == EX_NOT_RUNNABLE:
-            return CheckResult.skipped(self.name, done.stderr.strip().lstrip("# ") or "probe cannot run here")
-        return judge(done.stdout, done.stderr, done.returncode, self.cfg)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"{stdout}\n# --- stderr ---\n{stderr}", encoding="utf-8")
+        except OSError:
+            pass  # the verdict does not depend on it
 
 
-def judge(stdout: str, stderr: str, returncode: int, cfg: NcclSettings) -> CheckResult:
-    """Pure: the verdict on one probe's output."""
-    b = ResultBuilder(NcclCheck.name)
-    catalog = load_catalog()
-    for match in catalog.scan(stdout + "\n" + stderr):
-        sig = match.signature
-        b.finding(sig.code, sig.severity, sig.meaning, evidence=match.line.strip()[:500], remedy=sig.fix)
+def probe_env(cfg: NcclSettings, rail: str | None = None) -> dict[str, str]:
+    """The node's NCCL env file (NCCL_*, GLOO_*, TORCH_NCCL_*, VLLM_HOST_IP), the pinned algorithm and protocol,
+    INFO logging for the transport lines, and for a per-rail run ``NCCL_IB_HCA`` set to that HCA alone."""
+    env: dict[str, str] = {}
+    if cfg.env_file is not None and cfg.env_file.is_file() and cfg.env_file.stat().st_size < 1 << 20:
+        values = parse_env_file(cfg.env_file.read_text(encoding="utf-8", errors="replace")).values
+        env.update({k: v for k, v in values.items() if k.startswith(("NCCL_", "GLOO_", "TORCH_NCCL_", "VLLM_"))})
+    if cfg.algo:
+        env["NCCL_ALGO"] = cfg.algo
+    if cfg.proto:
+        env["NCCL_PROTO"] = cfg.proto
+    env["NCCL_DEBUG"] = "INFO"
+    env["NCCL_DEBUG_SUBSYS"] = "INIT,NET,ENV"
+    env.pop("NCCL_DEBUG_FILE", None)  # the lines must reach the probe's stdout
+    if rail is not None:
+        env["NCCL_IB_HCA"] = f"={rail}"  # "=": exactly this HCA, not every name starting with it
+    return env
+
+
+def _report(run: ProbeRun) -> NcclTestsReport | None:
     try:
-        report: NcclTestsReport | None = parse_nccl_tests(stdout)
+        return parse_nccl_tests(run.stdout)
     except ValueError:
-        report = None
-    if returncode != 0 or report is None or not report.rows:
-        tail = (stderr.strip() or stdout.strip())[-400:]
+        return None
+
+
+def judge(stdout: str, stderr: str, returncode: int, cfg: NcclSettings, node_has_ib: bool = False) -> CheckResult:
+    """Pure: the verdict on one probe's output."""
+    return judge_runs([ProbeRun(returncode, stdout, stderr)], cfg, node_has_ib=node_has_ib)
+
+
+def judge_runs(runs: list[ProbeRun], cfg: NcclSettings, *, node_has_ib: bool) -> CheckResult:
+    """Pure: the verdict on one or more probe runs (one per rail), each possibly with the peer's side."""
+    b = ResultBuilder(NcclCheck.name)
+    rail_busbw: dict[str, float] = {}
+    summaries: list[str] = []
+    for run in runs:
+        summary, peak = _judge_one(b, run, cfg, node_has_ib)
+        summaries.append(summary)
+        if run.rail is not None and peak is not None:
+            rail_busbw[run.rail] = peak
+            b.sample(RAIL_BUSBW, peak * GB, device=run.rail)
+    if runs and runs[0].rail is None:
+        return b.build(summaries[0])
+    from dgxdoctor.judge.nccl_rails import rail_findings
+
+    b.findings.extend(rail_findings(rail_busbw, [r.rail for r in runs if r.rail], cfg.rail_min_fraction))
+    shown = ", ".join(f"{rail} {bw:.1f}" for rail, bw in rail_busbw.items())
+    return b.build(f"per-rail busbw (GB/s): {shown or 'none measured'}")
+
+
+def _judge_one(b: ResultBuilder, run: ProbeRun, cfg: NcclSettings, node_has_ib: bool) -> tuple[str, float | None]:
+    subject = run.rail
+    prefix = f"{run.rail}: " if run.rail else ""
+    # NCCL's INFO lines are read for the transport below; the failure catalog reads the rest (WARN lines, errors):
+    # an INFO line such as "NET/IB : No device found" is expected on a node without IB.
+    text = "\n".join(line for line in (run.stdout + "\n" + run.stderr).splitlines() if "NCCL INFO" not in line)
+    for match in load_catalog().scan(text):
+        sig = match.signature
+        b.finding(sig.code, sig.severity, sig.meaning, subject, evidence=match.line.strip()[:500], remedy=sig.fix)
+    if run.returncode == EX_PEER_MISSING:
+        b.finding(
+            "NCCL_PEER_NOT_JOINED",
+            Status.UNKNOWN,
+            f"the peer did not join the probe within {cfg.join_timeout_s:g} s",
+            subject or cfg.peer,
+            evidence=(run.peer_error or run.stderr.strip())[-400:] or None,
+            remedy="check the peer's dgxdoctor (journalctl -u dgxdoctor), that it reaches "
+            f"{cfg.master_addr}:{cfg.master_port}, and that its serving Python has torch",
+        )
+        return f"{prefix}the peer did not join within {cfg.join_timeout_s:g} s", None
+    report = _report(run)
+    if run.returncode != 0 or report is None or not report.rows:
+        tail = (run.stderr.strip() or run.stdout.strip())[-400:]
         b.sample(PROBE_OK, 0)
         b.finding(
             "NCCL_PROBE_FAILED",
             Status.CRITICAL,
-            f"the bandwidth probe exited {returncode} without a bandwidth table",
+            f"the bandwidth probe exited {run.returncode} without a bandwidth table",
+            subject,
             evidence=tail or None,
             remedy="run the probe by hand with NCCL_DEBUG=INFO and read its first WARN line",
         )
-        return b.build(f"probe failed (exit {returncode})")
+        return f"{prefix}probe failed (exit {run.returncode})", None
     b.sample(PROBE_OK, 1)
-    b.findings.extend(nccl_tests_findings(report))
+    transport = parse_nccl_info(run.stdout + "\n" + run.stderr)
+    cross = run.peer is not None or (transport.nodes or 1) > 1
+    # The transport verdict below replaces the table's own NET/Socket warning; gloo (CPU) is not held to NCCL's
+    # TCP-fallback floor.
+    dropped = {"NCCL_SOCKET_TRANSPORT"} | ({"NCCL_TESTS_LOW_BUSBW"} if cfg.backend == "gloo" else set())
+    b.findings.extend(f for f in nccl_tests_findings(report) if f.code not in dropped)
+    if cfg.backend == "nccl" or transport.seen:
+        b.findings.extend(transport_findings(transport, node_has_ib=node_has_ib, subject=subject, cross_node=cross))
+    peak = _bandwidth(b, report, cfg, subject, sample=run.rail is None)
+    if run.peer is not None:
+        b.findings.extend(_peer_findings(run, report, cfg))
+    avg = "n/a" if report.avg_busbw_gbps is None else f"{report.avg_busbw_gbps:.1f}"
+    shown = "n/a" if peak is None else f"{peak:.1f}"
     largest = max(report.rows, key=lambda r: r.size_bytes)
-    peak_at_largest = largest.busbw_gbps
-    b.sample(BUSBW, None if peak_at_largest is None else peak_at_largest * GB)
-    b.sample(AVG_BUSBW, None if report.avg_busbw_gbps is None else report.avg_busbw_gbps * GB)
+    where = f" with {cfg.peer}" if run.peer is not None else ""
+    return (
+        f"{prefix}busbw {shown} GB/s at {largest.size_bytes} B{where}, average {avg} GB/s over "
+        f"{len(report.rows)} sizes; {_transport_word(transport)}",
+        peak,
+    )
+
+
+def _transport_word(t: NcclTransport) -> str:
+    return f"transport {describe(t)}"
+
+
+def _bandwidth(
+    b: ResultBuilder, report: NcclTestsReport, cfg: NcclSettings, subject: str | None, sample: bool
+) -> float | None:
+    largest = max(report.rows, key=lambda r: r.size_bytes)
+    peak = largest.busbw_gbps
+    if sample:
+        b.sample(BUSBW, None if peak is None else peak * GB)
+        b.sample(AVG_BUSBW, None if report.avg_busbw_gbps is None else report.avg_busbw_gbps * GB)
+        b.sample(EXPECTED_BUSBW, None if cfg.expected_busbw_gbps is None else cfg.expected_busbw_gbps * GB)
     low = bandwidth_finding(report, cfg.expected_busbw_gbps, cfg.min_fraction)
     if low is not None:
-        b.findings.append(low)
-    avg = "n/a" if report.avg_busbw_gbps is None else f"{report.avg_busbw_gbps:.1f}"
-    peak = "n/a" if peak_at_largest is None else f"{peak_at_largest:.1f}"
-    return b.build(f"busbw {peak} GB/s at {largest.size_bytes} B, average {avg} GB/s over {len(report.rows)} sizes")
+        b.findings.append(replace(low, subject=subject))
+    return peak
+
+
+def _peer_findings(run: ProbeRun, report: NcclTestsReport, cfg: NcclSettings) -> list[Finding]:
+    """The peer's side of a cross-node run: its transport, and whether both sides measured the same."""
+    from dgxdoctor.judge.nccl_rails import peer_agreement
+
+    peer = run.peer
+    if peer is None:
+        return []
+    peer_report = _report(peer)
+    if peer.returncode != 0 or peer_report is None or not peer_report.rows:
+        return [
+            Finding(
+                "NCCL_PEER_PROBE_FAILED",
+                Status.CRITICAL,
+                f"the peer's side of the probe exited {peer.returncode} without a table",
+                cfg.peer,
+                evidence=(run.peer_error or peer.stderr.strip() or peer.stdout.strip())[-400:] or None,
+                remedy="read the peer's probe output: journalctl -u dgxdoctor on the peer",
+            )
+        ]
+    peer_transport = parse_nccl_info(peer.stdout + "\n" + peer.stderr)
+    found = []
+    if cfg.backend == "nccl" or peer_transport.seen:
+        found = transport_findings(peer_transport, node_has_ib=peer.has_ib, subject=cfg.peer, cross_node=True)
+    return found + peer_agreement(report, peer_report, cfg.peer or "peer")

@@ -76,60 +76,63 @@ class NcclEnvCheck(Check):
         self.env = env
         self.addresses = addresses or local_addresses
 
+    def _file_values(self, b: ResultBuilder, missing: list[str]) -> dict[str, str] | None:
+        """The variables env_file sets; its unparsable lines are said (OK: nothing sources them)."""
+        path = self.cfg.env_file
+        if path is None:
+            return None
+        if not path.is_file():
+            missing.append(f"{path} absent")
+            return None
+        size = path.stat().st_size
+        if size > MAX_ENV_FILE_BYTES:
+            raise ValueError(f"{path} is {size} bytes: not an environment file")
+        parsed = parse_env_file(path.read_text(encoding="utf-8", errors="replace"))
+        for line, problem in parsed.problems:
+            b.finding("NCCL_ENV_FILE_LINE", Status.OK, f"line {line}: {problem}", f"{path}:{line}")
+        return parsed.values
+
+    def _process_values(self, b: ResultBuilder, missing: list[str]) -> tuple[dict[str, str] | None, str]:
+        """(the environment of the oldest process_name process, its label)."""
+        name = self.cfg.process_name
+        if not name:
+            return None, ""
+        me = os.getpid()
+        found = sorted(
+            (p for p in iter_processes(self.env.proc_root) if p.pid != me and p.matches(name) and p.alive),
+            key=lambda p: p.pid,
+        )
+        if not found:
+            missing.append(f"no {name} process")
+            return None, ""
+        proc = found[0]
+        label = f"{name} (pid {proc.pid})"
+        try:
+            return parse_environ(proc.environ()), label
+        except PermissionError:
+            b.finding(
+                "NCCL_ENV_PROCESS_UNREADABLE",
+                Status.UNKNOWN,
+                f"cannot read the environment of {label}: permission denied",
+                name,
+                remedy="run dgxdoctor as root or as the user that runs the process",
+            )
+        except OSError:  # ENOENT/ESRCH: it exited between listing and reading
+            missing.append(f"{label} exited")
+        return None, label
+
     def run(self) -> CheckResult:
         s = self.cfg
         b = ResultBuilder(self.name)
         missing: list[str] = []
-
-        file_values: dict[str, str] | None = None
-        file_label = str(s.env_file)
-        if s.env_file is not None and s.env_file.is_file():
-            size = s.env_file.stat().st_size
-            if size > MAX_ENV_FILE_BYTES:
-                raise ValueError(f"{s.env_file} is {size} bytes: not an environment file")
-            parsed = parse_env_file(s.env_file.read_text(encoding="utf-8", errors="replace"))
-            file_values = parsed.values
-            for line, problem in parsed.problems:
-                b.finding("NCCL_ENV_FILE_LINE", Status.OK, f"line {line}: {problem}", f"{s.env_file}:{line}")
-        elif s.env_file is not None:
-            missing.append(f"{s.env_file} absent")
-
-        proc_values: dict[str, str] | None = None
-        proc_label = ""
-        if s.process_name:
-            me = os.getpid()
-            found = sorted(
-                (
-                    p
-                    for p in iter_processes(self.env.proc_root)
-                    if p.pid != me and p.matches(s.process_name) and p.alive
-                ),
-                key=lambda p: p.pid,
-            )
-            if not found:
-                missing.append(f"no {s.process_name} process")
-            else:
-                proc = found[0]
-                proc_label = f"{s.process_name} (pid {proc.pid})"
-                try:
-                    proc_values = parse_environ(proc.environ())
-                except PermissionError:
-                    b.finding(
-                        "NCCL_ENV_PROCESS_UNREADABLE",
-                        Status.UNKNOWN,
-                        f"cannot read the environment of {proc_label}: permission denied",
-                        s.process_name,
-                        remedy="run dgxdoctor as root or as the user that runs the process",
-                    )
-                except OSError:  # ENOENT/ESRCH: it exited between listing and reading
-                    missing.append(f"{proc_label} exited")
-
+        file_values = self._file_values(b, missing)
+        proc_values, proc_label = self._process_values(b, missing)
         if file_values is None and proc_values is None:
             if not b.findings:
                 reason = "; ".join(missing) if missing else "neither env_file nor process_name configured"
                 return CheckResult.skipped(self.name, f"no NCCL environment to check: {reason}")
             return b.build("; ".join(missing))
-
+        file_label = str(s.env_file)
         effective = proc_values if proc_values is not None else file_values
         assert effective is not None
         source = proc_label if proc_values is not None else file_label
@@ -142,14 +145,17 @@ class NcclEnvCheck(Check):
             b.findings.extend(compare_envs(file_values, file_label, proc_values, proc_label))
         b.facts.update(env_facts(effective))
         b.sample(NCCL_ENV_VARS, len(watched(effective)))
+        return b.build(_summary(b, source, len(watched(effective)), missing))
 
-        bad = [f for f in b.findings if f.status in (Status.WARNING, Status.CRITICAL, Status.UNKNOWN)]
-        if bad:
-            summary = f"{source}: " + "; ".join(f.message for f in bad[:3])
-            if len(bad) > 3:
-                summary += f" (+{len(bad) - 3} more)"
-        else:
-            summary = f"{source}: {len(watched(effective))} NCCL/GLOO/VLLM variables consistent with this host"
-        if missing:
-            summary += " (" + "; ".join(missing) + ")"
-        return b.build(summary)
+
+def _summary(b: ResultBuilder, source: str, watched_count: int, missing: list[str]) -> str:
+    bad = [f for f in b.findings if f.status in (Status.WARNING, Status.CRITICAL, Status.UNKNOWN)]
+    if bad:
+        summary = f"{source}: " + "; ".join(f.message for f in bad[:3])
+        if len(bad) > 3:
+            summary += f" (+{len(bad) - 3} more)"
+    else:
+        summary = f"{source}: {watched_count} NCCL/GLOO/VLLM variables consistent with this host"
+    if missing:
+        summary += " (" + "; ".join(missing) + ")"
+    return summary

@@ -45,6 +45,10 @@ class AppState:
     protected: frozenset[str] = field(
         default_factory=lambda: frozenset({"/state", "/reload", "/alertmanager", "/remediation/step"})
     )
+    # Every path under these needs the token too (the NCCL probe's join requests and their results).
+    protected_prefixes: tuple[str, ...] = ("/nccl/",)
+    # Registers the routes of the cross-node NCCL probe's peer side (daemon.nccl_join), when the daemon has it.
+    extra_routes: Callable[[web.Application], None] | None = None
 
 
 STATE_KEY = web.AppKey("dgxdoctor_state", AppState)
@@ -76,7 +80,7 @@ def _error(status: int, message: str, **headers: str) -> web.Response:
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     state = request.app[STATE_KEY]
-    if request.path in state.protected:
+    if request.path in state.protected or request.path.startswith(state.protected_prefixes):
         if state.token is not None:
             if not token_ok(request.headers.get("Authorization"), state.token):
                 return _error(401, "missing or wrong bearer token", **{"WWW-Authenticate": 'Bearer realm="dgxdoctor"'})
@@ -164,4 +168,6 @@ def make_app(app_state: AppState) -> web.Application:
     app.router.add_post("/reload", reload)
     app.router.add_post("/alertmanager", alertmanager)
     app.router.add_post("/remediation/step", remediation_step)
+    if app_state.extra_routes is not None:
+        app_state.extra_routes(app)
     return app

@@ -80,6 +80,7 @@ class Daemon:
             alerts=self.remediator.accept_alerts,
             step=self.remediator.run_step,
         )
+        self.app_state.extra_routes = self._nccl_routes
         self.started_at = time.time()
         self.stopping = asyncio.Event()
         self.bound: tuple[str, int] | None = None
@@ -103,6 +104,17 @@ class Daemon:
             offset = FIRST_RUN_SPREAD_S * i / max(len(enabled), 1)
             self.scheduler.add(self._build(factory), first_run_in_s=offset)
         log.info("checks_scheduled", checks={f.name: self.config.check_settings(f.name).interval_s for f in enabled})
+
+    def _nccl_routes(self, app: web.Application) -> None:
+        from dgxdoctor.checks.nccl import NcclSettings
+        from dgxdoctor.daemon.nccl_join import NcclJoinService, add_routes
+
+        def settings() -> NcclSettings:
+            current = self.config.check_settings("nccl")
+            assert isinstance(current, NcclSettings)
+            return current
+
+        add_routes(app, NcclJoinService(settings, lambda: self.env))
 
     # -- health ----------------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 from dgxdoctor.diagnose.base import Diagnosis
 from dgxdoctor.judge.oom import oom_phase
+from dgxdoctor.judge.shutdown import intended_stop_before
 from dgxdoctor.judge.signatures import Catalog, Signature, load_catalog
 from dgxdoctor.result import Finding
 
@@ -42,7 +43,10 @@ NCCL_LINE = re.compile(r"^(?:\([^()\n]{1,200}\) ?){0,3}\S+:\d+:\d+ \[\d+\] NCCL 
 _OOM_BY_PHASE = {"startup": "CUDA_OOM_STARTUP", "serving": "CUDA_OOM_SERVING"}
 
 
-def _refined(sig: Signature, lines: list[str], index: int, signatures: dict[str, Signature]) -> Signature:
+def _refined(sig: Signature, lines: list[str], index: int, signatures: dict[str, Signature]) -> Signature | None:
+    """The signature the context makes of a match, or None when the context explains it away."""
+    if sig.code == "VLLM_ENGINE_DEAD" and intended_stop_before(lines, index):
+        return None
     if sig.code != "CUDA_OOM":
         return sig
     phase = oom_phase(lines, index)
@@ -56,7 +60,10 @@ def _findings(text: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int
     signatures = catalog.by_code()
     for index, line in enumerate(lines):
         for match in catalog.match(line):
-            code = _refined(match.signature, lines, index, signatures).code
+            refined = _refined(match.signature, lines, index, signatures)
+            if refined is None:
+                continue
+            code = refined.code
             counts[code] = counts.get(code, 0) + 1
             first.setdefault(code, (index + 1, line))
     findings = []

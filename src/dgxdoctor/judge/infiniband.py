@@ -6,13 +6,13 @@ Shared by ``checks/infiniband.py`` (sysfs, rates between runs) and ``diagnose`` 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dgxdoctor.result import Status
+from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.sysfs_ib import IbPort
 
 PER_SECONDS = {"second": 1.0, "minute": 60.0, "hour": 3600.0}
@@ -192,6 +192,108 @@ def duration_text(seconds: float) -> str:
     if seconds >= 120:
         return f"{seconds / 60:.0f} min"
     return f"{seconds:.0f} s"
+
+
+# ---- the live check's verdicts: each a finding with the few words it adds to the summary ----
+
+Verdict = tuple[Finding, str]
+REMEDY_PORTS_MISSING = (
+    "a NIC is missing or its driver did not load: check `lspci | grep Mellanox`, `dmesg | grep mlx5` and the "
+    "firmware (`mlxfwmanager`)"
+)
+REMEDY_LINK_LAYER = (
+    "the NIC port type differs from the fabric: check `mlxconfig -d <dev> q LINK_TYPE_P1`, or exclude this port if "
+    "it serves another network"
+)
+REMEDY_COUNTER_DEFAULT = "inspect the port with `mlxlink` and `ibstat`"
+
+
+def ports_missing(found: int, expected: int | None) -> list[Verdict]:
+    if expected is None or found >= expected:
+        return []
+    message = f"{found} RDMA port(s) found, {expected} expected"
+    finding = Finding("IB_PORTS_MISSING", Status.CRITICAL, message, None, remedy=REMEDY_PORTS_MISSING)
+    return [(finding, f"{expected - found} port(s) missing")]
+
+
+def _where(port: IbPort) -> str:
+    return port.name + (f" ({port.netdev})" if port.netdev else "")
+
+
+def port_verdicts(port: IbPort, min_rate_gbps: float | None, link_layer: str) -> list[Verdict]:
+    """State, negotiated rate and link layer of one port (``link_layer`` "any" accepts every one)."""
+    out: list[Verdict] = []
+    where = _where(port)
+    if port.state is None:
+        remedy = f"read {port.device}'s ports/{port.port}/state by hand; the driver may be resetting"
+        unreadable = Finding(
+            "IB_PORT_STATE_UNREADABLE", Status.UNKNOWN, f"{where}: state could not be read", port.name, remedy=remedy
+        )
+        out.append((unreadable, f"{port.name} state unreadable"))
+    state = port_state_verdict(port)
+    if state is not None:
+        finding = Finding(state.code, state.status, state.message, port.name, remedy=state.remedy)
+        return [*out, (finding, f"{port.name} {port.state}/{port.phys_state or '?'}")]  # no link: no meaningful rate
+    rate = port_rate_verdict(where, port.rate_gbps, min_rate_gbps, port.rate_text)
+    if rate is not None:
+        low = Finding(rate.code, rate.status, rate.message, port.name, remedy=rate.remedy)
+        out.append((low, f"{port.name} at {port.rate_gbps:g} Gb/s"))
+    if link_layer != "any" and port.link_layer is not None and port.link_layer != link_layer:
+        message = f"{where} link layer is {port.link_layer}, expected {link_layer}"
+        finding = Finding("IB_LINK_LAYER_MISMATCH", Status.WARNING, message, port.name, remedy=REMEDY_LINK_LAYER)
+        out.append((finding, f"{port.name} is {port.link_layer}"))
+    return out
+
+
+def counters_unavailable(port: IbPort) -> Finding | None:
+    """Counters the driver does not offer ("N/A (no PMA)"): said once, as OK, so absence is never read as zero."""
+    if port.source != "sysfs" or not port.counters_note:
+        return None
+    how = "partly unavailable" if port.counters else "unavailable"
+    message = f"{port.name}: counters {how} ({port.counters_note}); what is missing is not monitored"
+    return Finding("IB_COUNTERS_UNAVAILABLE", Status.OK, message, port.name)
+
+
+def flap_verdict(port: str, flaps: int, warn_count: int, window_s: float) -> list[Verdict]:
+    if flaps < warn_count:
+        return []
+    message = f"{port} lost its link {flaps} time(s) in the last {duration_text(window_s)}"
+    finding = Finding("IB_LINK_FLAPPING", Status.WARNING, message, port, remedy=REMEDIES["link_downed"])
+    return [(finding, f"{port} flapped {flaps}x")]
+
+
+def counter_verdicts(
+    port: str,
+    rules: Mapping[str, CounterThreshold],
+    counters: Mapping[str, int],
+    deltas: Mapping[str, int],
+    prev: tuple[float, Mapping[str, int]],
+    checkpoints: Sequence[tuple[float, Mapping[str, int]]],
+    now: float,
+) -> list[Verdict]:
+    """Every enabled rule over the port's counters; one finding per counter, the worst (critical rules first)."""
+    out: list[Verdict] = []
+    reported: set[str] = set()
+    for rule_name, rule in sorted(rules.items(), key=lambda kv: kv[1].severity != "critical"):
+        counter = rule.counter or rule_name
+        if not rule.enabled or counter not in deltas or counter in reported:
+            continue
+        if rule.kind == "increase":
+            if deltas[counter] <= rule.limit:
+                continue
+            detail = f"{counter} rose by {deltas[counter]} in {duration_text(now - prev[0])}"
+        else:
+            breach = rate_breach(counter, counters[counter], now, PER_SECONDS[rule.per], rule.limit, prev, checkpoints)
+            if breach is None:
+                continue
+            detail = f"{counter} {breach} (limit {rule.limit:g} per {rule.per})"
+        reported.add(counter)
+        status = Status.CRITICAL if rule.severity == "critical" else Status.WARNING
+        remedy = REMEDIES.get(counter, REMEDIES.get(rule_name, REMEDY_COUNTER_DEFAULT))
+        out.append(
+            (Finding(f"IB_{counter.upper()}", status, f"{port}: {detail}", port, remedy=remedy), f"{port} {counter}")
+        )
+    return out
 
 
 RATE_LOW_REMEDY = (

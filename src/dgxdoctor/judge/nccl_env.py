@@ -61,24 +61,7 @@ def evaluate_nccl_env(
     if "NCCL_IB_GID_INDEX" in values:
         findings += _check_gid(values["NCCL_IB_GID_INDEX"], selected_ports)
     if HOST_IP_VAR in values and local_addresses is not None:
-        local, error = is_local_address(values[HOST_IP_VAR], local_addresses)
-        if error is not None:
-            findings.append(
-                _finding(
-                    "NCCL_HOST_IP_INVALID", Status.CRITICAL, f"{HOST_IP_VAR}: {error}", HOST_IP_VAR, REMEDY_ENV_FILE
-                )
-            )
-        elif not local:
-            findings.append(
-                _finding(
-                    "NCCL_HOST_IP_NOT_LOCAL",
-                    Status.CRITICAL,
-                    f"{HOST_IP_VAR}={values[HOST_IP_VAR]} is not an address of this host (a copy of the other "
-                    "node's file?)",
-                    HOST_IP_VAR,
-                    "Set VLLM_HOST_IP to this node's own business-network address (`ip -br addr`).",
-                )
-            )
+        findings += _check_host_ip(values[HOST_IP_VAR], local_addresses)
     if require_debug and not values.get("NCCL_DEBUG"):
         findings.append(
             _finding(
@@ -92,32 +75,61 @@ def evaluate_nccl_env(
     return findings
 
 
+def _check_host_ip(value: str, local_addresses: set[str]) -> list[Finding]:
+    local, error = is_local_address(value, local_addresses)
+    if error is not None:
+        return [
+            _finding("NCCL_HOST_IP_INVALID", Status.CRITICAL, f"{HOST_IP_VAR}: {error}", HOST_IP_VAR, REMEDY_ENV_FILE)
+        ]
+    if local:
+        return []
+    return [
+        _finding(
+            "NCCL_HOST_IP_NOT_LOCAL",
+            Status.CRITICAL,
+            f"{HOST_IP_VAR}={value} is not an address of this host (a copy of the other node's file?)",
+            HOST_IP_VAR,
+            "Set VLLM_HOST_IP to this node's own business-network address (`ip -br addr`).",
+        )
+    ]
+
+
+def _named_interfaces(
+    var: str, value: str, spec: NameSpec, interfaces: dict[str, NetInterface]
+) -> tuple[list[NetInterface], list[Finding]]:
+    """The interfaces an inclusion list selects, and a finding for each name that matches none."""
+    have = ", ".join(interfaces) or "none"
+    selected: list[NetInterface] = []
+    findings: list[Finding] = []
+    for name, _port in spec.entries:
+        one = NameSpec(False, spec.exact, ((name, None),))
+        matched = [i for i in interfaces.values() if one.matches(i.name)]
+        if not matched:
+            findings.append(
+                _finding(
+                    "NCCL_IFNAME_MISSING",
+                    Status.CRITICAL,
+                    f"{var}={value}: {'=' if spec.exact else ''}{name} matches no interface here (have: {have})",
+                    var,
+                    "Use this node's business interface name (`ip -br addr`); names differ between "
+                    "machines (bond0, ens1f0np0, ...).",
+                )
+            )
+        selected += [i for i in matched if i not in selected]
+    return selected, findings
+
+
 def _check_ifname(var: str, value: str, interfaces: dict[str, NetInterface]) -> list[Finding]:
     try:
         spec = parse_name_spec(value, allow_port=False)
     except SpecError as exc:
         return [_finding("NCCL_ENV_INVALID", Status.CRITICAL, f"{var}: {exc}", var, REMEDY_ENV_FILE)]
-    findings: list[Finding] = []
     have = ", ".join(interfaces) or "none"
+    findings: list[Finding] = []
     if spec.exclude:
         selected = [i for i in interfaces.values() if not spec.matches(i.name)]
     else:
-        selected = []
-        for name, _port in spec.entries:
-            one = NameSpec(False, spec.exact, ((name, None),))
-            matched = [i for i in interfaces.values() if one.matches(i.name)]
-            if not matched:
-                findings.append(
-                    _finding(
-                        "NCCL_IFNAME_MISSING",
-                        Status.CRITICAL,
-                        f"{var}={value}: {'=' if spec.exact else ''}{name} matches no interface here (have: {have})",
-                        var,
-                        "Use this node's business interface name (`ip -br addr`); names differ between "
-                        "machines (bond0, ens1f0np0, ...).",
-                    )
-                )
-            selected += [i for i in matched if i not in selected]
+        selected, findings = _named_interfaces(var, value, spec, interfaces)
     usable = [i for i in selected if not i.loopback]
     loop = [i.name for i in selected if i.loopback]
     if loop and (not spec.exclude or not usable):

@@ -43,44 +43,32 @@ def cluster_findings(
     view: ClusterView, expected_nodes: int, expected_gpus: int, gpu_evidence: str | None = None
 ) -> list[Finding]:
     """The cluster verdict, shared by the live check and `dgxdoctor diagnose` of `ray status` text."""
-    findings: list[Finding] = []
     alive_nodes = [n for n in view.nodes if n.alive]
-    alive_ips = {n.node_ip for n in alive_nodes}
     alive = view.nodes_alive if view.nodes_alive is not None else len(alive_nodes)
-    short = alive < expected_nodes
+    return [
+        *node_findings(view, expected_nodes, alive, {n.node_ip for n in alive_nodes}),
+        *gpu_findings(view, expected_gpus, alive == expected_nodes, gpu_evidence),
+        *demand_findings(view),
+    ]
 
-    dead_reported = 0
-    for node in view.dead_nodes:
-        why = node.state_message or "no state message"
-        if node.node_ip in alive_ips:
-            findings.append(
-                Finding(
-                    "RAY_NODE_REJOINED",
-                    Status.OK,
-                    f"{_describe(node)} died ({why}) and rejoined as a new node",
-                    node.node_id,
-                )
-            )
-        elif short:
-            dead_reported += 1
-            findings.append(
-                Finding(
-                    "RAY_NODE_DEAD",
-                    Status.CRITICAL,
-                    f"Ray node {_describe(node)} is DEAD: {why}",
-                    node.node_id,
-                    remedy=RECONNECT_REMEDY,
-                )
-            )
-        else:
-            findings.append(
-                Finding(
-                    "RAY_NODE_DEAD_EARLIER",
-                    Status.OK,
-                    f"{_describe(node)} died earlier ({why}); the cluster has its expected nodes",
-                    node.node_id,
-                )
-            )
+
+def _dead_node(node: RayNode, alive_ips: set[str | None], short: bool) -> Finding:
+    why = node.state_message or "no state message"
+    if node.node_ip in alive_ips:
+        message = f"{_describe(node)} died ({why}) and rejoined as a new node"
+        return Finding("RAY_NODE_REJOINED", Status.OK, message, node.node_id)
+    if short:
+        message = f"Ray node {_describe(node)} is DEAD: {why}"
+        return Finding("RAY_NODE_DEAD", Status.CRITICAL, message, node.node_id, remedy=RECONNECT_REMEDY)
+    message = f"{_describe(node)} died earlier ({why}); the cluster has its expected nodes"
+    return Finding("RAY_NODE_DEAD_EARLIER", Status.OK, message, node.node_id)
+
+
+def node_findings(view: ClusterView, expected: int, alive: int, alive_ips: set[str | None]) -> list[Finding]:
+    """Dead, rejoined, failed, missing and unexpected nodes. A dead node matters only while nodes are short."""
+    short = alive < expected
+    findings = [_dead_node(node, alive_ips, short) for node in view.dead_nodes]
+    dead_reported = sum(1 for f in findings if f.code == "RAY_NODE_DEAD")
     for line in view.failures:
         findings.append(
             Finding(
@@ -91,84 +79,68 @@ def cluster_findings(
                 remedy=RECONNECT_REMEDY,
             )
         )
-    unexplained = expected_nodes - alive - dead_reported - len(view.failures)
+    unexplained = expected - alive - dead_reported - len(view.failures)
     if short and unexplained > 0:
-        findings.append(
-            Finding(
-                "RAY_NODES_MISSING",
-                Status.CRITICAL,
-                f"{alive} of {expected_nodes} Ray nodes ALIVE: {unexplained} never joined or left without a trace",
-                remedy=RECONNECT_REMEDY,
-            )
+        message = f"{alive} of {expected} Ray nodes ALIVE: {unexplained} never joined or left without a trace"
+        findings.append(Finding("RAY_NODES_MISSING", Status.CRITICAL, message, remedy=RECONNECT_REMEDY))
+    elif alive > expected:
+        remedy = (
+            "a node joined that the deployment does not plan for: `ray status` on the head shows which; "
+            "set expected_nodes if the cluster grew on purpose"
         )
-    elif alive > expected_nodes:
-        findings.append(
-            Finding(
-                "RAY_NODES_UNEXPECTED",
-                Status.WARNING,
-                f"{alive} Ray nodes ALIVE, {expected_nodes} expected",
-                remedy="a node joined that the deployment does not plan for: `ray status` on the head shows which; "
-                "set expected_nodes if the cluster grew on purpose",
-            )
+        message = f"{alive} Ray nodes ALIVE, {expected} expected"
+        findings.append(Finding("RAY_NODES_UNEXPECTED", Status.WARNING, message, remedy=remedy))
+    return findings
+
+
+def gpu_findings(view: ClusterView, expected: int, nodes_complete: bool, evidence: str | None) -> list[Finding]:
+    """Fewer GPUs than the tensor-parallel group needs, or more than planned."""
+    total = view.gpus_total
+    if total is None or total == expected:
+        return []
+    if total < expected:
+        message = (
+            f"Ray sees {_gpus(total)} of {expected} GPUs: vLLM's Ray workers stay PENDING "
+            "until every GPU of the tensor-parallel group is there"
         )
+        return [
+            Finding("RAY_GPUS_MISSING", Status.CRITICAL, message, "GPU", evidence=evidence, remedy=RECONNECT_REMEDY)
+        ]
+    message = f"Ray sees {_gpus(total)} GPUs, {expected} expected" + (
+        " (ray status may count a rejoined node's old resources for a few seconds: look again)"
+        if nodes_complete
+        else ""
+    )
+    remedy = "check each node's --num-gpus in its `ray start` command; set expected_gpus if intended"
+    return [Finding("RAY_GPUS_UNEXPECTED", Status.WARNING, message, "GPU", evidence=evidence, remedy=remedy)]
 
-    if view.gpus_total is not None:
-        if view.gpus_total < expected_gpus:
-            findings.append(
-                Finding(
-                    "RAY_GPUS_MISSING",
-                    Status.CRITICAL,
-                    f"Ray sees {_gpus(view.gpus_total)} of {expected_gpus} GPUs: vLLM's Ray workers stay PENDING "
-                    "until every GPU of the tensor-parallel group is there",
-                    "GPU",
-                    evidence=gpu_evidence,
-                    remedy=RECONNECT_REMEDY,
-                )
-            )
-        elif view.gpus_total > expected_gpus:
-            findings.append(
-                Finding(
-                    "RAY_GPUS_UNEXPECTED",
-                    Status.WARNING,
-                    f"Ray sees {_gpus(view.gpus_total)} GPUs, {expected_gpus} expected"
-                    + (
-                        " (ray status may count a rejoined node's old resources for a few seconds: look again)"
-                        if alive == expected_nodes
-                        else ""
-                    ),
-                    "GPU",
-                    evidence=gpu_evidence,
-                    remedy="check each node's --num-gpus in its `ray start` command; set expected_gpus if intended",
-                )
-            )
 
+def demand_findings(view: ClusterView) -> list[Finding]:
+    """Tasks, actors and placement groups waiting for resources; those that can never fit say so."""
+    total = view.gpus_total
+    findings = []
     for demand in view.pending_tasks:
         fits = (
-            ""
-            if view.gpus_total is None or demand.gpus <= view.gpus_total
-            else (f"; it can never fit: the cluster has {_gpus(view.gpus_total)} GPUs")
+            "" if total is None or demand.gpus <= total else f"; it can never fit: the cluster has {_gpus(total)} GPUs"
         )
+        message = f"{demand.count}+ tasks/actors wait for {demand.shape}{fits}"
         findings.append(
             Finding(
-                "RAY_PENDING_DEMAND",
-                Status.WARNING,
-                f"{demand.count}+ tasks/actors wait for {demand.shape}{fits}",
-                demand.shape,
-                evidence=demand.line,
-                remedy=DEMAND_REMEDY,
+                "RAY_PENDING_DEMAND", Status.WARNING, message, demand.shape, evidence=demand.line, remedy=DEMAND_REMEDY
             )
         )
     for demand in view.pending_placement_groups:
         fits = (
             ""
-            if view.gpus_total is None or demand.gpus <= view.gpus_total
-            else (f"; it needs {_gpus(demand.gpus)} GPUs, the cluster has {_gpus(view.gpus_total)}")
+            if total is None or demand.gpus <= total
+            else f"; it needs {_gpus(demand.gpus)} GPUs, the cluster has {_gpus(total)}"
         )
+        message = f"{demand.count}+ placement groups wait for {demand.shape}{fits}"
         findings.append(
             Finding(
                 "RAY_PLACEMENT_GROUP_PENDING",
                 Status.WARNING,
-                f"{demand.count}+ placement groups wait for {demand.shape}{fits}",
+                message,
                 demand.shape,
                 evidence=demand.line,
                 remedy=DEMAND_REMEDY,

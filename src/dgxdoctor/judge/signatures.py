@@ -1,8 +1,10 @@
 """The catalog of known failure signatures (data in ``dgxdoctor/data/signatures.toml``) and a fast line matcher.
 
 ``load_catalog()`` validates the data and precompiles every pattern; ``Catalog.match(line, kind)`` returns the
-signatures a log line shows. Most log lines match nothing, so one combined regex of all patterns is tried first
-and the per-signature regexes run only on the rare line it hits: scanning a large log costs one regex search per
+signatures a log line shows. Most log lines match nothing, so one combined regex of every pattern's anchor (a run
+of literal text every matching line contains, from a capital letter where possible; for a ``(?i)`` pattern its
+lower, Capitalised and UPPER forms), built as a prefix tree, is tried first, and the per-signature regexes run only
+on the rare line it hits. The patterns themselves as one alternation cost Python's engine several times more per
 line.
 """
 
@@ -42,12 +44,91 @@ class Signature:
     refines: str | None = None
 
 
-def _scoped(pattern: re.Pattern[str]) -> str:
-    """The pattern as a group of the combined prefilter; a leading ``(?i)`` becomes a scoped ``(?i:...)``."""
-    source = pattern.pattern
-    if source.startswith("(?i)"):
-        return f"(?i:{source[4:]})"
-    return f"(?:{source})"
+MIN_ANCHOR = 4
+
+
+def _literal_runs(source: str) -> list[str]:
+    """The runs of literal characters outside any group or class of a pattern. Escaped punctuation counts as
+    literal; a character made optional by ``?``, ``*`` or ``{`` does not."""
+    src = source.removeprefix("(?i)")
+    runs: list[str] = []
+    run = ""
+    depth = i = 0
+    while i < len(src):
+        ch = src[i]
+        if ch == "\\":
+            nxt = src[i + 1 : i + 2]
+            if depth == 0 and nxt and not nxt.isalnum():
+                run += nxt
+            else:
+                runs, run = [*runs, run], ""
+            i += 2
+            continue
+        if ch == "[":
+            runs, run = [*runs, run], ""
+            close = src.find("]", i + 2)
+            i = close + 1 if close != -1 else len(src)
+            continue
+        if ch in "?*{":
+            runs, run = [*runs, run[:-1]], ""
+            if ch == "{":
+                close = src.find("}", i)
+                i = close if close != -1 else len(src)
+        elif ch in "()+.^$|":
+            runs, run = [*runs, run], ""
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+        elif depth == 0:
+            run += ch
+        i += 1
+    return [r.strip() for r in [*runs, run] if r.strip()]
+
+
+def _rare_start(run: str) -> str:
+    """The run from its first capital letter on, when that leaves enough: at most positions of ordinary text the
+    prefilter then fails on the first character (lower-case letters are everywhere, capitals are not)."""
+    for n, ch in enumerate(run):
+        if ch.isupper():
+            return run[n:] if len(run) - n >= MIN_ANCHOR else run
+    return run
+
+
+def anchor(source: str) -> str:
+    """Literal text every line that matches the pattern contains: the longest literal run, preferring one that
+    starts with a capital letter or punctuation (see ``_rare_start``)."""
+    runs = [_rare_start(r) for r in _literal_runs(source)]
+    usable = [r for r in runs if len(r) >= MIN_ANCHOR] or runs or [""]
+    return max(usable, key=lambda r: (not r[:1].islower(), len(r)))
+
+
+def _trie_regex(words: Iterable[str]) -> str:
+    """One regex of literal words as a prefix tree: at each position one character decides the branch."""
+    trie: dict[str, Any] = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def build(node: dict[str, Any]) -> str:
+        branches = [re.escape(ch) + build(child) for ch, child in sorted(node.items()) if ch]
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        if "" in node:
+            return "(?:" + body + ")?"
+        return body
+
+    return build(trie)
+
+
+def _anchor_forms(source: str) -> set[str]:
+    """What the prefilter looks for: the anchor as written, and for a case-insensitive pattern the usual casings."""
+    text = anchor(source)
+    if not source.startswith("(?i)"):
+        return {text}
+    first, _, rest = text.partition(" ")
+    low = text.lower()
+    return {low, low[:1].upper() + low[1:], text.upper(), (first.upper() + " " + rest.lower()).strip()}
 
 
 @dataclass(frozen=True)
@@ -63,9 +144,9 @@ class Match:
 class Catalog:
     def __init__(self, signatures: Iterable[Signature]) -> None:
         self.signatures: tuple[Signature, ...] = tuple(signatures)
-        # Non-capturing alternation of every pattern: the cheap first pass.
-        combined = "|".join(_scoped(p) for s in self.signatures for p in s.patterns)
-        self._prefilter = re.compile(combined) if combined else None
+        # The cheap first pass: any pattern's anchor, longest first.
+        forms = {form for sig in self.signatures for p in sig.patterns for form in _anchor_forms(p.pattern)}
+        self._prefilter = re.compile(_trie_regex(forms)) if forms else None
 
     def by_code(self) -> dict[str, Signature]:
         return {s.code: s for s in self.signatures}
@@ -151,9 +232,11 @@ def _compile(raw: object, where: str) -> re.Pattern[str]:
     if pattern.groupindex:
         # Named groups would collide in the combined prefilter.
         raise CatalogError(f"{where}: pattern {raw!r} must not use named groups")
-    if pattern.flags & ~(re.UNICODE | re.IGNORECASE) or ("(?" in raw and raw.find("(?i)") > 0):
-        # Only a leading (?i) can be scoped inside the combined prefilter.
+    if pattern.flags & ~(re.UNICODE | re.IGNORECASE) or raw.find("(?i)") > 0:
         raise CatalogError(f"{where}: pattern {raw!r} may use no inline flag but a leading (?i)")
+    if len(anchor(raw)) < MIN_ANCHOR:
+        # The prefilter looks for this literal text; without it every line would need the regex.
+        raise CatalogError(f"{where}: pattern {raw!r} needs {MIN_ANCHOR}+ literal characters outside groups")
     return pattern
 
 

@@ -40,53 +40,72 @@ def evaluate_topology(
     When every pair is NVLink but some pairs have fewer links than most (NV12 among NV18), those pairs are
     WARNING: links are down. GPU-to-NIC proximity is reported as OK (informational) findings.
     """
-    findings: list[Finding] = []
     gpus = [g for g in topo.gpus if g in topo.matrix]
-    if expected_gpus is not None and len(topo.gpus) != expected_gpus:
-        fewer = len(topo.gpus) < expected_gpus
-        findings.append(
-            Finding(
-                "TOPO_GPU_COUNT",
-                Status.CRITICAL if fewer else Status.WARNING,
-                f"the topology matrix lists {len(topo.gpus)} GPUs, {expected_gpus} expected",
-                "node",
-                evidence=" ".join(topo.gpus),
-                remedy=REMEDY_GPU_COUNT if fewer else "set expected_gpus to this node's GPU count",
-            )
-        )
-
     pairs = [(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1 :]]
     counts = {pair: nvlinks(topo.link(*pair)) for pair in pairs}
-    for (a, b), links in counts.items():
-        if links is None:
-            cell = topo.link(a, b) or "absent"
-            findings.append(
-                Finding(
-                    "TOPO_GPU_PAIR_NOT_NVLINK",
-                    Status.CRITICAL if require_nvlink else Status.WARNING,
-                    f"{a} and {b} are connected over {cell}, not NVLink",
-                    f"{a}-{b}",
-                    evidence=topo.lines.get(a),
-                    remedy=REMEDY_NOT_NVLINK,
-                )
-            )
-    link_counts = [c for c in counts.values() if c is not None]
-    if link_counts and len(link_counts) == len(pairs) and len(pairs) > 1:
-        usual, seen = Counter(link_counts).most_common(1)[0]
-        if seen * 2 > len(pairs):
-            for (a, b), links in counts.items():
-                if links is not None and links < usual:
-                    findings.append(
-                        Finding(
-                            "TOPO_NVLINK_DEGRADED",
-                            Status.WARNING,
-                            f"{a} and {b} share NV{links}, the other pairs NV{usual}",
-                            f"{a}-{b}",
-                            evidence=topo.lines.get(a),
-                            remedy=REMEDY_DEGRADED,
-                        )
-                    )
+    return [
+        *_gpu_count(topo, expected_gpus),
+        *_not_nvlink(topo, counts, require_nvlink),
+        *_degraded(topo, counts),
+        *_nic_affinity(topo, gpus),
+    ]
 
+
+def _gpu_count(topo: TopoMatrix, expected: int | None) -> list[Finding]:
+    if expected is None or len(topo.gpus) == expected:
+        return []
+    fewer = len(topo.gpus) < expected
+    return [
+        Finding(
+            "TOPO_GPU_COUNT",
+            Status.CRITICAL if fewer else Status.WARNING,
+            f"the topology matrix lists {len(topo.gpus)} GPUs, {expected} expected",
+            "node",
+            evidence=" ".join(topo.gpus),
+            remedy=REMEDY_GPU_COUNT if fewer else "set expected_gpus to this node's GPU count",
+        )
+    ]
+
+
+def _not_nvlink(topo: TopoMatrix, counts: dict[tuple[str, str], int | None], required: bool) -> list[Finding]:
+    return [
+        Finding(
+            "TOPO_GPU_PAIR_NOT_NVLINK",
+            Status.CRITICAL if required else Status.WARNING,
+            f"{a} and {b} are connected over {topo.link(a, b) or 'absent'}, not NVLink",
+            f"{a}-{b}",
+            evidence=topo.lines.get(a),
+            remedy=REMEDY_NOT_NVLINK,
+        )
+        for (a, b), links in counts.items()
+        if links is None
+    ]
+
+
+def _degraded(topo: TopoMatrix, counts: dict[tuple[str, str], int | None]) -> list[Finding]:
+    """Every pair on NVLink, most with the same number of links: the pairs with fewer have links down."""
+    link_counts = [c for c in counts.values() if c is not None]
+    if not link_counts or len(link_counts) != len(counts) or len(counts) <= 1:
+        return []
+    usual, seen = Counter(link_counts).most_common(1)[0]
+    if seen * 2 <= len(counts):
+        return []
+    return [
+        Finding(
+            "TOPO_NVLINK_DEGRADED",
+            Status.WARNING,
+            f"{a} and {b} share NV{links}, the other pairs NV{usual}",
+            f"{a}-{b}",
+            evidence=topo.lines.get(a),
+            remedy=REMEDY_DEGRADED,
+        )
+        for (a, b), links in counts.items()
+        if links is not None and links < usual
+    ]
+
+
+def _nic_affinity(topo: TopoMatrix, gpus: list[str]) -> list[Finding]:
+    findings = []
     for gpu in gpus:
         near = [(topo.link(gpu, nic), nic) for nic in topo.nics]
         close = [(cell, nic) for cell, nic in near if cell in PCIE_NEAR]

@@ -5,11 +5,11 @@ Shared by ``checks/xid.py`` (the followed kernel log and NVML events) and ``diag
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
-from dgxdoctor.result import Action, Status
+from dgxdoctor.result import Action, Finding, Status
 from dgxdoctor.sources.xid import CatalogEntry, SxidEvent, XidEvent
 
 ActionKind = Literal["reset_gpu", "reboot_node", "restart_app", "contact_support", "none"]
@@ -142,3 +142,67 @@ def worst_action(assessments: Iterable[Assessment]) -> Action | None:
         return None
     worst = max(relevant, key=lambda a: (a.status.rank, ACTION_RANK[a.action]))
     return Action(worst.action, worst.remedy)
+
+
+# ---- the live check's verdicts over tallies since the agent started ----
+
+
+@dataclass(frozen=True)
+class XidPolicy:
+    """The ``[checks.xid]`` keys the verdict reads (see XidSettings for each one's meaning)."""
+
+    app_level_xids: tuple[int, ...] = DEFAULT_APP_LEVEL_XIDS
+    repeat_threshold: int = 3
+    repeat_window_s: float = 3600.0
+    clear_after_s: float | None = None
+    overrides: Mapping[str, Literal["ok", "warning", "critical"]] = field(default_factory=dict)
+
+    def cleared(self, last_seen: float, now: float) -> bool:
+        """Events older than ``clear_after_s`` no longer set the status (they stay counted)."""
+        return self.clear_after_s is not None and now - last_seen > self.clear_after_s
+
+
+def assess_tally(
+    event: XidEvent, entry: CatalogEntry, times: Iterable[float], now: float, policy: XidPolicy
+) -> Assessment:
+    """One (GPU, XID)'s verdict: the operator's override, else the catalog's, escalated by repeats in the window."""
+    base = assess_xid(event, entry, policy.app_level_xids)
+    wanted = policy.overrides.get(str(event.xid))
+    if wanted is not None:
+        return override(base, wanted)
+    repeats = sum(1 for t in times if now - t <= policy.repeat_window_s)
+    return escalate(base, repeats, policy.repeat_threshold)
+
+
+def ago(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def xid_finding(event: XidEvent, name: str, count: int, latest_s: float, assessment: Assessment) -> Finding:
+    bus, code = event.pci_bus_id, event.xid
+    message = f"XID {code} ({name}) on {bus}: {count} time(s), latest {ago(latest_s)}"
+    return Finding(f"XID_{code}", assessment.status, message, bus, evidence=event.line, remedy=assessment.remedy)
+
+
+def sxid_finding(
+    event: SxidEvent, entry: CatalogEntry | None, count: int, latest_s: float, assessment: Assessment
+) -> Finding:
+    bus, code = event.pci_bus_id, event.sxid
+    label = entry.name if entry else ("fatal" if event.fatal else "non-fatal")
+    message = f"SXID {code} ({label}) on {event.device} {bus}: {count} time(s), latest {ago(latest_s)}"
+    return Finding(f"SXID_{code}", assessment.status, message, bus, evidence=event.line, remedy=assessment.remedy)
+
+
+def summary(xids: Sequence[tuple[str, int, int]], sxids: Sequence[tuple[str, int, int]], since: str, notes: str) -> str:
+    """``xids``/``sxids``: (bus, code, count); ``since``: "since boot" or the lookback; ``notes``: "; ..." or ""."""
+    if not xids and not sxids:
+        return f"no XID or SXID errors in the kernel log {since}{notes}"
+    parts = [f"XID {code} on {bus} x{count}" for bus, code, count in xids]
+    parts += [f"SXID {code} on {bus} x{count}" for bus, code, count in sxids]
+    shown = ", ".join(parts[:6]) + (f", and {len(parts) - 6} more" if len(parts) > 6 else "")
+    return f"{shown} ({since}){notes}"

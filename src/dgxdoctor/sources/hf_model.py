@@ -259,6 +259,13 @@ def _sliding(cfg: dict[str, Any], layers: int) -> tuple[int | None, int]:
     return (window, count) if count else (None, 0)
 
 
+def _architectures(data: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    architectures = data.get("architectures") or cfg.get("architectures") or []
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise ModelConfigError(f"architectures must be a list of names, got {architectures!r}")
+    return architectures
+
+
 def parse_model_config(data: Any) -> ModelShape:
     """A parsed config.json -> ModelShape; ModelConfigError naming the missing or bad key."""
     if not isinstance(data, dict):
@@ -281,9 +288,7 @@ def parse_model_config(data: Any) -> ModelShape:
     if max_len is not None:
         max_len = int(max_len * _rope_factor(cfg, model_type))
     window, sliding_layers = _sliding(cfg, layers)
-    architectures = data.get("architectures") or cfg.get("architectures") or []
-    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
-        raise ModelConfigError(f"architectures must be a list of names, got {architectures!r}")
+    architectures = _architectures(data, cfg)
     vocab = _int(cfg, "vocab_size") or 0
     notes: list[str] = []
     if sliding_layers:

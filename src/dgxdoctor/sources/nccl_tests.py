@@ -205,80 +205,99 @@ def _row_from_end(tokens: list[str], time_scale: float) -> Row | None:
     )
 
 
-def parse_nccl_tests(text: str) -> NcclTestsReport:
-    """Rows and summary of nccl-tests output; raises ValueError when the text has no result rows at all."""
+@dataclass
+class _Scan:
+    """What parse_nccl_tests has gathered so far, line by line."""
+
     header: list[str] | None = None
-    time_scale = 1.0  # to microseconds
-    rows: list[Row] = []
+    time_scale: float = 1.0  # to microseconds
+    rows: list[Row] = field(default_factory=list)
     avg: float | None = None
     oob: int | None = None
-    gpus_per_process = tests_version = nccl_version = collective = None
-    ranks = 0
-    hosts: dict[str, None] = {}
-    transports: dict[str, str] = {}
+    gpus_per_process: int | None = None
+    tests_version: str | None = None
+    nccl_version: str | None = None
+    collective: str | None = None
+    ranks: int = 0
+    hosts: dict[str, None] = field(default_factory=dict)
+    transports: dict[str, str] = field(default_factory=dict)
+
+    def nccl_log(self, line: str) -> None:
+        for pattern in (NET_USING, NET_INIT, NET_CHANNEL):
+            m = pattern.search(line)
+            if m:
+                self.transports.setdefault(m.group(1), line.strip())
+        if (m := NCCL_VERSION.search(line)) and self.nccl_version is None:
+            self.nccl_version = m.group(1)
+
+    def table_line(self, line: str) -> bool:
+        """The summary lines, the header and the units line; True when the line was one of them."""
+        if (m := AVG_BUSBW.search(line)) is not None:
+            self.avg = _number(m.group(1))
+            return True
+        if (m := OUT_OF_BOUNDS.search(line)) is not None:
+            self.oob = int(m.group(1))
+            return True
+        if line.lstrip().startswith("#") or self.header is None:
+            found = _header(line)
+            if found is not None:
+                self.header = found
+                # NCCL 1 printed milliseconds and named the columns bytes/N/op/res.
+                self.time_scale = 1000.0 if "bytes" in line.split() else 1.0
+                return True
+        if "(us)" in line or "(ms)" in line:
+            self.time_scale = 1000.0 if "(ms)" in line else 1.0
+            return True
+        return False
+
+    def preamble_line(self, line: str) -> bool:
+        """The lines before the table: GPUs, versions, the collective, one line per rank."""
+        if (m := NGPUS.search(line)) is not None:
+            self.gpus_per_process = self.gpus_per_process or int(m.group(1)) * int(m.group(2))
+        elif (m := TESTS_VERSION.search(line)) is not None:
+            self.tests_version = m.group(1)
+        elif (m := COLLECTIVE.search(line)) is not None:
+            self.collective = m.group(1)
+        elif (m := RANK_HOST.search(line)) is not None:
+            self.hosts.setdefault(m.group(1), None)
+            self.ranks += 1
+        elif (m := NCCL_VERSION.search(line)) is not None:
+            self.nccl_version = self.nccl_version or m.group(1)
+        else:
+            return False
+        return True
+
+    def row(self, line: str) -> None:
+        tokens = line.split()
+        row = _row_by_header(tokens, self.header, self.time_scale) if self.header else None
+        if row is None and tokens and tokens[0].isdigit():
+            row = _row_from_end(tokens, self.time_scale)
+        if row is not None:
+            self.rows.append(row)
+
+
+def parse_nccl_tests(text: str) -> NcclTestsReport:
+    """Rows and summary of nccl-tests output; raises ValueError when the text has no result rows at all."""
+    scan = _Scan()
     for raw in text.splitlines():
         line = _strip(raw)
         if not line.strip():
             continue
         if "NCCL INFO" in line or "NCCL WARN" in line:
-            for pattern in (NET_USING, NET_INIT, NET_CHANNEL):
-                m = pattern.search(line)
-                if m:
-                    transports.setdefault(m.group(1), line.strip())
-            if (m := NCCL_VERSION.search(line)) and nccl_version is None:
-                nccl_version = m.group(1)
-            continue
-        if (m := AVG_BUSBW.search(line)) is not None:
-            avg = _number(m.group(1))
-            continue
-        if (m := OUT_OF_BOUNDS.search(line)) is not None:
-            oob = int(m.group(1))
-            continue
-        if line.lstrip().startswith("#") or header is None:
-            found = _header(line)
-            if found is not None:
-                header = found
-                # NCCL 1 printed milliseconds and named the columns bytes/N/op/res.
-                time_scale = 1000.0 if "bytes" in line.split() else 1.0
-                continue
-        if "(us)" in line or "(ms)" in line:
-            time_scale = 1000.0 if "(ms)" in line else 1.0
-            continue
-        if (m := NGPUS.search(line)) is not None:
-            gpus_per_process = gpus_per_process or int(m.group(1)) * int(m.group(2))
-            continue
-        if (m := TESTS_VERSION.search(line)) is not None:
-            tests_version = m.group(1)
-            continue
-        if (m := COLLECTIVE.search(line)) is not None:
-            collective = m.group(1)
-            continue
-        if (m := RANK_HOST.search(line)) is not None:
-            hosts.setdefault(m.group(1), None)
-            ranks += 1
-            continue
-        if (m := NCCL_VERSION.search(line)) is not None:
-            nccl_version = nccl_version or m.group(1)
-            continue
-        if line.lstrip().startswith("#"):
-            continue
-        tokens = line.split()
-        row = _row_by_header(tokens, header, time_scale) if header else None
-        if row is None and tokens and tokens[0].isdigit():
-            row = _row_from_end(tokens, time_scale)
-        if row is not None:
-            rows.append(row)
-    if not rows and avg is None:
+            scan.nccl_log(line)
+        elif not scan.table_line(line) and not scan.preamble_line(line) and not line.lstrip().startswith("#"):
+            scan.row(line)
+    if not scan.rows and scan.avg is None:
         raise ValueError("no nccl-tests result rows and no 'Avg bus bandwidth' line found")
     return NcclTestsReport(
-        rows=tuple(rows),
-        avg_busbw_gbps=avg,
-        out_of_bounds=oob,
-        gpus_per_process=gpus_per_process,
-        ranks=ranks,
-        tests_version=tests_version,
-        nccl_version=nccl_version,
-        collective=collective,
-        hosts=tuple(hosts),
-        transports=transports,
+        rows=tuple(scan.rows),
+        avg_busbw_gbps=scan.avg,
+        out_of_bounds=scan.oob,
+        gpus_per_process=scan.gpus_per_process,
+        ranks=scan.ranks,
+        tests_version=scan.tests_version,
+        nccl_version=scan.nccl_version,
+        collective=scan.collective,
+        hosts=tuple(scan.hosts),
+        transports=scan.transports,
     )

@@ -590,15 +590,7 @@ class GpuSnapshot:
             lost_err = raw_error(device) or NvmlError("unreadable")
             return cls(index=index, unreadable=str(lost_err), lost=isinstance(lost_err, NvmlGpuLost))
 
-        read_errors: dict[str, str] = {}
-        lost = False
-        for key, value in raw.items():
-            values = value if isinstance(value, list) and key == "nvlink_active" else [value]
-            for item in values:
-                err = raw_error(item)
-                if err is not None and not isinstance(err, NvmlNotSupported):
-                    read_errors.setdefault(key, str(err))
-                    lost = lost or isinstance(err, NvmlGpuLost)
+        read_errors, lost = _read_errors(raw)
 
         def milliwatts(key: str) -> float | None:
             mw = _int(raw.get(key))
@@ -608,25 +600,6 @@ class GpuSnapshot:
         used = total = None
         if isinstance(memory, list) and len(memory) == 2:
             used, total = _int(memory[0]), _int(memory[1])
-
-        rows = raw.get("remapped_rows")
-        remapped = None
-        if isinstance(rows, Mapping) and not is_error(rows):
-            remapped = RemappedRows(
-                int(rows.get("corrected", 0)),
-                int(rows.get("uncorrected", 0)),
-                bool(rows.get("pending", False)),
-                bool(rows.get("failure", False)),
-            )
-
-        links: dict[int, bool] = {}
-        raw_links = raw.get("nvlink_active")
-        if isinstance(raw_links, list):
-            for link, state in enumerate(raw_links):
-                active = _bool(state)
-                if active is not None:
-                    links[link] = active
-
         util = _int(raw.get("utilization_gpu_percent"))
         bus = _str(raw.get("pci_bus_id"))
         return cls(
@@ -651,8 +624,8 @@ class GpuSnapshot:
             ecc_aggregate_uncorrected=_int(raw.get("ecc_aggregate_uncorrected")),
             ecc_aggregate_corrected=_int(raw.get("ecc_aggregate_corrected")),
             retired_pages_pending=_bool(raw.get("retired_pages_pending")),
-            remapped_rows=remapped,
-            nvlink_active=links,
+            remapped_rows=_remapped_rows(raw.get("remapped_rows")),
+            nvlink_active=_nvlink_states(raw.get("nvlink_active")),
             pcie_gen_current=_int(raw.get("pcie_generation_current")),
             pcie_gen_max=_int(raw.get("pcie_generation_max")),
             pcie_width_current=_int(raw.get("pcie_width_current")),
@@ -661,6 +634,41 @@ class GpuSnapshot:
             lost=lost,
             read_errors=read_errors,
         )
+
+
+def _read_errors(raw: Mapping[str, RawValue]) -> tuple[dict[str, str], bool]:
+    """Fields NVML failed to read (not "not supported"), and whether one failure said the GPU is lost."""
+    read_errors: dict[str, str] = {}
+    lost = False
+    for key, value in raw.items():
+        values = value if isinstance(value, list) and key == "nvlink_active" else [value]
+        for item in values:
+            err = raw_error(item)
+            if err is not None and not isinstance(err, NvmlNotSupported):
+                read_errors.setdefault(key, str(err))
+                lost = lost or isinstance(err, NvmlGpuLost)
+    return read_errors, lost
+
+
+def _remapped_rows(rows: RawValue | None) -> RemappedRows | None:
+    if not isinstance(rows, Mapping) or is_error(rows):
+        return None
+    return RemappedRows(
+        int(rows.get("corrected", 0)),
+        int(rows.get("uncorrected", 0)),
+        bool(rows.get("pending", False)),
+        bool(rows.get("failure", False)),
+    )
+
+
+def _nvlink_states(raw_links: RawValue | None) -> dict[int, bool]:
+    links: dict[int, bool] = {}
+    if isinstance(raw_links, list):
+        for link, state in enumerate(raw_links):
+            active = _bool(state)
+            if active is not None:
+                links[link] = active
+    return links
 
 
 @dataclass(frozen=True)

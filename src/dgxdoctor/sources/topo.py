@@ -139,24 +139,9 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
                 in_rows = False
             else:
                 name, cells, extra = _split_row(raw, len(columns))
-                if name not in columns:
-                    raise TopoParseError(f"line {number}: row {name!r} is not one of the columns: {stripped!r}")
                 if name in matrix:
                     raise TopoParseError(f"line {number}: row {name!r} appears twice")
-                if len(cells) < len(columns):
-                    raise TopoParseError(
-                        f"line {number}: row {name} has {len(cells)} cells, the header has {len(columns)} columns"
-                    )
-                row: dict[str, str] = {}
-                for column, cell in zip(columns, cells, strict=True):
-                    if not LINK_CELL_RE.match(cell):
-                        raise TopoParseError(f"line {number}: cell {name}/{column} is {cell!r}, not a link type")
-                    if column == name:
-                        if cell != "X":
-                            raise TopoParseError(f"line {number}: diagonal cell of {name} is {cell!r}, not X")
-                        continue
-                    row[column] = cell
-                matrix[name] = row
+                matrix[name] = _matrix_row(number, name, cells, columns, stripped)
                 row_lines[name] = stripped
                 if extra:
                     affinity[name] = dict(zip(affinity_columns, extra, strict=False))
@@ -173,6 +158,24 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
     if not any(g in matrix for g in gpus):
         raise TopoParseError("header found but no GPU rows follow it")
     return TopoMatrix(gpus, nics, matrix, legend, affinity, row_lines)
+
+
+def _matrix_row(number: int, name: str, cells: list[str], columns: list[str], line: str) -> dict[str, str]:
+    """One row's link cells by column (the diagonal X left out); TopoParseError naming the bad cell."""
+    if name not in columns:
+        raise TopoParseError(f"line {number}: row {name!r} is not one of the columns: {line!r}")
+    if len(cells) < len(columns):
+        raise TopoParseError(f"line {number}: row {name} has {len(cells)} cells, the header has {len(columns)} columns")
+    row: dict[str, str] = {}
+    for column, cell in zip(columns, cells, strict=True):
+        if not LINK_CELL_RE.match(cell):
+            raise TopoParseError(f"line {number}: cell {name}/{column} is {cell!r}, not a link type")
+        if column == name:
+            if cell != "X":
+                raise TopoParseError(f"line {number}: diagonal cell of {name} is {cell!r}, not X")
+            continue
+        row[column] = cell
+    return row
 
 
 def _split_row(raw: str, n_columns: int) -> tuple[str, list[str], list[str]]:

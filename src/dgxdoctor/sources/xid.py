@@ -27,7 +27,14 @@ _BUS = r"(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?P<fn>\.[0-7])?
 #   NVRM: Xid (PCI:0000:c6:00): 79, pid=1101234, name=nvc:[driver], GPU has fallen off the bus.
 #   NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp Exception ...
 #   NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 ...)   (NVLink5)
-XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?" + _BUS + r"\):\s*(?P<xid>\d{1,9})\b,?\s*(?P<rest>.*)$")
+#   NVRM: Xid (PCI:...): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 11 (...)          (address redacted in a paste,
+#   NVIDIA/nccl#2241: still an XID 145 event, on a GPU the paste does not name)
+XID_RE = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?:" + _BUS + r"|(?P<redacted>\.{3}|x{2,4}(?::x{2}){2}))\):\s*(?P<xid>\d{1,9})\b,?\s*"
+    r"(?P<rest>.*)$"
+)
+# The address a paste redacted, as the event's bus id.
+REDACTED_BUS = "unknown (redacted)"
 
 # The header cut by a wrapped terminal or mail client: "... NVRM: Xid (PCI:0000:3b:00):" then "79, pid=...".
 XID_HEADER_ONLY_RE = re.compile(r"NVRM: Xid(?: \((?:PCI:)?[0-9A-Fa-f:.]*\)?:?)?\s*$")
@@ -83,6 +90,8 @@ FALLEN_OFF_RE = re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?" + _BUS + r":? (?:GPU )
 FALLEN_OFF_HEAD_RE = re.compile(r"NVRM: The NVIDIA GPU (?:PCI:)?" + _BUS + r"\b")
 FALLEN_OFF_TAIL_RE = re.compile(r"NVRM: .*fallen off the bus")
 FALLEN_OFF_LOOKAHEAD = 3  # lines from the "The NVIDIA GPU" head to its "fallen off the bus" tail
+# The bus id of a fallen-off event whose "The NVIDIA GPU <address>" line is not in the paste.
+UNNAMED_BUS = "unknown (not in the paste)"
 
 
 @dataclass(frozen=True)
@@ -118,7 +127,8 @@ class SxidEvent:
 
 def _bus(match: re.Match[str]) -> str:
     """As printed, lowercase, without ``PCI:`` (and without the function for GPU addresses)."""
-    return match["bus"].lower()
+    bus = match["bus"]
+    return REDACTED_BUS if bus is None else bus.lower()
 
 
 def parse_xid_line(line: str) -> XidEvent | None:
@@ -253,6 +263,9 @@ class KernelLogScanner:
             self._fallen_head = None
             whole = " ".join([*lines, line.strip()])  # the message's lines, as one evidence line
             return [XidEvent(bus, 79, whole, detail="GPU has fallen off the bus", synthesized=True)]
+        if FALLEN_OFF_TAIL_RE.search(line):
+            # The message's last line pasted without its head: a GPU fell off the bus, which one is not said.
+            return [XidEvent(UNNAMED_BUS, 79, line.strip(), detail="GPU has fallen off the bus", synthesized=True)]
         return []
 
     def _age_fallen_head(self, line: str) -> None:
