@@ -38,6 +38,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO, run_cli
 from dgxdoctor.checks.registry import ALL_CHECKS
@@ -123,6 +124,14 @@ class Node:
 
     def metrics(self) -> str:
         return httpx.get(f"http://{self.ip}:{PORT}/metrics", timeout=5).text
+
+    def sample(self, name: str, **labels: str) -> float | None:
+        """The value of one series in this agent's /metrics, None when absent."""
+        for family in text_string_to_metric_families(self.metrics()):
+            for s in family.samples:
+                if s.name == name and s.labels == {"node": self.name, **labels}:
+                    return float(s.value)
+        return None
 
     def start_daemon(self) -> None:
         log = (self.dir / f"daemon-{self.restarts}.log").open("wb")
@@ -371,8 +380,7 @@ def cluster() -> Iterator[Cluster]:
         for node in (head, worker):
             node.start_daemon()
         wait_for("both daemons scraped by Prometheus", lambda: _prom_query(c, "sum(up)") == 2.0, 120, c)
-        wait_for("vLLM healthy seen by the head's agent", lambda: 'dgxdoctor_vllm_up{node="dgx-a"} 1.0' in
-                 head.metrics(), 60, c)  # fmt: skip
+        wait_for("vLLM healthy seen by the head's agent", lambda: head.sample("dgxdoctor_vllm_up") == 1.0, 60, c)
         yield c
     finally:
         for node in (head, worker):
@@ -417,7 +425,7 @@ def test_observe_mode_never_runs(cluster: Cluster) -> None:
     """Both agents in observe mode: the dead vLLM is decided on, from the check and from the alert that Prometheus
     fires and Alertmanager delivers to the webhook, and nothing runs."""
     head = cluster.head
-    assert 'dgxdoctor_remediation_mode{node="dgx-a",mode="observe"} 1.0' in head.metrics()
+    assert head.sample("dgxdoctor_remediation_mode", mode="observe") == 1.0
     _kill_vllm(cluster)
 
     def decided(source: str) -> list[dict[str, Any]]:
@@ -447,9 +455,9 @@ def test_act_restarts_the_killed_vllm_and_verifies(cluster: Cluster) -> None:
     assert len(cluster.head.actions()) == 1 and not cluster.worker.actions()
     status = run_cli("remediation", "status", "--json", "--config", str(cluster.head.config)).json()
     assert status["mode"] == "act" and status["last_actions"][-1]["outcome"] == "success"
-    text = cluster.head.metrics()
-    assert 'dgxdoctor_remediation_actions_total{node="dgx-a",action="restart_vllm",outcome="success"} 1.0' in text
-    assert 'dgxdoctor_remediation_mode{node="dgx-a",mode="act"} 1.0' in text
+    head = cluster.head
+    assert head.sample("dgxdoctor_remediation_actions_total", action="restart_vllm", outcome="success") == 1.0
+    assert head.sample("dgxdoctor_remediation_mode", mode="act") == 1.0
     print(f"reload to verified service: {action['ts'] - t0:.1f} s")
 
 
@@ -482,7 +490,7 @@ def test_a_persisting_fault_opens_the_breaker(cluster: Cluster) -> None:
         if a["labels"]["alertname"] == "DgxdoctorRemediationBreakerOpen"], 60, cluster)  # fmt: skip
     time.sleep(5)
     assert len(head.actions()) == done + 1  # nothing more ran
-    assert 'dgxdoctor_remediation_breaker_open{node="dgx-a"} 1.0' in head.metrics()
+    assert head.sample("dgxdoctor_remediation_breaker_open") == 1.0
 
     assert run_cli("remediation", "reset", "--config", str(head.config)).returncode == 0
     cluster.configure()
