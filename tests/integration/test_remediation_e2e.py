@@ -450,7 +450,7 @@ def test_act_restarts_the_killed_vllm_and_verifies(cluster: Cluster) -> None:
     verification = action["verification"]
     assert verification["ok"] and "completion with tokens" in verification["detail"]
     assert action["steps"][0]["argv"][-1] == "vllm-restart" and action["steps"][0]["returncode"] == 0
-    assert cluster.vllm_healthy()
+    wait_for("vLLM answering", cluster.vllm_healthy, 60, cluster)
     time.sleep(3)
     assert len(cluster.head.actions()) == 1 and not cluster.worker.actions()
     status = run_cli("remediation", "status", "--json", "--config", str(cluster.head.config)).json()
@@ -467,7 +467,7 @@ def test_sigstopped_vllm_is_detected_as_hung_and_restarted(cluster: Cluster) -> 
     action = _action_after(cluster.head, done, VLLM_START_S, cluster)
     assert (action["action"], action["outcome"]) == ("restart_vllm", "success"), action
     assert action["seen"].startswith("VLLM_HUNG"), action["seen"]
-    assert cluster.vllm_healthy()
+    wait_for("vLLM answering", cluster.vllm_healthy, 60, cluster)
 
 
 def test_a_persisting_fault_opens_the_breaker(cluster: Cluster) -> None:
@@ -519,7 +519,8 @@ def test_killed_worker_raylet_restarts_the_cluster_in_order_once(cluster: Cluste
         "verify",
     ], steps
     assert all(s["ok"] for s in action["steps"]), action["steps"]
-    assert _ray_nodes_alive(cluster) == 2 and cluster.vllm_healthy()
+    assert _ray_nodes_alive(cluster) == 2
+    wait_for("vLLM answering", cluster.vllm_healthy, 60, cluster)
     on_worker = worker.audit()
     assert [(r["step"], r["outcome"]) for r in on_worker if r["event"] == "step"] == [
         ("ray_stop", "success"), ("ray_start", "success")]  # fmt: skip
