@@ -534,8 +534,8 @@ def test_sigkilled_agent_mid_action_leaves_audit_and_guard_intact(cluster: Clust
     """The head's agent dies (SIGKILL) while its restart runs: the audit and the guard's state stay whole; the next
     agent records the action as interrupted and does not blindly run it again."""
     head = cluster.head
-    cluster.configure(cooldown_s={"restart_vllm": 600.0, "restart_cluster": 600.0, "page": 0.0},
-                      commands={"restart_vllm": ["sleep", "60"]})  # fmt: skip
+    slow = {"restart_vllm": ["sleep", "60"]}  # a restart that is still running when the agent dies
+    cluster.configure(commands=slow)
     time.sleep(2)  # the reload
     started = len([r for r in head.audit() if r["event"] == "action_started"])
     _kill_vllm(cluster)
@@ -546,6 +546,8 @@ def test_sigkilled_agent_mid_action_leaves_audit_and_guard_intact(cluster: Clust
     head.stop_daemon(signal.SIGKILL)
     lines = (head.state / "remediation.jsonl").read_text().splitlines()
     assert all(json.loads(line) for line in lines)  # every line complete
+    # The operator's usual cooldown (the default is 300 s): the next agent must not run the restart again.
+    cluster.configure(commands=slow, cooldown_s={"restart_vllm": 600.0, "restart_cluster": 600.0, "page": 0.0})
     head.start_daemon()
     interrupted = wait_for("the interrupted record", lambda: [r for r in head.audit() if r.get("outcome") ==
                            "interrupted"], 60, cluster)  # fmt: skip
