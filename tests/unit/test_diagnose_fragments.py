@@ -103,3 +103,17 @@ def test_plain_text_is_still_unrecognised() -> None:
 def test_forced_kind_reads_one_kind() -> None:
     (d,) = diagnose(TP_LINE, kind="vllm-log")
     assert d.kind == "vllm-log" and [f.code for f in d.findings] == ["TP_HEADS_NOT_DIVISIBLE"]
+
+
+def test_a_port_block_of_ibstat_without_its_ca_line() -> None:
+    # tests/fixtures/ib/ibstat_cx6_hdr_down.txt's port, pasted alone
+    (d,) = diagnose("Port 1:\n\t\tState: Down\n\t\tPhysical state: Polling\n\t\tRate: 10\n")
+    assert d.kind == "ibstat"
+    assert [(f.code, f.subject) for f in d.findings] == [("IB_PORT_DOWN", "unnamed/1")]
+
+
+def test_rows_of_an_nccl_tests_table_without_its_header() -> None:
+    rows = (FIX / "nccl_tests" / "h200_probe_allreduce.txt").read_text().splitlines()
+    table = [r for r in rows if r.strip() and not r.lstrip().startswith("#")][-3:]
+    (d,) = diagnose("\n".join(table) + "\n")
+    assert d.kind == "nccl-tests" and d.summary is not None and "busbw peak" in d.summary

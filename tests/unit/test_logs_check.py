@@ -141,3 +141,15 @@ def test_corrupt_state_is_ignored(tmp_path: Path) -> None:
     log.write_text("RuntimeError: CUDA error: out of memory\n")  # history: first sight starts at the end
     check = LogsCheck(LogsSettings(vllm_paths=[str(log)], ray_paths=[]), Environment(state_dir=state, clock=Clock()))
     assert check.run().findings == ()
+
+
+def test_a_clean_vllm_stop_is_no_finding_and_an_oom_reads_its_phase(tmp_path: Path) -> None:
+    """The live check reads a match with the lines before it, as diagnose does (judge.context)."""
+    check, vllm_log, _ = make(tmp_path, Clock())
+    check.run()
+    healthy = Path(__file__).resolve().parents[1] / "fixtures" / "corpus" / "healthy"
+    append(vllm_log, (healthy / "captured_vllm_0.32_cpu_start_serve_stop.txt").read_text())
+    assert check.run().findings == ()
+    append(vllm_log, 'INFO:     127.0.0.1:52996 - "POST /v1/completions HTTP/1.1" 200 OK\n')
+    append(vllm_log, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.\n")
+    assert [f.code for f in check.run().findings] == ["CUDA_OOM_SERVING"]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from dgxdoctor.alerts.peer_rules import rule_names
 from dgxdoctor.fleet.compare import RULES
 from dgxdoctor.judge.infiniband import DEFAULT_THRESHOLDS
+from dgxdoctor.judge.vllm import DEFAULT_STALL_S
 from dgxdoctor.remediation.policy import RESTART_CLUSTER_CODES, RESTART_VLLM_CODES
 from dgxdoctor.sources.xid import load_catalog
 
@@ -157,6 +158,25 @@ def vllm_alerts() -> list[Alert]:
         Alert("DgxdoctorVllmQueueWaiting", "dgxdoctor_vllm_requests_waiting > 0", "15m", "warning",
               "requests waiting for 15 minutes on {{ $labels.node }}",
               "the runbook: a waiting queue that stays non-zero means the concurrency limit is set too low."),
+        Alert("DgxdoctorVllmEngineNoProgress", f"dgxdoctor_vllm_seconds_since_progress >= {DEFAULT_STALL_S / 2:g}",
+              "0s", "warning", "vLLM's engine on {{ $labels.node }} made no step for {{ $value }} s",
+              f"requests are running or waiting and no engine step or token was counted; at {DEFAULT_STALL_S:g} s "
+              "the vllm check says ENGINE_HUNG (and DgxdoctorVllmDown follows). Look at both nodes: a stuck "
+              "collective stops every rank."),
+        Alert("DgxdoctorTpRankStopped",
+              f"max by (node) (dgxdoctor_gpu_utilization_ratio) < 0.1 and on () "
+              f"(max(dgxdoctor_vllm_seconds_since_progress) >= {DEFAULT_STALL_S / 2:g})", "0s", "critical",
+              "{{ $labels.node }}'s GPUs went idle while vLLM's engine is stalled",
+              "a tensor-parallel rank waiting in a collective keeps its GPU at 100% (the NCCL kernel spins for its "
+              "peer, docs/h200/hang-recording-2026-11-30): the node whose GPUs are idle during the stall is the one "
+              "whose rank stopped (a dead or stopped Ray worker, a GPU that fell off). Look there first: its vLLM "
+              "worker processes, XIDs, `ray status`."),
+        Alert("DgxdoctorGpuWaitingOnPeer",
+              "dgxdoctor_gpu_utilization_ratio >= 0.95 and dgxdoctor_gpu_memory_utilization_ratio < 0.02", "30s",
+              "warning", "GPU {{ $labels.gpu }} on {{ $labels.node }} spins with no memory traffic",
+              "a kernel is resident (utilization 100%) but reads and writes nothing: the sign of an NCCL collective "
+              "waiting for a peer that stopped (docs/h200/hang-recording-2026-11-30). Look at the other node's "
+              "GPUs and vLLM workers; DgxdoctorTpRankStopped names the idle one."),
         Alert("DgxdoctorVllmTtftP99Jump",
               f"{ttft} > 3 * avg_over_time({ttft}[1h] offset 15m) and {ttft} > 0.5", "5m", "warning",
               "TTFT P99 jumped on {{ $labels.node }}",

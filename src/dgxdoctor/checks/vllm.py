@@ -27,10 +27,12 @@ import httpx
 from pydantic import Field, SecretStr, field_validator
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.vllm_progress import EngineWatch, ProgressFollower
 from dgxdoctor.checks.vllm_window import MetricsWindow
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.vllm import (
     DEFAULT_KV_CACHE_WARN,
+    DEFAULT_STALL_S,
     Down,
     Limits,
     Observed,
@@ -45,6 +47,7 @@ from dgxdoctor.judge.vllm import (
     unreadable,
 )
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
+from dgxdoctor.sources.http import http_url
 from dgxdoctor.sources.procfs import CLK_TCK, ProcessInfo
 from dgxdoctor.sources.prom_text import PromTextError
 from dgxdoctor.sources.vllm_api import (
@@ -101,6 +104,11 @@ VLLM_ITL_P99 = MetricSpec(
     "99th percentile inter-token latency over the check's window, from histogram bucket deltas",
     labels=("model",),
 )
+VLLM_SECONDS_SINCE_PROGRESS = MetricSpec(
+    "dgxdoctor_vllm_seconds_since_progress",
+    "Seconds since vLLM's engine last made a step or counted a token while requests were running or waiting "
+    "(0 when idle); ENGINE_HUNG at the vllm check's stall_s",
+)
 VLLM_CANARY_LATENCY = MetricSpec(
     "dgxdoctor_vllm_canary_latency_seconds", "Wall time of the canary chat completion", labels=("model",)
 )
@@ -118,7 +126,7 @@ class VllmSettings(CheckSettings):
     required: bool = Field(
         False,
         description="vLLM must run here: a refused connection is CRITICAL even with no vLLM process on this node "
-        "(otherwise it is SKIPPED as 'no vLLM here')",
+        "(otherwise it is SKIPPED as 'no vLLM here'); [node] role = \"head\" implies it",
     )
     pid_file: Path | None = Field(
         None, description="pid file of the vLLM API server (default: find it by its command line in /proc)"
@@ -171,9 +179,16 @@ class VllmSettings(CheckSettings):
         None, gt=0, description="WARNING when the inter-token latency P99 exceeds this (seconds)"
     )
     stall_s: float = Field(
-        60.0,
+        DEFAULT_STALL_S,
         gt=0,
-        description="requests running or waiting while no token counter advances for this long: CRITICAL hung engine",
+        description="requests running or waiting while no engine step or token is counted for this long: CRITICAL "
+        "hung engine (docs/checks/vllm.md says why 15 s)",
+    )
+    progress_poll_s: float = Field(
+        2.0,
+        ge=0,
+        description="daemon: seconds between reads of vLLM's counters while requests are in flight, so a stall is "
+        "judged the moment it crosses stall_s; 0 reads them only at the check's interval",
     )
     busy_cpu_ratio: float = Field(
         0.25,
@@ -185,12 +200,7 @@ class VllmSettings(CheckSettings):
     @field_validator("base_url")
     @classmethod
     def _url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL with a host: {value!r}")
-        if parts.query or parts.fragment:
-            raise ValueError(f"base_url takes no query or fragment: {value!r}")
-        return value.rstrip("/")
+        return http_url(value)
 
 
 class VllmCheck(Check):
@@ -214,6 +224,8 @@ class VllmCheck(Check):
         self._window = MetricsWindow(settings.latency_window_s, settings.kv_cache_sustained_s, env.one_shot)
         self._sleep: Callable[[float], None] = time.sleep  # tests advance a fake clock instead
         self._api_server: ProcessInfo | None = None
+        self._engines = EngineWatch(env.proc_root, env.monotonic)
+        self._follower: ProgressFollower | None = None
         s = settings
         self._limits = Limits(
             request_timeout_s=s.request_timeout_s,
@@ -226,6 +238,29 @@ class VllmCheck(Check):
             ttft_p99_max_s=s.ttft_p99_max_s,
             itl_p99_max_s=s.itl_p99_max_s,
         )
+
+    def start(self) -> None:
+        """The daemon follows forward progress between runs (`dgxdoctor check` reads it within its own run)."""
+        fleet, s = self.env.fleet, self.cfg
+        if self.env.one_shot or fleet is None or s.progress_poll_s <= 0 or self._follower is not None:
+            return
+        client = self.env.http_client(s.base_url, s.request_timeout_s)
+        self._follower = ProgressFollower(
+            fetch=lambda: get_metrics(client, self._headers()),
+            clock=self._window.progress,
+            engines=self._engines,
+            monotonic=self.env.monotonic,
+            poll_s=s.progress_poll_s,
+            thresholds=(s.stall_s / 2, s.stall_s),
+            wake=lambda: fleet.wake(self.name),
+            close=client.close,
+        )
+        self._follower.start()
+
+    def stop(self) -> None:
+        follower, self._follower = self._follower, None
+        if follower is not None:
+            follower.stop()
 
     # ----- the outside world -------------------------------------------------------------------------------
 
@@ -278,8 +313,9 @@ class VllmCheck(Check):
             if health.outcome != "up":
                 b.sample(VLLM_UP, 0)
                 process = f"process {proc.pid} ({' '.join(proc.cmdline)[:80]})" if proc else None
-                expected = proc is not None or s.required or s.pid_file is not None or self._seen_up
-                server = Server(s.base_url, process, no_proc_reason, uptime, expected, cpu_ratio, state)
+                head = self.env.role == "head"
+                expected = proc is not None or s.required or s.pid_file is not None or self._seen_up or head
+                server = Server(s.base_url, process, no_proc_reason, uptime, expected, cpu_ratio, state, head)
                 return self._down(b, not_up(health, server, self._limits))
             self._seen_up = True
             b.sample(VLLM_UP, 1)
@@ -296,7 +332,7 @@ class VllmCheck(Check):
             self._window.reset()
         if down.skipped is not None:
             return CheckResult.skipped(self.name, down.skipped)
-        b.findings.extend(down.findings)
+        b.add(*down.findings)
         return b.build(down.summary)
 
     def _models(self, client: httpx.Client, b: ResultBuilder, parts: list[str]) -> str | None:
@@ -304,10 +340,10 @@ class VllmCheck(Check):
         try:
             models = get_models(client, self._headers())
         except (httpx.HTTPError, ValueError) as exc:
-            b.findings.append(unreadable("MODELS_UNREADABLE", "/v1/models", exc, s.base_url))
+            b.add(unreadable("MODELS_UNREADABLE", "/v1/models", exc, s.base_url))
             return s.served_model_name
         findings, part, model = models_verdict(models, s.served_model_name, s.base_url)
-        b.findings.extend(findings)
+        b.add(*findings)
         parts.append(part)
         return model
 
@@ -325,17 +361,21 @@ class VllmCheck(Check):
         try:
             self._read_metrics(client)
         except (httpx.HTTPError, PromTextError, NotVllmMetrics) as exc:
-            b.findings.append(unreadable("METRICS_UNREADABLE", "/metrics", exc, s.base_url))
+            b.add(unreadable("METRICS_UNREADABLE", "/metrics", exc, s.base_url))
             return
-        seen = self._window.observed(s.kv_cache_warn, s.waiting_sustained_s)
+        stalled = self._window.progress.stalled_s()
+        b.sample(VLLM_SECONDS_SINCE_PROGRESS, stalled)
+        # The engine processes are read only when no step was seen: the evidence of a stall, not a routine cost.
+        engines = self._engines.look() if stalled else ()
+        seen = self._window.observed(s.kv_cache_warn, s.waiting_sustained_s, engines)
         m = seen.metrics
         parts.append(
             f"KV cache {fmt_pct(m.kv_cache_usage)}, {fmt_n(m.num_requests_running)} running, "
             f"{fmt_n(m.num_requests_waiting)} waiting"
         )
-        b.findings.extend(pressure_findings(seen, self._limits, s.base_url))
+        b.add(*pressure_findings(seen, self._limits, s.base_url))
         if seen.stats is not None:
-            b.findings.extend(latency_findings(seen.stats, seen.ttft_baseline_s, self._limits, s.base_url))
+            b.add(*latency_findings(seen.stats, seen.ttft_baseline_s, self._limits, s.base_url))
             if seen.stats.ttft_p99_s is not None:
                 parts.append(f"TTFT p99 {seen.stats.ttft_p99_s:.3g} s")
         self._export(b, seen, model or (m.model_names[0] if m.model_names else ""))
@@ -362,7 +402,7 @@ class VllmCheck(Check):
             headers = self._headers()
             outcome = post_completion(client, headers, model, s.canary_prompt, s.canary_max_tokens, s.canary_timeout_s)
         findings = canary_findings(outcome, s.canary_timeout_s, s.base_url)
-        b.findings.extend(findings)
+        b.add(*findings)
         if outcome is None or outcome.tokens is None:
             return
         b.sample(VLLM_CANARY_LATENCY, outcome.latency_s, model=model or "")

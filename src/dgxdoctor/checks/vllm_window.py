@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from dgxdoctor.checks.vllm_progress import STOPPED_STATES, EngineProcess, ProgressClock
 from dgxdoctor.judge.vllm import Observed
 from dgxdoctor.sources.vllm_metrics import VllmMetrics, window_stats
 
@@ -31,17 +32,17 @@ class MetricsWindow:
         self.readings: deque[Reading] = deque()
         self._kv: deque[tuple[float, float]] = deque()  # (monotonic time, KV cache usage)
         self._waiting_since: float | None = None
-        self._progress_t: float | None = None  # last reading at which tokens advanced (or there was no load)
+        self.progress = ProgressClock()  # also fed by the daemon's follower between runs
 
     def reset(self) -> None:
         """The server went away: its counters and windows mean nothing for the next one."""
         self.readings.clear()
         self._kv.clear()
-        self._waiting_since = self._progress_t = None
+        self._waiting_since = None
+        self.progress.reset()
 
     def observe(self, metrics: VllmMetrics, now: float) -> None:
         """Add a reading; keep the window (and one reading older than it, the delta's start)."""
-        prev = self.readings[-1] if self.readings else None
         self.readings.append(Reading(now, metrics))
         horizon = now - self.latency_window_s
         while len(self.readings) > 2 and self.readings[1].t <= horizon:
@@ -56,14 +57,7 @@ class MetricsWindow:
             self._waiting_since = self._waiting_since if self._waiting_since is not None else now
         else:
             self._waiting_since = None
-        advanced = (
-            prev is None
-            or metrics.tokens_total is None
-            or prev.metrics.tokens_total is None
-            or metrics.tokens_total != prev.metrics.tokens_total
-        )
-        if advanced or not metrics.has_load or self._progress_t is None:
-            self._progress_t = now
+        self.progress.observe(now, metrics)
 
     def kv_sustained(self, kv_warn: float) -> tuple[float, float] | None:
         """(mean usage, span) when the KV cache stayed at or above ``kv_warn`` on average, like PromQL's
@@ -90,17 +84,24 @@ class MetricsWindow:
             need_s = now - self.readings[0].t
         return held if held >= need_s else None
 
-    def observed(self, kv_warn: float, waiting_sustained_s: float) -> Observed:
-        """The window at its latest reading (call after at least one ``observe``)."""
+    def observed(self, kv_warn: float, waiting_sustained_s: float, engines: tuple[EngineProcess, ...] = ()) -> Observed:
+        """The window at its latest reading (call after at least one ``observe``); ``engines`` as evidence."""
         last = self.readings[-1]
         m = last.metrics
-        stalled = None
-        if m.has_load and self._progress_t is not None and len(self.readings) >= 2:
-            stalled = last.t - self._progress_t
+        stalled = self.progress.stalled_s() if m.has_load else None
         stats = baseline = None
         if len(self.readings) >= 2:  # one reading has no window: its histograms hold the server's whole life
             oldest = self.readings[0]
             stats = window_stats(m, oldest.metrics, last.t - oldest.t)
             baseline = window_stats(oldest.metrics, None, 0.0).ttft_p99_s
         waiting = self.sustained(self._waiting_since, waiting_sustained_s)
-        return Observed(m, self.kv_sustained(kv_warn), waiting, stalled, stats, baseline)
+        return Observed(
+            m,
+            self.kv_sustained(kv_warn),
+            waiting,
+            stalled,
+            stats,
+            baseline,
+            engines=tuple(e.describe() for e in engines),
+            engine_stopped=any(e.state in STOPPED_STATES for e in engines),
+        )

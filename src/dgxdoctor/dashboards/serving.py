@@ -90,12 +90,12 @@ def vllm() -> Panels:
         ),
         timeseries(
             "Seconds since the engine made progress",
-            "Seconds since vLLM's token counters last advanced while requests were running or waiting (0 when "
-            "idle). Red past the vllm check's stall_s default (60 s): the engine is hung; collect `py-spy dump` of "
-            "the EngineCore and restart vLLM (remediation does it in act mode).",
+            "Seconds since vLLM's engine last made a step while requests were running or waiting (0 when idle). Red "
+            "past the vllm check's stall_s default (15 s): the engine is hung; compare both nodes' GPUs, collect "
+            "`py-spy dump` of the EngineCore and restart vLLM (remediation does it in act mode).",
             [Q(f"max by (node) (dgxdoctor_vllm_seconds_since_progress{{{NODE}}})", "{{node}}")],
             "s",
-            steps=thresholds((None, "green"), (60, "red")),
+            steps=thresholds((None, "green"), (2, "yellow"), (15, "red")),
             lines=True,
             width=12,
             height=5,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
@@ -30,6 +31,14 @@ _CRITICAL_ON_ANY = frozenset(
 _COUNTER_TO_FIELD = {v: k for k, v in FIELD_TO_COUNTER.items()}
 
 
+# A port block pasted without its "CA '...'" line (a fragment): "Port 1:" then its State and Physical state.
+PORT_FRAGMENT_RE = re.compile(
+    r"^\s*Port \d{1,3}:\s*\n(?:[ \t]+\S[^\n]*\n){0,12}?[ \t]+State:[^\n]*\n[ \t]+Physical state:", re.M
+)
+# The name given to the CA of such a fragment.
+UNNAMED_CA = "unnamed"
+
+
 class IbstatAnalyzer:
     """``settings``: the infiniband check's (``diagnose --config``), for min_rate_gbps."""
 
@@ -39,9 +48,12 @@ class IbstatAnalyzer:
         self._min_rate: float | None = getattr(settings, "min_rate_gbps", None)
 
     def detect(self, text: str) -> bool:
-        return looks_like_ibstat(text)
+        return looks_like_ibstat(text) or PORT_FRAGMENT_RE.search(text) is not None
 
     def analyze(self, text: str) -> Diagnosis:
+        if not looks_like_ibstat(text) and PORT_FRAGMENT_RE.search(text):
+            # Under a named CA, indented one level more: the layout ibstat prints.
+            text = f"CA '{UNNAMED_CA}'\n" + "".join(f"\t{line}\n" for line in text.splitlines())
         try:
             ports = parse_ibstat(text)
         except IbstatFormatError as exc:

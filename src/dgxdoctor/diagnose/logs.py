@@ -12,9 +12,8 @@ import re
 from typing import ClassVar
 
 from dgxdoctor.diagnose.base import Diagnosis
-from dgxdoctor.judge.oom import oom_phase
-from dgxdoctor.judge.shutdown import intended_stop_before
-from dgxdoctor.judge.signatures import Catalog, Signature, load_catalog
+from dgxdoctor.judge.context import reading
+from dgxdoctor.judge.signatures import Catalog, load_catalog
 from dgxdoctor.result import Finding
 
 # INFO 07-25 06:50:45 config.py:718] Defaulting to use ray for distributed inference      (vllm-project/vllm#6775)
@@ -39,20 +38,6 @@ RAY_MARKER = re.compile(r"\((?:raylet|autoscaler|gcs_server)[^)]*\)|ray\.excepti
 NCCL_LINE = re.compile(r"^(?:\([^()\n]{1,200}\) ?){0,3}\S+:\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)\b|^NCCL version \d", re.M)
 
 
-# The phase of a CUDA_OOM line, when the lines around it tell (judge.oom), picks the signature that refines it.
-_OOM_BY_PHASE = {"startup": "CUDA_OOM_STARTUP", "serving": "CUDA_OOM_SERVING"}
-
-
-def _refined(sig: Signature, lines: list[str], index: int, signatures: dict[str, Signature]) -> Signature | None:
-    """The signature the context makes of a match, or None when the context explains it away."""
-    if sig.code == "VLLM_ENGINE_DEAD" and intended_stop_before(lines, index):
-        return None
-    if sig.code != "CUDA_OOM":
-        return sig
-    phase = oom_phase(lines, index)
-    return signatures.get(_OOM_BY_PHASE[phase], sig) if phase else sig
-
-
 def _findings(text: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int], int]:
     first: dict[str, tuple[int, str]] = {}
     counts: dict[str, int] = {}
@@ -60,7 +45,7 @@ def _findings(text: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int
     signatures = catalog.by_code()
     for index, line in enumerate(lines):
         for match in catalog.match(line):
-            refined = _refined(match.signature, lines, index, signatures)
+            refined = reading(match.signature, lines, index, signatures)
             if refined is None:
                 continue
             code = refined.code

@@ -7,6 +7,7 @@ reporting its TCP socket transport between hosts, and out-of-bounds (wrong) resu
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
 from pydantic import BaseModel
@@ -19,6 +20,18 @@ from dgxdoctor.sources.nccl_tests import (
     parse_nccl_tests,
 )
 
+# Rows of the bandwidth table pasted without its header (a fragment), e.g. (NVIDIA/nccl-tests README):
+#    134217728      33554432     float     sum      -1   1046.2  128.29  240.55      0   1045.4  128.39  240.73      0
+ROW_FRAGMENT_RE = re.compile(
+    r"^\s*\d{1,15}\s+\d{1,15}\s+(?:float|half|bfloat16|double|u?int(?:8|32|64)|fp8_e4m3|fp8_e5m2)\s+"
+    r"(?:sum|prod|max|min|avg|none)\s+",
+    re.M,
+)
+
+
+def _looks_like_rows(text: str) -> bool:
+    return sum(1 for _ in zip(range(2), ROW_FRAGMENT_RE.finditer(text), strict=False)) == 2
+
 
 class NcclTestsAnalyzer:
     """``settings``: the nccl check's (``diagnose --config``), for expected_busbw_gbps and min_fraction."""
@@ -30,7 +43,7 @@ class NcclTestsAnalyzer:
         self._min_fraction: float = getattr(settings, "min_fraction", 0.7)
 
     def detect(self, text: str) -> bool:
-        return looks_like_nccl_tests(text)
+        return looks_like_nccl_tests(text) or _looks_like_rows(text)
 
     def analyze(self, text: str) -> Diagnosis:
         try:

@@ -15,6 +15,15 @@ from dgxdoctor.sources.vllm_metrics import VllmMetrics, WindowStats
 # KV cache usage (0..1) that, as a mean over the window, is a WARNING.
 DEFAULT_KV_CACHE_WARN = 0.9
 
+# Forward progress. A busy engine completes a step every few milliseconds to a few seconds: one step is at most a
+# prefill chunk of --max-num-batched-tokens (chunked prefill is on by default in the V1 engine) plus one token for
+# each running request; even a whole full-length prompt without chunking takes seconds, not tens of seconds, on the
+# tutorial's H200s. Every step moves vllm:iteration_tokens_total's count, so 15 s without a single step while
+# requests run or wait is not load but a stuck engine (a rank waiting in a collective that never completes). The
+# daemon reads the counters every 2 s while requests are in flight, so ENGINE_HUNG comes at most ~19 s after the
+# last step.
+DEFAULT_STALL_S = 15.0
+
 
 def snapshot_findings(
     m: VllmMetrics, kv_line: str | None = None, queue_line: str | None = None, kv_warn: float = DEFAULT_KV_CACHE_WARN
@@ -50,8 +59,8 @@ def snapshot_findings(
 # ---- the live check's verdicts ---------------------------------------------------------------------------------
 
 REMEDIES: Mapping[str, str] = {
-    "VLLM_DEAD": "vLLM is down: read the end of its log (OOM, NCCL or Ray errors), then restart it (serve.sh); "
-    "on a multi-node deployment check `ray status` first",
+    "VLLM_DEAD": "vLLM is down: read the end of its log (`journalctl -u vllm -n 200`: OOM, NCCL or Ray errors), "
+    "check `ray status` (both nodes, all GPUs), then `systemctl restart vllm`",
     "VLLM_NOT_ANSWERING": "saturated: lower the client concurrency or add capacity; hung: take a stack dump "
     "(py-spy dump --pid PID) and the log, then restart vLLM",
     "VLLM_UNHEALTHY": "read vLLM's log for the engine error (CUDA/NCCL/OOM), then restart vLLM",
@@ -63,7 +72,8 @@ REMEDIES: Mapping[str, str] = {
     "QUEUE_WAITING": "the concurrency cap is too low for the load: raise --max-num-seqs if the KV cache allows, "
     "or add capacity",
     "ENGINE_STUCK": "the engine is stuck while /health answers: look for a hung NCCL collective or a dead Ray "
-    "worker (py-spy dump of the engine processes, `ray status`), then restart vLLM",
+    "worker (py-spy dump of the VLLM::EngineCore and VLLM::Worker processes, `ray status`, the peer node's "
+    "dgxdoctor), then restart vLLM",
     "KV_CACHE_PREEMPTIONS": "lower the concurrency (--max-num-seqs) or give the KV cache more room (--kv-cache-dtype "
     "fp8, a smaller --max-model-len)",
     "TTFT_P99_HIGH": "long inputs are crowding prefill: enable --enable-chunked-prefill, cap input length or "
@@ -102,6 +112,7 @@ class Server:
     expected: bool  # a process runs, vLLM is required here, or it answered before
     cpu_ratio: float | None  # share of a CPU the API server used while /health was asked
     state: str | None  # its process state letter after the request
+    head: bool = False  # the node's declared role is head: vLLM must be served here
 
 
 @dataclass(frozen=True)
@@ -114,6 +125,8 @@ class Observed:
     stalled_s: float | None  # seconds since tokens last advanced, while under load (None: not judged)
     stats: WindowStats | None  # over the window; None with a single reading
     ttft_baseline_s: float | None  # TTFT P99 of everything before the window
+    engines: tuple[str, ...] = ()  # the engine processes as /proc shows them (state, CPU share), as evidence
+    engine_stopped: bool = False  # one of them is stopped (SIGSTOP, a debugger): it cannot resume by itself
 
 
 @dataclass(frozen=True)
@@ -180,9 +193,9 @@ def not_up(health: Health, server: Server, limits: Limits) -> Down:
             if server.process
             else (server.no_process_reason or "no process")
         )
-        dead = Finding(
-            "VLLM_DEAD", Status.CRITICAL, f"{what} at {url}: vLLM is dead ({where})", url, remedy=REMEDIES["VLLM_DEAD"]
-        )
+        why = "; the head node ([node] role) must serve it" if server.head and server.process is None else ""
+        message = f"{what} at {url}: vLLM is dead ({where}){why}"
+        dead = Finding("VLLM_DEAD", Status.CRITICAL, message, url, remedy=REMEDIES["VLLM_DEAD"])
         return Down((dead,), f"vLLM dead: {what} at {url}")
     if health.outcome == "timeout":
         verdict, status = _saturated_or_hung(server, limits)
@@ -225,18 +238,30 @@ def pressure_findings(seen: Observed, limits: Limits, url: str) -> list[Finding]
     if seen.waiting_held_s is not None:
         message = f"waiting queue at {fmt_n(m.num_requests_waiting)}, non-zero for {seen.waiting_held_s:.0f} s"
         findings.append(Finding("QUEUE_WAITING", Status.WARNING, message, url, remedy=REMEDIES["QUEUE_WAITING"]))
-    # Forward progress: /health can say 200 while the engine is stuck (a hung collective, a stopped worker).
-    stalled = seen.stalled_s
-    if stalled is not None and stalled > 0:
-        load = f"{fmt_n(m.num_requests_running)} running, {fmt_n(m.num_requests_waiting)} waiting"
-        hung = stalled >= limits.stall_s
-        message = (
-            f"no prompt or generation token counted for {stalled:.1f} s while {load} "
-            f"(/health still answers 200){': the engine is hung' if hung else ''}"
-        )
-        code, status = ("ENGINE_HUNG", Status.CRITICAL) if hung else ("ENGINE_NO_PROGRESS", Status.WARNING)
-        findings.append(Finding(code, status, message, url, remedy=REMEDIES["ENGINE_STUCK"]))
+    stuck = progress_finding(seen, limits.stall_s, url)
+    if stuck is not None:
+        findings.append(stuck)
     return findings
+
+
+def progress_finding(seen: Observed, stall_s: float, url: str) -> Finding | None:
+    """Forward progress: /health can say 200 while the engine is stuck (a hung collective, a stopped worker).
+
+    No engine step between two readings under load is a WARNING; ``stall_s`` or more is CRITICAL, and so is any
+    stall while an engine process is stopped. The engine processes' state and CPU share are the evidence: stopped,
+    idle (waiting on a peer rank) or spinning a full core (a collective that never completes).
+    """
+    stalled = seen.stalled_s
+    if stalled is None or stalled <= 0:
+        return None
+    m = seen.metrics
+    load = f"{fmt_n(m.num_requests_running)} running, {fmt_n(m.num_requests_waiting)} waiting"
+    hung = stalled >= stall_s or seen.engine_stopped
+    why = ": an engine process is stopped" if seen.engine_stopped else (": the engine is hung" if hung else "")
+    message = f"no engine step or token counted for {stalled:.1f} s while {load} (/health still answers 200){why}"
+    code, status = ("ENGINE_HUNG", Status.CRITICAL) if hung else ("ENGINE_NO_PROGRESS", Status.WARNING)
+    evidence = "; ".join(seen.engines) or None
+    return Finding(code, status, message, url, evidence=evidence, remedy=REMEDIES["ENGINE_STUCK"])
 
 
 def latency_findings(stats: WindowStats, ttft_baseline_s: float | None, limits: Limits, url: str) -> list[Finding]:

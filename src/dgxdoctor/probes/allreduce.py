@@ -10,12 +10,14 @@ does not join within ``--join-timeout`` seconds makes every rank give up with ex
 never a hang. Each node's first rank prints the table of its own timing.
 
 Timing follows nccl-tests (``src/common.cu``): ``iters`` back-to-back all-reduces after ``warmup`` ones, the time
-per operation averaged over the ranks, busbw = algbw * 2 * (n - 1) / n. The operations are captured once into a CUDA
-graph and replayed between two CUDA events, so the Python and c10d overhead per call (tens of microseconds, a third
-of the bandwidth at 1 MiB when launched one by one) is not measured; small sizes run more iterations so the graph
-launch itself stays under 1 % of a timing. The median of ``--rounds`` timings is reported. Without CUDA (the
-``gloo`` backend, used by the tests on CPU) the loop runs eagerly under ``time.perf_counter``. torch's all_reduce is
-in-place, so the out-of-place and in-place column groups carry the same measurement.
+per operation averaged over the ranks, busbw = algbw * 2 * (n - 1) / n. By default (``--timing direct``) the
+operations are ``ncclAllReduce`` calls made through ctypes on the NCCL library torch loaded, between two CUDA
+events, as nccl-tests makes them (20 per timing). torch's all_reduce adds c10d bookkeeping and stream events to
+every call: on an H200 pair it reached 40-75 % of nccl-tests' busbw from 1 to 4 MiB launched one by one, 68-92 %
+replayed from a CUDA graph (``--timing eager`` / ``--timing graph``, docs/h200/nccl-2026-11-30); those two paths run
+more iterations at small sizes so one timing spans milliseconds. The median of ``--rounds`` timings is reported.
+Without CUDA (the ``gloo`` backend, used by the tests on CPU) the loop runs eagerly under ``time.perf_counter``.
+The all-reduce is in-place, so the out-of-place and in-place column groups carry the same measurement.
 
 Only stdlib at import time: torch is imported inside the worker processes.
 """
@@ -42,9 +44,10 @@ EX_PEER_MISSING = 4
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # Quick mode: three sizes where busbw is already near its plateau, few iterations (answers in seconds).
-QUICK = {"min_bytes": 32 << 20, "max_bytes": 128 << 20, "iters": 5, "warmup": 2, "rounds": 1}
+# Eager torch calls: at these sizes within 2 % of the direct calls, and no second NCCL communicator to set up.
+QUICK = {"min_bytes": 32 << 20, "max_bytes": 128 << 20, "iters": 5, "warmup": 2, "rounds": 1, "timing": "eager"}
 # Below this size the iteration count grows (iters * SMALL_SIZE // size, at most MAX_ITERS) so one timing spans
-# well over a graph launch (~10 us).
+# milliseconds, well over a launch or a graph upload (~10 us).
 SMALL_SIZE = 8 << 20
 MAX_ITERS = 200
 PR_SET_PDEATHSIG = 1
@@ -104,7 +107,7 @@ class Plan:
     iters: int
     warmup: int
     rounds: int
-    graph: bool
+    timing: str
 
     @property
     def world(self) -> int:
@@ -160,14 +163,20 @@ def _measure(torch: Any, dist: Any, store: Any, rank: int, local_rank: int, plan
     else:
         device = torch.device("cpu")
         dist.init_process_group(plan.backend, store=store, rank=rank, world_size=plan.world)
+    direct = _direct_comm(torch, dist, store, rank, plan, device) if cuda and plan.timing == "direct" else None
     rows = []
     for i, size in enumerate(plan.sizes):
         count = size // 4
         wrong = _validate(torch, dist, count, rank, plan.world, device)
-        iters = iters_for(size, plan.iters)
+        # Direct calls: nccl-tests' own iteration count, so both carry the same fixed cost per timing; the torch
+        # paths run more iterations at small sizes to spread their launch and graph-upload cost.
+        iters = plan.iters if direct is not None else iters_for(size, plan.iters)
         buf = torch.zeros(count, dtype=torch.float32, device=device)
-        timer = _graph_timer if cuda and plan.graph else _eager_timer
-        seconds, how = timer(torch, dist, buf, iters, plan)
+        if direct is not None:
+            seconds, how = _direct_timer(torch, dist, direct, buf, iters, plan)
+        else:
+            timer = _graph_timer if cuda and plan.timing != "eager" else _eager_timer
+            seconds, how = timer(torch, dist, buf, iters, plan)
         # nccl-tests averages the time over the ranks (common.cu: Allreduce(args, &deltaSec, average)).
         avg = torch.tensor([seconds], dtype=torch.float64, device=device)
         dist.all_reduce(avg)
@@ -176,7 +185,89 @@ def _measure(torch: Any, dist: Any, store: Any, rank: int, local_rank: int, plan
         if local_rank == 0:
             busbw = size / seconds / 1e9 * 2 * (plan.world - 1) / plan.world
             print(f"# progress {i + 1}/{len(plan.sizes)} {size} B busbw {busbw:.2f} GB/s", file=sys.stderr, flush=True)
+    if direct is not None:
+        direct.destroy()
     return rows
+
+
+class DirectNccl:
+    """``ncclAllReduce`` called directly through ctypes on the NCCL library torch loaded, as nccl-tests calls it
+    and as vLLM's own pynccl wrapper does for tensor-parallel all-reduce: no c10d work objects or stream events
+    around each call, which cost a few microseconds per operation (an eighth of the time at 1 MiB on NVLink)."""
+
+    FLOAT32, SUM = 7, 0  # ncclFloat32, ncclSum (nccl.h)
+
+    def __init__(self, store: Any, rank: int, world: int) -> None:
+        import ctypes
+
+        self.ctypes = ctypes
+        lib = ctypes.CDLL("libnccl.so.2")  # already loaded by torch: the same library, the same NCCL_* settings
+
+        class UniqueId(ctypes.Structure):
+            _fields_ = [("internal", ctypes.c_byte * 128)]  # NCCL_UNIQUE_ID_BYTES
+
+        lib.ncclGetErrorString.restype = ctypes.c_char_p
+        lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int]
+        lib.ncclAllReduce.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                      ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]  # fmt: skip
+        self.lib = lib
+        uid = UniqueId()
+        if rank == 0:
+            self._check(lib.ncclGetUniqueId(ctypes.byref(uid)))
+            store.set("dgxdoctor_nccl_id", ctypes.string_at(ctypes.addressof(uid), 128))
+        else:
+            raw = store.get("dgxdoctor_nccl_id")
+            if len(raw) != 128:
+                raise RuntimeError("rank 0 could not create an NCCL id")
+            ctypes.memmove(ctypes.addressof(uid), raw, 128)
+        self.comm = ctypes.c_void_p()
+        self._check(lib.ncclCommInitRank(ctypes.byref(self.comm), world, uid, rank))
+
+    def _check(self, result: int) -> None:
+        if result != 0:
+            raise RuntimeError(f"NCCL error {result}: {self.lib.ncclGetErrorString(result).decode()}")
+
+    def all_reduce(self, ptr: int, count: int, stream: int) -> None:
+        self._check(self.lib.ncclAllReduce(ptr, ptr, count, self.FLOAT32, self.SUM, self.comm, stream))
+
+    def destroy(self) -> None:
+        self.lib.ncclCommDestroy(self.comm)
+
+
+def _direct_comm(torch: Any, dist: Any, store: Any, rank: int, plan: Plan, device: Any) -> DirectNccl | None:
+    """The direct communicator, or None on every rank when any rank could not make one (CUDA-graph timing then)."""
+    made: DirectNccl | None = None
+    try:
+        made = DirectNccl(store, rank, plan.world)
+    except Exception as exc:
+        if rank == 0:
+            store.set("dgxdoctor_nccl_id", b"failed")
+        print(f"# rank {rank}: direct NCCL calls unavailable ({type(exc).__name__}: {exc})", file=sys.stderr)
+    ok = torch.tensor([1.0 if made is not None else 0.0], device=device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if ok.item() < 1.0:
+        if made is not None:
+            made.destroy()
+        return None
+    return made
+
+
+def _direct_timer(torch: Any, dist: Any, nccl: DirectNccl, buf: Any, iters: int, plan: Plan) -> tuple[float, str]:
+    stream = torch.cuda.current_stream().cuda_stream
+    ptr, count = buf.data_ptr(), buf.numel()
+    for _ in range(plan.warmup):
+        nccl.all_reduce(ptr, count, stream)
+    times = []
+    for _ in range(plan.rounds):
+        _align(torch, dist, buf.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            nccl.all_reduce(ptr, count, stream)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / iters)
+    return statistics.median(times), "direct"
 
 
 def _validate(torch: Any, dist: Any, count: int, rank: int, world: int, device: Any) -> int:
@@ -263,7 +354,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3, help="timings per size; the median is reported")
-    p.add_argument("--no-graph", dest="graph", action="store_false", help="time the eager loop, not a CUDA graph")
+    p.add_argument(
+        "--timing",
+        choices=("direct", "graph", "eager"),
+        default="direct",
+        help="nccl: direct ncclAllReduce calls (as nccl-tests), a CUDA graph of torch all_reduce, or the eager loop",
+    )
     p.add_argument("--quick", action="store_true", help="32M-128M, 5 iterations, 1 round: an answer in seconds")
     p.add_argument("--env", type=parse_assignment, action="append", default=[], help="NAME=VALUE for NCCL")
     return p
@@ -288,7 +384,7 @@ def _plan(args: argparse.Namespace, gpus: int) -> Plan:
         iters=args.iters,
         warmup=args.warmup,
         rounds=max(1, args.rounds),
-        graph=args.graph,
+        timing=args.timing,
     )
 
 
@@ -343,7 +439,7 @@ def _header(plan: Plan, info: dict[str, str]) -> None:
     print(
         f"# nThread 1 nGpus {plan.gpus} minBytes {plan.sizes[0] if plan.sizes else 0} "
         f"maxBytes {plan.sizes[-1] if plan.sizes else 0} step: 2(factor) warmup iters: {plan.warmup} "
-        f"iters: {plan.iters} rounds: {plan.rounds} graph: {int(plan.graph and plan.backend == 'nccl')}"
+        f"iters: {plan.iters} rounds: {plan.rounds} timing: {plan.timing if plan.backend == 'nccl' else 'eager'}"
     )
     print(f"# nNodes {plan.nnodes} nodeRank {plan.node_rank} nRanks {plan.world} backend {plan.backend}")
     print(f"# Using devices (torch {info.get('torch', '?')}, NCCL {nccl})")

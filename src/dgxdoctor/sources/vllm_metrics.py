@@ -6,6 +6,12 @@ Metric names (vLLM 0.32.0, labels ``engine`` and ``model_name``; see docs.vllm.a
     vllm:num_requests_running / vllm:num_requests_waiting              gauges
     vllm:num_preemptions_total, vllm:prompt_tokens_total, vllm:generation_tokens_total   counters
     vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds                    histograms
+    vllm:request_success_total{finished_reason="length"}                                   counter
+    vllm:iteration_tokens_total_count                    histogram: one observation per engine step
+
+The engine records stats after every step, with or without request output ("We must return the stats even if there
+are no request outputs this step", vllm/v1/core/sched/scheduler.py), so ``vllm:iteration_tokens_total``'s count moves
+even during a chunked prefill that has produced no token yet: the finest forward-progress signal vLLM exports.
 
 Older releases (the operator tutorial's) named the KV gauge ``vllm:gpu_cache_usage_perc`` and the inter-token
 histogram ``vllm:time_per_output_token_seconds``; both generations are read, the newer name first.
@@ -32,6 +38,8 @@ PROMPT_TOKENS = ("vllm:prompt_tokens_total",)
 GENERATION_TOKENS = ("vllm:generation_tokens_total",)
 TTFT = ("vllm:time_to_first_token_seconds",)
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+REQUESTS_FINISHED = ("vllm:request_success_total",)
+ENGINE_STEPS = ("vllm:iteration_tokens_total",)  # a histogram: its count is the number of engine steps
 # Every name above: a page with none of them is not vLLM's.
 ALL_NAMES = (
     *KV_CACHE_USAGE,
@@ -61,12 +69,25 @@ class VllmMetrics:
     itl: Histogram | None
     model_names: tuple[str, ...] = ()
     kv_cache_metric: str | None = None  # which generation's name the page used
+    requests_finished_total: float | None = None
+    engine_steps_total: float | None = None
 
     @property
     def tokens_total(self) -> float | None:
         """Prompt + generated tokens: it advances whenever the engine does any work (prefill or decode)."""
         parts = [v for v in (self.prompt_tokens_total, self.generation_tokens_total) if v is not None]
         return sum(parts) if parts else None
+
+    @property
+    def progress_marks(self) -> tuple[float | None, ...]:
+        """Every counter that moves when the engine works: a change in any of them is forward progress."""
+        return (
+            self.engine_steps_total,
+            self.generation_tokens_total,
+            self.prompt_tokens_total,
+            self.requests_finished_total,
+            self.preemptions_total,
+        )
 
     @property
     def has_load(self) -> bool:
@@ -89,7 +110,13 @@ def vllm_metrics_from_snapshot(snap: PromSnapshot) -> VllmMetrics:
         itl=snap.histogram(*ITL),
         model_names=tuple(snap.label_values("model_name", *ALL_NAMES)),
         kv_cache_metric=first_present(snap, KV_CACHE_USAGE),
+        requests_finished_total=snap.sum(*REQUESTS_FINISHED),
+        engine_steps_total=_count(snap.histogram(*ENGINE_STEPS)),
     )
+
+
+def _count(hist: Histogram | None) -> float | None:
+    return None if hist is None else hist.count
 
 
 def parse_vllm_metrics(text: str) -> VllmMetrics:
