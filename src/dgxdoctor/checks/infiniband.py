@@ -44,7 +44,7 @@ from dgxdoctor.judge.infiniband import (
     ports_missing,
 )
 from dgxdoctor.judge.presence import rdma_absent
-from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.ibstat import parse_ibstat
 from dgxdoctor.sources.pci import mellanox_nics, read_pci_devices
@@ -187,7 +187,7 @@ class InfinibandCheck(Check):
         if finding is None:
             return CheckResult.skipped(self.name, f"{reason}; no Mellanox NIC on the PCI bus")
         b = ResultBuilder(self.name)
-        b.findings.append(finding)
+        b.add(finding)
         return b.build(f"{reason}: {finding.message}")
 
     def run(self) -> CheckResult:
@@ -196,7 +196,7 @@ class InfinibandCheck(Check):
         except CommandTimeout as exc:
             b = ResultBuilder(self.name)
             b.timed_out("ibstat")
-            b.finding("IB_IBSTAT_TIMEOUT", Status.UNKNOWN, f"ibstat timed out: {exc}", remedy=IBSTAT_HUNG_REMEDY)
+            b.add(Finding("IB_IBSTAT_TIMEOUT", Status.UNKNOWN, f"ibstat timed out: {exc}", remedy=IBSTAT_HUNG_REMEDY))
             return b.build(f"no RDMA port in sysfs and ibstat timed out ({IBSTAT_TIMEOUT_S:g} s)")
         if isinstance(read, str):
             return self._absent(read)
@@ -217,7 +217,7 @@ class InfinibandCheck(Check):
             entry = entries.get(port.name)
             entries[port.name] = self._counters(b, port, entry if isinstance(entry, dict) else {}, now, verdicts)
         self._history.save({p.name for p in ports}, now, boot_id(self.env.proc_root))
-        b.findings.extend(f for f, _ in verdicts)  # in the order found: missing ports, then port by port
+        b.add(*(f for f, _ in verdicts))  # in the order found: missing ports, then port by port
         return b.build(_summary(b, ports, source, [why for _, why in verdicts if why]))
 
     def _counters(

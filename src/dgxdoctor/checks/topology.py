@@ -12,7 +12,7 @@ from pydantic import Field
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.topology import evaluate_topology
-from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.topo import gpu_link_summary, parse_topo_matrix
 
@@ -55,12 +55,14 @@ class TopologyCheck(Check):
         except CommandTimeout as exc:
             hung = ResultBuilder(self.name)
             hung.timed_out("nvidia-smi")
-            hung.finding(
-                "TOPOLOGY_NVIDIA_SMI_TIMEOUT",
-                Status.UNKNOWN,
-                f"nvidia-smi timed out: {exc}",
-                remedy="nvidia-smi hangs when the driver is stuck on a GPU (one that fell off the bus): look for "
-                "XID 79 in the kernel log; drain the node and reboot it",
+            hung.add(
+                Finding(
+                    "TOPOLOGY_NVIDIA_SMI_TIMEOUT",
+                    Status.UNKNOWN,
+                    f"nvidia-smi timed out: {exc}",
+                    remedy="nvidia-smi hangs when the driver is stuck on a GPU (one that fell off the bus): look for "
+                    "XID 79 in the kernel log; drain the node and reboot it",
+                )
             )
             return hung.build(f"nvidia-smi topo -m timed out after {self.cfg.command_timeout_s:g} s")
         if done.returncode != 0:
@@ -71,7 +73,7 @@ class TopologyCheck(Check):
         for finding in evaluate_topology(
             topo, expected_gpus=self.cfg.expected_gpus, require_nvlink=self.cfg.require_nvlink
         ):
-            builder.findings.append(finding)
+            builder.add(finding)
         non_nvlink = sum(1 for f in builder.findings if f.code == "TOPO_GPU_PAIR_NOT_NVLINK")
         builder.sample(TOPOLOGY_GPUS, len(topo.gpus))
         builder.sample(TOPOLOGY_NON_NVLINK_PAIRS, non_nvlink if len(topo.gpus) > 1 else None)

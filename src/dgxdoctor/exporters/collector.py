@@ -201,8 +201,9 @@ class StoreCollector(Collector):
             runs.add_metric([node, name], float(count))
         yield runs
         timeouts = _family(CHECK_TIMEOUTS)
-        check_timeouts = {name: 0 for name in self.store.runs_total()} | dict(self.timeouts())
-        for name, count in sorted(check_timeouts.items()):
+        # Every check that ran has a timeout count, 0 until one times out: rate() and increase() need the zero.
+        counts = dict.fromkeys(self.store.runs_total(), 0) | dict(self.timeouts())
+        for name, count in sorted(counts.items()):
             timeouts.add_metric([node, name], float(count))
         yield timeouts
         probes = _family(PROBE_TIMEOUTS)
