@@ -58,7 +58,7 @@ PROBE_OK = MetricSpec("dgxdoctor_nccl_probe_success", "1 when the last bandwidth
 RAIL_BUSBW = MetricSpec(
     "dgxdoctor_nccl_rail_busbw_bytes_per_second",
     "All-reduce bus bandwidth at the largest size of the last per-rail probe, NCCL_IB_HCA set to this one HCA.",
-    labels=("device",),
+    labels=("device", "port"),
 )
 EXPECTED_BUSBW = MetricSpec(
     "dgxdoctor_nccl_expected_busbw_bytes_per_second",
@@ -336,7 +336,8 @@ def judge_runs(runs: list[ProbeRun], cfg: NcclSettings, *, node_has_ib: bool) ->
         summaries.append(summary)
         if run.rail is not None and peak is not None:
             rail_busbw[run.rail] = peak
-            b.sample(RAIL_BUSBW, peak * GB, device=run.rail)
+            device, _, port = run.rail.partition(":")
+            b.sample(RAIL_BUSBW, peak * GB, device=device, port=port or "1")
     if runs and runs[0].rail is None:
         return b.build(summaries[0])
     from dgxdoctor.judge.nccl_rails import rail_findings
