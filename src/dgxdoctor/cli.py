@@ -66,6 +66,9 @@ def build_checks(
         attach = getattr(check, "attach_cluster", None)
         if callable(attach):  # the shared token, for checks that ask a peer's agent (nccl's cross-node probe)
             attach(_token(config))
+        progress = getattr(check, "attach_progress", None)
+        if callable(progress):  # a long probe's progress, on stderr while it runs
+            progress(lambda line: click.echo(line, err=True))
         checks.append(check)
     return checks
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -33,7 +34,7 @@ from dgxdoctor.judge.nccl import bandwidth_finding, nccl_tests_findings
 from dgxdoctor.judge.nccl_transport import describe, transport_findings
 from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
-from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
+from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, run_command_lines
 from dgxdoctor.sources.nccl_env import parse_env_file, read_ib_ports
 from dgxdoctor.sources.nccl_info import NcclTransport, parse_nccl_info
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
@@ -43,6 +44,8 @@ from dgxdoctor.sources.serving_env import find_serving_python
 # (argparse and all) to compare numbers; a test holds them equal.
 EX_NOT_RUNNABLE = 3
 EX_PEER_MISSING = 4
+# The probe's progress lines on stderr: "# progress 3/14 4194304 B busbw 122.88 GB/s".
+PROGRESS = "# progress "
 # ``env`` exits 127 when the program it should run does not exist.
 EX_ENV_NOT_FOUND = 127
 
@@ -181,6 +184,11 @@ class NcclCheck(Check):
         self.cfg = settings
         self.env = env
         self._token: str | None = None
+        self._progress: Callable[[str], None] | None = None
+
+    def attach_progress(self, sink: Callable[[str], None]) -> None:
+        """Where a running probe's progress lines go (``dgxdoctor check`` prints them on stderr)."""
+        self._progress = sink
 
     def attach_cluster(self, token: str | None) -> None:
         """The shared daemon token for ``dgxdoctor check``, which has no fleet (the daemon's comes through
@@ -280,7 +288,14 @@ class NcclCheck(Check):
             raise CommandNotFound(f"{program} not found")
         # Leave room for the runner's own timeout to report a hang rather than a half-read table.
         timeout = timeout_s if timeout_s is not None else max(1.0, self.cfg.timeout_s - 5)
-        done = self.env.run_command(argv, timeout_s=timeout)
+        if self._progress is None:
+            done = self.env.run_command(argv, timeout_s=timeout)
+        else:
+            sink = self._progress
+            label = f"nccl{f' {rail}' if rail else ''}:"
+            done = run_command_lines(
+                argv, timeout, lambda line: sink(f"{label} {line.lstrip('# ')}") if PROGRESS in line else None
+            )
         self.keep_output(rail, done.stdout, done.stderr)
         return ProbeRun(done.returncode, done.stdout, done.stderr, rail)
 
