@@ -90,6 +90,7 @@ class FollowingCheck(Check):
         self.settings: CheckSettings = settings
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stopped = False
+        self.runs = 0
 
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -98,7 +99,8 @@ class FollowingCheck(Check):
         self.stopped = True
 
     def run(self) -> CheckResult:
-        return CheckResult(self.name, Status.OK, "following")
+        self.runs += 1
+        return CheckResult(self.name, Status.OK, f"following: run {self.runs}")
 
 
 def gpu_result(check: str = "gpu", util: float = 0.9, mem_gib: float = 60.0, driver: str = "580.159.04") -> CheckResult:

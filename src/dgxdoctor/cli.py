@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -15,8 +17,8 @@ from dgxdoctor.checks.base import Check, CheckRunner
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import DEFAULT_LISTEN, EX_CONFIG, Config, ConfigError, load_config, parse_listen
 from dgxdoctor.environment import Environment
-from dgxdoctor.report import overall_status, report_dict, report_table
-from dgxdoctor.result import Status, exit_code
+from dgxdoctor.report import report_dict, report_table
+from dgxdoctor.result import Status, exit_code, overall_status
 
 MAX_DIAGNOSE_BYTES = 64 * 1024 * 1024
 
@@ -63,21 +65,11 @@ def build_checks(
         if not only and not settings.enabled:
             continue
         check = factory(settings, env)
-        attach = getattr(check, "attach_cluster", None)
-        if callable(attach):  # the shared token, for checks that ask a peer's agent (nccl's cross-node probe)
-            attach(_token(config))
         progress = getattr(check, "attach_progress", None)
         if callable(progress):  # a long probe's progress, on stderr while it runs
             progress(lambda line: click.echo(line, err=True))
         checks.append(check)
     return checks
-
-
-def _token(config: Config) -> str | None:
-    try:
-        return config.daemon.resolve_token()
-    except (OSError, ValueError) as exc:
-        raise click.UsageError(f"daemon.token_file: {exc}") from None
 
 
 def _load(config_path: Path | None) -> Config:
@@ -133,9 +125,9 @@ def check(config_path: Path | None, as_json: bool, only: str | None, skip: str |
     checks = build_checks(config, env, _names(only), _names(skip))
     results = asyncio.run(CheckRunner(env).run_once(checks))
     if as_json:
-        click.echo(json.dumps(report_dict(env.node, results), indent=2))
+        click.echo(json.dumps(report_dict(env.node, results, env.role), indent=2))
     else:
-        click.echo(report_table(env.node, results, verbose))
+        click.echo(report_table(env.node, results, verbose, env.role))
     sys.exit(exit_code(overall_status(results)))
 
 
@@ -164,7 +156,14 @@ def run(config_path: Path | None, listen: str | None) -> None:
     except (OSError, ValueError) as exc:
         click.echo(f"invalid configuration: daemon.token_file: {exc}", err=True)
         sys.exit(EX_CONFIG)
-    sys.exit(asyncio.run(daemon.serve()))
+    # Not asyncio.run(): at its end it joins the loop's executor threads, and the interpreter joins every
+    # ThreadPoolExecutor's at exit. A thread stuck in a hung call (NVML, a dead NFS textfile directory) would then
+    # hold the process after "stopped" until systemd's SIGKILL. The daemon has closed everything it owns by now.
+    loop = asyncio.new_event_loop()
+    code = loop.run_until_complete(daemon.serve())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 @cli.command()
@@ -385,3 +384,107 @@ def dashboards(directory: Path) -> None:
         raise click.ClickException(f"cannot write the dashboards to {directory}: {exc}") from None
     for path in written:
         click.echo(str(path))
+
+
+RUNBOOK_CONCURRENCY = "8,16,32,64,128"
+
+
+def _concurrencies(value: str) -> list[int]:
+    try:
+        out = sorted({int(v) for v in value.split(",") if v.strip()})
+    except ValueError:
+        raise click.BadParameter(f"not a comma-separated list of integers: {value!r}") from None
+    if not out or out[0] < 1 or out[-1] > 100000:
+        raise click.BadParameter("concurrencies must be 1..100000")
+    return out
+
+
+knee_options = [
+    click.option(
+        "--min-gain",
+        type=click.FloatRange(0, 10),
+        default=0.10,
+        show_default=True,
+        help="knee: a step whose throughput grows less than this fraction ...",
+    ),
+    click.option(
+        "--max-tpot-growth",
+        type=click.FloatRange(0, 100),
+        default=0.20,
+        show_default=True,
+        help="... while P99 TPOT grows more than this fraction",
+    ),
+    click.option(
+        "--out",
+        "out_dir",
+        type=click.Path(path_type=Path, file_okay=False),
+        default=None,
+        help="where sweep.json, sweep.csv and sweep.png go",
+    ),
+    click.option("--json", "as_json", is_flag=True, help="print the sweep as JSON"),
+]
+
+
+def _with(options: Sequence[Callable[[Any], Any]]) -> Callable[[Any], Any]:
+    def apply(fn: Any) -> Any:
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return apply
+
+
+@cli.group(invoke_without_command=True)
+@config_option
+@click.option("--base-url", default="http://127.0.0.1:8000", show_default=True, help="the vLLM server")
+@click.option("--model", help="served model name (default: the server's first)")
+@click.option("--tokenizer", help="tokenizer path or name (default: the model's)")
+@click.option("--concurrency", "concurrency", default=RUNBOOK_CONCURRENCY, show_default=True)
+@click.option("--input-len", type=click.IntRange(1), default=1024, show_default=True)
+@click.option("--output-len", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--num-prompts", type=click.IntRange(1), default=None, help="per step (default: see the next option)")
+@click.option(
+    "--prompts-per-concurrency",
+    type=click.IntRange(1, 1000),
+    default=4,
+    show_default=True,
+    help="requests per step = this x the concurrency, at least 16",
+)
+@click.option("--serving-python", help="Python with vLLM (default: that of the running vLLM process)")
+@click.option("--step-timeout-s", type=click.FloatRange(1), default=1800.0, show_default=True)
+@click.option("--save-baseline", is_flag=True, help="store the sweep with its settings for the weekly check")
+@_with(knee_options)
+@click.pass_context
+def bench(ctx: click.Context, /, config_path: Path | None, concurrency: str, **kw: Any) -> None:
+    """Sweep concurrency with vLLM's own `vllm bench serve`, find the knee, write JSON, CSV and PNG."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from dgxdoctor.bench_cli import run_sweep_command
+
+    config = _load(config_path)
+    sys.exit(run_sweep_command(config, _concurrencies(concurrency), **kw))
+
+
+@bench.command("analyze")
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=False))
+@_with(knee_options)
+def bench_analyze(files: tuple[Path, ...], **kw: Any) -> None:
+    """The same analysis on result files of `vllm bench serve --save-result` (one per concurrency)."""
+    from dgxdoctor.bench_cli import analyze_command
+
+    sys.exit(analyze_command(list(files), **kw))
+
+
+@bench.command("compare")
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="print the JSON result")
+def bench_compare(config_path: Path | None, as_json: bool) -> None:
+    """Run the weekly comparison now ([checks.bench]: requests at the baseline's knee), window or not."""
+    from dgxdoctor.checks.bench import BenchCheck
+
+    config = _load(config_path)
+    check = BenchCheck(config.check_settings("bench"), config.environment())
+    result = check.run_now()
+    env = config.environment()
+    click.echo(json.dumps(report_dict(env.node, [result]), indent=2) if as_json else report_table(env.node, [result]))
+    sys.exit(exit_code(result.status))

@@ -6,18 +6,21 @@ assembled from the explicit registry, so a check's keys live beside its code.
 
 from __future__ import annotations
 
+import difflib
+import json
+import re
 import socket
 import tomllib
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
-from urllib.parse import urlsplit
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.checks.registry import ALL_CHECKS
-from dgxdoctor.environment import Environment
+from dgxdoctor.environment import Environment, Role
+from dgxdoctor.sources.http import http_url
 
 DEFAULT_CONFIG_PATH = Path("/etc/dgxdoctor/config.toml")
 EX_CONFIG = 78  # sysexits.h EX_CONFIG
@@ -25,6 +28,22 @@ EX_CONFIG = 78  # sysexits.h EX_CONFIG
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NodeSettings(_Frozen):
+    """What this node is. A declared role states what must be there, and its absence is CRITICAL:
+    both roles need the GPUs ([checks.gpu] expected_count, expected_model), a Ray raylet, the NCCL environment
+    file ([checks.nccl_env] env_file) and the RDMA ports ([checks.infiniband] expected_ports, else at least one);
+    the head also needs the Ray head (GCS, dashboard) and vLLM ([checks.vllm] base_url, served_model_name).
+    Without a role, what is absent is SKIPPED and `dgxdoctor check` says that nothing was required.
+    """
+
+    name: str | None = Field(None, description="node name in labels and peer reports; default hostname")
+    role: Role | None = Field(
+        None,
+        description='"head" (Ray head and vLLM API server) or "worker" (a raylet); unset: nothing required',
+        examples=["head"],
+    )
 
 
 class PathsSettings(_Frozen):
@@ -55,6 +74,10 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+# user:password@ in a URL (http://admin:pw@dgx-b:9835): a password in a URL is not repeated in an error.
+_USERINFO = re.compile(r"://[^/@\s'\"]*@")
+
+
 class DaemonSettings(_Frozen):
     """``dgxdoctor run``: where it listens, who may read its state, which peers it compares with."""
 
@@ -72,7 +95,13 @@ class DaemonSettings(_Frozen):
         description="also write the exposition here for node_exporter's textfile collector (a *.prom file)",
     )
     textfile_interval_s: float = Field(15.0, gt=0, description="seconds between textfile writes")
-    history: int = Field(20, ge=1, le=1000, description="results kept per check for /state and transitions")
+    max_connections: int = Field(
+        256,
+        ge=8,
+        le=65536,
+        description="client connections held at once (Prometheus, peers, curl); over it the longest-idle one is "
+        "closed. Never more than the open-file limit leaves free for the checks",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
 
     @field_validator("listen")
@@ -84,15 +113,10 @@ class DaemonSettings(_Frozen):
     @field_validator("peers")
     @classmethod
     def _check_peers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for peer in value:
-            url = urlsplit(peer)
-            if url.scheme not in ("http", "https") or not url.hostname:
-                raise ValueError(f"peer {peer!r} is not an http(s)://HOST:PORT URL")
-            if url.path not in ("", "/") or url.query or url.fragment or url.username:
-                raise ValueError(f"peer {peer!r}: give only scheme, host and port")
-        if len(set(value)) != len(value):
+        peers = tuple(http_url(peer, path=False) for peer in value)
+        if len(set(peers)) != len(peers):
             raise ValueError("a peer is listed twice")
-        return tuple(p.rstrip("/") for p in value)
+        return peers
 
     @model_validator(mode="after")
     def _one_token_source(self) -> DaemonSettings:
@@ -199,12 +223,7 @@ class AlertsSettings(_Frozen):
     @field_validator("alertmanager_url")
     @classmethod
     def _check_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        url = urlsplit(value)
-        if url.scheme not in ("http", "https") or not url.hostname or url.query or url.fragment:
-            raise ValueError(f"{value!r} is not an http(s)://HOST:PORT[/PATH] URL")
-        return value.rstrip("/")
+        return None if value is None else http_url(value)
 
 
 @cache
@@ -224,7 +243,7 @@ def config_model() -> type[BaseModel]:
     model: type[BaseModel] = create_model(  # type: ignore[call-overload]
         "Config",
         __config__=ConfigDict(extra="forbid", frozen=True),
-        node=(str | None, Field(None, description="node name in labels and peer reports; default hostname")),
+        node=(NodeSettings, Field(NodeSettings())),
         paths=(PathsSettings, Field(PathsSettings())),
         daemon=(DaemonSettings, Field(DaemonSettings())),
         remediation=(RemediationSettings, Field(RemediationSettings())),
@@ -254,8 +273,13 @@ class Config:
 
     @property
     def node(self) -> str:
-        node: str | None = self.model.node  # type: ignore[attr-defined]
-        return node or socket.gethostname()
+        node: NodeSettings = self.model.node  # type: ignore[attr-defined]
+        return node.name or socket.gethostname()
+
+    @property
+    def role(self) -> Role | None:
+        node: NodeSettings = self.model.node  # type: ignore[attr-defined]
+        return node.role
 
     @property
     def paths(self) -> PathsSettings:
@@ -287,10 +311,12 @@ class Config:
         return Environment(
             one_shot=one_shot,
             node=self.node,
+            role=self.role,
             sysfs_root=p.sysfs_root,
             proc_root=p.proc_root,
             kmsg_path=p.kmsg_path,
             state_dir=p.state_dir,
+            token=self.daemon.resolve_token,
         )
 
 
@@ -299,20 +325,63 @@ def _key_path(loc: tuple[int | str, ...]) -> str:
 
 
 def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
+    if isinstance(data.get("node"), str):  # `node = "dgx-a"`, the form before [node] had a role
+        data = {**data, "node": {"name": data["node"]}}
     try:
         model = config_model().model_validate(data)
     except ValidationError as exc:
-        problems = [(_key_path(err["loc"]), _reason(err)) for err in exc.errors()]
+        problems = [(_key_path(err["loc"]), _reason(err)) for err in exc.errors(include_url=False)]
         raise ConfigError(source, problems) from None
-    return Config(model, source)
+    config = Config(model, source)
+    ray_role = getattr(config.check_settings("ray"), "role", "auto")
+    if config.role is not None and ray_role not in ("auto", config.role):
+        problem = f"{ray_role!r} contradicts node.role {config.role!r} (leave it 'auto' to follow the node's role)"
+        raise ConfigError(source, [("checks.ray.role", problem)])
+    return config
+
+
+def _keys_at(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the table at ``loc`` accepts (for "did you mean"); empty where it is not a settings table."""
+    model: Any = config_model()
+    for part in loc:
+        if get_origin(model) is dict:  # a table of tables, e.g. [checks.infiniband.thresholds.<rule>]
+            model = get_args(model)[1]
+            continue
+        field = model.model_fields.get(str(part)) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return []
+        model = field.annotation
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return list(model.model_fields)
+    return []
+
+
+_ARRAY_ERRORS = frozenset({"tuple_type", "list_type", "set_type", "frozen_set_type"})
+
+
+# Keys whose value is a secret: an error names the key and what is wrong, never the value (logs, /reload answers
+# and terminals are read by more people than the token file).
+SECRET_KEYS = frozenset({"token", "api_key"})
+
+
+def _is_secret(loc: tuple[int | str, ...]) -> bool:
+    return any(isinstance(part, str) and part in SECRET_KEYS for part in loc)
 
 
 def _reason(err: Any) -> str:
+    loc = tuple(err["loc"])
     if err["type"] == "extra_forbidden":
-        return "unknown key"
+        close = difflib.get_close_matches(str(loc[-1]), _keys_at(loc[:-1]), n=1, cutoff=0.6)
+        return f"unknown key (did you mean {close[0]!r}?)" if close else "unknown key"
     value = err.get("input")
-    shown = "" if isinstance(value, dict) else f" (got {value!r})"
-    return f"{err['msg']}{shown}"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if _is_secret(tuple(err["loc"])):
+        return f"{msg} (value not shown: a secret)"
+    if err["type"] in _ARRAY_ERRORS:
+        hint = f", e.g. [{json.dumps(value)}]" if isinstance(value, str) else ""
+        return _USERINFO.sub("://***@", f"expected a TOML array{hint}, got {type(value).__name__} {value!r}")
+    shown = "" if isinstance(value, dict) or repr(value) in msg else f" (got {value!r})"
+    return _USERINFO.sub("://***@", f"{msg}{shown}")
 
 
 def load_config(path: Path | None) -> Config:

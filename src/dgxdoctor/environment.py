@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
@@ -17,6 +17,11 @@ from dgxdoctor.sources.commands import CommandRunner, run_command
 
 if TYPE_CHECKING:
     from dgxdoctor.sources.nvml import NvmlClient
+
+
+# What a node is in the deployment (``[node] role``): the head runs the Ray head and vLLM's API server, a worker
+# runs a raylet. None: not declared, so nothing is required and what is absent is SKIPPED.
+Role = Literal["head", "worker"]
 
 
 def _default_nvml() -> NvmlClient:
@@ -34,6 +39,10 @@ def tls_context() -> ssl.SSLContext:
     threads.
     """
     return httpx.create_ssl_context()
+
+
+def _no_token() -> str | None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,7 @@ class Environment:
     """Where the outside world is. Every path is a root so a test can lay out a copy of the real tree."""
 
     node: str = field(default_factory=socket.gethostname)
+    role: Role | None = None
     sysfs_root: Path = Path("/sys")
     proc_root: Path = Path("/proc")
     kmsg_path: Path = Path("/dev/kmsg")
@@ -81,6 +91,9 @@ class Environment:
     one_shot: bool = True
     # The daemon's results store and peers (``fleet/``); None for the one-shot run.
     fleet: Fleet | None = None
+    # The [daemon] table's shared secret, read when a check asks a peer's agent (the nccl cross-node probe); the
+    # daemon's answers with the token in force after a reload. Raises OSError/ValueError for a bad token_file.
+    token: Callable[[], str | None] = _no_token
 
     def http_client(self, base_url: str = "", timeout_s: float = 5.0) -> httpx.Client:
         """An httpx client whose responses are size-capped (``sources.http``); TLS context shared."""
@@ -88,3 +101,13 @@ class Environment:
 
         inner = self.http_transport or httpx.HTTPTransport(verify=tls_context())
         return httpx.Client(base_url=base_url, timeout=timeout_s, transport=CappedTransport(inner))
+
+    def async_http_client(self, timeout_s: float = 5.0) -> httpx.AsyncClient:
+        """The same for asyncio (a transport injected for tests must also be an ``httpx.AsyncBaseTransport``)."""
+        from dgxdoctor.sources.http import AsyncCappedTransport
+
+        injected = self.http_transport
+        if injected is not None and not isinstance(injected, httpx.AsyncBaseTransport):
+            raise TypeError(f"{type(injected).__name__} cannot serve an async client")
+        inner = injected if injected is not None else httpx.AsyncHTTPTransport(verify=tls_context())
+        return httpx.AsyncClient(timeout=timeout_s, transport=AsyncCappedTransport(inner))

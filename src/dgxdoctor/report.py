@@ -1,4 +1,4 @@
-"""Render a set of check results: the one-shot table and the ``--json`` document."""
+"""Render a set of check results: the one-shot table and the ``--json`` document (result.ResultsDocument)."""
 
 from __future__ import annotations
 
@@ -7,23 +7,20 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from dgxdoctor.result import CheckResult, Status
+from dgxdoctor.result import CheckResult, ResultsDocument, Status, overall_status
 
 
-def overall_status(results: Sequence[CheckResult]) -> Status:
-    return Status.worst((r.status for r in results), default=Status.OK)
+def role_note(role: str | None, results: Sequence[CheckResult]) -> str:
+    """What the top line adds, so that an OK with nothing required is never mistaken for a healthy node."""
+    if role is not None:
+        return f"role {role}"
+    skipped = sum(1 for r in results if r.status is Status.SKIPPED)
+    return f"no [node] role declared: nothing was required, {skipped} of {len(results)} checks skipped"
 
 
-def report_dict(node: str, results: Sequence[CheckResult]) -> dict[str, Any]:
-    facts: dict[str, str] = {}
-    for result in results:
-        facts.update(result.facts)
-    return {
-        "node": node,
-        "status": overall_status(results).value,
-        "checks": [r.to_dict() for r in results],
-        "facts": facts,
-    }
+def report_dict(node: str, results: Sequence[CheckResult], role: str | None = None) -> dict[str, Any]:
+    """``dgxdoctor check --json`` (result.ResultsDocument)."""
+    return ResultsDocument.of(node, results).report(role)
 
 
 _MARK = {
@@ -35,11 +32,12 @@ _MARK = {
 }
 
 
-def report_table(node: str, results: Sequence[CheckResult], verbose: bool = False) -> str:
+def report_table(node: str, results: Sequence[CheckResult], verbose: bool = False, role: str | None = None) -> str:
     """A readable table; the findings and the remedy follow each check that is not ok."""
     width = max(60, min(shutil.get_terminal_size((120, 24)).columns, 160))
     name_w = max([len(r.check) for r in results] + [5])
-    lines = [f"dgxdoctor on {node}: {overall_status(results).value.upper()}", ""]
+    top = f"dgxdoctor on {node}: {overall_status(results).value.upper()} ({role_note(role, results)})"
+    lines = [top, ""]
     lines.append(f"{'STATUS':<6}  {'CHECK':<{name_w}}  {'TIME':>6}  SUMMARY")
     indent = " " * (6 + 2 + name_w + 2 + 6 + 2)
     for r in results:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -196,22 +196,24 @@ def test_random_requests_never_5xx(
 def test_peer_trickling_its_answer_is_cut_off() -> None:
     # httpx bounds each read, not the whole answer: without a total deadline a peer sending a byte now and then
     # held the peer comparison (and its thread) indefinitely.
+    import asyncio
     import time
 
     import httpx
 
-    from dgxdoctor.fleet.peers import fetch_state
+    from dgxdoctor.fleet.peers import fetch_all
 
-    def trickle() -> Iterator[bytes]:
+    async def trickle() -> AsyncIterator[bytes]:
         yield b'{"node": "dgx-b", "checks": ['
         for _ in range(1000):
-            time.sleep(0.01)
+            await asyncio.sleep(0.01)
             yield b" "
         yield b"]}"
 
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, content=trickle())
 
-    with httpx.Client(transport=httpx.MockTransport(handler)) as client:
-        got = fetch_state(client, "http://dgx-b:9835", None, 0.1)
-    assert not got.up and "not complete within 0.1 s" in (got.error or ""), got.error
+    t0 = time.monotonic()
+    got = fetch_all(lambda: httpx.AsyncClient(transport=httpx.MockTransport(handler)), ["http://b:1"], None, 0.1)[0]
+    assert not got.up and "no complete answer within 0.1 s" in (got.error or ""), got.error
+    assert time.monotonic() - t0 < 1.0

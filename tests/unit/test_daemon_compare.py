@@ -145,3 +145,25 @@ def test_a_per_rail_nccl_probe_names_the_slow_rail_on_one_node() -> None:
     result = compare([snap("dgx-a", rails(45e9)), snap("dgx-b", rails(20e9))])
     bad = [f for f in result.findings if f.code == "PEER_NCCL_RAIL_IMBALANCE"]
     assert [f.subject for f in bad] == ["dgx-b mlx5_3/1"]
+
+
+def stalled(node: str, util: float) -> dict[str, Any]:
+    doc = snap(node, gpus(util, 70))
+    doc["checks"].append({"name": "vllm", "samples": [], "findings": [{"code": "ENGINE_HUNG", "status": "critical"}]})
+    return doc
+
+
+def test_a_stalled_engine_names_the_node_whose_gpus_went_idle() -> None:
+    """A TP rank stopped on dgx-b: both nodes' engines stall, dgx-a's GPUs spin in the collective, dgx-b's idle."""
+    out = compare([stalled("dgx-a", 1.0), snap("dgx-b", gpus(0.0, 70))])
+    stopped = [f for f in out.findings if f.code == "PEER_TP_RANK_STOPPED"]
+    assert [(f.subject, f.status) for f in stopped] == [("dgx-b", Status.CRITICAL)]
+    assert "dgx-a 100% spin" in stopped[0].message
+
+
+def test_no_stall_or_no_clear_odd_node_names_nobody() -> None:
+    assert "PEER_TP_RANK_STOPPED" not in {
+        f.code for f in compare([snap("a", gpus(1.0, 70)), snap("b", gpus(0, 70))]).findings
+    }
+    both_idle = compare([stalled("a", 0.0), stalled("b", 0.0)])
+    assert "PEER_TP_RANK_STOPPED" not in {f.code for f in both_idle.findings}

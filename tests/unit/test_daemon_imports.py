@@ -19,6 +19,13 @@ NOT_IN_DAEMON = (
     "dgxdoctor.config_doc",
     "dgxdoctor.exporters.metricsdoc",
     "dgxdoctor.probes.allreduce",
+    "dgxdoctor.probes.vllm_cli",
+    "dgxdoctor.judge.plan",
+    "dgxdoctor.plan_report",
+    "dgxdoctor.sources.hf_model",
+    "dgxdoctor.bench_cli",
+    "dgxdoctor.bench_report",
+    "matplotlib",
     "pynvml",
 )
 

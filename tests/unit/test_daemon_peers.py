@@ -8,7 +8,7 @@ import pytest
 
 from dgxdoctor.checks.peer_compare import PeerCompareCheck, PeerCompareSettings
 from dgxdoctor.environment import Environment, Fleet, Peers
-from dgxdoctor.fleet.peers import InvalidState, fetch_state, validate_state
+from dgxdoctor.fleet.peers import InvalidState, PeerFetch, fetch_all, validate_state
 from dgxdoctor.result import Status
 
 TOKEN = "s3cret-token-0123456789"
@@ -64,6 +64,12 @@ def transport(handler: Any) -> httpx.MockTransport:
     return httpx.MockTransport(handler)
 
 
+def fetch_one(handler: Any, token: str | None, timeout_s: float) -> PeerFetch:
+    return fetch_all(lambda: httpx.AsyncClient(transport=transport(handler)), ["http://dgx-b:9835"], token, timeout_s)[
+        0
+    ]
+
+
 def test_fetch_sends_token_and_reports_http_errors() -> None:
     seen: list[str | None] = []
 
@@ -71,8 +77,7 @@ def test_fetch_sends_token_and_reports_http_errors() -> None:
         seen.append(request.headers.get("authorization"))
         return httpx.Response(401, json={"error": "no"})
 
-    with httpx.Client(transport=transport(handler)) as client:
-        got = fetch_state(client, "http://dgx-b:9835", TOKEN, 1.0)
+    got = fetch_one(handler, TOKEN, 1.0)
     assert seen == [f"Bearer {TOKEN}"]
     assert not got.up and "HTTP 401" in (got.error or "") and "token" in (got.error or "")
     assert got.label == "dgx-b:9835"
@@ -89,8 +94,7 @@ def test_fetch_timeout_and_garbage_are_errors_not_exceptions() -> None:
         return httpx.Response(200, content=b"[" + b"0," * 3_000_000 + b"0]")
 
     for handler, text in ((slow, "no answer within"), (garbage, "not JSON"), (huge, "larger than")):
-        with httpx.Client(transport=transport(handler)) as client:
-            got = fetch_state(client, "http://dgx-b:9835", None, 0.5)
+        got = fetch_one(handler, None, 0.5)
         assert not got.up and text in (got.error or ""), got.error
 
 

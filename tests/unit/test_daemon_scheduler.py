@@ -69,6 +69,22 @@ async def test_event_source_started_and_stopped(sched: CheckScheduler) -> None:
     assert follower.stopped and sched.store.get("following") is None
 
 
+async def test_an_event_runs_the_check_at_once_and_wake_ups_coalesce(sched: CheckScheduler) -> None:
+    follower = FollowingCheck(FakeSettings(interval_s=3600), ENV)
+    sched.add(follower)
+    await wait_for(lambda: sched.store.get("following") is not None)
+    assert follower.runs == 1
+    await asyncio.to_thread(sched.wake, "following")  # the follower's thread, not the loop
+    await wait_for(lambda: getattr(sched.store.get("following"), "summary", "") == "following: run 2")
+    await asyncio.to_thread(lambda: [sched.wake("following") for _ in range(50)])
+    await wait_for(lambda: follower.runs >= 3)
+    await asyncio.sleep(0.2)
+    # 50 wake-ups coalesce: a run, at most one more behind it, and again only if the waking thread was
+    # descheduled between two of its calls long enough for a run to finish (a busy machine)
+    assert follower.runs <= 12
+    sched.wake("no_such_check")  # a check removed meanwhile: nothing happens
+
+
 async def test_one_log_line_per_transition(sched: CheckScheduler) -> None:
     check = StaticCheck(FakeSettings(), ENV)
     with structlog.testing.capture_logs() as logs:

@@ -76,7 +76,7 @@ def test_facts_and_info_samples(tmp_path: Path) -> None:
     settings = DriftSettings(serving_python="/opt/vllm/bin/python", model_dir=model_dir(tmp_path))
     result = DriftCheck(settings, env).run()
     assert result.status is Status.OK
-    assert runner.calls == [["/opt/vllm/bin/python", "-c", PROBE]]
+    assert runner.calls == [["/opt/vllm/bin/python", "-I", "-c", PROBE]]
     assert result.facts["kernel_release"] == "6.18.44"
     for key, value in VERSIONS.items():
         assert result.facts[key] == value

@@ -33,7 +33,8 @@ H200_SETTINGS: dict[str, Any] = {"expected_count": 2, "expected_model": "H200", 
 
 
 def make(fake: FakeNvml, tmp_path: Path, **settings: Any) -> GpuCheck:
-    env = Environment(node="test", state_dir=tmp_path, nvml_factory=lambda: fake)
+    # An empty sysfs: no PCI tree to compare with (tests/unit/test_presence.py lays one out).
+    env = Environment(node="test", state_dir=tmp_path, sysfs_root=tmp_path / "sys", nvml_factory=lambda: fake)
     return GpuCheck(GpuSettings(**settings), env)
 
 
@@ -362,7 +363,7 @@ def test_no_nvml_library_is_skipped_and_init_is_retried(tmp_path: Path) -> None:
     check = make(fake, tmp_path, **H200_SETTINGS)
     result = check.run()
     assert result.status is Status.SKIPPED
-    assert result.summary == "NVML library not found (libnvidia-ml.so.1 did not load)"
+    assert result.summary == "NVML library not found (libnvidia-ml.so.1 did not load); no NVIDIA GPU on the PCI bus"
     fake.init_error = None
     assert check.run().status is Status.OK
     assert fake.init_calls == 2

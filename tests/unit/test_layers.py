@@ -29,7 +29,9 @@ LAYERS = {
     "alerts": 7,
     "remediation": 7,
     "dashboards": 7,
+    "bench_report": 7,  # renders a benchmark sweep (JSON, CSV, PNG) for the cli
     "plan_report": 8,  # renders a layout plan for the cli
+    "bench_cli": 8,  # `dgxdoctor bench`: the sweep, the knee, the files, the baseline
     "daemon": 8,
     "cli": 9,
     "__main__": 10,

@@ -202,7 +202,7 @@ def test_bundled_probe_argv_uses_the_serving_python_and_the_env() -> None:
     assert argv is not None
     assert argv[0] == "env" and "NCCL_ALGO=Ring" in argv and "NCCL_PROTO=Simple" in argv
     program = argv[argv.index("/opt/vllm/bin/python") :]
-    assert program[1].endswith("probes/allreduce.py")
+    assert program[1] == "-I" and program[2].endswith("probes/allreduce.py")
     assert program[-2:] == ["--gpus", "8"]
     cross = NcclCheck(
         NcclSettings(serving_python="/opt/vllm/bin/python", env_file=None, quick=True, master_addr="10.0.0.1"),

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult
+from dgxdoctor.sources.http import AgentExhausted, own_exhaustion
 
 log = structlog.get_logger(__name__)
 
@@ -127,6 +128,9 @@ class CheckRunner:
             self.timeouts_total[name] = self.timeouts_total.get(name, 0) + 1
             result = CheckResult.unknown(name, f"{name} did not answer in {timeout:g} s")
         except Exception as exc:
+            what = own_exhaustion(exc)
+            if what is not None and not isinstance(exc, AgentExhausted):
+                exc = AgentExhausted(f"dgxdoctor itself is out of {what} ({exc})")
             result = CheckResult.unknown(name, f"{type(exc).__name__}: {exc}")
         if result.check != name:
             result = replace(result, check=name)

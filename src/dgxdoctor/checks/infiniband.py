@@ -43,9 +43,11 @@ from dgxdoctor.judge.infiniband import (
     port_verdicts,
     ports_missing,
 )
+from dgxdoctor.judge.presence import rdma_absent
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
 from dgxdoctor.sources.commands import CommandNotFound
 from dgxdoctor.sources.ibstat import parse_ibstat
+from dgxdoctor.sources.pci import mellanox_nics, read_pci_devices
 from dgxdoctor.sources.statefile import boot_id
 from dgxdoctor.sources.sysfs_ib import DATA_WORD_BYTES, IbPort, ib_class_dir, read_ports
 
@@ -172,10 +174,21 @@ class InfinibandCheck(Check):
 
     # -- run -------------------------------------------------------------------------------------------------
 
+    def _absent(self, reason: str) -> CheckResult:
+        """No RDMA device: fine only when no Mellanox NIC is on the PCI bus and no role needs the ports."""
+        devices = read_pci_devices(self.env.sysfs_root)
+        nics = mellanox_nics(devices) if devices is not None else []
+        finding = rdma_absent(nics, self.env.role, self.cfg.expected_ports)
+        if finding is None:
+            return CheckResult.skipped(self.name, f"{reason}; no Mellanox NIC on the PCI bus")
+        b = ResultBuilder(self.name)
+        b.add(finding)
+        return b.build(f"{reason}: {finding.message}")
+
     def run(self) -> CheckResult:
         read = self._read()
         if isinstance(read, str):
-            return CheckResult.skipped(self.name, read)
+            return self._absent(read)
         all_ports, source = read
         ports = [p for p in all_ports if self._selected(p)]
         s = self.cfg
@@ -193,7 +206,7 @@ class InfinibandCheck(Check):
             entry = entries.get(port.name)
             entries[port.name] = self._counters(b, port, entry if isinstance(entry, dict) else {}, now, verdicts)
         self._history.save({p.name for p in ports}, now, boot_id(self.env.proc_root))
-        b.findings.extend(f for f, _ in verdicts)  # in the order found: missing ports, then port by port
+        b.add(*(f for f, _ in verdicts))  # in the order found: missing ports, then port by port
         return b.build(_summary(b, ports, source, [why for _, why in verdicts if why]))
 
     def _counters(

@@ -11,7 +11,6 @@ of the ``[daemon]`` table. Outside the daemon (``dgxdoctor check``) there is no 
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
 from pydantic import Field, field_validator
@@ -19,10 +18,8 @@ from pydantic import Field, field_validator
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.compare import RULE_KEYS, compare
-from dgxdoctor.fleet.peers import fetch_state
-from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample, Status
-
-MAX_PARALLEL_FETCHES = 8
+from dgxdoctor.fleet.peers import fetch_all
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample, Status
 
 PEER_UP = MetricSpec(
     "dgxdoctor_peer_up",
@@ -86,18 +83,17 @@ class PeerCompareCheck(Check):
         local = fleet.local_state(self.name)
         snapshots = [local]
         down = 0
-        # Peers are fetched in parallel, so a cycle takes one peer_timeout_s at most however many are down.
-        with (
-            self.env.http_client(timeout_s=peers.timeout_s) as client,
-            ThreadPoolExecutor(min(MAX_PARALLEL_FETCHES, len(peers.urls)), thread_name_prefix="peer") as pool,
-        ):
-            fetched = list(pool.map(lambda url: fetch_state(client, url, peers.token, peers.timeout_s), peers.urls))
-            for url, got in zip(peers.urls, fetched, strict=True):
-                builder.sample(PEER_UP, 1.0 if got.up else 0.0, peer=got.label)
-                builder.sample(PEER_FETCH_SECONDS, got.seconds, peer=got.label)
-                if got.state is None:
-                    down += 1
-                    builder.finding(
+        # Peers are fetched in parallel, each under a hard deadline of timeout_s for the whole exchange.
+        fetched = fetch_all(
+            lambda: self.env.async_http_client(peers.timeout_s), peers.urls, peers.token, peers.timeout_s
+        )
+        for url, got in zip(peers.urls, fetched, strict=True):
+            builder.sample(PEER_UP, 1.0 if got.up else 0.0, peer=got.label)
+            builder.sample(PEER_FETCH_SECONDS, got.seconds, peer=got.label)
+            if got.state is None:
+                down += 1
+                builder.add(
+                    Finding(
                         "PEER_UNREACHABLE",
                         Status.WARNING,
                         f"peer {url} gave no state: {got.error}",
@@ -105,24 +101,27 @@ class PeerCompareCheck(Check):
                         remedy="check dgxdoctor on that node (systemctl status dgxdoctor) and the network between "
                         "the nodes (ping, the IB/RoCE link); nodes cannot be compared meanwhile",
                     )
-                    continue
-                state = got.state
-                if any(s["node"] == state["node"] for s in snapshots):
-                    builder.finding(
+                )
+                continue
+            state = got.state
+            if any(s["node"] == state["node"] for s in snapshots):
+                builder.add(
+                    Finding(
                         "PEER_NAME_CLASH",
                         Status.WARNING,
                         f"peer {url} reports node name {state['node']!r}, already seen; set a distinct 'node' "
                         "in each node's config",
                         subject=got.label,
                     )
-                    state = {**state, "node": f"{state['node']}@{got.label}"}
-                snapshots.append(state)
+                )
+                state = {**state, "node": f"{state['node']}@{got.label}"}
+            snapshots.append(state)
         outcome = compare(snapshots, self.tolerances, local=str(local["node"]))
         for imbalance in outcome.imbalances:
             # Not builder.sample(): its first parameter is called ``metric`` too.
             labels = {"metric": imbalance.key, "rail": imbalance.rail}
             builder.samples.append(Sample(PEER_IMBALANCE, imbalance.ratio, labels))
-        builder.findings.extend(outcome.findings)
+        builder.add(*outcome.findings)
         up = len(peers.urls) - down
         summary = (
             f"{up}/{len(peers.urls)} peer(s) answered; {len(outcome.imbalances)} metric(s) and "

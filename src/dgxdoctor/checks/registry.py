@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dgxdoctor.checks.base import CheckFactory
+from dgxdoctor.checks.bench import BenchCheck
 from dgxdoctor.checks.drift import DriftCheck
 from dgxdoctor.checks.gpu import GpuCheck
 from dgxdoctor.checks.host import HostCheck
@@ -24,13 +25,10 @@ ALL_CHECKS: tuple[CheckFactory, ...] = (
     NcclEnvCheck,
     NcclCheck,
     VllmCheck,
+    BenchCheck,
     RayCheck,
     HostCheck,
     LogsCheck,
     DriftCheck,
     PeerCompareCheck,
 )
-
-
-def by_name() -> dict[str, CheckFactory]:
-    return {factory.name: factory for factory in ALL_CHECKS}

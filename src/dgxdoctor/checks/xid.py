@@ -4,10 +4,12 @@ By hand: ``dmesg -T | grep -E 'NVRM: Xid|SXid|fallen off the bus'`` (or ``journa
 
 One-shot (``dgxdoctor check``): reads the kernel log buffer since boot (or the last ``lookback_s``).
 In the daemon, :meth:`XidCheck.start` (called by the runner before the first run) follows the log until
-:meth:`XidCheck.stop`: a daemon thread folds each new record in within a second (see sources/kmsg.py), and
-``run()`` only reports the state. When not following, each ``run()`` reads what is new since the previous run.
-Counters are monotonic since the agent started (the first read takes the whole buffer since boot) and not
-persisted: a restart reads the buffer again, and Prometheus treats the drop as a counter reset.
+:meth:`XidCheck.stop`: a daemon thread folds each new record in within milliseconds (see sources/kmsg.py) and,
+when it counted an XID or SXID, asks the daemon to run the check at once (``env.fleet.wake``), so /metrics and
+/state show it without waiting for the interval; ``run()`` only reports the state. When not following, each
+``run()`` reads what is new since the previous run.
+In the daemon, counts are per boot and survive a restart of the daemon (checks/xid_memory.py: what is kept, and
+how the window and the records lost are stated truthfully).
 
 Severity comes from the catalog's resolution (data/xid_catalog.json, NVIDIA's Xid catalog): reset,
 reboot or support is CRITICAL, restart-the-application is WARNING, IGNORE is OK. Application-level XIDs
@@ -19,12 +21,14 @@ XIDs stay OK).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import ClassVar, Literal
 
 import structlog
 from pydantic import Field, field_validator
 
+from dgxdoctor.checks import xid_memory
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.checks.xid_events import Key, Tally, XidLedger
 from dgxdoctor.environment import Environment
@@ -42,12 +46,13 @@ from dgxdoctor.judge.xid import (
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
 from dgxdoctor.sources.kmsg import KmsgFollower, KmsgReader, KmsgRecord
 from dgxdoctor.sources.nvml_xid import NvmlEventsUnavailable, NvmlXidFollower, PynvmlXidEvents, XidEventSource
+from dgxdoctor.sources.statefile import StateFile, boot_id
 from dgxdoctor.sources.xid import SxidEvent, XidCatalog, XidEvent, load_catalog
 
 XID_ERRORS_TOTAL = MetricSpec(
     "dgxdoctor_xid_errors_total",
-    "NVIDIA XID errors seen in the kernel log per GPU and XID code, since the agent started "
-    "(a 'fallen off the bus' line without an Xid line counts as XID 79)",
+    "NVIDIA XID errors seen in the kernel log per GPU and XID code, this boot (the daemon keeps them across its "
+    "restarts; a 'fallen off the bus' line without an Xid line counts as XID 79)",
     "counter",
     ("pci_bus_id", "xid"),
 )
@@ -59,7 +64,8 @@ XID_LAST_SEEN = MetricSpec(
 )
 SXID_ERRORS_TOTAL = MetricSpec(
     "dgxdoctor_nvswitch_sxid_errors_total",
-    "NVSwitch SXID errors seen in the kernel log per switch and SXID code, since the agent started",
+    "NVSwitch SXID errors seen in the kernel log per switch and SXID code, this boot (kept across restarts of "
+    "the daemon)",
     "counter",
     ("pci_bus_id", "sxid"),
 )
@@ -78,7 +84,8 @@ XID_CATALOG_INFO = MetricSpec(
 )
 KMSG_RECORDS_LOST = MetricSpec(
     "dgxdoctor_kmsg_records_lost_total",
-    "Kernel log records overwritten before dgxdoctor read them (ring buffer overrun), since the agent started",
+    "Kernel log records of this boot that left the ring buffer before dgxdoctor read them: gone before its first "
+    "read, overrun between reads, or while it was down",
     "counter",
 )
 KMSG_RECORDS_READ = MetricSpec(
@@ -175,6 +182,11 @@ class XidCheck(Check):
         self._nvml_follower: NvmlXidFollower | None = None
         self._nvml_note: str | None = None
         self._opened = False
+        # The daemon remembers its tallies across restarts (checks/xid_memory.py); a look-back window does not.
+        self._persist = not env.one_shot and settings.lookback_s is None
+        self._statefile = StateFile(env.state_dir / xid_memory.STATE_FILE_NAME)
+        self._memory: xid_memory.Memory | None = None
+        self._saved: tuple[int, int | None, int] | None = None
 
     # --- lifecycle ----------------------------------------------------------------------------------
 
@@ -195,7 +207,7 @@ class XidCheck(Check):
         if self.cfg.nvml_events and self._nvml_follower is None:
             self._start_nvml()
         self._open()
-        self._follower = KmsgFollower(self.reader, self.ledger.ingest)
+        self._follower = KmsgFollower(self.reader, self._followed)
         self._follower.start()
 
     def _start_nvml(self) -> None:
@@ -206,7 +218,7 @@ class XidCheck(Check):
             log.warning("nvml_xid_events_unavailable", error=str(exc))
             return
         self._nvml_note = None
-        self._nvml_follower = NvmlXidFollower(source, self.ledger.ingest_nvml)
+        self._nvml_follower = NvmlXidFollower(source, self._followed_nvml)
         self._nvml_follower.start()
 
     def stop(self) -> None:
@@ -228,6 +240,8 @@ class XidCheck(Check):
         if self._opened:
             return
         self.reader.open()
+        if self._persist:
+            self._restore()
         if self.cfg.lookback_s is not None:
             self.ledger.min_usec = int((self.env.monotonic() - self.cfg.lookback_s) * 1e6)
         self._opened = True
@@ -238,6 +252,24 @@ class XidCheck(Check):
 
     def count(self, pci_bus_id: str, xid: int) -> int:
         return self.ledger.count(pci_bus_id, xid)
+
+    def _followed(self, records: list[KmsgRecord]) -> None:
+        if self.ledger.ingest(records):
+            self._wake()
+
+    def _followed_nvml(self, events: list[tuple[str, int]]) -> None:
+        if self.ledger.ingest_nvml(events):
+            self._wake()
+
+    def _wake(self) -> None:
+        """A follower counted something: ask the daemon to run this check now, so /metrics and /state show it."""
+        fleet = self.env.fleet
+        if fleet is None:
+            return
+        try:
+            fleet.wake(self.name)
+        except Exception as exc:  # the follower must keep reading whatever the daemon's side does
+            log.warning("xid_wake_failed", error=f"{type(exc).__name__}: {exc}")
 
     # --- run ----------------------------------------------------------------------------------------
 
@@ -256,7 +288,63 @@ class XidCheck(Check):
             raise RuntimeError(self._follower.error)
         if self._nvml_follower is not None and self._nvml_follower.error:
             self._nvml_note = self._nvml_follower.error
-        return self._report()
+        result = self._report()
+        if self._persist:
+            self._remember()
+        return result
+
+    # --- the memory across restarts, the window -----------------------------------------------------
+
+    def _restore(self) -> None:
+        """Take up this boot's memory, if any: tallies, and reading resumes after the last record counted."""
+        boot = boot_id(self.env.proc_root)
+        memory = xid_memory.load(self._statefile, boot)
+        if memory is None:
+            self._memory = xid_memory.Memory(boot_id=boot)
+            return
+        self.ledger.restore(memory.xids, memory.sxids)
+        if memory.last_seq is not None and self.reader.is_device:
+            self.reader.resume_after(memory.last_seq)
+        self._memory = memory
+        self._saved = (self.ledger.counted + self.ledger.restored, memory.last_seq, memory.lost)
+        log.info("xid_memory_restored", xids=len(memory.xids), sxids=len(memory.sxids), last_seq=memory.last_seq)
+
+    def _window(self) -> tuple[bool, float | None, int]:
+        """(from boot?, the window's first record's time, records of this boot lost before or between reads)."""
+        stats = self.reader.stats
+        memory = self._memory
+        if memory is not None and memory.last_seq is not None:
+            return memory.from_boot, memory.window_start, memory.lost + stats.lost
+        if not self.reader.is_device or stats.first_seq is None:
+            # A text log is what it is; a device not read yet says nothing either way.
+            return True, None, stats.lost
+        before = stats.first_seq  # records 0 .. first_seq-1 of this boot left the buffer unread
+        return before == 0, self.ledger.first_wall, before + stats.lost
+
+    def _since(self, from_boot: bool, start: float | None) -> str:
+        if self.cfg.lookback_s:
+            return f"in the last {self.cfg.lookback_s:g} s"
+        if from_boot:
+            return "since boot"
+        if start is None:
+            return "since dgxdoctor started reading (the ring buffer no longer held the boot)"
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(start))
+        return f"since {when} (the ring buffer no longer held the boot)"
+
+    def _remember(self) -> None:
+        """Save this boot's memory when something changed since the last save."""
+        memory = self._memory
+        last_seq = self.reader.last_seq
+        if memory is None or last_seq is None:
+            return
+        from_boot, start, lost = self._window()
+        marker = (self.ledger.counted + self.ledger.restored, last_seq, lost)
+        if marker == self._saved:
+            return
+        xids, sxids = self.ledger.snapshot()
+        new = xid_memory.Memory(memory.boot_id, last_seq, from_boot, start, lost, dict(xids), dict(sxids))
+        if xid_memory.save(self._statefile, new):
+            self._saved = marker
 
     def _report(self) -> CheckResult:
         b = ResultBuilder(self.name)
@@ -267,11 +355,12 @@ class XidCheck(Check):
             entry = self.catalog.xid(code)
             b.sample(XID_CATALOG_INFO, 1.0, xid=str(code), name=entry.name, resolution=entry.resolution)
         assessments = self._xid_findings(b, xids, now) + self._sxid_findings(b, sxids, now)
-        b.sample(KMSG_RECORDS_LOST, stats.lost)
+        from_boot, start, lost = self._window()
+        b.sample(KMSG_RECORDS_LOST, lost)
         b.sample(KMSG_RECORDS_READ, stats.records)
         b.sample(KMSG_FOLLOWING, 1.0 if self.following else 0.0)
-        since = f"in the last {self.cfg.lookback_s:g} s" if self.cfg.lookback_s else "since boot"
-        notes = f"; {stats.lost} kernel log record(s) lost to overruns" if stats.lost else ""
+        since = self._since(from_boot, start)
+        notes = f"; {lost} kernel log record(s) of this boot lost (left the ring buffer unread)" if lost else ""
         if self._nvml_note:
             notes += f"; {self._nvml_note}"
         xid_counts = [(bus, code, t.count) for (bus, code), t in xids]
@@ -289,7 +378,7 @@ class XidCheck(Check):
             entry = self.catalog.xid(code)
             assessment = assess_tally(event, entry, tally.times, now, self.policy)
             out.append(assessment)
-            b.findings.append(xid_finding(event, entry.name, tally.count, now - tally.last_seen, assessment))
+            b.add(xid_finding(event, entry.name, tally.count, now - tally.last_seen, assessment))
         return out
 
     def _sxid_findings(self, b: ResultBuilder, sxids: list[tuple[Key, Tally]], now: float) -> list[Assessment]:
@@ -303,5 +392,5 @@ class XidCheck(Check):
             entry = self.catalog.sxid(code)
             assessment = assess_sxid(event, entry)
             out.append(assessment)
-            b.findings.append(sxid_finding(event, entry, tally.count, now - tally.last_seen, assessment))
+            b.add(sxid_finding(event, entry, tally.count, now - tally.last_seen, assessment))
         return out

@@ -10,12 +10,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dgxdoctor.sources.kmsg import KmsgRecord
-from dgxdoctor.sources.xid import KernelLogScanner, SxidEvent, XidEvent
+from dgxdoctor.sources.kmsg import KmsgRecord, records_since
+from dgxdoctor.sources.xid import FallenOffMerge, KernelLogScanner, SxidEvent, XidEvent
 
-# The driver prints "Xid 79" and "GPU ... has fallen off the bus" together; within this many seconds the
-# two are one event.
-FALLEN_OFF_MERGE_S = 30.0
 # An NVML XID event and the kernel log line of the same XID on the same GPU within this many seconds are
 # one event (the driver raises both).
 CROSS_SOURCE_MERGE_S = 5.0
@@ -52,32 +49,50 @@ class XidLedger:
         self._scanner = KernelLogScanner()
         self._lock = threading.Lock()
         self._unpaired: dict[Key, deque[tuple[float, str]]] = {}
-        self._recent_79: dict[str, tuple[float, bool]] = {}  # bus -> (time, synthesized)
+        self._fallen_off = FallenOffMerge()
         self._xids: dict[Key, Tally] = {}
         self._sxids: dict[Key, Tally] = {}
         self.min_usec: int | None = None  # records stamped before this (lookback_s) are ignored
+        self.counted = 0  # events counted so far (XIDs and SXIDs), so a caller can tell that something new came
+        self.first_wall: float | None = None  # Unix time of the first kernel record folded in
+        self.restored = 0  # times tallies from before a restart were taken up (part of "changed since saved")
 
-    def ingest(self, records: list[KmsgRecord]) -> None:
-        """Fold kernel log records in (the kmsg follower's callback)."""
+    def restore(self, xids: dict[Key, Tally], sxids: dict[Key, Tally]) -> None:
+        """Take up tallies remembered from before a restart (checks/xid_memory.py)."""
+        with self._lock:
+            self._xids.update(xids)
+            self._sxids.update(sxids)
+            self.restored += 1
+
+    def ingest(self, records: list[KmsgRecord]) -> int:
+        """Fold kernel log records in (the kmsg follower's callback); returns how many events were counted."""
         now = self._clock()
         boot_wall = now - self._monotonic()
         with self._lock:
-            for record in records:
-                if self.min_usec is not None and record.usec is not None and record.usec < self.min_usec:
-                    continue
+            before = self.counted
+            for record in records_since(records, self.min_usec):
                 when = boot_wall + record.usec / 1e6 if record.usec is not None else now
+                if self.first_wall is None:
+                    self.first_wall = when
                 for line in record.lines:
                     for event in self._scanner.feed(line):
                         self._count(event, when)
+            return self.counted - before
 
-    def ingest_nvml(self, events: list[tuple[str, int]]) -> None:
-        """Fold NVML XID events in (the NVML follower's callback)."""
+    def ingest_nvml(self, events: list[tuple[str, int]]) -> int:
+        """Fold NVML XID events in (the NVML follower's callback); returns how many were counted."""
         when = self._clock()
         with self._lock:
+            before = self.counted
             for bus, code in events:
                 event = XidEvent(bus, code, f"NVML XID event: Xid {code} on {bus}", detail="reported by NVML")
                 if not self._merge_sources((bus, code), "nvml", when):
-                    _tally(self._xids, (bus, code), event, when)
+                    self._add(self._xids, (bus, code), event, when)
+            return self.counted - before
+
+    def _add(self, table: dict[Key, Tally], key: Key, event: XidEvent | SxidEvent, when: float) -> None:
+        self.counted += 1
+        _tally(table, key, event, when)
 
     def count(self, pci_bus_id: str, xid: int) -> int:
         with self._lock:
@@ -93,7 +108,7 @@ class XidLedger:
 
     def _count(self, event: XidEvent | SxidEvent, when: float) -> None:
         if isinstance(event, SxidEvent):
-            _tally(self._sxids, (event.pci_bus_id, event.sxid), event, when)
+            self._add(self._sxids, (event.pci_bus_id, event.sxid), event, when)
             return
         if event.xid == 79 and self._merge_fallen_off(event, when):
             return
@@ -103,7 +118,7 @@ class XidLedger:
             if tally is not None:  # the kernel log's line is the better evidence
                 tally.last_event = event
             return
-        _tally(self._xids, key, event, when)
+        self._add(self._xids, key, event, when)
 
     def _merge_sources(self, key: Key, source: str, when: float) -> bool:
         """True when the other source already reported this XID on this GPU (counted once)."""
@@ -118,18 +133,13 @@ class XidLedger:
         return False
 
     def _merge_fallen_off(self, event: XidEvent, when: float) -> bool:
-        """True when this 79 is the other half of one already counted (Xid line + fallen-off line)."""
-        previous = self._recent_79.get(event.pci_bus_id)
-        self._recent_79[event.pci_bus_id] = (when, event.synthesized)
-        if previous is None or abs(when - previous[0]) > FALLEN_OFF_MERGE_S:
-            return False
-        if previous[1] == event.synthesized:
-            return False  # two Xid 79 lines (or two fallen-off lines) are two events
-        if not event.synthesized:  # keep the real Xid line as the evidence
+        """True when this 79 line belongs to one already counted (sources.xid.FallenOffMerge)."""
+        verdict = self._fallen_off.classify(event, when)
+        if verdict == "better_evidence":  # keep the real Xid line as the evidence
             tally = self._xids.get((event.pci_bus_id, 79))
             if tally is not None:
                 tally.last_event = event
-        return True
+        return verdict != "new"
 
 
 def _tally(table: dict[Key, Tally], key: Key, event: XidEvent | SxidEvent, when: float) -> None:

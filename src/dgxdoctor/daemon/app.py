@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from dgxdoctor import __version__
 from dgxdoctor.alerts.webhook import IncomingAlert, PayloadError, parse_payload
+from dgxdoctor.daemon.connections import lift_deadline
 from dgxdoctor.fleet.store import ResultStore
 
 MAX_BODY_BYTES = 64 * 1024
@@ -144,6 +145,7 @@ async def remediation_step(request: web.Request) -> web.Response:
         return _error(400, 'body must be {"step": "ray_stop"|"ray_start", "id": "..."}')
     if app_state.step is None:
         return _error(409, "remediation not running")
+    lift_deadline(request)  # authenticated (the middleware checked the token): the step has its own timeout
     status, answer = await app_state.step(doc["step"], doc.get("id", ""))
     return web.json_response(answer, status=status)
 
@@ -158,8 +160,9 @@ async def index(request: web.Request) -> web.Response:
     )
 
 
-def make_app(app_state: AppState) -> web.Application:
-    app = web.Application(middlewares=[auth_middleware], client_max_size=MAX_BODY_BYTES)
+def make_app(app_state: AppState, outer: tuple[Any, ...] = ()) -> web.Application:
+    """The app; ``outer`` middlewares run first (the connection guard's deadline and request accounting)."""
+    app = web.Application(middlewares=[*outer, auth_middleware], client_max_size=MAX_BODY_BYTES)
     app[STATE_KEY] = app_state
     app.router.add_get("/", index)
     app.router.add_get("/metrics", metrics)

@@ -2,12 +2,18 @@
 
 Runs go through ``checks.base.CheckRunner`` (timeout, exception -> UNKNOWN, duration); results go to the
 store; a status change is logged once (one line per transition, not per run). A check is started (through the
-runner, ``Check.start``) when it is added and stopped when it is removed or the scheduler shuts down.
+runner, ``Check.start``) when it is added and stopped when it is removed or the scheduler shuts down. An event
+source asks for a run now with ``wake(name)`` (from any thread; the daemon hands it to checks as
+``env.fleet.wake``): the event is then in /metrics and /state within milliseconds instead of at the next interval.
+Wake-ups coalesce (at most one more run queued behind a running one), and a wake run and the scheduled run take
+turns, never two runs of one check at once.
 A heartbeat job proves the scheduler is turning: ``/healthz`` and the systemd watchdog read it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -48,8 +54,11 @@ class CheckScheduler:
         self.monotonic = monotonic
         self.heartbeat_s = heartbeat_s
         self.checks: dict[str, Check] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._woken: dict[str, bool] = {}  # check -> another wake-up arrived while its wake run was going
+        self._wake_tasks: set[asyncio.Future[None]] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
         self.last_heartbeat: float | None = None
-        self.extra_jobs: list[str] = []
         self.scheduler = AsyncIOScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
@@ -57,6 +66,7 @@ class CheckScheduler:
     # -- lifecycle -------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self.scheduler.start()
         self._heartbeat()
         self.scheduler.add_job(
@@ -118,11 +128,42 @@ class CheckScheduler:
         if self.scheduler.get_job(job_id) is not None:
             self.scheduler.remove_job(job_id)
 
+    def wake(self, name: str) -> None:
+        """Run the check now; callable from any thread (an event source's follower)."""
+        loop = self._loop
+        if loop is None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the daemon is stopping
+            loop.call_soon_threadsafe(self._wake, name)
+
+    def _wake(self, name: str) -> None:
+        if name not in self.checks:
+            return
+        if name in self._woken:  # a run is queued or running: one more after it sees this event too
+            self._woken[name] = True
+            return
+        self._woken[name] = False
+        task = asyncio.ensure_future(self._wake_runs(name))
+        self._wake_tasks.add(task)
+        task.add_done_callback(self._wake_tasks.discard)
+
+    async def _wake_runs(self, name: str) -> None:
+        try:
+            while True:
+                await self._run(name)
+                if not self._woken.get(name):
+                    return
+                self._woken[name] = False
+        finally:
+            self._woken.pop(name, None)
+
     async def _run(self, name: str) -> None:
         check = self.checks.get(name)
         if check is None:
             return
-        result = await self.runner.run(check)
+        # A wake-up run and the scheduled run take turns: never two runs of one check at once.
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            result = await self.runner.run(check)
         if self.checks.get(name) is not check:
             return  # removed or replaced by a reload while it ran
         transition = self.store.put(result)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -22,26 +24,35 @@ from dgxdoctor import __version__
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import Config, ConfigError, load_config, parse_listen
+from dgxdoctor.daemon import connections
 from dgxdoctor.daemon.app import AppState, make_app
+from dgxdoctor.daemon.ratelog import LoopErrors, RequestLog
 from dgxdoctor.daemon.remediation import build_remediator
 from dgxdoctor.daemon.scheduler import CheckScheduler
 from dgxdoctor.daemon.sdnotify import Notifier
 from dgxdoctor.environment import Environment, Fleet, Peers
+from dgxdoctor.exporters import collector
 from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.exporters.remediation import RemediationCollector
 from dgxdoctor.exporters.textfile import write_textfile
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.remediation.engine import Remediator
+from dgxdoctor.result import Sample
+from dgxdoctor.sources.statefile import WRITE_ERRORS, note_file, write_failed
 
 log = structlog.get_logger(__name__)
 
 TEXTFILE_JOB = "__textfile__"
+TEXTFILE_LABEL = "textfile"  # the file label of dgxdoctor_write_errors_total for the node_exporter textfile
 # glibc mallopt(3) parameter M_ARENA_MAX (malloc.h) and the arenas the daemon keeps. Every check run is a thread of
 # its own (base.CheckRunner), and glibc gives threads up to 8 arenas per core, each keeping freed memory resident:
 # on a 2-core VM that was ~1.3 MiB of the daemon's RSS, more on a DGX's 224 CPUs. Python's own allocator serves the
 # small objects; the arenas only see the larger buffers, for which two suffice.
 M_ARENA_MAX = -8
 MALLOC_ARENAS = 2
+# SIGTERM to exit: the unit's TimeoutStopSec is 30 s; the orderly stop (HTTP server, scheduler, event sources) gets
+# this long, then the process exits anyway (a stop() stuck in a hung driver call must not earn a SIGKILL).
+STOP_DEADLINE_S = 10.0
 # Spread the first runs over this many seconds so a start does not run every check in the same instant.
 FIRST_RUN_SPREAD_S = 2.0
 
@@ -62,12 +73,14 @@ class Daemon:
         self.notifier = notifier or Notifier()
         # Checks reach the store and the peers through this seam; it reads self.config at each call, so a reload's
         # peers and token apply without rebuilding a check.
-        self.fleet = Fleet(local_state=self._local_state, peers=self._peers)
-        self.env: Environment = replace(config.environment(one_shot=False), fleet=self.fleet)
-        self.store = ResultStore(self.env.node, config.daemon.history)
+        self.fleet = Fleet(
+            local_state=self._local_state, peers=self._peers, wake=lambda name: self.scheduler.wake(name)
+        )
+        self.env: Environment = replace(config.environment(one_shot=False), fleet=self.fleet, token=self._token)
+        self.store = ResultStore(self.env.node)
         self.runner = CheckRunner(self.env)
         self.scheduler = CheckScheduler(self.runner, self.store)
-        self.registry = make_registry(self.store, lambda: self.runner.timeouts_total)
+        self.registry = make_registry(self.store, lambda: self.runner.timeouts_total, self.own_samples)
         self.token = config.daemon.resolve_token()
         self.remediator: Remediator = build_remediator(config, self.token, self.store.latest)
         self.registry.register(RemediationCollector(lambda: self.store.node, self.remediator.metrics))
@@ -84,12 +97,23 @@ class Daemon:
         self.started_at = time.time()
         self.stopping = asyncio.Event()
         self.bound: tuple[str, int] | None = None
+        self.guard = connections.Guard(connections.Limits(max_connections=config.daemon.max_connections))
+        self.request_log = RequestLog()
+        self.loop_errors = LoopErrors()
         self._tasks: list[asyncio.Task[Any]] = []
+        self.textfile_written_at: float | None = None
+        self._textfile_writing: float | None = None
 
     # -- checks ----------------------------------------------------------------------------------------
 
+    def _wake(self, check: str) -> None:
+        self.scheduler.wake(check)
+
     def _local_state(self, without: str) -> dict[str, Any]:
         return self.store.snapshot(exclude=(without,))
+
+    def _token(self) -> str | None:
+        return self.token
 
     def _peers(self) -> Peers:
         d = self.config.daemon
@@ -147,13 +171,40 @@ class Daemon:
             return
         path = d.textfile_path
 
+        note_file(TEXTFILE_LABEL)
+
         def write() -> None:
+            # The textfile carries the time it is written, so a site scraping node_exporter sees its age.
+            self._textfile_writing = time.time()
             try:
                 write_textfile(path, self.registry)
             except OSError as exc:
-                log.error("textfile_write_failed", path=str(path), error=str(exc))
+                write_failed(TEXTFILE_LABEL, path, exc)
+            else:
+                self.textfile_written_at = self._textfile_writing
+            finally:
+                self._textfile_writing = None
 
         self.scheduler.add_job(TEXTFILE_JOB, write, d.textfile_interval_s)
+
+    def own_samples(self) -> list[Sample]:
+        """The daemon's own metrics (``exporters.collector.DAEMON_METRICS``)."""
+        g = self.guard
+        out = [
+            Sample(collector.HTTP_CONNECTIONS, float(len(g.conns))),
+            Sample(collector.HTTP_MAX_CONNECTIONS, float(g.cap)),
+            Sample(collector.HTTP_BAD_REQUESTS, float(self.request_log.bad_requests)),
+        ]
+        out += [Sample(collector.HTTP_CLOSED, float(n), {"reason": r}) for r, n in sorted(g.closed.items())]
+        out += [
+            Sample(collector.EVENT_LOOP_ERRORS, float(n), {"error": e})
+            for e, n in sorted(self.loop_errors.total.items())
+        ]
+        out += [Sample(collector.WRITE_ERRORS, float(n), {"file": f}) for f, n in sorted(WRITE_ERRORS.items())]
+        written = self._textfile_writing or self.textfile_written_at
+        if written is not None:
+            out.append(Sample(collector.TEXTFILE_WRITTEN, written))
+        return out
 
     # -- reload ----------------------------------------------------------------------------------------
 
@@ -182,8 +233,8 @@ class Daemon:
         self.config = new
         self.token = token
         self.app_state.token = token
-        new_env = replace(new.environment(one_shot=False), fleet=self.fleet)
-        env_changed = new_env.node != self.env.node or new.paths != old.paths
+        new_env = replace(new.environment(one_shot=False), fleet=self.fleet, token=self._token)
+        env_changed = new_env.node != self.env.node or new_env.role != self.env.role or new.paths != old.paths
         if new.daemon.listen != old.daemon.listen and self.listen_override is None:
             log.warning("listen_change_needs_restart", listen=new.daemon.listen, serving=old.daemon.listen)
         if env_changed:
@@ -220,27 +271,32 @@ class Daemon:
                 "no_token",
                 detail="no daemon.token: /state and /reload answer only on loopback, so peers cannot compare with us",
             )
+        loop.set_exception_handler(self.loop_errors)
         self.scheduler.start()
         self._schedule_all()
         self.remediator.start()
         self._configure_textfile()
-        runner = web.AppRunner(make_app(self.app_state), access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port, reuse_address=True)
+        app = make_app(self.app_state, outer=(self.guard.middleware,))
+        runner = connections.make_runner(app, self.guard.limits, self.request_log)
         try:
-            await site.start()
+            http = await connections.serve(runner, self.guard, host, port)
         except OSError as exc:
             log.error("listen_failed", listen=f"{host}:{port}", error=str(exc))
             self.scheduler.shutdown()
             await runner.cleanup()
             return 1
-        sockets = getattr(site._server, "sockets", None) or []  # the real port when asked for port 0
-        self.bound = sockets[0].getsockname()[:2] if sockets else (host, port)
+        self.bound = http.address
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_stop, sig)
         loop.add_signal_handler(signal.SIGHUP, self._on_hup)
         self.notifier.notify(f"READY=1\nSTATUS=serving on {host}:{self.bound[1]}")
-        log.info("serving", listen=f"{host}:{self.bound[1]}", node=self.env.node, version=__version__)
+        log.info(
+            "serving",
+            listen=f"{host}:{self.bound[1]}",
+            node=self.env.node,
+            version=__version__,
+            max_connections=self.guard.cap,
+        )
         if self.notifier.watchdog_s:
             self._tasks.append(asyncio.create_task(self._watchdog(self.notifier.watchdog_s)))
         await self.stopping.wait()
@@ -252,13 +308,17 @@ class Daemon:
             loop.remove_signal_handler(sig)
         self.scheduler.shutdown()
         await self.remediator.stop()
-        await runner.cleanup()
+        await http.stop()
         self.notifier.close()
         log.info("stopped")
         return 0
 
     def _on_stop(self, sig: signal.Signals) -> None:
         log.info("signal", signal=sig.name)
+        if not self.stopping.is_set():
+            timer = threading.Timer(STOP_DEADLINE_S, _stop_overdue)
+            timer.daemon = True
+            timer.start()
         self.stopping.set()
 
     def _on_hup(self) -> None:
@@ -266,6 +326,12 @@ class Daemon:
         task = asyncio.get_running_loop().create_task(self.reload())
         self._tasks.append(task)
         task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+
+
+def _stop_overdue() -> None:
+    log.error("stop_overdue", detail=f"orderly stop took over {STOP_DEADLINE_S:g} s: exiting now")
+    sys.stdout.flush()
+    os._exit(1)
 
 
 def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:

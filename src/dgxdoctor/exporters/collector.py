@@ -8,7 +8,7 @@ definition and drops the rest (logged once), so a scrape never fails over it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import structlog
@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from dgxdoctor import __version__
 from dgxdoctor.fleet.store import ResultStore
-from dgxdoctor.result import MetricSpec, Status
+from dgxdoctor.result import MetricSpec, Sample, Status
 
 log = structlog.get_logger(__name__)
 
@@ -71,6 +71,53 @@ NODE_FACT = MetricSpec(
 )
 BUILD_INFO = MetricSpec("dgxdoctor_build_info", "the running dgxdoctor version; value always 1", "info", ("version",))
 
+# The daemon's own health: its HTTP port, the files it writes.
+HTTP_CONNECTIONS = MetricSpec("dgxdoctor_http_connections", "client connections open to dgxdoctor's HTTP port")
+HTTP_MAX_CONNECTIONS = MetricSpec(
+    "dgxdoctor_http_max_connections",
+    "the cap on client connections in force: [daemon] max_connections, bounded by the open-file limit",
+)
+HTTP_CLOSED = MetricSpec(
+    "dgxdoctor_http_connections_closed_total",
+    "client connections dgxdoctor closed, by reason: header_timeout (no complete request head in time), "
+    "idle_timeout, request_timeout, evicted (the longest-idle one, to admit a new one over the cap), "
+    "over_capacity (refused: every connection mid-request), shutdown",
+    "counter",
+    ("reason",),
+)
+HTTP_BAD_REQUESTS = MetricSpec(
+    "dgxdoctor_http_bad_requests_total",
+    "malformed HTTP requests answered 400 (logged as one line each at a bounded rate)",
+    "counter",
+)
+EVENT_LOOP_ERRORS = MetricSpec(
+    "dgxdoctor_event_loop_errors_total",
+    "errors the event loop reported (e.g. accept() out of descriptors), by exception type",
+    "counter",
+    ("error",),
+)
+WRITE_ERRORS = MetricSpec(
+    "dgxdoctor_write_errors_total",
+    "failed writes of a file dgxdoctor keeps (state files in state_dir, the node_exporter textfile): disk full, "
+    "read-only, permissions",
+    "counter",
+    ("file",),
+)
+TEXTFILE_WRITTEN = MetricSpec(
+    "dgxdoctor_textfile_write_timestamp_seconds",
+    "Unix time the node_exporter textfile was last written successfully (in the textfile: when it was written; "
+    "time() minus this is its age)",
+)
+DAEMON_METRICS: tuple[MetricSpec, ...] = (
+    HTTP_CONNECTIONS,
+    HTTP_MAX_CONNECTIONS,
+    HTTP_CLOSED,
+    HTTP_BAD_REQUESTS,
+    EVENT_LOOP_ERRORS,
+    WRITE_ERRORS,
+    TEXTFILE_WRITTEN,
+)
+
 OWN_METRICS: tuple[MetricSpec, ...] = (
     BUILD_INFO,
     CHECK_STATUS,
@@ -82,6 +129,7 @@ OWN_METRICS: tuple[MetricSpec, ...] = (
     CHECK_FINDINGS,
     CHECK_FINDINGS_BY_CODE,
     NODE_FACT,
+    *DAEMON_METRICS,
 )
 
 
@@ -100,9 +148,15 @@ def _family(spec: MetricSpec, extra_labels: tuple[str, ...] = ()) -> _Family:
 class StoreCollector(Collector):
     """Builds fresh families from the store at every scrape."""
 
-    def __init__(self, store: ResultStore, timeouts: Callable[[], Mapping[str, int]] | None = None) -> None:
+    def __init__(
+        self,
+        store: ResultStore,
+        timeouts: Callable[[], Mapping[str, int]] | None = None,
+        own: Callable[[], Iterable[Sample]] | None = None,
+    ) -> None:
         self.store = store
         self.timeouts = timeouts or dict
+        self.own = own
         self._warned: set[tuple[str, str]] = set()
 
     def describe(self) -> list[Metric]:
@@ -139,13 +193,17 @@ class StoreCollector(Collector):
             runs.add_metric([node, name], float(count))
         yield runs
         timeouts = _family(CHECK_TIMEOUTS)
-        for name, count in sorted(self.timeouts().items()):
+        # Every check that ran has a timeout count, 0 until one times out: rate() and increase() need the zero.
+        counts = dict.fromkeys(self.store.runs_total(), 0) | dict(self.timeouts())
+        for name, count in sorted(counts.items()):
             timeouts.add_metric([node, name], float(count))
         yield timeouts
         facts = _family(NODE_FACT)
         for key, value in sorted(self.store.facts().items()):
             facts.add_metric([node, key, value], 1.0)
         yield facts
+        if self.own is not None:
+            yield from _own_families(node, self.own())
         yield from self._check_samples(node, [latest[n] for n in names])
 
     def _check_samples(self, node: str, results: list[Any]) -> Iterator[Metric]:
@@ -180,10 +238,29 @@ class StoreCollector(Collector):
 _OWN_NAMES = frozenset(spec.name for spec in OWN_METRICS)
 
 
-def make_registry(store: ResultStore, timeouts: Callable[[], Mapping[str, int]] | None = None) -> CollectorRegistry:
-    """A private registry holding only our collector (no process/platform collectors of the default one)."""
+def _own_families(node: str, samples: Iterable[Sample]) -> Iterator[Metric]:
+    """The daemon's own samples (one of ``DAEMON_METRICS`` each), grouped into families."""
+    families: dict[str, _Family] = {}
+    for sample in samples:
+        spec = sample.metric
+        family = families.get(spec.name)
+        if family is None:
+            family = families[spec.name] = _family(spec)
+        family.add_metric([node, *(sample.labels[label] for label in spec.labels)], sample.value)
+    for name in sorted(families):
+        yield families[name]
+
+
+def make_registry(
+    store: ResultStore,
+    timeouts: Callable[[], Mapping[str, int]] | None = None,
+    own: Callable[[], Iterable[Sample]] | None = None,
+) -> CollectorRegistry:
+    """A private registry holding only our collector (no process/platform collectors of the default one).
+
+    ``own`` gives the daemon's own samples (``DAEMON_METRICS``: its HTTP port, its file writes)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StoreCollector(store, timeouts))
+    registry.register(StoreCollector(store, timeouts, own))
     return registry
 
 

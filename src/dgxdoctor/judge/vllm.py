@@ -59,8 +59,8 @@ def snapshot_findings(
 # ---- the live check's verdicts ---------------------------------------------------------------------------------
 
 REMEDIES: Mapping[str, str] = {
-    "VLLM_DEAD": "vLLM is down: read the end of its log (OOM, NCCL or Ray errors), then restart it (serve.sh); "
-    "on a multi-node deployment check `ray status` first",
+    "VLLM_DEAD": "vLLM is down: read the end of its log (`journalctl -u vllm -n 200`: OOM, NCCL or Ray errors), "
+    "check `ray status` (both nodes, all GPUs), then `systemctl restart vllm`",
     "VLLM_NOT_ANSWERING": "saturated: lower the client concurrency or add capacity; hung: take a stack dump "
     "(py-spy dump --pid PID) and the log, then restart vLLM",
     "VLLM_UNHEALTHY": "read vLLM's log for the engine error (CUDA/NCCL/OOM), then restart vLLM",
@@ -112,6 +112,7 @@ class Server:
     expected: bool  # a process runs, vLLM is required here, or it answered before
     cpu_ratio: float | None  # share of a CPU the API server used while /health was asked
     state: str | None  # its process state letter after the request
+    head: bool = False  # the node's declared role is head: vLLM must be served here
 
 
 @dataclass(frozen=True)
@@ -192,9 +193,9 @@ def not_up(health: Health, server: Server, limits: Limits) -> Down:
             if server.process
             else (server.no_process_reason or "no process")
         )
-        dead = Finding(
-            "VLLM_DEAD", Status.CRITICAL, f"{what} at {url}: vLLM is dead ({where})", url, remedy=REMEDIES["VLLM_DEAD"]
-        )
+        why = "; the head node ([node] role) must serve it" if server.head and server.process is None else ""
+        message = f"{what} at {url}: vLLM is dead ({where}){why}"
+        dead = Finding("VLLM_DEAD", Status.CRITICAL, message, url, remedy=REMEDIES["VLLM_DEAD"])
         return Down((dead,), f"vLLM dead: {what} at {url}")
     if health.outcome == "timeout":
         verdict, status = _saturated_or_hung(server, limits)

@@ -1,4 +1,11 @@
-"""Running external tools: argv lists only (never a shell), always with a timeout."""
+"""Running external tools: argv lists only (never a shell), always with a timeout, from a fixed directory.
+
+The agent runs as root. A tool started from whatever directory the operator (or systemd) happened to be in could
+pick up files there: a Python interpreter imports ``platform.py`` from its current directory, and ``PYTHONPATH``
+or a ``.pth`` in the user's site directory reach it too. So every command runs in ``WORKDIR``, and every Python the
+agent starts goes through ``python_argv`` (isolated mode, ``-I``: no current or script directory on ``sys.path``, no
+``PYTHON*`` environment variables, no user site directory).
+"""
 
 from __future__ import annotations
 
@@ -26,6 +33,15 @@ class CommandTimeout(Exception):
     pass
 
 
+# A directory nobody but root can write to, present on every Linux system.
+WORKDIR = "/"
+
+
+def python_argv(python: str, *args: str) -> list[str]:
+    """``python -I ARGS``: isolated mode for any interpreter the agent starts (see the module docstring)."""
+    return [python, "-I", *args]
+
+
 class CommandRunner(Protocol):
     def __call__(self, argv: Sequence[str], timeout_s: float = ...) -> CommandResult: ...
 
@@ -45,6 +61,7 @@ def run_command(argv: Sequence[str], timeout_s: float = 10.0) -> CommandResult:
             check=False,
             stdin=subprocess.DEVNULL,
             errors="replace",
+            cwd=WORKDIR,
         )
     except subprocess.TimeoutExpired as exc:
         raise CommandTimeout(f"{' '.join(argv)} did not finish in {timeout_s:g} s") from exc

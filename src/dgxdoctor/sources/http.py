@@ -1,4 +1,5 @@
-"""HTTP for checks: one cap on how much a peer may send, enforced below every client a check makes.
+"""HTTP for checks: one cap on how much a peer may send, enforced below every client a check makes; and the agent's
+own descriptor exhaustion told apart from a failure of the service it calls.
 
 httpx bounds each read in time but not a response's size: a vLLM, Ray or peer endpoint gone wrong (or hostile)
 could stream without end into the agent's memory. The cap sits in the transport, so every ``.text``, ``.json()``
@@ -8,12 +9,36 @@ a transport failure.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import errno
+from collections.abc import AsyncIterator, Iterator
+from urllib.parse import urlsplit
 
 import httpx
 
 # vLLM's /metrics with many engines and buckets is a few hundred KiB; Ray's node list for a big cluster some MiB.
 MAX_RESPONSE_BYTES = 32 * 2**20
+
+
+# The agent's own process (or the whole system) is out of descriptors: no socket can be opened to anything. That is
+# dgxdoctor's own problem, never a finding about the service it tried to reach.
+OWN_EXHAUSTION = {errno.EMFILE: "open files (RLIMIT_NOFILE)", errno.ENFILE: "open files of the whole system"}
+
+
+class AgentExhausted(Exception):
+    """dgxdoctor itself could not open a connection for lack of descriptors (not an ``httpx.HTTPError``: a check
+    must not judge the remote service on it; the runner turns it into UNKNOWN with this text)."""
+
+
+def own_exhaustion(exc: BaseException) -> str | None:
+    """What ran out, when ``exc`` (or what caused it) is EMFILE/ENFILE; else None."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in OWN_EXHAUSTION:
+            return OWN_EXHAUSTION[current.errno]
+        current = current.__cause__ or current.__context__
+    return None
 
 
 class _CappedStream(httpx.SyncByteStream):
@@ -34,6 +59,61 @@ class _CappedStream(httpx.SyncByteStream):
         self._inner.close()
 
 
+def _exhausted(exc: BaseException, request: httpx.Request) -> AgentExhausted | None:
+    what = own_exhaustion(exc)
+    if what is None:
+        return None
+    return AgentExhausted(
+        f"dgxdoctor itself is out of {what}: could not open a connection to {request.url.host}; "
+        "nothing is known about that service"
+    )
+
+
+class _AsyncCappedStream(httpx.AsyncByteStream):
+    def __init__(self, inner: httpx.AsyncByteStream, limit: int, url: str) -> None:
+        self._inner = inner
+        self._limit = limit
+        self._url = url
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        total = 0
+        async for chunk in self._inner:
+            total += len(chunk)
+            if total > self._limit:
+                raise httpx.ReadError(f"{self._url}: response larger than {self._limit} bytes")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class AsyncCappedTransport(httpx.AsyncBaseTransport):
+    """``CappedTransport`` for an ``httpx.AsyncClient`` (the peer fetch, which needs a hard total deadline)."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, limit: int = MAX_RESPONSE_BYTES) -> None:
+        self._inner = inner
+        self._limit = limit
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            response = await self._inner.handle_async_request(request)
+        except (httpx.TransportError, OSError) as exc:
+            mine = _exhausted(exc, request)
+            if mine is not None:
+                raise mine from exc
+            raise
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        return httpx.Response(
+            status_code=response.status_code,
+            headers=response.headers,
+            stream=_AsyncCappedStream(response.stream, self._limit, str(request.url)),
+            extensions=response.extensions,
+        )
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 class CappedTransport(httpx.BaseTransport):
     """Wraps a transport; responses longer than ``limit`` bytes fail with ``httpx.ReadError``."""
 
@@ -42,7 +122,13 @@ class CappedTransport(httpx.BaseTransport):
         self._limit = limit
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        response = self._inner.handle_request(request)
+        try:
+            response = self._inner.handle_request(request)
+        except (httpx.TransportError, OSError) as exc:
+            mine = _exhausted(exc, request)
+            if mine is not None:
+                raise mine from exc
+            raise
         assert isinstance(response.stream, httpx.SyncByteStream)
         return httpx.Response(
             status_code=response.status_code,
@@ -53,3 +139,22 @@ class CappedTransport(httpx.BaseTransport):
 
     def close(self) -> None:
         self._inner.close()
+
+
+def http_url(value: str, *, path: bool = True) -> str:
+    """The one check of a configured URL: http(s) with a host and a valid port, no query, fragment or user name;
+    ``path=False`` also refuses a path (a peer is scheme, host and port). Returns it without a trailing ``/``;
+    ValueError naming what is wrong."""
+    parts = urlsplit(value)
+    shape = "http(s)://HOST:PORT" + ("[/PATH]" if path else "")
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port only when asked
+    except ValueError as exc:
+        raise ValueError(f"{value!r} is not an {shape} URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{value!r} is not an {shape} URL")
+    if parts.query or parts.fragment or parts.username:
+        raise ValueError(f"{value!r}: give no query, fragment or user name ({shape})")
+    if not path and parts.path not in ("", "/"):
+        raise ValueError(f"{value!r}: give only scheme, host and port")
+    return value.rstrip("/")
