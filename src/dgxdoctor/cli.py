@@ -65,18 +65,11 @@ def build_checks(
         if not only and not settings.enabled:
             continue
         check = factory(settings, env)
-        attach = getattr(check, "attach_cluster", None)
-        if callable(attach):  # the shared token, for checks that ask a peer's agent (nccl's cross-node probe)
-            attach(_token(config))
+        progress = getattr(check, "attach_progress", None)
+        if callable(progress):  # a long probe's progress, on stderr while it runs
+            progress(lambda line: click.echo(line, err=True))
         checks.append(check)
     return checks
-
-
-def _token(config: Config) -> str | None:
-    try:
-        return config.daemon.resolve_token()
-    except (OSError, ValueError) as exc:
-        raise click.UsageError(f"daemon.token_file: {exc}") from None
 
 
 def _load(config_path: Path | None) -> Config:

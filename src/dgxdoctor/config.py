@@ -316,6 +316,7 @@ class Config:
             proc_root=p.proc_root,
             kmsg_path=p.kmsg_path,
             state_dir=p.state_dir,
+            token=self.daemon.resolve_token,
         )
 
 

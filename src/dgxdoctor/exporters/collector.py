@@ -193,7 +193,9 @@ class StoreCollector(Collector):
             runs.add_metric([node, name], float(count))
         yield runs
         timeouts = _family(CHECK_TIMEOUTS)
-        for name, count in sorted(self.timeouts().items()):
+        # Every check that ran has a timeout count, 0 until one times out: rate() and increase() need the zero.
+        counts = dict.fromkeys(self.store.runs_total(), 0) | dict(self.timeouts())
+        for name, count in sorted(counts.items()):
             timeouts.add_metric([node, name], float(count))
         yield timeouts
         facts = _family(NODE_FACT)
