@@ -91,7 +91,9 @@ class RaySettings(CheckSettings):
     dashboard_port: int = Field(8265, ge=1, le=65535, description="dashboard port that must listen on the head")
     request_timeout_s: float = Field(5.0, gt=0, description="timeout of each dashboard request")
     ray_command: str = Field(
-        "ray", description="the ray CLI (name in PATH or full path): `ray status` when the head's dashboard is down"
+        "ray",
+        description="the ray CLI (name in PATH or full path): `ray status` when the head's dashboard is down; the "
+        "example units in systemd/ run /opt/vllm/bin/ray, so set that path there (the service has no such PATH)",
     )
     auth_token_file: Path | None = Field(
         None,
