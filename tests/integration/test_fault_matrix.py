@@ -253,13 +253,13 @@ def state_read_only(lab: Lab) -> None:
 
 def idle_flood(lab: Lab) -> None:
     raise_own_nofile(6_000)
-    socks = []
+    socks: list[socket.socket] = []
+    lab.extra["socks"] = socks
     for _ in range(5_000):
         s = socket.socket()
         s.setblocking(False)
         s.connect_ex((IP_A, PORT))
         socks.append(s)
-    lab.extra["socks"] = socks
 
 
 def idle_flood_answered(lab: Lab) -> bool:
@@ -460,7 +460,18 @@ def agent_config(name: str, peer_ip: str, state: Path, vllm_port: int, pid_file:
 
 
 def start_agent(agent: Agent, tmp: Path, env: dict[str, str]) -> None:
-    argv = ["ip", "netns", "exec", agent.ns, sys.executable, str(FAULTS / "agent.py"), str(agent.config)]
+    nofile = f"--nofile={unit_nofile()}:{unit_nofile()}"  # the unit's LimitNOFILE; prlimit execs the agent
+    argv = [
+        "ip",
+        "netns",
+        "exec",
+        agent.ns,
+        "prlimit",
+        nofile,
+        sys.executable,
+        str(FAULTS / "agent.py"),
+        str(agent.config),
+    ]
     python_path = os.pathsep.join((str(REPO / "src"), str(REPO / "tests")))
     agent.proc = spawn(argv, tmp / f"agent-{agent.name}.log", {"PYTHONPATH": python_path, **env})
 
@@ -473,11 +484,6 @@ def wait(predicate: Callable[[], bool], limit_s: float, what: str) -> float:
                 return time.monotonic() - t0
         time.sleep(0.2)
     raise AssertionError(f"not {what} within {limit_s} s")
-
-
-def set_nofile(pid: int) -> None:
-    nofile = unit_nofile()
-    psutil.Process(pid).rlimit(psutil.RLIMIT_NOFILE, (nofile, nofile))
 
 
 @pytest.fixture(scope="module")
@@ -539,11 +545,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         lab = Lab(tmp, agents[0], agents[1], vllm, worker, switches, mount, trickler)
         for agent in agents:
             wait(lambda agent=agent: httpx.get(f"{agent.url}/healthz", timeout=2).status_code == 200, 90, "agent up")
-        # The agent's own descriptor limit is the unit's (5,000 idle connections is about that limit).
         for agent in agents:
             assert agent.proc is not None
-            agent.pid = agent.proc.pid  # `ip netns exec` execs the agent: same process
-            set_nofile(agent.pid)
+            agent.pid = agent.proc.pid  # `ip netns exec` and prlimit exec the agent: the same process
         wait(lambda: lab.status(lab.a, "vllm") == "ok", 300, "vLLM served and judged ok")
         wait(lambda: lab.metric(lab.a, "dgxdoctor_ray_nodes_alive") == 2.0, 180, "Ray up with 2 nodes")
         yield lab
@@ -587,15 +591,15 @@ def run_scenario(lab: Lab, sc: Scenario) -> Row:
     checks_before = {labels for (name, labels) in agent.series() if name == "dgxdoctor_check_runs_total"}
     runs_before = {k: v for k, v in agent.series().items() if k[0] == "dgxdoctor_check_runs_total"}
     t0 = time.monotonic()
-    sc.inject(lab)
     try:
+        sc.inject(lab)
         wait(lambda: sc.detected(lab), row.bound_s + 20, sc.finding)
         row.detected_s = round(time.monotonic() - t0, 2)
         if row.detected_s > row.bound_s:
             row.note = f"detected after {row.detected_s} s, over the bound"
             row.detected_s = None
-    except AssertionError as exc:
-        row.note = str(exc)[:200]
+    except (AssertionError, OSError, subprocess.SubprocessError) as exc:
+        row.note = f"{type(exc).__name__}: {exc}"[:200]
     try:
         t1 = time.monotonic()
         series = agent.series(timeout=5)
@@ -608,7 +612,11 @@ def run_scenario(lab: Lab, sc: Scenario) -> Row:
     advancing = [k for k, v in runs_before.items() if series.get(k, -1) >= v]
     row.nothing_lost = checks_before <= checks_after and len(advancing) == len(runs_before)
     if sc.restore is not None:
-        sc.restore(lab)
+        try:
+            sc.restore(lab)
+        except (OSError, subprocess.SubprocessError, AssertionError) as exc:
+            row.note += f" restore: {exc}"
+            row.nothing_lost = False
     if sc.recovered is not None:
         try:
             wait(lambda: sc.recovered(lab), 60, f"recovered from {sc.fault}")  # type: ignore[misc]
