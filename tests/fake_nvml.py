@@ -19,6 +19,7 @@ from dgxdoctor.sources.nvml import (
     NvmlError,
     NvmlGpuLost,
     NvmlLibraryNotFound,
+    NvmlNotSupported,
     PcieWhich,
     RemappedRows,
     TempThreshold,
@@ -136,6 +137,12 @@ class FakeNvml:
 
     def utilization_gpu_percent(self, index: int) -> int:
         return int(self._read(index, "utilization_gpu_percent"))
+
+    def utilization_memory_percent(self, index: int) -> int:
+        # Captured before dgxdoctor read it: absent from those fixtures, answered as a GPU without it would.
+        if "utilization_memory_percent" not in self.gpu(index) and "device" not in self.gpu(index):
+            raise NvmlNotSupported("fixture has no utilization_memory_percent")
+        return int(self._read(index, "utilization_memory_percent"))
 
     def clock_event_reasons(self, index: int) -> int:
         return int(self._read(index, "clock_event_reasons"))

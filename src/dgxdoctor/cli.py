@@ -17,8 +17,8 @@ from dgxdoctor.checks.base import Check, CheckRunner
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import DEFAULT_LISTEN, EX_CONFIG, Config, ConfigError, load_config, parse_listen
 from dgxdoctor.environment import Environment
-from dgxdoctor.report import overall_status, report_dict, report_table
-from dgxdoctor.result import Status, exit_code
+from dgxdoctor.report import report_dict, report_table
+from dgxdoctor.result import Status, exit_code, overall_status
 
 MAX_DIAGNOSE_BYTES = 64 * 1024 * 1024
 
@@ -64,19 +64,8 @@ def build_checks(
             continue
         if not only and not settings.enabled:
             continue
-        check = factory(settings, env)
-        attach = getattr(check, "attach_cluster", None)
-        if callable(attach):  # the shared token, for checks that ask a peer's agent (nccl's cross-node probe)
-            attach(_token(config))
-        checks.append(check)
+        checks.append(factory(settings, env))
     return checks
-
-
-def _token(config: Config) -> str | None:
-    try:
-        return config.daemon.resolve_token()
-    except (OSError, ValueError) as exc:
-        raise click.UsageError(f"daemon.token_file: {exc}") from None
 
 
 def _load(config_path: Path | None) -> Config:

@@ -14,13 +14,13 @@ import tomllib
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.environment import Environment, Role
+from dgxdoctor.sources.http import http_url
 
 DEFAULT_CONFIG_PATH = Path("/etc/dgxdoctor/config.toml")
 EX_CONFIG = 78  # sysexits.h EX_CONFIG
@@ -78,10 +78,6 @@ def parse_listen(value: str) -> tuple[str, int]:
 _USERINFO = re.compile(r"://[^/@\s'\"]*@")
 
 
-def _without_userinfo(url: str) -> str:
-    return _USERINFO.sub("://***@", url)
-
-
 class DaemonSettings(_Frozen):
     """``dgxdoctor run``: where it listens, who may read its state, which peers it compares with."""
 
@@ -106,7 +102,6 @@ class DaemonSettings(_Frozen):
         description="client connections held at once (Prometheus, peers, curl); over it the longest-idle one is "
         "closed. Never more than the open-file limit leaves free for the checks",
     )
-    history: int = Field(20, ge=1, le=1000, description="results kept per check for /state and transitions")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
 
     @field_validator("listen")
@@ -118,16 +113,10 @@ class DaemonSettings(_Frozen):
     @field_validator("peers")
     @classmethod
     def _check_peers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for peer in value:
-            url = urlsplit(peer)
-            shown = _without_userinfo(peer)
-            if url.scheme not in ("http", "https") or not url.hostname:
-                raise ValueError(f"peer {shown!r} is not an http(s)://HOST:PORT URL")
-            if url.path not in ("", "/") or url.query or url.fragment or url.username:
-                raise ValueError(f"peer {shown!r}: give only scheme, host and port (no user or password)")
-        if len(set(value)) != len(value):
+        peers = tuple(http_url(peer, path=False) for peer in value)
+        if len(set(peers)) != len(peers):
             raise ValueError("a peer is listed twice")
-        return tuple(p.rstrip("/") for p in value)
+        return peers
 
     @model_validator(mode="after")
     def _one_token_source(self) -> DaemonSettings:
@@ -234,12 +223,7 @@ class AlertsSettings(_Frozen):
     @field_validator("alertmanager_url")
     @classmethod
     def _check_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        url = urlsplit(value)
-        if url.scheme not in ("http", "https") or not url.hostname or url.query or url.fragment:
-            raise ValueError(f"{value!r} is not an http(s)://HOST:PORT[/PATH] URL")
-        return value.rstrip("/")
+        return None if value is None else http_url(value)
 
 
 @cache
@@ -332,6 +316,7 @@ class Config:
             proc_root=p.proc_root,
             kmsg_path=p.kmsg_path,
             state_dir=p.state_dir,
+            token=self.daemon.resolve_token,
         )
 
 

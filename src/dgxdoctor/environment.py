@@ -41,6 +41,10 @@ def tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+def _no_token() -> str | None:
+    return None
+
+
 @dataclass(frozen=True)
 class Peers:
     """The other nodes' dgxdoctor and how to ask them (the ``[daemon]`` table's peers, token, peer_timeout_s)."""
@@ -87,6 +91,9 @@ class Environment:
     one_shot: bool = True
     # The daemon's results store and peers (``fleet/``); None for the one-shot run.
     fleet: Fleet | None = None
+    # The [daemon] table's shared secret, read when a check asks a peer's agent (the nccl cross-node probe); the
+    # daemon's answers with the token in force after a reload. Raises OSError/ValueError for a bad token_file.
+    token: Callable[[], str | None] = _no_token
 
     def http_client(self, base_url: str = "", timeout_s: float = 5.0) -> httpx.Client:
         """An httpx client whose responses are size-capped (``sources.http``); TLS context shared."""

@@ -1,4 +1,4 @@
-"""Render a set of check results: the one-shot table and the ``--json`` document."""
+"""Render a set of check results: the one-shot table and the ``--json`` document (result.ResultsDocument)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from dgxdoctor.result import CheckResult, Status
-
-
-def overall_status(results: Sequence[CheckResult]) -> Status:
-    return Status.worst((r.status for r in results), default=Status.OK)
+from dgxdoctor.result import CheckResult, ResultsDocument, Status, overall_status
 
 
 def role_note(role: str | None, results: Sequence[CheckResult]) -> str:
@@ -23,17 +19,8 @@ def role_note(role: str | None, results: Sequence[CheckResult]) -> str:
 
 
 def report_dict(node: str, results: Sequence[CheckResult], role: str | None = None) -> dict[str, Any]:
-    facts: dict[str, str] = {}
-    for result in results:
-        facts.update(result.facts)
-    return {
-        "node": node,
-        "role": role,
-        "required": role is not None,
-        "status": overall_status(results).value,
-        "checks": [r.to_dict() for r in results],
-        "facts": facts,
-    }
+    """``dgxdoctor check --json`` (result.ResultsDocument)."""
+    return ResultsDocument.of(node, results).report(role)
 
 
 _MARK = {

@@ -186,6 +186,24 @@ def test_the_node_whose_gpus_went_idle_during_a_stall_is_named(tmp_path: Path, r
     run_tests(tmp_path, rules, inputs, cases)
 
 
+def test_a_gpu_spinning_without_memory_traffic_is_waiting_on_a_peer(tmp_path: Path, rules: Path) -> None:
+    """The H200 recording: the waiting GPU reads 100 % utilization and 0 % memory; decode reads memory hard."""
+    gpu = {"node": "dgx-a", "gpu": "0"}
+    decoding = {"node": "dgx-b", "gpu": "0"}
+    inputs = [
+        series("dgxdoctor_gpu_utilization_ratio", "0.85 1 1 1 1 1", **gpu),
+        series("dgxdoctor_gpu_memory_utilization_ratio", "0.25 0 0 0 0 0", **gpu),
+        series("dgxdoctor_gpu_utilization_ratio", "1x5", **decoding),
+        series("dgxdoctor_gpu_memory_utilization_ratio", "0.6x5", **decoding),
+    ]
+    cases = [
+        {"eval_time": "30s", "alertname": "DgxdoctorGpuWaitingOnPeer", "exp_alerts": []},
+        {"eval_time": "60s", "alertname": "DgxdoctorGpuWaitingOnPeer",
+         "exp_alerts": [expect("DgxdoctorGpuWaitingOnPeer", **gpu)]},
+    ]  # fmt: skip
+    run_tests(tmp_path, rules, inputs, cases)
+
+
 def test_fleet_alerts(tmp_path: Path, rules: Path) -> None:
     """Version drift between nodes, a peer unreachable, a port down, probe timeouts, the breaker open."""
     fact = "dgxdoctor_node_fact_info"

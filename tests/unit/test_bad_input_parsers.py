@@ -234,7 +234,7 @@ def test_nccl_environ_and_name_specs(data: bytes, spec: str, allow_port: bool) -
     nccl_env.parse_environ(data)
     clean(lambda v: nccl_env.parse_name_spec(v, allow_port=allow_port), spec, allowed=(nccl_env.SpecError,))
     nccl_env.is_local_address(spec, {"10.0.0.1"})
-    nccl_env.gid_is_zero(spec)
+    sysfs_ib.gid_is_zero(spec)
 
 
 # --- log signatures, log tail positions, state files, model fingerprint ----------------------------------------

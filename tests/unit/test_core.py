@@ -11,8 +11,8 @@ from dgxdoctor.checks.base import CheckRunner, CheckSettings
 from dgxdoctor.config import ConfigError, parse_config
 from dgxdoctor.config_doc import example_config
 from dgxdoctor.environment import Environment
-from dgxdoctor.report import overall_status, report_dict, report_table
-from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample, Status, exit_code
+from dgxdoctor.report import report_dict, report_table
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample, Status, exit_code, overall_status
 
 
 class _Settings(CheckSettings):
@@ -54,8 +54,8 @@ def test_builder_status_is_worst_finding_and_absent_values_are_dropped() -> None
     b = ResultBuilder("probe")
     b.sample(spec, None, gpu="0")
     b.sample(spec, 3, gpu="1")
-    b.finding("A", Status.WARNING, "warned", remedy="do a thing")
-    b.finding("B", Status.OK, "fine")
+    b.add(Finding("A", Status.WARNING, "warned", remedy="do a thing"))
+    b.add(Finding("B", Status.OK, "fine"))
     result = b.build("summary")
     assert result.status is Status.WARNING
     assert [s.labels["gpu"] for s in result.samples] == ["1"]
@@ -132,7 +132,7 @@ def test_report_shape_and_table() -> None:
         CheckResult.skipped("c", "no GPU here"),
     ]
     b = ResultBuilder("d")
-    b.finding("X", Status.CRITICAL, "broken", "gpu0", remedy="reset it")
+    b.add(Finding("X", Status.CRITICAL, "broken", "gpu0", remedy="reset it"))
     results.append(b.build("one fault"))
     doc = report_dict("n1", results)
     assert doc["node"] == "n1" and doc["status"] == "critical"

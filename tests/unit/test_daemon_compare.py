@@ -134,3 +134,25 @@ def test_drift_codes_by_kind_of_fact() -> None:
         "PEER_MODEL_MISMATCH": Status.CRITICAL,
         "PEER_FACT_DRIFT": Status.WARNING,
     }
+
+
+def stalled(node: str, util: float) -> dict[str, Any]:
+    doc = snap(node, gpus(util, 70))
+    doc["checks"].append({"name": "vllm", "samples": [], "findings": [{"code": "ENGINE_HUNG", "status": "critical"}]})
+    return doc
+
+
+def test_a_stalled_engine_names_the_node_whose_gpus_went_idle() -> None:
+    """A TP rank stopped on dgx-b: both nodes' engines stall, dgx-a's GPUs spin in the collective, dgx-b's idle."""
+    out = compare([stalled("dgx-a", 1.0), snap("dgx-b", gpus(0.0, 70))])
+    stopped = [f for f in out.findings if f.code == "PEER_TP_RANK_STOPPED"]
+    assert [(f.subject, f.status) for f in stopped] == [("dgx-b", Status.CRITICAL)]
+    assert "dgx-a 100% spin" in stopped[0].message
+
+
+def test_no_stall_or_no_clear_odd_node_names_nobody() -> None:
+    assert "PEER_TP_RANK_STOPPED" not in {
+        f.code for f in compare([snap("a", gpus(1.0, 70)), snap("b", gpus(0, 70))]).findings
+    }
+    both_idle = compare([stalled("a", 0.0), stalled("b", 0.0)])
+    assert "PEER_TP_RANK_STOPPED" not in {f.code for f in both_idle.findings}

@@ -27,7 +27,7 @@ def populated_store() -> ResultStore:
     store.put(CheckResult(**{**gpu.__dict__, "started_at": 1_700_000_000.0, "duration_s": 0.012}))
     ib = ResultBuilder("infiniband")
     ib.sample(IB_ERRORS, 0.5, device="mlx5_0", port="1", counter="symbol_error")
-    ib.finding("IB_SYMBOL_ERRORS", Status.WARNING, "0.5/s symbol errors", "mlx5_0/1")
+    ib.add(Finding("IB_SYMBOL_ERRORS", Status.WARNING, "0.5/s symbol errors", "mlx5_0/1"))
     ib_result = ib.build("1 port degraded")
     store.put(CheckResult(**{**ib_result.__dict__, "started_at": 1_700_000_001.0, "duration_s": 0.003}))
     xid = CheckResult(

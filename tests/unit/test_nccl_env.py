@@ -16,14 +16,13 @@ from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.nccl_env import (
     SpecError,
     env_facts,
-    gid_is_zero,
     parse_env_file,
     parse_environ,
     parse_name_spec,
-    read_ib_ports,
     read_net_interfaces,
 )
 from dgxdoctor.sources.procfs import command_matches
+from dgxdoctor.sources.sysfs_ib import gid_is_zero, ports_by_device
 
 NCCL = FIXTURES / "nccl_env"
 SYSFS = NCCL / "sysfs"
@@ -119,22 +118,22 @@ def test_sysfs_net_tree() -> None:
 
 
 def test_sysfs_infiniband_tree() -> None:
-    ports = read_ib_ports(SYSFS)
+    ports = ports_by_device(SYSFS, gids=True)
     assert sorted(ports) == ["mlx5_0", "mlx5_1", "mlx5_2"]
     port = ports["mlx5_0"][1]
-    assert (port.state, port.link_layer) == ("4: ACTIVE", "Ethernet")
+    assert (port.state, port.link_layer) == ("Active", "Ethernet")
     assert port.gids[3] == "0000:0000:0000:0000:0000:ffff:c0a8:0a0b"
     assert port.gid_types == {0: "IB/RoCE v1", 1: "RoCE v2", 2: "IB/RoCE v1", 3: "RoCE v2"}
     assert gid_is_zero(ports["mlx5_1"][1].gids[3])
     assert ports["mlx5_2"][1].link_layer == "InfiniBand"
-    assert read_ib_ports(SYSFS / "nowhere") == {}
+    assert ports_by_device(SYSFS / "nowhere") == {}
 
 
 # ---- decisions ----
 
 
 def evaluate(values: dict[str, str], addresses: set[str] | None = HERE) -> list[Finding]:
-    return evaluate_nccl_env(values, read_net_interfaces(SYSFS), read_ib_ports(SYSFS), addresses)
+    return evaluate_nccl_env(values, read_net_interfaces(SYSFS), ports_by_device(SYSFS, gids=True), addresses)
 
 
 def test_tutorial_values_are_clean_here() -> None:
@@ -187,7 +186,9 @@ def test_hca_exclusion() -> None:
 
 
 def test_no_rdma_devices_at_all(tmp_path: Path) -> None:
-    findings = evaluate_nccl_env(TUTORIAL_VALUES, read_net_interfaces(SYSFS), read_ib_ports(tmp_path), HERE)
+    findings = evaluate_nccl_env(
+        TUTORIAL_VALUES, read_net_interfaces(SYSFS), ports_by_device(tmp_path, gids=True), HERE
+    )
     assert pairs(findings) == [
         ("NCCL_IB_HCA_MISSING", Status.CRITICAL, "mlx5_0"),
         ("NCCL_IB_HCA_MISSING", Status.CRITICAL, "mlx5_2"),

@@ -184,3 +184,18 @@ def test_a_corrupt_state_file_is_an_error_not_a_reset(tmp_path: Path, doc: str) 
     (tmp_path / "remediation-state.json").write_text(doc)
     with pytest.raises(ValueError):
         StateFile(tmp_path).read()
+
+
+async def test_an_alert_older_than_the_last_action_is_stale(tmp_path: Path) -> None:
+    """An alert that began firing during a restart describes the world before the restart ended: never acted on."""
+    r = remediator(tmp_path, vllm_app([]), {})
+    labels = {"alertname": "DgxdoctorVllmDown", "node": "dgx-a", "dgxdoctor_action": "restart_vllm"}
+    now = r.clock()
+    StateFile(tmp_path).write({"finished_at": now - 10})
+    r.finished_at = now - 10
+    assert r.accept_alerts([IncomingAlert("firing", labels, "f1", "t1", now - 60)]) == (1, 0)
+    await settle(r)
+    assert events(tmp_path) == []
+    assert r.accept_alerts([IncomingAlert("firing", labels, "f1", "t2", now - 1)]) == (1, 0)  # fired again since
+    await settle(r)
+    assert [e["event"] for e in events(tmp_path)] == ["decision", "action_started", "action"]

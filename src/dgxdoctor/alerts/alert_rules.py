@@ -171,6 +171,12 @@ def vllm_alerts() -> list[Alert]:
               "peer, docs/h200/hang-recording-2026-11-30): the node whose GPUs are idle during the stall is the one "
               "whose rank stopped (a dead or stopped Ray worker, a GPU that fell off). Look there first: its vLLM "
               "worker processes, XIDs, `ray status`."),
+        Alert("DgxdoctorGpuWaitingOnPeer",
+              "dgxdoctor_gpu_utilization_ratio >= 0.95 and dgxdoctor_gpu_memory_utilization_ratio < 0.02", "30s",
+              "warning", "GPU {{ $labels.gpu }} on {{ $labels.node }} spins with no memory traffic",
+              "a kernel is resident (utilization 100%) but reads and writes nothing: the sign of an NCCL collective "
+              "waiting for a peer that stopped (docs/h200/hang-recording-2026-11-30). Look at the other node's "
+              "GPUs and vLLM workers; DgxdoctorTpRankStopped names the idle one."),
         Alert("DgxdoctorVllmTtftP99Jump",
               f"{ttft} > 3 * avg_over_time({ttft}[1h] offset 15m) and {ttft} > 0.5", "5m", "warning",
               "TTFT P99 jumped on {{ $labels.node }}",

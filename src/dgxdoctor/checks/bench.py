@@ -187,7 +187,7 @@ class BenchCheck(Check):
     def _judge(self, point: BenchPoint, reference: BenchPoint, finished: float, note: str | None) -> CheckResult:
         b = ResultBuilder(self.name)
         tol = Tolerances(self.cfg.throughput_tolerance, self.cfg.tpot_tolerance, self.cfg.ttft_tolerance)
-        b.findings.extend(compare_to_baseline(point, reference, tol))
+        b.add(*compare_to_baseline(point, reference, tol))
         b.sample(OUTPUT_THROUGHPUT, point.output_throughput)
         b.sample(REQUEST_THROUGHPUT, point.request_throughput)
         b.sample(TTFT_P99, None if point.p99_ttft_ms is None else point.p99_ttft_ms / 1000)

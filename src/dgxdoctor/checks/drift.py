@@ -18,7 +18,7 @@ from pydantic import Field
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
-from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
 from dgxdoctor.sources.fingerprint import ShardHasher, listing_fingerprint, sample_shards, scan_model_dir
 from dgxdoctor.sources.serving_env import DISTRIBUTIONS, PROBE, find_serving_python, parse_probe_output
@@ -78,11 +78,11 @@ class DriftCheck(Check):
         if kernel:
             facts["kernel_release"] = kernel
         else:
-            b.finding("DRIFT_UNKNOWN", Status.OK, "kernel release unreadable", "kernel_release")
+            b.add(Finding("DRIFT_UNKNOWN", Status.OK, "kernel release unreadable", "kernel_release"))
         facts.update(self._versions(b))
         for key in VERSION_KEYS:
             if key not in facts and key != "kernel_release":
-                b.finding("DRIFT_UNKNOWN", Status.OK, f"{key} unknown", key)
+                b.add(Finding("DRIFT_UNKNOWN", Status.OK, f"{key} unknown", key))
         b.sample(NODE_INFO, 1, **{key: facts.get(key, "") for key in NODE_INFO.labels})
         self._model(b, facts)
         b.facts.update(facts)
@@ -105,48 +105,54 @@ class DriftCheck(Check):
         if python is None:
             found = find_serving_python(self.env.proc_root)
             if found is None:
-                b.finding(
-                    "SERVING_PYTHON_UNKNOWN",
-                    Status.OK,
-                    "no serving_python configured and no running vLLM or Ray Python process found",
-                    remedy="set checks.drift.serving_python to the vLLM environment's python",
+                b.add(
+                    Finding(
+                        "SERVING_PYTHON_UNKNOWN",
+                        Status.OK,
+                        "no serving_python configured and no running vLLM or Ray Python process found",
+                        remedy="set checks.drift.serving_python to the vLLM environment's python",
+                    )
                 )
                 return {}
             python = found.exe
         try:
             done = self.env.run_command(python_argv(python, "-c", PROBE), s.probe_timeout_s)
         except (CommandNotFound, CommandTimeout, OSError) as exc:
-            b.finding("SERVING_PYTHON_UNKNOWN", Status.OK, f"cannot run {python}: {exc}", python)
+            b.add(Finding("SERVING_PYTHON_UNKNOWN", Status.OK, f"cannot run {python}: {exc}", python))
             return {}
         if done.returncode != 0:
-            b.finding(
-                "SERVING_PYTHON_UNKNOWN",
-                Status.OK,
-                f"{python} version probe exited {done.returncode}: {done.stderr.strip()[-200:]}",
-                python,
+            b.add(
+                Finding(
+                    "SERVING_PYTHON_UNKNOWN",
+                    Status.OK,
+                    f"{python} version probe exited {done.returncode}: {done.stderr.strip()[-200:]}",
+                    python,
+                )
             )
             return {}
         try:
             return parse_probe_output(done.stdout)
         except ValueError as exc:
-            b.finding("SERVING_PYTHON_UNKNOWN", Status.OK, str(exc), python)
+            b.add(Finding("SERVING_PYTHON_UNKNOWN", Status.OK, str(exc), python))
             return {}
 
     def _model(self, b: ResultBuilder, facts: dict[str, str]) -> None:
         s = self._settings
         if s.model_dir is None:
-            b.finding("MODEL_DIR_UNKNOWN", Status.OK, "no model_dir configured: model files not fingerprinted")
+            b.add(Finding("MODEL_DIR_UNKNOWN", Status.OK, "no model_dir configured: model files not fingerprinted"))
             return
         root = s.model_dir
         if not root.is_dir():
             # The tutorial's error 2: a path missing on one node is exactly the drift to catch.
-            b.finding(
-                "MODEL_DIR_MISSING",
-                Status.WARNING,
-                f"model directory {root} does not exist on this node",
-                str(root),
-                remedy="use the same model path on both nodes (check the NFS mount: mount | grep "
-                f"{root}), then ray stop --force and restart the cluster",
+            b.add(
+                Finding(
+                    "MODEL_DIR_MISSING",
+                    Status.WARNING,
+                    f"model directory {root} does not exist on this node",
+                    str(root),
+                    remedy="use the same model path on both nodes (check the NFS mount: mount | grep "
+                    f"{root}), then ray stop --force and restart the cluster",
+                )
             )
             facts["model_fingerprint"] = "missing"
             b.sample(MODEL_INFO, 1, model_dir=str(root), fingerprint="missing")
@@ -169,10 +175,12 @@ class DriftCheck(Check):
             else:
                 facts[f"model_shard_sha256.{entry.name}"] = digest
         if pending:
-            b.finding(
-                "MODEL_SHARDS_HASHING",
-                Status.OK,
-                f"sha256 of {len(pending)} sampled shard(s) still in progress "
-                f"({s.hash_bytes_per_run} bytes per run): {', '.join(pending)}",
-                str(root),
+            b.add(
+                Finding(
+                    "MODEL_SHARDS_HASHING",
+                    Status.OK,
+                    f"sha256 of {len(pending)} sampled shard(s) still in progress "
+                    f"({s.hash_bytes_per_run} bytes per run): {', '.join(pending)}",
+                    str(root),
+                )
             )

@@ -48,6 +48,13 @@ UTILIZATION = MetricSpec(
     "Fraction of the last sample period in which a kernel ran on the GPU (0..1).",
     labels=GPU_LABELS,
 )
+# With utilization_ratio, the GPU-side sign of a rank waiting in a collective: the NCCL kernel keeps
+# utilization.gpu at 100 % while memory traffic drops to 0 % (docs/h200/hang-recording-2026-11-30).
+MEMORY_UTILIZATION = MetricSpec(
+    "dgxdoctor_gpu_memory_utilization_ratio",
+    "Fraction of the last sample period during which device memory was read or written (0..1).",
+    labels=GPU_LABELS,
+)
 TEMPERATURE = MetricSpec(
     "dgxdoctor_gpu_temperature_celsius", "GPU core temperature, degrees Celsius.", labels=GPU_LABELS
 )
@@ -234,7 +241,7 @@ class GpuCheck(Check):
 
 def _absent(check: str, finding: Finding) -> CheckResult:
     b = ResultBuilder(check)
-    b.findings.append(finding)
+    b.add(finding)
     b.sample(GPU_COUNT, 0)
     return b.build(finding.message)
 
@@ -260,18 +267,20 @@ def judge(
     _judge_inventory(b, nvml, settings, names, pci_gpus)
     for g in gpus:
         if g.unreadable is not None:
-            b.finding(
-                "GPU_LOST" if g.lost else "GPU_UNREADABLE",
-                Status.CRITICAL,
-                f"GPU {g.index} cannot be read over NVML: {g.unreadable}",
-                f"gpu{g.index}",
-                remedy="the GPU fell off the bus or needs a reset: look for XID 79/48/94/95 in the kernel log, "
-                "drain the node and reboot it; if it recurs, the GPU needs service",
+            b.add(
+                Finding(
+                    "GPU_LOST" if g.lost else "GPU_UNREADABLE",
+                    Status.CRITICAL,
+                    f"GPU {g.index} cannot be read over NVML: {g.unreadable}",
+                    f"gpu{g.index}",
+                    remedy="the GPU fell off the bus or needs a reset: look for XID 79/48/94/95 in the kernel log, "
+                    "drain the node and reboot it; if it recurs, the GPU needs service",
+                )
             )
             continue
         _judge_gpu(b, g, settings)
 
-    return b.build(_summary(b, gpus), _action(b, gpus))
+    return b.build(_summary(b, gpus), _action(gpus))
 
 
 def _judge_inventory(
@@ -281,32 +290,38 @@ def _judge_inventory(
     gpus = nvml.gpus
     readable = [g for g in gpus if g.unreadable is None]
     if settings.expected_count and len(gpus) != settings.expected_count:
-        b.finding(
-            "GPU_COUNT_MISMATCH",
-            Status.CRITICAL,
-            f"NVML sees {len(gpus)} GPUs, expected {settings.expected_count}",
-            remedy="a GPU fell off the bus or failed to initialise: check `nvidia-smi -L` and the kernel log for "
-            "XID 79; a node reboot usually brings it back, else the GPU needs service",
+        b.add(
+            Finding(
+                "GPU_COUNT_MISMATCH",
+                Status.CRITICAL,
+                f"NVML sees {len(gpus)} GPUs, expected {settings.expected_count}",
+                remedy="a GPU fell off the bus or failed to initialise: check `nvidia-smi -L` and the kernel log for "
+                "XID 79; a node reboot usually brings it back, else the GPU needs service",
+            )
         )
     missing = gpus_missing_from_nvml(pci_gpus, [g.pci_bus_id for g in gpus])
     if missing is not None:
-        b.findings.append(missing)
+        b.add(missing)
     if len(names) > 1:
-        b.finding(
-            "GPU_MODEL_MIXED",
-            Status.CRITICAL,
-            f"GPUs of different models on one node: {', '.join(names)}",
-            remedy="tensor parallelism needs identical GPUs: check the node's inventory",
+        b.add(
+            Finding(
+                "GPU_MODEL_MIXED",
+                Status.CRITICAL,
+                f"GPUs of different models on one node: {', '.join(names)}",
+                remedy="tensor parallelism needs identical GPUs: check the node's inventory",
+            )
         )
     if settings.expected_model:
         for g in readable:
             if g.name is not None and settings.expected_model.lower() not in g.name.lower():
-                b.finding(
-                    "GPU_MODEL_UNEXPECTED",
-                    Status.CRITICAL,
-                    f"{g.label} is a {g.name}, expected a '{settings.expected_model}'",
-                    g.subject,
-                    remedy="wrong node or wrong hardware: check the inventory and the configured expected_model",
+                b.add(
+                    Finding(
+                        "GPU_MODEL_UNEXPECTED",
+                        Status.CRITICAL,
+                        f"{g.label} is a {g.name}, expected a '{settings.expected_model}'",
+                        g.subject,
+                        remedy="wrong node or wrong hardware: check the inventory and the configured expected_model",
+                    )
                 )
 
 
@@ -317,6 +332,7 @@ def _judge_gpu(b: ResultBuilder, g: GpuSnapshot, s: GpuSettings) -> None:
     b.sample(MEMORY_USED, g.memory_used_bytes, **labels)
     b.sample(MEMORY_TOTAL, g.memory_total_bytes, **labels)
     b.sample(UTILIZATION, g.utilization_ratio, **labels)
+    b.sample(MEMORY_UTILIZATION, g.memory_utilization_ratio, **labels)
     b.sample(TEMPERATURE, g.temperature_c, **labels)
     b.sample(TEMPERATURE_MARGIN, g.temperature_margin_c, **labels)
     for threshold, value in (
@@ -331,21 +347,25 @@ def _judge_gpu(b: ResultBuilder, g: GpuSnapshot, s: GpuSettings) -> None:
     b.sample(RECOVERY_ACTION, g.recovery_action, **labels)
 
     if g.lost:
-        b.finding(
-            "GPU_LOST",
-            Status.CRITICAL,
-            f"{g.label} stopped answering NVML mid-read: {'; '.join(sorted(set(g.read_errors.values())))}",
-            g.subject,
-            remedy="the GPU fell off the bus or needs a reset: look for XID 79 in the kernel log, drain the node "
-            "and reboot it",
+        b.add(
+            Finding(
+                "GPU_LOST",
+                Status.CRITICAL,
+                f"{g.label} stopped answering NVML mid-read: {'; '.join(sorted(set(g.read_errors.values())))}",
+                g.subject,
+                remedy="the GPU fell off the bus or needs a reset: look for XID 79 in the kernel log, drain the node "
+                "and reboot it",
+            )
         )
     elif g.read_errors:
-        b.finding(
-            "GPU_READ_ERROR",
-            Status.UNKNOWN,
-            f"{g.label}: NVML failed to read {', '.join(sorted(g.read_errors))}: "
-            f"{'; '.join(sorted(set(g.read_errors.values())))}",
-            g.subject,
+        b.add(
+            Finding(
+                "GPU_READ_ERROR",
+                Status.UNKNOWN,
+                f"{g.label}: NVML failed to read {', '.join(sorted(g.read_errors))}: "
+                f"{'; '.join(sorted(set(g.read_errors.values())))}",
+                g.subject,
+            )
         )
 
     _judge_temperature(b, g, s)
@@ -372,38 +392,46 @@ def _judge_temperature(b: ResultBuilder, g: GpuSnapshot, s: GpuSettings) -> None
         left = g.temperature_margin_c
         reading = f"{temp} C, " if temp is not None else ""
         if left <= 0:
-            b.finding(
-                "GPU_TEMPERATURE_CRITICAL",
-                Status.CRITICAL,
-                f"{g.label} at {reading}{-left} C past its maximum operating temperature (T.Limit {left} C)",
-                g.subject,
-                remedy=remedy,
+            b.add(
+                Finding(
+                    "GPU_TEMPERATURE_CRITICAL",
+                    Status.CRITICAL,
+                    f"{g.label} at {reading}{-left} C past its maximum operating temperature (T.Limit {left} C)",
+                    g.subject,
+                    remedy=remedy,
+                )
             )
         elif left <= margin:
-            b.finding(
-                "GPU_TEMPERATURE_HIGH",
-                Status.WARNING,
-                f"{g.label} at {reading}{left} C below its maximum operating temperature (T.Limit {left} C)",
-                g.subject,
-                remedy=remedy,
+            b.add(
+                Finding(
+                    "GPU_TEMPERATURE_HIGH",
+                    Status.WARNING,
+                    f"{g.label} at {reading}{left} C below its maximum operating temperature (T.Limit {left} C)",
+                    g.subject,
+                    remedy=remedy,
+                )
             )
         return
     assert temp is not None
     if temp >= slowdown:
-        b.finding(
-            "GPU_TEMPERATURE_CRITICAL",
-            Status.CRITICAL,
-            f"{g.label} at {temp} C, at or above its slowdown threshold {slowdown} C",
-            g.subject,
-            remedy=remedy,
+        b.add(
+            Finding(
+                "GPU_TEMPERATURE_CRITICAL",
+                Status.CRITICAL,
+                f"{g.label} at {temp} C, at or above its slowdown threshold {slowdown} C",
+                g.subject,
+                remedy=remedy,
+            )
         )
     elif temp >= slowdown - margin:
-        b.finding(
-            "GPU_TEMPERATURE_HIGH",
-            Status.WARNING,
-            f"{g.label} at {temp} C, within {margin} C of its slowdown threshold {slowdown} C",
-            g.subject,
-            remedy=remedy,
+        b.add(
+            Finding(
+                "GPU_TEMPERATURE_HIGH",
+                Status.WARNING,
+                f"{g.label} at {temp} C, within {margin} C of its slowdown threshold {slowdown} C",
+                g.subject,
+                remedy=remedy,
+            )
         )
 
 
@@ -411,22 +439,26 @@ def _judge_power(b: ResultBuilder, g: GpuSnapshot, s: GpuSettings) -> None:
     limit = g.power_limit_w
     fraction = s.power_warn_fraction
     if fraction is not None and g.power_w is not None and limit and g.power_w >= fraction * limit:
-        b.finding(
-            "GPU_POWER_HIGH",
-            Status.WARNING,
-            f"{g.label} draws {g.power_w:.0f} W, {g.power_w / limit:.0%} of its {limit:.0f} W limit",
-            g.subject,
-            remedy="sustained draw at the limit: check cooling and whether the load is expected",
+        b.add(
+            Finding(
+                "GPU_POWER_HIGH",
+                Status.WARNING,
+                f"{g.label} draws {g.power_w:.0f} W, {g.power_w / limit:.0%} of its {limit:.0f} W limit",
+                g.subject,
+                remedy="sustained draw at the limit: check cooling and whether the load is expected",
+            )
         )
     default = g.power_default_limit_w
     if limit is not None and default and limit < s.power_limit_reduced_fraction * default:
-        b.finding(
-            "GPU_POWER_LIMIT_REDUCED",
-            Status.WARNING,
-            f"{g.label} is capped at {limit:.0f} W, below its default {default:.0f} W: it will run slower than "
-            f"its peers",
-            g.subject,
-            remedy="restore the default limit (nvidia-smi -pl <default>) unless the cap is intended on every node",
+        b.add(
+            Finding(
+                "GPU_POWER_LIMIT_REDUCED",
+                Status.WARNING,
+                f"{g.label} is capped at {limit:.0f} W, below its default {default:.0f} W: it will run slower than "
+                f"its peers",
+                g.subject,
+                remedy="restore the default limit (nvidia-smi -pl <default>) unless the cap is intended on every node",
+            )
         )
 
 
@@ -440,37 +472,45 @@ def _judge_clock_events(b: ResultBuilder, g: GpuSnapshot, labels: dict[str, str]
     # load sits at its power cap by design. Only hardware slowdowns (the GPU halves its clocks or more)
     # and the driver's thermal slowdown are evidence of a problem.
     if reasons & CLOCK_EVENT_HW_THERMAL:
-        b.finding(
-            "GPU_HW_THERMAL_SLOWDOWN",
-            Status.CRITICAL,
-            f"{g.label} clocks cut by hardware thermal slowdown (temperature {g.temperature_c} C)",
-            g.subject,
-            remedy="the GPU overheats: check fans, airflow and inlet temperature; the TP group runs at this "
-            "GPU's speed",
+        b.add(
+            Finding(
+                "GPU_HW_THERMAL_SLOWDOWN",
+                Status.CRITICAL,
+                f"{g.label} clocks cut by hardware thermal slowdown (temperature {g.temperature_c} C)",
+                g.subject,
+                remedy="the GPU overheats: check fans, airflow and inlet temperature; the TP group runs at this "
+                "GPU's speed",
+            )
         )
     if reasons & CLOCK_EVENT_HW_POWER_BRAKE:
-        b.finding(
-            "GPU_HW_POWER_BRAKE",
-            Status.CRITICAL,
-            f"{g.label} clocks cut by the external power brake",
-            g.subject,
-            remedy="the chassis asserted power brake: check PSUs and the BMC event log (ipmitool sel list)",
+        b.add(
+            Finding(
+                "GPU_HW_POWER_BRAKE",
+                Status.CRITICAL,
+                f"{g.label} clocks cut by the external power brake",
+                g.subject,
+                remedy="the chassis asserted power brake: check PSUs and the BMC event log (ipmitool sel list)",
+            )
         )
     if reasons & CLOCK_EVENT_HW_SLOWDOWN and not reasons & (CLOCK_EVENT_HW_THERMAL | CLOCK_EVENT_HW_POWER_BRAKE):
-        b.finding(
-            "GPU_HW_SLOWDOWN",
-            Status.WARNING,
-            f"{g.label} clocks cut by hardware slowdown",
-            g.subject,
-            remedy="check temperature, power supply and the BMC event log; if it persists, the GPU needs service",
+        b.add(
+            Finding(
+                "GPU_HW_SLOWDOWN",
+                Status.WARNING,
+                f"{g.label} clocks cut by hardware slowdown",
+                g.subject,
+                remedy="check temperature, power supply and the BMC event log; if it persists, the GPU needs service",
+            )
         )
     if reasons & CLOCK_EVENT_SW_THERMAL:
-        b.finding(
-            "GPU_SW_THERMAL_SLOWDOWN",
-            Status.WARNING,
-            f"{g.label} clocks reduced by the driver: above its maximum operating temperature",
-            g.subject,
-            remedy="check the node's cooling",
+        b.add(
+            Finding(
+                "GPU_SW_THERMAL_SLOWDOWN",
+                Status.WARNING,
+                f"{g.label} clocks reduced by the driver: above its maximum operating temperature",
+                g.subject,
+                remedy="check the node's cooling",
+            )
         )
 
 
@@ -483,23 +523,27 @@ def _judge_memory_errors(b: ResultBuilder, g: GpuSnapshot, labels: dict[str, str
     ):
         b.sample(ECC_ERRORS, value, **labels, error=error, scope=scope)
     if g.ecc_volatile_uncorrected:
-        b.finding(
-            "GPU_ECC_UNCORRECTED",
-            Status.CRITICAL,
-            f"{g.label} had {g.ecc_volatile_uncorrected} uncorrected ECC errors since the driver loaded",
-            g.subject,
-            remedy="data on this GPU may be corrupt: drain the node, reset the GPU (nvidia-smi -r) so the bad row is "
-            "remapped; replace the GPU if remapping fails",
+        b.add(
+            Finding(
+                "GPU_ECC_UNCORRECTED",
+                Status.CRITICAL,
+                f"{g.label} had {g.ecc_volatile_uncorrected} uncorrected ECC errors since the driver loaded",
+                g.subject,
+                remedy="data on this GPU may be corrupt: drain the node, reset the GPU (nvidia-smi -r) so the bad "
+                "row is remapped; replace the GPU if remapping fails",
+            )
         )
     if g.retired_pages_pending is not None:
         b.sample(RETIRED_PAGES_PENDING, 1 if g.retired_pages_pending else 0, **labels)
         if g.retired_pages_pending:
-            b.finding(
-                "GPU_RETIRED_PAGES_PENDING",
-                Status.WARNING,
-                f"{g.label} has memory pages waiting to be retired: reset GPU to apply",
-                g.subject,
-                remedy="at the next maintenance window drain the node and reset the GPU (nvidia-smi -r)",
+            b.add(
+                Finding(
+                    "GPU_RETIRED_PAGES_PENDING",
+                    Status.WARNING,
+                    f"{g.label} has memory pages waiting to be retired: reset GPU to apply",
+                    g.subject,
+                    remedy="at the next maintenance window drain the node and reset the GPU (nvidia-smi -r)",
+                )
             )
     rows = g.remapped_rows
     if rows is None:
@@ -509,20 +553,24 @@ def _judge_memory_errors(b: ResultBuilder, g: GpuSnapshot, labels: dict[str, str
     b.sample(ROW_REMAP_PENDING, 1 if rows.pending else 0, **labels)
     b.sample(ROW_REMAP_FAILED, 1 if rows.failure else 0, **labels)
     if rows.failure:
-        b.finding(
-            "GPU_ROW_REMAP_FAILED",
-            Status.CRITICAL,
-            f"{g.label} row remapping failed: no spare memory rows left",
-            g.subject,
-            remedy="the GPU's memory is worn out: take the node out of service and have the GPU replaced",
+        b.add(
+            Finding(
+                "GPU_ROW_REMAP_FAILED",
+                Status.CRITICAL,
+                f"{g.label} row remapping failed: no spare memory rows left",
+                g.subject,
+                remedy="the GPU's memory is worn out: take the node out of service and have the GPU replaced",
+            )
         )
     elif rows.pending:
-        b.finding(
-            "GPU_ROW_REMAP_PENDING",
-            Status.WARNING,
-            f"{g.label} has a memory row remapping pending: reset GPU to apply",
-            g.subject,
-            remedy="drain the node and reset the GPU (nvidia-smi -r) or reboot, so the remapping takes effect",
+        b.add(
+            Finding(
+                "GPU_ROW_REMAP_PENDING",
+                Status.WARNING,
+                f"{g.label} has a memory row remapping pending: reset GPU to apply",
+                g.subject,
+                remedy="drain the node and reset the GPU (nvidia-smi -r) or reboot, so the remapping takes effect",
+            )
         )
 
 
@@ -540,20 +588,24 @@ def _judge_nvlink(b: ResultBuilder, g: GpuSnapshot, s: GpuSettings, labels: dict
         "the fabric manager (systemctl status nvidia-fabricmanager); reset the GPU or reboot the node"
     )
     if down:
-        b.finding(
-            "NVLINK_DOWN",
-            Status.CRITICAL,
-            f"{g.label} NVLink link(s) {', '.join(map(str, down))} down ({up}/{len(links)} up)",
-            g.subject,
-            remedy=remedy,
+        b.add(
+            Finding(
+                "NVLINK_DOWN",
+                Status.CRITICAL,
+                f"{g.label} NVLink link(s) {', '.join(map(str, down))} down ({up}/{len(links)} up)",
+                g.subject,
+                remedy=remedy,
+            )
         )
     elif s.expected_nvlinks and up < s.expected_nvlinks:
-        b.finding(
-            "NVLINK_DOWN",
-            Status.CRITICAL,
-            f"{g.label} has {up} active NVLinks, expected {s.expected_nvlinks}",
-            g.subject,
-            remedy=remedy,
+        b.add(
+            Finding(
+                "NVLINK_DOWN",
+                Status.CRITICAL,
+                f"{g.label} has {up} active NVLinks, expected {s.expected_nvlinks}",
+                g.subject,
+                remedy=remedy,
+            )
         )
 
 
@@ -564,23 +616,27 @@ def _judge_pcie(b: ResultBuilder, g: GpuSnapshot, s: GpuSettings, labels: dict[s
     b.sample(PCIE_MAX_WIDTH, g.pcie_width_max, **labels)
     remedy = "reseat the GPU or its riser at the next maintenance; check `lspci -vv` LnkSta and the BMC log"
     if g.pcie_width_current is not None and g.pcie_width_max and g.pcie_width_current < g.pcie_width_max:
-        b.finding(
-            "GPU_PCIE_WIDTH_DEGRADED",
-            Status.WARNING,
-            f"{g.label} PCIe link x{g.pcie_width_current}, capable of x{g.pcie_width_max}",
-            g.subject,
-            remedy=remedy,
+        b.add(
+            Finding(
+                "GPU_PCIE_WIDTH_DEGRADED",
+                Status.WARNING,
+                f"{g.label} PCIe link x{g.pcie_width_current}, capable of x{g.pcie_width_max}",
+                g.subject,
+                remedy=remedy,
+            )
         )
     # The link trains down to Gen1 at idle (power saving) and back up under load, so a low generation
     # only means something while the GPU is busy.
     busy = g.utilization_ratio is not None and g.utilization_ratio >= s.pcie_gen_min_utilization
     if busy and g.pcie_gen_current is not None and g.pcie_gen_max and g.pcie_gen_current < g.pcie_gen_max:
-        b.finding(
-            "GPU_PCIE_GEN_DEGRADED",
-            Status.WARNING,
-            f"{g.label} PCIe Gen{g.pcie_gen_current} under load, capable of Gen{g.pcie_gen_max}",
-            g.subject,
-            remedy=remedy,
+        b.add(
+            Finding(
+                "GPU_PCIE_GEN_DEGRADED",
+                Status.WARNING,
+                f"{g.label} PCIe Gen{g.pcie_gen_current} under load, capable of Gen{g.pcie_gen_max}",
+                g.subject,
+                remedy=remedy,
+            )
         )
 
 
@@ -589,12 +645,14 @@ def _judge_recovery(b: ResultBuilder, g: GpuSnapshot) -> None:
         return
     action = RECOVERY_ACTIONS.get(g.recovery_action, f"action_{g.recovery_action}")
     _, remedy = _RECOVERY_REMEDIES.get(action, ("investigate", "follow the driver's recovery action"))
-    b.finding(
-        "GPU_RECOVERY_ACTION",
-        Status.CRITICAL,
-        f"{g.label}: the driver asks for recovery action {action.replace('_', ' ')}",
-        g.subject,
-        remedy=remedy,
+    b.add(
+        Finding(
+            "GPU_RECOVERY_ACTION",
+            Status.CRITICAL,
+            f"{g.label}: the driver asks for recovery action {action.replace('_', ' ')}",
+            g.subject,
+            remedy=remedy,
+        )
     )
 
 
@@ -608,7 +666,7 @@ def _summary(b: ResultBuilder, gpus: tuple[GpuSnapshot, ...]) -> str:
     return f"{what}: {len(bad)} problem{'s' if len(bad) != 1 else ''} ({', '.join(codes)})"
 
 
-def _action(b: ResultBuilder, gpus: tuple[GpuSnapshot, ...]) -> Action | None:
+def _action(gpus: tuple[GpuSnapshot, ...]) -> Action | None:
     """The driver's own recovery action beats the generic "investigate" built from the worst remedy."""
     kinds = []
     for g in gpus:

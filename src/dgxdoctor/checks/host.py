@@ -246,13 +246,15 @@ class HostCheck(Check):
         b.sample(HOST_LOAD1_PER_CPU, self.probe.load1_per_cpu())
         b.facts["host.memory_total_gib"] = str(round(total / 2**30))
         if total > 0 and 100.0 * available / total < s.memory_available_warn_percent:
-            b.finding(
-                "HOST_MEMORY_LOW_AVAILABLE",
-                Status.WARNING,
-                f"only {_gib(available)} of {_gib(total)} RAM available",
-                "memory",
-                remedy="find the consumer with `ps aux --sort=-rss | head`; vLLM's host swap space and Ray's "
-                "object store both live in RAM",
+            b.add(
+                Finding(
+                    "HOST_MEMORY_LOW_AVAILABLE",
+                    Status.WARNING,
+                    f"only {_gib(available)} of {_gib(total)} RAM available",
+                    "memory",
+                    remedy="find the consumer with `ps aux --sort=-rss | head`; vLLM's host swap space and Ray's "
+                    "object store both live in RAM",
+                )
             )
 
         watched = [("/", s.root_path), ("ray_log_dir", s.ray_log_dir)] + [(str(p), p) for p in s.extra_paths]
@@ -262,7 +264,7 @@ class HostCheck(Check):
             b.sample(HOST_FS_SIZE, usage.total, path=str(path))
             finding = evaluate_free_space(str(path), usage, s.disk_warn_free_percent, s.disk_critical_free_percent)
             if finding is not None:
-                b.findings.append(finding)
+                b.add(finding)
 
         self._weights(b, total, notes)
         self._processes(b)
@@ -282,12 +284,14 @@ class HostCheck(Check):
         label = str(s.model_dir) if s.model_dir else "model"
         if s.model_dir is not None:
             if not s.model_dir.is_dir():
-                b.finding(
-                    "HOST_MODEL_DIR_MISSING",
-                    Status.CRITICAL,
-                    f"model directory {s.model_dir} does not exist on this node",
-                    label,
-                    remedy="mount the shared model filesystem or copy the weights to the same path on every node",
+                b.add(
+                    Finding(
+                        "HOST_MODEL_DIR_MISSING",
+                        Status.CRITICAL,
+                        f"model directory {s.model_dir} does not exist on this node",
+                        label,
+                        remedy="mount the shared model filesystem or copy the weights to the same path on every node",
+                    )
                 )
                 return
             usage = self.probe.disk_usage(s.model_dir)
@@ -300,17 +304,19 @@ class HostCheck(Check):
             assert s.model_dir is not None
             weights, files = weights_size(s.model_dir)
             if files == 0:
-                b.finding(
-                    "HOST_MODEL_NO_WEIGHTS",
-                    Status.WARNING,
-                    f"no *.safetensors/*.bin/*.pt/*.gguf files under {s.model_dir}",
-                    label,
-                    remedy="check model_dir points at the model (the directory holding config.json)",
+                b.add(
+                    Finding(
+                        "HOST_MODEL_NO_WEIGHTS",
+                        Status.WARNING,
+                        f"no *.safetensors/*.bin/*.pt/*.gguf files under {s.model_dir}",
+                        label,
+                        remedy="check model_dir points at the model (the directory holding config.json)",
+                    )
                 )
                 return
         b.sample(HOST_MODEL_WEIGHTS, weights)
         b.facts["host.model_weights_bytes"] = str(weights)
-        b.findings.extend(evaluate_weights(weights, memory_total, disk_free, s.memory_ratio, s.disk_ratio, label))
+        b.add(*evaluate_weights(weights, memory_total, disk_free, s.memory_ratio, s.disk_ratio, label))
 
     def _processes(self, b: ResultBuilder) -> None:
         wanted = self.cfg.required_processes
@@ -323,17 +329,21 @@ class HostCheck(Check):
             found = sorted((p for p in running if p.matches(name) and p.alive), key=lambda p: p.pid)
             b.sample(HOST_PROCESS_UP, 1 if found else 0, process=name)
             if found:
-                b.finding(
-                    "HOST_PROCESS_RUNNING",
-                    Status.OK,
-                    f"{name} running (pid {', '.join(str(p.pid) for p in found[:5])})",
-                    name,
+                b.add(
+                    Finding(
+                        "HOST_PROCESS_RUNNING",
+                        Status.OK,
+                        f"{name} running (pid {', '.join(str(p.pid) for p in found[:5])})",
+                        name,
+                    )
                 )
             else:
-                b.finding(
-                    "HOST_PROCESS_MISSING",
-                    Status.CRITICAL,
-                    f"required process {name} is not running",
-                    name,
-                    remedy=REMEDY_PROCESS,
+                b.add(
+                    Finding(
+                        "HOST_PROCESS_MISSING",
+                        Status.CRITICAL,
+                        f"required process {name} is not running",
+                        name,
+                        remedy=REMEDY_PROCESS,
+                    )
                 )

@@ -182,7 +182,7 @@ class InfinibandCheck(Check):
         if finding is None:
             return CheckResult.skipped(self.name, f"{reason}; no Mellanox NIC on the PCI bus")
         b = ResultBuilder(self.name)
-        b.findings.append(finding)
+        b.add(finding)
         return b.build(f"{reason}: {finding.message}")
 
     def run(self) -> CheckResult:
@@ -206,7 +206,7 @@ class InfinibandCheck(Check):
             entry = entries.get(port.name)
             entries[port.name] = self._counters(b, port, entry if isinstance(entry, dict) else {}, now, verdicts)
         self._history.save({p.name for p in ports}, now, boot_id(self.env.proc_root))
-        b.findings.extend(f for f, _ in verdicts)  # in the order found: missing ports, then port by port
+        b.add(*(f for f, _ in verdicts))  # in the order found: missing ports, then port by port
         return b.build(_summary(b, ports, source, [why for _, why in verdicts if why]))
 
     def _counters(

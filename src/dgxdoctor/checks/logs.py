@@ -11,6 +11,7 @@ that window are kept in the same file, so a restart or a one-shot ``dgxdoctor ch
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -20,7 +21,7 @@ from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.context import reading
 from dgxdoctor.judge.signatures import Catalog, Signature, load_catalog
-from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.logtail import LogFollower, expand_paths
 from dgxdoctor.sources.statefile import StateFile
 
@@ -131,6 +132,22 @@ class LogsCheck(Check):
         ]
         self.state.save({"positions": follower.state(), "recent": recent})  # a failure is logged and counted
 
+    def _match(self, lines: Iterable[tuple[str, str]], kinds: Mapping[str, str], now: float) -> None:
+        """Count the signatures the new lines show, each read in the context of the lines before it."""
+        signatures = self.catalog.by_code()
+        for path, line in lines:
+            kind = kinds.get(path) or kinds.get(path.removesuffix(".1"))
+            context = self._context.setdefault(path, deque(maxlen=CONTEXT_LINES))
+            context.append(line)
+            for match in self.catalog.match(line, kind):
+                sig = reading(match.signature, list(context), len(context) - 1, signatures)
+                if sig is None:
+                    continue
+                self._totals[sig.code] = self._totals.get(sig.code, 0) + 1
+                key = (sig.code, path)
+                seen = self._recent.get(key)
+                self._recent[key] = _Recent(sig, path, line, now, seen.count + 1 if seen else 1)
+
     def run(self) -> CheckResult:
         s = self._settings
         kinds = {path: "ray" for path in expand_paths(s.ray_paths)}
@@ -143,20 +160,7 @@ class LogsCheck(Check):
         polled = follower.poll(sorted(kinds), s.max_bytes_per_run)
 
         now = self.env.clock()
-        signatures = self.catalog.by_code()
-        for path, line in polled.lines:
-            kind = kinds.get(path) or kinds.get(path.removesuffix(".1"))
-            context = self._context.setdefault(path, deque(maxlen=CONTEXT_LINES))
-            context.append(line)
-            for match in self.catalog.match(line, kind):
-                sig = reading(match.signature, list(context), len(context) - 1, signatures)
-                if sig is None:
-                    continue
-                self._totals[sig.code] = self._totals.get(sig.code, 0) + 1
-                key = (sig.code, path)
-                seen = self._recent.get(key)
-                count = seen.count + 1 if seen else 1
-                self._recent[key] = _Recent(sig, path, line, now, count)
+        self._match(polled.lines, kinds, now)
         for key in [k for k, r in self._recent.items() if now - r.last_seen > s.hold_s]:
             del self._recent[key]
         self._save(follower)
@@ -165,24 +169,28 @@ class LogsCheck(Check):
         for recent in sorted(self._recent.values(), key=lambda r: (-r.signature.severity.rank, r.path)):
             sig = recent.signature
             times = f" ({recent.count} lines)" if recent.count > 1 else ""
-            b.finding(
-                sig.code,
-                sig.severity,
-                f"{sig.meaning}{times}",
-                recent.path,
-                evidence=recent.line[:EVIDENCE_MAX],
-                remedy=sig.fix,
+            b.add(
+                Finding(
+                    sig.code,
+                    sig.severity,
+                    f"{sig.meaning}{times}",
+                    recent.path,
+                    evidence=recent.line[:EVIDENCE_MAX],
+                    remedy=sig.fix,
+                )
             )
         for code in sorted(self._totals):
             b.sample(MATCHES_TOTAL, self._totals[code], code=code)
         b.sample(FILES_FOLLOWED, len(polled.files))
         for error in polled.errors:
-            b.finding("LOG_UNREADABLE", Status.WARNING, f"cannot read log file: {error}", error.split(":", 1)[0])
+            b.add(Finding("LOG_UNREADABLE", Status.WARNING, f"cannot read log file: {error}", error.split(":", 1)[0]))
         if polled.budget_exhausted:
-            b.finding(
-                "LOG_BACKLOG",
-                Status.OK,
-                f"read the per-run limit of {s.max_bytes_per_run} bytes; the rest is read next run",
+            b.add(
+                Finding(
+                    "LOG_BACKLOG",
+                    Status.OK,
+                    f"read the per-run limit of {s.max_bytes_per_run} bytes; the rest is read next run",
+                )
             )
         codes = sorted({r.signature.code for r in self._recent.values()})
         if codes:

@@ -34,10 +34,11 @@ from dgxdoctor.judge.nccl_transport import describe, transport_findings
 from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
-from dgxdoctor.sources.nccl_env import parse_env_file, read_ib_ports
+from dgxdoctor.sources.nccl_env import parse_env_file
 from dgxdoctor.sources.nccl_info import NcclTransport, parse_nccl_info
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
 from dgxdoctor.sources.serving_env import find_serving_python
+from dgxdoctor.sources.sysfs_ib import ports_by_device
 
 # The probe's exit statuses, repeated from ``dgxdoctor.probes.allreduce`` so the daemon does not import the probe
 # (argparse and all) to compare numbers; a test holds them equal.
@@ -180,16 +181,11 @@ class NcclCheck(Check):
         self.settings: CheckSettings = settings
         self.cfg = settings
         self.env = env
-        self._token: str | None = None
-
-    def attach_cluster(self, token: str | None) -> None:
-        """The shared daemon token for ``dgxdoctor check``, which has no fleet (the daemon's comes through
-        ``env.fleet``, current after a reload)."""
-        self._token = token
 
     @property
     def token(self) -> str | None:
-        return self.env.fleet.peers().token if self.env.fleet is not None else self._token
+        """The shared secret a peer's agent wants (``env.token``, the seam every check gets)."""
+        return self.env.token()
 
     # -- what runs -------------------------------------------------------------------------------------
 
@@ -265,7 +261,7 @@ class NcclCheck(Check):
                 return CheckResult.unknown(self.name, str(exc))
         if not self.cfg.command and runs[0].returncode == EX_NOT_RUNNABLE:
             return CheckResult.skipped(self.name, runs[0].stderr.strip().lstrip("# ") or "probe cannot run here")
-        return judge_runs(runs, self.cfg, node_has_ib=bool(read_ib_ports(self.env.sysfs_root)))
+        return judge_runs(runs, self.cfg, node_has_ib=bool(ports_by_device(self.env.sysfs_root, counters=False)))
 
     def run_once(self, rail: str | None) -> ProbeRun:
         if self.cfg.peer:
@@ -341,7 +337,7 @@ def judge_runs(runs: list[ProbeRun], cfg: NcclSettings, *, node_has_ib: bool) ->
         return b.build(summaries[0])
     from dgxdoctor.judge.nccl_rails import rail_findings
 
-    b.findings.extend(rail_findings(rail_busbw, [r.rail for r in runs if r.rail], cfg.rail_min_fraction))
+    b.add(*rail_findings(rail_busbw, [r.rail for r in runs if r.rail], cfg.rail_min_fraction))
     shown = ", ".join(f"{rail} {bw:.1f}" for rail, bw in rail_busbw.items())
     return b.build(f"per-rail busbw (GB/s): {shown or 'none measured'}")
 
@@ -354,29 +350,33 @@ def _judge_one(b: ResultBuilder, run: ProbeRun, cfg: NcclSettings, node_has_ib: 
     text = "\n".join(line for line in (run.stdout + "\n" + run.stderr).splitlines() if "NCCL INFO" not in line)
     for match in load_catalog().scan(text):
         sig = match.signature
-        b.finding(sig.code, sig.severity, sig.meaning, subject, evidence=match.line.strip()[:500], remedy=sig.fix)
+        b.add(Finding(sig.code, sig.severity, sig.meaning, subject, evidence=match.line.strip()[:500], remedy=sig.fix))
     if run.returncode == EX_PEER_MISSING:
-        b.finding(
-            "NCCL_PEER_NOT_JOINED",
-            Status.UNKNOWN,
-            f"the peer did not join the probe within {cfg.join_timeout_s:g} s",
-            subject or cfg.peer,
-            evidence=(run.peer_error or run.stderr.strip())[-400:] or None,
-            remedy="check the peer's dgxdoctor (journalctl -u dgxdoctor), that it reaches "
-            f"{cfg.master_addr}:{cfg.master_port}, and that its serving Python has torch",
+        b.add(
+            Finding(
+                "NCCL_PEER_NOT_JOINED",
+                Status.UNKNOWN,
+                f"the peer did not join the probe within {cfg.join_timeout_s:g} s",
+                subject or cfg.peer,
+                evidence=(run.peer_error or run.stderr.strip())[-400:] or None,
+                remedy="check the peer's dgxdoctor (journalctl -u dgxdoctor), that it reaches "
+                f"{cfg.master_addr}:{cfg.master_port}, and that its serving Python has torch",
+            )
         )
         return f"{prefix}the peer did not join within {cfg.join_timeout_s:g} s", None
     report = _report(run)
     if run.returncode != 0 or report is None or not report.rows:
         tail = (run.stderr.strip() or run.stdout.strip())[-400:]
         b.sample(PROBE_OK, 0)
-        b.finding(
-            "NCCL_PROBE_FAILED",
-            Status.CRITICAL,
-            f"the bandwidth probe exited {run.returncode} without a bandwidth table",
-            subject,
-            evidence=tail or None,
-            remedy="run the probe by hand with NCCL_DEBUG=INFO and read its first WARN line",
+        b.add(
+            Finding(
+                "NCCL_PROBE_FAILED",
+                Status.CRITICAL,
+                f"the bandwidth probe exited {run.returncode} without a bandwidth table",
+                subject,
+                evidence=tail or None,
+                remedy="run the probe by hand with NCCL_DEBUG=INFO and read its first WARN line",
+            )
         )
         return f"{prefix}probe failed (exit {run.returncode})", None
     b.sample(PROBE_OK, 1)
@@ -385,12 +385,12 @@ def _judge_one(b: ResultBuilder, run: ProbeRun, cfg: NcclSettings, node_has_ib: 
     # The transport verdict below replaces the table's own NET/Socket warning; gloo (CPU) is not held to NCCL's
     # TCP-fallback floor.
     dropped = {"NCCL_SOCKET_TRANSPORT"} | ({"NCCL_TESTS_LOW_BUSBW"} if cfg.backend == "gloo" else set())
-    b.findings.extend(f for f in nccl_tests_findings(report) if f.code not in dropped)
+    b.add(*(f for f in nccl_tests_findings(report) if f.code not in dropped))
     if cfg.backend == "nccl" or transport.seen:
-        b.findings.extend(transport_findings(transport, node_has_ib=node_has_ib, subject=subject, cross_node=cross))
+        b.add(*transport_findings(transport, node_has_ib=node_has_ib, subject=subject, cross_node=cross))
     peak = _bandwidth(b, report, cfg, subject, sample=run.rail is None)
     if run.peer is not None:
-        b.findings.extend(_peer_findings(run, report, cfg))
+        b.add(*_peer_findings(run, report, cfg))
     avg = "n/a" if report.avg_busbw_gbps is None else f"{report.avg_busbw_gbps:.1f}"
     shown = "n/a" if peak is None else f"{peak:.1f}"
     largest = max(report.rows, key=lambda r: r.size_bytes)
@@ -417,7 +417,7 @@ def _bandwidth(
         b.sample(EXPECTED_BUSBW, None if cfg.expected_busbw_gbps is None else cfg.expected_busbw_gbps * GB)
     low = bandwidth_finding(report, cfg.expected_busbw_gbps, cfg.min_fraction)
     if low is not None:
-        b.findings.append(replace(low, subject=subject))
+        b.add(replace(low, subject=subject))
     return peak
 
 

@@ -22,16 +22,16 @@ from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.nccl_env import compare_envs, evaluate_nccl_env
 from dgxdoctor.judge.presence import nccl_env_absent
-from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.nccl_env import (
     env_facts,
     parse_env_file,
     parse_environ,
-    read_ib_ports,
     read_net_interfaces,
     watched,
 )
 from dgxdoctor.sources.procfs import iter_processes
+from dgxdoctor.sources.sysfs_ib import ports_by_device
 
 NCCL_ENV_VARS = MetricSpec(
     "dgxdoctor_nccl_env_variables", "NCCL_*/GLOO_*/VLLM_HOST_IP variables set in the checked environment"
@@ -90,7 +90,7 @@ class NcclEnvCheck(Check):
             raise ValueError(f"{path} is {size} bytes: not an environment file")
         parsed = parse_env_file(path.read_text(encoding="utf-8", errors="replace"))
         for line, problem in parsed.problems:
-            b.finding("NCCL_ENV_FILE_LINE", Status.OK, f"line {line}: {problem}", f"{path}:{line}")
+            b.add(Finding("NCCL_ENV_FILE_LINE", Status.OK, f"line {line}: {problem}", f"{path}:{line}"))
         return parsed.values
 
     def _process_values(self, b: ResultBuilder, missing: list[str]) -> tuple[dict[str, str] | None, str]:
@@ -111,12 +111,14 @@ class NcclEnvCheck(Check):
         try:
             return parse_environ(proc.environ()), label
         except PermissionError:
-            b.finding(
-                "NCCL_ENV_PROCESS_UNREADABLE",
-                Status.UNKNOWN,
-                f"cannot read the environment of {label}: permission denied",
-                name,
-                remedy="run dgxdoctor as root or as the user that runs the process",
+            b.add(
+                Finding(
+                    "NCCL_ENV_PROCESS_UNREADABLE",
+                    Status.UNKNOWN,
+                    f"cannot read the environment of {label}: permission denied",
+                    name,
+                    remedy="run dgxdoctor as root or as the user that runs the process",
+                )
             )
         except OSError:  # ENOENT/ESRCH: it exited between listing and reading
             missing.append(f"{label} exited")
@@ -132,7 +134,7 @@ class NcclEnvCheck(Check):
             reason = "; ".join(missing) if missing else "neither env_file nor process_name configured"
             required = nccl_env_absent(self.env.role, reason)
             if required is not None:
-                b.findings.append(required)
+                b.add(required)
             elif not b.findings:
                 return CheckResult.skipped(self.name, f"no NCCL environment to check: {reason}")
             return b.build(f"no NCCL environment: {reason}")
@@ -141,12 +143,10 @@ class NcclEnvCheck(Check):
         assert effective is not None
         source = proc_label if proc_values is not None else file_label
         interfaces = read_net_interfaces(self.env.sysfs_root)
-        ib_ports = read_ib_ports(self.env.sysfs_root)
-        b.findings.extend(
-            evaluate_nccl_env(effective, interfaces, ib_ports, self.addresses(), require_debug=s.require_nccl_debug)
-        )
+        ib_ports = ports_by_device(self.env.sysfs_root, counters=False, gids=True)
+        b.add(*evaluate_nccl_env(effective, interfaces, ib_ports, self.addresses(), require_debug=s.require_nccl_debug))
         if file_values is not None and proc_values is not None:
-            b.findings.extend(compare_envs(file_values, file_label, proc_values, proc_label))
+            b.add(*compare_envs(file_values, file_label, proc_values, proc_label))
         b.facts.update(env_facts(effective))
         b.sample(NCCL_ENV_VARS, len(watched(effective)))
         return b.build(_summary(b, source, len(watched(effective)), missing))

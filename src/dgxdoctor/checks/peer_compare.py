@@ -19,7 +19,7 @@ from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.compare import RULE_KEYS, compare
 from dgxdoctor.fleet.peers import fetch_all
-from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample, Status
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample, Status
 
 PEER_UP = MetricSpec(
     "dgxdoctor_peer_up",
@@ -92,23 +92,27 @@ class PeerCompareCheck(Check):
             builder.sample(PEER_FETCH_SECONDS, got.seconds, peer=got.label)
             if got.state is None:
                 down += 1
-                builder.finding(
-                    "PEER_UNREACHABLE",
-                    Status.WARNING,
-                    f"peer {url} gave no state: {got.error}",
-                    subject=got.label,
-                    remedy="check dgxdoctor on that node (systemctl status dgxdoctor) and the network between "
-                    "the nodes (ping, the IB/RoCE link); nodes cannot be compared meanwhile",
+                builder.add(
+                    Finding(
+                        "PEER_UNREACHABLE",
+                        Status.WARNING,
+                        f"peer {url} gave no state: {got.error}",
+                        subject=got.label,
+                        remedy="check dgxdoctor on that node (systemctl status dgxdoctor) and the network between "
+                        "the nodes (ping, the IB/RoCE link); nodes cannot be compared meanwhile",
+                    )
                 )
                 continue
             state = got.state
             if any(s["node"] == state["node"] for s in snapshots):
-                builder.finding(
-                    "PEER_NAME_CLASH",
-                    Status.WARNING,
-                    f"peer {url} reports node name {state['node']!r}, already seen; set a distinct 'node' "
-                    "in each node's config",
-                    subject=got.label,
+                builder.add(
+                    Finding(
+                        "PEER_NAME_CLASH",
+                        Status.WARNING,
+                        f"peer {url} reports node name {state['node']!r}, already seen; set a distinct 'node' "
+                        "in each node's config",
+                        subject=got.label,
+                    )
                 )
                 state = {**state, "node": f"{state['node']}@{got.label}"}
             snapshots.append(state)
@@ -117,7 +121,7 @@ class PeerCompareCheck(Check):
             # Not builder.sample(): its first parameter is called ``metric`` too.
             labels = {"metric": imbalance.key, "rail": imbalance.rail}
             builder.samples.append(Sample(PEER_IMBALANCE, imbalance.ratio, labels))
-        builder.findings.extend(outcome.findings)
+        builder.add(*outcome.findings)
         up = len(peers.urls) - down
         summary = (
             f"{up}/{len(peers.urls)} peer(s) answered; {len(outcome.imbalances)} metric(s) and "

@@ -37,6 +37,7 @@ from dgxdoctor.judge.ray import (
 )
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
+from dgxdoctor.sources.http import http_url
 from dgxdoctor.sources.procfs import listening_ports, processes_named
 from dgxdoctor.sources.ray_api import (
     CLUSTER_STATUS_PATH,
@@ -100,10 +101,7 @@ class RaySettings(CheckSettings):
     @field_validator("dashboard_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http(s) URL such as http://127.0.0.1:8265")
-        return value.rstrip("/")
+        return http_url(value)
 
 
 def is_loopback_url(url: str) -> bool:
@@ -150,7 +148,7 @@ class RayCheck(Check):
             headers = self._auth_headers()
         except (OSError, UnicodeDecodeError) as exc:
             bad = ResultBuilder(self.name)
-            bad.finding("RAY_AUTH_TOKEN_UNREADABLE", Status.UNKNOWN, f"cannot read auth_token_file: {exc}")
+            bad.add(Finding("RAY_AUTH_TOKEN_UNREADABLE", Status.UNKNOWN, f"cannot read auth_token_file: {exc}"))
             return bad.build(f"Ray token unreadable: {exc}")
         builder = ResultBuilder(self.name)
         with self.env.http_client(s.dashboard_url, s.request_timeout_s) as client:
@@ -159,22 +157,26 @@ class RayCheck(Check):
             except _Unreachable as exc:
                 return self._unreachable(str(exc))
             except _Unauthorized as exc:
-                builder.finding("RAY_API_UNAUTHORIZED", Status.UNKNOWN, str(exc), s.dashboard_url, remedy=AUTH_REMEDY)
+                builder.add(
+                    Finding("RAY_API_UNAUTHORIZED", Status.UNKNOWN, str(exc), s.dashboard_url, remedy=AUTH_REMEDY)
+                )
                 if self._is_head():
                     self._ports(builder)
                 return builder.build(f"Ray dashboard refused the request: {exc}")
             except RayApiError as exc:
-                builder.finding("RAY_API_ERROR", Status.UNKNOWN, str(exc), s.dashboard_url)
+                builder.add(Finding("RAY_API_ERROR", Status.UNKNOWN, str(exc), s.dashboard_url))
                 return builder.build(f"Ray dashboard answered but its node list is unusable: {exc}")
             status = None
             try:
                 status = parse_cluster_status(self._get(client, CLUSTER_STATUS_PATH, headers).content)
             except (_Unreachable, _Unauthorized, RayApiError) as exc:
-                builder.finding(
-                    "RAY_CLUSTER_STATUS_UNAVAILABLE",
-                    Status.UNKNOWN,
-                    f"no autoscaler report, pending demands unknown: {exc}",
-                    s.dashboard_url,
+                builder.add(
+                    Finding(
+                        "RAY_CLUSTER_STATUS_UNAVAILABLE",
+                        Status.UNKNOWN,
+                        f"no autoscaler report, pending demands unknown: {exc}",
+                        s.dashboard_url,
+                    )
                 )
             try:
                 version = parse_version(self._get(client, VERSION_PATH, headers).content)
@@ -183,7 +185,7 @@ class RayCheck(Check):
         if version:
             builder.facts["ray_cluster_version"] = version
         view = cluster_view(nodes, status)
-        builder.findings.extend(cluster_findings(view, s.expected_nodes, s.expected_gpus))
+        builder.add(*cluster_findings(view, s.expected_nodes, s.expected_gpus))
         self._cluster_samples(builder, view, with_demands=status is not None)
         summary = cluster_summary(view, s.expected_nodes, s.expected_gpus)
         if self._is_head():
@@ -247,22 +249,28 @@ class RayCheck(Check):
     def _ports(self, builder: ResultBuilder) -> None:
         ports = listening_ports(self.env.proc_root)
         if ports is None:
-            builder.finding(
-                "RAY_PORTS_UNREADABLE", Status.UNKNOWN, f"cannot read {self.env.proc_root}/net/tcp: ports not checked"
+            builder.add(
+                Finding(
+                    "RAY_PORTS_UNREADABLE",
+                    Status.UNKNOWN,
+                    f"cannot read {self.env.proc_root}/net/tcp: ports not checked",
+                )
             )
             return
         for what, port in (("GCS", self._cfg.gcs_port), ("dashboard", self._cfg.dashboard_port)):
             listening = port in ports
             builder.sample(PORT_LISTENING, 1 if listening else 0, port=str(port))
             if not listening:
-                builder.finding(
-                    "RAY_PORT_NOT_LISTENING",
-                    Status.CRITICAL,
-                    f"Ray {what} port {port} is not listening on the head node",
-                    f"port {port}",
-                    remedy=f"the head's {what} is down: `ss -lntp | grep {port}`; restart the head with "
-                    "`ray stop --force` and `ray start --head --port=6379 --dashboard-host=0.0.0.0 --num-gpus=8 "
-                    "--disable-usage-stats`, then reconnect the worker",
+                builder.add(
+                    Finding(
+                        "RAY_PORT_NOT_LISTENING",
+                        Status.CRITICAL,
+                        f"Ray {what} port {port} is not listening on the head node",
+                        f"port {port}",
+                        remedy=f"the head's {what} is down: `ss -lntp | grep {port}`; restart the head with "
+                        "`ray stop --force` and `ray start --head --port=6379 --dashboard-host=0.0.0.0 --num-gpus=8 "
+                        "--disable-usage-stats`, then reconnect the worker",
+                    )
                 )
 
     def _unreachable(self, error: str) -> CheckResult:
@@ -290,19 +298,21 @@ class RayCheck(Check):
             )
         builder = ResultBuilder(self.name)
         running = ", ".join(f"{p.comm} pid {p.pid}" for p in procs) or "no raylet or gcs_server process"
-        builder.finding(
-            "RAY_DASHBOARD_DOWN",
-            Status.CRITICAL,
-            f"Ray dashboard {s.dashboard_url} not answering on the head ({error}); {running}",
-            s.dashboard_url,
-            remedy="if Ray runs, read /tmp/ray/session_latest/logs/dashboard.log; else start the head: "
-            "`ray start --head --port=6379 --dashboard-host=0.0.0.0 --num-gpus=8 --disable-usage-stats`",
+        builder.add(
+            Finding(
+                "RAY_DASHBOARD_DOWN",
+                Status.CRITICAL,
+                f"Ray dashboard {s.dashboard_url} not answering on the head ({error}); {running}",
+                s.dashboard_url,
+                remedy="if Ray runs, read /tmp/ray/session_latest/logs/dashboard.log; else start the head: "
+                "`ray start --head --port=6379 --dashboard-host=0.0.0.0 --num-gpus=8 --disable-usage-stats`",
+            )
         )
         summary = f"head node: dashboard not answering; {running}"
         if gcs:
             view = self._ray_status(builder)
             if view is not None:
-                builder.findings.extend(cluster_findings(view, s.expected_nodes, s.expected_gpus))
+                builder.add(*cluster_findings(view, s.expected_nodes, s.expected_gpus))
                 self._cluster_samples(builder, view, with_demands=True)
                 summary += f"; ray status: {cluster_summary(view, s.expected_nodes, s.expected_gpus)}"
         self._ports(builder)
@@ -317,29 +327,31 @@ class RayCheck(Check):
         try:
             done = self.env.run_command(argv, timeout_s=max(1.0, s.timeout_s / 2))
         except CommandNotFound:
-            builder.finding(
-                "RAY_STATUS_UNAVAILABLE",
-                Status.UNKNOWN,
-                f"`{s.ray_command}` not found: nodes and GPUs unknown while the dashboard is down",
-                remedy="set checks.ray.ray_command to the ray executable of the Ray installation",
+            builder.add(
+                Finding(
+                    "RAY_STATUS_UNAVAILABLE",
+                    Status.UNKNOWN,
+                    f"`{s.ray_command}` not found: nodes and GPUs unknown while the dashboard is down",
+                    remedy="set checks.ray.ray_command to the ray executable of the Ray installation",
+                )
             )
             return None
         except CommandTimeout as exc:
-            builder.finding("RAY_STATUS_UNAVAILABLE", Status.UNKNOWN, f"`ray status` hung: {exc}")
+            builder.add(Finding("RAY_STATUS_UNAVAILABLE", Status.UNKNOWN, f"`ray status` hung: {exc}"))
             return None
         try:
             if done.returncode != 0:
                 raise RayStatusError(f"exit {done.returncode}: {(done.stderr or done.stdout).strip()[-200:]}")
             return parse_ray_status(done.stdout).view()
         except RayStatusError as exc:
-            builder.finding("RAY_STATUS_UNAVAILABLE", Status.UNKNOWN, f"`ray status` failed: {exc}")
+            builder.add(Finding("RAY_STATUS_UNAVAILABLE", Status.UNKNOWN, f"`ray status` failed: {exc}"))
             return None
 
     def _worker(self, configured: bool, extra: Finding | None = None, required: bool = True) -> CheckResult:
         """A worker node: its raylet must run. ``required=False`` when it is unknown whether Ray belongs here."""
         builder = ResultBuilder(self.name)
         if extra is not None:
-            builder.findings.append(extra)
+            builder.add(extra)
         raylets = [p for p in processes_named(self.env.proc_root, ("raylet",)) if p.alive]
         if raylets:
             pids = ", ".join(str(p.pid) for p in raylets)
@@ -347,10 +359,12 @@ class RayCheck(Check):
             return builder.build(f"worker node: raylet running (pid {pids}){how}; cluster checks run on the head")
         if not required:
             return builder.build(f"no raylet here and the head's dashboard {self._cfg.dashboard_url} does not answer")
-        builder.finding(
-            "RAY_RAYLET_DOWN",
-            Status.CRITICAL,
-            "no running raylet on this worker node: it is not part of the Ray cluster",
-            remedy=RECONNECT_REMEDY,
+        builder.add(
+            Finding(
+                "RAY_RAYLET_DOWN",
+                Status.CRITICAL,
+                "no running raylet on this worker node: it is not part of the Ray cluster",
+                remedy=RECONNECT_REMEDY,
+            )
         )
         return builder.build("worker node: no raylet running")

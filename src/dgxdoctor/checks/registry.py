@@ -32,7 +32,3 @@ ALL_CHECKS: tuple[CheckFactory, ...] = (
     DriftCheck,
     PeerCompareCheck,
 )
-
-
-def by_name() -> dict[str, CheckFactory]:
-    return {factory.name: factory for factory in ALL_CHECKS}

@@ -59,7 +59,7 @@ class TopologyCheck(Check):
         for finding in evaluate_topology(
             topo, expected_gpus=self.cfg.expected_gpus, require_nvlink=self.cfg.require_nvlink
         ):
-            builder.findings.append(finding)
+            builder.add(finding)
         non_nvlink = sum(1 for f in builder.findings if f.code == "TOPO_GPU_PAIR_NOT_NVLINK")
         builder.sample(TOPOLOGY_GPUS, len(topo.gpus))
         builder.sample(TOPOLOGY_NON_NVLINK_PAIRS, non_nvlink if len(topo.gpus) > 1 else None)

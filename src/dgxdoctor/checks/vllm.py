@@ -47,6 +47,7 @@ from dgxdoctor.judge.vllm import (
     unreadable,
 )
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
+from dgxdoctor.sources.http import http_url
 from dgxdoctor.sources.procfs import CLK_TCK, ProcessInfo
 from dgxdoctor.sources.prom_text import PromTextError
 from dgxdoctor.sources.vllm_api import (
@@ -199,12 +200,7 @@ class VllmSettings(CheckSettings):
     @field_validator("base_url")
     @classmethod
     def _url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL with a host: {value!r}")
-        if parts.query or parts.fragment:
-            raise ValueError(f"base_url takes no query or fragment: {value!r}")
-        return value.rstrip("/")
+        return http_url(value)
 
 
 class VllmCheck(Check):
@@ -336,7 +332,7 @@ class VllmCheck(Check):
             self._window.reset()
         if down.skipped is not None:
             return CheckResult.skipped(self.name, down.skipped)
-        b.findings.extend(down.findings)
+        b.add(*down.findings)
         return b.build(down.summary)
 
     def _models(self, client: httpx.Client, b: ResultBuilder, parts: list[str]) -> str | None:
@@ -344,10 +340,10 @@ class VllmCheck(Check):
         try:
             models = get_models(client, self._headers())
         except (httpx.HTTPError, ValueError) as exc:
-            b.findings.append(unreadable("MODELS_UNREADABLE", "/v1/models", exc, s.base_url))
+            b.add(unreadable("MODELS_UNREADABLE", "/v1/models", exc, s.base_url))
             return s.served_model_name
         findings, part, model = models_verdict(models, s.served_model_name, s.base_url)
-        b.findings.extend(findings)
+        b.add(*findings)
         parts.append(part)
         return model
 
@@ -365,7 +361,7 @@ class VllmCheck(Check):
         try:
             self._read_metrics(client)
         except (httpx.HTTPError, PromTextError, NotVllmMetrics) as exc:
-            b.findings.append(unreadable("METRICS_UNREADABLE", "/metrics", exc, s.base_url))
+            b.add(unreadable("METRICS_UNREADABLE", "/metrics", exc, s.base_url))
             return
         stalled = self._window.progress.stalled_s()
         b.sample(VLLM_SECONDS_SINCE_PROGRESS, stalled)
@@ -377,9 +373,9 @@ class VllmCheck(Check):
             f"KV cache {fmt_pct(m.kv_cache_usage)}, {fmt_n(m.num_requests_running)} running, "
             f"{fmt_n(m.num_requests_waiting)} waiting"
         )
-        b.findings.extend(pressure_findings(seen, self._limits, s.base_url))
+        b.add(*pressure_findings(seen, self._limits, s.base_url))
         if seen.stats is not None:
-            b.findings.extend(latency_findings(seen.stats, seen.ttft_baseline_s, self._limits, s.base_url))
+            b.add(*latency_findings(seen.stats, seen.ttft_baseline_s, self._limits, s.base_url))
             if seen.stats.ttft_p99_s is not None:
                 parts.append(f"TTFT p99 {seen.stats.ttft_p99_s:.3g} s")
         self._export(b, seen, model or (m.model_names[0] if m.model_names else ""))
@@ -406,7 +402,7 @@ class VllmCheck(Check):
             headers = self._headers()
             outcome = post_completion(client, headers, model, s.canary_prompt, s.canary_max_tokens, s.canary_timeout_s)
         findings = canary_findings(outcome, s.canary_timeout_s, s.base_url)
-        b.findings.extend(findings)
+        b.add(*findings)
         if outcome is None or outcome.tokens is None:
             return
         b.sample(VLLM_CANARY_LATENCY, outcome.latency_s, model=model or "")

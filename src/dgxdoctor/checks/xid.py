@@ -378,7 +378,7 @@ class XidCheck(Check):
             entry = self.catalog.xid(code)
             assessment = assess_tally(event, entry, tally.times, now, self.policy)
             out.append(assessment)
-            b.findings.append(xid_finding(event, entry.name, tally.count, now - tally.last_seen, assessment))
+            b.add(xid_finding(event, entry.name, tally.count, now - tally.last_seen, assessment))
         return out
 
     def _sxid_findings(self, b: ResultBuilder, sxids: list[tuple[Key, Tally]], now: float) -> list[Assessment]:
@@ -392,5 +392,5 @@ class XidCheck(Check):
             entry = self.catalog.sxid(code)
             assessment = assess_sxid(event, entry)
             out.append(assessment)
-            b.findings.append(sxid_finding(event, entry, tally.count, now - tally.last_seen, assessment))
+            b.add(sxid_finding(event, entry, tally.count, now - tally.last_seen, assessment))
         return out

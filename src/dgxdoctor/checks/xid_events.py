@@ -10,12 +10,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dgxdoctor.sources.kmsg import KmsgRecord
-from dgxdoctor.sources.xid import KernelLogScanner, SxidEvent, XidEvent
+from dgxdoctor.sources.kmsg import KmsgRecord, records_since
+from dgxdoctor.sources.xid import FallenOffMerge, KernelLogScanner, SxidEvent, XidEvent
 
-# The driver prints "Xid 79" and "GPU ... has fallen off the bus" together; within this many seconds the
-# two are one event.
-FALLEN_OFF_MERGE_S = 30.0
 # An NVML XID event and the kernel log line of the same XID on the same GPU within this many seconds are
 # one event (the driver raises both).
 CROSS_SOURCE_MERGE_S = 5.0
@@ -52,7 +49,7 @@ class XidLedger:
         self._scanner = KernelLogScanner()
         self._lock = threading.Lock()
         self._unpaired: dict[Key, deque[tuple[float, str]]] = {}
-        self._recent_79: dict[str, tuple[float, bool]] = {}  # bus -> (time, synthesized)
+        self._fallen_off = FallenOffMerge()
         self._xids: dict[Key, Tally] = {}
         self._sxids: dict[Key, Tally] = {}
         self.min_usec: int | None = None  # records stamped before this (lookback_s) are ignored
@@ -73,9 +70,7 @@ class XidLedger:
         boot_wall = now - self._monotonic()
         with self._lock:
             before = self.counted
-            for record in records:
-                if self.min_usec is not None and record.usec is not None and record.usec < self.min_usec:
-                    continue
+            for record in records_since(records, self.min_usec):
                 when = boot_wall + record.usec / 1e6 if record.usec is not None else now
                 if self.first_wall is None:
                     self.first_wall = when
@@ -138,18 +133,13 @@ class XidLedger:
         return False
 
     def _merge_fallen_off(self, event: XidEvent, when: float) -> bool:
-        """True when this 79 is the other half of one already counted (Xid line + fallen-off line)."""
-        previous = self._recent_79.get(event.pci_bus_id)
-        self._recent_79[event.pci_bus_id] = (when, event.synthesized)
-        if previous is None or abs(when - previous[0]) > FALLEN_OFF_MERGE_S:
-            return False
-        if previous[1] == event.synthesized:
-            return False  # two Xid 79 lines (or two fallen-off lines) are two events
-        if not event.synthesized:  # keep the real Xid line as the evidence
+        """True when this 79 line belongs to one already counted (sources.xid.FallenOffMerge)."""
+        verdict = self._fallen_off.classify(event, when)
+        if verdict == "better_evidence":  # keep the real Xid line as the evidence
             tally = self._xids.get((event.pci_bus_id, 79))
             if tally is not None:
                 tally.last_event = event
-        return True
+        return verdict != "new"
 
 
 def _tally(table: dict[Key, Tally], key: Key, event: XidEvent | SxidEvent, when: float) -> None:

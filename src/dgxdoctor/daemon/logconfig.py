@@ -12,8 +12,6 @@ import sys
 
 import structlog
 
-LEVELS = ("debug", "info", "warning", "error")
-
 
 def configure(level: str = "info") -> None:
     numeric = getattr(logging, level.upper(), logging.INFO)

@@ -28,7 +28,7 @@ from dgxdoctor.checks.nccl import HCA_RE, NCCL_CHOICE_RE, NcclCheck, NcclSetting
 from dgxdoctor.checks.nccl_guard import serving_reason
 from dgxdoctor.environment import Environment
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
-from dgxdoctor.sources.nccl_env import read_ib_ports
+from dgxdoctor.sources.sysfs_ib import ports_by_device
 
 log = structlog.get_logger(__name__)
 
@@ -159,7 +159,7 @@ class NcclJoinService:
         job = self._jobs.get(run_id)
         if job is None:
             return None
-        return job.to_dict(has_ib=bool(read_ib_ports(self._env().sysfs_root)))
+        return job.to_dict(has_ib=bool(ports_by_device(self._env().sysfs_root, counters=False)))
 
 
 # -- HTTP -----------------------------------------------------------------------------------------------

@@ -59,7 +59,6 @@ class CheckScheduler:
         self._wake_tasks: set[asyncio.Future[None]] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self.last_heartbeat: float | None = None
-        self.extra_jobs: list[str] = []
         self.scheduler = AsyncIOScheduler(
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )

@@ -28,10 +28,6 @@ class Notifier:
         self.watchdog_s = _watchdog_interval(env)
         self._sock: socket.socket | None = None
 
-    @property
-    def enabled(self) -> bool:
-        return self.address is not None
-
     def notify(self, message: str) -> bool:
         """Send one message (``READY=1``, ``WATCHDOG=1``, ``STOPPING=1``, ``STATUS=...``); False if not sent."""
         if self.address is None:

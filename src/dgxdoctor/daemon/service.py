@@ -76,8 +76,8 @@ class Daemon:
         self.fleet = Fleet(
             local_state=self._local_state, peers=self._peers, wake=lambda name: self.scheduler.wake(name)
         )
-        self.env: Environment = replace(config.environment(one_shot=False), fleet=self.fleet)
-        self.store = ResultStore(self.env.node, config.daemon.history)
+        self.env: Environment = replace(config.environment(one_shot=False), fleet=self.fleet, token=self._token)
+        self.store = ResultStore(self.env.node)
         self.runner = CheckRunner(self.env)
         self.scheduler = CheckScheduler(self.runner, self.store)
         self.registry = make_registry(self.store, lambda: self.runner.timeouts_total, self.own_samples)
@@ -111,6 +111,9 @@ class Daemon:
 
     def _local_state(self, without: str) -> dict[str, Any]:
         return self.store.snapshot(exclude=(without,))
+
+    def _token(self) -> str | None:
+        return self.token
 
     def _peers(self) -> Peers:
         d = self.config.daemon
@@ -230,7 +233,7 @@ class Daemon:
         self.config = new
         self.token = token
         self.app_state.token = token
-        new_env = replace(new.environment(one_shot=False), fleet=self.fleet)
+        new_env = replace(new.environment(one_shot=False), fleet=self.fleet, token=self._token)
         env_changed = new_env.node != self.env.node or new_env.role != self.env.role or new.paths != old.paths
         if new.daemon.listen != old.daemon.listen and self.listen_override is None:
             log.warning("listen_change_needs_restart", listen=new.daemon.listen, serving=old.daemon.listen)

@@ -70,7 +70,12 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-DRIFT_TEXT = """Node facts (`dgxdoctor_node_fact_info`) are compared as well. A fact present on several nodes with
+DRIFT_TEXT = """While any node's vllm check sees the engine stalled (`ENGINE_NO_PROGRESS`, `ENGINE_HUNG`), a hang on
+one node shows on both; the GPUs tell which: the one node whose GPUs are idle (mean utilisation below 10%) while
+the others' spin in the collective (90% or more) is `PEER_TP_RANK_STOPPED` (critical), the node where the
+tensor-parallel rank stopped.
+
+Node facts (`dgxdoctor_node_fact_info`) are compared as well. A fact present on several nodes with
 different values is a finding naming the odd node (the one off the majority; with two nodes, the peer):
 `PEER_MODEL_MISMATCH` (critical: model fingerprint, files, shard hashes), `PEER_NCCL_ENV_DRIFT` (an `nccl_env.*`
 variable differs or is set on one node only), `PEER_VERSION_SKEW` (critical for the driver, CUDA and NCCL

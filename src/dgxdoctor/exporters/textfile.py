@@ -7,23 +7,14 @@ or the new one, never half of one (the textfile collector's documented advice).
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from dgxdoctor.sources.statefile import atomic_write
+
 
 def write_textfile(path: Path, registry: CollectorRegistry) -> None:
-    data = generate_latest(registry)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # 0644: node_exporter runs as its own user; the daemon's umask would leave the file unreadable to it.
+    # (prometheus_client's write_to_textfile renames atomically too, but neither fsyncs nor sets the mode.)
+    atomic_write(path, generate_latest(registry), 0o644)

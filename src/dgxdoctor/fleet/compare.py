@@ -239,6 +239,15 @@ class Comparison:
 class _NodeView:
     values: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(list))
     facts: dict[str, str] = field(default_factory=dict)
+    engine_stalled: bool = False  # its vllm check sees requests in flight and no engine step
+
+
+# The vllm check's codes for an engine that makes no step while requests are in flight.
+ENGINE_STALL_CODES = frozenset({"ENGINE_NO_PROGRESS", "ENGINE_HUNG"})
+# During a stall, a tensor-parallel rank waiting in a collective keeps its GPU busy (the NCCL kernel spins for its
+# peer, docs/h200/hang-recording-2026-11-30) while the GPUs of the rank that stopped fall idle.
+GPU_IDLE_BELOW = 0.1
+GPU_SPINNING_FROM = 0.9
 
 
 def compare(
@@ -285,9 +294,41 @@ def compare(
                     remedy=rule.cause,
                 )
             )
+    findings.extend(_stopped_rank(views))
     drift, compared = _drift(views, local)
     findings.extend(drift)
     return Comparison(tuple(findings), tuple(imbalances), nodes, compared)
+
+
+def _stopped_rank(views: Mapping[str, _NodeView]) -> list[Finding]:
+    """Under a stalled engine, the one node whose GPUs are idle while the others' spin is where the rank stopped.
+
+    A hang on one node stops progress on both (every rank waits in the collective), so the nodes' own vllm checks
+    cannot tell which one it is; the GPUs can.
+    """
+    stalled = sorted(n for n, v in views.items() if v.engine_stalled)
+    util = {n: _aggregate("mean", v.values[("gpu_utilization", "")]) for n, v in views.items()
+            if ("gpu_utilization", "") in v.values}  # fmt: skip
+    idle = [n for n, u in util.items() if u < GPU_IDLE_BELOW]
+    spinning = [n for n, u in util.items() if u >= GPU_SPINNING_FROM]
+    if not stalled or len(idle) != 1 or not spinning:
+        return []
+    odd = idle[0]
+    busy = ", ".join(f"{n} {util[n]:.0%}" for n in spinning)
+    cause = (
+        f"on {odd}: its vLLM worker processes (stopped, dead, or stuck outside the GPU), its XIDs, `ray status`; "
+        "a restart of the whole cluster clears the collective on every node"
+    )
+    return [
+        Finding(
+            "PEER_TP_RANK_STOPPED",
+            Status.CRITICAL,
+            f"vLLM's engine is stalled ({', '.join(stalled)}): {odd}'s GPUs are idle ({util[odd]:.0%}) while "
+            f"{busy} spin in the collective, waiting for it: the tensor-parallel rank on {odd} stopped",
+            subject=odd,
+            remedy=f"look {cause}",
+        )
+    ]
 
 
 def imbalance_ratio(values: Iterable[float]) -> float:
@@ -313,6 +354,13 @@ def _view(snap: Mapping[str, Any]) -> _NodeView:
                 rail = f"{labels.get('device', '?')}/{labels.get('port', '?')}" if rule.per_rail else ""
                 view.values[(rule.key, rail)].append(float(value))
     view.facts = {k: str(v) for k, v in snap.get("facts", {}).items() if k not in IGNORED_FACTS}
+    view.engine_stalled = any(
+        f.get("code") in ENGINE_STALL_CODES
+        for check in snap.get("checks", ())
+        if check.get("name") == "vllm"
+        for f in check.get("findings", ())
+        if isinstance(f, Mapping)
+    )
     return view
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -11,12 +10,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from pydantic import ValidationError
+
+from dgxdoctor.result import ResultsDocument
 
 MAX_STATE_BYTES = 4 * 2**20
-MAX_CHECKS = 200
-MAX_SAMPLES = 20_000
-MAX_FACTS = 2_000
-MAX_TEXT = 4_096
 MAX_PARALLEL_FETCHES = 8
 
 
@@ -122,55 +120,24 @@ def response_json(body: bytes) -> Any:
 
 
 def validate_state(doc: Any) -> dict[str, Any]:
-    """Keep only the well-formed parts a comparison reads; raise InvalidState naming the first bad part."""
-    if not isinstance(doc, dict):
-        raise InvalidState("top level is not an object")
-    node = doc.get("node")
-    if not isinstance(node, str) or not node or len(node) > 253:
-        raise InvalidState("'node' must be a non-empty string")
-    checks = doc.get("checks")
-    if not isinstance(checks, list) or len(checks) > MAX_CHECKS:
-        raise InvalidState(f"'checks' must be a list of at most {MAX_CHECKS}")
-    facts = doc.get("facts", {})
-    if not isinstance(facts, dict) or len(facts) > MAX_FACTS:
-        raise InvalidState(f"'facts' must be an object of at most {MAX_FACTS} keys")
-    clean_checks: list[dict[str, Any]] = []
-    total = 0
-    for i, check in enumerate(checks):
-        if not isinstance(check, dict) or not isinstance(check.get("name"), str):
-            raise InvalidState(f"checks[{i}] is not an object with a 'name'")
-        samples = check.get("samples", [])
-        if not isinstance(samples, list):
-            raise InvalidState(f"checks[{i}].samples is not a list")
-        total += len(samples)
-        if total > MAX_SAMPLES:
-            raise InvalidState(f"more than {MAX_SAMPLES} samples")
-        clean: list[dict[str, Any]] = []
-        for j, sample in enumerate(samples):
-            if not isinstance(sample, dict) or not isinstance(sample.get("name"), str):
-                raise InvalidState(f"checks[{i}].samples[{j}] has no 'name'")
-            labels = sample.get("labels", {})
-            if not isinstance(labels, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) and len(v) <= MAX_TEXT for k, v in labels.items()
-            ):
-                raise InvalidState(f"checks[{i}].samples[{j}].labels must map strings to strings")
-            value = sample.get("value")
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-                raise InvalidState(f"checks[{i}].samples[{j}].value is not a number")
-            if isinstance(value, float) and not math.isfinite(value):
-                value = None
-            clean.append({"name": sample["name"], "labels": labels, "value": value})
-        clean_checks.append(
-            {"name": check["name"], "status": str(check.get("status", "unknown"))[:32], "samples": clean}
-        )
-    clean_facts: dict[str, str] = {}
-    for key, value in facts.items():
-        if not isinstance(value, str) or len(key) > 256 or len(value) > MAX_TEXT:
-            raise InvalidState(f"facts[{key[:64]!r}] must be a string of at most {MAX_TEXT} characters")
-        clean_facts[key] = value
-    return {
-        "node": node,
-        "status": str(doc.get("status", "unknown"))[:32],
-        "checks": clean_checks,
-        "facts": clean_facts,
-    }
+    """The parts a comparison reads of a peer's /state, validated by the results document's model
+    (``result.ResultsDocument``); InvalidState naming the first bad part."""
+    try:
+        return ResultsDocument.model_validate(doc).compared()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InvalidState(f"{_where(first['loc'])}: {first['msg']}") from None
+    except RecursionError:  # nesting deeper than the validator's stack
+        raise InvalidState("nested too deeply") from None
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    """("checks", 0, "samples", 2, "value") -> "checks[0].samples[2].value"; a top-level key quoted."""
+    if not loc:
+        return "top level"
+    if len(loc) == 1:
+        return f"'{loc[0]}'"
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text

@@ -8,15 +8,14 @@ from __future__ import annotations
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.nccl_env import (
     HOST_IP_VAR,
-    IbPort,
     NameSpec,
     NetInterface,
     SpecError,
-    gid_is_zero,
     is_local_address,
     parse_name_spec,
     watched,
 )
+from dgxdoctor.sources.sysfs_ib import IbPort, gid_is_zero
 
 REMEDY_ENV_FILE = (
     "Fix /etc/profile.d/nccl.sh on this node (the tutorial's step 3), then restart Ray and vLLM from a shell "

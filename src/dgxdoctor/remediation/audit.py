@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from dgxdoctor.sources.statefile import atomic_write
+
 AUDIT_FILE = "remediation.jsonl"
 STATE_FILE = "remediation-state.json"
 LOCK_FILE = "remediation.lock"
@@ -82,17 +84,4 @@ class StateFile:
         return doc
 
     def write(self, doc: dict[str, Any]) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        data = json.dumps(doc, sort_keys=True, indent=1).encode("utf-8")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        atomic_write(self.path, json.dumps(doc, sort_keys=True, indent=1).encode("utf-8"), 0o640)

@@ -156,7 +156,7 @@ class Remediator:
                 self.firing.pop(alert.fingerprint, None)
                 ignored += 1
                 continue
-            problem = problem_from_alert(alert.labels, self.node, alert.started)
+            problem = problem_from_alert(alert.labels, self.node, alert.started or self.clock())
             if problem is None or self.seen.get(alert.fingerprint) == alert.starts_at:
                 ignored += 1
                 continue
@@ -168,6 +168,9 @@ class Remediator:
         if accepted:
             self.wake.set()
         return accepted, ignored
+
+    def _fresh_alert(self, problem: Problem) -> bool:
+        return self.finished_at is None or problem.since is None or problem.since > self.finished_at
 
     def poke(self) -> None:
         self.wake.set()
@@ -200,7 +203,8 @@ class Remediator:
     async def evaluate(self) -> None:
         now = self.clock()
         latest = self.latest()
-        alerts = list({p.key: p for p in self.firing.values()}.values())
+        # An alert that began firing before the last action ended describes the world before it: stale too.
+        alerts = list({p.key: p for p in self.firing.values() if self._fresh_alert(p)}.values())
         # Results of runs that started before the last action ended describe the world before it: stale.
         fresh = [r for r in latest.values() if self.finished_at is None or r.started_at > self.finished_at]
         checks = problems_from_results(fresh, self.xid_resolution)

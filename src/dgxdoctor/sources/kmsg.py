@@ -38,6 +38,8 @@ from pathlib import Path
 
 import structlog
 
+from dgxdoctor.sources.follower import Follower
+
 log = structlog.get_logger(__name__)
 
 # The kernel caps a record at 1 KiB of text plus metadata; 16 KiB is what util-linux dmesg reads with.
@@ -239,7 +241,7 @@ def records_since(records: Iterable[KmsgRecord], min_usec: int | None) -> list[K
     return [r for r in records if r.usec is None or r.usec >= min_usec]
 
 
-class KmsgFollower:
+class KmsgFollower(Follower[KmsgRecord]):
     """A daemon thread that delivers new records to ``callback`` as they arrive (see module doc)."""
 
     def __init__(
@@ -248,49 +250,30 @@ class KmsgFollower:
         callback: Callable[[list[KmsgRecord]], None],
         poll_interval_s: float = POLL_INTERVAL_S,
     ) -> None:
+        super().__init__(
+            f"kmsg-follow:{reader.path}",
+            self._next,
+            callback,
+            lambda exc: f"reading {reader.path}: {exc}",
+            "kmsg_follow",
+        )
         self.reader = reader
-        self.callback = callback
         self.poll_interval_s = poll_interval_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.error: str | None = None
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        self._poller: select.poll | None = None
 
     def start(self) -> None:
         if self.running:
             return
         self.reader.open()  # fail here, in the caller, if the path is missing or unreadable
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name=f"kmsg-follow:{self.reader.path}", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 2.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
-
-    def _run(self) -> None:
-        poller = select.poll()
+        self._poller = None
         if self.reader.is_device:
-            poller.register(self.reader.fileno(), select.POLLIN | select.POLLPRI)
-        while not self._stop.is_set():
-            try:
-                if self.reader.is_device:
-                    poller.poll(self.poll_interval_s * 1000)
-                else:
-                    self._stop.wait(self.poll_interval_s)
-                records = self.reader.read_available()
-            except OSError as exc:
-                self.error = f"reading {self.reader.path}: {exc}"
-                log.error("kmsg_follow_failed", path=str(self.reader.path), error=str(exc))
-                self._stop.wait(5.0)
-                continue
-            if records:
-                try:
-                    self.callback(records)
-                except Exception as exc:
-                    log.exception("kmsg_callback_failed", error=str(exc))
+            self._poller = select.poll()
+            self._poller.register(self.reader.fileno(), select.POLLIN | select.POLLPRI)
+        super().start()
+
+    def _next(self) -> list[KmsgRecord]:
+        if self._poller is not None:
+            self._poller.poll(self.poll_interval_s * 1000)
+        else:
+            self.sleep(self.poll_interval_s)
+        return self.reader.read_available()

@@ -16,8 +16,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import shlex
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 # A shell variable name: "NCCL_IB_HCA" in "export NCCL_IB_HCA=mlx5_0,mlx5_1".
@@ -197,59 +196,6 @@ def read_net_interfaces(sysfs_root: Path) -> dict[str, NetInterface]:
             _read(entry / "operstate"),
         )
     return found
-
-
-@dataclass(frozen=True)
-class IbPort:
-    device: str
-    port: int
-    state: str | None  # "4: ACTIVE"
-    link_layer: str | None  # "InfiniBand" | "Ethernet"
-    gids: dict[int, str] = field(default_factory=dict)
-    gid_types: dict[int, str] = field(default_factory=dict)
-
-
-ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
-
-
-def read_ib_ports(sysfs_root: Path) -> dict[str, dict[int, IbPort]]:
-    """device -> port -> IbPort. gids/<i> reads "fe80:0000:...:1a2b"; gid_attrs/types/<i> reads "RoCE v2"
-    or "IB/RoCE v1" (and fails with EINVAL on an unused index: absent here)."""
-    base = sysfs_root / "class" / "infiniband"
-    devices: dict[str, dict[int, IbPort]] = {}
-    if not base.is_dir():
-        return devices
-    for dev in sorted(base.iterdir()):
-        ports: dict[int, IbPort] = {}
-        ports_dir = dev / "ports"
-        if ports_dir.is_dir():
-            for port_dir in sorted(ports_dir.iterdir()):
-                number = _int(port_dir.name)
-                if number is None:
-                    continue
-                gids = {i: v for i, v in _indexed(port_dir / "gids")}
-                types = {i: v for i, v in _indexed(port_dir / "gid_attrs" / "types")}
-                ports[number] = IbPort(
-                    dev.name, number, _read(port_dir / "state"), _read(port_dir / "link_layer"), gids, types
-                )
-        devices[dev.name] = ports
-    return devices
-
-
-def _indexed(directory: Path) -> Iterator[tuple[int, str]]:
-    if not directory.is_dir():
-        return
-    for entry in directory.iterdir():
-        index = _int(entry.name)
-        if index is None:
-            continue
-        value = _read(entry)
-        if value:
-            yield index, value
-
-
-def gid_is_zero(gid: str) -> bool:
-    return gid.replace(":", "").strip("0") == ""
 
 
 def is_local_address(value: str, addresses: set[str]) -> tuple[bool, str | None]:

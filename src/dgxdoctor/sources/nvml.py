@@ -182,6 +182,10 @@ class NvmlClient(Protocol):
 
     def utilization_gpu_percent(self, index: int) -> int: ...
 
+    def utilization_memory_percent(self, index: int) -> int:
+        """Share of the last sample period during which device memory was read or written, percent."""
+        ...
+
     def clock_event_reasons(self, index: int) -> int: ...
 
     def ecc_errors(self, index: int, error: EccError, counter: EccCounter) -> int: ...
@@ -355,6 +359,9 @@ class PynvmlClient:
     def utilization_gpu_percent(self, index: int) -> int:
         return int(self._call("nvmlDeviceGetUtilizationRates", self._h(index)).gpu)
 
+    def utilization_memory_percent(self, index: int) -> int:
+        return int(self._call("nvmlDeviceGetUtilizationRates", self._h(index)).memory)
+
     def clock_event_reasons(self, index: int) -> int:
         return int(
             self._call(
@@ -461,6 +468,7 @@ def read_raw(client: NvmlClient, index: int) -> dict[str, RawValue]:
         "power_default_limit_mw": _guard(lambda: c.power_default_limit_mw(i)),
         "memory_info": _guard(lambda: c.memory_info(i)),
         "utilization_gpu_percent": _guard(lambda: c.utilization_gpu_percent(i)),
+        "utilization_memory_percent": _guard(lambda: c.utilization_memory_percent(i)),
         "clock_event_reasons": _guard(lambda: c.clock_event_reasons(i)),
         "ecc_volatile_uncorrected": _guard(lambda: c.ecc_errors(i, "uncorrected", "volatile")),
         "ecc_volatile_corrected": _guard(lambda: c.ecc_errors(i, "corrected", "volatile")),
@@ -556,6 +564,7 @@ class GpuSnapshot:
     memory_used_bytes: int | None = None
     memory_total_bytes: int | None = None
     utilization_ratio: float | None = None
+    memory_utilization_ratio: float | None = None
     clock_event_reasons: int | None = None
     ecc_volatile_uncorrected: int | None = None
     ecc_volatile_corrected: int | None = None
@@ -602,6 +611,7 @@ class GpuSnapshot:
         if isinstance(memory, list) and len(memory) == 2:
             used, total = _int(memory[0]), _int(memory[1])
         util = _int(raw.get("utilization_gpu_percent"))
+        mem_util = _int(raw.get("utilization_memory_percent"))
         bus = _str(raw.get("pci_bus_id"))
         return cls(
             index=index,
@@ -619,6 +629,7 @@ class GpuSnapshot:
             memory_used_bytes=used,
             memory_total_bytes=total,
             utilization_ratio=None if util is None else util / 100.0,
+            memory_utilization_ratio=None if mem_util is None else mem_util / 100.0,
             clock_event_reasons=_int(raw.get("clock_event_reasons")),
             ecc_volatile_uncorrected=_int(raw.get("ecc_volatile_uncorrected")),
             ecc_volatile_corrected=_int(raw.get("ecc_volatile_corrected")),

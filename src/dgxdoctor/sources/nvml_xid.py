@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import re
-import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import structlog
+
+from dgxdoctor.sources.follower import Follower
 
 log = structlog.get_logger(__name__)
 
@@ -103,43 +104,20 @@ class PynvmlXidEvents:
             nvml.nvmlShutdown()
 
 
-class NvmlXidFollower:
-    """A daemon thread waiting on an :class:`XidEventSource`; never touches the event loop."""
+class NvmlXidFollower(Follower[tuple[str, int]]):
+    """A daemon thread waiting on an :class:`XidEventSource`; never touches the event loop. NVML hangs or fails
+    when a GPU falls off the bus: the failure is kept in ``error`` and the daemon lives on."""
 
     def __init__(self, source: XidEventSource, callback: Callable[[list[tuple[str, int]]], None]) -> None:
+        super().__init__(
+            "nvml-xid-events",
+            lambda: source.wait(WAIT_MS),
+            callback,
+            lambda exc: f"NVML XID events: {exc}",
+            "nvml_xid_events",
+        )
         self.source = source
-        self.callback = callback
-        self.error: str | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="nvml-xid-events", daemon=True)
-        self._thread.start()
 
     def stop(self, timeout_s: float = 2.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+        super().stop(timeout_s)
         self.source.close()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                events = self.source.wait(WAIT_MS)
-            except Exception as exc:  # NVML hangs or fails when a GPU falls off the bus: keep the daemon alive
-                self.error = f"NVML XID events: {exc}"
-                log.error("nvml_xid_events_failed", error=str(exc))
-                self._stop.wait(5.0)
-                continue
-            if events:
-                try:
-                    self.callback(events)
-                except Exception as exc:
-                    log.exception("nvml_xid_callback_failed", error=str(exc))

@@ -41,6 +41,28 @@ def boot_id(proc_root: Path = Path("/proc")) -> str | None:
         return None
 
 
+def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """The one atomic file writer: a temporary file in the same directory, fsync, ``mode``, rename over ``path``,
+    fsync the directory. A reader (a scrape, a restart after a crash) sees the old file or the new one, never half.
+    ``mode`` is set explicitly: the daemon's umask (0027) must not decide who may read a shared file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 class StateFile:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -75,13 +97,4 @@ class StateFile:
 
     def _save(self, data: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(data, fh, separators=(",", ":"), sort_keys=True)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write(self.path, json.dumps(data, separators=(",", ":"), sort_keys=True).encode("utf-8"))

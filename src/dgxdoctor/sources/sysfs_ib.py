@@ -94,6 +94,10 @@ class IbPort:
     # Why counters are missing: "N/A (no PMA)", "no counters directory", ...; None when all read.
     counters_note: str | None = None
     source: str = "sysfs"
+    # GID table, read only when asked (256 entries per port): gids/<i> "fe80:0000:...:1a2b" and
+    # gid_attrs/types/<i> "RoCE v2" or "IB/RoCE v1" (which fails with EINVAL on an unused index: absent here).
+    gids: Mapping[int, str] = field(default_factory=dict)
+    gid_types: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -234,8 +238,35 @@ def _parsed(port_dir: Path, name: str, parse: Callable[[str], T]) -> tuple[str |
         return raw.strip(), None
 
 
-def read_port(device_dir: Path, port_dir: Path, netdevs: Mapping[int, str] | None = None) -> IbPort:
-    """Read one ``ports/<n>`` directory. Unreadable or malformed files leave their field ``None``."""
+def _indexed(directory: Path) -> dict[int, str]:
+    """``gids/<i>``-style directories: index -> non-empty value."""
+    found: dict[int, str] = {}
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return found
+    for entry in entries:
+        value = _read(entry) if entry.name.isdigit() else None
+        if value and value.strip():
+            found[int(entry.name)] = value.strip()
+    return found
+
+
+def gid_is_zero(gid: str) -> bool:
+    return gid.replace(":", "").strip("0") == ""
+
+
+def read_port(
+    device_dir: Path,
+    port_dir: Path,
+    netdevs: Mapping[int, str] | None = None,
+    *,
+    counters: bool = True,
+    gids: bool = False,
+) -> IbPort:
+    """Read one ``ports/<n>`` directory. Unreadable or malformed files leave their field ``None``.
+
+    ``counters=False`` skips the counter files, ``gids=True`` reads the GID table (the NCCL environment check)."""
     device = device_dir.name
     port = int(port_dir.name)
 
@@ -245,6 +276,25 @@ def read_port(device_dir: Path, port_dir: Path, netdevs: Mapping[int, str] | Non
     link_raw = _read(port_dir / "link_layer")
     link_layer = (link_raw.strip() or None) if link_raw is not None else None
 
+    values, note = _port_counters(port_dir) if counters else ({}, None)
+    return IbPort(
+        device=device,
+        port=port,
+        state=state,
+        phys_state=phys,
+        rate_gbps=rate,
+        rate_text=rate_text,
+        link_layer=link_layer,
+        netdev=(netdevs or {}).get(port),
+        counters=values,
+        counters_note=note,
+        gids=_indexed(port_dir / "gids") if gids else {},
+        gid_types=_indexed(port_dir / "gid_attrs" / "types") if gids else {},
+    )
+
+
+def _port_counters(port_dir: Path) -> tuple[dict[str, int], str | None]:
+    """counters/ and hw_counters/ merged (counters/ wins), and why some are missing."""
     counters: dict[str, int] = {}
     notes: list[str] = []
     std_dir, hw_dir = port_dir / "counters", port_dir / "hw_counters"
@@ -263,25 +313,14 @@ def read_port(device_dir: Path, port_dir: Path, netdevs: Mapping[int, str] | Non
             counters.setdefault(name, value)
         if failed:
             notes.append(f"{failed} unreadable in hw_counters/")
-    return IbPort(
-        device=device,
-        port=port,
-        state=state,
-        phys_state=phys,
-        rate_gbps=rate,
-        rate_text=rate_text,
-        link_layer=link_layer,
-        netdev=(netdevs or {}).get(port),
-        counters=counters,
-        counters_note="; ".join(notes) or None,
-    )
+    return counters, "; ".join(notes) or None
 
 
 def ib_class_dir(sysfs_root: Path) -> Path:
     return sysfs_root / "class" / "infiniband"
 
 
-def read_ports(sysfs_root: Path) -> list[IbPort]:
+def read_ports(sysfs_root: Path, *, counters: bool = True, gids: bool = False) -> list[IbPort]:
     """Every port of every RDMA device under ``<sysfs_root>/class/infiniband``, sorted by device and port.
 
     Returns an empty list when the class directory is absent or has no devices.
@@ -299,8 +338,20 @@ def read_ports(sysfs_root: Path) -> list[IbPort]:
         except OSError:
             continue
         netdevs = netdev_map(device_dir)
-        ports.extend(read_port(device_dir, port_dir, netdevs) for port_dir in port_dirs)
+        ports.extend(read_port(device_dir, port_dir, netdevs, counters=counters, gids=gids) for port_dir in port_dirs)
     return ports
+
+
+def ports_by_device(sysfs_root: Path, *, counters: bool = True, gids: bool = False) -> dict[str, dict[int, IbPort]]:
+    """device -> port number -> IbPort, every RDMA device listed (one whose ports cannot be read maps to {})."""
+    try:
+        names = sorted((p.name for p in ib_class_dir(sysfs_root).iterdir()), key=_natural)
+    except OSError:
+        return {}
+    devices: dict[str, dict[int, IbPort]] = {name: {} for name in names}
+    for port in read_ports(sysfs_root, counters=counters, gids=gids):
+        devices[port.device][port.port] = port
+    return devices
 
 
 def _natural(name: str) -> tuple[object, ...]:

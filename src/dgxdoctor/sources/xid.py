@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
 
 # A PCI address as the driver prints it: domain:bus:device, sometimes .function.
 _BUS = r"(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?P<fn>\.[0-7])?"
@@ -294,21 +294,56 @@ def _lone_sxid_details(lines: list[str], events: list[XidEvent | SxidEvent]) -> 
     return list(lone.values())
 
 
+# The driver prints "Xid 79" and "GPU ... has fallen off the bus" together; within this many seconds the
+# lines of one GPU are one event.
+FALLEN_OFF_MERGE_S = 30.0
+Merge79 = Literal["new", "same", "better_evidence"]
+
+
+class FallenOffMerge:
+    """The one rule that makes the lines the driver prints for one GPU falling off the bus one XID 79.
+
+    Within ``window_s`` of the previous 79 line of a GPU: a "fallen off the bus" line (``synthesized``) is the same
+    event; a real ``Xid 79`` line is the same event when only fallen-off lines came before it (it is then the
+    better evidence), and a new one when the event already had its Xid line (two Xid lines are two events).
+    """
+
+    def __init__(self, window_s: float = FALLEN_OFF_MERGE_S) -> None:
+        self.window_s = window_s
+        self._last: dict[str, tuple[float, bool]] = {}  # bus -> (time of its latest 79 line, has an Xid line)
+
+    def classify(self, event: XidEvent, when: float) -> Merge79:
+        bus, real = event.pci_bus_id, not event.synthesized
+        previous = self._last.get(bus)
+        if previous is None or abs(when - previous[0]) > self.window_s:
+            self._last[bus] = (when, real)
+            return "new"
+        had_real = previous[1]
+        if real and had_real:
+            self._last[bus] = (when, True)
+            return "new"
+        self._last[bus] = (when, had_real or real)
+        return "better_evidence" if real else "same"
+
+
 def scan_text(text: str) -> list[XidEvent | SxidEvent]:
-    """Events of a pasted log in input order; a fallen-off-the-bus line is dropped when the same text
-    has an Xid 79 line for that GPU (the driver prints both); an SXid seen only in its Severity/Data lines
-    counts once, at the end."""
+    """Events of a pasted log in input order, the lines of one GPU falling off the bus merged into one XID 79 by
+    ``FallenOffMerge`` (a paste has no reliable clock: its lines count as simultaneous); an SXid seen only in its
+    Severity/Data lines counts once, at the end."""
     lines = text.splitlines()
     events = list(scan_lines(lines))
     events.extend(_lone_sxid_details(lines, events))
-    real_79 = {e.pci_bus_id for e in events if isinstance(e, XidEvent) and e.xid == 79 and not e.synthesized}
+    merge = FallenOffMerge()
     kept: list[XidEvent | SxidEvent] = []
-    synthesized_seen: set[str] = set()
     for e in events:
-        if isinstance(e, XidEvent) and e.synthesized:
-            if e.pci_bus_id in real_79 or e.pci_bus_id in synthesized_seen:
+        if isinstance(e, XidEvent) and e.xid == 79:
+            verdict = merge.classify(e, 0.0)
+            if verdict == "same":
                 continue
-            synthesized_seen.add(e.pci_bus_id)
+            if verdict == "better_evidence":  # the Xid line replaces the fallen-off line counted for this GPU
+                kept = [
+                    k for k in kept if not (isinstance(k, XidEvent) and k.synthesized and k.pci_bus_id == e.pci_bus_id)
+                ]
         kept.append(e)
     return kept
 
