@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import random
+import secrets
 import shutil
 import signal
 import socket
@@ -420,13 +421,18 @@ def spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subp
         )  # fmt: skip
 
 
+def ray_auth(tmp: Path) -> dict[str, str]:
+    """Ray's token authentication, as test_ray_cluster runs it (a Ray 2.60 head may insist on it)."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(tmp / "ray_token")}
+
+
 def ray_node(ns: str, tmp: Path, args: list[str]) -> subprocess.Popen[bytes]:
     argv = [
         "ip", "netns", "exec", ns, "unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL",
         str(RAY_BIN), "start", "--block", "--num-gpus=8", "--num-cpus=1", "--disable-usage-stats",
         f"--temp-dir=/tmp/{ns}-ray", *args,
     ]  # fmt: skip
-    return spawn(argv, tmp / f"ray-{ns}.log", RAY_ENV)
+    return spawn(argv, tmp / f"ray-{ns}.log", {**RAY_ENV, **ray_auth(tmp)})
 
 
 def hanging_tools(bin_dir: Path, switch: Path) -> None:
@@ -440,7 +446,7 @@ def hanging_tools(bin_dir: Path, switch: Path) -> None:
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def agent_config(name: str, peer_ip: str, state: Path, vllm_port: int, pid_file: Path | None) -> str:
+def agent_config(name: str, peer_ip: str, state: Path, vllm_port: int, pid_file: Path | None, ray_token: Path) -> str:
     pid = f'pid_file = "{pid_file}"\n' if pid_file else ""
     every = f"interval_s = {INTERVAL_S}\n"
     return (
@@ -451,6 +457,7 @@ def agent_config(name: str, peer_ip: str, state: Path, vllm_port: int, pid_file:
         "request_timeout_s = 2\n"
         f"startup_grace_s = 0\n{pid}"
         f'[checks.ray]\n{every}dashboard_url = "http://{IP_A}:8265"\nexpected_nodes = 2\nexpected_gpus = 16\n'
+        f'auth_token_file = "{ray_token}"\n'
         f"[checks.peer_compare]\n{every}[checks.xid]\n{every}"
         f"[checks.gpu]\n{every}timeout_s = {HANG_TIMEOUT_S}\n"
         f"[checks.topology]\n{every}timeout_s = {HANG_TIMEOUT_S}\ncommand_timeout_s = 60\n"
@@ -492,6 +499,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     if reason:
         pytest.skip(reason)
     tmp = tmp_path_factory.mktemp("faults")
+    (tmp / "ray_token").write_text(secrets.token_hex(32))
     teardown_network()
     build_network()
     procs: list[subprocess.Popen[bytes]] = []
@@ -530,7 +538,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             ("a", NS_A, IP_A, IP_B, mount, pid_file),
             ("b", NS_B, IP_B, IP_A, tmp / "state-b", None),
         ):
-            body = agent_config(f"dgx-{name}", peer, state, 8000, pid)
+            body = agent_config(f"dgx-{name}", peer, state, 8000, pid, tmp / "ray_token")
             config = tmp / f"config-{name}.toml"
             config.write_text(body)
             agent = Agent(name, ns, ip, tmp, config, body)
