@@ -201,6 +201,7 @@ def test_trickling_peer_and_sigterm_while_everything_is_held(tmp_path: Path) -> 
             s.close()
         assert code == 0 and seconds < unit_stop_timeout_s() / 3, (code, seconds, d.log_tail())
         assert '"event": "stopped"' in d.log_text()
+        assert '"logger": "httpx"' not in d.log_text()  # no line per outbound request
     finally:
         peer.stop()
         d.kill()

@@ -45,3 +45,6 @@ def configure(level: str = "info") -> None:
     root.handlers = [handler]
     root.setLevel(numeric)
     logging.getLogger("apscheduler").setLevel(max(numeric, logging.ERROR))
+    # httpx logs every request at INFO: a line per vLLM, Ray and peer call, many a minute, none of them news.
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(max(numeric, logging.WARNING))
