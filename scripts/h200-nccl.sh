@@ -6,8 +6,9 @@
 #     transport as between nodes without IB; the head's `dgxdoctor check --only nccl` asks the peer's daemon to
 #     join over the API (full and quick mode, wall time), and nccl-tests with the same environment;
 #  4. the quick mode on both GPUs of one node (wall time).
-# Expects in $D: wheels/ (dgxdoctor and the dependencies the machine lacks), nccl-tests/ (sources), record_hang.py,
-# nccl_vs_nccl_tests.py; OUT set. Results in /tmp/r, tarred into $OUT at the end.
+# Expects in $D: wheels/ (dgxdoctor and the dependencies the machine lacks) and nccl-tests/ (the NVIDIA/nccl-tests
+# sources: Makefile, src, verifiable, os); OUT set. Results in /tmp/r, tarred into $OUT at the end.
+# SMALL=1: only 1-64 MiB over NVLink, three rounds each side; HANG=0: without the hang recording.
 set -u
 D=${D:-.dev/nccl}
 R=/tmp/r
@@ -36,14 +37,14 @@ if [ "${SMALL:-0}" = 1 ]; then  # only the small sizes on NVLink, three rounds e
             > "$R/probe-small-$i.txt" 2> "$R/probe-small-$i.err"
         timeout 60 $NT -b 1M -e 64M -f 2 -g 2 > "$R/nccl-tests-small-$i.txt" 2>&1
     done
-    python3 "$D/nccl_vs_nccl_tests.py" --probe "$R"/probe-small-?.txt --nccl-tests "$R"/nccl-tests-small-?.txt \
+    python3 benchmarks/nccl_vs_nccl_tests.py --probe "$R"/probe-small-?.txt --nccl-tests "$R"/nccl-tests-small-?.txt \
         | tee "$R/summary-small.txt"
     tar czf "$OUT/nccl-run.tgz" -C "$R" .
     exit 0
 fi
 if [ "${HANG:-1}" = 1 ]; then
     stamp hang-recording
-    timeout 120 python3 "$D/record_hang.py" "$R/hang" > "$R/hang.log" 2>&1; stamp "hang exit $?"
+    timeout 120 python3 docs/h200/hang-recording-2026-11-30/record_hang.py "$R/hang" > "$R/hang.log" 2>&1; stamp "hang exit $?"
 fi
 
 P="python3 /tmp/site/dgxdoctor/probes/allreduce.py"
@@ -110,7 +111,7 @@ timeout 120 python3 -m dgxdoctor check --only nccl --json --config /tmp/one/conf
 code=$?
 echo "default-one-node wall_s=$(python3 -c "print(round($(date +%s.%N) - $t0, 2))") exit=$code" | tee -a "$R/walls.txt"
 stamp done
-B="python3 $D/nccl_vs_nccl_tests.py"
+B="python3 benchmarks/nccl_vs_nccl_tests.py"
 {
     echo "== NVLink, probe (direct NCCL calls, the default) vs nccl-tests"; $B --probe "$R"/probe-nvlink-[12].txt --nccl-tests "$R"/nccl-tests-nvlink-[12].txt
     echo "== NVLink, probe (torch all_reduce in a CUDA graph) vs nccl-tests"; $B --probe "$R/probe-nvlink-graph.txt" --nccl-tests "$R"/nccl-tests-nvlink-[12].txt

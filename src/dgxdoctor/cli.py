@@ -64,7 +64,11 @@ def build_checks(
             continue
         if not only and not settings.enabled:
             continue
-        checks.append(factory(settings, env))
+        check = factory(settings, env)
+        progress = getattr(check, "attach_progress", None)
+        if callable(progress):  # a long probe's progress, on stderr while it runs
+            progress(lambda line: click.echo(line, err=True))
+        checks.append(check)
     return checks
 
 

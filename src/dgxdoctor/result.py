@@ -132,6 +132,9 @@ class CheckResult:
     started_at: float = 0.0
     duration_s: float = 0.0
     error: str | None = None
+    # External probes of this run that timed out (``nvml``, ``ibstat``, ``ray status``, ``peer``): each is
+    # counted in dgxdoctor_probe_timeouts_total{check,probe} and named in a finding or the summary.
+    timeouts: tuple[str, ...] = ()
 
     @classmethod
     def skipped(cls, check: str, reason: str) -> CheckResult:
@@ -150,6 +153,11 @@ class ResultBuilder:
         self.findings: list[Finding] = []
         self.samples: list[Sample] = []
         self.facts: dict[str, str] = {}
+        self.timeouts: list[str] = []
+
+    def timed_out(self, probe: str) -> None:
+        """An external probe of this run timed out (counted; the caller's finding names it)."""
+        self.timeouts.append(probe)
 
     def add(self, *findings: Finding) -> None:
         """The one way findings join a result: built as ``Finding(...)`` (here or by a judge/ function), added here."""
@@ -183,6 +191,7 @@ class ResultBuilder:
             samples=tuple(self.samples),
             action=action,
             facts=dict(self.facts),
+            timeouts=tuple(self.timeouts),
         )
 
 

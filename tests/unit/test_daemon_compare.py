@@ -136,6 +136,17 @@ def test_drift_codes_by_kind_of_fact() -> None:
     }
 
 
+def test_a_per_rail_nccl_probe_names_the_slow_rail_on_one_node() -> None:
+    rail = "dgxdoctor_nccl_rail_busbw_bytes_per_second"
+
+    def rails(slow: float) -> list[tuple[str, dict[str, str], float]]:
+        return [(rail, {"device": f"mlx5_{i}", "port": "1"}, slow if i == 3 else 45e9) for i in range(8)]
+
+    result = compare([snap("dgx-a", rails(45e9)), snap("dgx-b", rails(20e9))])
+    bad = [f for f in result.findings if f.code == "PEER_NCCL_RAIL_IMBALANCE"]
+    assert [f.subject for f in bad] == ["dgx-b mlx5_3/1"]
+
+
 def stalled(node: str, util: float) -> dict[str, Any]:
     doc = snap(node, gpus(util, 70))
     doc["checks"].append({"name": "vllm", "samples": [], "findings": [{"code": "ENGINE_HUNG", "status": "critical"}]})

@@ -237,3 +237,14 @@ def test_probe_output_from_the_h200_machine() -> None:
     stdout = (Path(__file__).resolve().parents[1] / "fixtures" / "drift" / "h200_probe_stdout.json").read_text()
     expected = {"python_version": "3.12.3", "torch_version": "2.11.0", "nccl_version": "2.28.9"}
     assert parse_probe_output(stdout) == expected
+
+
+def test_summary_names_what_is_known_and_what_is_missing_and_why(tmp_path: Path) -> None:
+    from dgxdoctor.checks.drift import DriftCheck, DriftSettings
+    from dgxdoctor.environment import Environment
+
+    (tmp_path / "sys/kernel").mkdir(parents=True)
+    (tmp_path / "sys/kernel/osrelease").write_text("6.1.0-28-amd64\n")
+    summary = DriftCheck(DriftSettings(), Environment(proc_root=tmp_path)).run().summary
+    assert summary.startswith("known: kernel_release 6.1.0-28-amd64; missing: vllm_version")
+    assert "(no serving_python configured and no running vLLM or Ray Python process found)" in summary

@@ -56,12 +56,25 @@ def populated_store() -> ResultStore:
             started_at=1_700_000_003.0,
         )
     )
-    store.put(CheckResult.unknown("zz_timeout", "zz_timeout did not answer in 20 s"))
+    # Counters exist at 0 for every declared check and probe; a timed-out run counts its probe.
+    store.declare("infiniband", ("ibstat",))
+    store.declare("zz_never_ran", ("nvidia-smi", "run"))
+    hung = CheckResult.unknown("zz_timeout", "zz_timeout did not answer in 20 s (nvml hung)")
+    store.put(CheckResult(**{**hung.__dict__, "timeouts": ("nvml",)}))
     return store
 
 
 def scrape(store: ResultStore, timeouts: dict[str, int] | None = None) -> str:
     return exposition(make_registry(store, lambda: timeouts or {"zz_timeout": 1})).decode()
+
+
+def test_probe_timeouts_start_at_zero_and_count() -> None:
+    text = scrape(populated_store())
+    assert 'dgxdoctor_probe_timeouts_total{check="infiniband",node="dgx-a",probe="ibstat"} 0.0' in text
+    assert 'dgxdoctor_probe_timeouts_total{check="zz_never_ran",node="dgx-a",probe="nvidia-smi"} 0.0' in text
+    assert 'dgxdoctor_probe_timeouts_total{check="zz_timeout",node="dgx-a",probe="nvml"} 1.0' in text
+    assert 'dgxdoctor_check_timeouts_total{check="zz_never_ran",node="dgx-a"} 0.0' in text
+    assert 'dgxdoctor_check_runs_total{check="zz_never_ran",node="dgx-a"} 0.0' in text
 
 
 def test_golden_exposition() -> None:
@@ -80,10 +93,9 @@ def test_every_series_has_the_node_label_and_status_codes() -> None:
     assert status == {"gpu": 0, "infiniband": 1, "xid": 2, "zz_second": -1, "zz_timeout": 3}
     success = {s.labels["check"]: s.value for s in families["dgxdoctor_check_success"].samples}
     assert success["zz_timeout"] == 0 and success["xid"] == 1
-    timeouts = families["dgxdoctor_check_timeouts"].samples
-    assert [(s.name, s.labels["check"], s.value) for s in timeouts] == [
-        ("dgxdoctor_check_timeouts_total", "zz_timeout", 1.0)
-    ]
+    timeouts = {s.labels["check"]: s.value for s in families["dgxdoctor_check_timeouts"].samples}
+    # every check the store knows has the counter, at 0 until its first timeout
+    assert timeouts == {"gpu": 0, "infiniband": 0, "xid": 0, "zz_second": 0, "zz_timeout": 1, "zz_never_ran": 0}
     facts = {s.labels["key"]: s.labels["value"] for s in families["dgxdoctor_node_fact_info"].samples}
     assert facts["driver_version"] == "580.159.04"
 

@@ -395,7 +395,8 @@ async def test_hung_nvml_is_unknown_through_the_runner(tmp_path: Path) -> None:
     try:
         result = await runner.run(check)
         assert result.status is Status.UNKNOWN
-        assert result.error == "gpu did not answer in 0.2 s"
+        assert result.error == "gpu did not answer in 0.2 s (nvml hung)"
+        assert result.timeouts == ("nvml",)
         again = await runner.run(check)
         assert again.status is Status.UNKNOWN
         assert "hung" in (again.error or "")

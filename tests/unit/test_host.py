@@ -118,7 +118,10 @@ def test_weights_rules_of_the_tutorial() -> None:
 def test_check_without_model_dir_notes_it(tmp_path: Path) -> None:
     result = run(tmp_path, FakeProbe()).run()
     assert result.status is Status.OK
-    assert result.summary == "RAM 2048.0 GiB, 1800.0 GiB available (model_dir not configured: weights size not checked)"
+    assert result.summary == (
+        f"RAM 2048.0 GiB, 1800.0 GiB available; disk {tmp_path} 500.0 GiB free of 1000.0 GiB, "
+        f"{tmp_path / 'ray'} 500.0 GiB free of 1000.0 GiB (model_dir not configured: weights size not checked)"
+    )
     names = {(s.metric.name, tuple(s.labels.items())) for s in result.samples}
     assert ("dgxdoctor_host_memory_total_bytes", ()) in names
     assert ("dgxdoctor_host_filesystem_free_bytes", (("path", str(tmp_path / "ray")),)) in names

@@ -227,3 +227,30 @@ def test_exit_statuses_are_the_probes() -> None:
 
     assert nccl.EX_NOT_RUNNABLE == allreduce.EX_NOT_RUNNABLE
     assert nccl.EX_PEER_MISSING == allreduce.EX_PEER_MISSING
+
+
+def test_a_running_probe_reports_its_progress(tmp_path: Path) -> None:
+    probe = tmp_path / "probe"
+    probe.write_text(
+        f"#!{sys.executable}\nimport sys\n"
+        "for i in (1, 2):\n    print(f'# progress {i}/2 1048576 B busbw 1.0 GB/s', file=sys.stderr, flush=True)\n"
+        "print('noise', file=sys.stderr)\n"
+        f"sys.stdout.write(open({str(NCCL / 'h200_probe_allreduce.txt')!r}).read())\n"
+        f"sys.stdout.write(open({str(INFO / 'ib_two_nodes_hpcx.log')!r}).read())\n"
+    )
+    probe.chmod(probe.stat().st_mode | stat.S_IXUSR)
+    env = _quiet_env(tmp_path, state_dir=tmp_path / "state")
+    check = NcclCheck(_settings(command=[str(probe)]), env)
+    lines: list[str] = []
+    check.attach_progress(lines.append)
+    assert check.run().status is Status.OK
+    assert lines == ["nccl: progress 1/2 1048576 B busbw 1.0 GB/s", "nccl: progress 2/2 1048576 B busbw 1.0 GB/s"]
+    kept = (tmp_path / "state" / "nccl" / "last-probe.txt").read_text()
+    assert "Avg bus bandwidth" in kept and "noise" in kept
+
+
+def test_a_streamed_probe_past_its_timeout_is_killed(tmp_path: Path) -> None:
+    from dgxdoctor.sources.commands import CommandTimeout, run_command_lines
+
+    with pytest.raises(CommandTimeout):
+        run_command_lines([sys.executable, "-c", "import time; time.sleep(30)"], 0.5, lambda line: None)

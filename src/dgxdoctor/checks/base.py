@@ -45,6 +45,10 @@ class Check(Protocol):
     name: ClassVar[str]
     settings_model: ClassVar[type[CheckSettings]]
     settings: CheckSettings
+    # The external probes a run may wait on and report as timed out (``CheckResult.timeouts``): their counters
+    # are exported at 0 from the start. ``hang_probe`` is what a whole run that timed out was stuck in.
+    probes: ClassVar[tuple[str, ...]] = ()
+    hang_probe: ClassVar[str] = "run"
 
     def run(self) -> CheckResult: ...
 
@@ -126,7 +130,9 @@ class CheckRunner:
         except TimeoutError:
             self._hung[name] = thread
             self.timeouts_total[name] = self.timeouts_total.get(name, 0) + 1
-            result = CheckResult.unknown(name, f"{name} did not answer in {timeout:g} s")
+            probe = getattr(check, "hang_probe", "run")
+            hung = f"{name} did not answer in {timeout:g} s" + ("" if probe == "run" else f" ({probe} hung)")
+            result = replace(CheckResult.unknown(name, hung), timeouts=(probe,))
         except Exception as exc:
             what = own_exhaustion(exc)
             if what is not None and not isinstance(exc, AgentExhausted):
@@ -169,6 +175,13 @@ class CheckRunner:
     def stop_all(self, checks: Iterable[Check]) -> None:
         for check in checks:
             self.stop(check)
+
+
+def probe_labels(check: Check) -> tuple[str, ...]:
+    """Every probe label the check can report a timeout for, the whole run's included."""
+    hang = getattr(check, "hang_probe", "run")
+    probes: tuple[str, ...] = getattr(check, "probes", ())
+    return (*probes, *(() if hang in probes else (hang,)))
 
 
 def _settle(future: asyncio.Future[CheckResult], result: CheckResult | None, exc: BaseException | None) -> None:

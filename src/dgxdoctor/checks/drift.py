@@ -63,6 +63,7 @@ class DriftSettings(CheckSettings):
 class DriftCheck(Check):
     name: ClassVar[str] = "drift"
     settings_model: ClassVar[type[CheckSettings]] = DriftSettings
+    probes: ClassVar[tuple[str, ...]] = ("version probe",)
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
         settings = own_settings(self.name, settings, DriftSettings)
@@ -86,11 +87,7 @@ class DriftCheck(Check):
         b.sample(NODE_INFO, 1, **{key: facts.get(key, "") for key in NODE_INFO.labels})
         self._model(b, facts)
         b.facts.update(facts)
-        known = [k for k in VERSION_KEYS if k in facts]
-        summary = f"{len(known)}/{len(VERSION_KEYS)} versions known"
-        if "model_fingerprint" in facts:
-            summary += f", model {facts['model_fingerprint']}"
-        return b.build(summary)
+        return b.build(_summary(facts, b))
 
     def _kernel_release(self) -> str | None:
         try:
@@ -118,6 +115,8 @@ class DriftCheck(Check):
         try:
             done = self.env.run_command(python_argv(python, "-c", PROBE), s.probe_timeout_s)
         except (CommandNotFound, CommandTimeout, OSError) as exc:
+            if isinstance(exc, CommandTimeout):
+                b.timed_out("version probe")
             b.add(Finding("SERVING_PYTHON_UNKNOWN", Status.OK, f"cannot run {python}: {exc}", python))
             return {}
         if done.returncode != 0:
@@ -184,3 +183,16 @@ class DriftCheck(Check):
                     str(root),
                 )
             )
+
+
+def _summary(facts: dict[str, str], b: ResultBuilder) -> str:
+    """What is known (with its value), what is missing and why (the first reason found for it)."""
+    known = [f"{k} {facts[k]}" for k in VERSION_KEYS if k in facts]
+    missing = [k for k in VERSION_KEYS if k not in facts]
+    summary = f"known: {', '.join(known) if known else 'nothing'}"
+    if missing:
+        why = next((f.message for f in b.findings if f.code == "SERVING_PYTHON_UNKNOWN"), None)
+        summary += f"; missing: {', '.join(missing)} ({why or 'not found in the serving Python'})"
+    if "model_fingerprint" in facts:
+        summary += f"; model {facts['model_fingerprint']}"
+    return summary

@@ -182,6 +182,7 @@ class GpuCheck(Check):
 
     name: ClassVar[str] = "gpu"
     settings_model: ClassVar[type[CheckSettings]] = GpuSettings
+    hang_probe: ClassVar[str] = "nvml"  # a run past its timeout is NVML stuck in the driver (a GPU off the bus)
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
         settings = own_settings(self.name, settings, GpuSettings)

@@ -258,8 +258,10 @@ class HostCheck(Check):
             )
 
         watched = [("/", s.root_path), ("ray_log_dir", s.ray_log_dir)] + [(str(p), p) for p in s.extra_paths]
+        disks: list[str] = []
         for _kind, path in watched:
             usage = self.probe.disk_usage(existing_ancestor(path))
+            disks.append(f"{path} {_gib(usage.free)} free of {_gib(usage.total)}")
             b.sample(HOST_FS_FREE, usage.free, path=str(path))
             b.sample(HOST_FS_SIZE, usage.total, path=str(path))
             finding = evaluate_free_space(str(path), usage, s.disk_warn_free_percent, s.disk_critical_free_percent)
@@ -270,7 +272,8 @@ class HostCheck(Check):
         self._processes(b)
 
         bad = [f for f in b.findings if f.status in (Status.WARNING, Status.CRITICAL)]
-        summary = "; ".join(f.message for f in bad[:3]) if bad else f"RAM {_gib(total)}, {_gib(available)} available"
+        healthy = f"RAM {_gib(total)}, {_gib(available)} available; disk {', '.join(disks)}"
+        summary = "; ".join(f.message for f in bad[:3]) if bad else healthy
         if notes:
             summary += " (" + "; ".join(notes) + ")"
         return b.build(summary)

@@ -44,14 +44,18 @@ from dgxdoctor.judge.infiniband import (
     ports_missing,
 )
 from dgxdoctor.judge.presence import rdma_absent
-from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
-from dgxdoctor.sources.commands import CommandNotFound
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
+from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.ibstat import parse_ibstat
 from dgxdoctor.sources.pci import mellanox_nics, read_pci_devices
 from dgxdoctor.sources.statefile import boot_id
 from dgxdoctor.sources.sysfs_ib import DATA_WORD_BYTES, IbPort, ib_class_dir, read_ports
 
 IBSTAT_TIMEOUT_S = 10.0
+IBSTAT_HUNG_REMEDY = (
+    "ibstat hangs when the RDMA driver or a port's MAD layer is stuck: `dmesg | grep -i mlx5`, `rdma link`; "
+    "restarting openibd (or rebooting) clears it"
+)
 
 
 # Metrics (metric name contract: IB labels {device, port} and {device, port, counter}).
@@ -134,6 +138,7 @@ class InfinibandCheck(Check):
 
     name: ClassVar[str] = "infiniband"
     settings_model: ClassVar[type[CheckSettings]] = InfinibandSettings
+    probes: ClassVar[tuple[str, ...]] = ("ibstat",)
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
         settings = own_settings(self.name, settings, InfinibandSettings)
@@ -186,7 +191,13 @@ class InfinibandCheck(Check):
         return b.build(f"{reason}: {finding.message}")
 
     def run(self) -> CheckResult:
-        read = self._read()
+        try:
+            read = self._read()
+        except CommandTimeout as exc:
+            b = ResultBuilder(self.name)
+            b.timed_out("ibstat")
+            b.add(Finding("IB_IBSTAT_TIMEOUT", Status.UNKNOWN, f"ibstat timed out: {exc}", remedy=IBSTAT_HUNG_REMEDY))
+            return b.build(f"no RDMA port in sysfs and ibstat timed out ({IBSTAT_TIMEOUT_S:g} s)")
         if isinstance(read, str):
             return self._absent(read)
         all_ports, source = read

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -33,7 +34,7 @@ from dgxdoctor.judge.nccl import bandwidth_finding, nccl_tests_findings
 from dgxdoctor.judge.nccl_transport import describe, transport_findings
 from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
-from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
+from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv, run_command_lines
 from dgxdoctor.sources.nccl_env import parse_env_file
 from dgxdoctor.sources.nccl_info import NcclTransport, parse_nccl_info
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
@@ -44,6 +45,8 @@ from dgxdoctor.sources.sysfs_ib import ports_by_device
 # (argparse and all) to compare numbers; a test holds them equal.
 EX_NOT_RUNNABLE = 3
 EX_PEER_MISSING = 4
+# The probe's progress lines on stderr: "# progress 3/14 4194304 B busbw 122.88 GB/s".
+PROGRESS = "# progress "
 # ``env`` exits 127 when the program it should run does not exist.
 EX_ENV_NOT_FOUND = 127
 
@@ -59,7 +62,7 @@ PROBE_OK = MetricSpec("dgxdoctor_nccl_probe_success", "1 when the last bandwidth
 RAIL_BUSBW = MetricSpec(
     "dgxdoctor_nccl_rail_busbw_bytes_per_second",
     "All-reduce bus bandwidth at the largest size of the last per-rail probe, NCCL_IB_HCA set to this one HCA.",
-    labels=("device",),
+    labels=("device", "port"),
 )
 EXPECTED_BUSBW = MetricSpec(
     "dgxdoctor_nccl_expected_busbw_bytes_per_second",
@@ -175,12 +178,18 @@ class ProbeRun:
 class NcclCheck(Check):
     name: ClassVar[str] = "nccl"
     settings_model: ClassVar[type[CheckSettings]] = NcclSettings
+    probes: ClassVar[tuple[str, ...]] = ("probe",)
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
         settings = own_settings(self.name, settings, NcclSettings)
         self.settings: CheckSettings = settings
         self.cfg = settings
         self.env = env
+        self._progress: Callable[[str], None] | None = None
+
+    def attach_progress(self, sink: Callable[[str], None]) -> None:
+        """Where a running probe's progress lines go (``dgxdoctor check`` prints them on stderr)."""
+        self._progress = sink
 
     @property
     def token(self) -> str | None:
@@ -258,7 +267,7 @@ class NcclCheck(Check):
             except CommandNotFound as exc:
                 return CheckResult.skipped(self.name, str(exc))
             except CommandTimeout as exc:
-                return CheckResult.unknown(self.name, str(exc))
+                return replace(CheckResult.unknown(self.name, f"the NCCL probe timed out: {exc}"), timeouts=("probe",))
         if not self.cfg.command and runs[0].returncode == EX_NOT_RUNNABLE:
             return CheckResult.skipped(self.name, runs[0].stderr.strip().lstrip("# ") or "probe cannot run here")
         return judge_runs(runs, self.cfg, node_has_ib=bool(ports_by_device(self.env.sysfs_root, counters=False)))
@@ -276,7 +285,14 @@ class NcclCheck(Check):
             raise CommandNotFound(f"{program} not found")
         # Leave room for the runner's own timeout to report a hang rather than a half-read table.
         timeout = timeout_s if timeout_s is not None else max(1.0, self.cfg.timeout_s - 5)
-        done = self.env.run_command(argv, timeout_s=timeout)
+        if self._progress is None:
+            done = self.env.run_command(argv, timeout_s=timeout)
+        else:
+            sink = self._progress
+            label = f"nccl{f' {rail}' if rail else ''}:"
+            done = run_command_lines(
+                argv, timeout, lambda line: sink(f"{label} {line.lstrip('# ')}") if PROGRESS in line else None
+            )
         self.keep_output(rail, done.stdout, done.stderr)
         return ProbeRun(done.returncode, done.stdout, done.stderr, rail)
 
@@ -332,7 +348,8 @@ def judge_runs(runs: list[ProbeRun], cfg: NcclSettings, *, node_has_ib: bool) ->
         summaries.append(summary)
         if run.rail is not None and peak is not None:
             rail_busbw[run.rail] = peak
-            b.sample(RAIL_BUSBW, peak * GB, device=run.rail)
+            device, _, port = run.rail.partition(":")
+            b.sample(RAIL_BUSBW, peak * GB, device=device, port=port or "1")
     if runs and runs[0].rail is None:
         return b.build(summaries[0])
     from dgxdoctor.judge.nccl_rails import rail_findings

@@ -65,6 +65,7 @@ class PeerCompareSettings(CheckSettings):
 class PeerCompareCheck(Check):
     name: ClassVar[str] = "peer_compare"
     settings_model: ClassVar[type[CheckSettings]] = PeerCompareSettings
+    probes: ClassVar[tuple[str, ...]] = ("peer",)
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
         settings = own_settings(self.name, settings, PeerCompareSettings)
@@ -92,6 +93,8 @@ class PeerCompareCheck(Check):
             builder.sample(PEER_FETCH_SECONDS, got.seconds, peer=got.label)
             if got.state is None:
                 down += 1
+                if got.timed_out:
+                    builder.timed_out("peer")
                 builder.add(
                     Finding(
                         "PEER_UNREACHABLE",

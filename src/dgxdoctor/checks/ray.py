@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar, Literal
 from urllib.parse import urlsplit
@@ -90,7 +91,9 @@ class RaySettings(CheckSettings):
     dashboard_port: int = Field(8265, ge=1, le=65535, description="dashboard port that must listen on the head")
     request_timeout_s: float = Field(5.0, gt=0, description="timeout of each dashboard request")
     ray_command: str = Field(
-        "ray", description="the ray CLI (name in PATH or full path): `ray status` when the head's dashboard is down"
+        "ray",
+        description="the ray CLI (name in PATH or full path): `ray status` when the head's dashboard is down; the "
+        "example units in systemd/ run /opt/vllm/bin/ray, so set that path there (the service has no such PATH)",
     )
     auth_token_file: Path | None = Field(
         None,
@@ -133,14 +136,21 @@ class RayCheck(Check):
 
     name: ClassVar[str] = "ray"
     settings_model: ClassVar[type[CheckSettings]] = RaySettings
+    probes: ClassVar[tuple[str, ...]] = ("dashboard", "ray status")
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
         settings = own_settings(self.name, settings, RaySettings)
         self.settings: CheckSettings = settings
         self._cfg = settings
         self.env = env
+        self._timeouts: list[str] = []  # probes of the current run that timed out
 
     def run(self) -> CheckResult:
+        self._timeouts = []
+        result = self._run()
+        return replace(result, timeouts=(*result.timeouts, *self._timeouts)) if self._timeouts else result
+
+    def _run(self) -> CheckResult:
         s = self._cfg
         if self._role == "worker":
             return self._worker(configured=True)
@@ -224,6 +234,9 @@ class RayCheck(Check):
     def _request(self, client: httpx.Client, path: str, headers: Mapping[str, str]) -> httpx.Response:
         try:
             response = client.get(path, headers=headers)
+        except httpx.TimeoutException as exc:
+            self._timeouts.append("dashboard")
+            raise _Unreachable(f"timed out ({type(exc).__name__}: {exc})") from None
         except httpx.TransportError as exc:
             raise _Unreachable(f"{type(exc).__name__}: {exc}") from None
         if response.status_code in (401, 403):
@@ -337,7 +350,8 @@ class RayCheck(Check):
             )
             return None
         except CommandTimeout as exc:
-            builder.add(Finding("RAY_STATUS_UNAVAILABLE", Status.UNKNOWN, f"`ray status` hung: {exc}"))
+            builder.timed_out("ray status")
+            builder.add(Finding("RAY_STATUS_UNAVAILABLE", Status.UNKNOWN, f"`ray status` timed out: {exc}"))
             return None
         try:
             if done.returncode != 0:

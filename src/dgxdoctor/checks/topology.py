@@ -12,8 +12,8 @@ from pydantic import Field
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.topology import evaluate_topology
-from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
-from dgxdoctor.sources.commands import CommandNotFound
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
+from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.topo import gpu_link_summary, parse_topo_matrix
 
 TOPOLOGY_GPUS = MetricSpec("dgxdoctor_topology_gpus", "GPUs listed by nvidia-smi topo -m")
@@ -39,6 +39,7 @@ class TopologySettings(CheckSettings):
 class TopologyCheck(Check):
     name: ClassVar[str] = "topology"
     settings_model: ClassVar[type[CheckSettings]] = TopologySettings
+    probes: ClassVar[tuple[str, ...]] = ("nvidia-smi",)
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
         self.settings: CheckSettings = settings
@@ -51,6 +52,19 @@ class TopologyCheck(Check):
             done = self.env.run_command(["nvidia-smi", "topo", "-m"], self.cfg.command_timeout_s)
         except CommandNotFound:
             return CheckResult.skipped(self.name, "nvidia-smi not installed: no NVIDIA driver here")
+        except CommandTimeout as exc:
+            hung = ResultBuilder(self.name)
+            hung.timed_out("nvidia-smi")
+            hung.add(
+                Finding(
+                    "TOPOLOGY_NVIDIA_SMI_TIMEOUT",
+                    Status.UNKNOWN,
+                    f"nvidia-smi timed out: {exc}",
+                    remedy="nvidia-smi hangs when the driver is stuck on a GPU (one that fell off the bus): look for "
+                    "XID 79 in the kernel log; drain the node and reboot it",
+                )
+            )
+            return hung.build(f"nvidia-smi topo -m timed out after {self.cfg.command_timeout_s:g} s")
         if done.returncode != 0:
             detail = (done.stderr or done.stdout).strip().splitlines()
             raise RuntimeError(f"nvidia-smi topo -m exited {done.returncode}: {detail[-1] if detail else 'no output'}")

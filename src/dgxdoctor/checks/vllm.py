@@ -214,6 +214,7 @@ class VllmCheck(Check):
 
     name: ClassVar[str] = "vllm"
     settings_model: ClassVar[type[CheckSettings]] = VllmSettings
+    probes: ClassVar[tuple[str, ...]] = ("health", "models", "metrics", "canary")
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
         settings = own_settings(self.name, settings, VllmSettings)
@@ -310,6 +311,8 @@ class VllmCheck(Check):
         b.sample(VLLM_PROCESS_UPTIME, uptime)
         with self.env.http_client(s.base_url, s.request_timeout_s) as client:
             health, cpu_ratio, state = self._health(client, proc)
+            if health.outcome == "timeout":
+                b.timed_out("health")
             if health.outcome != "up":
                 b.sample(VLLM_UP, 0)
                 process = f"process {proc.pid} ({' '.join(proc.cmdline)[:80]})" if proc else None
@@ -340,6 +343,8 @@ class VllmCheck(Check):
         try:
             models = get_models(client, self._headers())
         except (httpx.HTTPError, ValueError) as exc:
+            if isinstance(exc, httpx.TimeoutException):
+                b.timed_out("models")
             b.add(unreadable("MODELS_UNREADABLE", "/v1/models", exc, s.base_url))
             return s.served_model_name
         findings, part, model = models_verdict(models, s.served_model_name, s.base_url)
@@ -361,6 +366,8 @@ class VllmCheck(Check):
         try:
             self._read_metrics(client)
         except (httpx.HTTPError, PromTextError, NotVllmMetrics) as exc:
+            if isinstance(exc, httpx.TimeoutException):
+                b.timed_out("metrics")
             b.add(unreadable("METRICS_UNREADABLE", "/metrics", exc, s.base_url))
             return
         stalled = self._window.progress.stalled_s()
@@ -401,6 +408,8 @@ class VllmCheck(Check):
         if model is not None:
             headers = self._headers()
             outcome = post_completion(client, headers, model, s.canary_prompt, s.canary_max_tokens, s.canary_timeout_s)
+        if outcome is not None and outcome.timed_out:
+            b.timed_out("canary")
         findings = canary_findings(outcome, s.canary_timeout_s, s.base_url)
         b.add(*findings)
         if outcome is None or outcome.tokens is None:

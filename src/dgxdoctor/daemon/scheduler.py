@@ -23,7 +23,7 @@ import structlog
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from dgxdoctor.checks.base import Check, CheckRunner
+from dgxdoctor.checks.base import Check, CheckRunner, probe_labels
 from dgxdoctor.fleet.store import ResultStore, Transition
 from dgxdoctor.result import Status
 
@@ -98,6 +98,7 @@ class CheckScheduler:
         if name in self.checks:
             self.remove(name)
         self.checks[name] = check
+        self.store.declare(name, probe_labels(check))
         interval = check.settings.interval_s
         self.scheduler.add_job(
             self._run,

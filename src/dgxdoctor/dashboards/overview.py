@@ -502,11 +502,11 @@ def remediation() -> Panels:
         row("Remediation"),
         stat(
             "Remediation mode",
-            "What remediation does on each node: `dry-run` logs what it would do, `act` runs it, `off` nothing.",
+            "The remediation mode in force on each node ([remediation] mode): `observe` decides and logs what it "
+            "would do, `act` runs the actions. Act mode on a node whose breaker is open still runs nothing.",
             [Q(f"max by (node, mode) (dgxdoctor_remediation_mode{{{NODE}}}) == 1", "{{node}}: {{mode}}")],
             "none",
             steps=thresholds((None, "blue")),
-            no_value="no remediation",
             width=6,
             height=6,
         ),
@@ -524,7 +524,6 @@ def remediation() -> Panels:
                     }
                 )
             ],
-            no_value="no remediation",
             width=6,
             height=6,
         ),

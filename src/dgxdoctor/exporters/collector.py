@@ -51,6 +51,13 @@ CHECK_TIMEOUTS = MetricSpec(
     "counter",
     ("check",),
 )
+PROBE_TIMEOUTS = MetricSpec(
+    "dgxdoctor_probe_timeouts_total",
+    "external probes that timed out, by check and probe (nvml, nvidia-smi, ibstat, ray status, the dashboard, vLLM's "
+    "/health, the NCCL probe, the version probe, peer fetches; 'run': the check's whole run); 0 from the start",
+    "counter",
+    ("check", "probe"),
+)
 CHECK_FINDINGS = MetricSpec(
     "dgxdoctor_check_findings",
     "findings in the check's latest result, by status",
@@ -126,6 +133,7 @@ OWN_METRICS: tuple[MetricSpec, ...] = (
     CHECK_LAST_RUN,
     CHECK_RUNS,
     CHECK_TIMEOUTS,
+    PROBE_TIMEOUTS,
     CHECK_FINDINGS,
     CHECK_FINDINGS_BY_CODE,
     NODE_FACT,
@@ -193,9 +201,15 @@ class StoreCollector(Collector):
             runs.add_metric([node, name], float(count))
         yield runs
         timeouts = _family(CHECK_TIMEOUTS)
-        for name, count in sorted(self.timeouts().items()):
+        # Every check that ran has a timeout count, 0 until one times out: rate() and increase() need the zero.
+        counts = dict.fromkeys(self.store.runs_total(), 0) | dict(self.timeouts())
+        for name, count in sorted(counts.items()):
             timeouts.add_metric([node, name], float(count))
         yield timeouts
+        probes = _family(PROBE_TIMEOUTS)
+        for (check, probe), count in sorted(self.store.probe_timeouts().items()):
+            probes.add_metric([node, check, probe], float(count))
+        yield probes
         facts = _family(NODE_FACT)
         for key, value in sorted(self.store.facts().items()):
             facts.add_metric([node, key, value], 1.0)

@@ -152,6 +152,20 @@ RULES: tuple[Rule, ...] = (
         unit="B/s",
     ),
     Rule(
+        "nccl_rail_busbw",
+        "dgxdoctor_nccl_rail_busbw_bytes_per_second",
+        "max",
+        "low",
+        0.3,
+        1e9,
+        "PEER_NCCL_RAIL_IMBALANCE",
+        "NCCL bus bandwidth through this one HCA (per-rail probe)",
+        "this rail is slower on this node than on the peer: its HCA, cable or switch port (ibstat, the "
+        "infiniband check's counters), or its NCCL_IB_HCA/GID settings differ between the nodes",
+        per_rail=True,
+        unit="B/s",
+    ),
+    Rule(
         "vllm_kv_cache_usage",
         "dgxdoctor_vllm_kv_cache_usage_ratio",
         "mean",

@@ -29,6 +29,7 @@ class PeerFetch:
     state: dict[str, Any] | None
     error: str | None
     seconds: float
+    timed_out: bool = False  # no (complete) answer within the deadline: counted as a probe timeout
 
     @property
     def up(self) -> bool:
@@ -56,9 +57,9 @@ async def fetch_state(client: httpx.AsyncClient, url: str, token: str | None, ti
             body = await _get(client, f"{url}/state", headers)
         state = validate_state(response_json(body))
     except TimeoutError:
-        return PeerFetch(url, label, None, f"no complete answer within {timeout_s:g} s", time.monotonic() - t0)
+        return PeerFetch(url, label, None, f"timed out: no complete answer within {timeout_s:g} s", _since(t0), True)
     except httpx.TimeoutException:
-        return PeerFetch(url, label, None, f"no answer within {timeout_s:g} s", time.monotonic() - t0)
+        return PeerFetch(url, label, None, f"timed out: no answer within {timeout_s:g} s", _since(t0), True)
     except httpx.HTTPError as exc:
         return PeerFetch(url, label, None, f"{type(exc).__name__}: {exc}", time.monotonic() - t0)
     except InvalidState as exc:
@@ -78,6 +79,10 @@ async def _get(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> 
             if len(body) > MAX_STATE_BYTES:
                 raise InvalidState(f"answer larger than {MAX_STATE_BYTES} bytes")
         return bytes(body)
+
+
+def _since(t0: float) -> float:
+    return time.monotonic() - t0
 
 
 def fetch_all(

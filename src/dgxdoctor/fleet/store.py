@@ -32,6 +32,7 @@ class ResultStore:
         self._latest: dict[str, CheckResult] = {}
         self._clock = clock or time.time
         self._runs: dict[str, int] = {}
+        self._probe_timeouts: dict[tuple[str, str], int] = {}
         # Written on the event loop; read also from check threads (peer_compare's local snapshot).
         self._lock = threading.Lock()
 
@@ -41,15 +42,32 @@ class ResultStore:
             previous = self._latest.get(result.check)
             self._latest[result.check] = result
             self._runs[result.check] = self._runs.get(result.check, 0) + 1
+            for probe in result.timeouts:
+                key = (result.check, probe)
+                self._probe_timeouts[key] = self._probe_timeouts.get(key, 0) + 1
         if previous is None or previous.status is not result.status:
             return Transition(result.check, previous.status if previous else None, result.status, result)
         return None
+
+    def declare(self, check: str, probes: tuple[str, ...]) -> None:
+        """A scheduled check: its run and probe-timeout counters exist (at 0) before its first run, so that
+        Prometheus's ``increase()`` sees the first one."""
+        with self._lock:
+            self._runs.setdefault(check, 0)
+            for probe in probes:
+                self._probe_timeouts.setdefault((check, probe), 0)
 
     def forget(self, check: str) -> None:
         """A check that was disabled on reload leaves the store (and the exposition) with it."""
         with self._lock:
             self._latest.pop(check, None)
             self._runs.pop(check, None)
+            for key in [k for k in self._probe_timeouts if k[0] == check]:
+                del self._probe_timeouts[key]
+
+    def probe_timeouts(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self._probe_timeouts)
 
     def latest(self) -> dict[str, CheckResult]:
         with self._lock:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -65,3 +66,46 @@ def run_command(argv: Sequence[str], timeout_s: float = 10.0) -> CommandResult:
     except subprocess.TimeoutExpired as exc:
         raise CommandTimeout(f"{' '.join(argv)} did not finish in {timeout_s:g} s") from exc
     return CommandResult(tuple(argv), done.returncode, done.stdout, done.stderr)
+
+
+def run_command_lines(argv: Sequence[str], timeout_s: float, on_stderr_line: Callable[[str], None]) -> CommandResult:
+    """``run_command``, handing every line of stderr to ``on_stderr_line`` as it comes (a long probe's progress).
+
+    stdout is drained by a thread so neither pipe fills; past ``timeout_s`` the program is killed and
+    CommandTimeout raised, as in ``run_command``."""
+    if not argv:
+        raise ValueError("empty argv")
+    if shutil.which(argv[0]) is None:
+        raise CommandNotFound(f"{argv[0]} not found in PATH")
+    proc = subprocess.Popen(
+        list(argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    out: list[str] = []
+    drain = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""), daemon=True)
+    drain.start()
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout_s, expire)
+    timer.start()
+    err: list[str] = []
+    try:
+        for line in proc.stderr:
+            err.append(line)
+            on_stderr_line(line.rstrip("\n"))
+        proc.wait()
+        drain.join()
+    finally:
+        timer.cancel()
+    if expired.is_set():
+        raise CommandTimeout(f"{' '.join(argv)} did not finish in {timeout_s:g} s")
+    return CommandResult(tuple(argv), proc.returncode, "".join(out), "".join(err))
