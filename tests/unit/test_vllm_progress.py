@@ -82,6 +82,9 @@ def test_verdict_thresholds() -> None:
     stopped = progress_finding(observed(2.0, stopped=True), DEFAULT_STALL_S, "u")
     assert stopped is not None and stopped.code == "ENGINE_HUNG"
     assert "stopped" in stopped.message
+    # stopped between two batches: its frozen gauges read idle, no stall is measured, it is hung all the same
+    frozen_idle = progress_finding(observed(0.0, stopped=True), DEFAULT_STALL_S, "u")
+    assert frozen_idle is not None and (frozen_idle.code, frozen_idle.status) == ("ENGINE_HUNG", Status.CRITICAL)
 
 
 def test_engine_watch_reads_state_and_cpu_share(tmp_path: Path) -> None:

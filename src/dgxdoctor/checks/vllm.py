@@ -372,8 +372,9 @@ class VllmCheck(Check):
             return
         stalled = self._window.progress.stalled_s()
         b.sample(VLLM_SECONDS_SINCE_PROGRESS, stalled)
-        # The engine processes are read only when no step was seen: the evidence of a stall, not a routine cost.
-        engines = self._engines.look() if stalled else ()
+        # The engine processes: the evidence of a stall, and a stopped engine is hung even when its frozen gauges
+        # read idle (requests then wait in the API server, where no vllm: metric counts them).
+        engines = self._engines.look()
         seen = self._window.observed(s.kv_cache_warn, s.waiting_sustained_s, engines)
         m = seen.metrics
         parts.append(

@@ -251,11 +251,12 @@ def progress_finding(seen: Observed, stall_s: float, url: str) -> Finding | None
     stall while an engine process is stopped. The engine processes' state and CPU share are the evidence: stopped,
     idle (waiting on a peer rank) or spinning a full core (a collective that never completes).
     """
-    stalled = seen.stalled_s
-    if stalled is None or stalled <= 0:
+    stalled = seen.stalled_s or 0.0
+    if stalled <= 0 and not seen.engine_stopped:
         return None
     m = seen.metrics
     load = f"{fmt_n(m.num_requests_running)} running, {fmt_n(m.num_requests_waiting)} waiting"
+    # A stopped engine also freezes its own gauges (they may read idle): it is hung whatever they say.
     hung = stalled >= stall_s or seen.engine_stopped
     why = ": an engine process is stopped" if seen.engine_stopped else (": the engine is hung" if hung else "")
     message = f"no engine step or token counted for {stalled:.1f} s while {load} (/health still answers 200){why}"
