@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dgxdoctor.sources.follower import Follower
 from dgxdoctor.sources.procfs import CLK_TCK, iter_processes
 from dgxdoctor.sources.vllm_metrics import VllmMetrics
 
@@ -153,27 +154,25 @@ class ProgressFollower:
         self._poll_s = poll_s
         self._thresholds = thresholds
         self._wake = wake
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # The shared follower thread; each "wait" is one poll interval and, with work in flight, one tick.
+        self._thread: Follower[None] = Follower(
+            "vllm-progress", self._wait, lambda _: None, lambda exc: f"{type(exc).__name__}: {exc}", "vllm_progress"
+        )
         self._woken: set[float] = set()
         self._failing = False
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="vllm-progress", daemon=True)
-            self._thread.start()
+        self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=self._poll_s + 1.0)
+        self._thread.stop(timeout_s=self._poll_s + 1.0)
         self._close()
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self._poll_s):
-            if self._clock.loaded:
-                self.tick()
+    def _wait(self) -> list[None]:
+        self._thread.sleep(self._poll_s)
+        if self._clock.loaded and not self._thread.stopping:
+            self.tick()
+        return []
 
     def tick(self) -> None:
         """One look: read the counters and the engine processes, wake the check if a threshold was crossed."""
