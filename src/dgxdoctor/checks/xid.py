@@ -30,7 +30,7 @@ from pydantic import Field, field_validator
 
 from dgxdoctor.checks import xid_memory
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
-from dgxdoctor.checks.kernel_events import KernelEventLedger
+from dgxdoctor.checks.kernel_events import KERNEL_EVENTS_TOTAL, KernelEventLedger
 from dgxdoctor.checks.xid_events import Key, Tally, XidLedger
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.xid import (
@@ -99,6 +99,9 @@ KMSG_FOLLOWING = MetricSpec(
     "dgxdoctor_kmsg_following",
     "1 when the kernel log is followed by a background reader, 0 when it is read at each run",
 )
+
+# The kernel faults beyond XIDs are counted by this check too (checks/kernel_events.py).
+METRICS_ALSO = (KERNEL_EVENTS_TOTAL,)
 
 log = structlog.get_logger(__name__)
 
