@@ -5,6 +5,7 @@ from __future__ import annotations
 from dgxdoctor.checks.base import CheckFactory
 from dgxdoctor.checks.bench import BenchCheck
 from dgxdoctor.checks.drift import DriftCheck
+from dgxdoctor.checks.driver_stack import DriverStackCheck
 from dgxdoctor.checks.gpu import GpuCheck
 from dgxdoctor.checks.host import HostCheck
 from dgxdoctor.checks.infiniband import InfinibandCheck
@@ -20,6 +21,7 @@ from dgxdoctor.checks.xid import XidCheck
 ALL_CHECKS: tuple[CheckFactory, ...] = (
     GpuCheck,
     XidCheck,
+    DriverStackCheck,
     TopologyCheck,
     InfinibandCheck,
     NcclEnvCheck,
