@@ -16,6 +16,8 @@ from dgxdoctor.judge.infiniband import (
     mixed_rates_verdict,
     port_rate_verdict,
     port_state_verdict,
+    saturated_counters,
+    saturation_verdict,
 )
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.ibstat import IbstatFormatError, IbstatPort, looks_like_ibstat, parse_ibstat
@@ -151,6 +153,12 @@ class PerfqueryAnalyzer:
                         evidence=block.fields.get(field),
                         remedy=REMEDIES.get(counter, "inspect the port with `mlxlink` and `ibstat`"),
                     )
+                )
+            # Without -x the error counters are PortCounters' narrow ones (16 bits and less): at the top they stop.
+            saturated = saturation_verdict(subject, saturated_counters(block.counters)) if not block.extended else None
+            if saturated is not None:
+                findings.append(
+                    Finding(saturated.code, saturated.status, saturated.message, subject, remedy=saturated.remedy)
                 )
         if not blocks:
             findings.append(
