@@ -68,3 +68,26 @@ def test_pages_again_only_for_a_new_cause() -> None:
     assert gate.apply([d], found, "dgx-a")[1] == []
     decisions, pages = gate.apply([d], [], "dgx-a")
     assert decisions == [d] and pages == []
+
+
+def test_a_peer_fault_relayed_by_peer_compare_gates_this_node() -> None:
+    from dgxdoctor.judge.hardware_cause import peer_causes
+
+    doc = {
+        "node": "dgx-b",
+        "checks": [
+            {"check": "xid", "findings": [{"code": "XID_79", "status": "critical", "subject": "0000:3b:00"}]},
+            {"check": "xid", "findings": [{"code": "XID_13", "status": "critical", "subject": "0000:3b:00"}]},
+            {"check": "driver_stack", "findings": [{"code": "DRIVER_FABRIC_MANAGER_DOWN", "status": "critical",
+                                                    "subject": "nvidia-fabricmanager.service", "message": "failed"}]},
+        ],
+    }  # fmt: skip
+    texts = peer_causes(doc)
+    assert texts == ["XID 79 on 0000:3b:00 of dgx-b", "DRIVER_FABRIC_MANAGER_DOWN on dgx-b: failed"]
+    relayed = Finding("PEER_HARDWARE_FAULT", Status.WARNING, texts[0], "dgx-b")
+    results = {"vllm": DEAD, "peer_compare": CheckResult("peer_compare", Status.WARNING, "x", (relayed,))}
+    (cause,) = causes(results, "dgx-a")
+    problem = Problem("check:vllm:restart_vllm", "restart_vllm", "check", "VLLM_DEAD: refused")
+    decisions, pages = HardwareGate().apply([Decision("act", "restart_vllm", "held", problem)], [cause], "dgx-a")
+    assert decisions[0].verdict == "refuse"
+    assert pages[0].reason == "vLLM down on dgx-a; cause: XID 79 on 0000:3b:00 of dgx-b"

@@ -11,7 +11,7 @@ of the ``[daemon]`` table. Outside the daemon (``dgxdoctor check``) there is no 
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 
@@ -19,6 +19,7 @@ from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.compare import RULE_KEYS, compare
 from dgxdoctor.fleet.peers import fetch_all
+from dgxdoctor.judge.hardware_cause import peer_causes
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample, Status
 
 PEER_UP = MetricSpec(
@@ -119,6 +120,7 @@ class PeerCompareCheck(Check):
                 )
                 state = {**state, "node": f"{state['node']}@{got.label}"}
             snapshots.append(state)
+            builder.add(*_relayed_causes(state, got.label))
         outcome = compare(snapshots, self.tolerances, local=str(local["node"]))
         for imbalance in outcome.imbalances:
             # Not builder.sample(): its first parameter is called ``metric`` too.
@@ -131,3 +133,13 @@ class PeerCompareCheck(Check):
             f"{outcome.compared_facts} fact(s) compared, {len(outcome.findings)} difference(s)"
         )
         return builder.build(summary)
+
+
+def _relayed_causes(state: dict[str, Any], peer: str) -> list[Finding]:
+    """The peer's hardware faults that no restart cures, relayed so this node's remediation does not restart the
+    group they share (remediation/hardware_gate.py). WARNING here: the peer's own agent is the one that pages."""
+    return [
+        Finding("PEER_HARDWARE_FAULT", Status.WARNING, cause, subject=peer,
+                remedy="the peer's hardware fault stops the tensor-parallel group: see that node's findings")
+        for cause in peer_causes(state)
+    ]  # fmt: skip

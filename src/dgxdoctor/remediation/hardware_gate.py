@@ -3,11 +3,11 @@ cure, a vLLM or cluster restart is refused and one page names the serving sympto
 
 A restart of vLLM on a GPU that fell off the bus (XID 79), a GPU that NVML lost, an NVSwitch node whose fabric
 manager is down, or a group whose IB rail is down only fails again, burns the restart budget and hides the cause.
-The causes come from the checks' latest results (``causes``): the xid check's XIDs whose catalog action is a GPU
-reset or a reboot (judge/xid.py decides which), fatal SXIDs, the kernel's link-down and NIC firmware faults, the gpu
-check's lost GPUs, the driver-stack check's fabric manager, the infiniband check's ports down, and the peer's
-faults as the peer_compare check relays them. ``HardwareGate.apply`` turns restart decisions into refusals and
-says which page to send, once per (problem, cause) while the cause lasts.
+The causes come from the checks' latest results (``causes``), as judge/hardware_cause.py names them: XIDs needing
+a GPU reset or a reboot, fatal SXIDs, the kernel's link-down and NIC firmware faults, lost GPUs, the fabric
+manager down, IB ports down; and the peer's, as the peer_compare check relays them (PEER_HARDWARE_FAULT).
+``HardwareGate.apply`` turns restart decisions into refusals and says which page to send, once per (problem,
+cause) while the cause lasts.
 """
 
 from __future__ import annotations
@@ -16,32 +16,11 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from dgxdoctor.judge.xid import assess_sxid, assess_xid
+from dgxdoctor.judge.hardware_cause import is_hardware_cause
 from dgxdoctor.remediation.guard import Decision
 from dgxdoctor.remediation.policy import RESTARTS, Problem
-from dgxdoctor.result import CheckResult, Finding, Status
-from dgxdoctor.sources.xid import SxidEvent, XidEvent, load_catalog, parse_sxid_line, parse_xid_line
+from dgxdoctor.result import CheckResult, Finding
 
-# Codes that are a hardware cause whatever their check (CRITICAL findings only).
-CAUSE_CODES = frozenset(
-    {
-        "GPU_LOST",
-        "GPU_MISSING_FROM_NVML",
-        "GPU_NOT_VISIBLE",
-        "DRIVER_FABRIC_MANAGER_DOWN",
-        "DRIVER_FABRIC_NOT_READY",
-        "IB_PORT_DOWN",
-        "IB_PORTS_MISSING",
-        "KERNEL_LINK_DOWN",
-        "KERNEL_MODULE_EVENT",
-        "KERNEL_MLX5_CMD_TIMEOUT",
-        "KERNEL_MLX5_HEALTH",
-        "KERNEL_MLX5_FATAL",
-        "KERNEL_AER_FATAL",
-        "KERNEL_NVRM_INIT_FAILED",
-        "KERNEL_NVSWITCH_FATAL",
-    }
-)
 # What the peer_compare check relays of a peer's causes (checks/peer_compare.py).
 PEER_CAUSE_CODE = "PEER_HARDWARE_FAULT"
 XID_LAST_SEEN = "dgxdoctor_xid_last_seen_timestamp_seconds"
@@ -89,32 +68,18 @@ def _xid_when(result: CheckResult, bus: str, code: int) -> str:
     return ""
 
 
-def _needs_reset_or_reboot(finding: Finding) -> bool:
-    """judge/xid.py's verdict on the finding's own line: a GPU reset or a reboot (fatal SXIDs: a fabric reset)."""
-    event: XidEvent | SxidEvent | None = None
-    if finding.evidence:
-        event = parse_xid_line(finding.evidence) or parse_sxid_line(finding.evidence)
-    if isinstance(event, XidEvent):
-        return assess_xid(event, load_catalog().xid(event.xid)).action in ("reset_gpu", "reboot_node")
-    if isinstance(event, SxidEvent):
-        return assess_sxid(event, load_catalog().sxid(event.sxid)).action == "reboot_node"
-    return False
-
-
 def _cause(node: str, results: Mapping[str, CheckResult], result: CheckResult, f: Finding) -> HardwareCause | None:
-    if f.status is not Status.CRITICAL:
+    if f.code == PEER_CAUSE_CODE:
+        return HardwareCause(f"peer:{f.subject}:{f.message}", f.message, f)
+    if not is_hardware_cause(f.code, f.status, f.subject, f.evidence):
         return None
-    if f.code.startswith(("XID_", "SXID_")) and _needs_reset_or_reboot(f):
+    if f.code.startswith(("XID_", "SXID_")):
         number = f.code.split("_", 1)[1]
         family = "XID" if f.code.startswith("XID_") else "SXID"
         where = _gpu_name(results, f.subject or "") if family == "XID" else (f.subject or "an NVSwitch")
         when = _xid_when(result, f.subject or "", int(number)) if family == "XID" and number.isdigit() else ""
         return HardwareCause(f"{node}:{f.code}:{f.subject}", f"{family} {number} on {where} of {node}{when}", f)
-    if f.code == PEER_CAUSE_CODE:
-        return HardwareCause(f"peer:{f.subject}:{f.message}", f.message, f)
-    if f.code in CAUSE_CODES:
-        return HardwareCause(f"{node}:{f.code}:{f.subject}", f"{f.code} on {node}: {f.message}", f)
-    return None
+    return HardwareCause(f"{node}:{f.code}:{f.subject}", f"{f.code} on {node}: {f.message}", f)
 
 
 def causes(results: Mapping[str, CheckResult], node: str) -> list[HardwareCause]:
