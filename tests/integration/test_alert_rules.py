@@ -230,3 +230,28 @@ def test_fleet_alerts(tmp_path: Path, rules: Path) -> None:
          "exp_alerts": [expect("DgxdoctorRemediationBreakerOpen", node="dgx-a")]},
     ]  # fmt: skip
     run_tests(tmp_path, rules, inputs, cases)
+
+
+def test_critical_kernel_faults_and_the_fabric_manager(tmp_path: Path, rules: Path) -> None:
+    """A serving process OOM-killed and a rail's link down page; a java OOM kill (warning) does not; the fabric
+    manager after a minute."""
+    findings = "dgxdoctor_check_findings_by_code"
+    node = {"node": "dgx-a"}
+    inputs = [
+        series(findings, "1x20", **node, check="xid", code="KERNEL_OOM_KILL", status="critical"),
+        series(findings, "1x20", **node, check="xid", code="KERNEL_LINK_DOWN", status="critical"),
+        series(findings, "1x20", node="dgx-b", check="xid", code="KERNEL_OOM_KILL", status="warning"),
+        series(findings, "1x20", **node, check="driver_stack", code="DRIVER_FABRIC_MANAGER_DOWN", status="critical"),
+    ]
+    labels = {**node, "check": "xid", "status": "critical"}
+    fm = {**node, "check": "driver_stack", "code": "DRIVER_FABRIC_MANAGER_DOWN", "status": "critical"}
+    cases = [
+        {"eval_time": "1m", "alertname": "DgxdoctorKernelOomKill",
+         "exp_alerts": [expect("DgxdoctorKernelOomKill", **labels, code="KERNEL_OOM_KILL")]},
+        {"eval_time": "1m", "alertname": "DgxdoctorKernelLinkDown",
+         "exp_alerts": [expect("DgxdoctorKernelLinkDown", **labels, code="KERNEL_LINK_DOWN")]},
+        {"eval_time": "30s", "alertname": "DgxdoctorFabricManagerDown", "exp_alerts": []},
+        {"eval_time": "2m", "alertname": "DgxdoctorFabricManagerDown",
+         "exp_alerts": [expect("DgxdoctorFabricManagerDown", **fm)]},
+    ]  # fmt: skip
+    run_tests(tmp_path, rules, inputs, cases)

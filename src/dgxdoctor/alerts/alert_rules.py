@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from dgxdoctor.alerts.peer_rules import rule_names
 from dgxdoctor.fleet.compare import RULES
 from dgxdoctor.judge.infiniband import DEFAULT_THRESHOLDS
+from dgxdoctor.judge.kernel import RULES as KERNEL_RULES
 from dgxdoctor.judge.vllm import DEFAULT_STALL_S
 from dgxdoctor.remediation.policy import RESTART_CLUSTER_CODES, RESTART_VLLM_CODES
+from dgxdoctor.result import Status
 from dgxdoctor.sources.xid import load_catalog
 
 FINDINGS_BY_CODE = "dgxdoctor_check_findings_by_code"
@@ -148,6 +150,29 @@ def ib_alerts() -> list[Alert]:
     return alerts
 
 
+def kernel_alerts() -> list[Alert]:
+    """One alert per kernel fault kind that can be critical (judge/kernel.py's table), and the fabric manager: on the
+    findings gauge, so a recovery (link up, NFS OK) or the end of the boot resolves them."""
+    alerts = []
+    for kind, rule in sorted(KERNEL_RULES.items()):
+        if rule.status is not Status.CRITICAL and kind != "oom_kill":  # OOM: critical when it killed vLLM or Ray
+            continue
+        name = "DgxdoctorKernel" + "".join(part.capitalize() for part in kind.split("_"))
+        expr = f'{FINDINGS_BY_CODE}{{check="xid",code="{rule.code}",status="critical"}} > 0'
+        alerts.append(
+            Alert(name, expr, "0s", "critical", f"{rule.title} on {{{{ $labels.node }}}}",
+                  f"the kernel log shows {rule.title} (finding {rule.code}; `dgxdoctor check --json` names the "
+                  f"device and the line): {rule.remedy}. A restart of vLLM or Ray cannot fix it.")
+        )  # fmt: skip
+    fm = f'{FINDINGS_BY_CODE}{{check="driver_stack",code="DRIVER_FABRIC_MANAGER_DOWN",status="critical"}} > 0'
+    alerts.append(
+        Alert("DgxdoctorFabricManagerDown", fm, "1m", "critical", "nvidia-fabricmanager down on {{ $labels.node }}",
+              "an NVSwitch node without its fabric manager: CUDA fails with 'system not yet initialized'. "
+              "`systemctl status nvidia-fabricmanager`; its version must equal the driver's.")
+    )  # fmt: skip
+    return alerts
+
+
 def vllm_alerts() -> list[Alert]:
     ttft = "dgxdoctor_vllm_ttft_p99_seconds"
     return [
@@ -235,6 +260,7 @@ def all_alerts() -> list[tuple[str, list[Alert]]]:
         ("dgxdoctor-remediation", remediation_alerts()),
         ("dgxdoctor-gpu", xid_alerts()),
         ("dgxdoctor-infiniband", ib_alerts()),
+        ("dgxdoctor-kernel", kernel_alerts()),
         ("dgxdoctor-vllm", vllm_alerts()),
         ("dgxdoctor-fleet", fleet_alerts() + asymmetry_alerts()),
     ]
