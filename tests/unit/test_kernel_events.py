@@ -134,3 +134,22 @@ def test_diagnose_stays_silent_on_the_lookalikes() -> None:
     (doc,) = done.json()["inputs"]
     assert [f["code"] for f in doc["findings"]] == ["NO_XID_EVENTS"]
     assert doc["data"]["kernel_events"] == []
+
+
+def test_kernel_faults_survive_a_restart_of_the_daemon(tmp_path: Path) -> None:
+    """The tallies ride in the xid check's memory (xid.json): a restart resumes after the last record read, and the
+    OOM kill before it is still reported, not lost and not counted twice."""
+    from test_xid_memory import daemon_check, ring
+
+    oom = "Out of memory: Killed process 48213 (ray::RayWorkerW) total-vm:98765432kB, anon-rss:45678901kB"
+    records = ring({3: oom, 5: "nfs: server 10.0.0.5 not responding, still trying"}, 0, 9)
+    first = daemon_check(tmp_path, records)
+    first.ingest(first.reader.read_available())
+    assert _counted(first.run())[("oom_kill", "")] == 1.0
+    first.stop()
+    second = daemon_check(tmp_path, records)  # same boot, same ring: resumes after record 9
+    second._open()
+    second.ingest(second.reader.read_available())
+    result = second.run()
+    assert _counted(result) == {("oom_kill", ""): 1.0, ("nfs_not_responding", "nfs:10.0.0.5"): 1.0}
+    assert next(f for f in result.findings if f.code == "KERNEL_OOM_KILL").status == Status.CRITICAL

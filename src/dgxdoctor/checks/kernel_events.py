@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, fields, replace
+from typing import Any
 
 from dgxdoctor.judge.kernel import RECOVERS, KernelTally, tally_finding
 from dgxdoctor.result import MetricSpec, ResultBuilder, Status
-from dgxdoctor.sources.device_map import DeviceMap
+from dgxdoctor.sources.device_map import Device, DeviceMap
 from dgxdoctor.sources.kernel_events import RECOVERY_KINDS, KernelEvent, parse_kernel_event
 from dgxdoctor.sources.kmsg import KmsgRecord, records_since
 
@@ -35,10 +36,10 @@ class KernelEventLedger:
         self._tallies: dict[tuple[str, str], KernelTally] = {}
         self.devices = DeviceMap()
         self.min_usec: int | None = None
-        self.counted = 0
+        self.counted = 0  # faults counted and recoveries noted, so a caller can tell that something changed
 
     def ingest(self, records: list[KmsgRecord]) -> int:
-        """Fold kernel log records in; returns how many faults were counted."""
+        """Fold kernel log records in; returns how many faults (and recoveries) were noted."""
         now = self._clock()
         boot_wall = now - self._monotonic()
         with self._lock:
@@ -58,6 +59,7 @@ class KernelEventLedger:
             fault = self._tallies.get((RECOVERS[event.kind], label))
             if fault is not None and when >= fault.last_seen:
                 fault.recovered_at = when
+                self.counted += 1  # not a fault, but a change the memory across restarts must keep
             return
         tally = self._tallies.get((event.kind, label))
         self.counted += 1
@@ -69,6 +71,22 @@ class KernelEventLedger:
         tally.event, tally.device = event, device
         if tally.recovered_at is not None and when > tally.recovered_at:
             tally.recovered_at = None  # down again after it came back
+
+    def to_docs(self) -> list[dict[str, Any]]:
+        """The tallies as plain documents, for the xid check's memory across restarts (checks/xid_memory.py)."""
+        return [
+            {"kind": kind, "label": label, "count": t.count, "last_seen": t.last_seen, "recovered_at": t.recovered_at,
+             "event": asdict(t.event), "device": asdict(t.device) if t.device else None}
+            for (kind, label), t in self.snapshot()
+        ]  # fmt: skip
+
+    def restore(self, docs: list[dict[str, Any]]) -> None:
+        """Take up tallies remembered from before a restart; a document of the wrong shape is dropped."""
+        with self._lock:
+            for doc in docs:
+                tally = _tally_from_doc(doc)
+                if tally is not None:
+                    self._tallies[(tally.event.kind, str(doc["label"]))] = tally
 
     def snapshot(self) -> list[tuple[tuple[str, str], KernelTally]]:
         with self._lock:
@@ -86,3 +104,16 @@ class KernelEventLedger:
             if finding.status in (Status.WARNING, Status.CRITICAL):
                 words.append(f"{kind} on {label} x{tally.count}" if label else f"{kind} x{tally.count}")
         return words
+
+
+def _tally_from_doc(doc: dict[str, Any]) -> KernelTally | None:
+    try:
+        names = {f.name for f in fields(KernelEvent)}
+        event = KernelEvent(**{k: v for k, v in doc["event"].items() if k in names})
+        device = Device(**doc["device"]) if isinstance(doc.get("device"), dict) else None
+        count, last_seen, recovered = int(doc["count"]), float(doc["last_seen"]), doc.get("recovered_at")
+        if not isinstance(doc["label"], str) or event.kind != doc["kind"] or count < 1:
+            return None
+        return KernelTally(count, last_seen, event, device, float(recovered) if recovered is not None else None)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None

@@ -314,10 +314,11 @@ class XidCheck(Check):
             self._memory = xid_memory.Memory(boot_id=boot)
             return
         self.ledger.restore(memory.xids, memory.sxids)
+        self.kernel.restore(memory.kernel)
         if memory.last_seq is not None and self.reader.is_device:
             self.reader.resume_after(memory.last_seq)
         self._memory = memory
-        self._saved = (self.ledger.counted + self.ledger.restored, memory.last_seq, memory.lost)
+        self._saved = (self.ledger.counted + self.ledger.restored + self.kernel.counted, memory.last_seq, memory.lost)
         log.info("xid_memory_restored", xids=len(memory.xids), sxids=len(memory.sxids), last_seq=memory.last_seq)
 
     def _window(self) -> tuple[bool, float | None, int]:
@@ -349,11 +350,13 @@ class XidCheck(Check):
         if memory is None or last_seq is None:
             return
         from_boot, start, lost = self._window()
-        marker = (self.ledger.counted + self.ledger.restored, last_seq, lost)
+        marker = (self.ledger.counted + self.ledger.restored + self.kernel.counted, last_seq, lost)
         if marker == self._saved:
             return
         xids, sxids = self.ledger.snapshot()
-        new = xid_memory.Memory(memory.boot_id, last_seq, from_boot, start, lost, dict(xids), dict(sxids))
+        new = xid_memory.Memory(
+            memory.boot_id, last_seq, from_boot, start, lost, dict(xids), dict(sxids), self.kernel.to_docs()
+        )
         if xid_memory.save(self._statefile, new):
             self._saved = marker
 
