@@ -10,6 +10,7 @@ from dgxdoctor.checks.gpu import GpuCheck
 from dgxdoctor.checks.host import HostCheck
 from dgxdoctor.checks.infiniband import InfinibandCheck
 from dgxdoctor.checks.logs import LogsCheck
+from dgxdoctor.checks.mlxlink import MlxlinkCheck
 from dgxdoctor.checks.nccl import NcclCheck
 from dgxdoctor.checks.nccl_env import NcclEnvCheck
 from dgxdoctor.checks.peer_compare import PeerCompareCheck
@@ -24,6 +25,7 @@ ALL_CHECKS: tuple[CheckFactory, ...] = (
     DriverStackCheck,
     TopologyCheck,
     InfinibandCheck,
+    MlxlinkCheck,
     NcclEnvCheck,
     NcclCheck,
     VllmCheck,

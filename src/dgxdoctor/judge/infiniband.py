@@ -406,3 +406,37 @@ def node_verdicts(rates: Mapping[str, float], firmware: Mapping[str, tuple[str |
         if fw is not None:
             out.append((Finding(fw.code, fw.status, fw.message, None, remedy=fw.remedy), "firmware differs"))
     return out
+
+
+# ---- mlxlink: module temperature and effective BER per port ----
+
+# Optical modules' operating range tops out at 70-75 °C (the range mlxlink prints beside the value, e.g.
+# "[-5..75]" for NVIDIA's OSFP NDR modules); above it errors rise, and modules shut down near 85 °C.
+MODULE_TEMP_WARN_C = 75.0
+MODULE_TEMP_CRIT_C = 85.0
+# The IBTA bit error ratio target (the same 1e-12 behind the 120 symbol errors an hour): a post-FEC BER above it
+# means errors the link does not correct.
+EFFECTIVE_BER_LIMIT = 1e-12
+
+
+def module_temperature_verdict(port: str, celsius: float, warn: float, crit: float) -> StateVerdict | None:
+    if celsius <= warn:
+        return None
+    status = Status.CRITICAL if celsius > crit else Status.WARNING
+    return StateVerdict(
+        "IB_MODULE_TEMPERATURE_HIGH",
+        status,
+        f"{port}: module at {celsius:g} °C (warning above {warn:g}, critical above {crit:g})",
+        "check the airflow and the fans at the NIC and the switch; a module that stays hot fails: replace it",
+    )
+
+
+def effective_ber_verdict(port: str, ber: float, limit: float) -> StateVerdict | None:
+    if ber <= limit:
+        return None
+    return StateVerdict(
+        "IB_EFFECTIVE_BER_HIGH",
+        Status.WARNING,
+        f"{port}: effective (post-FEC) BER {ber:.1e}, above {limit:.0e}: errors that FEC does not correct",
+        REMEDIES["symbol_error"],
+    )
