@@ -119,3 +119,21 @@ def test_bad_unit_names_and_output_are_refused() -> None:
         DriverStackSettings(fabric_manager_unit="fm; rm -rf /")
     with pytest.raises(ValueError, match="no ActiveState"):
         parse_systemctl_show("System has not been booted with systemd as init system (PID 1).", "x.service")
+
+
+def test_nvml_fabric_state_where_the_gpu_reports_it(tmp_path: Path) -> None:
+    from fake_nvml import FakeNvml, load_capture
+
+    nvml = FakeNvml(load_capture("h100-hgx-8gpu-565.57.01.json"))
+    for i in range(8):
+        nvml.gpu(i)["fabric_state"] = [3, 0]  # NVML_GPU_FABRIC_STATE_COMPLETED, NVML_SUCCESS
+    nvml.gpu(5)["fabric_state"] = [2, 0]  # IN_PROGRESS: the fabric manager has not finished with GPU 5
+    sysfs = build_pci_tree(tmp_path / "sys", "dgx_h100.txt")
+    (sysfs / "module" / "nvidia_peermem").mkdir(parents=True)
+    env = Environment(sysfs_root=sysfs, proc_root=tmp_path, run_command=recorded(HEALTHY), nvml_factory=lambda: nvml)
+    result = DriverStackCheck(DriverStackSettings(), env).run()
+    finding = next(f for f in result.findings if f.code == "DRIVER_FABRIC_NOT_READY")
+    assert finding.status == Status.CRITICAL and "GPU 5 IN_PROGRESS" in finding.message
+    assert nvml.shutdown_calls == 1
+    nvml.gpu(5)["fabric_state"] = [3, 0]
+    assert codes(DriverStackCheck(DriverStackSettings(), env).run())["DRIVER_FABRIC_NOT_READY_OK"] == Status.OK

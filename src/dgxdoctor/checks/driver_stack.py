@@ -9,7 +9,8 @@ By hand::
 Runs only where the PCI bus shows NVIDIA GPUs (else SKIPPED). NVSwitches on the bus (class 0x0680 of vendor 0x10de)
 make the fabric manager required; RDMA NICs (Mellanox, with an infiniband/ device) make GPUDirect RDMA matter.
 Service states come from ``systemctl show`` through the command runner, module state from ``<sysfs_root>/module``,
-the kernel module's flavour from ``<proc_root>/driver/nvidia/version``. Verdicts: judge/driver_stack.py.
+the kernel module's flavour from ``<proc_root>/driver/nvidia/version``, and on NVSwitch nodes each GPU's fabric
+state from NVML (``nvmlDeviceGetGpuFabricInfo``, where the driver reports it). Verdicts: judge/driver_stack.py.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from dgxdoctor.judge.driver_stack import (
     StackFacts,
     dcgm_finding,
     fabric_manager_finding,
+    fabric_state_finding,
     gpudirect_finding,
     persistenced_finding,
 )
-from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.device_map import CLASS_BRIDGE_OTHER
+from dgxdoctor.sources.nvml import NvmlError, NvmlNotSupported
 from dgxdoctor.sources.pci import VENDOR_NVIDIA, mellanox_nics, nvidia_gpus, read_pci_devices
 from dgxdoctor.sources.systemd import UNIT_NAME_RE, UnitState, read_unit
 
@@ -93,6 +96,26 @@ class DriverStackCheck(Check):
         b.sample(UNIT_ACTIVE, (1.0 if state.active else 0.0) if isinstance(state, UnitState) else None, unit=unit)
         return state
 
+    def _fabric_states(self) -> Finding | None:
+        """NVML's fabric state per GPU, where the driver reports it (Hopper and later with a fabric manager)."""
+        try:
+            client = self.env.nvml_factory()
+            client.init()
+        except NvmlError:
+            return None  # no NVML here: the gpu check says so
+        try:
+            states: dict[int, tuple[int, int]] = {}
+            for index in range(client.device_count()):
+                try:
+                    states[index] = client.fabric_state(index)
+                except NvmlNotSupported:
+                    continue
+                except NvmlError as exc:
+                    return Finding("DRIVER_FABRIC_STATE_UNKNOWN", Status.UNKNOWN, f"NVML fabric state: {exc}")
+            return fabric_state_finding(states)
+        finally:
+            client.shutdown()
+
     def run(self) -> CheckResult:
         facts = self._facts()
         if facts is None:
@@ -100,6 +123,8 @@ class DriverStackCheck(Check):
         b = ResultBuilder(self.name)
         cfg = self.cfg
         found = [fabric_manager_finding(facts, self._unit(b, cfg.fabric_manager_unit)) if facts.nvswitches else None]
+        if facts.nvswitches:
+            found.append(self._fabric_states())
         found.append(persistenced_finding(self._unit(b, cfg.persistenced_unit)))
         found.append(gpudirect_finding(facts))
         if cfg.dcgm:

@@ -81,3 +81,30 @@ def gpudirect_finding(facts: StackFacts) -> Finding | None:
         "proprietary kernel module has no dma-buf path; NCCL stages through host memory",
         remedy="modprobe nvidia_peermem (and list it in /etc/modules-load.d), or install the open kernel module",
     )
+
+
+# NVML_GPU_FABRIC_STATE_* (nvml.h): what the fabric manager has done for each GPU of an NVSwitch system.
+FABRIC_STATES = {0: "NOT_SUPPORTED", 1: "NOT_STARTED", 2: "IN_PROGRESS", 3: "COMPLETED"}
+FABRIC_COMPLETED = 3
+
+
+def fabric_state_finding(states: dict[int, tuple[int, int]]) -> Finding | None:
+    """DRIVER_FABRIC_NOT_READY when NVML reports a GPU whose fabric registration has not completed (or failed):
+    CUDA on it fails with "system not yet initialized". ``states``: GPU index -> (state, nvmlReturn status)."""
+    reported = {i: s for i, s in states.items() if s[0] != 0}
+    bad = {i: s for i, s in reported.items() if s[0] != FABRIC_COMPLETED or s[1] != 0}
+    if not reported:
+        return None
+    if not bad:
+        return Finding("DRIVER_FABRIC_NOT_READY_OK", Status.OK, f"NVML: fabric COMPLETED on {len(reported)} GPU(s)")
+    listed = ", ".join(
+        f"GPU {i} {FABRIC_STATES.get(state, str(state))}" + (f" (status {status})" if status else "")
+        for i, (state, status) in sorted(bad.items())
+    )
+    return Finding(
+        "DRIVER_FABRIC_NOT_READY",
+        Status.CRITICAL,
+        f"NVML: the NVSwitch fabric is not ready: {listed}",
+        remedy="the fabric manager has not (or could not) put these GPUs on the fabric: "
+        "`journalctl -u nvidia-fabricmanager`, `nvidia-smi -q | grep -A3 Fabric`; restart it, reboot if it persists",
+    )

@@ -17,6 +17,7 @@ CAUSE_CODES = frozenset(
         "GPU_MISSING_FROM_NVML",
         "GPU_NOT_VISIBLE",
         "DRIVER_FABRIC_MANAGER_DOWN",  # an NVSwitch node without its fabric manager (driver_stack check)
+        "DRIVER_FABRIC_NOT_READY",  # NVML: a GPU not (yet) on the NVSwitch fabric
         "IB_PORT_DOWN",  # a rail of the group down (infiniband check)
         "IB_PORTS_MISSING",
         "KERNEL_LINK_DOWN",  # the kernel's view of the same (xid check, kernel faults)
