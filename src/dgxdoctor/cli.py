@@ -91,6 +91,9 @@ def cli() -> None:
 
 def main() -> None:
     """Console entry point. Usage errors exit 64 so they never read as a Nagios status."""
+    from dgxdoctor.daemon import logconfig
+
+    logconfig.configure_commands()  # `run` replaces it with the daemon's JSON lines
     try:
         cli.main(standalone_mode=False)
     except click.UsageError as exc:
