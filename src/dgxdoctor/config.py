@@ -52,6 +52,9 @@ class PathsSettings(_Frozen):
     sysfs_root: Path = Field(Path("/sys"), description="where sysfs is mounted")
     proc_root: Path = Field(Path("/proc"), description="where procfs is mounted")
     kmsg_path: Path = Field(Path("/dev/kmsg"), description="kernel log device")
+    host_root: Path = Field(
+        Path("/"), description="the host's /: absolute paths named inside files (nccl.sh's `. /etc/nccl.env`)"
+    )
     state_dir: Path = Field(
         Path("/var/lib/dgxdoctor"), description="small state files (counter baselines, log offsets)"
     )
@@ -315,6 +318,7 @@ class Config:
             sysfs_root=p.sysfs_root,
             proc_root=p.proc_root,
             kmsg_path=p.kmsg_path,
+            host_root=p.host_root,
             state_dir=p.state_dir,
             token=self.daemon.resolve_token,
         )
