@@ -182,7 +182,8 @@ def run(config_path: Path | None, listen: str | None) -> None:
 )
 def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_path: Path | None) -> None:
     """Say what is wrong in pasted tool output (a file each, - for stdin)."""
-    from dgxdoctor.diagnose.registry import diagnose as read_paste
+    from dgxdoctor.diagnose.registry import CompressedInput
+    from dgxdoctor.diagnose.registry import diagnose_bytes as read_paste
 
     settings = None
     if config_path is not None:
@@ -202,21 +203,31 @@ def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_pat
             raise click.UsageError(f"cannot read {name}: {exc.strerror or exc}") from None
         if len(raw) > MAX_DIAGNOSE_BYTES:
             raise click.UsageError(f"{name}: larger than {MAX_DIAGNOSE_BYTES // 2**20} MiB")
-        for diagnosis in read_paste(raw.decode("utf-8", errors="replace"), kind, settings):
+        try:
+            readings = read_paste(raw, kind, settings)
+        except CompressedInput as exc:
+            shown = "FILE" if name == "-" else name
+            raise click.UsageError(
+                f"{name}: {exc}; read it with: {exc.reader} {shown} | dgxdoctor diagnose -"
+            ) from None
+        for diagnosis in readings:
             worst = Status.worst([worst, diagnosis.status])
             inputs.append((name, diagnosis))
     if as_json:
         doc = {
+            "status": worst.value,
+            "exit_code": exit_code(worst),
             "inputs": [
                 {
                     "source": "<stdin>" if name == "-" else name,
                     "kind": d.kind,
+                    "status": d.status.value,
                     "summary": d.summary,
                     "findings": [f.to_diagnose_dict() for f in d.findings],
                     "data": d.data,
                 }
                 for name, d in inputs
-            ]
+            ],
         }
         click.echo(json.dumps(doc, indent=2))
     else:

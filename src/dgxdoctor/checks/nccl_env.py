@@ -37,6 +37,7 @@ NCCL_ENV_VARS = MetricSpec(
     "dgxdoctor_nccl_env_variables", "NCCL_*/GLOO_*/VLLM_HOST_IP variables set in the checked environment"
 )
 
+
 def local_addresses() -> set[str]:
     """Every IPv4/IPv6 address of this host's interfaces."""
     found: set[str] = set()
