@@ -43,8 +43,15 @@ class _AnalyzerKind(click.Choice):  # type: ignore[type-arg]
         pass
 
 
-def _names(value: str | None) -> list[str]:
-    return [n.strip() for n in (value or "").split(",") if n.strip()]
+def _names(value: str | None, option: str) -> list[str] | None:
+    """``--only a,b`` -> [a, b]; None when not given (or ``--skip ""``: a script's empty variable skips nothing);
+    a usage error for a list that names nothing (``--only ,,``, ``--only ""``)."""
+    if value is None or (option == "--skip" and not value.strip()):
+        return None
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        raise click.UsageError(f"{option} {value!r} names no check")
+    return names
 
 
 def build_checks(
@@ -55,6 +62,9 @@ def build_checks(
     unknown = sorted((set(only or []) | set(skip or [])) - set(known))
     if unknown:
         raise click.UsageError(f"unknown check(s): {', '.join(unknown)}; known: {', '.join(known)}")
+    both = sorted(set(only or []) & set(skip or []))
+    if both:
+        raise click.UsageError(f"--only and --skip both name {', '.join(both)}")
     checks: list[Check] = []
     for factory in ALL_CHECKS:
         settings = config.check_settings(factory.name)
@@ -125,7 +135,7 @@ def check(config_path: Path | None, as_json: bool, only: str | None, skip: str |
     """Run every enabled check once, in parallel. Exit 0 ok, 1 warning, 2 critical, 3 unknown."""
     config = _load(config_path)
     env = config.environment()
-    checks = build_checks(config, env, _names(only), _names(skip))
+    checks = build_checks(config, env, _names(only, "--only"), _names(skip, "--skip"))
     results = asyncio.run(CheckRunner(env).run_once(checks))
     if as_json:
         click.echo(json.dumps(report_dict(env.node, results, env.role), indent=2))
