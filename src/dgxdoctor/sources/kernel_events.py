@@ -12,7 +12,7 @@ again with their sources). The printk formats are the kernel's: mlx5 ``drivers/n
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -177,18 +177,18 @@ def _mlx5(line: str) -> KernelEvent | None:
         return None
     rest = line[prefix.end() :].strip()
     pci, netdev = prefix["pci"].lower(), prefix["netdev"]
-    link = MLX5_LINK_RE.search(line)
+    link = MLX5_LINK_RE.search(line) if "Link " in rest else None
     if link is not None and netdev:
         kind: Kind = "link_down" if link["state"] == "down" else "link_up"
         return KernelEvent(kind, line.strip(), pci, netdev, detail=f"Link {link['state']}")
-    module = MODULE_EVENT_RE.search(rest)
+    module = MODULE_EVENT_RE.search(rest) if "module event" in rest else None
     if module is not None:
         status = module["status"].strip()
         if status == "Cable plugged" and not module["error"]:
             return None  # a cable plugged in: the look-alike of a module fault
         detail = f"module {module['module']}: {status}" + (f", {module['why'].strip()}" if module["why"] else "")
         return KernelEvent("module_event", line.strip(), pci, netdev, detail=detail)
-    timeout = MLX5_CMD_TIMEOUT_RE.search(rest)
+    timeout = MLX5_CMD_TIMEOUT_RE.search(rest) if "timeout" in rest else None
     if timeout is not None:
         return KernelEvent("mlx5_cmd_timeout", line.strip(), pci, netdev, detail=f"{timeout['cmd']} timed out")
     if MLX5_FATAL_RE.search(rest):
@@ -198,11 +198,14 @@ def _mlx5(line: str) -> KernelEvent | None:
     return None
 
 
+_AER_KINDS: dict[str, Kind] = {"Fatal": "aer_fatal", "Non-Fatal": "aer_nonfatal"}
+
+
 def _aer(line: str) -> KernelEvent | None:
     match = AER_RE.search(line)
     if match is None:
         return None
-    kind: Kind = {"Fatal": "aer_fatal", "Non-Fatal": "aer_nonfatal"}.get(match["fatal"] or "", "aer_corrected")  # type: ignore[assignment]
+    kind = _AER_KINDS.get(match["fatal"] or "", "aer_corrected")
     return KernelEvent(kind, line.strip(), match["pci"].lower(), detail=f"severity={match['sev']} ({match['driver']})")
 
 
@@ -242,18 +245,32 @@ def _nvidia(line: str) -> KernelEvent | None:
     return None
 
 
-# Cheap substrings that every line of a kind contains; a line with none of them is skipped without a regex.
-_HINTS = (
-    "mlx5_core", "PCIe Bus Error", "Hardware Error", "EDAC ", "blocked for more than", "soft lockup",
-    "Killed process", "nfs: server", "NVRM: ", "nvswitch", "peermem", "peer_mem",
-)  # fmt: skip
+# Substrings that every line of a kind contains, each naming the parsers that may take the line: one scan of a line
+# with none of them, and only its own parsers' regexes otherwise (the follower runs this on every kernel log line).
+# (A loop of substring tests measured 1.4x faster than one alternation regex: benchmarks/kernel_scan.py.)
+_HOST = (_host,)
+_ROUTES: tuple[tuple[str, tuple[Callable[[str], KernelEvent | None], ...]], ...] = (
+    ("mlx5_core", (_mlx5, _aer)),
+    ("PCIe Bus Error", (_aer,)),
+    ("NVRM: ", (_nvidia,)),
+    ("nvswitch", (_nvidia,)),
+    ("peermem", (_nvidia,)),
+    ("peer_mem", (_nvidia,)),
+    ("Hardware Error", _HOST),
+    ("EDAC ", _HOST),
+    ("blocked for more than", _HOST),
+    ("soft lockup", _HOST),
+    ("Killed process", _HOST),
+    ("nfs: server", _HOST),
+)
 
 
 def parse_kernel_event(line: str) -> KernelEvent | None:
     """The fault (or recovery) ``line`` reports, or None. XID/SXID lines are sources/xid.py's, not this."""
-    if not any(h in line for h in _HINTS) or "NVRM: Xid" in line or "SXid (" in line:
+    parsers = next((route for hint, route in _ROUTES if hint in line), None)
+    if parsers is None or "NVRM: Xid" in line or "SXid (" in line:
         return None
-    for parse in (_mlx5, _aer, _nvidia, _host):
+    for parse in parsers:
         event = parse(line)
         if event is not None:
             return event
