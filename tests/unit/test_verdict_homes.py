@@ -15,6 +15,13 @@ READERS = ("checks", "diagnose", "sources")
 VERDICTS = {"WARNING", "CRITICAL"}
 
 
+def _is_verdict(node: ast.AST) -> bool:
+    """``Status.WARNING`` or ``Status.CRITICAL``."""
+    if not isinstance(node, ast.Attribute) or node.attr not in VERDICTS:
+        return False
+    return isinstance(node.value, ast.Name) and node.value.id == "Status"
+
+
 def _decisions(tree: ast.AST) -> list[int]:
     """Lines where a WARNING/CRITICAL status is produced rather than compared."""
     compared: set[int] = set()
@@ -25,8 +32,7 @@ def _decisions(tree: ast.AST) -> list[int]:
     for node in ast.walk(tree):
         if id(node) in compared:
             continue
-        attribute = isinstance(node, ast.Attribute) and node.attr in VERDICTS
-        if attribute and isinstance(node.value, ast.Name) and node.value.id == "Status":  # type: ignore[attr-defined]
+        if _is_verdict(node):
             lines.append(node.lineno)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Status":
             lines.append(node.lineno)
