@@ -110,3 +110,27 @@ def bandwidth_summary(report: NcclTestsReport) -> str:
     else:
         parts.append("transport not in the output (one node, or run with NCCL_DEBUG=INFO to see it)")
     return ", ".join(parts)
+
+
+def probe_failed(returncode: int, subject: str | None, tail: str) -> Finding:
+    """The bandwidth probe ran and printed no table: the collective itself failed between the ranks."""
+    return Finding(
+        "NCCL_PROBE_FAILED",
+        Status.CRITICAL,
+        f"the bandwidth probe exited {returncode} without a bandwidth table",
+        subject,
+        evidence=tail or None,
+        remedy="run the probe by hand with NCCL_DEBUG=INFO and read its first WARN line",
+    )
+
+
+def peer_probe_failed(returncode: int, peer: str | None, tail: str) -> Finding:
+    """The peer joined and its side of a cross-node probe printed no table."""
+    return Finding(
+        "NCCL_PEER_PROBE_FAILED",
+        Status.CRITICAL,
+        f"the peer's side of the probe exited {returncode} without a table",
+        peer,
+        evidence=tail or None,
+        remedy="read the peer's probe output: journalctl -u dgxdoctor on the peer",
+    )
