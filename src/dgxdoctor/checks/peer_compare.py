@@ -11,7 +11,7 @@ of the ``[daemon]`` table. Outside the daemon (``dgxdoctor check``) there is no 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import Field, field_validator
 
@@ -19,8 +19,9 @@ from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.compare import RULE_KEYS, compare
 from dgxdoctor.fleet.peers import fetch_all
-from dgxdoctor.judge.hardware_cause import peer_causes
-from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample, Status
+from dgxdoctor.judge.hardware_cause import peer_cause_findings
+from dgxdoctor.judge.peers import peer_name_clash, peer_unreachable
+from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample
 
 PEER_UP = MetricSpec(
     "dgxdoctor_peer_up",
@@ -96,31 +97,14 @@ class PeerCompareCheck(Check):
                 down += 1
                 if got.timed_out:
                     builder.timed_out("peer")
-                builder.add(
-                    Finding(
-                        "PEER_UNREACHABLE",
-                        Status.WARNING,
-                        f"peer {url} gave no state: {got.error}",
-                        subject=got.label,
-                        remedy="check dgxdoctor on that node (systemctl status dgxdoctor) and the network between "
-                        "the nodes (ping, the IB/RoCE link); nodes cannot be compared meanwhile",
-                    )
-                )
+                builder.add(peer_unreachable(url, str(got.error), got.label))
                 continue
             state = got.state
             if any(s["node"] == state["node"] for s in snapshots):
-                builder.add(
-                    Finding(
-                        "PEER_NAME_CLASH",
-                        Status.WARNING,
-                        f"peer {url} reports node name {state['node']!r}, already seen; set a distinct 'node' "
-                        "in each node's config",
-                        subject=got.label,
-                    )
-                )
+                builder.add(peer_name_clash(url, str(state["node"]), got.label))
                 state = {**state, "node": f"{state['node']}@{got.label}"}
             snapshots.append(state)
-            builder.add(*_relayed_causes(state, got.label))
+            builder.add(*peer_cause_findings(state, got.label))
         outcome = compare(snapshots, self.tolerances, local=str(local["node"]))
         for imbalance in outcome.imbalances:
             # Not builder.sample(): its first parameter is called ``metric`` too.
@@ -133,13 +117,3 @@ class PeerCompareCheck(Check):
             f"{outcome.compared_facts} fact(s) compared, {len(outcome.findings)} difference(s)"
         )
         return builder.build(summary)
-
-
-def _relayed_causes(state: dict[str, Any], peer: str) -> list[Finding]:
-    """The peer's hardware faults that no restart cures, relayed so this node's remediation does not restart the
-    group they share (remediation/hardware_gate.py). WARNING here: the peer's own agent is the one that pages."""
-    return [
-        Finding("PEER_HARDWARE_FAULT", Status.WARNING, cause, subject=peer,
-                remedy="the peer's hardware fault stops the tensor-parallel group: see that node's findings")
-        for cause in peer_causes(state)
-    ]  # fmt: skip

@@ -8,7 +8,7 @@ application's 13/31/43/45); an SXID when it is fatal. The other causes are named
 from __future__ import annotations
 
 from dgxdoctor.judge.xid import assess_sxid, assess_xid
-from dgxdoctor.result import Status
+from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.xid import SxidEvent, XidEvent, load_catalog, parse_sxid_line, parse_xid_line
 
 CAUSE_CODES = frozenset(
@@ -78,3 +78,13 @@ def peer_causes(doc: dict[str, object]) -> list[str]:
             else:
                 out.append(f"{code} on {node}: {f.get('message', '')}")
     return out
+
+
+def peer_cause_findings(state: dict[str, object], peer: str) -> list[Finding]:
+    """The peer's causes as PEER_HARDWARE_FAULT findings of the peer_compare check, so this node's remediation does
+    not restart the group they share. WARNING here: the peer's own agent is the one that pages for its fault."""
+    return [
+        Finding("PEER_HARDWARE_FAULT", Status.WARNING, cause, subject=peer,
+                remedy="the peer's hardware fault stops the tensor-parallel group: see that node's findings")
+        for cause in peer_causes(state)
+    ]  # fmt: skip
