@@ -138,7 +138,7 @@ def ib_alerts() -> list[Alert]:
         counter = t.counter or rule_name
         limit = 0.0 if t.kind == "increase" else t.limit / _PER_SECONDS[t.per]
         alerts.append(
-            Alert(f"DgxdoctorIbErrors_{rule_name}",
+            Alert(f"DgxdoctorIbErrors{camel(rule_name)}",
                   f'dgxdoctor_ib_port_errors_per_second{{counter="{counter}"}} > {limit:g}',
                   "0s" if t.kind == "increase" else "5m", t.severity,
                   f"IB {counter} on {{{{ $labels.device }}}}/{{{{ $labels.port }}}} of {{{{ $labels.node }}}}",
@@ -220,7 +220,7 @@ def asymmetry_alerts() -> list[Alert]:
         floor = f"max by ({by}) ({per_node}) >= {rule.floor:g}"
         expr = f"{test} and on({by}) ({floor})"
         alerts.append(
-            Alert(f"DgxdoctorNodeAsymmetric_{rule.key}", expr, "10m", "warning",
+            Alert(f"DgxdoctorNodeAsymmetric{camel(rule.key)}", expr, "10m", "warning",
                   f"{{{{ $labels.node }}}} is the odd node on {rule.what}",
                   f"{rule.code}: {{{{ $labels.node }}}} deviates {{{{ $value | humanizePercentage }}}} from the "
                   f"cluster median. Likely cause: {rule.cause}")
@@ -241,8 +241,10 @@ def fleet_alerts() -> list[Alert]:
         Alert("DgxdoctorAgentDown", 'up{job="dgxdoctor"} == 0', "2m", "critical",
               "dgxdoctor on {{ $labels.instance }} is not scraped",
               "the node or its agent is down (this rule assumes the scrape job is named \"dgxdoctor\")."),
-        Alert("DgxdoctorVersionDrift", f"count by (key) (count by (key, value) ({versions})) > 1", "5m", "critical",
-              "nodes disagree on {{ $labels.key }}",
+        # `cluster`: the target label the scrape config gives each serving group (docs/dashboards.md); nodes
+        # without one are one group. Two separate deployments on different versions are no drift.
+        Alert("DgxdoctorVersionDrift", f"count by (cluster, key) (count by (cluster, key, value) ({versions})) > 1",
+              "5m", "critical", "nodes disagree on {{ $labels.key }}",
               "the runbook: both machines must run the same driver, CUDA, vLLM, Ray and model files; see "
               "dgxdoctor_node_fact_info{key=\"{{ $labels.key }}\"} for which node differs."),
         Alert("DgxdoctorProbeTimeouts",
@@ -251,6 +253,11 @@ def fleet_alerts() -> list[Alert]:
               "a check or probe did not answer within its timeout: NVML hanging on a GPU that fell off the bus, "
               "a stuck mount, or an overloaded node."),
     ]  # fmt: skip
+
+
+def camel(key: str) -> str:
+    """``symbol_error`` -> ``SymbolError``: every alert name is CamelCase, as Prometheus' own are."""
+    return "".join(part[:1].upper() + part[1:] for part in key.split("_"))
 
 
 def all_alerts() -> list[tuple[str, list[Alert]]]:
