@@ -319,9 +319,21 @@ def test_no_pma_port_reports_counters_unavailable_not_zero(tmp_path: Path) -> No
     assert result.status is Status.OK
     note = next(f for f in result.findings if f.code == "IB_COUNTERS_UNAVAILABLE")
     assert "N/A (no PMA)" in note.message
+    assert "rxe0/1 counters partly unavailable" in result.summary  # said, not a plain OK
     assert samples(result, "dgxdoctor_ib_port_counter_total", counter="symbol_error") == {}
     assert samples(result, "dgxdoctor_ib_port_rcv_bytes_per_second") == {}
     assert one(result, "dgxdoctor_ib_port_counter_total", counter="sent_pkts") == 81240.0
+
+
+def test_a_port_with_no_readable_counter_is_unknown_not_ok(tmp_path: Path) -> None:
+    clock = Clock()
+    env = make_env(tmp_path, "no_pma.txt", clock)
+    hw = tmp_path / "sys" / "class" / "infiniband" / "rxe0" / "ports" / "1" / "hw_counters"
+    for f in hw.iterdir():
+        f.unlink()  # only the N/A (no PMA) counters are left
+    result = check(env).run()
+    assert result.status is Status.UNKNOWN
+    assert "rxe0/1 counters unavailable" in result.summary
 
 
 # -- the check: counters over time -----------------------------------------------------------------------------

@@ -255,8 +255,8 @@ class InfinibandCheck(Check):
         """Samples and verdicts from the port's counters; returns the port's new state entry."""
         labels = {"device": port.device, "port": str(port.port)}
         unavailable = counters_unavailable(port)
-        if unavailable is not None:
-            verdicts.append((unavailable, ""))  # OK: said, not a problem for the summary
+        if unavailable is not None:  # the summary says it: a port not watched must not read as a plain OK
+            verdicts.append((unavailable, f"{port.name} counters {'partly ' if port.counters else ''}unavailable"))
         if not port.counters:
             flaps = self._history.recent_flaps(entry.get("flaps"), now)
             b.sample(PORT_FLAPS, float(len(flaps)), **labels)

@@ -289,12 +289,13 @@ def port_verdicts(port: IbPort, min_rate_gbps: float | None, link_layer: str) ->
 
 
 def counters_unavailable(port: IbPort) -> Finding | None:
-    """Counters the driver does not offer ("N/A (no PMA)"): said once, as OK, so absence is never read as zero."""
+    """Counters the driver does not offer ("N/A (no PMA)"), so absence is never read as zero: some missing is said
+    (OK: the rest is watched); none readable leaves the port's errors unknown (UNKNOWN, never a plain OK)."""
     if port.source != "sysfs" or not port.counters_note:
         return None
     how = "partly unavailable" if port.counters else "unavailable"
     message = f"{port.name}: counters {how} ({port.counters_note}); what is missing is not monitored"
-    return Finding("IB_COUNTERS_UNAVAILABLE", Status.OK, message, port.name)
+    return Finding("IB_COUNTERS_UNAVAILABLE", Status.OK if port.counters else Status.UNKNOWN, message, port.name)
 
 
 def flap_verdict(port: str, flaps: int, warn_count: int, window_s: float) -> list[Verdict]:
