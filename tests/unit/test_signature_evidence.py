@@ -104,3 +104,15 @@ def test_a_verbs_failure_beside_a_cuda_failure_is_both() -> None:
         "00127-desktop:212030:212030 [0] transport.cc:154 NCCL WARN Cuda failure 'invalid argument'\n"
     )
     assert {"NCCL_NET_FAILURE", "CUDA_UNHANDLED_ERROR"} <= set(_findings(text))
+
+
+def test_the_new_classes_feed_remediation_as_their_cause_asks() -> None:
+    from dgxdoctor.remediation.policy import action_for_code
+
+    assert action_for_code("RAY_GCS_UNREACHABLE") == "restart_cluster"
+    # No restart cures drift, a lost or faulty GPU, a host without RAM, a container's /dev/shm: a person is paged.
+    for code in ("RAY_VERSION_MISMATCH", "GPU_LOST", "CUDA_ECC_ERROR", "RAY_HOST_OOM", "SHM_TOO_SMALL"):
+        assert action_for_code(code) == "page", code
+    # A host OOM kill of a Ray worker is not a CUDA OOM: the catalog names it RAY_HOST_OOM, never CUDA_OOM.
+    text = "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
+    assert set(_findings(text)) == {"RAY_HOST_OOM"}
