@@ -116,3 +116,9 @@ def test_the_new_classes_feed_remediation_as_their_cause_asks() -> None:
     # A host OOM kill of a Ray worker is not a CUDA OOM: the catalog names it RAY_HOST_OOM, never CUDA_OOM.
     text = "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
     assert set(_findings(text)) == {"RAY_HOST_OOM"}
+
+
+def test_a_kernel_log_of_xid_79_is_the_kernel_readers_not_gpu_lost_twice() -> None:
+    text = (CORPUS.parent / "kernel_log" / "journal_610_xid79_xid154_os_reboot.txt").read_text(encoding="utf-8")
+    kinds = {d.kind: {f.code for f in d.findings} for d in diagnose(text)}
+    assert "XID_79" in kinds["kernel-log"] and "GPU_LOST" not in kinds.get("text", set())

@@ -42,12 +42,13 @@ CUDA_SIDE = frozenset(
 
 def explained_away(lines_by_code: Mapping[str, Sequence[str]]) -> set[str]:
     """Codes to drop: NCCL_NET_FAILURE when every line of it is NCCL's INFO fallback notice and a CUDA-side
-    failure is in the same text; GPU_LOST when every line of it is the kernel's XID 79 lines."""
+    failure is in the same text; GPU_LOST when every line of it is a kernel line and one is XID 79 (the
+    kernel-log reader names that GPU)."""
     drop = set()
     net = lines_by_code.get("NCCL_NET_FAILURE")
     if net and CUDA_SIDE & set(lines_by_code) and all(NCCL_FALLBACK_INFO.search(line) for line in net):
         drop.add("NCCL_NET_FAILURE")
     lost = lines_by_code.get("GPU_LOST")
-    if lost and all(KERNEL_XID79.search(line) for line in lost):
+    if lost and all("NVRM: " in line for line in lost) and any(KERNEL_XID79.search(line) for line in lost):
         drop.add("GPU_LOST")
     return drop
