@@ -45,7 +45,11 @@ expected_count = 0
 interval_s = 2.0
 address = "127.0.0.1:$4"
 collective_timeout_s = 2
+deadline_s = 8.0
 tensor_parallel_size = 2
+required = true
+[checks.peer_compare]
+interval_s = 2.0
 [checks.nccl]
 enabled = false
 [checks.vllm]
@@ -117,23 +121,33 @@ for round in 1 2 3; do
     kill -STOP "$RANK1"
     sleep 8
     [ "$round" = 1 ] && read_both "stalled-r1"
-    # wait (up to 40 s) for the head's agent to name rank 1
+    # wait (up to 40 s) for the head's agent: RAS naming rank 1, then the joined finding naming its node and GPU;
+    # the waiting rank 0 must never be blamed
     "$PY" - "$R" "$t0" "$round" >> "$R/timings.txt" <<'EOF'
 import json, sys, time
 out, t0, rnd = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+first = {}
+blamed = []
 deadline = t0 + 40
-while time.time() < deadline:
+while time.time() < deadline and "joined" not in first:
     for line in open(f"{out}/findings.jsonl"):
         row = json.loads(line)
         if row["t"] < t0 or row["node"] != "head":
             continue
         for f in row["findings"]:
-            msg = f.get("message", "")
-            if f.get("code", "").startswith(("RAS_RANK", "PEER_TP_RANK")) and "rank 1" in msg:
-                print(f"round {rnd} named_after_s {row['t'] - t0:.2f} code {f['code']} message {msg!r}")
-                sys.exit(0)
+            code, msg = f.get("code", ""), f.get("message", "")
+            if code.startswith("RAS_RANK") and msg.startswith("rank 1 "):
+                first.setdefault("ras", (row["t"] - t0, code, msg))
+            if code == "PEER_TP_RANK_STUCK" and msg.startswith("rank 1 on peer, GPU 1"):
+                first.setdefault("joined", (row["t"] - t0, code, msg))
+            if code.startswith(("RAS_RANK", "PEER_TP_RANK")) and msg.startswith("rank 0 "):
+                blamed.append(msg)
     time.sleep(0.5)
-print(f"round {rnd} named_after_s none (not within 40 s)")
+for what in ("ras", "joined"):
+    got = first.get(what)
+    print(f"round {rnd} {what}_named_after_s {got[0]:.2f} code {got[1]} message {got[2]!r}" if got
+          else f"round {rnd} {what}_named_after_s none (not within 40 s)")
+print(f"round {rnd} waiting_rank_blamed {'yes: ' + blamed[0] if blamed else 'no'}")
 EOF
     stamp "round $round: named (see timings.txt)"
     t1=$(date +%s.%N); echo "$round cont $t1" >> "$R/events.txt"
@@ -146,9 +160,11 @@ kill "$POLL" "$SMI"
 "$PY" - "$R" >> "$R/timings.txt" <<'EOF'
 import json, statistics, sys
 out = sys.argv[1]
-named = [float(l.split()[2]) for l in open(f"{out}/timings.txt") if "named_after_s" in l and "none" not in l]
-if named:
-    print(f"time to name the stopped rank: p50 {statistics.median(named):.2f} s, max {max(named):.2f} s over {len(named)} round(s)")
+for what in ("ras", "joined"):
+    named = [float(l.split()[3]) for l in open(f"{out}/timings.txt") if f" {what}_named_after_s " in l and "none" not in l]
+    if named:
+        print(f"time to name the stopped rank ({what}): p50 {statistics.median(named):.2f} s, max {max(named):.2f} s "
+              f"over {len(named)} round(s)")
 # cleared: after each SIGCONT, the first head row without a rank finding
 events = [l.split() for l in open(f"{out}/events.txt")]
 rows = [json.loads(l) for l in open(f"{out}/findings.jsonl")]

@@ -12,6 +12,7 @@ from dgxdoctor.checks.logs import LogsCheck
 from dgxdoctor.checks.nccl import NcclCheck
 from dgxdoctor.checks.nccl_env import NcclEnvCheck
 from dgxdoctor.checks.peer_compare import PeerCompareCheck
+from dgxdoctor.checks.ras import RasCheck
 from dgxdoctor.checks.ray import RayCheck
 from dgxdoctor.checks.topology import TopologyCheck
 from dgxdoctor.checks.vllm import VllmCheck
@@ -25,6 +26,7 @@ ALL_CHECKS: tuple[CheckFactory, ...] = (
     NcclEnvCheck,
     NcclCheck,
     VllmCheck,
+    RasCheck,
     BenchCheck,
     RayCheck,
     HostCheck,

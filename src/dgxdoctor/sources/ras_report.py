@@ -354,6 +354,8 @@ def parse_text_report(text: str) -> RasReport:
     in_body = False
     previous = ""
     for line in lines:
+        # a pasted fragment may start at a section heading, without the "Errors" line above it
+        in_body = in_body or line in ("INCOMPLETE", "DEAD", "TIMEOUT") or bool(COMM_HEAD_RE.match(line))
         if m := VERSION_RE.match(line):
             fields["nccl_version"] = m.group(1)
         elif m := CUDA_RE.match(line):
@@ -372,6 +374,6 @@ def parse_text_report(text: str) -> RasReport:
             n = [int(x) for x in m.groups() if x is not None]
             fields["nodes"], fields["processes"], fields["gpus"] = (n[0], n[3], n[4]) if len(n) == 5 else n
         previous = line
-    if "nccl_version" not in fields and not comms and "Communicators..." not in text:
-        raise RasReportError("not an NCCL RAS report: no 'NCCL version' line and no communicator table")
+    if "nccl_version" not in fields and not comms and not state.issues and "Communicators..." not in text:
+        raise RasReportError("not an NCCL RAS report: no 'NCCL version' line, communicator table or rank line")
     return RasReport("text", communicators=tuple(comms), issues=tuple(state.issues), **fields)
