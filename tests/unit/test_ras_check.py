@@ -207,3 +207,9 @@ def test_local_ranks_are_the_processes_reading_this_ras(tmp_path: Path) -> None:
         result = run(tmp_path, server.port, required=True)
     local = [s.labels for s in result.samples if s.metric.name == "dgxdoctor_ras_local_rank_info"]
     assert local == [{"rank": "11", "host": "10.0.0.2", "pid": "51011", "gpu": "3", "nvml_gpu": "3"}]
+
+
+def test_nodes_seeing_different_communicators_is_drift() -> None:
+    a = {"node": "dgx-a", "checks": [], "facts": {"ras.communicator_size": "16"}}
+    b = {"node": "dgx-b", "checks": [], "facts": {"ras.communicator_size": "8"}}
+    assert [f.code for f in compare([a, b], local="dgx-a").findings] == ["PEER_RAS_VIEW_DRIFT"]

@@ -83,7 +83,8 @@ different values is a finding naming the odd node (the one off the majority; wit
 `PEER_MODEL_MISMATCH` (critical: model fingerprint, files, shard hashes), `PEER_NCCL_ENV_DRIFT` (an `nccl_env.*`
 variable differs or is set on one node only), `PEER_VERSION_SKEW` (critical for the driver, CUDA and NCCL
 versions, warning for the kernel, vLLM, Ray, torch, Python), `PEER_HARDWARE_DRIFT` (GPU, IB, topology, memory
-facts) and `PEER_FACT_DRIFT` for any other fact. Ignored, because they differ by design: {ignored}."""
+facts), `PEER_RAS_VIEW_DRIFT` (the `ras.*` facts: the serving communicator each node's NCCL RAS sees) and
+`PEER_FACT_DRIFT` for any other fact. Ignored, because they differ by design: {ignored}."""
 
 PEER_HEADER = """## Values of `metric` in `dgxdoctor_peer_imbalance_ratio`
 

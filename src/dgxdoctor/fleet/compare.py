@@ -219,6 +219,13 @@ _DRIFT: tuple[tuple[tuple[str, ...], str, Status, str], ...] = (
         "changed topology on the odd node (nvidia-smi -L, ibstat, nvidia-smi topo -m)",
     ),
     (
+        ("ras.",),
+        "PEER_RAS_VIEW_DRIFT",
+        Status.WARNING,
+        "the nodes' NCCL RAS see different serving communicators (size, nodes, ranks per node): a node's ranks left "
+        "or never joined the job; compare `ncclras` on both nodes and the ras check's findings",
+    ),
+    (
         ("*",),
         "PEER_FACT_DRIFT",
         Status.WARNING,
