@@ -351,6 +351,10 @@ def scan_text(text: str) -> list[XidEvent | SxidEvent]:
 # --- catalog ---------------------------------------------------------------------------------------
 
 
+# An XID the shipped catalog does not know (a newer driver's code) is treated as NVIDIA's CONTACT_SUPPORT.
+UNKNOWN_XID_RESOLUTION = "CONTACT_SUPPORT"
+
+
 @dataclass(frozen=True)
 class CatalogEntry:
     code: int
@@ -373,7 +377,7 @@ class XidCatalog:
         if found is not None:
             return found
         return CatalogEntry(
-            code, "UNKNOWN", f"XID {code} (not in the catalog)", "not in the shipped catalog", "CONTACT_SUPPORT"
+            code, "UNKNOWN", f"XID {code} (not in the catalog)", "not in the shipped catalog", UNKNOWN_XID_RESOLUTION
         )
 
     def sxid(self, code: int) -> CatalogEntry | None:
