@@ -213,3 +213,22 @@ def test_nodes_seeing_different_communicators_is_drift() -> None:
     a = {"node": "dgx-a", "checks": [], "facts": {"ras.communicator_size": "16"}}
     b = {"node": "dgx-b", "checks": [], "facts": {"ras.communicator_size": "8"}}
     assert [f.code for f in compare([a, b], local="dgx-a").findings] == ["PEER_RAS_VIEW_DRIFT"]
+
+
+RECORDED = Path(__file__).resolve().parents[2] / "docs" / "h200" / "ras-2026-12-01" / "raw" / "one-rank-sessions.json"
+
+
+def test_recorded_healthy_job_exported_and_checked_against_the_layout(tmp_path: Path) -> None:
+    """The H200 recording (NCCL 2.28.9, one rank) replayed: its size is a fact; against TP 2 it is too small."""
+    import json
+
+    from ras_standin import replay
+
+    session = json.loads(RECORDED.read_text())["json"]
+    with replay(session) as server:
+        ok = run(tmp_path, server.port, required=True)
+    with replay(session) as server:
+        small = run(tmp_path, server.port, required=True, tensor_parallel_size=2)
+    assert ok.status is Status.OK and ok.facts["ras.communicator_size"] == "1", ok.findings
+    assert "RAS (2.28.9, json): 1 ranks over 1 node(s)" in ok.summary
+    assert [f.code for f in small.findings] == ["RAS_COMMUNICATOR_SMALL"]

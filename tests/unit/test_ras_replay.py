@@ -1,5 +1,7 @@
 """The reader against NCCL's recorded bytes: a stand-in server on loopback replays every session that
-scripts/h200-ras.sh recorded on the H200 machine (docs/h200/**/*sessions.json), byte for byte.
+scripts/h200-ras.sh recorded on the H200 machine (docs/h200/**/*sessions.json, first
+docs/h200/ras-2026-12-01: NCCL 2.28.9, a one-rank job), byte for byte, and NCCL's own ncclras as recorded through
+the proxy.
 
 Until a recording is committed there is nothing to replay and these tests are skipped; the protocol is covered
 meanwhile by test_ras_reader.py with replies from NCCL's format strings.
@@ -77,6 +79,26 @@ def test_recorded_error_replies() -> None:
     with scripted([got[b"CLIENT PROTOCOL 99\n"], refused]) as server, pytest.raises(RasError) as err:
         query("127.0.0.1", server.port, deadline_s=5)
     assert err.value.kind == "protocol"
+
+
+PROXIED = sorted(H200.glob("**/proxy-sessions.json"))
+NCCLRAS = [(f"{p.parent.parent.name}/{name}", s) for p in PROXIED for name, s in json.loads(p.read_text()).items()]
+
+
+@pytest.mark.skipif(not NCCLRAS, reason="no recording of NCCL's own ncclras committed yet")
+@pytest.mark.parametrize(("label", "session"), NCCLRAS, ids=[label for label, _ in NCCLRAS])
+def test_reader_sends_what_ncclras_sent(label: str, session: dict[str, Any]) -> None:
+    """NCCL's own client, recorded through the proxy: ncclras (STATUS) and ncclras -v (VERBOSE STATUS), no -t."""
+    steps = replay_steps(session)
+    verbose = steps[-1][0] == b"VERBOSE STATUS\n"
+    with replay(session) as server:
+        reply = query("127.0.0.1", server.port, verbose=verbose, want_json=False, collective_timeout_s=None)
+    assert [e.sent for e in reply.exchanges] == [s for s, _, _ in steps]
+    assert reply.report.encode() == b"".join(steps[-1][1])
+    serving = parse_report(reply.report).serving()
+    assert serving is not None and (serving.size, serving.nodes, serving.status, serving.errors) == (
+        1, 1, "RUNNING", "OK"
+    )  # fmt: skip
 
 
 def test_replay_steps_read_the_recorder_format() -> None:

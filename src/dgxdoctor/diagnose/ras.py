@@ -11,7 +11,7 @@ from dgxdoctor.judge.ras import layout_findings, rank_findings
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.ras_report import RasReportError, parse_report
 
-# "NCCL version 2.28.9+cuda13.0 compiled with CUDA 13.0" then "Job summary" / "Communicators..." (client_support.cc
+# "NCCL version 2.28.9 compiled with CUDA 13.0" then "Job summary" / "Communicators..." (client_support.cc
 # :542, :599, :778 at v2.28.9-1).
 HEADER_RE = re.compile(r"^NCCL version \S+ compiled with CUDA \S+$", re.MULTILINE)
 BODY_RE = re.compile(r"^(Job summary|Communicators\.\.\.|Group     Comms     Nodes)", re.MULTILINE)

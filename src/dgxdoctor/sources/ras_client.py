@@ -193,7 +193,7 @@ def query(
     *,
     verbose: bool = True,
     want_json: bool = True,
-    collective_timeout_s: int = 5,
+    collective_timeout_s: int | None = 5,
     deadline_s: float = 15.0,
     max_bytes: int = DEFAULT_MAX_BYTES,
     connect: Connect = _default_connect,
@@ -204,9 +204,10 @@ def query(
     conn, version, attempts = _open((host, port), deadline, max_bytes, connect)
     notes: list[str] = []
     try:
-        reply = conn.line(f"TIMEOUT {int(collective_timeout_s)}\n")
-        if reply.strip().upper() != "OK":
-            raise RasError("protocol", f"RAS refused TIMEOUT {collective_timeout_s}: {reply.strip()[:120]!r}")
+        if collective_timeout_s is not None:  # None: NCCL's default, as ncclras without -t (no TIMEOUT sent)
+            reply = conn.line(f"TIMEOUT {int(collective_timeout_s)}\n")
+            if reply.strip().upper() != "OK":
+                raise RasError("protocol", f"RAS refused TIMEOUT {collective_timeout_s}: {reply.strip()[:120]!r}")
         fmt = "text"
         if want_json:
             reply = conn.line("SET FORMAT json\n")

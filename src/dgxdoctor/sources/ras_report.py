@@ -228,7 +228,7 @@ def parse_json_report(text: str) -> RasReport:
 
 # ---------------------------------------------------------------------------------------------------- text
 
-# "NCCL version 2.28.9+cuda13.0 compiled with CUDA 13.0" (client_support.cc:542)
+# "NCCL version 2.28.9 compiled with CUDA 13.0" (client_support.cc:542)
 VERSION_RE = re.compile(r"^NCCL version (\S+) compiled with CUDA \S+$")
 # "CUDA runtime version 13000, driver version 13000" (client_support.cc:544)
 CUDA_RE = re.compile(r"^CUDA runtime version (-?\d+), driver version (-?\d+)$")
