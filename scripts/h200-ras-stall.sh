@@ -10,7 +10,8 @@
 #    GPU samples of both GPUs every 0.5 s, both agents' /state polled every 0.5 s with timestamps; the time from
 #    the stop until the head's agent names the stopped rank (its GPU and "node"); SIGCONT, the time until the
 #    finding clears; the agents run in observe mode, nothing is restarted (the remediation audit is kept).
-# Expects in $D (default .dev/ras): wheels/ with dgxdoctor's wheel and the dependency wheels the machine lacks
+# Expects in $D (default .dev/ras): wheels/ with the dependency wheels the machine lacks (pydantic, structlog,
+# APScheduler ... as for scripts/h200-run.sh; a dgxdoctor wheel there is shadowed by the tree's src/)
 # (as scripts/h200-nccl.sh). OUT: the results folder. Results in /tmp/rs, tarred into $OUT/ras-stall.tgz;
 # $OUT/summary.txt and $OUT/timings.txt beside it.
 set -u
@@ -21,7 +22,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 PY=/opt/torch/.venv/bin/python; [ -x "$PY" ] || PY=python3
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$D"/wheels/*.whl \
     || exit 1
-export PYTHONPATH="/tmp/site:$PWD/src"
+export PYTHONPATH="$PWD/src:/tmp/site"  # the tree's dgxdoctor first, the dependency wheels after
 stamp() { echo "$(date -u +%T.%N | cut -c1-12) $*" | tee -a "$R/when.txt"; }
 { date -u; nvidia-smi -L; "$PY" -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version())'; } \
     > "$R/when.txt" 2>&1

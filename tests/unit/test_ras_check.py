@@ -232,3 +232,24 @@ def test_recorded_healthy_job_exported_and_checked_against_the_layout(tmp_path: 
     assert ok.status is Status.OK and ok.facts["ras.communicator_size"] == "1", ok.findings
     assert "RAS (2.28.9, json): 1 ranks over 1 node(s)" in ok.summary
     assert [f.code for f in small.findings] == ["RAS_COMMUNICATOR_SMALL"]
+
+
+def test_the_node_whose_own_ras_went_silent_is_the_owner(tmp_path: Path) -> None:
+    """The peer's /state as the head receives it (findings are not sent): its ras check critical, RAS down."""
+    from dgxdoctor.fleet.peers import validate_state
+    from dgxdoctor.result import ResultsDocument
+
+    vllm_proc(tmp_path)
+    with scripted(report("stall_rank11.txt")) as server:
+        ras_a = run(tmp_path, server.port)
+
+    def stopped(conn: socket.socket) -> None:
+        time.sleep(4)
+
+    with scripted([stopped]) as server:
+        ras_b = run(tmp_path, server.port)
+    a = ResultsDocument.of("dgx-a", [ras_a]).state()
+    b = validate_state(ResultsDocument.of("dgx-b", [ras_b]).state())
+    msg = next(f.message for f in compare([a, b]).findings if f.code == "PEER_TP_RANK_STUCK")
+    assert msg.startswith("rank 11 on dgx-b, GPU 3, unresponsive since ")
+    assert "node known as its own RAS stopped answering" in msg

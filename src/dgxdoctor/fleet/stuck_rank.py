@@ -94,8 +94,10 @@ def signals(snapshot: Mapping[str, Any]) -> NodeSignals:
         if check.get("name") == "infiniband":
             out.rails_seen_at = float(check.get("started_at") or 0.0)
         if check.get("name") == "ras":
-            for f in check.get("findings", ()):
-                out.ras_silent |= f.get("code") == "RAS_SILENT"
+            # a peer's /state carries status and samples only: silent = critical with dgxdoctor_ras_up 0
+            up = [s.get("value") for s in check.get("samples", ()) if s.get("name") == "dgxdoctor_ras_up"]
+            out.ras_silent = check.get("status") == "critical" and up == [0.0]
+            for f in check.get("findings", ()):  # the local node's own words (findings are not sent to peers)
                 message = str(f.get("message", ""))
                 if "; NCCL: " in message and f.get("subject"):
                     out.ras_evidence[str(f["subject"])] = message.split("; NCCL: ", 1)[1]

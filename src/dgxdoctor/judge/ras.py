@@ -178,13 +178,14 @@ def layout_findings(report: RasReport, expected_ranks: int) -> list[Finding]:
 
 
 def unreachable_finding(kind: str, detail: str, serving: bool) -> Finding | None:
-    """RAS did not answer (``kind`` as sources.ras_client.RasError): a finding only while vLLM serves."""
+    """RAS did not answer (``kind`` as sources.ras_client.RasError): a finding only while vLLM serves across GPUs
+    (or the check is ``required``)."""
     if not serving:
         return None
     if kind == "timeout":
         return Finding("RAS_SILENT", Status.CRITICAL, f"NCCL's RAS accepted but did not answer: {detail}",
                        subject="ras", remedy=REMEDY_SILENT)  # fmt: skip
-    return Finding("RAS_UNREACHABLE", Status.WARNING, f"NCCL's RAS cannot be read while vLLM serves: {detail}",
+    return Finding("RAS_UNREACHABLE", Status.WARNING, f"NCCL's RAS cannot be read: {detail}",
                    subject="ras", remedy=REMEDY_UNREACHABLE)  # fmt: skip
 
 
