@@ -374,7 +374,9 @@ def plan(
         network_gbps=network_gbps,
     )
     try:
-        result = make_plan(files.shape, str(model), files.weight_bytes, files.weight_source, settings)
+        # vLLM takes the model's directory: `plan MODEL/config.json` serves MODEL
+        serve_path = model.parent if model.name == "config.json" and not model.is_dir() else model
+        result = make_plan(files.shape, str(serve_path), files.weight_bytes, files.weight_source, settings)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(json.dumps(plan_dict(result), indent=2) if as_json else plan_text(result))

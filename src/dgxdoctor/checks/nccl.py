@@ -30,7 +30,7 @@ from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.checks.nccl_cross import PeerRefused, run_cross_node
 from dgxdoctor.checks.nccl_guard import in_window, parse_window, serving_reason
 from dgxdoctor.environment import Environment
-from dgxdoctor.judge.nccl import bandwidth_finding, nccl_tests_findings
+from dgxdoctor.judge.nccl import bandwidth_finding, nccl_tests_findings, peer_probe_failed, probe_failed
 from dgxdoctor.judge.nccl_transport import describe, transport_findings
 from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
@@ -385,16 +385,7 @@ def _judge_one(b: ResultBuilder, run: ProbeRun, cfg: NcclSettings, node_has_ib: 
     if run.returncode != 0 or report is None or not report.rows:
         tail = (run.stderr.strip() or run.stdout.strip())[-400:]
         b.sample(PROBE_OK, 0)
-        b.add(
-            Finding(
-                "NCCL_PROBE_FAILED",
-                Status.CRITICAL,
-                f"the bandwidth probe exited {run.returncode} without a bandwidth table",
-                subject,
-                evidence=tail or None,
-                remedy="run the probe by hand with NCCL_DEBUG=INFO and read its first WARN line",
-            )
-        )
+        b.add(probe_failed(run.returncode, subject, tail))
         return f"{prefix}probe failed (exit {run.returncode})", None
     b.sample(PROBE_OK, 1)
     transport = parse_nccl_info(run.stdout + "\n" + run.stderr)
@@ -447,16 +438,8 @@ def _peer_findings(run: ProbeRun, report: NcclTestsReport, cfg: NcclSettings) ->
         return []
     peer_report = _report(peer)
     if peer.returncode != 0 or peer_report is None or not peer_report.rows:
-        return [
-            Finding(
-                "NCCL_PEER_PROBE_FAILED",
-                Status.CRITICAL,
-                f"the peer's side of the probe exited {peer.returncode} without a table",
-                cfg.peer,
-                evidence=(run.peer_error or peer.stderr.strip() or peer.stdout.strip())[-400:] or None,
-                remedy="read the peer's probe output: journalctl -u dgxdoctor on the peer",
-            )
-        ]
+        tail = (run.peer_error or peer.stderr.strip() or peer.stdout.strip())[-400:]
+        return [peer_probe_failed(peer.returncode, cfg.peer, tail)]
     peer_transport = parse_nccl_info(peer.stdout + "\n" + peer.stderr)
     found = []
     if cfg.backend == "nccl" or peer_transport.seen:

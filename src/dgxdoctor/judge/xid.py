@@ -195,9 +195,20 @@ def escalate(assessment: Assessment, repeats: int, threshold: int) -> Assessment
     )
 
 
+# Resolutions of the SXid catalog that mean a fatal error when the line lacks the Fatal/Non-fatal word.
+FATAL_SXID_RESOLUTIONS = frozenset({"RESET_FABRIC"})
+
+
+def sxid_fatal(event: SxidEvent, entry: CatalogEntry | None) -> bool:
+    """What NVSwitch printed; for a Severity/Data line alone, the catalog's word (unknown codes: non-fatal)."""
+    if event.fatal is not None:
+        return event.fatal
+    return entry is not None and entry.resolution in FATAL_SXID_RESOLUTIONS
+
+
 def assess_sxid(event: SxidEvent, entry: CatalogEntry | None) -> Assessment:
     """NVSwitch prints Fatal or Non-fatal; the catalog (when it knows the code) refines it."""
-    if event.fatal:
+    if sxid_fatal(event, entry):
         return Assessment(
             Status.CRITICAL,
             "reboot_node",
@@ -280,7 +291,7 @@ def sxid_finding(
     event: SxidEvent, entry: CatalogEntry | None, count: int, latest_s: float, assessment: Assessment
 ) -> Finding:
     bus, code = event.pci_bus_id, event.sxid
-    label = entry.name if entry else ("fatal" if event.fatal else "non-fatal")
+    label = entry.name if entry else ("fatal" if sxid_fatal(event, entry) else "non-fatal")
     message = f"SXID {code} ({label}) on {event.device} {bus}: {count} time(s), latest {ago(latest_s)}"
     return Finding(f"SXID_{code}", assessment.status, message, bus, evidence=event.line, remedy=assessment.remedy)
 
