@@ -209,7 +209,7 @@ Text = Annotated[str, StringConstraints(max_length=MAX_TEXT)]
 LooseStatus = Annotated[str, BeforeValidator(lambda value: str(value)[:32])]
 # The checks' part of the per-check document in `check --json` (the rest is /state's).
 REPORT_CHECK_KEYS = {"name", "status", "summary", "findings", "action", "duration_s", "error"}
-COMPARED_CHECK_KEYS = {"name", "status", "samples", "started_at"}  # started_at: when a peer saw a rail down
+COMPARED_CHECK_KEYS = {"name", "status", "samples"}
 
 
 class _Doc(BaseModel):

@@ -11,6 +11,7 @@ from typing import Any
 from dgxdoctor.checks.ras import RasCheck, RasSettings, parallel_size
 from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.compare import compare
+from dgxdoctor.fleet.peers import validate_state
 from dgxdoctor.result import CheckDoc, CheckResult, Status
 from proctree import write_process
 from ras_standin import CLOSE, scripted
@@ -170,8 +171,9 @@ def stall_snapshots(tmp_path: Path, b_gpu3: dict[str, float]) -> list[dict[str, 
     ras_b = {"name": "ras", "samples": [{"name": "dgxdoctor_ras_local_rank_info", "value": 1.0, "labels": {
         "rank": "11", "host": "10.0.0.2", "pid": "48213", "gpu": "3", "nvml_gpu": "3"}}], "findings": []}  # fmt: skip
     gpus_b = {i: (b_gpu3 if i == 3 else waiting) for i in range(8)}
-    return [node("dgx-a", doc(ras_a), gpu_check(dict.fromkeys(range(8), waiting))),
-            node("dgx-b", ras_b, gpu_check(gpus_b), ib_down("mlx5_3"))]  # fmt: skip
+    peer = node("dgx-b", ras_b, gpu_check(gpus_b), ib_down("mlx5_3"))
+    # dgx-b as the head receives it: what /state sends peers (status and samples)
+    return [node("dgx-a", doc(ras_a), gpu_check(dict.fromkeys(range(8), waiting))), validate_state(peer)]
 
 
 def test_joined_finding_names_node_gpu_rail(tmp_path: Path) -> None:
@@ -182,7 +184,7 @@ def test_joined_finding_names_node_gpu_rail(tmp_path: Path) -> None:
     assert msg.startswith("rank 11 on dgx-b, GPU 3, unresponsive since ")
     assert "dgx-b's GPU 3 idle (0%), as a stopped rank's" in msg
     assert "dgx-a's GPUs spin in the collective, waiting for it" in msg
-    assert "dgx-b mlx5_3/1 link down (seen " in msg
+    assert "dgx-b mlx5_3/1 link down;" in msg  # when: only for the local node's rails (peers send no times)
     assert "disagree" not in msg and "NCCL: communicator 0x7f3a9e0c21d4b6a1: missing rank 11" in msg
     assert "PEER_TP_RANK_STOPPED" not in {f.code for f in out.findings}
 
@@ -236,7 +238,6 @@ def test_recorded_healthy_job_exported_and_checked_against_the_layout(tmp_path: 
 
 def test_the_node_whose_own_ras_went_silent_is_the_owner(tmp_path: Path) -> None:
     """The peer's /state as the head receives it (findings are not sent): its ras check critical, RAS down."""
-    from dgxdoctor.fleet.peers import validate_state
     from dgxdoctor.result import ResultsDocument
 
     vllm_proc(tmp_path)

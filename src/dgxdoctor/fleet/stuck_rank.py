@@ -91,7 +91,7 @@ def signals(snapshot: Mapping[str, Any]) -> NodeSignals:
             value = s.get("value")
             if isinstance(value, int | float):
                 _sample(out, node, str(s.get("name", "")), s.get("labels", {}), float(value))
-        if check.get("name") == "infiniband":
+        if check.get("name") == "infiniband":  # when: on the local snapshot only (peers send no started_at)
             out.rails_seen_at = float(check.get("started_at") or 0.0)
         if check.get("name") == "ras":
             # a peer's /state carries status and samples only: silent = critical with dgxdoctor_ras_up 0
