@@ -93,6 +93,7 @@ def main() -> int:
     parser.add_argument("--help-target", type=float, default=0.12)
     parser.add_argument("--check-target", type=float, default=0.45)
     parser.add_argument("--config", help="config for `check` (default: built-in defaults)")
+    parser.add_argument("--check-arg", action="append", default=[], help="one more argument for `check` (repeat)")
     args = parser.parse_args()
 
     bare = statistics.median(_wall([sys.executable, "-I", "-c", "pass"], args.runs))
@@ -100,7 +101,7 @@ def main() -> int:
     if args.peer:
         peer = statistics.median(_wall(shlex.split(args.peer), args.runs))
         print(f"peer: {args.peer}: median {peer:.3f} s")
-    check = ["check", *(["--config", args.config] if args.config else [])]
+    check = ["check", *(["--config", args.config] if args.config else []), *args.check_arg]
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as paste:
         paste.write("NVRM: Xid (PCI:0000:18:00): 79, pid=1234, GPU has fallen off the bus.\n")
     try:
