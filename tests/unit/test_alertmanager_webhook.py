@@ -60,8 +60,8 @@ async def client() -> AsyncIterator[tuple[TestClient[Any, Any], list[list[Incomi
         got.append(items)
         return len(items), 0
 
-    async def step(name: str, action_id: str) -> tuple[int, dict[str, Any]]:
-        steps.append(name)
+    async def step(doc: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        steps.append(doc["step"])
         return 200, {"ok": True, "detail": "exit 0"}
 
     state = AppState(store, make_registry(store), lambda: {"healthy": True}, TOKEN, None, alerts=alerts, step=step)
