@@ -129,6 +129,7 @@ class Remediator:
 
     def _set_aside(self, exc: ValueError) -> Guard:
         now = self.clock()
+        self.disabled = f"the state file is invalid: {str(exc)[:200]}"  # stays so if it cannot even be set aside
         kept = self.state_file.set_aside(now)
         reason = f"the state file was invalid ({str(exc)[:200]}), kept as {kept.name}"
         guard = Guard(self.settings, GuardState.safe(reason, now))

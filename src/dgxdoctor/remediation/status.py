@@ -19,7 +19,10 @@ def status_document(config: Config, last: int = 10, now: float | None = None) ->
     s = config.remediation
     state_file = StateFile(config.paths.state_dir)
     with state_file.locked():
-        guard = Guard(s, GuardState.from_doc(state_file.read()))
+        try:
+            guard = Guard(s, GuardState.from_doc(state_file.read()))
+        except ValueError as exc:
+            raise ValueError(f"{exc}; `dgxdoctor remediation reset` sets it aside and starts afresh") from None
     st = guard.state
     records = AuditLog(config.paths.state_dir).tail(5000)
     actions = [r for r in records if r.get("event") in ("action", "page", "step")][-last:]
