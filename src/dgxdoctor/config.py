@@ -77,6 +77,10 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+# Peers one agent compares with and asks during a cluster restart: the product is two nodes, a large deployment a few
+# dozen; thousands would make every /state and comparison a fan-out the daemon was never sized for.
+MAX_PEERS = 64
+
 # user:password@ in a URL (http://admin:pw@dgx-b:9835): a password in a URL is not repeated in an error.
 _USERINFO = re.compile(r"://[^/@\s'\"]*@")
 
@@ -91,7 +95,11 @@ class DaemonSettings(_Frozen):
         description="shared secret peers send as 'Authorization: Bearer ...'; without it /state is loopback-only",
     )
     token_file: Path | None = Field(None, description="file holding the token (instead of token); keep it 0600")
-    peers: tuple[str, ...] = Field((), description='dgxdoctor on the other nodes, e.g. ["http://dgx-b:9835"]')
+    peers: tuple[str, ...] = Field(
+        (),
+        max_length=MAX_PEERS,
+        description=f'dgxdoctor on the other nodes, e.g. ["http://dgx-b:9835"]; at most {MAX_PEERS}',
+    )
     peer_timeout_s: float = Field(3.0, gt=0, le=60, description="seconds to wait for one peer's /state")
     textfile_path: Path | None = Field(
         None,
@@ -338,11 +346,24 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
         problems = [(_key_path(err["loc"]), _reason(err)) for err in exc.errors(include_url=False)]
         raise ConfigError(source, problems) from None
     config = Config(model, source)
+    acting = _acting_problem(config)
+    if acting is not None:
+        raise ConfigError(source, [acting])
     ray_role = getattr(config.check_settings("ray"), "role", "auto")
     if config.role is not None and ray_role not in ("auto", config.role):
         problem = f"{ray_role!r} contradicts node.role {config.role!r} (leave it 'auto' to follow the node's role)"
         raise ConfigError(source, [("checks.ray.role", problem)])
     return config
+
+
+def _acting_problem(config: Config) -> tuple[str, str] | None:
+    """Act mode runs root commands on what ``POST /alertmanager`` and ``/remediation/step`` deliver: without a token
+    any local user could deliver it, so a token is required (``token`` or ``token_file``)."""
+    d = config.daemon
+    if config.remediation.mode == "act" and d.token is None and d.token_file is None:
+        return ("remediation.mode", 'mode = "act" needs daemon.token or daemon.token_file (the webhook and the '
+                "head's step requests must be authenticated)")  # fmt: skip
+    return None
 
 
 def _one_role(data: dict[str, Any], source: str) -> dict[str, Any]:
