@@ -51,6 +51,7 @@ from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
 from dgxdoctor.sources.http import http_url
 from dgxdoctor.sources.procfs import CLK_TCK, ProcessInfo
 from dgxdoctor.sources.prom_text import PromTextError
+from dgxdoctor.sources.redact import shown_argv
 from dgxdoctor.sources.vllm_api import (
     Health,
     api_server_on,
@@ -330,7 +331,7 @@ class VllmCheck(Check):
                 b.timed_out("health")
             if health.outcome != "up":
                 b.sample(VLLM_UP, 0)
-                process = f"process {proc.pid} ({' '.join(proc.cmdline)[:80]})" if proc else None
+                process = f"process {proc.pid} ({shown_argv(proc.cmdline, 80)})" if proc else None
                 head = self.env.role == "head"
                 expected = proc is not None or s.required or s.pid_file is not None or self._seen_up or head
                 server = Server(s.base_url, process, no_proc_reason, uptime, expected, cpu_ratio, state, head)

