@@ -180,6 +180,7 @@ def run(config_path: Path | None, listen: str | None) -> None:
 def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_path: Path | None) -> None:
     """Say what is wrong in pasted tool output (a file each, - for stdin)."""
     from dgxdoctor.diagnose.registry import diagnose as read_paste
+    from dgxdoctor.sources.statefile import open_regular_file
 
     settings = None
     if config_path is not None:
@@ -193,7 +194,7 @@ def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_pat
             if name == "-":
                 raw = sys.stdin.buffer.read(MAX_DIAGNOSE_BYTES + 1)
             else:
-                with open(name, "rb") as fh:
+                with open_regular_file(name) as fh:  # a FIFO given by name would block open() forever
                     raw = fh.read(MAX_DIAGNOSE_BYTES + 1)
         except OSError as exc:
             raise click.UsageError(f"cannot read {name}: {exc.strerror or exc}") from None

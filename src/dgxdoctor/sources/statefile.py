@@ -21,7 +21,7 @@ import secrets
 import stat
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import structlog
 
@@ -89,6 +89,32 @@ def read_private_file(path: Path, max_bytes: int = 4096, agent_uid: int | None =
             mode = stat.S_IMODE(st.st_mode)
             raise ValueError(f"{path} is open to its group or others (mode {mode:04o}): chmod 0600 it")
         return fh.read(max_bytes + 1).decode("utf-8", errors="replace")
+
+
+# st_mode -> what a file that is not regular is, for the error.
+FILE_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def open_regular_file(path: str | Path) -> BinaryIO:
+    """``path`` opened for reading if it is a regular file; OSError naming what it is otherwise. Opened without
+    blocking first: ``open()`` of a FIFO waits for a writer forever (``diagnose`` hung on one)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = next((kind for test, kind in FILE_KINDS if test(mode)), "not a regular file")
+            raise OSError(errno.EINVAL, f"{what}, not a regular file (read a pipe or a device as - on stdin)")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def open_dir(directory: Path) -> int:
