@@ -65,7 +65,7 @@ def test_a_non_assignment_line_of_the_env_file_is_reported_by_number_and_kind_on
     env_file = tmp_path / "nccl.sh"
     env_file.write_text(
         f'export NCCL_SOCKET_IFNAME=lo\n[ -f /etc/hf ] && export HF_TOKEN={SECRET}\nexport X="$(cat /run/{SECRET})"\n'
-        f". /etc/nccl.env\nprintf {SECRET}\n"
+        f"set -e\nprintf {SECRET}\n"
     )
     (tmp_path / "proc").mkdir()
     env = Environment(node="n1", sysfs_root=tmp_path / "sys", proc_root=tmp_path / "proc", state_dir=tmp_path)
@@ -75,7 +75,7 @@ def test_a_non_assignment_line_of_the_env_file_is_reported_by_number_and_kind_on
     lines = {f.subject: f.message for f in result.findings if f.code == "NCCL_ENV_FILE_LINE"}
     assert lines[f"{env_file}:2"] == "line 2: not a plain assignment (a conditional or a command list), ignored"
     assert lines[f"{env_file}:3"] == "line 3: X: command substitution is not evaluated (value kept as text)"
-    assert lines[f"{env_file}:4"] == "line 4: not a plain assignment (sources another file), ignored"
+    assert lines[f"{env_file}:4"] == "line 4: not a plain assignment (sets shell options), ignored"
     assert lines[f"{env_file}:5"] == "line 5: not a plain assignment (a command), ignored"
 
 
