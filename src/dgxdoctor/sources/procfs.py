@@ -60,11 +60,12 @@ NETNS_LINK_RE = re.compile(r"^net:\[(\d+)\]$")
 # /proc/net/tcp and /proc/net/tcp6 of a Ray head (tests/fixtures/ray/head-proc-net-tcp*.txt):
 #    5: 00000000:2049 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 12267 1 ...
 #    2: 00000000000000000000000000000000:18EB 00000000000000000000000000000000:0000 0A 00000000:00000000 ...
-# after the state: tx:rx queues, timer, retransmits, then uid, timeout and inode (``0        0 12267``).
+# after the state: tx:rx queues, timer, retransmits, then uid, timeout and inode (``0        0 12267``); uid and
+# inode bounded (32 and 64 bits), so another writer's absurd digits never reach int().
 PROC_NET_TCP_RE = re.compile(
     r"^\s*\d+:\s+(?P<local_addr>[0-9A-Fa-f]+):(?P<local_port>[0-9A-Fa-f]{4})\s+"
     r"[0-9A-Fa-f]+:[0-9A-Fa-f]{4}\s+(?P<state>[0-9A-Fa-f]{2})\s"
-    r"(?:\s*[0-9A-Fa-f]+:[0-9A-Fa-f]+\s+[0-9A-Fa-f]+:[0-9A-Fa-f]+\s+[0-9A-Fa-f]+\s+(?P<uid>\d+)\s+\d+\s+(?P<inode>\d+))?"
+    r"(?:\s*[0-9A-Fa-f]+:[0-9A-Fa-f]+\s+[0-9A-Fa-f]+:[0-9A-Fa-f]+\s+[0-9A-Fa-f]+\s+(?P<uid>\d{1,10})\s+\d+\s+(?P<inode>\d{1,20})\b)?"
 )
 # readlink /proc/<pid>/fd/3 of a listening Python process on the development host:
 # socket:[13024]
