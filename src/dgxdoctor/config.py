@@ -21,6 +21,7 @@ from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.environment import Environment, Role
 from dgxdoctor.sources.http import http_url
+from dgxdoctor.sources.statefile import read_private_file, state_dir_problem
 
 DEFAULT_CONFIG_PATH = Path("/etc/dgxdoctor/config.toml")
 EX_CONFIG = 78  # sysexits.h EX_CONFIG
@@ -56,7 +57,9 @@ class PathsSettings(_Frozen):
         Path("/"), description="the host's /: absolute paths named inside files (nccl.sh's `. /etc/nccl.env`)"
     )
     state_dir: Path = Field(
-        Path("/var/lib/dgxdoctor"), description="small state files (counter baselines, log offsets)"
+        Path("/var/lib/dgxdoctor"),
+        description="small state files (counter baselines, log offsets); must be root's (or dgxdoctor's user's) and "
+        "not writable by its group or others",
     )
 
 
@@ -94,7 +97,11 @@ class DaemonSettings(_Frozen):
         min_length=16,
         description="shared secret peers send as 'Authorization: Bearer ...'; without it /state is loopback-only",
     )
-    token_file: Path | None = Field(None, description="file holding the token (instead of token); keep it 0600")
+    token_file: Path | None = Field(
+        None,
+        description="file holding the token (instead of token): a regular file, not a link, root's (or dgxdoctor's "
+        "user's), mode 0600; anything else is a config error",
+    )
     peers: tuple[str, ...] = Field(
         (),
         max_length=MAX_PEERS,
@@ -139,7 +146,7 @@ class DaemonSettings(_Frozen):
         """The token itself, reading ``token_file`` if that is how it is given (OSError/ValueError if bad)."""
         if self.token_file is None:
             return self.token
-        text = self.token_file.read_text(encoding="utf-8").strip()
+        text = read_private_file(self.token_file).strip()
         if len(text) < 16:
             raise ValueError(f"{self.token_file}: token shorter than 16 characters")
         return text
@@ -426,7 +433,16 @@ def _reason(err: Any) -> str:
 
 
 def load_config(path: Path | None) -> Config:
-    """Load ``path``; ``None`` means the default path if it exists, else the documented defaults."""
+    """Load ``path``; ``None`` means the default path if it exists, else the documented defaults. A state_dir that
+    another user owns or may write to is a config error (``statefile.state_dir_problem``)."""
+    config = _read_config(path)
+    problem = state_dir_problem(config.paths.state_dir)
+    if problem is not None:
+        raise ConfigError(str(path or DEFAULT_CONFIG_PATH), [("paths.state_dir", problem)])
+    return config
+
+
+def _read_config(path: Path | None) -> Config:
     explicit = path is not None
     path = path or DEFAULT_CONFIG_PATH
     if not path.exists():

@@ -39,6 +39,7 @@ from dgxdoctor.sources.nccl_env import read_env_file
 from dgxdoctor.sources.nccl_info import NcclTransport, parse_nccl_info
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
 from dgxdoctor.sources.serving_env import find_serving_python
+from dgxdoctor.sources.statefile import atomic_write
 from dgxdoctor.sources.sysfs_ib import ports_by_device
 
 # The probe's exit statuses, repeated from ``dgxdoctor.probes.allreduce`` so the daemon does not import the probe
@@ -337,8 +338,8 @@ class NcclCheck(Check):
         operator: ``last-probe.txt``, or ``last-probe-<HCA>.txt`` for a per-rail run."""
         path = self.env.state_dir / "nccl" / (f"last-probe-{rail}.txt" if rail else "last-probe.txt")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(f"{stdout}\n# --- stderr ---\n{stderr}", encoding="utf-8")
+            path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+            atomic_write(path, f"{stdout}\n# --- stderr ---\n{stderr}".encode(), 0o640)  # never through a link
         except OSError:
             pass  # the verdict does not depend on it
 
