@@ -118,17 +118,58 @@ config_option = click.option(
 @click.option("--only", help="comma-separated checks to run (even if disabled)")
 @click.option("--skip", help="comma-separated checks not to run")
 @click.option("-v", "--verbose", is_flag=True, help="show every finding, ok ones too")
-def check(config_path: Path | None, as_json: bool, only: str | None, skip: str | None, verbose: bool) -> None:
+@click.option("--cluster", is_flag=True, help="also every [daemon] peer, now, over the API; side by side, compared")
+@click.option("--cached", is_flag=True, help="with --cluster: the peers' latest daemon results instead of a run now")
+@click.option(
+    "--deadline",
+    "deadline_s",
+    type=click.FloatRange(1, 600),
+    default=None,
+    help="with --cluster: seconds for the whole run (default: the slowest check's timeout + 5, at most 120)",
+)
+def check(
+    config_path: Path | None,
+    as_json: bool,
+    only: str | None,
+    skip: str | None,
+    verbose: bool,
+    cluster: bool,
+    cached: bool,
+    deadline_s: float | None,
+) -> None:
     """Run every enabled check once, in parallel. Exit 0 ok, 1 warning, 2 critical, 3 unknown."""
     config = _load(config_path)
     env = config.environment()
     checks = build_checks(config, env, _names(only), _names(skip))
+    if cluster:
+        sys.exit(_check_cluster(config, checks, as_json, verbose, cached, deadline_s))
+    if cached or deadline_s is not None:
+        raise click.UsageError("--cached and --deadline go with --cluster")
     results = asyncio.run(CheckRunner(env).run_once(checks))
     if as_json:
         click.echo(json.dumps(report_dict(env.node, results, env.role), indent=2))
     else:
         click.echo(report_table(env.node, results, verbose, env.role))
     sys.exit(exit_code(overall_status(results)))
+
+
+def _check_cluster(
+    config: Config, checks: list[Check], as_json: bool, verbose: bool, cached: bool, deadline_s: float | None
+) -> int:
+    from dgxdoctor.cluster_cli import default_deadline, run_cluster_check
+    from dgxdoctor.fleet.cluster import cluster_document
+    from dgxdoctor.fleet.cluster_table import cluster_table
+
+    if not config.daemon.peers:
+        raise click.UsageError("--cluster needs the other nodes in [daemon] peers")
+    try:
+        token = config.daemon.resolve_token()
+    except (OSError, ValueError) as exc:
+        click.echo(f"invalid configuration: daemon.token_file: {exc}", err=True)
+        return EX_CONFIG
+    view = run_cluster_check(config, checks, token, deadline_s or default_deadline(checks), cached)
+    click.echo(json.dumps(cluster_document(view), indent=2) if as_json else cluster_table(view, verbose))
+    return exit_code(view.status)
 
 
 @cli.command()

@@ -33,6 +33,7 @@ LAYERS = {
     "plan_report": 8,  # renders a layout plan for the cli
     "bench_cli": 8,  # `dgxdoctor bench`: the sweep, the knee, the files, the baseline
     "daemon": 8,
+    "cluster_cli": 8,  # `check --cluster`: this node and every peer under one deadline
     "cli": 9,
     "__main__": 10,
 }

@@ -24,8 +24,10 @@ from dgxdoctor import __version__
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import Config, ConfigError, load_config, parse_listen
-from dgxdoctor.daemon import connections
+from dgxdoctor.daemon import checknow, connections
 from dgxdoctor.daemon.app import AppState, make_app
+from dgxdoctor.daemon.checknow import CheckNow
+from dgxdoctor.daemon.page import StatusPage
 from dgxdoctor.daemon.ratelog import LoopErrors, RequestLog
 from dgxdoctor.daemon.remediation import build_remediator
 from dgxdoctor.daemon.scheduler import CheckScheduler
@@ -93,7 +95,9 @@ class Daemon:
             alerts=self.remediator.accept_alerts,
             step=self.remediator.run_step,
         )
-        self.app_state.extra_routes = self._nccl_routes
+        self.app_state.extra_routes = self._routes
+        self.check_now = CheckNow(lambda: self.config, factories)
+        self.app_state.page = StatusPage(self)
         self.started_at = time.time()
         self.stopping = asyncio.Event()
         self.bound: tuple[str, int] | None = None
@@ -129,6 +133,10 @@ class Daemon:
             self.scheduler.add(self._build(factory), first_run_in_s=offset)
         log.info("checks_scheduled", checks={f.name: self.config.check_settings(f.name).interval_s for f in enabled})
 
+    def _routes(self, app: web.Application) -> None:
+        self._nccl_routes(app)
+        checknow.add_routes(app, self.check_now)
+
     def _nccl_routes(self, app: web.Application) -> None:
         from dgxdoctor.checks.nccl import NcclSettings
         from dgxdoctor.daemon.nccl_join import NcclJoinService, add_routes
@@ -151,6 +159,8 @@ class Daemon:
             "checks": sorted(self.scheduler.checks),
             "uptime_s": round(time.time() - self.started_at, 1),
             "version": __version__,
+            # Peers measure their clock offset from this (fleet.cluster.measure_clock), to line up timelines.
+            "clock": round(time.time(), 6),
         }
 
     async def _watchdog(self, interval: float) -> None:
