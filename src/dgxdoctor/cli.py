@@ -272,6 +272,54 @@ def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_pat
     sys.exit(exit_code(worst))
 
 
+@cli.command()
+@config_option
+@click.option(
+    "--since",
+    "since",
+    metavar="DURATION",
+    default=None,
+    help="window of logs: 900, 15m, 2h, 1d (default [bundle] since_s)",
+)
+@click.option("--cluster", is_flag=True, help="every [daemon] peer's part too, over the API, into one archive")
+@click.option("-o", "--output", "output", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="the archive (default ./dgxdoctor-bundle-NODE-TIME.tar.gz)")  # fmt: skip
+@click.option("--size-cap", type=click.IntRange(2**16), default=None, help="bytes per node (default [bundle])")
+@click.option("--deadline", "deadline_s", type=click.FloatRange(1, 3600), default=None,
+              help="seconds for the whole collection (default [bundle] deadline_s)")  # fmt: skip
+def bundle(
+    config_path: Path | None,
+    since: str | None,
+    cluster: bool,
+    output: Path | None,
+    size_cap: int | None,
+    deadline_s: float | None,
+) -> None:
+    """One .tar.gz for a support ticket: results, kernel and service logs, nvidia-smi, IB, Ray, NCCL env, audit."""
+    from dgxdoctor.bundle_cli import parse_duration, run_bundle, with_limits
+
+    config = with_limits(_load(config_path), size_cap, deadline_s)
+    try:
+        since_s = parse_duration(since) if since is not None else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from None
+    if cluster and not config.daemon.peers:
+        raise click.UsageError("--cluster needs the other nodes in [daemon] peers")
+    try:
+        path, top = run_bundle(config, since_s, cluster, output)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write the bundle: {exc}") from None
+    click.echo(str(path))
+    for node in top["nodes"]:
+        offset = "" if node["clock_offset_s"] is None else f", clock {node['clock_offset_s']:+.3f} s"
+        click.echo(f"  {node['node']}: {node['bytes'] or 0} bytes, {node['failures']} failed item(s){offset}"
+                   + (f"; {node['error']}" if node["error"] else ""))  # fmt: skip
+    for node, hit in top["limits_hit"].items():
+        if hit:
+            click.echo(f"  {node}: limits reached: {', '.join(sorted(hit))}", err=True)
+    sys.exit(0 if not any(n["error"] for n in top["nodes"]) else 1)
+
+
 @cli.command("config-example")
 def config_example() -> None:
     """Print the documented example config (every key, its type, default and meaning)."""

@@ -60,6 +60,34 @@ def parse_deadline(raw: bytes) -> float:
     return float(value)
 
 
+class RunGate:
+    """One run at a time (409 while one runs) and at most one start per ``interval()`` seconds (429)."""
+
+    def __init__(self, what: str, interval: Callable[[], float], monotonic: Callable[[], float] = time.monotonic):
+        self.what = what
+        self.interval = interval
+        self.monotonic = monotonic
+        self.lock = asyncio.Lock()
+        self.last_start: float | None = None
+        self.refused: dict[str, int] = {"busy": 0, "rate": 0}
+
+    def refusal(self) -> web.Response | None:
+        if self.lock.locked():
+            self.refused["busy"] += 1
+            return web.json_response({"error": f"a {self.what} is already in progress here"}, status=409,
+                                     headers={"Retry-After": "1"})  # fmt: skip
+        interval = self.interval()
+        if self.last_start is not None and self.monotonic() - self.last_start < interval:
+            self.refused["rate"] += 1
+            wait = max(1, math.ceil(interval - (self.monotonic() - self.last_start)))
+            return web.json_response({"error": f"at most one {self.what} per {interval:g} s"}, status=429,
+                                     headers={"Retry-After": str(wait)})  # fmt: skip
+        return None
+
+    def started(self) -> None:
+        self.last_start = self.monotonic()
+
+
 class CheckNow:
     def __init__(
         self,
@@ -72,35 +100,20 @@ class CheckNow:
         self.factories = factories
         self.clock = clock
         self.monotonic = monotonic
-        self.lock = asyncio.Lock()
-        self.last_start: float | None = None
+        self.gate = RunGate("check run", lambda: config().daemon.check_run_min_interval_s, monotonic)
         self.runner: CheckRunner | None = None
-        self.refused: dict[str, int] = {"busy": 0, "rate": 0}
-
-    def _refusal(self) -> web.Response | None:
-        if self.lock.locked():
-            self.refused["busy"] += 1
-            return web.json_response({"error": "a check run is already in progress here"}, status=409,
-                                     headers={"Retry-After": "1"})  # fmt: skip
-        interval = self.config().daemon.check_run_min_interval_s
-        if self.last_start is not None and self.monotonic() - self.last_start < interval:
-            self.refused["rate"] += 1
-            wait = max(1, math.ceil(interval - (self.monotonic() - self.last_start)))
-            return web.json_response({"error": f"at most one check run per {interval:g} s"}, status=429,
-                                     headers={"Retry-After": str(wait)})  # fmt: skip
-        return None
 
     async def handle(self, request: web.Request) -> web.Response:
         try:
             deadline_s = parse_deadline(await request.read())
         except ValueError as exc:
             return web.json_response({"error": str(exc)}, status=400)
-        refused = self._refusal()
+        refused = self.gate.refusal()
         if refused is not None:
             return refused
         lift_deadline(request)  # authenticated: the run has its own deadline
-        async with self.lock:
-            self.last_start = self.monotonic()
+        async with self.gate.lock:
+            self.gate.started()
             doc = await self.run(deadline_s)
         return web.json_response({"node": doc["node"], "results": doc})
 

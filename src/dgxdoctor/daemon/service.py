@@ -24,8 +24,9 @@ from dgxdoctor import __version__
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import Config, ConfigError, load_config, parse_listen
-from dgxdoctor.daemon import checknow, connections
+from dgxdoctor.daemon import bundle_part, checknow, connections
 from dgxdoctor.daemon.app import AppState, make_app
+from dgxdoctor.daemon.bundle_part import BundlePart
 from dgxdoctor.daemon.checknow import CheckNow
 from dgxdoctor.daemon.page import StatusPage
 from dgxdoctor.daemon.ratelog import LoopErrors, RequestLog
@@ -136,6 +137,7 @@ class Daemon:
     def _routes(self, app: web.Application) -> None:
         self._nccl_routes(app)
         checknow.add_routes(app, self.check_now)
+        bundle_part.add_routes(app, BundlePart(lambda: self.config, lambda: self.env, self.store))
 
     def _nccl_routes(self, app: web.Application) -> None:
         from dgxdoctor.checks.nccl import NcclSettings
