@@ -14,18 +14,21 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from dgxdoctor.bundle.archive import part_bytes
-from dgxdoctor.bundle.build import local_part
+from dgxdoctor.bundle.build import gather_parts, local_part, write_parts
 from dgxdoctor.bundle.items import Sources
 from dgxdoctor.config import Config
 from dgxdoctor.daemon.checknow import RunGate
 from dgxdoctor.daemon.connections import lift_deadline
 from dgxdoctor.fleet.store import ResultStore
+from dgxdoctor.remediation.capture import CaptureSettings, PreActionCapture, Writer
 
 MAX_SINCE_S = 30 * 86400.0
 
@@ -89,3 +92,32 @@ class BundlePart:
 
 def add_routes(app: web.Application, service: BundlePart) -> None:
     app.router.add_post("/bundle/part", service.handle)
+
+
+def capture_writer(
+    config: Callable[[], Config], env: Callable[[], Any], store: ResultStore, workers: Callable[[], tuple[str, ...]]
+) -> Writer:
+    """The capture before a restart: this node's part from the daemon's own view and, for a cluster restart, the
+    workers' parts over the API, written as one archive."""
+
+    def write(path: Path, action: str, collect_s: float) -> dict[str, Any]:
+        c = config()
+        since = c.bundle.capture_since_s
+        sources = daemon_sources(store, c.role, since, bug_report=False)
+        peers = () if action == "restart_vllm" else workers()
+        t0 = time.monotonic()
+        mine, theirs = asyncio.run(gather_parts(c, env(), sources, collect_s, peers))
+        seconds = time.monotonic() - t0
+        return write_parts(path, c.node, mine, theirs, collect_s, since, f"capture before {action}", seconds)[1]
+
+    return write
+
+
+def pre_action_capture(config: Callable[[], Config], env: Callable[[], Any], store: ResultStore,
+                       workers: Callable[[], tuple[str, ...]]) -> PreActionCapture:  # fmt: skip
+    def settings() -> CaptureSettings:
+        b = config().bundle
+        return CaptureSettings(b.capture_before_restart, b.capture_deadline_s, b.keep)
+
+    writer = capture_writer(config, env, store, workers)
+    return PreActionCapture(writer, lambda: config().paths.state_dir, lambda: config().node, settings)

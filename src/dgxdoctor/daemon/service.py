@@ -26,7 +26,7 @@ from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import Config, ConfigError, load_config, parse_listen
 from dgxdoctor.daemon import bundle_part, checknow, connections
 from dgxdoctor.daemon.app import AppState, make_app
-from dgxdoctor.daemon.bundle_part import BundlePart
+from dgxdoctor.daemon.bundle_part import BundlePart, pre_action_capture
 from dgxdoctor.daemon.checknow import CheckNow
 from dgxdoctor.daemon.page import StatusPage
 from dgxdoctor.daemon.ratelog import LoopErrors, RequestLog
@@ -36,9 +36,12 @@ from dgxdoctor.daemon.sdnotify import Notifier
 from dgxdoctor.environment import Environment, Fleet, Peers
 from dgxdoctor.exporters import collector
 from dgxdoctor.exporters.collector import make_registry
+from dgxdoctor.exporters.incidents import IncidentCollector
 from dgxdoctor.exporters.remediation import RemediationCollector
 from dgxdoctor.exporters.textfile import write_textfile
+from dgxdoctor.fleet.incidents import IncidentTracker
 from dgxdoctor.fleet.store import ResultStore
+from dgxdoctor.remediation.audit import AuditLog
 from dgxdoctor.remediation.engine import Remediator
 from dgxdoctor.result import Sample
 from dgxdoctor.sources.statefile import WRITE_ERRORS, note_file, write_failed
@@ -86,6 +89,12 @@ class Daemon:
         self.registry = make_registry(self.store, lambda: self.runner.timeouts_total, self.own_samples)
         self.token = config.daemon.resolve_token()
         self.remediator: Remediator = build_remediator(config, self.token, self.store.latest)
+        self.remediator.capture = pre_action_capture(
+            lambda: self.config, lambda: self.env, self.store, lambda: self.remediator.targets.workers
+        )
+        self.incidents = IncidentTracker(config.paths.state_dir, self._actions_between)
+        self.store.listeners.append(self.incidents.observe)
+        self.registry.register(IncidentCollector(lambda: self.store.node, self.incidents))
         self.registry.register(RemediationCollector(lambda: self.store.node, self.remediator.metrics))
         self.app_state = AppState(
             self.store,
@@ -116,6 +125,15 @@ class Daemon:
 
     def _local_state(self, without: str) -> dict[str, Any]:
         return self.store.snapshot(exclude=(without,))
+
+    def _actions_between(self, start: float, end: float) -> list[str]:
+        """Remediation's actions audited within an incident (``fleet.incidents``)."""
+        records = AuditLog(self.config.paths.state_dir).tail(500)
+        return [
+            f"{r.get('action')} {r.get('outcome')}"
+            for r in records
+            if r.get("event") == "action" and isinstance(r.get("ts"), int | float) and start <= r["ts"] <= end
+        ]
 
     def _token(self) -> str | None:
         return self.token

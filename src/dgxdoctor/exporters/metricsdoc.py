@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.exporters.collector import NODE_LABEL, OWN_METRICS
+from dgxdoctor.exporters.incidents import INCIDENT_METRICS
 from dgxdoctor.exporters.remediation import REMEDIATION_METRICS
 from dgxdoctor.fleet.compare import IGNORED_FACTS, RULES
 from dgxdoctor.result import MetricSpec
@@ -38,6 +39,9 @@ def all_specs() -> Iterator[tuple[MetricSpec, str]]:
     for spec in REMEDIATION_METRICS:
         seen.add(spec.name)
         yield spec, "remediation"
+    for spec in INCIDENT_METRICS:
+        seen.add(spec.name)
+        yield spec, "incidents"
     for factory in ALL_CHECKS:
         module = sys.modules[factory.__module__]
         for value in vars(module).values():
@@ -48,8 +52,9 @@ def all_specs() -> Iterator[tuple[MetricSpec, str]]:
 
 def render() -> str:
     lines = [HEADER, "| Metric | Type | Labels | Meaning | From |", "|---|---|---|---|---|"]
-    own = [(s, src) for s, src in all_specs() if src in ("dgxdoctor", "remediation")]
-    checks = sorted((p for p in all_specs() if p[1] not in ("dgxdoctor", "remediation")), key=lambda p: p[0].name)
+    mine = ("dgxdoctor", "remediation", "incidents")
+    own = [(s, src) for s, src in all_specs() if src in mine]
+    checks = sorted((p for p in all_specs() if p[1] not in mine), key=lambda p: p[0].name)
     for spec, source in own + checks:
         labels = ", ".join(f"`{label}`" for label in (NODE_LABEL, *spec.labels))
         meaning = spec.help.replace("|", "\\|")

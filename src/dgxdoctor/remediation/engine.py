@@ -28,6 +28,7 @@ import structlog
 from dgxdoctor.config import RemediationSettings
 from dgxdoctor.remediation.actions import StepResult, VllmTarget, ask_worker, run_argv, verify_vllm, wait_ray
 from dgxdoctor.remediation.audit import AuditLog, StateFile
+from dgxdoctor.remediation.capture import PreActionCapture
 from dgxdoctor.remediation.guard import Decision, Guard, GuardState
 from dgxdoctor.remediation.policy import Problem, problem_from_alert, problems_from_results
 from dgxdoctor.result import CheckResult
@@ -112,6 +113,7 @@ class Remediator:
         self.wake = asyncio.Event()
         self.busy = asyncio.Lock()
         self.task: asyncio.Task[None] | None = None
+        self.capture: PreActionCapture | None = None  # act mode: the evidence, taken before a restart runs
 
     # -- state -----------------------------------------------------------------------------------------
 
@@ -258,9 +260,10 @@ class Remediator:
 
     async def _act(self, decision: Decision, action_id: str, started: float) -> None:
         async with self.busy:
+            evidence = await self.capture.before(decision.action, action_id) if self.capture else {}
             self.audit.append(
                 {"ts": started, "event": "action_started", "id": action_id, "action": decision.action,
-                 "problem": decision.problem.key, "mode": "act", "pid": os.getpid()}
+                 "problem": decision.problem.key, "mode": "act", "pid": os.getpid(), **evidence}
             )  # fmt: skip
             steps = await asyncio.to_thread(self._execute, decision.action, action_id)
             ok = all(s.ok for s in steps if not s.step.startswith("stop")) and bool(steps)
@@ -271,7 +274,7 @@ class Remediator:
                 {"ts": end, "event": "action", "id": action_id, "action": decision.action,
                  "problem": decision.problem.key, "seen": decision.problem.reason, "mode": "act",
                  "steps": [s.to_doc() for s in steps], "verification": verification, "outcome": outcome,
-                 "duration_s": round(end - started, 3)}
+                 "duration_s": round(end - started, 3), **evidence}
             )  # fmt: skip
             self.counts[(decision.action, outcome)] += 1
             for fingerprint, problem in list(self.firing.items()):
