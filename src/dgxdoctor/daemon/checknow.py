@@ -24,6 +24,7 @@ from aiohttp import web
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner, capped
 from dgxdoctor.config import Config
 from dgxdoctor.daemon.connections import lift_deadline
+from dgxdoctor.environment import Environment
 from dgxdoctor.result import ResultsDocument
 
 log = structlog.get_logger(__name__)
@@ -89,18 +90,21 @@ class RunGate:
 
 
 class CheckNow:
+    """``build(deadline_s)`` gives the checks to run (``build_now`` in the daemon), ``env()`` the one-shot seams."""
+
     def __init__(
         self,
-        config: Callable[[], Config],
-        factories: tuple[CheckFactory, ...],
+        build: Callable[[float], list[Check]],
+        env: Callable[[], Environment],
+        interval: Callable[[], float],
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.config = config
-        self.factories = factories
+        self.build = build
+        self.env = env
         self.clock = clock
         self.monotonic = monotonic
-        self.gate = RunGate("check run", lambda: config().daemon.check_run_min_interval_s, monotonic)
+        self.gate = RunGate("check run", interval, monotonic)
         self.runner: CheckRunner | None = None
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -118,11 +122,10 @@ class CheckNow:
         return web.json_response({"node": doc["node"], "results": doc})
 
     async def run(self, deadline_s: float) -> dict[str, Any]:
-        config = self.config()
-        env = config.environment()
+        env = self.env()
         if self.runner is None:
             self.runner = CheckRunner(env)
-        checks = build_now(config, self.factories, deadline_s)
+        checks = self.build(deadline_s)
         t0 = self.monotonic()
         results = await self.runner.run_once(checks)
         log.info("check_run_for_peer", checks=len(results), seconds=round(self.monotonic() - t0, 3))

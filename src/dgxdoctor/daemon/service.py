@@ -106,7 +106,11 @@ class Daemon:
             step=self.remediator.run_step,
         )
         self.app_state.extra_routes = self._routes
-        self.check_now = CheckNow(lambda: self.config, factories)
+        self.check_now = CheckNow(
+            lambda limit: checknow.build_now(self.config, self.factories, limit),
+            lambda: self.config.environment(),
+            lambda: self.config.daemon.check_run_min_interval_s,
+        )
         self.app_state.page = StatusPage(self)
         self.started_at = time.time()
         self.stopping = asyncio.Event()
