@@ -138,7 +138,7 @@ def collect(node: str, items: Sequence[Item], deadline_s: float, size_cap: int, 
             output = replace(output, error=(output.error or "") + f" cut at the size cap: {len(data)} bytes, kept "
                              f"{len(kept)}".lstrip())  # fmt: skip
         used += len(kept)
-        if kept or output.status == "ok":
+        if kept or (output.status == "ok" and not data):  # a file cut to nothing is only in the manifest
             part.files.append((item.name, kept))
         entries.append(_entry(item, output, seconds, len(kept), len(data), len(kept) < len(data)))
     part.manifest = {
