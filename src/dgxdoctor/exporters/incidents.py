@@ -34,6 +34,11 @@ SINCE_LAST = MetricSpec(
 INCIDENT_METRICS = (RECOVERY, OPEN, LAST_DETECTED, SINCE_LAST)
 
 
+def _le(bound: float) -> str:
+    """A bucket bound as Prometheus' client libraries write it: 60.0, not 60."""
+    return repr(float(bound))
+
+
 class IncidentCollector(Collector):
     def __init__(self, node: Callable[[], str], tracker: IncidentTracker, clock: Callable[[], float] = time.time):
         self.node = node
@@ -47,7 +52,7 @@ class IncidentCollector(Collector):
         node = self.node()
         counts, total, count = self.tracker.histogram()
         hist = HistogramMetricFamily(RECOVERY.name, RECOVERY.help, labels=["node"])
-        buckets = [(f"{b:g}", float(c)) for b, c in zip(BUCKETS, counts, strict=True)] + [("+Inf", float(count))]
+        buckets = [(_le(b), float(c)) for b, c in zip(BUCKETS, counts, strict=True)] + [("+Inf", float(count))]
         hist.add_metric([node], buckets, total)
         yield hist
         summary = self.tracker.summary()
