@@ -30,7 +30,8 @@ th{font-size:.85em;color:#555}
 color:#fff;font-size:.85em}
 .ok{background:#1e8e3e}.warning{background:#e37400}.critical{background:#c5221f}.unknown{background:#7b1fa2}
 .skipped{background:#80868b}
-.muted{color:#666;font-size:.9em}.remedy{background:#fef7e0;border-left:4px solid #e37400;padding:6px 10px;
+.muted{color:#555;font-size:.9em;overflow-wrap:anywhere}.node{padding:8px 0;border-bottom:1px solid #e3e5e8}
+.node:last-child{border-bottom:0}.remedy{background:#fef7e0;border-left:4px solid #e37400;padding:6px 10px;
 margin:6px 0;border-radius:4px}
 code{font-size:.9em;word-break:break-all}ul{padding-left:1.2em;margin:.3em 0}
 nav a{margin-right:14px}
@@ -47,16 +48,20 @@ def badge(status: str) -> str:
 
 
 def _node_rows(nodes: Sequence[NodeRun]) -> str:
+    """One line per node (a list, not a table: it must fit a phone's width with a long error in it)."""
     rows = []
     for n in nodes:
         if n.url is None:
             where = "this node"
         elif n.doc is None:
-            where = f"<b>unreachable</b>: {_e(n.error)}"
+            where = f"<b>unreachable</b> at {_e(n.url)}: {_e(n.error)}"
         else:
             offset = "" if n.clock_offset_s is None else f", clock {n.clock_offset_s:+.3f} s"
             where = f"{_e(n.url)}{offset}"
-        rows.append(f"<tr><td><b>{_e(n.node)}</b></td><td>{badge(n.status.value)}</td><td>{where}</td></tr>")
+        bad = sum(1 for c in (n.doc or {}).get("checks", []) if c["status"] not in QUIET)
+        count = f" · {bad} check(s) not ok" if bad else ""
+        rows.append(f'<div class="node">{badge(n.status.value)} <b>{_e(n.node)}</b>{count}'
+                    f'<div class="muted">{where}</div></div>')  # fmt: skip
     return "".join(rows)
 
 
@@ -97,7 +102,9 @@ def _problems(nodes: Sequence[NodeRun], remedies: Mapping[tuple[str, str], str])
                 more = f'<div class="remedy">{_e(fix)}</div>' if fix else ""
                 code = f"<code>{_e(f['code'])}</code>"
                 items.append(f"<li>{badge(f['status'])} {code} {subject}{_e(f['message'])}{more}</li>")
-            remedy = f'<div class="remedy"><b>remedy</b>: {_e(c["action"]["remedy"])}</div>' if c.get("action") else ""
+            action = (c.get("action") or {}).get("remedy")
+            shown = {remedies.get((c["name"], f["code"])) for f in c.get("findings", [])} if n.url is None else set()
+            remedy = f'<div class="remedy"><b>remedy</b>: {_e(action)}</div>' if action and action not in shown else ""
             out.append(f'<div class="card">{badge(c["status"])} <b>{_e(n.node)}</b> · {_e(c["name"])}: '
                        f'{_e(c["summary"])}<ul>{"".join(items)}</ul>{remedy}</div>')  # fmt: skip
     return "".join(out) or '<div class="card">nothing is wrong on any node that answered</div>'
@@ -151,6 +158,7 @@ def _incidents(doc: Mapping[str, Any] | None) -> str:
     if not doc:
         return ""
     last = doc.get("last")
+    count = doc.get("count", 0)
     if last is None:
         text = "no incident recorded"
     else:
@@ -158,7 +166,8 @@ def _incidents(doc: Mapping[str, Any] | None) -> str:
         end = f"recovered in {took:.0f} s" if isinstance(took, int | float) else "<b>open</b>"
         text = (f"last incident detected {_e(_when(last.get('detected_at')))} ({_e(last.get('problem'))}), "
                 f"action {_e(last.get('action') or 'none')}, {end}")  # fmt: skip
-    return f'<h2>Incidents</h2><div class="card">{text}; {_e(doc.get("count", 0))} recorded</div>'
+    total = f"; {_e(count)} recorded" if count else ""
+    return f'<h2>Incidents</h2><div class="card">{text}{total}</div>'
 
 
 def render_page(view: ClusterView, remediation: Mapping[str, Any] | None,
@@ -175,12 +184,11 @@ def render_page(view: ClusterView, remediation: Mapping[str, Any] | None,
         f"{len(view.nodes)} node(s), seen from {_e(local)} at {_e(_when(now or time.time()))}</div>"
         f'<nav class="card"><a href="/metrics">/metrics</a><a href="/state">/state</a>'
         f'<a href="/healthz">/healthz</a></nav>'
-        f'<h2>Nodes</h2><div class="card scroll"><table><tr><th>node</th><th>status</th><th>source</th></tr>'
-        f"{_node_rows(view.nodes)}</table></div>"
-        f'<h2>Checks</h2><div class="card">{_check_grid(view.nodes)}</div>'
+        f'<h2>Nodes</h2><div class="card">{_node_rows(view.nodes)}</div>'
         f"<h2>What is wrong</h2>{_problems(view.nodes, remedies or {})}"
         f"<h2>Between the nodes</h2>{_comparison(view)}"
         f"<h2>Remediation</h2>{_remediation(remediation)}{_incidents(incidents)}"
+        f'<h2>Checks</h2><div class="card">{_check_grid(view.nodes)}</div>'
         "</main></body></html>"
     )
 
