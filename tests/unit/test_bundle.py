@@ -149,7 +149,7 @@ def test_the_manifest_records_every_file(tmp_path: Path) -> None:
     assert set(entries) >= {
         "results.json", "state.json", "kernel.log", "nvidia-smi-q.txt", "nvidia-smi-topo-m.txt", "infiniband.txt",
         "ray-status.txt", "nccl-env.txt", "versions.json", "remediation-audit.jsonl", "config.json",
-        "logs/vllm/vllm.log.log",
+        "logs/vllm/vllm.log",
     }  # fmt: skip
     for name, entry in entries.items():
         if entry["status"] == "ok":

@@ -34,8 +34,8 @@ LAYERS = {
     "plan_report": 8,  # renders a layout plan for the cli
     "bench_cli": 8,  # `dgxdoctor bench`: the sweep, the knee, the files, the baseline
     "daemon": 8,
-    "cluster_cli": 8,
-    "bundle_cli": 8,  # `dgxdoctor bundle`: sources of the command line, limits from its options  # `check --cluster`: this node and every peer under one deadline
+    "cluster_cli": 8,  # `check --cluster`: this node and every peer under one deadline
+    "bundle_cli": 8,  # `dgxdoctor bundle`: sources of the command line, limits from its options
     "cli": 9,
     "__main__": 10,
 }

@@ -19,7 +19,8 @@ from dgxdoctor.bundle.redact import Redactor
 from dgxdoctor.sources.commands import CommandNotFound, CommandRunner, CommandTimeout
 
 WORKERS = 4
-# Files whose end matters most (logs): cut from the front when the size cap is reached; others keep their head.
+# Files whose end matters most (logs, everything under logs/): cut from the front at the size cap; others keep their
+# head.
 KEEP_TAIL = (".log", ".jsonl")
 
 
@@ -116,7 +117,8 @@ def run_items(items: Sequence[Item], deadline_s: float) -> tuple[dict[str, tuple
 def _cut(name: str, data: bytes, room: int) -> bytes:
     if len(data) <= room:
         return data
-    return data[len(data) - room :] if name.endswith(KEEP_TAIL) else data[:room]
+    tail = name.endswith(KEEP_TAIL) or name.startswith("logs/")
+    return data[len(data) - room :] if tail else data[:room]
 
 
 def collect(node: str, items: Sequence[Item], deadline_s: float, size_cap: int, redactor: Redactor) -> Part:

@@ -113,7 +113,7 @@ def _log_items(kind: str, patterns: list[str], since_s: float) -> Iterator[Item]
             continue
     for path in files[:MAX_LOG_FILES]:
         safe = Path(path).name.replace(" ", "_")
-        yield Item(f"logs/{kind}/{safe}.log", f"tail -c {LOG_TAIL_BYTES} {path}", _file(Path(path), LOG_TAIL_BYTES))
+        yield Item(f"logs/{kind}/{safe}", f"tail -c {LOG_TAIL_BYTES} {path}", _file(Path(path), LOG_TAIL_BYTES))
 
 
 def infiniband(env: Environment, timeout_s: float) -> Item:
