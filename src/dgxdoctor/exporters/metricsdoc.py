@@ -61,6 +61,8 @@ def render() -> str:
         lines.append(f"| `{spec.name}` | {spec.type} | {labels} | {meaning} | {source} |")
     lines += [
         "",
+        INCIDENT_NOTE,
+        "",
         PEER_HEADER,
         "",
         "| `metric` | Compares | Per | Tolerance | Odd node | Finding |",
@@ -86,6 +88,16 @@ different values is a finding naming the odd node (the one off the majority; wit
 variable differs or is set on one node only), `PEER_VERSION_SKEW` (critical for the driver, CUDA and NCCL
 versions, warning for the kernel, vLLM, Ray, torch, Python), `PEER_HARDWARE_DRIFT` (GPU, IB, topology, memory
 facts) and `PEER_FACT_DRIFT` for any other fact. Ignored, because they differ by design: {ignored}."""
+
+INCIDENT_NOTE = """## Incidents
+
+An incident runs from the first CRITICAL result of any check on the node (`peer_compare` aside: the other node's
+incident is that node's) to the first good completion after it: a run of the `vllm` check that is not CRITICAL and
+whose canary completed; on a node serving no completion (a Ray worker) to the first moment no check is CRITICAL.
+Each is one line in `<state_dir>/incidents.jsonl` (detection time, problem, action taken, recovery time), read back at
+start. Serving MTTR over a day: `increase(dgxdoctor_incident_recovery_seconds_sum[1d]) /
+increase(dgxdoctor_incident_recovery_seconds_count[1d])`; alert on a short time between incidents with
+`dgxdoctor_incident_since_last_seconds < 3600`."""
 
 PEER_HEADER = """## Values of `metric` in `dgxdoctor_peer_imbalance_ratio`
 
