@@ -20,6 +20,7 @@ from pydantic import Field
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.context import reading
+from dgxdoctor.judge.log_files import log_unreadable
 from dgxdoctor.judge.signatures import Catalog, Signature, load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.logtail import LogFollower, expand_paths
@@ -183,7 +184,7 @@ class LogsCheck(Check):
             b.sample(MATCHES_TOTAL, self._totals[code], code=code)
         b.sample(FILES_FOLLOWED, len(polled.files))
         for error in polled.errors:
-            b.add(Finding("LOG_UNREADABLE", Status.WARNING, f"cannot read log file: {error}", error.split(":", 1)[0]))
+            b.add(log_unreadable(error))
         if polled.budget_exhausted:
             b.add(
                 Finding(

@@ -19,6 +19,7 @@ from typing import Any
 
 import structlog
 from aiohttp import web
+from pydantic import BaseModel
 
 from dgxdoctor import __version__
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner
@@ -63,6 +64,24 @@ STOP_DEADLINE_S = 10.0
 FIRST_RUN_SPREAD_S = 2.0
 
 
+def config_changes(old: Config, new: Config, token_changed: bool) -> list[str]:
+    """What a reload changed outside the checks, as dotted keys (``daemon.peers``; a token only by name)."""
+    changed = ["daemon.token"] if token_changed else []
+    for section in ("node", "paths", "daemon", "remediation", "alerts"):
+        before, after = getattr(old.model, section, None), getattr(new.model, section, None)
+        if before == after:
+            continue
+        if isinstance(before, BaseModel) and isinstance(after, BaseModel):
+            changed += [
+                f"{section}.{key}"
+                for key in type(after).model_fields
+                if getattr(before, key, None) != getattr(after, key, None) and f"{section}.{key}" not in changed
+            ]
+        else:
+            changed.append(section)
+    return changed
+
+
 class Daemon:
     def __init__(
         self,
@@ -89,12 +108,7 @@ class Daemon:
         self.registry = make_registry(self.store, lambda: self.runner.timeouts_total, self.own_samples)
         self.token = config.daemon.resolve_token()
         self.remediator: Remediator = build_remediator(config, self.token, self.store.latest)
-        self.remediator.capture = pre_action_capture(
-            lambda: self.config, lambda: self.env, self.store, lambda: self.remediator.targets.workers
-        )
-        self.incidents = IncidentTracker(config.paths.state_dir, self._actions_between)
-        self.store.listeners.append(self.incidents.observe)
-        self.registry.register(IncidentCollector(lambda: self.store.node, self.incidents))
+        self._wire_evidence(config)
         self.registry.register(RemediationCollector(lambda: self.store.node, self.remediator.metrics))
         self.app_state = AppState(
             self.store,
@@ -106,21 +120,34 @@ class Daemon:
             step=self.remediator.run_step,
         )
         self.app_state.extra_routes = self._routes
-        self.check_now = CheckNow(
-            lambda limit: checknow.build_now(self.config, self.factories, limit),
-            lambda: self.config.environment(),
-            lambda: self.config.daemon.check_run_min_interval_s,
-        )
         self.app_state.page = StatusPage(self)
         self.started_at = time.time()
         self.stopping = asyncio.Event()
         self.bound: tuple[str, int] | None = None
+        # The address actually served: a reload may change [daemon] listen, which takes effect at the next start.
+        self.serving_listen = listen or config.daemon.listen
+        self.reload_ok = True
+        self.config_loaded_at = time.time()
         self.guard = connections.Guard(connections.Limits(max_connections=config.daemon.max_connections))
         self.request_log = RequestLog()
         self.loop_errors = LoopErrors()
         self._tasks: list[asyncio.Task[Any]] = []
         self.textfile_written_at: float | None = None
         self._textfile_writing: float | None = None
+
+    def _wire_evidence(self, config: Config) -> None:
+        """The cluster side: the capture before a restart, the incident figures, the peer's check run."""
+        self.remediator.capture = pre_action_capture(
+            lambda: self.config, lambda: self.env, self.store, lambda: self.remediator.targets.workers
+        )
+        self.incidents = IncidentTracker(config.paths.state_dir, self._actions_between)
+        self.store.listeners.append(self.incidents.observe)
+        self.registry.register(IncidentCollector(lambda: self.store.node, self.incidents))
+        self.check_now = CheckNow(
+            lambda limit: checknow.build_now(self.config, self.factories, limit),
+            lambda: self.config.environment(),
+            lambda: self.config.daemon.check_run_min_interval_s,
+        )
 
     # -- checks ----------------------------------------------------------------------------------------
 
@@ -225,6 +252,8 @@ class Daemon:
         """The daemon's own metrics (``exporters.collector.DAEMON_METRICS``)."""
         g = self.guard
         out = [
+            Sample(collector.CONFIG_RELOAD_OK, 1.0 if self.reload_ok else 0.0),
+            Sample(collector.CONFIG_RELOAD_TIME, self.config_loaded_at),
             Sample(collector.HTTP_CONNECTIONS, float(len(g.conns))),
             Sample(collector.HTTP_MAX_CONNECTIONS, float(g.cap)),
             Sample(collector.HTTP_BAD_REQUESTS, float(self.request_log.bad_requests)),
@@ -249,6 +278,9 @@ class Daemon:
             problems = self._reload()
         finally:
             self.notifier.notify("READY=1")
+        self.reload_ok = not problems
+        if not problems:
+            self.config_loaded_at = time.time()
         return problems
 
     def _reload(self) -> list[str]:
@@ -264,17 +296,17 @@ class Daemon:
             log.error("config_reload_rejected", problems=[problem], kept="previous configuration")
             return [problem]
         old = self.config
+        changed = config_changes(old, new, token_changed=token != self.token)
         self.config = new
         self.token = token
         self.app_state.token = token
         new_env = replace(new.environment(one_shot=False), fleet=self.fleet, token=self._token)
         env_changed = new_env.node != self.env.node or new_env.role != self.env.role or new.paths != old.paths
-        if new.daemon.listen != old.daemon.listen and self.listen_override is None:
-            log.warning("listen_change_needs_restart", listen=new.daemon.listen, serving=old.daemon.listen)
+        if new.daemon.listen != self.serving_listen and self.listen_override is None:
+            log.warning("listen_change_needs_restart", listen=new.daemon.listen, serving=self.serving_listen)
         if env_changed:
             self.env = new_env
             self.store.node = new_env.node
-        changed: list[str] = []
         for factory in self.factories:
             name = factory.name
             settings = new.check_settings(name)
