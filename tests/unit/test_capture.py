@@ -21,6 +21,7 @@ from dgxdoctor.daemon.bundle_part import BundlePart, capture_writer, pre_action_
 from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.remediation.capture import CaptureSettings, PreActionCapture
+from dgxdoctor.remediation.status import render_status, status_document
 from dgxdoctor.result import CheckResult, Status
 
 TOKEN = "capture-test-token-0123456789"
@@ -62,6 +63,10 @@ async def test_the_restart_runs_after_the_capture_and_both_audit_lines_name_it(t
         kernel = tar.extractfile(next(n for n in names if n.endswith("dgx-a/kernel.log"))).read()  # type: ignore[union-attr]
     assert results["checks"][0]["status"] == "critical"  # the daemon's results as they were before the restart
     assert b"fallen off the bus" in kernel
+    # `dgxdoctor remediation status` and the status page (which reads the same document) name it too.
+    status = status_document(config.__class__(config.model.model_copy(update={"remediation": r.settings}), "x"))
+    assert status["last_actions"][-1]["bundle"] == done["bundle"]
+    assert f"evidence: {done['bundle']}" in render_status(status)
 
 
 async def test_a_slow_capture_never_delays_the_restart_past_its_deadline(tmp_path: Path) -> None:
