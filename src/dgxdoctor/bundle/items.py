@@ -28,7 +28,7 @@ from dgxdoctor.config import Config
 from dgxdoctor.environment import Environment
 from dgxdoctor.sources.kmsg import KmsgReader
 from dgxdoctor.sources.logtail import expand_paths
-from dgxdoctor.sources.procfs import iter_processes, runs_package
+from dgxdoctor.sources.procfs import ProcessInfo, iter_processes, runs_package
 
 # The tail kept of one service log file; the size cap bounds them all together.
 LOG_TAIL_BYTES = 4 * 2**20
@@ -161,7 +161,7 @@ def nccl_environment(config: Config, env: Environment) -> Callable[[float], Outp
     return produce
 
 
-def _serving_processes(env: Environment) -> list[Any]:
+def _serving_processes(env: Environment) -> list[ProcessInfo]:
     found = []
     for proc in iter_processes(env.proc_root):
         try:

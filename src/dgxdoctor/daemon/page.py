@@ -7,12 +7,18 @@ Everything shown comes from the daemon's own results and its peers' ``/state``; 
 
 from __future__ import annotations
 
+import asyncio
 import html
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dgxdoctor.fleet.cluster import ClusterView, NodeRun
+from dgxdoctor.config import Config
+from dgxdoctor.environment import Environment
+from dgxdoctor.fleet.cluster import ClusterView, NodeRun, ask_peers, assemble
+from dgxdoctor.fleet.incidents import IncidentTracker
+from dgxdoctor.fleet.store import ResultStore
+from dgxdoctor.remediation.status import status_document
 
 QUIET = ("ok", "skipped")
 LABEL = {"ok": "OK", "warning": "WARNING", "critical": "CRITICAL", "unknown": "UNKNOWN", "skipped": "SKIPPED"}
@@ -199,35 +205,39 @@ class StatusPage:
 
     CACHE_S = 5.0
 
-    def __init__(self, daemon: Any) -> None:
-        self.daemon = daemon
+    def __init__(
+        self,
+        store: ResultStore,
+        config: Callable[[], Config],
+        env: Callable[[], Environment],
+        token: Callable[[], str | None],
+        incidents: IncidentTracker | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.env = env
+        self.token = token
+        self.incidents = incidents
         self._peers: tuple[float, list[NodeRun]] | None = None
 
     async def _peer_runs(self) -> list[NodeRun]:
-        from dgxdoctor.fleet.cluster import ask_peers
-
-        d = self.daemon.config.daemon
+        d = self.config().daemon
         now = time.monotonic()
         if self._peers is not None and now - self._peers[0] < self.CACHE_S:
             return self._peers[1]
-        async with self.daemon.env.async_http_client(d.peer_timeout_s) as client:
-            runs = await ask_peers(client, d.peers, self.daemon.token, d.peer_timeout_s, cached=True)
+        async with self.env().async_http_client(d.peer_timeout_s) as client:
+            runs = await ask_peers(client, d.peers, self.token(), d.peer_timeout_s, cached=True)
         self._peers = (time.monotonic(), runs)
         return runs
 
     async def __call__(self) -> str:
-        import asyncio
-
-        from dgxdoctor.fleet.cluster import assemble
-        from dgxdoctor.remediation.status import status_document
-
-        store = self.daemon.store
-        local = NodeRun(store.node, None, store.snapshot())
+        local = NodeRun(self.store.node, None, self.store.snapshot())
         view = assemble(local, await self._peer_runs())
-        remedies = {(r.check, f.code): f.remedy for r in store.latest().values() for f in r.findings if f.remedy}
+        latest = self.store.latest().values()
+        remedies = {(r.check, f.code): f.remedy for r in latest for f in r.findings if f.remedy}
         try:
-            remediation: dict[str, Any] | None = await asyncio.to_thread(status_document, self.daemon.config, 8)
+            remediation: dict[str, Any] | None = await asyncio.to_thread(status_document, self.config(), 8)
         except (OSError, ValueError):
             remediation = None
-        incidents = self.daemon.incidents.summary() if getattr(self.daemon, "incidents", None) else None
+        incidents = self.incidents.summary() if self.incidents is not None else None
         return render_page(view, remediation, remedies, incidents)

@@ -120,7 +120,9 @@ class Daemon:
             step=self.remediator.run_step,
         )
         self.app_state.extra_routes = self._routes
-        self.app_state.page = StatusPage(self)
+        self.app_state.page = StatusPage(
+            self.store, lambda: self.config, lambda: self.env, lambda: self.token, self.incidents
+        )
         self.started_at = time.time()
         self.stopping = asyncio.Event()
         self.bound: tuple[str, int] | None = None
