@@ -127,3 +127,15 @@ async def test_a_cluster_restart_captures_the_workers_part_too(tmp_path: Path) -
     assert "c/dgx-a/manifest.json" in names and "c/dgx-b/manifest.json" in names
     assert wresults["checks"][0]["summary"] == "raylet dead"
     assert unauthenticated.status_code == 401
+
+
+async def test_a_broken_capture_never_stops_the_restart(tmp_path: Path) -> None:
+    def broken() -> CaptureSettings:
+        raise RuntimeError("settings gone")
+
+    state = tmp_path / "state"
+    r = remediator(state, vllm_app([]), {"vllm": DEAD})
+    r.capture = PreActionCapture(lambda *a: {}, lambda: state, lambda: "dgx-a", broken)
+    await settle(r)
+    done = events(state)[-1]
+    assert done["outcome"] == "success" and done["capture"] == "failed: RuntimeError: settings gone"

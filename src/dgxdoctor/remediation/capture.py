@@ -60,7 +60,16 @@ class PreActionCapture:
         return top
 
     async def before(self, action: str, action_id: str) -> dict[str, Any]:
-        """The audit fields naming the capture: ``bundle`` (its path), ``capture`` (how it ended), ``capture_s``."""
+        """The audit fields naming the capture: ``bundle`` (its path), ``capture`` (how it ended), ``capture_s``.
+
+        Never raises: whatever goes wrong with the evidence, the restart still runs."""
+        try:
+            return await self._capture(action, action_id)
+        except Exception as exc:
+            log.error("capture_failed", action=action, error=f"{type(exc).__name__}: {exc}")
+            return {"capture": f"failed: {type(exc).__name__}: {exc}"[:300]}
+
+    async def _capture(self, action: str, action_id: str) -> dict[str, Any]:
         s = self.settings()
         if not s.enabled:
             return {}
