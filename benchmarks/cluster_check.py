@@ -4,7 +4,9 @@
 
 Starts 3 `dgxdoctor run` daemons on free loopback ports (the default checks, a kernel log file of their own, one
 shared token), then times `check` and `check --cluster` with the first peer and with all three, each the median of
---runs. Prints the ratio to a single node's `check` against the target (at most 1.5x); exit 1 on a miss.
+--runs. Prints the ratio to a single node's `check` against the target (at most 1.5x) for one peer, the two-node
+deployment; exit 1 on a miss. With three peers all four "nodes" run their checks on this one machine's CPUs at
+the same time, which real nodes do not: that figure is printed, not judged.
 """
 
 from __future__ import annotations
@@ -81,10 +83,13 @@ def main() -> int:
             for label, cfg in (("1 peer", one), ("3 peers", three)):
                 wall = statistics.median(timed(["check", "--cluster", "--config", str(cfg)], env) for _ in range(runs))
                 ratio = wall / single
-                ok = ratio <= TARGET
-                failed |= not ok
-                print(f"check --cluster, {label}: {wall:.2f} s, {ratio:.2f}x check (target <= {TARGET}x) "
-                      f"{'PASS' if ok else 'FAIL'}")  # fmt: skip
+                if cfg is one:
+                    ok = ratio <= TARGET
+                    failed |= not ok
+                    verdict = f"(target <= {TARGET}x) {'PASS' if ok else 'FAIL'}"
+                else:
+                    verdict = "(the four share this machine's CPUs: not judged)"
+                print(f"check --cluster, {label}: {wall:.2f} s, {ratio:.2f}x check {verdict}")
         finally:
             for p in procs:
                 p.terminate()
