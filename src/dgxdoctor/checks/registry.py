@@ -5,13 +5,16 @@ from __future__ import annotations
 from dgxdoctor.checks.base import CheckFactory
 from dgxdoctor.checks.bench import BenchCheck
 from dgxdoctor.checks.drift import DriftCheck
+from dgxdoctor.checks.driver_stack import DriverStackCheck
 from dgxdoctor.checks.gpu import GpuCheck
 from dgxdoctor.checks.host import HostCheck
 from dgxdoctor.checks.infiniband import InfinibandCheck
 from dgxdoctor.checks.logs import LogsCheck
+from dgxdoctor.checks.mlxlink import MlxlinkCheck
 from dgxdoctor.checks.nccl import NcclCheck
 from dgxdoctor.checks.nccl_env import NcclEnvCheck
 from dgxdoctor.checks.peer_compare import PeerCompareCheck
+from dgxdoctor.checks.ras import RasCheck
 from dgxdoctor.checks.ray import RayCheck
 from dgxdoctor.checks.topology import TopologyCheck
 from dgxdoctor.checks.vllm import VllmCheck
@@ -20,11 +23,14 @@ from dgxdoctor.checks.xid import XidCheck
 ALL_CHECKS: tuple[CheckFactory, ...] = (
     GpuCheck,
     XidCheck,
+    DriverStackCheck,
     TopologyCheck,
     InfinibandCheck,
+    MlxlinkCheck,
     NcclEnvCheck,
     NcclCheck,
     VllmCheck,
+    RasCheck,
     BenchCheck,
     RayCheck,
     HostCheck,
