@@ -135,7 +135,25 @@ config_option = click.option(
 @click.option("--only", help="comma-separated checks to run (even if disabled)")
 @click.option("--skip", help="comma-separated checks not to run")
 @click.option("-v", "--verbose", is_flag=True, help="show every finding, ok ones too")
-def check(config_path: Path | None, as_json: bool, only: str | None, skip: str | None, verbose: bool) -> None:
+@click.option("--cluster", is_flag=True, help="also every [daemon] peer, now, over the API; side by side, compared")
+@click.option("--cached", is_flag=True, help="with --cluster: the peers' latest daemon results instead of a run now")
+@click.option(
+    "--deadline",
+    "deadline_s",
+    type=click.FloatRange(1, 600),
+    default=None,
+    help="with --cluster: seconds for the whole run (default: the slowest check's timeout + 5, at most 120)",
+)
+def check(
+    config_path: Path | None,
+    as_json: bool,
+    only: str | None,
+    skip: str | None,
+    verbose: bool,
+    cluster: bool,
+    cached: bool,
+    deadline_s: float | None,
+) -> None:
     """Run every enabled check once, in parallel. Exit 0 ok, 1 warning, 2 critical, 3 unknown."""
     import asyncio
 
@@ -146,12 +164,37 @@ def check(config_path: Path | None, as_json: bool, only: str | None, skip: str |
     config = _load(config_path)
     env = config.environment()
     checks = build_checks(config, env, _names(only, "--only"), _names(skip, "--skip"))
+    if cluster:
+        sys.exit(_check_cluster(config, checks, as_json, verbose, cached, deadline_s))
+    if cached or deadline_s is not None:
+        raise click.UsageError("--cached and --deadline go with --cluster")
     results = asyncio.run(CheckRunner(env).run_once(checks))
     if as_json:
         click.echo(json.dumps(report_dict(env.node, results, env.role), indent=2))
     else:
         click.echo(report_table(env.node, results, verbose, env.role))
     sys.exit(exit_code(overall_status(results)))
+
+
+def _check_cluster(
+    config: Config, checks: list[Check], as_json: bool, verbose: bool, cached: bool, deadline_s: float | None
+) -> int:
+    from dgxdoctor.cluster_cli import default_deadline, run_cluster_check
+    from dgxdoctor.config import EX_CONFIG
+    from dgxdoctor.fleet.cluster import cluster_document
+    from dgxdoctor.fleet.cluster_table import cluster_table
+    from dgxdoctor.result import exit_code
+
+    if not config.daemon.peers:
+        raise click.UsageError("--cluster needs the other nodes in [daemon] peers")
+    try:
+        token = config.daemon.resolve_token()
+    except (OSError, ValueError) as exc:
+        click.echo(f"invalid configuration: daemon.token_file: {exc}", err=True)
+        return EX_CONFIG
+    view = run_cluster_check(config, checks, token, deadline_s or default_deadline(checks), cached)
+    click.echo(json.dumps(cluster_document(view), indent=2) if as_json else cluster_table(view, verbose))
+    return exit_code(view.status)
 
 
 @cli.command()
@@ -248,6 +291,54 @@ def _diagnose_input(name: str) -> bytes:
     if len(raw) > MAX_DIAGNOSE_BYTES:
         raise click.UsageError(f"{name}: larger than {MAX_DIAGNOSE_BYTES // 2**20} MiB")
     return raw
+
+
+@cli.command()
+@config_option
+@click.option(
+    "--since",
+    "since",
+    metavar="DURATION",
+    default=None,
+    help="window of logs: 900, 15m, 2h, 1d (default [bundle] since_s)",
+)
+@click.option("--cluster", is_flag=True, help="every [daemon] peer's part too, over the API, into one archive")
+@click.option("-o", "--output", "output", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="the archive (default ./dgxdoctor-bundle-NODE-TIME.tar.gz)")  # fmt: skip
+@click.option("--size-cap", type=click.IntRange(2**16), default=None, help="bytes per node (default [bundle])")
+@click.option("--deadline", "deadline_s", type=click.FloatRange(1, 3600), default=None,
+              help="seconds for the whole collection (default [bundle] deadline_s)")  # fmt: skip
+def bundle(
+    config_path: Path | None,
+    since: str | None,
+    cluster: bool,
+    output: Path | None,
+    size_cap: int | None,
+    deadline_s: float | None,
+) -> None:
+    """One .tar.gz for a support ticket: results, kernel and service logs, nvidia-smi, IB, Ray, NCCL env, audit."""
+    from dgxdoctor.bundle_cli import parse_duration, run_bundle, with_limits
+
+    config = with_limits(_load(config_path), size_cap, deadline_s)
+    try:
+        since_s = parse_duration(since) if since is not None else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from None
+    if cluster and not config.daemon.peers:
+        raise click.UsageError("--cluster needs the other nodes in [daemon] peers")
+    try:
+        path, top = run_bundle(config, since_s, cluster, output)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write the bundle: {exc}") from None
+    click.echo(str(path))
+    for node in top["nodes"]:
+        offset = "" if node["clock_offset_s"] is None else f", clock {node['clock_offset_s']:+.3f} s"
+        click.echo(f"  {node['node']}: {node['bytes'] or 0} bytes, {node['failures']} failed item(s){offset}"
+                   + (f"; {node['error']}" if node["error"] else ""))  # fmt: skip
+    for node, hit in top["limits_hit"].items():
+        if hit:
+            click.echo(f"  {node}: limits reached: {', '.join(sorted(hit))}", err=True)
+    sys.exit(0 if not any(n["error"] for n in top["nodes"]) else 1)
 
 
 @cli.command("config-example")

@@ -121,6 +121,9 @@ class DaemonSettings(_Frozen):
         "closed. Never more than the open-file limit leaves free for the checks",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
+    check_run_min_interval_s: float = Field(
+        2.0, ge=0, le=3600, description="POST /check/run (a peer's `check --cluster`): at most one run per this long"
+    )
 
     @field_validator("listen")
     @classmethod
@@ -230,6 +233,26 @@ class RemediationSettings(_Frozen):
         return self
 
 
+class BundleSettings(_Frozen):
+    """``dgxdoctor bundle`` and the capture before a restart: limits of one evidence archive."""
+
+    size_cap_bytes: int = Field(
+        64 * 2**20, ge=2**16, description="bytes of all files of one node's part; past it files are cut, and it says so"
+    )
+    deadline_s: float = Field(120.0, gt=0, le=3600, description="`dgxdoctor bundle`: the whole collection's deadline")
+    command_timeout_s: float = Field(20.0, gt=0, description="each command of a bundle (nvidia-smi -q, ray status)")
+    bug_report_timeout_s: float = Field(
+        60.0, gt=0, description="nvidia-bug-report.sh --safe-mode, when installed (bundle only, never the capture)"
+    )
+    since_s: float = Field(3600.0, gt=0, description="the default window of kernel and service logs (--since)")
+    capture_before_restart: bool = Field(True, description="act mode: capture a bundle before every restart")
+    capture_deadline_s: float = Field(
+        5.0, gt=0, le=60, description="the capture before a restart never delays it longer than this"
+    )
+    capture_since_s: float = Field(900.0, gt=0, description="the window of logs in a capture before a restart")
+    keep: int = Field(10, ge=1, le=1000, description="captures kept in <state_dir>/bundles (the oldest go first)")
+
+
 class AlertsSettings(_Frozen):
     """Alerts out: where the daemon posts a page when remediation's ladder ends at "page"."""
 
@@ -266,6 +289,7 @@ def config_model() -> type[BaseModel]:
         daemon=(DaemonSettings, Field(DaemonSettings())),
         remediation=(RemediationSettings, Field(RemediationSettings())),
         alerts=(AlertsSettings, Field(AlertsSettings())),
+        bundle=(BundleSettings, Field(BundleSettings())),
         checks=(checks, Field(default_factory=checks)),
     )
     return model
@@ -318,6 +342,11 @@ class Config:
     def alerts(self) -> AlertsSettings:
         alerts: AlertsSettings = self.model.alerts  # type: ignore[attr-defined]
         return alerts
+
+    @property
+    def bundle(self) -> BundleSettings:
+        bundle: BundleSettings = self.model.bundle  # type: ignore[attr-defined]
+        return bundle
 
     def check_settings(self, name: str) -> CheckSettings:
         settings: CheckSettings = getattr(self.model.checks, name)  # type: ignore[attr-defined]

@@ -28,6 +28,7 @@ import structlog
 from dgxdoctor.config import RemediationSettings
 from dgxdoctor.remediation.actions import StepResult, VllmTarget, ask_worker, run_argv, verify_vllm, wait_ray
 from dgxdoctor.remediation.audit import AUDIT_FILE, STATE_FILE, AuditLog, StateFile, Throttle, WriteErrors
+from dgxdoctor.remediation.capture import PreActionCapture
 from dgxdoctor.remediation.guard import Decision, Guard, GuardState
 from dgxdoctor.remediation.hardware_gate import HardwareGate, causes
 from dgxdoctor.remediation.intake import AlertIntake, FiringAlert
@@ -106,6 +107,8 @@ class Remediator:
         self.wake = asyncio.Event()
         self.busy = asyncio.Lock()
         self.task: asyncio.Task[None] | None = None
+        self.capture: PreActionCapture | None = None  # act mode: the evidence, taken before a restart runs
+        self.planned_bundles: dict[str, Path] = {}  # action id -> where its capture goes (named before it runs)
         self.gate = HardwareGate()  # no restart while a hardware cause is active (remediation/hardware_gate.py)
 
     @property
@@ -292,8 +295,15 @@ class Remediator:
             guard.finish(pending[1])
 
     def _started_record(self, d: Decision, action_id: str, now: float) -> dict[str, Any]:
+        """Written before anything runs; names the bundle the capture will write (its outcome is in the end line)."""
+        try:
+            planned = self.capture.planned(d.action, action_id) if self.capture else None
+        except Exception:  # the capture says why when it runs; the action is never held up by it
+            planned = None
+        self.planned_bundles = {action_id: planned} if planned else {}
         return {"ts": now, "event": "action_started", "id": action_id, "action": d.action,
-                "problem": d.problem.key, "mode": "act", "pid": os.getpid()}  # fmt: skip
+                "problem": d.problem.key, "mode": "act", "pid": os.getpid(),
+                **({"bundle": str(planned)} if planned else {})}  # fmt: skip
 
     def _not_started_record(self, d: Decision, action_id: str, now: float) -> dict[str, Any]:
         return {"ts": now, "event": "action", "id": action_id, "action": d.action, "problem": d.problem.key,
@@ -317,6 +327,8 @@ class Remediator:
 
     async def _act(self, decision: Decision, action_id: str, started: float) -> None:
         async with self.busy:
+            planned = self.planned_bundles.pop(action_id, None)
+            evidence = await self.capture.before(decision.action, action_id, planned) if self.capture else {}
             steps = await asyncio.to_thread(self._execute, decision.action, action_id)
             ok = all(s.ok for s in steps if not s.step.startswith("stop")) and bool(steps)
             outcome = "success" if ok else "failed"
@@ -326,7 +338,7 @@ class Remediator:
                 {"ts": end, "event": "action", "id": action_id, "action": decision.action,
                  "problem": decision.problem.key, "seen": decision.problem.reason, "mode": "act",
                  "steps": [s.to_doc() for s in steps], "verification": verification, "outcome": outcome,
-                 "duration_s": round(end - started, 3)}
+                 "duration_s": round(end - started, 3), **evidence}
             )  # fmt: skip
             self.counts[(decision.action, outcome)] += 1
             self.intake.clear(decision.problem.key, decision.problem.action)

@@ -34,7 +34,10 @@ def status_document(config: Config, last: int = 10, now: float | None = None) ->
         "budget": {"limit": s.budget, "window_s": s.budget_window_s, "left": max(s.budget - guard.budget_used(now), 0)},
         "in_flight": st.in_flight.to_doc() if st.in_flight else None,
         "last_actions": [
-            {k: r.get(k) for k in ("ts", "event", "id", "action", "step", "problem", "outcome", "duration_s", "detail")}
+            {
+                k: r.get(k)
+                for k in ("ts", "event", "id", "action", "step", "problem", "outcome", "duration_s", "detail", "bundle")
+            }
             for r in actions
         ],
         "audit": str(AuditLog(config.paths.state_dir).path),
@@ -56,6 +59,8 @@ def render_status(doc: dict[str, Any]) -> str:
         what = r.get("action") or r.get("step") or r.get("event")
         took = f" in {r['duration_s']:g} s" if isinstance(r.get("duration_s"), int | float) else ""
         lines.append(f"  {when} {what} {r.get('outcome')}{took} ({r.get('problem') or r.get('id') or ''})")
+        if r.get("bundle"):
+            lines.append(f"    evidence: {r['bundle']}")
     lines.append(f"audit: {doc['audit']}")
     return "\n".join(printable(line) for line in lines)  # names from the network never drive the terminal
 
