@@ -24,11 +24,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.checks.nccl_cross import PeerRefused, run_cross_node
 from dgxdoctor.checks.nccl_guard import in_window, parse_window, serving_reason
+from dgxdoctor.checks.nccl_run import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES
 from dgxdoctor.checks.nccl_run import EX_PEER_MISSING as EX_PEER_MISSING  # re-exported: daemon and tests
 from dgxdoctor.checks.nccl_run import ProbeRun as ProbeRun
 from dgxdoctor.environment import Environment
@@ -37,6 +38,7 @@ from dgxdoctor.judge.nccl_transport import describe, spans_nodes, transport_find
 from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv, run_command_lines
+from dgxdoctor.sources.fields import ByteSize, Host, OptionalHttpUrl, PeerUrl, parse_byte_size
 from dgxdoctor.sources.nccl_env import parse_env_file
 from dgxdoctor.sources.nccl_info import NcclTransport, parse_nccl_info
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
@@ -96,8 +98,8 @@ class NcclSettings(CheckSettings):
     backend: Literal["nccl", "gloo"] = Field(
         "nccl", description="bundled probe: torch.distributed backend; gloo runs on CPU (no NCCL: tests, rehearsals)"
     )
-    min_bytes: str = Field("8M", description="bundled probe: smallest message")
-    max_bytes: str = Field("1G", description="bundled probe: largest message")
+    min_bytes: ByteSize = Field(DEFAULT_MIN_BYTES, description="bundled probe: smallest message (8M, 1G, 512K)")
+    max_bytes: ByteSize = Field(DEFAULT_MAX_BYTES, description="bundled probe: largest message")
     quick: bool = Field(False, description="bundled probe: 32M-128M, few iterations: an answer within 10 s")
     algo: str = Field("Ring", description="NCCL_ALGO for the probe, pinned so runs compare; empty: NCCL chooses")
     proto: str = Field("Simple", description="NCCL_PROTO for the probe, pinned likewise; empty: NCCL chooses")
@@ -106,7 +108,7 @@ class NcclSettings(CheckSettings):
         description="the node's NCCL env file (read as data): the probe runs with exactly what vLLM gets",
     )
     force: bool = Field(False, description="run even while vLLM serves on this node (disturbs serving)")
-    vllm_url: str | None = Field(
+    vllm_url: OptionalHttpUrl = Field(
         "http://127.0.0.1:8000", description="vLLM whose running requests make the probe refuse; empty: none"
     )
     maintenance_windows: list[str] = Field(
@@ -114,10 +116,10 @@ class NcclSettings(CheckSettings):
         description='daemon: run only inside these UTC windows, e.g. ["Sat 02:00-04:00"]; none: the daemon never '
         "runs the probe, `dgxdoctor check --only nccl` runs it on demand",
     )
-    peer: str | None = Field(
+    peer: PeerUrl | None = Field(
         None, description="cross-node: the peer's dgxdoctor URL (http://dgx-b:9835); it is asked to join over its API"
     )
-    master_addr: str | None = Field(
+    master_addr: Host | None = Field(
         None, description="cross-node: this node's address the peer's ranks reach for the rendezvous"
     )
     master_port: int = Field(29555, ge=1, le=65535, description="cross-node: rendezvous port on this node")
@@ -138,6 +140,12 @@ class NcclSettings(CheckSettings):
     min_fraction: float = Field(
         0.7, gt=0, le=1, description="busbw below this fraction of expected_busbw_gbps is critical (the tutorial)"
     )
+
+    @model_validator(mode="after")
+    def _sizes_ordered(self) -> NcclSettings:
+        if parse_byte_size(self.min_bytes) > parse_byte_size(self.max_bytes):
+            raise ValueError(f"min_bytes {self.min_bytes} is larger than max_bytes {self.max_bytes}")
+        return self
 
     @field_validator("algo", "proto")
     @classmethod

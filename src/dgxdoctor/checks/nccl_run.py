@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 # The bundled probe's exit status when a node did not join in time (``probes.allreduce.EX_PEER_MISSING``).
 EX_PEER_MISSING = 4
+# The bundled probe's message sizes unless configured (its own stdlib copy, ``probes.allreduce``, is held equal by
+# tests/unit/test_settings_types.py).
+DEFAULT_MIN_BYTES = "8M"
+DEFAULT_MAX_BYTES = "1G"
 
 
 @dataclass(frozen=True)
