@@ -75,3 +75,23 @@ def test_the_probe_sizes_are_one_default() -> None:
     assert (args.min_bytes, args.max_bytes) == (parse_byte_size(DEFAULT_MIN_BYTES), parse_byte_size(DEFAULT_MAX_BYTES))
     assert (NcclSettings().min_bytes, NcclSettings().max_bytes) == (DEFAULT_MIN_BYTES, DEFAULT_MAX_BYTES)
     assert JoinRequest.model_fields["min_bytes"].default == DEFAULT_MIN_BYTES
+
+
+def test_remediation_targets_are_the_checks_settings() -> None:
+    """Remediation re-typed vLLM's URL and a 10 s timeout (the check says 5 s); now it reads the settings."""
+    from dgxdoctor.checks.vllm import VllmSettings
+    from dgxdoctor.daemon.remediation import targets_for
+
+    default = targets_for(parse_config({}), None)
+    assert default.vllm.request_timeout_s == VllmSettings().request_timeout_s
+    config = parse_config(
+        {
+            "checks": {
+                "vllm": {"base_url": "http://10.0.0.5:8001", "request_timeout_s": 7},
+                "ray": {"dashboard_url": "http://10.0.0.5:8265", "expected_nodes": 3, "expected_gpus": 24},
+            }
+        }
+    )
+    t = targets_for(config, None)
+    assert (t.vllm.base_url, t.vllm.request_timeout_s) == ("http://10.0.0.5:8001", 7)
+    assert (t.ray_dashboard_url, t.ray_nodes, t.ray_gpus) == ("http://10.0.0.5:8265", 3, 24)
