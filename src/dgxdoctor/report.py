@@ -7,7 +7,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from dgxdoctor.result import CheckResult, ResultsDocument, Status, overall_status
+from dgxdoctor.result import CheckResult, ResultsDocument, Status, exit_code, overall_status
 
 
 def role_note(role: str | None, results: Sequence[CheckResult]) -> str:
@@ -43,16 +43,69 @@ def report_table(node: str, results: Sequence[CheckResult], verbose: bool = Fals
     for r in results:
         head = f"{_MARK[r.status]:<6}  {r.check:<{name_w}}  {r.duration_s:>5.2f}s  "
         lines.extend(textwrap.wrap(r.summary, width, initial_indent=head, subsequent_indent=indent) or [head])
-        show = verbose or r.status not in (Status.OK, Status.SKIPPED)
-        for f in r.findings:
-            if show and (verbose or f.status not in (Status.OK, Status.SKIPPED)):
-                subject = f"{f.subject}: " if f.subject else ""
-                text = f"- [{f.status.value}] {f.code} {subject}{f.message}"
-                lines.extend(textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  "))
-        if r.action and r.status not in (Status.OK, Status.SKIPPED):
+        lines.extend(_finding_lines(r, verbose, width, indent))
+    return "\n".join(lines)
+
+
+def _finding_lines(r: CheckResult, verbose: bool, width: int, indent: str) -> list[str]:
+    """Each shown finding, with its own remedy under it (each remedy once); then the check's action if new."""
+    lines: list[str] = []
+    said: set[str] = set()
+    show = verbose or r.status not in (Status.OK, Status.SKIPPED)
+    for f in r.findings:
+        if not (show and (verbose or f.status not in (Status.OK, Status.SKIPPED))):
+            continue
+        subject = f"{f.subject}: " if f.subject else ""
+        text = f"- [{f.status.value}] {f.code} {subject}{f.message}"
+        lines.extend(textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  "))
+        if f.remedy and f.remedy not in said and f.status in (Status.WARNING, Status.CRITICAL, Status.UNKNOWN):
+            said.add(f.remedy)
             lines.extend(
                 textwrap.wrap(
-                    f"remedy: {r.action.remedy}", width, initial_indent=indent, subsequent_indent=indent + "  "
+                    f"remedy: {f.remedy}", width, initial_indent=indent + "  ", subsequent_indent=indent + "    "
                 )
             )
+    if r.action and r.status not in (Status.OK, Status.SKIPPED) and r.action.remedy not in said:
+        lines.extend(
+            textwrap.wrap(f"remedy: {r.action.remedy}", width, initial_indent=indent, subsequent_indent=indent + "  ")
+        )
+    return lines
+
+
+def _source(name: str) -> str:
+    return "<stdin>" if name == "-" else name
+
+
+def diagnose_dict(inputs: Sequence[tuple[str, Any]], worst: Status) -> dict[str, Any]:
+    """``diagnose --json``: the status and exit code overall, and each reading (source, kind, status, findings)."""
+    return {
+        "status": worst.value,
+        "exit_code": exit_code(worst),
+        "inputs": [
+            {
+                "source": _source(name),
+                "kind": d.kind,
+                "status": d.status.value,
+                "summary": d.summary,
+                "findings": [f.to_diagnose_dict() for f in d.findings],
+                "data": d.data,
+            }
+            for name, d in inputs
+        ],
+    }
+
+
+def diagnose_text(inputs: Sequence[tuple[str, Any]]) -> str:
+    lines: list[str] = []
+    for name, d in inputs:
+        lines.append(f"{_source(name)}: {d.kind}, {d.status.value}")
+        if d.summary:
+            lines.append(f"  {d.summary}")
+        for f in d.findings:
+            subject = f"{f.subject}: " if f.subject else ""
+            lines.append(f"  [{f.status.value}] {f.code} {subject}{f.message}")
+            if f.evidence:
+                lines.append(f"      evidence: {f.evidence}")
+            if f.remedy:
+                lines.append(f"      remedy: {f.remedy}")
     return "\n".join(lines)

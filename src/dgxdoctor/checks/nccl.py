@@ -39,7 +39,7 @@ from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv, run_command_lines
 from dgxdoctor.sources.fields import ByteSize, Host, OptionalHttpUrl, PeerUrl, parse_byte_size
-from dgxdoctor.sources.nccl_env import parse_env_file
+from dgxdoctor.sources.nccl_env import read_env_file
 from dgxdoctor.sources.nccl_info import NcclTransport, parse_nccl_info
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
 from dgxdoctor.sources.serving_env import find_serving_python
@@ -195,7 +195,7 @@ class NcclCheck(Check):
 
     def nccl_env(self, rail: str | None = None) -> dict[str, str]:
         """The probe's environment: the node's NCCL env file, then the pinned choices and INFO logging."""
-        return probe_env(self.cfg, rail)
+        return probe_env(self.cfg, rail, self.env.host_root)
 
     def argv(self, rail: str | None = None, *, nnodes: int = 1, node_rank: int = 0) -> list[str] | None:
         """``env NAME=VALUE ... PROGRAM ARGS``: argv only, never a shell; None when there is no probe here."""
@@ -325,12 +325,12 @@ class NcclCheck(Check):
             pass  # the verdict does not depend on it
 
 
-def probe_env(cfg: NcclSettings, rail: str | None = None) -> dict[str, str]:
+def probe_env(cfg: NcclSettings, rail: str | None = None, host_root: Path = Path("/")) -> dict[str, str]:
     """The node's NCCL env file (NCCL_*, GLOO_*, TORCH_NCCL_*, VLLM_HOST_IP), the pinned algorithm and protocol,
     INFO logging for the transport lines, and for a per-rail run ``NCCL_IB_HCA`` set to that HCA alone."""
     env: dict[str, str] = {}
-    if cfg.env_file is not None and cfg.env_file.is_file() and cfg.env_file.stat().st_size < 1 << 20:
-        values = parse_env_file(cfg.env_file.read_text(encoding="utf-8", errors="replace")).values
+    if cfg.env_file is not None and cfg.env_file.is_file():
+        values = read_env_file(cfg.env_file, host_root).values
         env.update({k: v for k, v in values.items() if k.startswith(("NCCL_", "GLOO_", "TORCH_NCCL_", "VLLM_"))})
     if cfg.algo:
         env["NCCL_ALGO"] = cfg.algo
