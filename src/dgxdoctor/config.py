@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.environment import Environment, Role
+from dgxdoctor.sources.fields import HttpUrl
 from dgxdoctor.sources.http import http_url
 from dgxdoctor.sources.statefile import read_private_file, state_dir_problem
 
@@ -256,15 +257,10 @@ class BundleSettings(_Frozen):
 class AlertsSettings(_Frozen):
     """Alerts out: where the daemon posts a page when remediation's ladder ends at "page"."""
 
-    alertmanager_url: str | None = Field(
+    alertmanager_url: HttpUrl | None = Field(
         None, description="Alertmanager base URL (its v2 API), e.g. http://alertmanager:9093; unset: log pages only"
     )
     timeout_s: float = Field(5.0, gt=0, le=60, description="timeout of one post to Alertmanager")
-
-    @field_validator("alertmanager_url")
-    @classmethod
-    def _check_url(cls, value: str | None) -> str | None:
-        return None if value is None else http_url(value)
 
 
 @cache

@@ -62,12 +62,15 @@ def remediator(
     return Remediator(settings, pager, "dgx-a", tmp_path, targets, lambda: results, transport=transport)
 
 
-async def settle(r: Remediator) -> None:
+async def settle(r: Remediator, limit_s: float = 30.0) -> None:
+    """Evaluate, then wait until no action is running or in flight; a test whose action never ends fails here."""
     await r.evaluate()
-    for _ in range(200):
-        if not r.busy.locked() and StateFile(r.state_file.dir).read().get("in_flight") is None:
-            return
-        await asyncio.sleep(0.02)
+
+    async def idle() -> None:
+        while r.busy.locked() or StateFile(r.state_file.dir).read().get("in_flight") is not None:
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(idle(), limit_s)
 
 
 def events(tmp_path: Path) -> list[dict[str, Any]]:

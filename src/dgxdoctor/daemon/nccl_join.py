@@ -36,8 +36,10 @@ from dgxdoctor.checks.nccl import (
     check_size_range,
     size_bytes,
 )
+from dgxdoctor.checks.nccl_run import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES
 from dgxdoctor.environment import Environment
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
+from dgxdoctor.sources.fields import ByteSize, Host
 from dgxdoctor.sources.sysfs_ib import ports_by_device
 
 log = structlog.get_logger(__name__)
@@ -47,19 +49,19 @@ KEEP_RUNS = 8
 
 
 class JoinRequest(BaseModel):
-    """What the head may ask for. Patterns match ``NcclSettings``' validators."""
+    """What the head may ask for: the same field types as ``NcclSettings`` (``sources.fields``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     run_id: str = Field(pattern=r"^[0-9a-f]{32}$")
-    master_addr: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$")
+    master_addr: Host
     master_port: int = Field(ge=1, le=65535)
     nnodes: int = Field(ge=2, le=64)
     node_rank: int = Field(ge=1, le=63)
     join_timeout_s: float = Field(gt=0, le=600)
     quick: bool = False
-    min_bytes: str = Field("8M", pattern=r"^\d{1,12}[KMG]?B?$")
-    max_bytes: str = Field("1G", pattern=r"^\d{1,12}[KMG]?B?$")
+    min_bytes: ByteSize = DEFAULT_MIN_BYTES
+    max_bytes: ByteSize = DEFAULT_MAX_BYTES
     algo: str = Field("Ring", pattern=NCCL_CHOICE_RE.pattern)
     proto: str = Field("Simple", pattern=NCCL_CHOICE_RE.pattern)
     rail: str | None = Field(None, pattern=HCA_RE.pattern)

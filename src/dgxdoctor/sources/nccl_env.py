@@ -9,6 +9,7 @@ References:
   {state, link_layer, gids/<index>, gid_attrs/types/<index>}.
 - Linux Documentation/ABI/testing/sysfs-class-net: /sys/class/net/<iface>/{type, flags, operstate, address};
   type 772 is ARPHRD_LOOPBACK, flags bit 0x8 is IFF_LOOPBACK (include/uapi/linux/if.h, if_arp.h).
+- if_nameindex(3): the kernel's own list of interface names (netlink), where /sys/class/net is not mounted.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from __future__ import annotations
 import ipaddress
 import re
 import shlex
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -236,6 +238,8 @@ def parse_name_spec(value: str, *, allow_port: bool) -> NameSpec:
 
 @dataclass(frozen=True)
 class NetInterface:
+    """One interface; ``type``, ``flags`` and ``operstate`` are None where only its name is known."""
+
     name: str
     type: int | None
     flags: int | None
@@ -250,10 +254,13 @@ class NetInterface:
         )
 
     @property
-    def up(self) -> bool:
+    def up(self) -> bool | None:
+        """None when nothing says (the kernel's name list carries no state)."""
         if self.operstate is not None and self.operstate != "unknown":
             return self.operstate == "up"
-        return self.flags is not None and bool(self.flags & IFF_UP)
+        if self.flags is None:
+            return None
+        return bool(self.flags & IFF_UP)
 
 
 def _read(path: Path) -> str | None:
@@ -272,19 +279,33 @@ def _int(text: str | None, base: int = 10) -> int | None:
         return None
 
 
-def read_net_interfaces(sysfs_root: Path) -> dict[str, NetInterface]:
+def kernel_interface_names() -> list[str]:
+    """The kernel's own interface list (``socket.if_nameindex()``); raises OSError when it cannot be had."""
+    return sorted(name for _, name in socket.if_nameindex())
+
+
+def read_net_interfaces(
+    sysfs_root: Path, kernel_names: Callable[[], Sequence[str]] = kernel_interface_names
+) -> dict[str, NetInterface] | None:
+    """This host's interfaces: from ``/sys/class/net`` (with type, flags, state) when it lists any, else the
+    kernel's name list (state unknown); None when no source answers, so nothing reads as "missing"."""
     base = sysfs_root / "class" / "net"
     found: dict[str, NetInterface] = {}
-    if not base.is_dir():
+    if base.is_dir():
+        for entry in sorted(base.iterdir()):
+            found[entry.name] = NetInterface(
+                entry.name,
+                _int(_read(entry / "type")),
+                _int(_read(entry / "flags"), 16),
+                _read(entry / "operstate"),
+            )
+    if found:
         return found
-    for entry in sorted(base.iterdir()):
-        found[entry.name] = NetInterface(
-            entry.name,
-            _int(_read(entry / "type")),
-            _int(_read(entry / "flags"), 16),
-            _read(entry / "operstate"),
-        )
-    return found
+    try:
+        names = kernel_names()
+    except OSError:
+        return None
+    return {name: NetInterface(name, None, None, None) for name in names} or None
 
 
 def is_local_address(value: str, addresses: set[str]) -> tuple[bool, str | None]:
