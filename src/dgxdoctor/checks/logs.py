@@ -10,7 +10,6 @@ that window are kept in the same file, so a restart or a one-shot ``dgxdoctor ch
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
@@ -19,7 +18,7 @@ from pydantic import Field
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
-from dgxdoctor.judge.context import reading
+from dgxdoctor.judge.scan import Scanner
 from dgxdoctor.judge.signatures import Catalog, Signature, load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.logtail import LogFollower, expand_paths
@@ -36,8 +35,6 @@ FILES_FOLLOWED = MetricSpec(
     "Log files the logs check followed in its last run.",
 )
 EVIDENCE_MAX = 500
-# Lines kept per file for the context of a match (the shutdown rule looks 60 lines back).
-CONTEXT_LINES = 120
 
 
 class LogsSettings(CheckSettings):
@@ -90,8 +87,8 @@ class LogsCheck(Check):
         self._follower: LogFollower | None = None
         self._recent: dict[tuple[str, str], _Recent] = {}
         self._totals: dict[str, int] = {}
-        # The last lines of each file, so a match is read in its context (judge.context: OOM phase, a clean stop).
-        self._context: dict[str, deque[str]] = {}
+        # One scanner per file: it keeps the last lines, so a match is read in its context (judge.context).
+        self._scanners: dict[str, Scanner] = {}
 
     def _load_follower(self) -> LogFollower:
         if self._follower is None:
@@ -133,20 +130,27 @@ class LogsCheck(Check):
         self.state.save({"positions": follower.state(), "recent": recent})  # a failure is logged and counted
 
     def _match(self, lines: Iterable[tuple[str, str]], kinds: Mapping[str, str], now: float) -> None:
-        """Count the signatures the new lines show, each read in the context of the lines before it."""
-        signatures = self.catalog.by_code()
+        """Count the signatures the new lines show, each read in its record and with the lines before it.
+
+        Only records that no client controls count (``judge.records``): this result leads to actions."""
+        for gone in [p for p in self._scanners if p not in kinds and p.removesuffix(".1") not in kinds]:
+            del self._scanners[gone]
+        by_path: dict[str, list[str]] = {}
         for path, line in lines:
-            kind = kinds.get(path) or kinds.get(path.removesuffix(".1"))
-            context = self._context.setdefault(path, deque(maxlen=CONTEXT_LINES))
-            context.append(line)
-            for match in self.catalog.match(line, kind):
-                sig = reading(match.signature, list(context), len(context) - 1, signatures)
-                if sig is None:
+            by_path.setdefault(path, []).append(line)
+        for path, new in by_path.items():
+            scanner = self._scanners.get(path)
+            if scanner is None:
+                kind = kinds.get(path) or kinds.get(path.removesuffix(".1"))
+                scanner = self._scanners[path] = Scanner(self.catalog, kind, trusted_only=True)
+            for match in [*scanner.feed("\n".join(new)), *scanner.flush()]:
+                if not match.trusted:
                     continue
+                sig = match.signature
                 self._totals[sig.code] = self._totals.get(sig.code, 0) + 1
                 key = (sig.code, path)
                 seen = self._recent.get(key)
-                self._recent[key] = _Recent(sig, path, line, now, seen.count + 1 if seen else 1)
+                self._recent[key] = _Recent(sig, path, match.line, now, seen.count + 1 if seen else 1)
 
     def run(self) -> CheckResult:
         s = self._settings

@@ -9,11 +9,12 @@ nor a Ray log but shows a known failure: one traceback line, an NCCL WARN line.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import ClassVar
 
 from dgxdoctor.diagnose.base import Diagnosis
-from dgxdoctor.judge.context import reading
-from dgxdoctor.judge.signatures import Catalog, load_catalog
+from dgxdoctor.judge.scan import Scanner
+from dgxdoctor.judge.signatures import Catalog, Match, load_catalog
 from dgxdoctor.result import Finding
 
 # INFO 07-25 06:50:45 config.py:718] Defaulting to use ray for distributed inference      (vllm-project/vllm#6775)
@@ -38,29 +39,34 @@ RAY_MARKER = re.compile(r"\((?:raylet|autoscaler|gcs_server)[^)]*\)|ray\.excepti
 NCCL_LINE = re.compile(r"^(?:\([^()\n]{1,200}\) ?){0,3}\S+:\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)\b|^NCCL version \d", re.M)
 
 
-def _findings(text: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int], int]:
-    first: dict[str, tuple[int, str]] = {}
+def findings(matches: Iterable[Match], n_lines: int) -> tuple[list[Finding], dict[str, int], int]:
+    """One finding per signature code (the first line that showed it as evidence) and the lines per code."""
+    first: dict[str, Match] = {}
     counts: dict[str, int] = {}
-    lines = text.splitlines()
-    signatures = catalog.by_code()
-    for index, line in enumerate(lines):
-        for match in catalog.match(line):
-            refined = reading(match.signature, lines, index, signatures)
-            if refined is None:
-                continue
-            code = refined.code
-            counts[code] = counts.get(code, 0) + 1
-            first.setdefault(code, (index + 1, line))
-    findings = []
-    for code, (number, line) in sorted(first.items(), key=lambda kv: kv[1][0]):
-        sig = signatures[code]
+    for match in matches:
+        counts[match.code] = counts.get(match.code, 0) + 1
+        first.setdefault(match.code, match)
+    out = []
+    for code, match in sorted(first.items(), key=lambda kv: kv[1].number):
+        sig = match.signature
         times = f" ({counts[code]} lines)" if counts[code] > 1 else ""
-        findings.append(
+        out.append(
             Finding(
-                code, sig.severity, sig.meaning + times, f"line {number}", evidence=line.strip()[:500], remedy=sig.fix
+                code,
+                sig.severity,
+                sig.meaning + times,
+                f"line {match.number}",
+                evidence=match.line.strip()[:500],
+                remedy=sig.fix,
             )
         )
-    return findings, counts, len(lines)
+    return out, counts, n_lines
+
+
+def _findings(text: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int], int]:
+    scanner = Scanner(catalog)
+    matches = [*scanner.feed(text), *scanner.flush()]
+    return findings(matches, scanner.lines_read)
 
 
 class _LogAnalyzer:
@@ -107,5 +113,4 @@ class TextAnalyzer(_LogAnalyzer):
     kind: ClassVar[str] = "text"
 
     def detect(self, text: str) -> bool:
-        catalog = self.catalog
-        return any(catalog.match(line) for line in text.splitlines())
+        return bool(self.catalog.scan(text))
