@@ -5,7 +5,7 @@ literal ANSI colour codes, container and CI timestamps, docker compose, journald
 process prefixes, a mail quote) and mends a level whose first letters were lost (``RROR 12-18 ...``). Evidence
 always keeps the original line; only matching reads the cleaned one.
 
-``RecordReader`` then says who printed each line, so that text a client controls never raises a signature:
+``shape(text)`` then says who printed each line (``judge.scan`` adds the record that owns a line opening none), so that text a client controls never raises a signature:
 
 - ``DENIED``: a request record (vLLM's request logger: ``Received request ...: prompt: '...'``, ``Generated
   response``, ``Added``/``Aborted request``) or an HTTP access-log line (uvicorn's ``INFO: 127.0.0.1:5000 - "GET
@@ -127,7 +127,7 @@ class Shape:
 
 
 def shape(text: str) -> Shape:
-    """The record shape of one cleaned line, on its own (``RecordReader`` adds what the lines before it say)."""
+    """The record shape of one cleaned line, on its own (``judge.scan`` adds what the lines before it say)."""
     ray = RAY_COMPONENT.match(text)
     if ray is not None:
         rest = text[ray.end() :]
@@ -155,26 +155,3 @@ def shape(text: str) -> Shape:
 def inside_quotes(text: str, start: int, end: int) -> bool:
     """True when ``text[start:end]`` lies within one quoted span (what a prompt looks like in a log record)."""
     return any(q.start() < start and end <= q.end() for q in QUOTED.finditer(text))
-
-
-class RecordReader:
-    """Line by line, the trust of each line given the record it belongs to.
-
-    A vLLM record from the request-handling server makes the lines after it that open no record of their own (its
-    traceback, a multi-line message) CLIENT too; a request or access line owns only itself.
-    """
-
-    def __init__(self) -> None:
-        self._owner = Trust.TRUSTED
-
-    def read(self, text: str) -> Shape:
-        found = shape(text)
-        if found.head:
-            self._owner = Trust.CLIENT if found.trust is Trust.CLIENT else Trust.TRUSTED
-            return found
-        if self._owner is Trust.CLIENT:
-            return Shape(Trust.CLIENT, found.message, False)
-        return found
-
-    def reset(self) -> None:
-        self._owner = Trust.TRUSTED

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from dgxdoctor.judge.context import reading
-from dgxdoctor.judge.records import RecordReader, Shape, Trust, clean, shape
+from dgxdoctor.judge.records import Shape, Trust, clean, shape
 from dgxdoctor.judge.signatures import Catalog, Match, Signature
 
 # Lines before a match that its reading may look at (judge.oom looks 400 back), and after it (50).
@@ -32,9 +32,10 @@ WRAP_MIN = 40
 
 @dataclass
 class _Block:
-    lines: list[str]
+    data: bytes  # whole lines, each ending in b"\n"
     first: int  # 0-based number of its first line in the whole input
-    hits: list[int] = field(default_factory=list)  # indexes into lines, sorted, the prefilter's candidates
+    lines: int
+    hits: list[int] = field(default_factory=list)  # byte offsets in data of the lines the prefilter hit, sorted
 
 
 class Scanner:
@@ -48,61 +49,83 @@ class Scanner:
         self.context = context
         self.trusted_only = trusted_only
         self.lines_read = 0
-        self._tail: list[str] = []
+        self._tail = b""  # the last LOOK_BACK lines settled, for the context of the next block's matches
         self._pending: _Block | None = None
         self._signatures = catalog.by_code()
 
-    def feed(self, text: str) -> list[Match]:
-        """Read one block of whole lines (no trailing newline needed); the previous block's matches come back."""
-        if "\r" in text:  # CRLF, and a carriage return that a terminal showed as a new line (progress bars)
-            text = text.replace("\r\n", "\n").replace("\r", "\n")
-        lines = text.split("\n")
-        if text.endswith("\n"):
-            lines.pop()
-        block = _Block(lines, self.lines_read, self._hits(text, lines))
-        self.lines_read += len(lines)
-        out = self._settle(lines[:LOOK_AHEAD])
+    def feed(self, data: bytes | str) -> list[Match]:
+        """Read one block of whole lines; the matches of the block before it come back (see the module doc)."""
+        if isinstance(data, str):
+            data = data.encode("utf-8", errors="surrogateescape")
+        if b"\r" in data:  # CRLF, and a carriage return a terminal showed as a new line (progress bars)
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if data and not data.endswith(b"\n"):
+            data += b"\n"
+        block = _Block(data, self.lines_read, data.count(b"\n"), self._hits(data))
+        self.lines_read += block.lines
+        out = self._settle(data)
         self._pending = block
         return out
 
     def flush(self) -> list[Match]:
         """The matches of the last block fed (nothing after it to read it with)."""
-        return self._settle([])
+        return self._settle(b"")
 
-    def _hits(self, text: str, lines: list[str]) -> list[int]:
-        """Indexes of the lines the prefilter hits (a hit across a line break names both lines)."""
-        prefilter = self.catalog.prefilter
-        if prefilter is None:
-            return []
-        hits: list[int] = []
-        index = pos = 0
-        for m in prefilter.finditer(text):
-            index += text.count("\n", pos, m.start())
-            pos = m.start()
-            if not hits or hits[-1] != index:
-                hits.append(index)
-            span = text.count("\n", m.start(), m.end())
-            if span:
-                hits.append(index + span)
-        return sorted(set(h for h in hits if h < len(lines)))
+    def _hits(self, data: bytes) -> list[int]:
+        """Line starts (byte offsets) of the lines the prefilter hits; a hit across a line break names both."""
+        starts: list[int] = []
+        for m in self.catalog.block_prefilter.finditer(data):
+            first = data.rfind(b"\n", 0, m.start()) + 1
+            if not starts or starts[-1] != first:
+                starts.append(first)
+            end = data.rfind(b"\n", m.start(), m.end())
+            if end != -1:
+                starts.append(end + 1)
+        return sorted(set(starts))
 
-    def _settle(self, ahead: list[str]) -> list[Match]:
+    def _settle(self, ahead: bytes) -> list[Match]:
         block = self._pending
         if block is None:
             return []
         self._pending = None
-        window = [*self._tail, *block.lines, *ahead]
-        offset = len(self._tail)
-        out = list(self._read_block(window, offset, block)) if block.hits else []
-        self._tail = [*self._tail, *block.lines][-LOOK_BACK:]
+        out: list[Match] = []
+        if block.hits:
+            out = list(self._read_hits(block, ahead))
+        data = block.data if block.lines >= LOOK_BACK else self._tail + block.data
+        self._tail = _last_lines(data, LOOK_BACK)
         return out
 
-    def _read_block(self, window: list[str], offset: int, block: _Block) -> Iterator[Match]:
-        reading_ = _Reading(self, window)
-        done: set[tuple[int, str]] = set()
+    def _read_hits(self, block: _Block, ahead: bytes) -> Iterator[Match]:
+        """Decode only the lines around the hits: LOOK_BACK before the first, LOOK_AHEAD after the last."""
+        # The lines before the first hit come from the block alone when it holds enough of them.
+        back = _line_start_before(block.data, block.hits[0], LOOK_BACK)
+        tail = self._tail if back == 0 else b""
+        buffer = tail + block.data + _first_lines(ahead, LOOK_AHEAD)
+        base = len(tail)
+        start = _line_start_before(buffer, base + block.hits[0], LOOK_BACK)
+        stop = _line_end_after(buffer, base + block.hits[-1], LOOK_AHEAD)
+        window = buffer[start:stop].decode("utf-8", errors="replace").split("\n")
+        # The line number (0-based, in the whole input) of the window's first line, from the first hit's.
+        first_hit = block.first + block.data.count(b"\n", 0, block.hits[0])
+        first = first_hit - buffer.count(b"\n", start, base + block.hits[0])
+        first_in_block = block.first - first
+        indexes, pos, line = [], start, 0
         for hit in block.hits:
-            for index, sig, line, trust in reading_.candidates(offset + hit):
-                if not offset <= index < offset + len(block.lines) or (index, sig.code) in done:
+            line += buffer.count(b"\n", pos, base + hit)
+            pos = base + hit
+            indexes.append(line)
+        yield from self._read_block(window, first, indexes, first_in_block, block)
+
+    def _read_block(
+        self, window: list[str], first: int, indexes: list[int], lo: int, block: _Block
+    ) -> Iterator[Match]:
+        """The matches of the hit lines ``indexes`` of ``window``; only lines of the block (``lo`` on) count."""
+        reading_ = _Reading(self, window)
+        hi = lo + block.lines
+        done: set[tuple[int, str]] = set()
+        for hit in indexes:
+            for index, sig, line, trust in reading_.candidates(hit):
+                if not lo <= index < hi or (index, sig.code) in done:
                     continue
                 done.add((index, sig.code))
                 if trust is Trust.CLIENT and self.trusted_only:
@@ -111,8 +134,35 @@ class Scanner:
                 if self.context:
                     read = reading(sig, window, index, self._signatures)
                 if read is not None:
-                    number = block.first + index - offset + 1
-                    yield Match(read, line, trust is Trust.TRUSTED, number)
+                    yield Match(read, line, trust is Trust.TRUSTED, first + index + 1)
+
+
+def _last_lines(data: bytes, n: int) -> bytes:
+    """The last ``n`` whole lines of ``data`` (which ends in a newline)."""
+    return data[_line_start_before(data, len(data), n) :]
+
+
+def _first_lines(data: bytes, n: int) -> bytes:
+    return data[: _line_end_after(data, 0, n - 1)] if data else b""
+
+
+def _line_start_before(data: bytes, pos: int, n: int) -> int:
+    """The start of the line ``n`` lines before the one that starts at ``pos``."""
+    for _ in range(n):
+        if pos <= 0:
+            return 0
+        pos = data.rfind(b"\n", 0, pos - 1) + 1
+    return pos
+
+
+def _line_end_after(data: bytes, pos: int, n: int) -> int:
+    """The end (without its newline) of the line ``n`` lines after the one holding ``pos``."""
+    for _ in range(n + 1):
+        end = data.find(b"\n", pos)
+        if end == -1:
+            return len(data)
+        pos = end + 1
+    return pos - 1
 
 
 class _Reading:
@@ -171,23 +221,26 @@ class _Reading:
 
 
 class _Owners:
-    """The trust of lines of a window, each read with the record that owns it (looked up backwards, cached)."""
+    """The trust of lines of a window, each read with the record that owns it: the nearest line before it that
+    opens a record (at most OWNER_LOOK_BACK back), cached."""
 
     def __init__(self, window: list[str]) -> None:
         self.window = window
         self._shapes: dict[int, Shape] = {}
-        self._reader = RecordReader()
-        self._read_to = -1
+
+    def _own(self, index: int) -> Shape:
+        if index not in self._shapes:
+            self._shapes[index] = shape(clean(self.window[index]))
+        return self._shapes[index]
 
     def shape(self, index: int) -> Shape:
-        if index in self._shapes:
-            return self._shapes[index]
-        if index <= self._read_to:
-            return shape(clean(self.window[index]))
-        start = max(self._read_to + 1, index - OWNER_LOOK_BACK, 0)
-        if start > self._read_to + 1:
-            self._reader.reset()
-        for i in range(start, index + 1):
-            self._shapes[i] = self._reader.read(clean(self.window[i]))
-        self._read_to = max(self._read_to, index)
-        return self._shapes[index]
+        own = self._own(index)
+        if own.head:
+            return own
+        for back in range(index - 1, max(-1, index - OWNER_LOOK_BACK - 1), -1):
+            head = self._own(back)
+            if head.head:
+                if head.trust is Trust.CLIENT:
+                    return Shape(Trust.CLIENT, own.message, False)
+                return own
+        return own
