@@ -39,34 +39,43 @@ RAY_MARKER = re.compile(r"\((?:raylet|autoscaler|gcs_server)[^)]*\)|ray\.excepti
 NCCL_LINE = re.compile(r"^(?:\([^()\n]{1,200}\) ?){0,3}\S+:\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)\b|^NCCL version \d", re.M)
 
 
-def findings(matches: Iterable[Match], n_lines: int) -> tuple[list[Finding], dict[str, int], int]:
-    """One finding per signature code (the first line that showed it as evidence) and the lines per code."""
-    first: dict[str, Match] = {}
-    counts: dict[str, int] = {}
-    for match in matches:
-        counts[match.code] = counts.get(match.code, 0) + 1
-        first.setdefault(match.code, match)
-    out = []
-    for code, match in sorted(first.items(), key=lambda kv: kv[1].number):
-        sig = match.signature
-        times = f" ({counts[code]} lines)" if counts[code] > 1 else ""
-        out.append(
-            Finding(
-                code,
-                sig.severity,
-                sig.meaning + times,
-                f"line {match.number}",
-                evidence=match.line.strip()[:500],
-                remedy=sig.fix,
+class Tally:
+    """The first match of each signature code and the lines per code, however many lines are read."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, Match] = {}
+        self.counts: dict[str, int] = {}
+
+    def add(self, matches: Iterable[Match]) -> None:
+        for match in matches:
+            self.counts[match.code] = self.counts.get(match.code, 0) + 1
+            self.first.setdefault(match.code, match)
+
+    def findings(self) -> list[Finding]:
+        """One finding per signature code, the first line that showed it as evidence."""
+        out = []
+        for code, match in sorted(self.first.items(), key=lambda kv: kv[1].number):
+            sig = match.signature
+            times = f" ({self.counts[code]} lines)" if self.counts[code] > 1 else ""
+            out.append(
+                Finding(
+                    code,
+                    sig.severity,
+                    sig.meaning + times,
+                    f"line {match.number}",
+                    evidence=match.line.strip()[:500],
+                    remedy=sig.fix,
+                )
             )
-        )
-    return out, counts, n_lines
+        return out
 
 
 def _findings(text: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int], int]:
     scanner = Scanner(catalog)
-    matches = [*scanner.feed(text), *scanner.flush()]
-    return findings(matches, scanner.lines_read)
+    tally = Tally()
+    tally.add(scanner.feed(text))
+    tally.add(scanner.flush())
+    return tally.findings(), tally.counts, scanner.lines_read
 
 
 class _LogAnalyzer:

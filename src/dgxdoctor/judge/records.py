@@ -5,7 +5,8 @@ literal ANSI colour codes, container and CI timestamps, docker compose, journald
 process prefixes, a mail quote) and mends a level whose first letters were lost (``RROR 12-18 ...``). Evidence
 always keeps the original line; only matching reads the cleaned one.
 
-``shape(text)`` then says who printed each line (``judge.scan`` adds the record that owns a line opening none), so that text a client controls never raises a signature:
+``shape(text)`` then says who printed each line (``judge.scan`` adds the record that owns a line opening
+none), so that text a client controls never raises a signature:
 
 - ``DENIED``: a request record (vLLM's request logger: ``Received request ...: prompt: '...'``, ``Generated
   response``, ``Added``/``Aborted request``) or an HTTP access-log line (uvicorn's ``INFO: 127.0.0.1:5000 - "GET

@@ -116,9 +116,7 @@ class Scanner:
             indexes.append(line)
         yield from self._read_block(window, first, indexes, first_in_block, block)
 
-    def _read_block(
-        self, window: list[str], first: int, indexes: list[int], lo: int, block: _Block
-    ) -> Iterator[Match]:
+    def _read_block(self, window: list[str], first: int, indexes: list[int], lo: int, block: _Block) -> Iterator[Match]:
         """The matches of the hit lines ``indexes`` of ``window``; only lines of the block (``lo`` on) count."""
         reading_ = _Reading(self, window)
         hi = lo + block.lines
