@@ -20,7 +20,7 @@ from dgxdoctor.judge.scan import Scanner
 from dgxdoctor.judge.signatures import load_catalog
 
 BLOCK = 1 << 20
-HEAD_BYTES = 4 << 20
+HEAD_BYTES = 1 << 20
 MAX_LINE = 64 << 10
 
 
