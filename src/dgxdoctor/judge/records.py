@@ -38,9 +38,10 @@ class Trust(Enum):
     DENIED = "denied"
 
 
-# Real and literal colour codes: "\x1b[36m(RayWorkerWrapper pid=1)\x1b[0m"; pasted without the escape character
-# "[36m(RayWorkerWrapper pid=5157, ip=10.0.0.2)[0m INFO ..." (vllm-project/vllm#11539), or as "^[[0;36m".
-ANSI = re.compile(r"(?:\x1b|\^\[|\\x1b|\\033|\\e|\u241b)?\[(?:\d{1,3}(?:;\d{1,3})*)?m(?!\])|\x1b\[[0-9;?]*[A-Za-z]")
+# Real and literal colour codes: "\x1b[36m(RayWorkerWrapper pid=1)\x1b[0m"; pasted with the escape character lost
+# or replaced: "\ufffd[36m(RayWorkerWrapper pid=4183, ip=10.3.32.122)\ufffd[0m ERROR 06-03 23:13:39 worker_base.py:148]"
+# (tests/fixtures/paste/SOURCES.md), or shown as "^[[0;36m".
+ANSI = re.compile(r"(?:\x1b|\^\[|\\x1b|\\033|\\e|\u241b|\ufffd)?\[(?:\d{1,3}(?:;\d{1,3})*)?m(?!\])|\x1b\[[0-9;?]*[A-Za-z]")
 # Prefixes that pasting, a container runtime or a log collector put before the record, one regex each:
 PREFIXES = (
     # 2025-03-10T15:07:20.123456789Z INFO 03-10 ...      (docker logs -t, kubectl logs --timestamps: RFC 3339)
@@ -56,7 +57,8 @@ PREFIXES = (
     # (EngineCore_DP0 pid=34) (RayWorkerWrapper pid=5157, ip=10.0.0.2) INFO ...   (vLLM V1 and Ray, nested)
     re.compile(r"\((?:[A-Za-z_][\w.-]*(?: pid=\d+)?(?:, ip=[0-9a-fA-F.:]+)?)\) ?"),
     # [rank3]: Traceback (most recent call last):         (torchrun's per-rank prefix)
-    re.compile(r"\[rank\d+\]: ?"),
+    # [vllm]: INFO 07-28 21:53:45 api_server.py:219] ...  (a container log viewer, akash-network/awesome-akash#543)
+    re.compile(r"\[[\w.-]{1,40}\]: ?"),
     # > ERROR 03-10 ...                                   (a quoted mail)
     re.compile(r">+ ?"),
 )
