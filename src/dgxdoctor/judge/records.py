@@ -41,7 +41,9 @@ class Trust(Enum):
 # Real and literal colour codes: "\x1b[36m(RayWorkerWrapper pid=1)\x1b[0m"; pasted with the escape character lost
 # or replaced: "\ufffd[36m(RayWorkerWrapper pid=4183, ip=10.3.32.122)\ufffd[0m ERROR 06-03 23:13:39 worker_base.py:148]"
 # (tests/fixtures/paste/SOURCES.md), or shown as "^[[0;36m".
-ANSI = re.compile(r"(?:\x1b|\^\[|\\x1b|\\033|\\e|\u241b|\ufffd)?\[(?:\d{1,3}(?:;\d{1,3})*)?m(?!\])|\x1b\[[0-9;?]*[A-Za-z]")
+ANSI = re.compile(
+    r"(?:\x1b|\^\[|\\x1b|\\033|\\e|\u241b|\ufffd)?\[(?:\d{1,3}(?:;\d{1,3})*)?m(?!\])|\x1b\[[0-9;?]*[A-Za-z]"
+)
 # Prefixes that pasting, a container runtime or a log collector put before the record, one regex each:
 PREFIXES = (
     # 2025-03-10T15:07:20.123456789Z INFO 03-10 ...      (docker logs -t, kubectl logs --timestamps: RFC 3339)
