@@ -42,7 +42,7 @@ class Trust(Enum):
 # or replaced: "\ufffd[36m(RayWorkerWrapper pid=4183, ip=10.3.32.122)\ufffd[0m ERROR 06-03 23:13:39 worker_base.py:148]"
 # (tests/fixtures/paste/SOURCES.md), or shown as "^[[0;36m".
 ANSI = re.compile(
-    r"(?:\x1b|\^\[|\\x1b|\\033|\\e|\u241b|\ufffd)?\[(?:\d{1,3}(?:;\d{1,3})*)?m(?!\])|\x1b\[[0-9;?]*[A-Za-z]"
+    r"(?:\^\[|\\x1b\[|\\033\[|\\e\[|\u241b\[|\ufffd\[|\x1b\[|\[)(?:\d{1,3}(?:;\d{1,3})*)?m(?!\])|\x1b\[[0-9;?]*[A-Za-z]"
 )
 # Prefixes that pasting, a container runtime or a log collector put before the record, one regex each:
 PREFIXES = (

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -196,7 +196,7 @@ class _Searcher:
 
 
 class _BytesSearch(Protocol):
-    def finditer(self, data: bytes) -> Iterator[re.Match[bytes]]: ...
+    def search(self, data: bytes, pos: int = 0) -> re.Match[bytes] | None: ...
 
 
 def _block_regex(source: str) -> _BytesSearch:
