@@ -10,6 +10,8 @@ that window are kept in the same file, so a restart or a one-shot ``dgxdoctor ch
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
@@ -21,7 +23,7 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.judge.scan import Scanner
 from dgxdoctor.judge.signatures import Catalog, Signature, load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
-from dgxdoctor.sources.logtail import LogFollower, expand_paths
+from dgxdoctor.sources.logtail import LogFollower, expand_paths, read_recent
 from dgxdoctor.sources.statefile import StateFile
 
 MATCHES_TOTAL = MetricSpec(
@@ -62,6 +64,17 @@ class LogsSettings(CheckSettings):
         "restart does not report old lines; files appearing later are always read whole)",
     )
     hold_s: float = Field(900.0, gt=0, description="keep reporting a match this many seconds after it was last seen")
+    check_window_bytes: int = Field(
+        8 * 1024 * 1024,
+        gt=0,
+        description="one-shot `dgxdoctor check`: read the last this many bytes of each log file (the recent past; "
+        "the daemon follows files from their end instead)",
+    )
+    check_window_s: float = Field(
+        900.0,
+        gt=0,
+        description="one-shot `dgxdoctor check`: a log file not written for this many seconds is not read",
+    )
 
 
 @dataclass
@@ -156,6 +169,8 @@ class LogsCheck(Check):
         s = self._settings
         kinds = {path: "ray" for path in expand_paths(s.ray_paths)}
         kinds.update({path: "vllm" for path in expand_paths(s.vllm_paths)})
+        if self.env.one_shot:
+            return self._run_recent(kinds)
         follower = self._load_follower()
         if not kinds:
             # Still a poll: files that appear from now on (Ray started after the agent) are new, read from 0.
@@ -169,6 +184,23 @@ class LogsCheck(Check):
             del self._recent[key]
         self._save(follower)
 
+        b = self._findings(polled.errors)
+        b.sample(FILES_FOLLOWED, len(polled.files))
+        if polled.budget_exhausted:
+            unread = _unread_bytes(follower, polled.files)
+            b.add(
+                Finding(
+                    "LOG_BACKLOG",
+                    Status.WARNING,
+                    f"read the per-run limit of {s.max_bytes_per_run} bytes; {unread} bytes are not read yet "
+                    "(the next runs read them): a match in them is not reported until then",
+                    remedy="raise [checks.logs] max_bytes_per_run if the logs grow faster than it per interval",
+                )
+            )
+        return b.build(self._summary(f"in {len(polled.files)} log file(s)"))
+
+    def _findings(self, errors: Iterable[str]) -> ResultBuilder:
+        """The matches held (worst first), the match counters, the files that could not be read."""
         b = ResultBuilder(self.name)
         for recent in sorted(self._recent.values(), key=lambda r: (-r.signature.severity.rank, r.path)):
             sig = recent.signature
@@ -185,20 +217,61 @@ class LogsCheck(Check):
             )
         for code in sorted(self._totals):
             b.sample(MATCHES_TOTAL, self._totals[code], code=code)
-        b.sample(FILES_FOLLOWED, len(polled.files))
-        for error in polled.errors:
+        for error in errors:
             b.add(Finding("LOG_UNREADABLE", Status.WARNING, f"cannot read log file: {error}", error.split(":", 1)[0]))
-        if polled.budget_exhausted:
+        return b
+
+    def _summary(self, what: str) -> str:
+        codes = sorted({r.signature.code for r in self._recent.values()})
+        if codes:
+            return f"{len(codes)} failure signature(s) in the last {self._settings.hold_s:g} s: {', '.join(codes)}"
+        return f"no known failure signature {what}"
+
+    def _run_recent(self, kinds: Mapping[str, str]) -> CheckResult:
+        """One-shot `dgxdoctor check`: the recent past of each file (``check_window_bytes`` of the files written
+        in the last ``check_window_s``), with the daemon's held matches; what was not read is said, a backlog over
+        the per-run limit is a WARNING. Nothing is saved: the daemon's positions stay as they are."""
+        s = self._settings
+        self._recent = self._restore_recent(self.state.load().get("recent"))
+        if not kinds:
+            return CheckResult.skipped(self.name, "no vLLM or Ray log files configured or present")
+        now = self.env.clock()
+        read = read_recent(sorted(kinds), s.check_window_bytes, s.max_bytes_per_run, s.check_window_s, time.time())
+        self._match(read.lines, kinds, now)
+        for key in [k for k, r in self._recent.items() if now - r.last_seen > s.hold_s]:
+            del self._recent[key]
+        b = self._findings(read.errors)
+        b.sample(FILES_FOLLOWED, len(read.files))
+        if read.unread_bytes:
             b.add(
                 Finding(
                     "LOG_BACKLOG",
-                    Status.OK,
-                    f"read the per-run limit of {s.max_bytes_per_run} bytes; the rest is read next run",
+                    Status.WARNING,
+                    f"{read.unread_bytes} bytes of the last {s.check_window_bytes} bytes of the logs were not read "
+                    f"(per-run limit {s.max_bytes_per_run} bytes): a failure in them is not reported",
+                    remedy="raise [checks.logs] max_bytes_per_run, or read the file with dgxdoctor diagnose FILE",
                 )
             )
-        codes = sorted({r.signature.code for r in self._recent.values()})
-        if codes:
-            summary = f"{len(codes)} failure signature(s) in the last {s.hold_s:g} s: {', '.join(codes)}"
-        else:
-            summary = f"no known failure signature in {len(polled.files)} log file(s)"
-        return b.build(summary)
+        parts = [f"read the last {_mib(read.bytes_read)} of {len(read.files)} log file(s)"]
+        if read.stale:
+            parts.append(f"{len(read.stale)} file(s) not written in the last {s.check_window_s:g} s not read")
+        if read.older_bytes:
+            parts.append(f"{_mib(read.older_bytes)} before the last {_mib(s.check_window_bytes)} per file not read")
+        return b.build(self._summary("in the recent past") + "; " + ", ".join(parts))
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _unread_bytes(follower: LogFollower, files: Iterable[str]) -> int:
+    """Bytes of the followed files after the positions the follower reached."""
+    total = 0
+    for path in files:
+        pos = follower.positions.get(path)
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            continue
+        total += max(0, size - pos.offset) if pos is not None else 0
+    return total
