@@ -56,7 +56,7 @@ class Scanner:
     def feed(self, data: bytes | str) -> list[Match]:
         """Read one block of whole lines; the matches of the block before it come back (see the module doc)."""
         if isinstance(data, str):
-            data = data.encode("utf-8", errors="surrogateescape")
+            data = data.encode("utf-8", errors="surrogatepass")
         if b"\r" in data:  # CRLF, and a carriage return a terminal showed as a new line (progress bars)
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if data and not data.endswith(b"\n"):

@@ -1,11 +1,19 @@
-"""The catalog of known failure signatures (data in ``dgxdoctor/data/signatures.toml``) and a fast line matcher.
+"""The catalog of known failure signatures (data in ``dgxdoctor/data/signatures.toml``) and its matcher.
 
-``load_catalog()`` validates the data and precompiles every pattern; ``Catalog.match(line, kind)`` returns the
-signatures a log line shows. Most log lines match nothing, so one combined regex of every pattern's anchor (a run
-of literal text every matching line contains, from a capital letter where possible; for a ``(?i)`` pattern its
-lower, Capitalised and UPPER forms), built as a prefix tree, is tried first, and the per-signature regexes run only
-on the rare line it hits. The patterns themselves as one alternation cost Python's engine several times more per
-line.
+``load_catalog()`` validates the data and precompiles every pattern. ``Catalog.find(text)`` returns the
+signatures a cleaned record's text shows; ``Catalog.match(line)`` reads one raw line as the record it is first
+(``judge.records``: the paste normaliser, and no signature from a request or access-log record, or from quoted
+text of a client record); ``Catalog.scan(text)`` and ``judge.scan.Scanner`` read many lines, fast.
+
+Most log lines match nothing, so one combined regex of every pattern's anchor (a run of literal text every
+matching line contains, from a capital letter where that leaves 10 characters; for a ``(?i)`` pattern its lower,
+Capitalised and UPPER forms), built as a prefix tree, is tried first, and the per-signature regexes run only on
+the rare line it hits. Over a block of raw bytes the same tree also accepts a line break between two characters
+(a wrapped record) and runs in RE2 where ``google-re2`` is installed. A pattern is searched cut at its top-level
+``.*`` (``_gap_pieces``), so a long line costs linear time.
+
+The data's schema is unchanged by the record-shape rules: they are code (``judge.records``), not keys, so a
+signature needs nothing new to be matched only in the records that print it.
 """
 
 from __future__ import annotations
