@@ -9,13 +9,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import click
+import httpx
 
-from dgxdoctor.bench_report import sweep_dict, sweep_text, write_outputs
+from dgxdoctor.bench_report import is_sweep_document, sweep_dict, sweep_text, write_outputs
 from dgxdoctor.checks.bench import BenchCheckSettings, baseline_path, vllm_launcher
 from dgxdoctor.config import Config
 from dgxdoctor.judge.bench import Knee, find_knee
 from dgxdoctor.sources.bench_baseline import Baseline, save_baseline, serving_versions, vllm_serve_argv
-from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
+from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
 from dgxdoctor.sources.serving_env import find_serving_python
 from dgxdoctor.sources.vllm_bench import BenchPoint, BenchResultError, BenchRunError, BenchSettings, read_bench_result
 from dgxdoctor.sources.vllm_bench import run_sweep as sweep
@@ -40,20 +41,35 @@ def _finish(
         click.echo(why_no_png, err=True)
 
 
+# `bench analyze results/*.json` a second time also matches the sweep.json it wrote: that file is skipped, said.
+ANALYSIS_DIR = "analysis"
+
+
+def _read_results(files: list[Path]) -> list[BenchPoint]:
+    points: list[BenchPoint] = []
+    for path in files:
+        try:
+            points.append(read_bench_result(path))
+        except BenchResultError as exc:
+            if not is_sweep_document(path):
+                raise click.UsageError(str(exc)) from None
+            click.echo(f"skipped {path}: a sweep written by dgxdoctor, not a vllm bench serve result", err=True)
+    if not points:
+        raise click.UsageError("no vllm bench serve result among the files")
+    return points
+
+
 def analyze_command(
     files: list[Path], min_gain: float, max_tpot_growth: float, out_dir: Path | None, as_json: bool
 ) -> int:
-    try:
-        points = [read_bench_result(f) for f in files]
-    except BenchResultError as exc:
-        raise click.UsageError(str(exc)) from None
+    points = _read_results(files)
     knee = _knee(points, min_gain, max_tpot_growth)
     models = sorted({p.model for p in points if p.model})
     _finish(
         points,
         knee,
         {"model": ", ".join(models) or None, "files": [str(f) for f in files]},
-        out_dir or files[0].parent,
+        out_dir or files[0].parent / ANALYSIS_DIR,
         as_json,
     )
     return 0
@@ -92,6 +108,7 @@ def run_sweep_command(
     as_json: bool,
 ) -> int:
     python = _serving_python(serving_python, config)
+    _preflight(config, base_url, python)
     settings = BenchSettings(
         base_url, model, tokenizer, input_len, output_len, prompts_per_concurrency, num_prompts=num_prompts
     )
@@ -130,6 +147,23 @@ def run_sweep_command(
         path = _save(config, python, settings, points, knee)
         click.echo(f"baseline saved to {path}", err=True)
     return 0
+
+
+def _preflight(config: Config, base_url: str, python: str) -> None:
+    """Before the first step: something answers at ``base_url`` and ``python`` has vLLM (else a clear error)."""
+    env = config.environment()
+    try:
+        with env.http_client(timeout_s=5.0) as client:
+            client.get(base_url.rstrip("/") + "/v1/models")
+    except (httpx.HTTPError, ValueError) as exc:
+        raise click.ClickException(f"nothing answers at {base_url} ({type(exc).__name__}: {exc})") from None
+    probe = python_argv(python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)")
+    try:
+        done = env.run_command(probe, timeout_s=60.0)
+    except (CommandNotFound, CommandTimeout, OSError) as exc:
+        raise click.ClickException(f"cannot run the serving Python {python}: {exc}") from None
+    if done.returncode != 0:
+        raise click.ClickException(f"{python} has no vLLM: pass --serving-python, the Python that runs vLLM")
 
 
 def _save(config: Config, python: str, settings: BenchSettings, points: list[BenchPoint], knee: Knee | None) -> Path:

@@ -47,6 +47,16 @@ def sweep_dict(points: Sequence[BenchPoint], knee: Knee | None, settings: dict[s
     }
 
 
+def is_sweep_document(path: Path) -> bool:
+    """Whether ``path`` is a sweep.json this module wrote (its three top-level keys)."""
+    try:
+        with path.open("rb") as fh:
+            data = json.loads(fh.read(16 << 20))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and {"settings", "results", "knee"} <= data.keys()
+
+
 def sweep_csv(points: Sequence[BenchPoint]) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")

@@ -41,8 +41,15 @@ class _AnalyzerKind(click.Choice):  # type: ignore[type-arg]
         pass
 
 
-def _names(value: str | None) -> list[str]:
-    return [n.strip() for n in (value or "").split(",") if n.strip()]
+def _names(value: str | None, option: str) -> list[str] | None:
+    """``--only a,b`` -> [a, b]; None when not given (or ``--skip ""``: a script's empty variable skips nothing);
+    a usage error for a list that names nothing (``--only ,,``, ``--only ""``)."""
+    if value is None or (option == "--skip" and not value.strip()):
+        return None
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        raise click.UsageError(f"{option} {value!r} names no check")
+    return names
 
 
 def build_checks(
@@ -53,6 +60,9 @@ def build_checks(
     unknown = sorted((set(only or []) | set(skip or [])) - set(known))
     if unknown:
         raise click.UsageError(f"unknown check(s): {', '.join(unknown)}; known: {', '.join(known)}")
+    both = sorted(set(only or []) & set(skip or []))
+    if both:
+        raise click.UsageError(f"--only and --skip both name {', '.join(both)}")
     checks: list[Check] = []
     for factory in ALL_CHECKS:
         settings = config.check_settings(factory.name)
@@ -89,6 +99,9 @@ def cli() -> None:
 
 def main() -> None:
     """Console entry point. Usage errors exit 64 so they never read as a Nagios status."""
+    from dgxdoctor.daemon import logconfig
+
+    logconfig.configure_commands()  # `run` replaces it with the daemon's JSON lines
     try:
         cli.main(standalone_mode=False)
     except click.UsageError as exc:
@@ -120,7 +133,7 @@ def check(config_path: Path | None, as_json: bool, only: str | None, skip: str |
     """Run every enabled check once, in parallel. Exit 0 ok, 1 warning, 2 critical, 3 unknown."""
     config = _load(config_path)
     env = config.environment()
-    checks = build_checks(config, env, _names(only), _names(skip))
+    checks = build_checks(config, env, _names(only, "--only"), _names(skip, "--skip"))
     results = asyncio.run(CheckRunner(env).run_once(checks))
     if as_json:
         click.echo(json.dumps(report_dict(env.node, results, env.role), indent=2))
@@ -177,6 +190,7 @@ def run(config_path: Path | None, listen: str | None) -> None:
 )
 def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_path: Path | None) -> None:
     """Say what is wrong in pasted tool output (a file each, - for stdin)."""
+    from dgxdoctor.diagnose.registry import CompressedInput
 
     settings = None
     if config_path is not None:
@@ -187,23 +201,32 @@ def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_pat
     worst = Status.OK
     for name in files:
         try:
-            for diagnosis in _diagnose_one(name, kind, settings):
-                worst = Status.worst([worst, diagnosis.status])
-                inputs.append((name, diagnosis))
+            readings = _diagnose_one(name, kind, settings)
         except OSError as exc:
             raise click.UsageError(f"cannot read {name}: {exc.strerror or exc}") from None
+        except CompressedInput as exc:
+            shown = "FILE" if name == "-" else name
+            raise click.UsageError(
+                f"{name}: {exc}; read it with: {exc.reader} {shown} | dgxdoctor diagnose -"
+            ) from None
+        for diagnosis in readings:
+            worst = Status.worst([worst, diagnosis.status])
+            inputs.append((name, diagnosis))
     if as_json:
         doc = {
+            "status": worst.value,
+            "exit_code": exit_code(worst),
             "inputs": [
                 {
                     "source": "<stdin>" if name == "-" else name,
                     "kind": d.kind,
+                    "status": d.status.value,
                     "summary": d.summary,
                     "findings": [f.to_diagnose_dict() for f in d.findings],
                     "data": d.data,
                 }
                 for name, d in inputs
-            ]
+            ],
         }
         click.echo(json.dumps(doc, indent=2))
     else:
@@ -376,7 +399,9 @@ def plan(
         network_gbps=network_gbps,
     )
     try:
-        result = make_plan(files.shape, str(model), files.weight_bytes, files.weight_source, settings)
+        # vLLM takes the model's directory: `plan MODEL/config.json` serves MODEL
+        serve_path = model.parent if model.name == "config.json" and not model.is_dir() else model
+        result = make_plan(files.shape, str(serve_path), files.weight_bytes, files.weight_source, settings)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(json.dumps(plan_dict(result), indent=2) if as_json else plan_text(result))

@@ -52,6 +52,9 @@ class PathsSettings(_Frozen):
     sysfs_root: Path = Field(Path("/sys"), description="where sysfs is mounted")
     proc_root: Path = Field(Path("/proc"), description="where procfs is mounted")
     kmsg_path: Path = Field(Path("/dev/kmsg"), description="kernel log device")
+    host_root: Path = Field(
+        Path("/"), description="the host's /: absolute paths named inside files (nccl.sh's `. /etc/nccl.env`)"
+    )
     state_dir: Path = Field(
         Path("/var/lib/dgxdoctor"), description="small state files (counter baselines, log offsets)"
     )
@@ -181,7 +184,7 @@ class RemediationSettings(_Frozen):
     role: Literal["head", "worker"] | None = Field(
         None,
         description="head: orchestrates cluster restarts (the node running vLLM and the Ray head); worker: runs its "
-        "part only when the head asks over the authenticated API. Required in act mode",
+        "part only when the head asks over the authenticated API. Default: [node] role; required in act mode",
     )
     hold_s: float = Field(30.0, ge=0, description="a condition must hold this long (since it appeared) before acting")
     vllm_start_grace_s: float = Field(
@@ -208,7 +211,7 @@ class RemediationSettings(_Frozen):
     @model_validator(mode="after")
     def _role_when_acting(self) -> RemediationSettings:
         if self.mode == "act" and self.role is None:
-            raise ValueError('mode = "act" needs role = "head" or "worker" (only the head orchestrates)')
+            raise ValueError('mode = "act" needs [node] role = "head" or "worker" (only the head orchestrates)')
         return self
 
 
@@ -315,6 +318,7 @@ class Config:
             sysfs_root=p.sysfs_root,
             proc_root=p.proc_root,
             kmsg_path=p.kmsg_path,
+            host_root=p.host_root,
             state_dir=p.state_dir,
             token=self.daemon.resolve_token,
         )
@@ -327,6 +331,7 @@ def _key_path(loc: tuple[int | str, ...]) -> str:
 def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     if isinstance(data.get("node"), str):  # `node = "dgx-a"`, the form before [node] had a role
         data = {**data, "node": {"name": data["node"]}}
+    data = _one_role(data, source)
     try:
         model = config_model().model_validate(data)
     except ValidationError as exc:
@@ -338,6 +343,21 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
         problem = f"{ray_role!r} contradicts node.role {config.role!r} (leave it 'auto' to follow the node's role)"
         raise ConfigError(source, [("checks.ray.role", problem)])
     return config
+
+
+def _one_role(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """``[node] role`` is the node's role; ``[remediation] role`` follows it unless set, and may not contradict it."""
+    node, remediation = data.get("node"), data.get("remediation")
+    node_role = node.get("role") if isinstance(node, dict) else None
+    if not isinstance(remediation, dict) or node_role is None:
+        return data
+    own = remediation.get("role")
+    if own is None:
+        return {**data, "remediation": {**remediation, "role": node_role}}
+    if own != node_role:
+        problem = f"{own!r} contradicts node.role {node_role!r} (leave remediation.role unset: it follows [node] role)"
+        raise ConfigError(source, [("remediation.role", problem)])
+    return data
 
 
 def _keys_at(loc: tuple[int | str, ...]) -> list[str]:

@@ -79,6 +79,8 @@ class Environment:
     sysfs_root: Path = Path("/sys")
     proc_root: Path = Path("/proc")
     kmsg_path: Path = Path("/dev/kmsg")
+    # Absolute paths written inside files the checks read (nccl.sh's ". /etc/nccl.env") are found under it.
+    host_root: Path = Path("/")
     state_dir: Path = Path("/var/lib/dgxdoctor")
     nvml_factory: Callable[[], NvmlClient] = _default_nvml
     # None means a real network; tests pass an httpx.MockTransport only for peers that cannot run here.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections.abc import Sequence
 from typing import Any
 
 from dgxdoctor.judge.plan import GIB, Layout, Plan
@@ -49,7 +50,9 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
             "network_gbps": cfg.network_gbps,
         },
         "layouts": [lay.to_dict() for lay in plan.layouts],
+        "one_node_layouts": [lay.to_dict() for lay in plan.one_node_layouts],
         "recommended": plan.recommended.name if plan.recommended else None,
+        "replicas": plan.replicas if plan.recommended else 0,
         "reasons": list(plan.reasons),
         "vllm_serve": list(plan.serve_argv),
     }
@@ -78,7 +81,25 @@ def plan_text(plan: Plan) -> str:
         f"{'LAYOUT':<10} {'VERDICT':<8} {'WEIGHTS/GPU':>11} {'KV/TOKEN/GPU':>12} {'KV CACHE/GPU':>12} "
         f"{'TOKENS':>10} {'SEQS':>6}",
     ]
-    for lay in plan.layouts:
+    lines += _layout_rows(plan.layouts)
+    if plan.one_node_layouts:
+        lines += ["", f"on one node ({cfg.gpus_per_node} GPUs), for one replica per node:"]
+        lines += _layout_rows(plan.one_node_layouts)
+    lines.append("")
+    head = f"recommended: {plan.recommended.name}" if plan.recommended else "recommended: none fits"
+    if plan.recommended and plan.replicas > 1:
+        head += f" on each node, {plan.replicas} replicas"
+    lines.append(head)
+    for reason in plan.reasons:
+        lines.extend(textwrap.wrap(reason, 110, initial_indent="  - ", subsequent_indent="    "))
+    if plan.serve_argv:
+        lines += ["", plan.serve_command + ("    # on each node" if plan.replicas > 1 else "")]
+    return "\n".join(lines)
+
+
+def _layout_rows(layouts: Sequence[Layout]) -> list[str]:
+    lines = []
+    for lay in layouts:
         budget = min((st.kv_budget_bytes_per_gpu for st in lay.stages), default=0)
         lines.append(
             f"{lay.name:<10} {_verdict(lay):<8} {_gib(lay.weight_bytes_per_gpu) + ' GiB':>11} "
@@ -87,22 +108,28 @@ def plan_text(plan: Plan) -> str:
         )
         for text in [p.message for p in lay.problems] + list(lay.notes):
             lines.extend(textwrap.wrap(text, 110, initial_indent="    - ", subsequent_indent="      "))
-    lines.append("")
-    head = f"recommended: {plan.recommended.name}" if plan.recommended else "recommended: none fits"
-    lines.append(head)
-    for reason in plan.reasons:
-        lines.extend(textwrap.wrap(reason, 110, initial_indent="  - ", subsequent_indent="    "))
-    if plan.serve_argv:
-        lines += ["", plan.serve_command]
-    return "\n".join(lines)
+    return lines
 
 
-_UNITS = {"": GIB, "gib": GIB, "g": GIB, "gb": 10**9, "mib": 1 << 20, "mb": 10**6, "tib": 1 << 40, "tb": 10**12}
+# "GB" as NVIDIA's product names use it: an "80GB" H100 or A100 reports 81559 MiB through NVML, a "141GB" H200
+# 143771 MiB: the nominal GiB less ~0.44 % the driver keeps. 80e9 bytes (74.5 GiB) would undercount by 5 GiB.
+NVIDIA_GB = GIB * 81559 / 81920
+_UNITS = {
+    "": GIB,
+    "gib": GIB,
+    "g": GIB,
+    "gb": NVIDIA_GB,
+    "mib": 1 << 20,
+    "mb": 10**6,
+    "tib": 1 << 40,
+    "tb": 10**12,
+}
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_memory(text: str) -> int:
-    """``141``, ``141GiB``, ``80GB``, ``143771MiB`` -> bytes (a bare number is GiB); ValueError naming the input."""
+    """``141``, ``141GiB``, ``80GB`` (NVIDIA's GB: see NVIDIA_GB), ``143771MiB`` -> bytes (a bare number is GiB);
+    ValueError naming the input."""
     match = _SIZE.match(text)
     unit = match.group(2).lower() if match else ""
     if match is None or unit not in _UNITS or len(match.group(1)) > 15:

@@ -43,16 +43,30 @@ def report_table(node: str, results: Sequence[CheckResult], verbose: bool = Fals
     for r in results:
         head = f"{_MARK[r.status]:<6}  {r.check:<{name_w}}  {r.duration_s:>5.2f}s  "
         lines.extend(textwrap.wrap(r.summary, width, initial_indent=head, subsequent_indent=indent) or [head])
-        show = verbose or r.status not in (Status.OK, Status.SKIPPED)
-        for f in r.findings:
-            if show and (verbose or f.status not in (Status.OK, Status.SKIPPED)):
-                subject = f"{f.subject}: " if f.subject else ""
-                text = f"- [{f.status.value}] {f.code} {subject}{f.message}"
-                lines.extend(textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  "))
-        if r.action and r.status not in (Status.OK, Status.SKIPPED):
+        lines.extend(_finding_lines(r, verbose, width, indent))
+    return "\n".join(lines)
+
+
+def _finding_lines(r: CheckResult, verbose: bool, width: int, indent: str) -> list[str]:
+    """Each shown finding, with its own remedy under it (each remedy once); then the check's action if new."""
+    lines: list[str] = []
+    said: set[str] = set()
+    show = verbose or r.status not in (Status.OK, Status.SKIPPED)
+    for f in r.findings:
+        if not (show and (verbose or f.status not in (Status.OK, Status.SKIPPED))):
+            continue
+        subject = f"{f.subject}: " if f.subject else ""
+        text = f"- [{f.status.value}] {f.code} {subject}{f.message}"
+        lines.extend(textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  "))
+        if f.remedy and f.remedy not in said and f.status in (Status.WARNING, Status.CRITICAL, Status.UNKNOWN):
+            said.add(f.remedy)
             lines.extend(
                 textwrap.wrap(
-                    f"remedy: {r.action.remedy}", width, initial_indent=indent, subsequent_indent=indent + "  "
+                    f"remedy: {f.remedy}", width, initial_indent=indent + "  ", subsequent_indent=indent + "    "
                 )
             )
-    return "\n".join(lines)
+    if r.action and r.status not in (Status.OK, Status.SKIPPED) and r.action.remedy not in said:
+        lines.extend(
+            textwrap.wrap(f"remedy: {r.action.remedy}", width, initial_indent=indent, subsequent_indent=indent + "  ")
+        )
+    return lines

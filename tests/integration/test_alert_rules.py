@@ -112,11 +112,14 @@ def test_xids_by_resolution_class(tmp_path: Path, rules: Path) -> None:
     """XID 79 (fallen off the bus) asks for a reboot, XID 64 for a GPU reset, XID 13 is the application's."""
     now = "0+15x100"  # the last-seen timestamp follows the clock: the XID keeps happening
     gpu = {"node": "dgx-a", "pci_bus_id": "00000000:19:00.0"}
+    check = {"node": "dgx-a", "check": "xid"}
     inputs = [
         series("dgxdoctor_xid_last_seen_timestamp_seconds", now, **gpu, xid="79"),
         series("dgxdoctor_xid_last_seen_timestamp_seconds", now, **gpu, xid="64"),
         series("dgxdoctor_xid_last_seen_timestamp_seconds", now, **gpu, xid="13"),
-        series("dgxdoctor_xid_last_seen_timestamp_seconds", "0x100", **gpu, xid="48"),  # 20 minutes ago
+        series("dgxdoctor_check_findings_by_code", "1x100", **check, code="XID_79", status="critical"),
+        series("dgxdoctor_check_findings_by_code", "1x100", **check, code="XID_64", status="critical"),
+        series("dgxdoctor_check_findings_by_code", "1x100", **check, code="XID_13", status="warning"),
     ]
     cases = [
         {"eval_time": "20m", "alertname": "DgxdoctorXidRebootRequired",
@@ -125,6 +128,31 @@ def test_xids_by_resolution_class(tmp_path: Path, rules: Path) -> None:
          "exp_alerts": [expect("DgxdoctorXidGpuResetRequired", **gpu, xid="64")]},
         {"eval_time": "20m", "alertname": "DgxdoctorXidApplicationError",
          "exp_alerts": [expect("DgxdoctorXidApplicationError", **gpu, xid="13")]},
+    ]  # fmt: skip
+    run_tests(tmp_path, rules, inputs, cases)
+
+
+def test_xid_alerts_hold_until_the_check_clears_them(tmp_path: Path, rules: Path) -> None:
+    """XID 48 seen once 20 minutes ago still needs its reset (the check says so until the reboot): the alert holds;
+    a non-fatal NVLink XID 145 the check calls a warning does not fire the critical NVLink alert; an XID the
+    check cleared (its clear_after_s) stops firing with it."""
+    gpu = {"node": "dgx-a", "pci_bus_id": "00000000:19:00.0"}
+    check = {"node": "dgx-a", "check": "xid"}
+    inputs = [
+        series("dgxdoctor_xid_last_seen_timestamp_seconds", "0x100", **gpu, xid="48"),  # 20 minutes ago at 20m
+        series("dgxdoctor_check_findings_by_code", "1x100", **check, code="XID_48", status="critical"),
+        series("dgxdoctor_xid_last_seen_timestamp_seconds", "0x100", **gpu, xid="145"),
+        series("dgxdoctor_check_findings_by_code", "1x100", **check, code="XID_145", status="warning"),
+        series("dgxdoctor_xid_last_seen_timestamp_seconds", "0x100", **gpu, xid="79"),
+        series("dgxdoctor_check_findings_by_code", "1x40 _x60", **check, code="XID_79", status="critical"),
+    ]
+    cases = [
+        {"eval_time": "20m", "alertname": "DgxdoctorXidGpuResetRequired",
+         "exp_alerts": [expect("DgxdoctorXidGpuResetRequired", **gpu, xid="48")]},
+        {"eval_time": "20m", "alertname": "DgxdoctorXidNvlinkError", "exp_alerts": []},
+        {"eval_time": "5m", "alertname": "DgxdoctorXidRebootRequired",
+         "exp_alerts": [expect("DgxdoctorXidRebootRequired", **gpu, xid="79")]},
+        {"eval_time": "20m", "alertname": "DgxdoctorXidRebootRequired", "exp_alerts": []},
     ]  # fmt: skip
     run_tests(tmp_path, rules, inputs, cases)
 

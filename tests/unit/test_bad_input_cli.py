@@ -30,7 +30,7 @@ def test_diagnose_empty_file(tmp_path: Path) -> None:
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
     done = run_cli("diagnose", str(empty))
-    assert done.returncode == 3 and "UNRECOGNIZED_INPUT" in done.stdout
+    assert done.returncode == 3 and "EMPTY_INPUT" in done.stdout  # said as empty, not as an unknown kind
     assert "Traceback" not in done.stderr
 
 

@@ -6,7 +6,12 @@ The check's command runner is the seam the code owns: here it writes a real resu
 
 from __future__ import annotations
 
+import http.server
 import json
+import shutil
+import socket
+import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -287,3 +292,58 @@ def test_analyze_cli(tmp_path: Path) -> None:
     assert (tmp_path / "sweep.png").exists()
     bad = run_cli("bench", "analyze", str(tmp_path / "sweep.csv"))
     assert bad.returncode == 64 and "not a JSON result" in bad.stderr
+
+
+def test_analyze_twice_as_documented(tmp_path: Path) -> None:
+    """docs/bench.md: `dgxdoctor bench analyze results/*.json`; the second run must not read its own sweep.json."""
+    results = tmp_path / "results"
+    results.mkdir()
+    for c in (1, 2, 4, 8):
+        shutil.copy(RESULTS / f"tiny-c{c}.json", results / f"tiny-c{c}.json")
+    for _ in range(2):
+        files = sorted(str(p) for p in results.glob("*.json"))
+        run = run_cli("bench", "analyze", *files)
+        assert run.returncode == 0, run.stderr
+    assert (results / "analysis" / "sweep.json").exists()
+    # the sweep document itself among the inputs is skipped, said on stderr
+    run = run_cli("bench", "analyze", *files, str(results / "analysis" / "sweep.json"), "--json")
+    assert run.returncode == 0, run.stderr
+    assert "skipped" in run.stderr and len(run.json()["results"]) == 4
+
+
+def test_sweep_refuses_before_the_first_step_when_nothing_serves(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    run = run_cli(
+        "bench", "--base-url", f"http://127.0.0.1:{port}", "--serving-python", sys.executable, "--out", str(tmp_path)
+    )
+    assert run.returncode == 1
+    assert f"nothing answers at http://127.0.0.1:{port}" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert not (tmp_path / "raw").exists()
+
+
+def test_sweep_refuses_a_serving_python_without_vllm(tmp_path: Path) -> None:
+    class Models(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"object": "list", "data": [{"id": "tiny"}]}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        run = run_cli("bench", "--base-url", url, "--serving-python", sys.executable, "--out", str(tmp_path))
+    finally:
+        server.shutdown()
+    assert run.returncode == 1
+    assert f"{sys.executable} has no vLLM" in run.stderr
+    assert "Traceback" not in run.stderr

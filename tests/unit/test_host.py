@@ -9,16 +9,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from dgxdoctor.checks.host import (
-    DiskUsage,
-    HostCheck,
-    HostSettings,
-    evaluate_free_space,
-    evaluate_weights,
-    existing_ancestor,
-    weights_size,
-)
+from dgxdoctor.checks.host import HostCheck, HostSettings, existing_ancestor, weights_size
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.host import DiskUsage
+from dgxdoctor.judge.host import free_space as evaluate_free_space
+from dgxdoctor.judge.host import weights as evaluate_weights
 from dgxdoctor.result import Status
 from proctree import write_process
 

@@ -47,12 +47,12 @@ CASES = [
     (
         "llama-3.1-70b-instruct",  # dense GQA 64/8: every layout divides
         {"TP16": set(), "TP8xPP2": set(), "TP4xPP4": set(), "TP2xPP8": set(), "TP1xPP16": set()},
-        "TP16",
+        ("TP8", 2),  # 141 GB of weights fit one node with 21 full-length sequences: a replica per node
     ),
     (
         "qwen2.5-32b-instruct",  # 40 heads: not over 16 -> the runbook's TP8 x PP2
         {"TP16": {"HEADS_NOT_DIVISIBLE"}, "TP8xPP2": set(), "TP4xPP4": set(), "TP2xPP8": set(), "TP1xPP16": set()},
-        "TP8xPP2",
+        ("TP8", 2),
     ),
     (
         "qwen2.5-7b-instruct",  # 28 heads: neither 16 nor 8
@@ -63,7 +63,7 @@ CASES = [
             "TP2xPP8": set(),
             "TP1xPP16": set(),
         },
-        "TP4xPP4",
+        ("TP4xPP2", 2),  # on one node TP8 does not divide 28 heads either
     ),
     (
         "phi-4",  # 40 heads, 10 KV heads: 8 and 4 divide the heads but not the KV heads
@@ -74,38 +74,65 @@ CASES = [
             "TP2xPP8": set(),
             "TP1xPP16": set(),
         },
-        "TP2xPP8",
+        ("TP2xPP4", 2),
     ),
     (
         "gpt-oss-120b",  # MoE, GQA 64/8, MXFP4, half the layers sliding-window
         {"TP16": set(), "TP8xPP2": set(), "TP4xPP4": set(), "TP2xPP8": set(), "TP1xPP16": set()},
-        "TP16",
+        ("TP8", 2),
     ),
     (
         "deepseek-v3",  # MLA + MoE, FP8 128x128 blocks: 2048 / 16 = 128 still whole blocks
         {"TP16": set(), "TP8xPP2": set(), "TP4xPP4": set(), "TP2xPP8": set(), "TP1xPP16": set()},
-        "TP16",
+        ("TP8xPP2", 1),  # one node holds 4 sequences; MLA's latent is on every TP rank: TP16 7, TP8xPP2 15
     ),
 ]
 
 
 @pytest.mark.parametrize(("name", "expected", "recommended"), CASES, ids=[c[0] for c in CASES])
-def test_verdicts_on_real_configs(name: str, expected: dict[str, set[str]], recommended: str) -> None:
+def test_verdicts_on_real_configs(name: str, expected: dict[str, set[str]], recommended: tuple[str, int]) -> None:
     doc = plan_for(name)
     got = verdicts(doc)
     assert {k: codes for k, (_, codes) in got.items()} == expected
     assert {k for k, (fits, _) in got.items() if fits} == {k for k, v in expected.items() if not v}
-    assert doc["recommended"] == recommended
+    assert (doc["recommended"], doc["replicas"]) == recommended
 
 
-def test_slow_fabric_takes_tp8_pp2_as_the_runbook_says() -> None:
-    doc = plan_for("llama-3.1-70b-instruct", network_gbps=100)
-    assert doc["recommended"] == "TP8xPP2"
-    assert any("100 Gb/s per node" in r for r in doc["reasons"])  # type: ignore[union-attr]
-    assert doc["vllm_serve"] == [
+# A 405B-class dense model with 16 KV heads: too big for one node's KV cache, and TP16 replicates no KV head, so
+# TP16 and TP8xPP2 hold the same cache and the fabric decides.
+BIG_16_KV = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 16384,
+    "num_hidden_layers": 126,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 16,
+    "intermediate_size": 53248,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+}
+
+
+def plan_big(**settings: object) -> dict[str, object]:
+    shape = parse_model_config(BIG_16_KV)
+    merged: dict[str, object] = {"gpu_memory_bytes": H200, **settings}
+    return plan_dict(make_plan(shape, "/models/big", None, None, PlanSettings(**merged)))  # type: ignore[arg-type]
+
+
+def test_the_fabric_decides_between_equal_splits_and_an_unknown_one_is_not_assumed_fast() -> None:
+    unknown = plan_big()
+    assert (unknown["recommended"], unknown["replicas"]) == ("TP8xPP2", 1)
+    assert any("network speed is not given" in r and "TP16 also fits" in r for r in unknown["reasons"])  # type: ignore[union-attr]
+    fast = plan_big(network_gbps=3200)
+    assert fast["recommended"] == "TP16"
+    slow = plan_big(network_gbps=100)
+    assert slow["recommended"] == "TP8xPP2"
+    assert any("100 Gb/s per node" in r for r in slow["reasons"])  # type: ignore[union-attr]
+    assert slow["vllm_serve"] == [
         "vllm",
         "serve",
-        "llama-3.1-70b-instruct",
+        "/models/big",
         "--tensor-parallel-size",
         "8",
         "--pipeline-parallel-size",
@@ -117,6 +144,41 @@ def test_slow_fabric_takes_tp8_pp2_as_the_runbook_says() -> None:
         "--max-model-len",
         "131072",
     ]
+
+
+def test_tp16_is_not_taken_when_tp8xpp2_holds_twice_the_kv_cache() -> None:
+    """The issue's case: Llama-3.1-70B on 2 x 8 H100 80GB: TP16 10 full-length sequences, TP8xPP2 21, because
+    8 KV heads on 16 GPUs are replicated; a fast fabric does not change that."""
+    for network in (None, 3200):
+        doc = plan_for("llama-3.1-70b-instruct", gpu_memory_bytes=parse_memory("80GB"), network_gbps=network)
+        rows = {lay["layout"]: lay["full_length_sequences"] for lay in doc["layouts"]}  # type: ignore[union-attr]
+        assert rows["TP8xPP2"] >= 2 * rows["TP16"]
+        split = [r for r in doc["reasons"] if "to split one replica" in r]  # type: ignore[union-attr]
+        assert split and "TP8xPP2" in split[0] and "replicated 2x" in split[0]
+    moe = plan_for("deepseek-v3", gpu_memory_bytes=parse_memory("80GB"), nodes=4, network_gbps=3200)
+    assert any("--enable-expert-parallel" in r for r in moe["reasons"])  # type: ignore[union-attr]
+
+
+def test_a_model_that_fits_one_node_is_offered_a_replica_per_node() -> None:
+    doc = plan_for("llama-3.1-70b-instruct")
+    assert (doc["recommended"], doc["replicas"]) == ("TP8", 2)
+    assert "--distributed-executor-backend" not in doc["vllm_serve"]  # type: ignore[operator]
+    assert [lay["layout"] for lay in doc["one_node_layouts"]] == ["TP8", "TP4xPP2", "TP2xPP4", "TP1xPP8"]  # type: ignore[union-attr]
+    text = run_cli("plan", str(MODELS / "llama-3.1-70b-instruct"), "--gpu-memory", "141GiB").stdout
+    assert "recommended: TP8 on each node, 2 replicas" in text
+    assert text.rstrip().endswith("# on each node")
+
+
+def test_plan_of_a_config_json_serves_its_directory() -> None:
+    done = run_cli("plan", str(MODELS / "qwen2.5-32b-instruct" / "config.json"), "--gpu-memory", "141GiB", "--json")
+    assert done.json()["vllm_serve"][2] == str(MODELS / "qwen2.5-32b-instruct")
+
+
+def test_a_length_beyond_the_model_is_blamed_for_itself() -> None:
+    doc = plan_for("llama-3.1-70b-instruct", max_model_len=1_000_000)
+    assert doc["recommended"] is None
+    assert not any("heads divide" in r for r in doc["reasons"])  # type: ignore[union-attr]
+    assert any("--max-model-len is refused" in r for r in doc["reasons"])  # type: ignore[union-attr]
 
 
 def test_mla_kv_cache_is_one_latent_vector_per_layer_on_every_tp_rank() -> None:
@@ -188,9 +250,9 @@ def test_text_report_names_the_verdicts_and_the_command() -> None:
     text = plan_text(plan)
     assert "TP16       INVALID" in text
     assert "must be divisible by tensor parallel size (16)" in text
-    assert "recommended: TP8xPP2" in text
+    assert "recommended: TP8 on each node, 2 replicas" in text  # 32B fits one node
     assert "(estimate)" in text
-    assert text.rstrip().endswith("--max-model-len 131072")
+    assert text.rstrip().endswith("--max-model-len 131072    # on each node")
 
 
 def test_cli_choices_match_the_planner() -> None:
@@ -200,7 +262,7 @@ def test_cli_choices_match_the_planner() -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("141", 141 * GIB), ("141GiB", 141 * GIB), ("80GB", 80 * 10**9), ("143771MiB", 143771 << 20), ("1.5g", 3 << 29)],
+    [("141", 141 * GIB), ("141GiB", 141 * GIB), ("80GB", 81559 << 20), ("143771MiB", 143771 << 20), ("1.5g", 3 << 29)],
 )
 def test_parse_memory(text: str, expected: int) -> None:
     assert parse_memory(text) == expected
@@ -249,7 +311,7 @@ def _cli(*args: str) -> tuple[int, str, str]:
 def test_cli_json_and_exit_codes(tmp_path: Path) -> None:
     code, out, _ = _cli(str(MODELS / "phi-4" / "config.json"), "--gpu-memory", "80GB", "--json")
     assert code == 0
-    assert json.loads(out)["recommended"] == "TP2xPP8"
+    assert json.loads(out)["recommended"] == "TP2xPP4"  # one replica per node: phi-4 fits one node
     code, out, _ = _cli(str(MODELS / "deepseek-v3"), "--nodes", "1", "--gpu-memory", "80GB")
     assert code == 2
     assert "recommended: none fits" in out

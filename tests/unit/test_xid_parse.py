@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from dgxdoctor.judge.xid import assess_sxid, sxid_fatal
+from dgxdoctor.result import Status
 from dgxdoctor.sources.xid import (
     SxidEvent,
     XidEvent,
@@ -173,8 +175,15 @@ def test_three_line_fallen_off_message_is_one_evidence_line() -> None:
 def test_one_sxid_detail_line_alone_names_the_sxid_and_the_switch(line: str) -> None:
     (event,) = scan_text(line + "\n")
     assert isinstance(event, SxidEvent)
-    assert (event.sxid, event.pci_bus_id, event.severity_known, event.fatal) == (22013, "0000:04:00.0", False, False)
+    assert (event.sxid, event.pci_bus_id, event.severity_known, event.fatal) == (22013, "0000:04:00.0", False, None)
+    assert sxid_fatal(event, load_catalog().sxid(22013)) is False  # the catalog's word, decided in judge/
     assert event.device == ("nvidia-nvswitch3" if "nvswitch3" in line else "NVSwitch")
+
+
+def test_a_detail_line_of_a_fatal_class_sxid_is_judged_fatal_from_the_catalog() -> None:
+    (event,) = scan_text("nvidia-nvswitch0: SXid (PCI:0000:04:00.0): 12028, Severity 1 Engine instance 3\n")
+    assert isinstance(event, SxidEvent) and event.fatal is None
+    assert assess_sxid(event, load_catalog().sxid(12028)).status is Status.CRITICAL
 
 
 def test_sxid_detail_lines_beside_their_event_add_nothing() -> None:

@@ -1,8 +1,9 @@
 """Prometheus alert rules over dgxdoctor's metrics, generated from the tables the checks and remediation use.
 
-The XID classes come from NVIDIA's catalog (``data/xid_catalog.json``), the IB error limits from the infiniband
-check's defaults, the asymmetry limits from the peer comparison's tolerances (through the median recording rules
-of ``peer_rules``, so 2 nodes and 200 alike), the codes that ask for a restart from ``remediation.policy``.
+The XID classes come from ``judge.xid.RESOLUTION_CLASSES`` over NVIDIA's catalog (``data/xid_catalog.json``),
+the IB error limits from the infiniband check's defaults, the asymmetry limits from the peer comparison's
+tolerances (through the median recording rules of ``peer_rules``, so 2 nodes and 200 alike), the codes that ask
+for a restart from ``remediation.policy``.
 Alerts remediation may act on carry ``dgxdoctor_action`` (``restart_vllm``, ``restart_cluster``) and ``node``.
 Regenerate the shipped file with
 ``python -m dgxdoctor.alerts.alert_rules > src/dgxdoctor/alerts/dgxdoctor-alerts.rules.yml``.
@@ -12,38 +13,26 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from dgxdoctor.alerts.peer_rules import rule_names
+from dgxdoctor.checks import xid as checks_xid
 from dgxdoctor.fleet.compare import RULES
 from dgxdoctor.judge.infiniband import DEFAULT_THRESHOLDS
 from dgxdoctor.judge.vllm import DEFAULT_STALL_S
+from dgxdoctor.judge.xid import XidClass, xid_class
 from dgxdoctor.remediation.policy import RESTART_CLUSTER_CODES, RESTART_VLLM_CODES
+from dgxdoctor.result import Status
 from dgxdoctor.sources.xid import load_catalog
 
 FINDINGS_BY_CODE = "dgxdoctor_check_findings_by_code"
 # How long a restart condition must last before the alert fires. Short on purpose: the remediation guard applies
 # its own hold_s, start-up grace and cooldown, and an alert that waits long only delays the cure.
 RESTART_FOR = "30s"
-# An XID stays "recent" this long after its latest occurrence (the last-seen gauge, not increase(): a counter's
-# first sample has no increase, and the first XID of a GPU is the one that matters).
-XID_RECENT_S = 900
+XID_LAST_SEEN = checks_xid.XID_LAST_SEEN.name
 _PER_SECONDS = {"second": 1.0, "minute": 60.0, "hour": 3600.0}
-# XID resolution classes (NVIDIA's catalog) -> (alert, severity, what the operator does).
-XID_CLASSES: tuple[tuple[str, frozenset[str], str, str], ...] = (
-    ("DgxdoctorXidGpuResetRequired", frozenset({"RESET_GPU", "WORKFLOW_XID_48"}), "critical", "drain the node "
-     "and reset the GPU (`nvidia-smi -r -i <gpu>`, or reboot); a restart of vLLM does not clear it"),
-    ("DgxdoctorXidRebootRequired", frozenset({"RESTART_BM", "RESTART_VM"}), "critical",
-     "drain and reboot the node; XID 79 (fallen off the bus) often needs the GPU reseated or replaced"),
-    ("DgxdoctorXidContactSupport", frozenset({"CONTACT_SUPPORT", "CHECK_MECHANICALS", "UPDATE_SWFW", "CHECK_UVM"}),
-     "critical", "collect `nvidia-bug-report.sh` and open a case with NVIDIA; update driver/firmware if asked"),
-    ("DgxdoctorXidNvlinkError", frozenset({"WORKFLOW_NVLINK_ERR", "WORKFLOW_NVLINK5_ERR", "WORKFLOW_XID_45"}),
-     "warning", "check `nvidia-smi nvlink -s` and `-e`; repeated NVLink errors need a GPU reset or a field check"),
-    ("DgxdoctorXidApplicationError", frozenset({"RESTART_APP", "XID_154_EVAL"}), "warning",
-     "an application-level GPU fault: the serving process usually dies with it (VLLM_DEAD then restarts it)"),
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -104,21 +93,31 @@ def remediation_alerts() -> list[Alert]:
 
 
 def xid_alerts() -> list[Alert]:
-    by_resolution: dict[str, list[int]] = defaultdict(list)
+    """One alert per XID class of ``judge.xid.RESOLUTION_CLASSES`` over the shipped catalog, at the class's severity.
+
+    It fires while the xid check reports that XID at that severity (joined on node and XID): the check's own
+    answer, with its overrides, repeats and line refinements. A reset, reboot or case is a person's work: the
+    alert stays until the check clears the XID (the node's reboot, or ``clear_after_s``), not some minutes after.
+    """
+    by_alert: dict[str, list[tuple[int, XidClass]]] = defaultdict(list)
     for entry in load_catalog().xids.values():
-        if not entry.unused:
-            by_resolution[entry.resolution].append(entry.code)
+        cls = xid_class(entry.code, entry.resolution)
+        if not entry.unused and cls.alert:
+            by_alert[cls.alert].append((entry.code, cls))
     alerts = []
-    for name, resolutions, severity, remedy in XID_CLASSES:
-        codes = sorted(c for r in resolutions for c in by_resolution.get(r, []))
-        if not codes:
-            continue
-        regex = "|".join(str(c) for c in codes)
-        expr = f'time() - dgxdoctor_xid_last_seen_timestamp_seconds{{xid=~"{regex}"}} < {XID_RECENT_S}'
+    for name, members in sorted(by_alert.items()):
+        main = Counter(cls for _, cls in members).most_common(1)[0][0]
+        regex = "|".join(str(code) for code, _ in sorted(members, key=lambda m: m[0]))
+        levels = "warning|critical" if main.status is Status.WARNING else main.status.value
+        verdict = f'{FINDINGS_BY_CODE}{{check="xid",status=~"{levels}",code=~"XID_({regex})"}}'
+        expr = f'{XID_LAST_SEEN} and on (node, xid) label_replace({verdict}, "xid", "$1", "code", "XID_(.+)")'
+        remedy = main.remedy.format(bus="{{ $labels.pci_bus_id }}", xid="{{ $labels.xid }}")
+        classes = ", ".join(sorted({cls.key for _, cls in members}))
         alerts.append(
-            Alert(name, expr, "0s", severity,
+            Alert(name, expr, "0s", main.status.value,
                   "XID {{ $labels.xid }} on GPU {{ $labels.pci_bus_id }} of {{ $labels.node }}",
-                  f"resolution class {'/'.join(sorted(resolutions))}: {remedy}")
+                  f"{remedy}. XID class {classes}: fires while the xid check reports it ({levels}), until the "
+                  "node reboots or clear_after_s passes (a GPU reset is not seen: silence it once one is done).")
         )  # fmt: skip
     return alerts
 

@@ -18,6 +18,7 @@ from pydantic import Field
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.drift import model_dir_missing
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
 from dgxdoctor.sources.fingerprint import ShardHasher, listing_fingerprint, sample_shards, scan_model_dir
@@ -142,17 +143,7 @@ class DriftCheck(Check):
             return
         root = s.model_dir
         if not root.is_dir():
-            # The tutorial's error 2: a path missing on one node is exactly the drift to catch.
-            b.add(
-                Finding(
-                    "MODEL_DIR_MISSING",
-                    Status.WARNING,
-                    f"model directory {root} does not exist on this node",
-                    str(root),
-                    remedy="use the same model path on both nodes (check the NFS mount: mount | grep "
-                    f"{root}), then ray stop --force and restart the cluster",
-                )
-            )
+            b.add(model_dir_missing(str(root)))
             facts["model_fingerprint"] = "missing"
             b.sample(MODEL_INFO, 1, model_dir=str(root), fingerprint="missing")
             return

@@ -13,16 +13,13 @@ from pydantic import Field
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
-from dgxdoctor.judge.presence import gpus_missing_from_nvml, no_gpus, nvml_unavailable
-from dgxdoctor.result import Action, CheckResult, Finding, MetricSpec, ResultBuilder, Status
+from dgxdoctor.judge import gpu as gpu_judge
+from dgxdoctor.judge.gpu import GpuLimits
+from dgxdoctor.judge.presence import no_gpus, nvml_unavailable
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder
 from dgxdoctor.sources.nvml import (
-    CLOCK_EVENT_HW_POWER_BRAKE,
-    CLOCK_EVENT_HW_SLOWDOWN,
-    CLOCK_EVENT_HW_THERMAL,
     CLOCK_EVENT_REASONS,
-    CLOCK_EVENT_SW_THERMAL,
     NVML_ERROR_LIBRARY_NOT_FOUND,
-    RECOVERY_ACTIONS,
     GpuSnapshot,
     NvmlClient,
     NvmlError,
@@ -123,17 +120,6 @@ RECOVERY_ACTION = MetricSpec(
     "5 recover IMEX domain, 6 bus reset, 7 system reboot.",
     labels=GPU_LABELS,
 )
-
-# What the driver's recovery action asks the operator to do, and the remediation kind it maps to.
-_RECOVERY_REMEDIES: dict[str, tuple[str, str]] = {
-    "gpu_reset": ("reset_gpu", "drain the GPU's work (stop vLLM on this node), then reset it: nvidia-smi -r -i <gpu>"),
-    "node_reboot": ("reboot_node", "drain the node and reboot it"),
-    "drain_p2p": ("investigate", "stop peer-to-peer (NVLink/NCCL) traffic to this GPU: stop vLLM on this node"),
-    "drain_and_reset": ("reset_gpu", "stop vLLM on this node (drain P2P traffic), then reset the GPU: nvidia-smi -r"),
-    "recover_imex_domain": ("investigate", "recover the IMEX domain (restart nvidia-imex on its nodes)"),
-    "bus_reset": ("reset_gpu", "drain the node's GPU work, then reset the GPU's PCIe bus (or reboot the node)"),
-    "system_reboot": ("reboot_node", "drain the node and reboot it"),
-}
 
 
 class GpuSettings(CheckSettings):
@@ -247,86 +233,46 @@ def _absent(check: str, finding: Finding) -> CheckResult:
     return b.build(finding.message)
 
 
+def limits(s: GpuSettings) -> GpuLimits:
+    return GpuLimits(
+        expected_count=s.expected_count,
+        expected_model=s.expected_model,
+        temperature_margin_c=s.temperature_margin_c,
+        slowdown_c_if_unknown=s.slowdown_c_if_unknown,
+        power_warn_fraction=s.power_warn_fraction,
+        power_limit_reduced_fraction=s.power_limit_reduced_fraction,
+        expected_nvlinks=s.expected_nvlinks,
+        pcie_gen_min_utilization=s.pcie_gen_min_utilization,
+    )
+
+
 def judge(
     nvml: NvmlSweep, settings: GpuSettings, check: str = "gpu", pci_gpus: Sequence[PciDevice] = ()
 ) -> CheckResult:
-    """Pure: turn one sweep (and the NVIDIA GPUs on the PCI bus) into findings, samples and facts."""
+    """Pure: one sweep (and the NVIDIA GPUs on the PCI bus) as samples and facts, judged by ``judge.gpu``."""
     b = ResultBuilder(check)
     gpus = nvml.gpus
-    readable = [g for g in gpus if g.unreadable is None]
-
+    lim = limits(settings)
     b.sample(GPU_COUNT, len(gpus))
     b.facts["gpu_count"] = str(len(gpus))
     if nvml.driver_version:
         b.facts["driver_version"] = nvml.driver_version
     if nvml.cuda_driver_version is not None:
         b.facts["cuda_driver_version"] = format_cuda_version(nvml.cuda_driver_version)
-    names = sorted({g.name for g in readable if g.name})
+    names = sorted({g.name for g in gpus if g.unreadable is None and g.name})
     if names:
         b.facts["gpu_name"] = ",".join(names)
-
-    _judge_inventory(b, nvml, settings, names, pci_gpus)
+    b.add(*gpu_judge.inventory(nvml, lim, names, pci_gpus))
     for g in gpus:
         if g.unreadable is not None:
-            b.add(
-                Finding(
-                    "GPU_LOST" if g.lost else "GPU_UNREADABLE",
-                    Status.CRITICAL,
-                    f"GPU {g.index} cannot be read over NVML: {g.unreadable}",
-                    f"gpu{g.index}",
-                    remedy="the GPU fell off the bus or needs a reset: look for XID 79/48/94/95 in the kernel log, "
-                    "drain the node and reboot it; if it recurs, the GPU needs service",
-                )
-            )
+            b.add(gpu_judge.unreadable(g))
             continue
-        _judge_gpu(b, g, settings)
-
-    return b.build(_summary(b, gpus), _action(gpus))
-
-
-def _judge_inventory(
-    b: ResultBuilder, nvml: NvmlSweep, settings: GpuSettings, names: list[str], pci_gpus: Sequence[PciDevice]
-) -> None:
-    """Count and models: against the settings, against each other, and against the PCI bus."""
-    gpus = nvml.gpus
-    readable = [g for g in gpus if g.unreadable is None]
-    if settings.expected_count and len(gpus) != settings.expected_count:
-        b.add(
-            Finding(
-                "GPU_COUNT_MISMATCH",
-                Status.CRITICAL,
-                f"NVML sees {len(gpus)} GPUs, expected {settings.expected_count}",
-                remedy="a GPU fell off the bus or failed to initialise: check `nvidia-smi -L` and the kernel log for "
-                "XID 79; a node reboot usually brings it back, else the GPU needs service",
-            )
-        )
-    missing = gpus_missing_from_nvml(pci_gpus, [g.pci_bus_id for g in gpus])
-    if missing is not None:
-        b.add(missing)
-    if len(names) > 1:
-        b.add(
-            Finding(
-                "GPU_MODEL_MIXED",
-                Status.CRITICAL,
-                f"GPUs of different models on one node: {', '.join(names)}",
-                remedy="tensor parallelism needs identical GPUs: check the node's inventory",
-            )
-        )
-    if settings.expected_model:
-        for g in readable:
-            if g.name is not None and settings.expected_model.lower() not in g.name.lower():
-                b.add(
-                    Finding(
-                        "GPU_MODEL_UNEXPECTED",
-                        Status.CRITICAL,
-                        f"{g.label} is a {g.name}, expected a '{settings.expected_model}'",
-                        g.subject,
-                        remedy="wrong node or wrong hardware: check the inventory and the configured expected_model",
-                    )
-                )
+        _samples(b, g)
+        b.add(*gpu_judge.gpu_findings(g, lim))
+    return b.build(gpu_judge.summary(b.findings, gpus), gpu_judge.recovery_action(gpus))
 
 
-def _judge_gpu(b: ResultBuilder, g: GpuSnapshot, s: GpuSettings) -> None:
+def _samples(b: ResultBuilder, g: GpuSnapshot) -> None:
     labels = {"gpu": str(g.index), "pci_bus_id": g.pci_bus_id or ""}
     if g.uuid or g.name:
         b.sample(GPU_INFO, 1, **labels, uuid=g.uuid or "", model=g.name or "")
@@ -346,176 +292,14 @@ def _judge_gpu(b: ResultBuilder, g: GpuSnapshot, s: GpuSettings) -> None:
     b.sample(POWER_LIMIT, g.power_limit_w, **labels)
     b.sample(POWER_DEFAULT_LIMIT, g.power_default_limit_w, **labels)
     b.sample(RECOVERY_ACTION, g.recovery_action, **labels)
-
-    if g.lost:
-        b.add(
-            Finding(
-                "GPU_LOST",
-                Status.CRITICAL,
-                f"{g.label} stopped answering NVML mid-read: {'; '.join(sorted(set(g.read_errors.values())))}",
-                g.subject,
-                remedy="the GPU fell off the bus or needs a reset: look for XID 79 in the kernel log, drain the node "
-                "and reboot it",
-            )
-        )
-    elif g.read_errors:
-        b.add(
-            Finding(
-                "GPU_READ_ERROR",
-                Status.UNKNOWN,
-                f"{g.label}: NVML failed to read {', '.join(sorted(g.read_errors))}: "
-                f"{'; '.join(sorted(set(g.read_errors.values())))}",
-                g.subject,
-            )
-        )
-
-    _judge_temperature(b, g, s)
-    _judge_power(b, g, s)
-    _judge_clock_events(b, g, labels)
-    _judge_memory_errors(b, g, labels)
-    _judge_nvlink(b, g, s, labels)
-    _judge_pcie(b, g, s, labels)
-    _judge_recovery(b, g)
+    if g.clock_event_reasons is not None:
+        for bit, reason in CLOCK_EVENT_REASONS.items():
+            b.sample(CLOCK_EVENT, 1 if g.clock_event_reasons & bit else 0, **labels, reason=reason)
+    _memory_samples(b, g, labels)
+    _link_samples(b, g, labels)
 
 
-def _judge_temperature(b: ResultBuilder, g: GpuSnapshot, s: GpuSettings) -> None:
-    """Two views of the same limit. Drivers before R565 report absolute thresholds (H100: slowdown 89 C,
-    max operating 87 C); R565+ report "T.Limit", the margin below the maximum operating temperature, at
-    which the driver starts to lower clocks (slowdown sits 2 C past it on Hopper). Use whichever is known.
-    """
-    if g.temperature_c is None and g.temperature_margin_c is None:
-        return
-    remedy = "check the node's cooling (fans, airflow, inlet temperature, `ipmitool sdr type temperature`)"
-    margin = s.temperature_margin_c
-    slowdown = g.slowdown_c if g.slowdown_c is not None else s.slowdown_c_if_unknown
-    temp = g.temperature_c
-    if g.temperature_margin_c is not None:
-        left = g.temperature_margin_c
-        reading = f"{temp} C, " if temp is not None else ""
-        if left <= 0:
-            b.add(
-                Finding(
-                    "GPU_TEMPERATURE_CRITICAL",
-                    Status.CRITICAL,
-                    f"{g.label} at {reading}{-left} C past its maximum operating temperature (T.Limit {left} C)",
-                    g.subject,
-                    remedy=remedy,
-                )
-            )
-        elif left <= margin:
-            b.add(
-                Finding(
-                    "GPU_TEMPERATURE_HIGH",
-                    Status.WARNING,
-                    f"{g.label} at {reading}{left} C below its maximum operating temperature (T.Limit {left} C)",
-                    g.subject,
-                    remedy=remedy,
-                )
-            )
-        return
-    assert temp is not None
-    if temp >= slowdown:
-        b.add(
-            Finding(
-                "GPU_TEMPERATURE_CRITICAL",
-                Status.CRITICAL,
-                f"{g.label} at {temp} C, at or above its slowdown threshold {slowdown} C",
-                g.subject,
-                remedy=remedy,
-            )
-        )
-    elif temp >= slowdown - margin:
-        b.add(
-            Finding(
-                "GPU_TEMPERATURE_HIGH",
-                Status.WARNING,
-                f"{g.label} at {temp} C, within {margin} C of its slowdown threshold {slowdown} C",
-                g.subject,
-                remedy=remedy,
-            )
-        )
-
-
-def _judge_power(b: ResultBuilder, g: GpuSnapshot, s: GpuSettings) -> None:
-    limit = g.power_limit_w
-    fraction = s.power_warn_fraction
-    if fraction is not None and g.power_w is not None and limit and g.power_w >= fraction * limit:
-        b.add(
-            Finding(
-                "GPU_POWER_HIGH",
-                Status.WARNING,
-                f"{g.label} draws {g.power_w:.0f} W, {g.power_w / limit:.0%} of its {limit:.0f} W limit",
-                g.subject,
-                remedy="sustained draw at the limit: check cooling and whether the load is expected",
-            )
-        )
-    default = g.power_default_limit_w
-    if limit is not None and default and limit < s.power_limit_reduced_fraction * default:
-        b.add(
-            Finding(
-                "GPU_POWER_LIMIT_REDUCED",
-                Status.WARNING,
-                f"{g.label} is capped at {limit:.0f} W, below its default {default:.0f} W: it will run slower than "
-                f"its peers",
-                g.subject,
-                remedy="restore the default limit (nvidia-smi -pl <default>) unless the cap is intended on every node",
-            )
-        )
-
-
-def _judge_clock_events(b: ResultBuilder, g: GpuSnapshot, labels: dict[str, str]) -> None:
-    reasons = g.clock_event_reasons
-    if reasons is None:
-        return
-    for bit, reason in CLOCK_EVENT_REASONS.items():
-        b.sample(CLOCK_EVENT, 1 if reasons & bit else 0, **labels, reason=reason)
-    # SW power cap, idle, applications clocks and sync boost are normal operation: an inference GPU at full
-    # load sits at its power cap by design. Only hardware slowdowns (the GPU halves its clocks or more)
-    # and the driver's thermal slowdown are evidence of a problem.
-    if reasons & CLOCK_EVENT_HW_THERMAL:
-        b.add(
-            Finding(
-                "GPU_HW_THERMAL_SLOWDOWN",
-                Status.CRITICAL,
-                f"{g.label} clocks cut by hardware thermal slowdown (temperature {g.temperature_c} C)",
-                g.subject,
-                remedy="the GPU overheats: check fans, airflow and inlet temperature; the TP group runs at this "
-                "GPU's speed",
-            )
-        )
-    if reasons & CLOCK_EVENT_HW_POWER_BRAKE:
-        b.add(
-            Finding(
-                "GPU_HW_POWER_BRAKE",
-                Status.CRITICAL,
-                f"{g.label} clocks cut by the external power brake",
-                g.subject,
-                remedy="the chassis asserted power brake: check PSUs and the BMC event log (ipmitool sel list)",
-            )
-        )
-    if reasons & CLOCK_EVENT_HW_SLOWDOWN and not reasons & (CLOCK_EVENT_HW_THERMAL | CLOCK_EVENT_HW_POWER_BRAKE):
-        b.add(
-            Finding(
-                "GPU_HW_SLOWDOWN",
-                Status.WARNING,
-                f"{g.label} clocks cut by hardware slowdown",
-                g.subject,
-                remedy="check temperature, power supply and the BMC event log; if it persists, the GPU needs service",
-            )
-        )
-    if reasons & CLOCK_EVENT_SW_THERMAL:
-        b.add(
-            Finding(
-                "GPU_SW_THERMAL_SLOWDOWN",
-                Status.WARNING,
-                f"{g.label} clocks reduced by the driver: above its maximum operating temperature",
-                g.subject,
-                remedy="check the node's cooling",
-            )
-        )
-
-
-def _judge_memory_errors(b: ResultBuilder, g: GpuSnapshot, labels: dict[str, str]) -> None:
+def _memory_samples(b: ResultBuilder, g: GpuSnapshot, labels: dict[str, str]) -> None:
     for error, scope, value in (
         ("uncorrected", "volatile", g.ecc_volatile_uncorrected),
         ("corrected", "volatile", g.ecc_volatile_corrected),
@@ -523,162 +307,23 @@ def _judge_memory_errors(b: ResultBuilder, g: GpuSnapshot, labels: dict[str, str
         ("corrected", "aggregate", g.ecc_aggregate_corrected),
     ):
         b.sample(ECC_ERRORS, value, **labels, error=error, scope=scope)
-    if g.ecc_volatile_uncorrected:
-        b.add(
-            Finding(
-                "GPU_ECC_UNCORRECTED",
-                Status.CRITICAL,
-                f"{g.label} had {g.ecc_volatile_uncorrected} uncorrected ECC errors since the driver loaded",
-                g.subject,
-                remedy="data on this GPU may be corrupt: drain the node, reset the GPU (nvidia-smi -r) so the bad "
-                "row is remapped; replace the GPU if remapping fails",
-            )
-        )
     if g.retired_pages_pending is not None:
         b.sample(RETIRED_PAGES_PENDING, 1 if g.retired_pages_pending else 0, **labels)
-        if g.retired_pages_pending:
-            b.add(
-                Finding(
-                    "GPU_RETIRED_PAGES_PENDING",
-                    Status.WARNING,
-                    f"{g.label} has memory pages waiting to be retired: reset GPU to apply",
-                    g.subject,
-                    remedy="at the next maintenance window drain the node and reset the GPU (nvidia-smi -r)",
-                )
-            )
     rows = g.remapped_rows
-    if rows is None:
-        return
-    b.sample(REMAPPED_ROWS, rows.corrected, **labels, error="corrected")
-    b.sample(REMAPPED_ROWS, rows.uncorrected, **labels, error="uncorrected")
-    b.sample(ROW_REMAP_PENDING, 1 if rows.pending else 0, **labels)
-    b.sample(ROW_REMAP_FAILED, 1 if rows.failure else 0, **labels)
-    if rows.failure:
-        b.add(
-            Finding(
-                "GPU_ROW_REMAP_FAILED",
-                Status.CRITICAL,
-                f"{g.label} row remapping failed: no spare memory rows left",
-                g.subject,
-                remedy="the GPU's memory is worn out: take the node out of service and have the GPU replaced",
-            )
-        )
-    elif rows.pending:
-        b.add(
-            Finding(
-                "GPU_ROW_REMAP_PENDING",
-                Status.WARNING,
-                f"{g.label} has a memory row remapping pending: reset GPU to apply",
-                g.subject,
-                remedy="drain the node and reset the GPU (nvidia-smi -r) or reboot, so the remapping takes effect",
-            )
-        )
+    if rows is not None:
+        b.sample(REMAPPED_ROWS, rows.corrected, **labels, error="corrected")
+        b.sample(REMAPPED_ROWS, rows.uncorrected, **labels, error="uncorrected")
+        b.sample(ROW_REMAP_PENDING, 1 if rows.pending else 0, **labels)
+        b.sample(ROW_REMAP_FAILED, 1 if rows.failure else 0, **labels)
 
 
-def _judge_nvlink(b: ResultBuilder, g: GpuSnapshot, s: GpuSettings, labels: dict[str, str]) -> None:
+def _link_samples(b: ResultBuilder, g: GpuSnapshot, labels: dict[str, str]) -> None:
     links = g.nvlink_active
-    if not links:
-        return
-    for link, active in sorted(links.items()):
-        b.sample(NVLINK_UP, 1 if active else 0, **labels, link=str(link))
-    up = sum(links.values())
-    b.sample(NVLINK_LINKS_UP, up, **labels)
-    down = sorted(link for link, active in links.items() if not active)
-    remedy = (
-        "an NVLink down slows or breaks NCCL all-reduce inside the node: check `nvidia-smi nvlink --status` and "
-        "the fabric manager (systemctl status nvidia-fabricmanager); reset the GPU or reboot the node"
-    )
-    if down:
-        b.add(
-            Finding(
-                "NVLINK_DOWN",
-                Status.CRITICAL,
-                f"{g.label} NVLink link(s) {', '.join(map(str, down))} down ({up}/{len(links)} up)",
-                g.subject,
-                remedy=remedy,
-            )
-        )
-    elif s.expected_nvlinks and up < s.expected_nvlinks:
-        b.add(
-            Finding(
-                "NVLINK_DOWN",
-                Status.CRITICAL,
-                f"{g.label} has {up} active NVLinks, expected {s.expected_nvlinks}",
-                g.subject,
-                remedy=remedy,
-            )
-        )
-
-
-def _judge_pcie(b: ResultBuilder, g: GpuSnapshot, s: GpuSettings, labels: dict[str, str]) -> None:
+    if links:
+        for link, active in sorted(links.items()):
+            b.sample(NVLINK_UP, 1 if active else 0, **labels, link=str(link))
+        b.sample(NVLINK_LINKS_UP, sum(links.values()), **labels)
     b.sample(PCIE_GENERATION, g.pcie_gen_current, **labels)
     b.sample(PCIE_MAX_GENERATION, g.pcie_gen_max, **labels)
     b.sample(PCIE_WIDTH, g.pcie_width_current, **labels)
     b.sample(PCIE_MAX_WIDTH, g.pcie_width_max, **labels)
-    remedy = "reseat the GPU or its riser at the next maintenance; check `lspci -vv` LnkSta and the BMC log"
-    if g.pcie_width_current is not None and g.pcie_width_max and g.pcie_width_current < g.pcie_width_max:
-        b.add(
-            Finding(
-                "GPU_PCIE_WIDTH_DEGRADED",
-                Status.WARNING,
-                f"{g.label} PCIe link x{g.pcie_width_current}, capable of x{g.pcie_width_max}",
-                g.subject,
-                remedy=remedy,
-            )
-        )
-    # The link trains down to Gen1 at idle (power saving) and back up under load, so a low generation
-    # only means something while the GPU is busy.
-    busy = g.utilization_ratio is not None and g.utilization_ratio >= s.pcie_gen_min_utilization
-    if busy and g.pcie_gen_current is not None and g.pcie_gen_max and g.pcie_gen_current < g.pcie_gen_max:
-        b.add(
-            Finding(
-                "GPU_PCIE_GEN_DEGRADED",
-                Status.WARNING,
-                f"{g.label} PCIe Gen{g.pcie_gen_current} under load, capable of Gen{g.pcie_gen_max}",
-                g.subject,
-                remedy=remedy,
-            )
-        )
-
-
-def _judge_recovery(b: ResultBuilder, g: GpuSnapshot) -> None:
-    if not g.recovery_action:
-        return
-    action = RECOVERY_ACTIONS.get(g.recovery_action, f"action_{g.recovery_action}")
-    _, remedy = _RECOVERY_REMEDIES.get(action, ("investigate", "follow the driver's recovery action"))
-    b.add(
-        Finding(
-            "GPU_RECOVERY_ACTION",
-            Status.CRITICAL,
-            f"{g.label}: the driver asks for recovery action {action.replace('_', ' ')}",
-            g.subject,
-            remedy=remedy,
-        )
-    )
-
-
-def _summary(b: ResultBuilder, gpus: tuple[GpuSnapshot, ...]) -> str:
-    names = sorted({g.name for g in gpus if g.name})
-    what = f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''}" + (f" ({', '.join(names)})" if names else "")
-    bad = [f for f in b.findings if f.status in (Status.CRITICAL, Status.WARNING)]
-    if not bad:
-        return f"{what}: healthy"
-    codes = sorted({f.code for f in bad})
-    return f"{what}: {len(bad)} problem{'s' if len(bad) != 1 else ''} ({', '.join(codes)})"
-
-
-def _action(gpus: tuple[GpuSnapshot, ...]) -> Action | None:
-    """The driver's own recovery action beats the generic "investigate" built from the worst remedy."""
-    kinds = []
-    for g in gpus:
-        if g.recovery_action:
-            action = RECOVERY_ACTIONS.get(g.recovery_action, "")
-            if action in _RECOVERY_REMEDIES:
-                kinds.append((action, g))
-    if not kinds:
-        return None
-    # Reboot beats reset: one reboot fixes every GPU of the node.
-    kinds.sort(key=lambda item: 0 if _RECOVERY_REMEDIES[item[0]][0] == "reboot_node" else 1)
-    action, g = kinds[0]
-    kind, remedy = _RECOVERY_REMEDIES[action]
-    return Action(kind, f"{g.label}: {remedy}")

@@ -11,7 +11,6 @@ process that is not running is CRITICAL.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
@@ -20,7 +19,9 @@ from pydantic import Field, model_validator
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
-from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
+from dgxdoctor.judge import host
+from dgxdoctor.judge.host import DiskUsage, gib
+from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
 from dgxdoctor.sources.procfs import iter_processes
 
 HOST_MEMORY_TOTAL = MetricSpec("dgxdoctor_host_memory_total_bytes", "Total system memory (RAM)")
@@ -46,17 +47,6 @@ HOST_MODEL_WEIGHTS = MetricSpec(
 )
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
-
-REMEDY_MEMORY = (
-    "Weights pass through host RAM while vLLM loads them: add memory, use a smaller model or quantisation, "
-    "or expect the load to swap or be OOM-killed."
-)
-REMEDY_DISK_WEIGHTS = "Free space on the model's filesystem (old checkpoints, caches) or move the weights."
-REMEDY_DISK_FULL = (
-    "Free space now: old Ray sessions under /tmp/ray/session_*, rotated vLLM logs, core dumps; "
-    "`du -xh --max-depth=2 <path> | sort -h | tail` shows where it went."
-)
-REMEDY_PROCESS = "Start it again (systemctl start <unit>, or the Ray/vLLM start script) and read its last log lines."
 
 
 class HostSettings(CheckSettings):
@@ -98,12 +88,6 @@ class HostSettings(CheckSettings):
         if any(not name.strip() for name in self.required_processes):
             raise ValueError("required_processes entries must not be empty")
         return self
-
-
-@dataclass(frozen=True)
-class DiskUsage:
-    total: int
-    free: int
 
 
 class HostProbe(Protocol):
@@ -172,57 +156,6 @@ def existing_ancestor(path: Path) -> Path:
     return current
 
 
-def evaluate_free_space(label: str, usage: DiskUsage, warn_percent: float, critical_percent: float) -> Finding | None:
-    if usage.total <= 0:
-        return None
-    percent = 100.0 * usage.free / usage.total
-    if percent < critical_percent:
-        status = Status.CRITICAL
-    elif percent < warn_percent:
-        status = Status.WARNING
-    else:
-        return None
-    return Finding(
-        "HOST_DISK_LOW",
-        status,
-        f"{percent:.1f}% free ({_gib(usage.free)} of {_gib(usage.total)}) on the filesystem of {label}",
-        label,
-        remedy=REMEDY_DISK_FULL,
-    )
-
-
-def evaluate_weights(
-    weights: int, memory_total: int, disk_free: int | None, memory_ratio: float, disk_ratio: float, model_dir: str
-) -> list[Finding]:
-    findings: list[Finding] = []
-    if memory_total < memory_ratio * weights:
-        findings.append(
-            Finding(
-                "HOST_MEMORY_BELOW_WEIGHTS",
-                Status.WARNING,
-                f"system RAM {_gib(memory_total)} is below {memory_ratio:g}x the weights ({_gib(weights)})",
-                "memory",
-                remedy=REMEDY_MEMORY,
-            )
-        )
-    if disk_free is not None and disk_free < disk_ratio * weights:
-        findings.append(
-            Finding(
-                "HOST_DISK_BELOW_WEIGHTS",
-                Status.WARNING,
-                f"{_gib(disk_free)} free on the filesystem of {model_dir}, below {disk_ratio:g}x the weights "
-                f"({_gib(weights)})",
-                model_dir,
-                remedy=REMEDY_DISK_WEIGHTS,
-            )
-        )
-    return findings
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
-
-
 class HostCheck(Check):
     name: ClassVar[str] = "host"
     settings_model: ClassVar[type[CheckSettings]] = HostSettings
@@ -245,35 +178,25 @@ class HostCheck(Check):
         b.sample(HOST_SWAP_USED, self.probe.swap_used())
         b.sample(HOST_LOAD1_PER_CPU, self.probe.load1_per_cpu())
         b.facts["host.memory_total_gib"] = str(round(total / 2**30))
-        if total > 0 and 100.0 * available / total < s.memory_available_warn_percent:
-            b.add(
-                Finding(
-                    "HOST_MEMORY_LOW_AVAILABLE",
-                    Status.WARNING,
-                    f"only {_gib(available)} of {_gib(total)} RAM available",
-                    "memory",
-                    remedy="find the consumer with `ps aux --sort=-rss | head`; vLLM's host swap space and Ray's "
-                    "object store both live in RAM",
-                )
-            )
+        low = host.memory_available(total, available, s.memory_available_warn_percent)
+        if low is not None:
+            b.add(low)
 
         watched = [("/", s.root_path), ("ray_log_dir", s.ray_log_dir)] + [(str(p), p) for p in s.extra_paths]
         disks: list[str] = []
         for _kind, path in watched:
             usage = self.probe.disk_usage(existing_ancestor(path))
-            disks.append(f"{path} {_gib(usage.free)} free of {_gib(usage.total)}")
+            disks.append(f"{path} {gib(usage.free)} free of {gib(usage.total)}")
             b.sample(HOST_FS_FREE, usage.free, path=str(path))
             b.sample(HOST_FS_SIZE, usage.total, path=str(path))
-            finding = evaluate_free_space(str(path), usage, s.disk_warn_free_percent, s.disk_critical_free_percent)
+            finding = host.free_space(str(path), usage, s.disk_warn_free_percent, s.disk_critical_free_percent)
             if finding is not None:
                 b.add(finding)
 
         self._weights(b, total, notes)
         self._processes(b)
 
-        bad = [f for f in b.findings if f.status in (Status.WARNING, Status.CRITICAL)]
-        healthy = f"RAM {_gib(total)}, {_gib(available)} available; disk {', '.join(disks)}"
-        summary = "; ".join(f.message for f in bad[:3]) if bad else healthy
+        summary = host.summary(b.findings, f"RAM {gib(total)}, {gib(available)} available; disk {', '.join(disks)}")
         if notes:
             summary += " (" + "; ".join(notes) + ")"
         return b.build(summary)
@@ -287,15 +210,7 @@ class HostCheck(Check):
         label = str(s.model_dir) if s.model_dir else "model"
         if s.model_dir is not None:
             if not s.model_dir.is_dir():
-                b.add(
-                    Finding(
-                        "HOST_MODEL_DIR_MISSING",
-                        Status.CRITICAL,
-                        f"model directory {s.model_dir} does not exist on this node",
-                        label,
-                        remedy="mount the shared model filesystem or copy the weights to the same path on every node",
-                    )
-                )
+                b.add(host.model_dir_missing(str(s.model_dir), label))
                 return
             usage = self.probe.disk_usage(s.model_dir)
             disk_free = usage.free
@@ -307,19 +222,11 @@ class HostCheck(Check):
             assert s.model_dir is not None
             weights, files = weights_size(s.model_dir)
             if files == 0:
-                b.add(
-                    Finding(
-                        "HOST_MODEL_NO_WEIGHTS",
-                        Status.WARNING,
-                        f"no *.safetensors/*.bin/*.pt/*.gguf files under {s.model_dir}",
-                        label,
-                        remedy="check model_dir points at the model (the directory holding config.json)",
-                    )
-                )
+                b.add(host.no_weights(str(s.model_dir), label))
                 return
         b.sample(HOST_MODEL_WEIGHTS, weights)
         b.facts["host.model_weights_bytes"] = str(weights)
-        b.add(*evaluate_weights(weights, memory_total, disk_free, s.memory_ratio, s.disk_ratio, label))
+        b.add(*host.weights(weights, memory_total, disk_free, s.memory_ratio, s.disk_ratio, label))
 
     def _processes(self, b: ResultBuilder) -> None:
         wanted = self.cfg.required_processes
@@ -331,22 +238,4 @@ class HostCheck(Check):
         for name in wanted:
             found = sorted((p for p in running if p.matches(name) and p.alive), key=lambda p: p.pid)
             b.sample(HOST_PROCESS_UP, 1 if found else 0, process=name)
-            if found:
-                b.add(
-                    Finding(
-                        "HOST_PROCESS_RUNNING",
-                        Status.OK,
-                        f"{name} running (pid {', '.join(str(p.pid) for p in found[:5])})",
-                        name,
-                    )
-                )
-            else:
-                b.add(
-                    Finding(
-                        "HOST_PROCESS_MISSING",
-                        Status.CRITICAL,
-                        f"required process {name} is not running",
-                        name,
-                        remedy=REMEDY_PROCESS,
-                    )
-                )
+            b.add(host.process(name, [p.pid for p in found]))

@@ -20,9 +20,10 @@ from pydantic import Field
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.log_files import log_backlog, log_unreadable
 from dgxdoctor.judge.scan import Scanner
 from dgxdoctor.judge.signatures import Catalog, Signature, load_catalog
-from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder
 from dgxdoctor.sources.logtail import LogFollower, expand_paths, read_recent
 from dgxdoctor.sources.statefile import StateFile
 
@@ -188,15 +189,7 @@ class LogsCheck(Check):
         b.sample(FILES_FOLLOWED, len(polled.files))
         if polled.budget_exhausted:
             unread = _unread_bytes(follower, polled.files)
-            b.add(
-                Finding(
-                    "LOG_BACKLOG",
-                    Status.WARNING,
-                    f"read the per-run limit of {s.max_bytes_per_run} bytes; {unread} bytes are not read yet "
-                    "(the next runs read them): a match in them is not reported until then",
-                    remedy="raise [checks.logs] max_bytes_per_run if the logs grow faster than it per interval",
-                )
-            )
+            b.add(log_backlog(unread, s.max_bytes_per_run, one_shot=False))
         return b.build(self._summary(f"in {len(polled.files)} log file(s)"))
 
     def _findings(self, errors: Iterable[str]) -> ResultBuilder:
@@ -218,7 +211,7 @@ class LogsCheck(Check):
         for code in sorted(self._totals):
             b.sample(MATCHES_TOTAL, self._totals[code], code=code)
         for error in errors:
-            b.add(Finding("LOG_UNREADABLE", Status.WARNING, f"cannot read log file: {error}", error.split(":", 1)[0]))
+            b.add(log_unreadable(error))
         return b
 
     def _summary(self, what: str) -> str:
@@ -243,15 +236,7 @@ class LogsCheck(Check):
         b = self._findings(read.errors)
         b.sample(FILES_FOLLOWED, len(read.files))
         if read.unread_bytes:
-            b.add(
-                Finding(
-                    "LOG_BACKLOG",
-                    Status.WARNING,
-                    f"{read.unread_bytes} bytes of the last {s.check_window_bytes} bytes of the logs were not read "
-                    f"(per-run limit {s.max_bytes_per_run} bytes): a failure in them is not reported",
-                    remedy="raise [checks.logs] max_bytes_per_run, or read the file with dgxdoctor diagnose FILE",
-                )
-            )
+            b.add(log_backlog(read.unread_bytes, s.max_bytes_per_run, one_shot=True))
         parts = [f"read the last {_mib(read.bytes_read)} of {len(read.files)} log file(s)"]
         if read.stale:
             parts.append(f"{len(read.stale)} file(s) not written in the last {s.check_window_s:g} s not read")

@@ -30,12 +30,12 @@ from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.checks.nccl_cross import PeerRefused, run_cross_node
 from dgxdoctor.checks.nccl_guard import in_window, parse_window, serving_reason
 from dgxdoctor.environment import Environment
-from dgxdoctor.judge.nccl import bandwidth_finding, nccl_tests_findings
+from dgxdoctor.judge.nccl import bandwidth_finding, nccl_tests_findings, peer_probe_failed, probe_failed
 from dgxdoctor.judge.nccl_transport import describe, transport_findings
 from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv, run_command_lines
-from dgxdoctor.sources.nccl_env import parse_env_file
+from dgxdoctor.sources.nccl_env import read_env_file
 from dgxdoctor.sources.nccl_info import NcclTransport, parse_nccl_info
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
 from dgxdoctor.sources.serving_env import find_serving_python
@@ -200,7 +200,7 @@ class NcclCheck(Check):
 
     def nccl_env(self, rail: str | None = None) -> dict[str, str]:
         """The probe's environment: the node's NCCL env file, then the pinned choices and INFO logging."""
-        return probe_env(self.cfg, rail)
+        return probe_env(self.cfg, rail, self.env.host_root)
 
     def argv(self, rail: str | None = None, *, nnodes: int = 1, node_rank: int = 0) -> list[str] | None:
         """``env NAME=VALUE ... PROGRAM ARGS``: argv only, never a shell; None when there is no probe here."""
@@ -307,12 +307,12 @@ class NcclCheck(Check):
             pass  # the verdict does not depend on it
 
 
-def probe_env(cfg: NcclSettings, rail: str | None = None) -> dict[str, str]:
+def probe_env(cfg: NcclSettings, rail: str | None = None, host_root: Path = Path("/")) -> dict[str, str]:
     """The node's NCCL env file (NCCL_*, GLOO_*, TORCH_NCCL_*, VLLM_HOST_IP), the pinned algorithm and protocol,
     INFO logging for the transport lines, and for a per-rail run ``NCCL_IB_HCA`` set to that HCA alone."""
     env: dict[str, str] = {}
-    if cfg.env_file is not None and cfg.env_file.is_file() and cfg.env_file.stat().st_size < 1 << 20:
-        values = parse_env_file(cfg.env_file.read_text(encoding="utf-8", errors="replace")).values
+    if cfg.env_file is not None and cfg.env_file.is_file():
+        values = read_env_file(cfg.env_file, host_root).values
         env.update({k: v for k, v in values.items() if k.startswith(("NCCL_", "GLOO_", "TORCH_NCCL_", "VLLM_"))})
     if cfg.algo:
         env["NCCL_ALGO"] = cfg.algo
@@ -385,16 +385,7 @@ def _judge_one(b: ResultBuilder, run: ProbeRun, cfg: NcclSettings, node_has_ib: 
     if run.returncode != 0 or report is None or not report.rows:
         tail = (run.stderr.strip() or run.stdout.strip())[-400:]
         b.sample(PROBE_OK, 0)
-        b.add(
-            Finding(
-                "NCCL_PROBE_FAILED",
-                Status.CRITICAL,
-                f"the bandwidth probe exited {run.returncode} without a bandwidth table",
-                subject,
-                evidence=tail or None,
-                remedy="run the probe by hand with NCCL_DEBUG=INFO and read its first WARN line",
-            )
-        )
+        b.add(probe_failed(run.returncode, subject, tail))
         return f"{prefix}probe failed (exit {run.returncode})", None
     b.sample(PROBE_OK, 1)
     transport = parse_nccl_info(run.stdout + "\n" + run.stderr)
@@ -447,16 +438,8 @@ def _peer_findings(run: ProbeRun, report: NcclTestsReport, cfg: NcclSettings) ->
         return []
     peer_report = _report(peer)
     if peer.returncode != 0 or peer_report is None or not peer_report.rows:
-        return [
-            Finding(
-                "NCCL_PEER_PROBE_FAILED",
-                Status.CRITICAL,
-                f"the peer's side of the probe exited {peer.returncode} without a table",
-                cfg.peer,
-                evidence=(run.peer_error or peer.stderr.strip() or peer.stdout.strip())[-400:] or None,
-                remedy="read the peer's probe output: journalctl -u dgxdoctor on the peer",
-            )
-        ]
+        tail = (run.peer_error or peer.stderr.strip() or peer.stdout.strip())[-400:]
+        return [peer_probe_failed(peer.returncode, cfg.peer, tail)]
     peer_transport = parse_nccl_info(peer.stdout + "\n" + peer.stderr)
     found = []
     if cfg.backend == "nccl" or peer_transport.seen:

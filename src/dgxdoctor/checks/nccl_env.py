@@ -25,8 +25,8 @@ from dgxdoctor.judge.presence import nccl_env_absent
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.nccl_env import (
     env_facts,
-    parse_env_file,
     parse_environ,
+    read_env_file,
     read_net_interfaces,
     watched,
 )
@@ -36,9 +36,6 @@ from dgxdoctor.sources.sysfs_ib import ports_by_device
 NCCL_ENV_VARS = MetricSpec(
     "dgxdoctor_nccl_env_variables", "NCCL_*/GLOO_*/VLLM_HOST_IP variables set in the checked environment"
 )
-
-# Files bigger than this are not an environment file.
-MAX_ENV_FILE_BYTES = 1 << 20
 
 
 def local_addresses() -> set[str]:
@@ -54,7 +51,8 @@ def local_addresses() -> set[str]:
 class NcclEnvSettings(CheckSettings):
     interval_s: float = Field(120.0, gt=0, description="daemon: seconds between runs")
     env_file: Path | None = Field(
-        Path("/etc/profile.d/nccl.sh"), description="the NCCL environment file (parsed as data, never sourced)"
+        Path("/etc/profile.d/nccl.sh"),
+        description="the NCCL environment file, read as data with the files it sources (`. FILE`); never run",
     )
     process_name: str | None = Field(
         None,
@@ -85,10 +83,7 @@ class NcclEnvCheck(Check):
         if not path.is_file():
             missing.append(f"{path} absent")
             return None
-        size = path.stat().st_size
-        if size > MAX_ENV_FILE_BYTES:
-            raise ValueError(f"{path} is {size} bytes: not an environment file")
-        parsed = parse_env_file(path.read_text(encoding="utf-8", errors="replace"))
+        parsed = read_env_file(path, self.env.host_root)
         for line, problem in parsed.problems:
             b.add(Finding("NCCL_ENV_FILE_LINE", Status.OK, f"line {line}: {problem}", f"{path}:{line}"))
         return parsed.values

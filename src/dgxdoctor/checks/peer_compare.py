@@ -19,7 +19,8 @@ from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.compare import RULE_KEYS, compare
 from dgxdoctor.fleet.peers import fetch_all
-from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample, Status
+from dgxdoctor.judge.peers import peer_name_clash, peer_unreachable
+from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample
 
 PEER_UP = MetricSpec(
     "dgxdoctor_peer_up",
@@ -95,28 +96,11 @@ class PeerCompareCheck(Check):
                 down += 1
                 if got.timed_out:
                     builder.timed_out("peer")
-                builder.add(
-                    Finding(
-                        "PEER_UNREACHABLE",
-                        Status.WARNING,
-                        f"peer {url} gave no state: {got.error}",
-                        subject=got.label,
-                        remedy="check dgxdoctor on that node (systemctl status dgxdoctor) and the network between "
-                        "the nodes (ping, the IB/RoCE link); nodes cannot be compared meanwhile",
-                    )
-                )
+                builder.add(peer_unreachable(url, str(got.error), got.label))
                 continue
             state = got.state
             if any(s["node"] == state["node"] for s in snapshots):
-                builder.add(
-                    Finding(
-                        "PEER_NAME_CLASH",
-                        Status.WARNING,
-                        f"peer {url} reports node name {state['node']!r}, already seen; set a distinct 'node' "
-                        "in each node's config",
-                        subject=got.label,
-                    )
-                )
+                builder.add(peer_name_clash(url, str(state["node"]), got.label))
                 state = {**state, "node": f"{state['node']}@{got.label}"}
             snapshots.append(state)
         outcome = compare(snapshots, self.tolerances, local=str(local["node"]))

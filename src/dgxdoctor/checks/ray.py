@@ -29,10 +29,10 @@ from pydantic import Field, field_validator
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge import ray
 from dgxdoctor.judge.ray import (
     DEFAULT_EXPECTED_GPUS,
     DEFAULT_EXPECTED_NODES,
-    RECONNECT_REMEDY,
     cluster_findings,
     cluster_summary,
 )
@@ -274,17 +274,7 @@ class RayCheck(Check):
             listening = port in ports
             builder.sample(PORT_LISTENING, 1 if listening else 0, port=str(port))
             if not listening:
-                builder.add(
-                    Finding(
-                        "RAY_PORT_NOT_LISTENING",
-                        Status.CRITICAL,
-                        f"Ray {what} port {port} is not listening on the head node",
-                        f"port {port}",
-                        remedy=f"the head's {what} is down: `ss -lntp | grep {port}`; restart the head with "
-                        "`ray stop --force` and `ray start --head --port=6379 --dashboard-host=0.0.0.0 --num-gpus=8 "
-                        "--disable-usage-stats`, then reconnect the worker",
-                    )
-                )
+                builder.add(ray.port_not_listening(what, port))
 
     def _unreachable(self, error: str) -> CheckResult:
         s = self._cfg
@@ -295,14 +285,7 @@ class RayCheck(Check):
             if not is_loopback_url(s.dashboard_url):
                 # A head configured by address that does not answer: down, or a firewall in between (tutorial
                 # error 5). Not "no Ray here": someone said where the head is.
-                unreachable = Finding(
-                    "RAY_DASHBOARD_UNREACHABLE",
-                    Status.WARNING,
-                    f"the head's dashboard {s.dashboard_url} does not answer from here ({error})",
-                    s.dashboard_url,
-                    remedy="check the head is up (`ray status` there) and that its firewall lets 6379/tcp and "
-                    "8265/tcp in: `sudo ufw allow 6379/tcp && sudo ufw allow 8265/tcp`",
-                )
+                unreachable = ray.dashboard_unreachable(s.dashboard_url, error)
                 return self._worker(configured=False, extra=unreachable, required=False)
             if raylets:
                 return self._worker(configured=False)
@@ -311,16 +294,7 @@ class RayCheck(Check):
             )
         builder = ResultBuilder(self.name)
         running = ", ".join(f"{p.comm} pid {p.pid}" for p in procs) or "no raylet or gcs_server process"
-        builder.add(
-            Finding(
-                "RAY_DASHBOARD_DOWN",
-                Status.CRITICAL,
-                f"Ray dashboard {s.dashboard_url} not answering on the head ({error}); {running}",
-                s.dashboard_url,
-                remedy="if Ray runs, read /tmp/ray/session_latest/logs/dashboard.log; else start the head: "
-                "`ray start --head --port=6379 --dashboard-host=0.0.0.0 --num-gpus=8 --disable-usage-stats`",
-            )
-        )
+        builder.add(ray.dashboard_down(s.dashboard_url, error, running))
         summary = f"head node: dashboard not answering; {running}"
         if gcs:
             view = self._ray_status(builder)
@@ -373,12 +347,5 @@ class RayCheck(Check):
             return builder.build(f"worker node: raylet running (pid {pids}){how}; cluster checks run on the head")
         if not required:
             return builder.build(f"no raylet here and the head's dashboard {self._cfg.dashboard_url} does not answer")
-        builder.add(
-            Finding(
-                "RAY_RAYLET_DOWN",
-                Status.CRITICAL,
-                "no running raylet on this worker node: it is not part of the Ray cluster",
-                remedy=RECONNECT_REMEDY,
-            )
-        )
+        builder.add(ray.raylet_down())
         return builder.build("worker node: no raylet running")

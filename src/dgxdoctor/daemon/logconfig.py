@@ -1,4 +1,5 @@
-"""structlog configured for the daemon: one JSON object per line on stdout, which journald keeps.
+"""structlog configured for the daemon (one JSON object per line on stdout, which journald keeps) and for every
+other command (readable lines on stderr, so that stdout holds only the command's output).
 
 Libraries that log through the standard ``logging`` module (APScheduler, aiohttp) go through the same JSON
 renderer. APScheduler is held at ERROR: a skipped fire while a slow check still runs is the design ("never two
@@ -11,6 +12,30 @@ import logging
 import sys
 
 import structlog
+
+
+def configure_commands(level: str = "warning") -> None:
+    """Every command but the daemon: diagnostics as readable lines on stderr, never on stdout.
+
+    stdout holds only the command's document (``check --json``, ``diagnose --json``, rules): a Nagios or cron
+    wrapper parses it, and a warning such as a check whose run hung must not break it. structlog's default
+    logger writes to stdout, so it is replaced before any command runs.
+    """
+    numeric = getattr(logging, level.upper(), logging.WARNING)
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.format_exc_info,
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(numeric)
 
 
 def configure(level: str = "info") -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import structlog
 from aiohttp import web
+from pydantic import BaseModel
 
 from dgxdoctor import __version__
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner
@@ -55,6 +56,24 @@ MALLOC_ARENAS = 2
 STOP_DEADLINE_S = 10.0
 # Spread the first runs over this many seconds so a start does not run every check in the same instant.
 FIRST_RUN_SPREAD_S = 2.0
+
+
+def config_changes(old: Config, new: Config, token_changed: bool) -> list[str]:
+    """What a reload changed outside the checks, as dotted keys (``daemon.peers``; a token only by name)."""
+    changed = ["daemon.token"] if token_changed else []
+    for section in ("node", "paths", "daemon", "remediation", "alerts"):
+        before, after = getattr(old.model, section, None), getattr(new.model, section, None)
+        if before == after:
+            continue
+        if isinstance(before, BaseModel) and isinstance(after, BaseModel):
+            changed += [
+                f"{section}.{key}"
+                for key in type(after).model_fields
+                if getattr(before, key, None) != getattr(after, key, None) and f"{section}.{key}" not in changed
+            ]
+        else:
+            changed.append(section)
+    return changed
 
 
 class Daemon:
@@ -97,6 +116,10 @@ class Daemon:
         self.started_at = time.time()
         self.stopping = asyncio.Event()
         self.bound: tuple[str, int] | None = None
+        # The address actually served: a reload may change [daemon] listen, which takes effect at the next start.
+        self.serving_listen = listen or config.daemon.listen
+        self.reload_ok = True
+        self.config_loaded_at = time.time()
         self.guard = connections.Guard(connections.Limits(max_connections=config.daemon.max_connections))
         self.request_log = RequestLog()
         self.loop_errors = LoopErrors()
@@ -191,6 +214,8 @@ class Daemon:
         """The daemon's own metrics (``exporters.collector.DAEMON_METRICS``)."""
         g = self.guard
         out = [
+            Sample(collector.CONFIG_RELOAD_OK, 1.0 if self.reload_ok else 0.0),
+            Sample(collector.CONFIG_RELOAD_TIME, self.config_loaded_at),
             Sample(collector.HTTP_CONNECTIONS, float(len(g.conns))),
             Sample(collector.HTTP_MAX_CONNECTIONS, float(g.cap)),
             Sample(collector.HTTP_BAD_REQUESTS, float(self.request_log.bad_requests)),
@@ -215,6 +240,9 @@ class Daemon:
             problems = self._reload()
         finally:
             self.notifier.notify("READY=1")
+        self.reload_ok = not problems
+        if not problems:
+            self.config_loaded_at = time.time()
         return problems
 
     def _reload(self) -> list[str]:
@@ -230,17 +258,17 @@ class Daemon:
             log.error("config_reload_rejected", problems=[problem], kept="previous configuration")
             return [problem]
         old = self.config
+        changed = config_changes(old, new, token_changed=token != self.token)
         self.config = new
         self.token = token
         self.app_state.token = token
         new_env = replace(new.environment(one_shot=False), fleet=self.fleet, token=self._token)
         env_changed = new_env.node != self.env.node or new_env.role != self.env.role or new.paths != old.paths
-        if new.daemon.listen != old.daemon.listen and self.listen_override is None:
-            log.warning("listen_change_needs_restart", listen=new.daemon.listen, serving=old.daemon.listen)
+        if new.daemon.listen != self.serving_listen and self.listen_override is None:
+            log.warning("listen_change_needs_restart", listen=new.daemon.listen, serving=self.serving_listen)
         if env_changed:
             self.env = new_env
             self.store.node = new_env.node
-        changed: list[str] = []
         for factory in self.factories:
             name = factory.name
             settings = new.check_settings(name)

@@ -9,25 +9,16 @@ from pydantic import BaseModel
 
 from dgxdoctor.diagnose.base import Diagnosis
 from dgxdoctor.judge.infiniband import (
-    DEFAULT_THRESHOLDS,
-    ERROR_COUNTERS,
-    REMEDIES,
     mixed_firmware_verdict,
     mixed_rates_verdict,
     port_rate_verdict,
     port_state_verdict,
+    snapshot_counter_finding,
 )
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.ibstat import IbstatFormatError, IbstatPort, looks_like_ibstat, parse_ibstat
 from dgxdoctor.sources.perfquery import FIELD_TO_COUNTER, PerfqueryFormatError, looks_like_perfquery, parse_perfquery
 
-# Counters whose any increase the live check calls critical; a non-zero value in one snapshot is the same
-# event seen without a time base.
-_CRITICAL_ON_ANY = frozenset(
-    (rule.counter or name)
-    for name, rule in DEFAULT_THRESHOLDS.items()
-    if rule.kind == "increase" and rule.severity == "critical"
-)
 _COUNTER_TO_FIELD = {v: k for k, v in FIELD_TO_COUNTER.items()}
 
 
@@ -137,21 +128,10 @@ class PerfqueryAnalyzer:
         for block in blocks:
             subject = f"lid {block.lid} port {block.port}"
             for counter, value in block.counters.items():
-                if counter not in ERROR_COUNTERS or value == 0:
-                    continue
                 field = _COUNTER_TO_FIELD.get(counter, counter)
-                status = Status.CRITICAL if counter in _CRITICAL_ON_ANY else Status.WARNING
-                findings.append(
-                    Finding(
-                        f"IB_{counter.upper()}",
-                        status,
-                        f"{subject}: {field} is {value} since the counters were last cleared "
-                        "(one snapshot has no time base: compare two readings for a rate)",
-                        subject,
-                        evidence=block.fields.get(field),
-                        remedy=REMEDIES.get(counter, "inspect the port with `mlxlink` and `ibstat`"),
-                    )
-                )
+                finding = snapshot_counter_finding(counter, value, subject, field, block.fields.get(field))
+                if finding is not None:
+                    findings.append(finding)
         if not blocks:
             findings.append(
                 Finding("IB_NO_COUNTERS", Status.UNKNOWN, "perfquery output has no counters block", remedy=None)

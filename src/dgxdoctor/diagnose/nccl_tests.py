@@ -13,7 +13,7 @@ from typing import ClassVar
 from pydantic import BaseModel
 
 from dgxdoctor.diagnose.base import Diagnosis
-from dgxdoctor.judge.nccl import bandwidth_finding, bandwidth_summary, nccl_tests_findings
+from dgxdoctor.judge.nccl import bandwidth_finding, bandwidth_summary, cross_host_finding, nccl_tests_findings
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.nccl_tests import (
     looks_like_nccl_tests,
@@ -61,7 +61,11 @@ class NcclTestsAnalyzer:
                 ),
             )
         findings = nccl_tests_findings(report)
-        low = bandwidth_finding(report, self._expected, self._min_fraction)
+        low = (
+            bandwidth_finding(report, self._expected, self._min_fraction)
+            if self._expected is not None
+            else cross_host_finding(report)
+        )
         if low is not None:
             findings.append(low)
         data = {**report.to_data(), "expected_busbw_gbps": self._expected}

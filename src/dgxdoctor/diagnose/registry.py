@@ -18,6 +18,23 @@ from dgxdoctor.diagnose.nccl_tests import NcclTestsAnalyzer
 from dgxdoctor.diagnose.ray_status import RayStatusAnalyzer
 from dgxdoctor.diagnose.topo import TopoAnalyzer
 from dgxdoctor.diagnose.vllm_metrics import VllmMetricsAnalyzer
+from dgxdoctor.result import Finding, Status
+
+# What a compressed paste starts with, and the command that reads it (`zcat FILE | dgxdoctor diagnose -`).
+COMPRESSED_MAGIC = (
+    (b"\x1f\x8b", "gzip", "zcat"),
+    (b"\x28\xb5\x2f\xfd", "zstd", "zstdcat"),
+    (b"BZh", "bzip2", "bzcat"),
+    (b"\xfd7zXZ\x00", "xz", "xzcat"),
+)
+
+
+class CompressedInput(ValueError):
+    """The input is a compressed file: diagnose reads text."""
+
+    def __init__(self, kind: str, reader: str) -> None:
+        super().__init__(f"{kind}-compressed")
+        self.reader = reader
 
 
 def sections(settings: Mapping[str, BaseModel] | None = None) -> tuple[Analyzer, ...]:
@@ -48,3 +65,16 @@ def diagnose(
     if kind is not None:
         return (diagnose_text(text, found + LINE_READERS, kind),)
     return diagnose_all(text, found, LINE_READERS)
+
+
+def diagnose_bytes(
+    raw: bytes, kind: str | None = None, settings: Mapping[str, BaseModel] | None = None
+) -> Sequence[Diagnosis]:
+    """``diagnose`` of one input as read: a compressed one raises ``CompressedInput``, an empty one is UNKNOWN."""
+    for magic, name, reader in COMPRESSED_MAGIC:
+        if raw.startswith(magic):
+            raise CompressedInput(name, reader)
+    if not raw.strip():
+        empty = Finding("EMPTY_INPUT", Status.UNKNOWN, "empty input: nothing to read")
+        return (Diagnosis("empty", (empty,), summary="empty input"),)
+    return diagnose(raw.decode("utf-8", errors="replace"), kind, settings)

@@ -77,20 +77,24 @@ def diagnose_stream(
     stats: StreamStats | None = None,
 ) -> Sequence[Diagnosis]:
     """What ``dgxdoctor diagnose`` reports for one input read from ``fh``."""
-    from dgxdoctor.diagnose.registry import LINE_READERS, diagnose, sections
+    from dgxdoctor.diagnose.registry import COMPRESSED_MAGIC, LINE_READERS, CompressedInput, diagnose_bytes, sections
 
     stats = stats or StreamStats()
     scanner = Scanner(load_catalog())
     head = bytearray()
     tally = Tally()
     for block in blocks(fh, stats):
+        if not head:
+            for magic, name, reader in COMPRESSED_MAGIC:  # before reading a gigabyte of it
+                if block.startswith(magic):
+                    raise CompressedInput(name, reader)
         if len(head) < HEAD_BYTES:
             head += block
         tally.add(scanner.feed(block))
     tally.add(scanner.flush())
-    text = bytes(head).decode("utf-8", errors="replace")
     if stats.bytes_read <= HEAD_BYTES:
-        return diagnose(text, kind, settings)
+        return diagnose_bytes(bytes(head), kind, settings)
+    text = bytes(head).decode("utf-8", errors="replace")
     # Longer than a paste: the sections from its head, the catalog from every line.
     found = sections(settings) if settings else sections()
     if kind is not None:
@@ -109,7 +113,7 @@ def diagnose_stream(
     if kind is not None:
         return (Diagnosis(kind, tuple(listed), data),)
     out = [a.analyze(text) for a in found if a.detect(text)]
-    reader = next((a.kind for a in LINE_READERS[:-1] if a.detect(text)), "text" if listed else None)
-    if reader is not None and (listed or not out):
-        out.append(Diagnosis(reader, tuple(listed), data))
+    read_as = next((a.kind for a in LINE_READERS[:-1] if a.detect(text)), "text" if listed else "")
+    if read_as and (listed or not out):
+        out.append(Diagnosis(read_as, tuple(listed), data))
     return tuple(out) or (unrecognized([*found, *LINE_READERS]),)

@@ -115,7 +115,19 @@ TEXTFILE_WRITTEN = MetricSpec(
     "Unix time the node_exporter textfile was last written successfully (in the textfile: when it was written; "
     "time() minus this is its age)",
 )
+# As Prometheus and Alertmanager export theirs: a rejected reload keeps the old config and is otherwise invisible.
+CONFIG_RELOAD_OK = MetricSpec(
+    "dgxdoctor_config_last_reload_successful",
+    "1 when the last configuration reload (SIGHUP, POST /reload) was accepted or none was asked, 0 when it was "
+    "rejected and the previous configuration is still in force",
+)
+CONFIG_RELOAD_TIME = MetricSpec(
+    "dgxdoctor_config_last_reload_success_timestamp_seconds",
+    "Unix time the configuration in force was loaded (start or the last accepted reload)",
+)
 DAEMON_METRICS: tuple[MetricSpec, ...] = (
+    CONFIG_RELOAD_OK,
+    CONFIG_RELOAD_TIME,
     HTTP_CONNECTIONS,
     HTTP_MAX_CONNECTIONS,
     HTTP_CLOSED,

@@ -347,3 +347,28 @@ def mixed_firmware_verdict(firmware: Mapping[str, str]) -> StateVerdict | None:
         "a partial firmware upgrade: bring every HCA to the same version (`mlxfwmanager --query`, then "
         "`mlxfwmanager -u` and a reboot or `mlxfwreset`), so the rails behave alike",
     )
+
+
+# Counters whose rule is "critical on any increase": in one snapshot (a pasted perfquery), any non-zero value.
+CRITICAL_ON_ANY = frozenset(
+    (rule.counter or name)
+    for name, rule in DEFAULT_THRESHOLDS.items()
+    if rule.kind == "increase" and rule.severity == "critical"
+)
+
+
+def snapshot_counter_finding(
+    counter: str, value: int, subject: str, field: str, evidence: str | None
+) -> Finding | None:
+    """One error counter read once (no time base): non-zero is CRITICAL where any increase is, else WARNING."""
+    if counter not in ERROR_COUNTERS or value == 0:
+        return None
+    return Finding(
+        f"IB_{counter.upper()}",
+        Status.CRITICAL if counter in CRITICAL_ON_ANY else Status.WARNING,
+        f"{subject}: {field} is {value} since the counters were last cleared "
+        "(one snapshot has no time base: compare two readings for a rate)",
+        subject,
+        evidence=evidence,
+        remedy=REMEDIES.get(counter, "inspect the port with `mlxlink` and `ibstat`"),
+    )

@@ -12,6 +12,14 @@ from dgxdoctor.sources.nccl_tests import MIB, NcclTestsReport
 LOW_BUSBW_GBPS = 1.0
 LOW_BUSBW_MIN_SIZE = MIB
 
+# Between hosts with nothing configured: what the slowest RDMA fabric of a serving pair gives. busbw of a two-node
+# all-reduce is bounded by the NICs: one 100 Gb/s port (12.5 GB/s) gives ~11 GB/s, one 400 Gb/s NDR port ~45 GB/s,
+# a DGX H100/H200 with eight 400 Gb/s rails ~350-400 GB/s (NVIDIA's DGX SuperPOD figures; the runbook: 70 % of the
+# NICs' nominal rate). Judged at 64 MiB or more, where the table has left the latency-bound sizes.
+CROSS_HOST_CRITICAL_GBPS = 10.0
+CROSS_HOST_WARNING_GBPS = 40.0
+CROSS_HOST_MIN_SIZE = 64 * MIB
+
 FIX_TCP = (
     "Traffic is on TCP sockets, not RDMA: run ibdev2netdev and set NCCL_IB_HCA to the real HCA names and "
     "NCCL_IB_GID_INDEX (RoCE) on both nodes, mount /dev/infiniband into the container, check ibstat shows the "
@@ -89,6 +97,37 @@ def bandwidth_finding(report: NcclTestsReport, expected_gbps: float | None, min_
     )
 
 
+def cross_host_finding(report: NcclTestsReport) -> Finding | None:
+    """NCCL_CROSS_HOST_BUSBW_LOW: a run across two or more hosts, judged against what RDMA fabrics give (used only
+    where no expected busbw is configured)."""
+    if len(report.hosts) < 2:
+        return None
+    rows = [r for r in report.rows if r.size_bytes >= CROSS_HOST_MIN_SIZE and r.busbw_gbps is not None]
+    if not rows:
+        return None
+    best = max(rows, key=lambda r: r.busbw_gbps or 0.0)
+    peak = best.busbw_gbps or 0.0
+    if peak >= CROSS_HOST_WARNING_GBPS:
+        return None
+    hosts = ", ".join(report.hosts)
+    critical = peak < CROSS_HOST_CRITICAL_GBPS
+    fabric = (
+        "under the ~11 GB/s that even one 100 Gb/s RDMA port gives"
+        if critical
+        else "under the ~45 GB/s of one 400 Gb/s port; a DGX with eight rails gives ~350 GB/s"
+    )
+    return Finding(
+        "NCCL_CROSS_HOST_BUSBW_LOW",
+        Status.CRITICAL if critical else Status.WARNING,
+        f"busbw peaks at {peak:.1f} GB/s ({_size(best.size_bytes)}) across {len(report.hosts)} hosts ({hosts}): "
+        f"{fabric}",
+        evidence=f"size {best.size_bytes} B: busbw {best.out_of_place.busbw_gbps} GB/s out-of-place, "
+        f"{best.in_place.busbw_gbps} GB/s in-place",
+        remedy=BANDWIDTH_LOW_REMEDY + "; with the fabric's own figure, `diagnose --config` judges against "
+        "[checks.nccl] expected_busbw_gbps",
+    )
+
+
 def _size(size: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if size >= scale and size % scale == 0:
@@ -107,6 +146,32 @@ def bandwidth_summary(report: NcclTestsReport) -> str:
     ]
     if report.transports:
         parts.append("transport " + ", ".join(f"NET/{t}" for t in report.transports))
+    elif len(report.hosts) >= 2:
+        parts.append(f"across {len(report.hosts)} hosts; transport not in the output (run with NCCL_DEBUG=INFO)")
     else:
         parts.append("transport not in the output (one node, or run with NCCL_DEBUG=INFO to see it)")
     return ", ".join(parts)
+
+
+def probe_failed(returncode: int, subject: str | None, tail: str) -> Finding:
+    """The bandwidth probe ran and printed no table: the collective itself failed between the ranks."""
+    return Finding(
+        "NCCL_PROBE_FAILED",
+        Status.CRITICAL,
+        f"the bandwidth probe exited {returncode} without a bandwidth table",
+        subject,
+        evidence=tail or None,
+        remedy="run the probe by hand with NCCL_DEBUG=INFO and read its first WARN line",
+    )
+
+
+def peer_probe_failed(returncode: int, peer: str | None, tail: str) -> Finding:
+    """The peer joined and its side of a cross-node probe printed no table."""
+    return Finding(
+        "NCCL_PEER_PROBE_FAILED",
+        Status.CRITICAL,
+        f"the peer's side of the probe exited {returncode} without a table",
+        peer,
+        evidence=tail or None,
+        remedy="read the peer's probe output: journalctl -u dgxdoctor on the peer",
+    )

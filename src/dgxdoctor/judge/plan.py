@@ -26,6 +26,7 @@ which sends far less over the network at the cost of a pipeline bubble.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,9 @@ KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 DEFAULT_OVERHEAD_GIB = 4.0
 DEFAULT_FAST_NETWORK_GBPS = 800.0  # RDMA per node; the runbook calls a single 100G port "limited"
 FEW_SEQUENCES = 8  # fewer full-length sequences than this in the KV cache: say so
+# A split that holds this many times the full-length sequences of the other split is chosen over it (TP16's
+# replicated KV heads can halve the cache: Llama-3.1-70B's 8 KV heads on 16 GPUs hold 10 sequences, TP8xPP2 21).
+CAPACITY_GAIN = 1.5
 
 
 @dataclass(frozen=True)
@@ -112,8 +116,8 @@ class Layout:
 
     @property
     def valid(self) -> bool:
-        """vLLM accepts the shapes (memory aside)."""
-        return not any(p.code not in MEMORY_CODES for p in self.problems)
+        """vLLM accepts the shapes (memory and the asked length aside)."""
+        return not any(p.code not in NOT_SHAPE_CODES for p in self.problems)
 
     @property
     def fits(self) -> bool:
@@ -155,6 +159,7 @@ class Layout:
 
 
 MEMORY_CODES = frozenset({"NO_KV_CACHE_MEMORY", "KV_CACHE_TOO_SMALL"})
+NOT_SHAPE_CODES = MEMORY_CODES | {"MAX_MODEL_LEN_TOO_LONG"}
 
 
 @dataclass(frozen=True)
@@ -169,6 +174,10 @@ class Plan:
     recommended: Layout | None
     reasons: tuple[str, ...]
     serve_argv: tuple[str, ...] = field(default_factory=tuple)
+    # One replica per node (the recommended layout over one node's GPUs) when the model fits one node well.
+    replicas: int = 1
+    # The layouts over one node's GPUs (judged when there is more than one node).
+    one_node_layouts: tuple[Layout, ...] = ()
 
     @property
     def serve_command(self) -> str:
@@ -334,6 +343,10 @@ def judge_layout(
         notes.append(f"layers split unevenly over the stages: {split} (vLLM's default partition)")
     if not s.mla and tp > s.num_kv_heads and tp % s.num_kv_heads == 0:
         notes.append(f"{s.num_kv_heads} KV heads on {tp} GPUs: each KV head is replicated {tp // s.num_kv_heads}x")
+    if s.mla and tp > 1:
+        notes.append(
+            f"MLA: each of the {tp} TP ranks caches the same latent vector, so TP does not shrink the KV cache"
+        )
     return Layout(tp, pp, tuple(problems), tuple(stages), layout.kv_bytes_per_token, max_model_len, tuple(notes))
 
 
@@ -371,50 +384,112 @@ def divisor_pairs(world: int) -> list[tuple[int, int]]:
     return [(tp, world // tp) for tp in range(world, 0, -1) if world % tp == 0]
 
 
-def _network_reason(settings: PlanSettings) -> tuple[bool, str]:
-    """(fast enough for TP across nodes, the sentence saying why)."""
-    if settings.network_gbps is None:
-        return True, (
-            "network speed not given (--network-gbps): TP across nodes assumes a fast RDMA fabric; with limited "
-            f"bandwidth (under {settings.fast_network_gbps:g} Gb/s per node, e.g. one 100G port) start with TP within "
-            "a node and PP across nodes (the runbook), and measure with `dgxdoctor check --only nccl`"
-        )
-    if settings.network_gbps >= settings.fast_network_gbps:
-        return (
-            True,
-            f"the fabric gives {settings.network_gbps:g} Gb/s per node (fast: >= {settings.fast_network_gbps:g})",
-        )
-    return False, (
-        f"the fabric gives {settings.network_gbps:g} Gb/s per node, under {settings.fast_network_gbps:g}: "
-        "cross-node TP would send every layer's all-reduce over it, so TP stays within a node and PP spans the nodes"
+def recommend(
+    layouts: list[Layout], settings: PlanSettings, one_node: Sequence[Layout] = (), shape: ModelShape | None = None
+) -> tuple[Layout | None, int, list[str]]:
+    """(layout, replicas, reasons): the runbook's step 1 weighed with the table's own numbers.
+
+    More than one node: one replica per node when the model fits one node with room (no all-reduce on the network);
+    else the split over all nodes that holds the most full-length sequences, TP across nodes only on a fabric known
+    fast (vLLM's docs: TP = GPUs per node, PP = nodes; the runbook: TP16 first on a fast RDMA fabric).
+    """
+    reasons: list[str] = []
+    if settings.nodes > 1:
+        single = _best_within_node(one_node)
+        split, split_reasons = _split_choice({(lay.tp, lay.pp): lay for lay in layouts}, settings)
+        if single is not None and single.sequences >= FEW_SEQUENCES:
+            reasons.append(
+                f"{single.name} fits one node of {settings.gpus_per_node} GPUs with {single.sequences} full-length "
+                f"sequences: serve one replica per node ({settings.nodes} replicas behind a load balancer): no "
+                f"all-reduce crosses the network, and {settings.nodes}x the throughput of one replica split over them"
+            )
+            if split is not None:
+                reasons.append(f"to split one replica over the {settings.nodes} nodes instead: " + split_reasons[-1])
+            return single, settings.nodes, reasons + _capacity_reasons(single) + _moe_reasons(single, shape)
+        if single is not None:
+            reasons.append(
+                f"not one replica per node: {single.name} holds only {single.sequences} full-length sequences"
+            )
+        elif one_node:
+            reasons.append("not one replica per node: no layout fits on one node")
+        reasons += split_reasons
+        if split is not None:
+            return split, 1, reasons + _capacity_reasons(split) + _moe_reasons(split, shape)
+    choice = _best_within_node([lay for lay in layouts if lay.fits], settings.gpus_per_node) or max(
+        (lay for lay in layouts if lay.fits), key=lambda lay: lay.tp, default=None
+    )
+    if choice is None:
+        return None, 1, reasons + _nothing_fits(layouts, settings)
+    reasons.append(f"{choice.name}: the largest TP that is valid and fits")
+    return choice, 1, reasons + _capacity_reasons(choice) + _moe_reasons(choice, shape)
+
+
+def _best_within_node(layouts: Sequence[Layout], per_node: int | None = None) -> Layout | None:
+    """The fitting layout with the largest TP (TP within a node when ``per_node`` is given), fewer stages first."""
+    fitting = [
+        lay for lay in layouts if lay.fits and (per_node is None or (lay.tp <= per_node and per_node % lay.tp == 0))
+    ]
+    return max(fitting, key=lambda lay: (lay.tp, -lay.pp), default=None)
+
+
+def _split_choice(by_shape: dict[tuple[int, int], Layout], settings: PlanSettings) -> tuple[Layout | None, list[str]]:
+    """TP over every GPU or TP within a node x PP across the nodes, each with the sentence that chose it."""
+    full = by_shape[(settings.world_size, 1)]
+    node = by_shape.get((settings.gpus_per_node, settings.nodes))
+    fast, slow, network = _network(settings)
+    if full.fits and node is not None and node.fits:
+        if node.sequences >= CAPACITY_GAIN * full.sequences:
+            return node, [
+                f"{node.name}: it holds {node.sequences} full-length sequences, {full.name} "
+                f"{full.sequences} ({_kv_replication(full)}); TP within each node over NVLink, PP across"
+            ]
+        if fast:
+            return full, [f"{full.name}: the heads divide, it fits ({full.sequences} sequences), and {network}"]
+        return node, [
+            f"{node.name}: TP = GPUs per node and PP = nodes (vLLM's advice) since {network}; {full.name} also fits "
+            f"({full.sequences} sequences against {node.sequences}) and is the runbook's first choice on a fabric "
+            f"known fast (--network-gbps {settings.fast_network_gbps:g} or more)"
+        ]
+    if node is not None and node.fits:
+        why = _why_not(full) if not full.fits else network
+        return node, [f"not {full.name}: {why}", f"{node.name}: TP within each node over NVLink, PP across the nodes"]
+    if full.fits:
+        caution = f"; caution: {network}" if slow else ""
+        why = f"not {node.name}: {_why_not(node)}" if node is not None else "no TP-per-node split over these GPUs"
+        return full, [why, f"{full.name}: the only split over every node that fits{caution}"]
+    said = [f"not {full.name}: {_why_not(full)}"] + ([f"not {node.name}: {_why_not(node)}"] if node else [])
+    return None, said
+
+
+def _kv_replication(layout: Layout) -> str:
+    replicated = [n for n in layout.notes if "replicated" in n or n.startswith("MLA:")]
+    return replicated[0] if replicated else "the pipeline stages split the layers' KV cache"
+
+
+def _network(settings: PlanSettings) -> tuple[bool, bool, str]:
+    """(known fast, known slow, the sentence): an unknown fabric is neither, and is never assumed fast."""
+    given, fast = settings.network_gbps, settings.fast_network_gbps
+    if given is None:
+        return False, False, f"the network speed is not given (--network-gbps; TP across nodes needs {fast:g} Gb/s)"
+    if given >= fast:
+        return True, False, f"the fabric gives {given:g} Gb/s per node (fast: >= {fast:g})"
+    return (
+        False,
+        True,
+        (
+            f"the fabric gives {given:g} Gb/s per node, under {fast:g}: cross-node TP would send every layer's "
+            "all-reduce over it"
+        ),
     )
 
 
-def recommend(layouts: list[Layout], settings: PlanSettings) -> tuple[Layout | None, list[str]]:
-    """The runbook's step 1 over the judged layouts."""
-    by_shape = {(lay.tp, lay.pp): lay for lay in layouts}
-    world, per_node = settings.world_size, settings.gpus_per_node
-    fast, network = _network_reason(settings)
-    reasons: list[str] = []
-    full_tp = by_shape[(world, 1)]
-    if settings.nodes > 1:
-        if full_tp.fits and fast:
-            reasons.append(f"{full_tp.name}: the heads divide, the model fits, and {network}")
-            return full_tp, reasons + _capacity_reasons(full_tp)
-        reasons.append(f"not {full_tp.name}: " + (_why_not(full_tp) if not full_tp.fits else network))
-        node_tp = by_shape.get((per_node, settings.nodes))
-        if node_tp is not None and node_tp.fits:
-            reasons.append(f"{node_tp.name}: TP within each node over NVLink, PP across the {settings.nodes} nodes")
-            return node_tp, reasons + _capacity_reasons(node_tp)
-        if node_tp is not None:
-            reasons.append(f"not {node_tp.name}: {_why_not(node_tp)}")
-    fitting = [lay for lay in layouts if lay.fits]
-    if not fitting:
-        return None, reasons + _nothing_fits(layouts, settings)
-    within = [lay for lay in fitting if lay.tp <= per_node and per_node % lay.tp == 0]
-    choice = max(within or fitting, key=lambda lay: lay.tp)
-    reasons.append(f"{choice.name}: the largest TP that is valid and fits" + (" within a node" if within else ""))
-    return choice, reasons + _capacity_reasons(choice)
+def _moe_reasons(layout: Layout, shape: ModelShape | None) -> list[str]:
+    if shape is None or not shape.is_moe or layout.tp < 2:
+        return []
+    return [
+        f"MoE with {shape.num_experts} experts: --enable-expert-parallel places whole experts on the {layout.tp} TP "
+        "ranks instead of slicing every expert (vLLM's expert parallelism); try it when the expert layers dominate"
+    ]
 
 
 def _why_not(layout: Layout) -> str:
@@ -434,6 +509,9 @@ def _nothing_fits(layouts: list[Layout], settings: PlanSettings) -> list[str]:
     valid = [lay for lay in layouts if lay.valid]
     if not valid:
         return ["no layout passes vLLM's shape rules on this many GPUs: use a GPU count the heads divide"]
+    too_long = next((p for lay in valid for p in lay.problems if p.code == "MAX_MODEL_LEN_TOO_LONG"), None)
+    if too_long is not None:
+        return [f"--max-model-len is refused whatever the layout: {too_long.message}"]
     best = max(valid, key=lambda lay: lay.kv_tokens)
     tips = [f"no valid layout leaves room for one {best.max_model_len}-token sequence; the best is {best.name}"]
     if best.kv_tokens > 0:
@@ -449,7 +527,7 @@ def serve_argv(model_path: str, layout: Layout, settings: PlanSettings, shape: M
     argv = ["vllm", "serve", model_path, "--tensor-parallel-size", str(layout.tp)]
     if layout.pp > 1:
         argv += ["--pipeline-parallel-size", str(layout.pp)]
-    if settings.nodes > 1:
+    if settings.nodes > 1 and layout.tp * layout.pp > settings.gpus_per_node:
         argv += ["--distributed-executor-backend", "ray"]  # the runbook: without it the worker node sits idle
     argv += ["--gpu-memory-utilization", f"{settings.gpu_memory_utilization:g}"]
     argv += ["--max-model-len", str(layout.max_model_len)]
@@ -472,13 +550,9 @@ def make_plan(
         raise ValueError("config.json gives no maximum length (max_position_embeddings): pass --max-model-len")
     if weight_bytes is None:
         weight_bytes, weight_source = estimate_weight_bytes(shape), "estimate"
-    layouts = [
-        judge_layout(shape, weight_bytes, tp, pp, settings, max_len) for tp, pp in divisor_pairs(settings.world_size)
-    ]
-    too_long = _max_len_problem(shape, settings)
-    if too_long is not None:
-        layouts = [_with_problem(lay, too_long) for lay in layouts]
-    choice, reasons = recommend(layouts, settings)
+    layouts = _judged(shape, weight_bytes, settings, max_len, settings.world_size)
+    one_node = _judged(shape, weight_bytes, settings, max_len, settings.gpus_per_node) if settings.nodes > 1 else []
+    choice, replicas, reasons = recommend(layouts, settings, one_node, shape)
     argv = serve_argv(model_path, choice, settings, shape) if choice is not None else ()
     return Plan(
         shape,
@@ -491,7 +565,15 @@ def make_plan(
         choice,
         tuple(reasons),
         argv,
+        replicas,
+        tuple(one_node),
     )
+
+
+def _judged(shape: ModelShape, weight_bytes: int, settings: PlanSettings, max_len: int, gpus: int) -> list[Layout]:
+    layouts = [judge_layout(shape, weight_bytes, tp, pp, settings, max_len) for tp, pp in divisor_pairs(gpus)]
+    too_long = _max_len_problem(shape, settings)
+    return layouts if too_long is None else [_with_problem(lay, too_long) for lay in layouts]
 
 
 def _max_len_problem(shape: ModelShape, settings: PlanSettings) -> Problem | None:

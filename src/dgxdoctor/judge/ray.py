@@ -161,3 +161,54 @@ def cluster_summary(view: ClusterView, expected_nodes: int, expected_gpus: int) 
     if waiting or groups:
         parts.append(f"{waiting}+ tasks and {groups}+ placement groups pending")
     return ", ".join(parts)
+
+
+# ---- the head's own services, the worker's raylet ----
+
+
+def port_not_listening(what: str, port: int) -> Finding:
+    """The head's GCS or dashboard port has no listener: that service is down."""
+    return Finding(
+        "RAY_PORT_NOT_LISTENING",
+        Status.CRITICAL,
+        f"Ray {what} port {port} is not listening on the head node",
+        f"port {port}",
+        remedy=f"the head's {what} is down: `ss -lntp | grep {port}`; restart the head with "
+        "`ray stop --force` and `ray start --head --port=6379 --dashboard-host=0.0.0.0 --num-gpus=8 "
+        "--disable-usage-stats`, then reconnect the worker",
+    )
+
+
+def dashboard_unreachable(url: str, error: str) -> Finding:
+    """A head configured by address that does not answer: down, or a firewall in between (the tutorial's error 5).
+    A warning: from here it cannot be told which, and a worker's own raylet is judged apart."""
+    return Finding(
+        "RAY_DASHBOARD_UNREACHABLE",
+        Status.WARNING,
+        f"the head's dashboard {url} does not answer from here ({error})",
+        url,
+        remedy="check the head is up (`ray status` there) and that its firewall lets 6379/tcp and "
+        "8265/tcp in: `sudo ufw allow 6379/tcp && sudo ufw allow 8265/tcp`",
+    )
+
+
+def dashboard_down(url: str, error: str, running: str) -> Finding:
+    """This node is the head (or said to be) and its dashboard does not answer."""
+    return Finding(
+        "RAY_DASHBOARD_DOWN",
+        Status.CRITICAL,
+        f"Ray dashboard {url} not answering on the head ({error}); {running}",
+        url,
+        remedy="if Ray runs, read /tmp/ray/session_latest/logs/dashboard.log; else start the head: "
+        "`ray start --head --port=6379 --dashboard-host=0.0.0.0 --num-gpus=8 --disable-usage-stats`",
+    )
+
+
+def raylet_down() -> Finding:
+    """A worker node without a running raylet is not part of the cluster."""
+    return Finding(
+        "RAY_RAYLET_DOWN",
+        Status.CRITICAL,
+        "no running raylet on this worker node: it is not part of the Ray cluster",
+        remedy=RECONNECT_REMEDY,
+    )

@@ -19,6 +19,131 @@ DEFAULT_APP_LEVEL_XIDS = (13, 31, 43, 45)
 
 
 ACTION_RANK = {"none": 0, "restart_app": 1, "contact_support": 2, "reset_gpu": 3, "reboot_node": 4}
+# What no restart cures: a person resets the GPU, reboots the node or opens a case (remediation pages these).
+PERSON_ACTIONS = frozenset({"reset_gpu", "reboot_node", "contact_support"})
+
+
+@dataclass(frozen=True)
+class XidClass:
+    """What one resolution class means here: the check's verdict, the alert rule, and (derived) the page.
+
+    ``remedy`` may name ``{bus}`` and ``{xid}``; ``alert`` is the rule that carries the class ("" none).
+    """
+
+    key: str
+    status: Status
+    action: ActionKind
+    alert: str
+    remedy: str
+
+    @property
+    def pages(self) -> bool:
+        """A critical verdict no restart cures: remediation suggests it to a person, never acts on it."""
+        return self.status is Status.CRITICAL and self.action in PERSON_ACTIONS
+
+
+REBOOT = XidClass(
+    "reboot",
+    Status.CRITICAL,
+    "reboot_node",
+    "DgxdoctorXidRebootRequired",
+    "drain the node and reboot it; GPU {bus} cannot be recovered in place. If it recurs, check the GPU's "
+    "seating, power and PCIe link, and contact NVIDIA support",
+)
+RESET = XidClass(
+    "reset",
+    Status.CRITICAL,
+    "reset_gpu",
+    "DgxdoctorXidGpuResetRequired",
+    "drain GPU {bus} and reset it (nvidia-smi -r -i {bus}, or reboot the node); a restart of vLLM does not clear "
+    "it. If it recurs, run dcgmi diag -r 3 and contact NVIDIA support",
+)
+NVLINK = XidClass(
+    "nvlink",
+    Status.CRITICAL,
+    "reset_gpu",
+    "DgxdoctorXidNvlinkError",
+    "drain GPU {bus} and reset it (nvidia-smi -r -i {bus}, or reboot the node); check nvidia-smi nvlink -s and "
+    "-e on both ends of the link; if it recurs, a field check of the NVLink/NVSwitch path",
+)
+SUPPORT = XidClass(
+    "support",
+    Status.CRITICAL,
+    "contact_support",
+    "DgxdoctorXidContactSupport",
+    "drain GPU {bus}, collect nvidia-bug-report.sh and contact NVIDIA support",
+)
+UPDATE = XidClass(
+    "update",
+    Status.CRITICAL,
+    "contact_support",
+    "DgxdoctorXidContactSupport",
+    "drain GPU {bus} and update the GPU driver and firmware (no restart clears it); contact NVIDIA support if "
+    "it recurs on the current release",
+)
+RECOVERY = XidClass(
+    "recovery",
+    Status.CRITICAL,
+    "contact_support",
+    "DgxdoctorXidRecoveryAction",
+    "the driver printed a recovery action for GPU {bus}: follow it (the check's finding names it; reset or "
+    "reboot as it says) and follow the Xid catalog",
+)
+APPLICATION = XidClass(
+    "application",
+    Status.WARNING,
+    "restart_app",
+    "DgxdoctorXidApplicationError",
+    "restart the application that used GPU {bus} (vLLM worker, Ray actor); the serving process usually dies "
+    "with it (VLLM_DEAD then restarts it)",
+)
+APP_LEVEL = XidClass(
+    "app_level",
+    Status.WARNING,
+    "restart_app",
+    "DgxdoctorXidApplicationError",
+    "application-level error: check the process on {bus} (its logs, cuda-memcheck); restart it if it hung",
+)
+INFORMATIONAL = XidClass("informational", Status.OK, "none", "", "no action needed (informational XID)")
+UNCLASSIFIED = XidClass(
+    "unclassified",
+    Status.WARNING,
+    "contact_support",
+    "",
+    "XID {xid} is in a resolution class this dgxdoctor does not know: look it up and contact support",
+)
+
+# The one table: NVIDIA's resolution bucket (data/xid_catalog.json) -> the class. The check's verdict
+# (assess_xid), the alert rules (alerts/alert_rules.py) and remediation's pages (remediation/policy.py) all
+# read it; tests/unit/test_xid_classes.py walks the whole catalog through the three.
+RESOLUTION_CLASSES: Mapping[str, XidClass] = {
+    "RESTART_BM": REBOOT,
+    "RESTART_VM": REBOOT,
+    "RESET_GPU": RESET,
+    "WORKFLOW_XID_48": RESET,  # a double-bit ECC error: the page is retired at the reset
+    "WORKFLOW_NVLINK_ERR": NVLINK,
+    "WORKFLOW_NVLINK5_ERR": NVLINK,  # the line's Fatal/Nonfatal word refines it (assess_xid)
+    "CONTACT_SUPPORT": SUPPORT,
+    "CHECK_MECHANICALS": SUPPORT,
+    "UPDATE_SWFW": UPDATE,
+    "XID_154_EVAL": RECOVERY,  # the recovery action printed in the line refines it (assess_xid)
+    "RESTART_APP": APPLICATION,
+    "CHECK_UVM": APPLICATION,
+    "WORKFLOW_XID_45": APPLICATION,  # preemptive cleanup after the application's own fault
+    "IGNORE": INFORMATIONAL,
+}
+
+
+def xid_class(code: int, resolution: str, app_level: Iterable[int] = DEFAULT_APP_LEVEL_XIDS) -> XidClass:
+    """The class of one XID: application-level XIDs are the application's whatever their bucket."""
+    if code in set(app_level):
+        return APP_LEVEL
+    return RESOLUTION_CLASSES.get(resolution, UNCLASSIFIED)
+
+
+def page_resolutions() -> frozenset[str]:
+    """The resolution buckets whose verdict is one no restart cures (remediation pages them)."""
+    return frozenset(r for r, c in RESOLUTION_CLASSES.items() if c.pages)
 
 
 @dataclass(frozen=True)
@@ -29,56 +154,18 @@ class Assessment:
 
 
 def assess_xid(event: XidEvent, entry: CatalogEntry, app_level: Iterable[int] = DEFAULT_APP_LEVEL_XIDS) -> Assessment:
-    """Severity and action of one XID from the catalog's resolution bucket (pure)."""
+    """Severity and action of one XID: its class in RESOLUTION_CLASSES, refined by what the line itself says."""
     bus = event.pci_bus_id
-    if event.xid in set(app_level):
-        return Assessment(
-            Status.WARNING,
-            "restart_app",
-            f"application-level error: check the process on {bus} (its logs, cuda-memcheck); restart it if it hung",
-        )
-    resolution = entry.resolution
-    if resolution == "XID_154_EVAL":
+    cls = xid_class(event.xid, entry.resolution, app_level)
+    if cls is RECOVERY and event.recovery_action is not None:
         return _assess_recovery_action(bus, event.recovery_action)
-    if resolution == "WORKFLOW_NVLINK5_ERR" and event.nvlink_fatal is False:
+    if cls is NVLINK and event.nvlink_fatal is False:
         return Assessment(
             Status.WARNING,
             "none",
             f"non-fatal NVLink error on {bus}: watch for repeats; check NVLink counters (nvidia-smi nvlink -e)",
         )
-    if resolution in ("RESTART_BM", "RESTART_VM"):
-        return Assessment(
-            Status.CRITICAL,
-            "reboot_node",
-            f"drain the node and reboot it; GPU {bus} cannot be recovered in place. If it recurs, check the GPU's "
-            "seating, power and PCIe link, and contact NVIDIA support",
-        )
-    if resolution in ("RESET_GPU", "WORKFLOW_XID_48", "WORKFLOW_NVLINK_ERR", "WORKFLOW_NVLINK5_ERR"):
-        return Assessment(
-            Status.CRITICAL,
-            "reset_gpu",
-            f"drain GPU {bus} and reset it (nvidia-smi -r -i {bus}, or reboot the node); if it recurs, "
-            "run dcgmi diag -r 3 and contact NVIDIA support",
-        )
-    if resolution in ("CONTACT_SUPPORT", "CHECK_MECHANICALS"):
-        return Assessment(
-            Status.CRITICAL,
-            "contact_support",
-            f"drain GPU {bus}, collect nvidia-bug-report.sh and contact NVIDIA support",
-        )
-    if resolution == "UPDATE_SWFW":
-        return Assessment(Status.WARNING, "contact_support", "update the GPU driver and firmware")
-    if resolution in ("RESTART_APP", "CHECK_UVM", "WORKFLOW_XID_45"):
-        return Assessment(
-            Status.WARNING, "restart_app", f"restart the application that used GPU {bus} (vLLM worker, Ray actor)"
-        )
-    if resolution == "IGNORE":
-        return Assessment(Status.OK, "none", "no action needed (informational XID)")
-    return Assessment(
-        Status.WARNING,
-        "contact_support",
-        f"XID {event.xid} is not in the shipped catalog: look it up and contact support",
-    )
+    return Assessment(cls.status, cls.action, cls.remedy.format(bus=bus, xid=event.xid))
 
 
 def _assess_recovery_action(bus: str, action: str | None) -> Assessment:
@@ -108,9 +195,20 @@ def escalate(assessment: Assessment, repeats: int, threshold: int) -> Assessment
     )
 
 
+# Resolutions of the SXid catalog that mean a fatal error when the line lacks the Fatal/Non-fatal word.
+FATAL_SXID_RESOLUTIONS = frozenset({"RESET_FABRIC"})
+
+
+def sxid_fatal(event: SxidEvent, entry: CatalogEntry | None) -> bool:
+    """What NVSwitch printed; for a Severity/Data line alone, the catalog's word (unknown codes: non-fatal)."""
+    if event.fatal is not None:
+        return event.fatal
+    return entry is not None and entry.resolution in FATAL_SXID_RESOLUTIONS
+
+
 def assess_sxid(event: SxidEvent, entry: CatalogEntry | None) -> Assessment:
     """NVSwitch prints Fatal or Non-fatal; the catalog (when it knows the code) refines it."""
-    if event.fatal:
+    if sxid_fatal(event, entry):
         return Assessment(
             Status.CRITICAL,
             "reboot_node",
@@ -193,7 +291,7 @@ def sxid_finding(
     event: SxidEvent, entry: CatalogEntry | None, count: int, latest_s: float, assessment: Assessment
 ) -> Finding:
     bus, code = event.pci_bus_id, event.sxid
-    label = entry.name if entry else ("fatal" if event.fatal else "non-fatal")
+    label = entry.name if entry else ("fatal" if sxid_fatal(event, entry) else "non-fatal")
     message = f"SXID {code} ({label}) on {event.device} {bus}: {count} time(s), latest {ago(latest_s)}"
     return Finding(f"SXID_{code}", assessment.status, message, bus, evidence=event.line, remedy=assessment.remedy)
 

@@ -13,7 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from dgxdoctor.judge.xid import page_resolutions
 from dgxdoctor.result import CheckResult, Status
+from dgxdoctor.sources.xid import UNKNOWN_XID_RESOLUTION
 
 ActionName = Literal["restart_vllm", "restart_cluster", "page"]
 RESTARTS: tuple[ActionName, ...] = ("restart_vllm", "restart_cluster")
@@ -37,10 +39,9 @@ RESTART_CLUSTER_CODES = frozenset(
         "GLOO_SOCKET",
     }
 )
-# Resolutions of NVIDIA's XID catalog that need a GPU reset, a reboot or a person (data/xid_catalog.json).
-PAGE_XID_RESOLUTIONS = frozenset(
-    {"RESET_GPU", "RESTART_BM", "RESTART_VM", "CONTACT_SUPPORT", "CHECK_MECHANICALS", "UPDATE_SWFW"}
-)
+# Resolutions of NVIDIA's XID catalog that need a GPU reset, a reboot or a person: the classes of the one table
+# (judge.xid.RESOLUTION_CLASSES) whose verdict is critical with an action no restart performs.
+PAGE_XID_RESOLUTIONS = page_resolutions()
 PAGE_CODES = frozenset(
     {
         "IB_PORT_DOWN",
@@ -88,7 +89,8 @@ def problems_from_results(
             resolution = None
             if finding.code.startswith("XID_") and xid_resolution is not None:
                 number = finding.code.removeprefix("XID_")
-                resolution = xid_resolution.get(int(number)) if number.isdigit() else None
+                # An XID the catalog does not know is the catalog's CONTACT_SUPPORT, as the check says.
+                resolution = xid_resolution.get(int(number), UNKNOWN_XID_RESOLUTION) if number.isdigit() else None
             action = action_for_code(finding.code, resolution)
             if action is None:
                 continue

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,20 +33,40 @@ IFF_UP = 0x1
 IFF_LOOPBACK = 0x8
 
 
+# The shipped /etc/profile.d/nccl.sh: "set -a; . /etc/nccl.env; set +a". allexport sets nothing by itself.
+ALLEXPORT_LINES = frozenset({("set", "-a"), ("set", "+a"), ("set", "-o", "allexport"), ("set", "+o", "allexport")})
+# ". /etc/nccl.env" or "source /etc/nccl.env": the file's variables are the sourced file's, read as data too.
+SOURCE_COMMANDS = frozenset({".", "source"})
+MAX_SOURCE_DEPTH = 4
+# Files bigger than this are not an environment file.
+MAX_ENV_FILE_BYTES = 1 << 20
+
+
 @dataclass(frozen=True)
 class EnvFile:
     values: dict[str, str]
     # (line number, what is wrong) for lines that are not plain assignments; they are ignored, never run.
     problems: tuple[tuple[int, str], ...] = ()
+    # (line number, the file as resolved) for every file this one sources, nested ones included.
+    sourced: tuple[tuple[int, str], ...] = ()
 
 
-def parse_env_file(text: str) -> EnvFile:
+class EnvFileError(ValueError):
+    """The file cannot be read as an environment file (too big, a loop of sources)."""
+
+
+Include = Callable[[str], EnvFile]
+
+
+def parse_env_file(text: str, include: Include | None = None) -> EnvFile:
     """Assignments of a profile.d-style file: ``export A=b``, ``A=b``, quotes, comments.
 
-    Anything else (commands, ``$(...)``, conditionals) is reported as a problem and ignored; values keep
-    ``$VAR`` text unexpanded (the file is data here, never a script)."""
+    ``. FILE`` / ``source FILE`` take FILE's assignments at that point when ``include`` reads it (``read_env_file``
+    does); ``set -a``/``set +a`` are accepted. Anything else (commands, ``$(...)``, conditionals) is reported as a
+    problem and ignored; values keep ``$VAR`` text unexpanded (the file is data here, never a script)."""
     values: dict[str, str] = {}
     problems: list[tuple[int, str]] = []
+    sourced: list[tuple[int, str]] = []
     for number, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
@@ -55,29 +76,78 @@ def parse_env_file(text: str) -> EnvFile:
         except ValueError as exc:
             problems.append((number, f"cannot be split ({exc}): {stripped!r}"))
             continue
-        if not words:
+        if not words or tuple(words) in ALLEXPORT_LINES:
             continue
-        exported = words[0] == "export"
-        if exported:
-            words = words[1:]
-        assignments: list[tuple[str, str]] = []
-        plain = bool(words) or exported
-        for word in words:
-            name, eq, value = word.partition("=")
-            if eq and VAR_NAME_RE.match(name):
-                assignments.append((name, value))
-            elif not (exported and VAR_NAME_RE.match(word)):
-                # "export NAME" marks a variable and sets nothing; anything else is a command
-                plain = False
-                break
-        if not plain:
+        if words[0] in SOURCE_COMMANDS and len(words) == 2:
+            _include(number, words[1], include, values, problems, sourced)
+            continue
+        assignments = _assignments(words)
+        if assignments is None:
             problems.append((number, f"not a plain assignment, ignored: {stripped!r}"))
             continue
         for name, value in assignments:
             if "$(" in value or "`" in value:
                 problems.append((number, f"{name}: command substitution is not evaluated: {stripped!r}"))
             values[name] = value
-    return EnvFile(values, tuple(problems))
+    return EnvFile(values, tuple(problems), tuple(sourced))
+
+
+def _assignments(words: list[str]) -> list[tuple[str, str]] | None:
+    """``export A=b C=d`` / ``A=b`` -> the pairs; None when the line is a command."""
+    exported = words[0] == "export"
+    if exported:
+        words = words[1:]
+    pairs: list[tuple[str, str]] = []
+    for word in words:
+        name, eq, value = word.partition("=")
+        if eq and VAR_NAME_RE.match(name):
+            pairs.append((name, value))
+        elif not (exported and VAR_NAME_RE.match(word)):
+            return None  # "export NAME" marks a variable and sets nothing; anything else is a command
+    return pairs if (pairs or exported) else None
+
+
+def _include(
+    number: int,
+    target: str,
+    include: Include | None,
+    values: dict[str, str],
+    problems: list[tuple[int, str]],
+    sourced: list[tuple[int, str]],
+) -> None:
+    if include is None:
+        problems.append((number, f"sources {target}, which is not read here"))
+        return
+    if "$" in target or "`" in target:
+        problems.append((number, f"sources {target}: the path is not evaluated"))
+        return
+    try:
+        inner = include(target)
+    except (OSError, EnvFileError) as exc:
+        problems.append((number, f"sources {target}, which cannot be read: {exc}"))
+        return
+    sourced.append((number, target))
+    sourced.extend((number, path) for _line, path in inner.sourced)
+    problems.extend((number, f"in {target} line {line}: {problem}") for line, problem in inner.problems)
+    values.update(inner.values)
+
+
+def read_env_file(path: Path, host_root: Path = Path("/"), _depth: int = 0) -> EnvFile:
+    """Read ``path`` as data and every file it sources, found under ``host_root`` (a test's copy of /).
+
+    A relative sourced path is relative to the sourcing file's directory, as for a shell started there."""
+    size = path.stat().st_size
+    if size > MAX_ENV_FILE_BYTES:
+        raise EnvFileError(f"{path} is {size} bytes: not an environment file")
+    text = path.read_text(encoding="utf-8", errors="replace")
+
+    def include(target: str) -> EnvFile:
+        if _depth >= MAX_SOURCE_DEPTH:
+            raise EnvFileError(f"more than {MAX_SOURCE_DEPTH} nested sources (a loop?)")
+        resolved = host_root / target.lstrip("/") if target.startswith("/") else path.parent / target
+        return read_env_file(resolved, host_root, _depth + 1)
+
+    return parse_env_file(text, include)
 
 
 def parse_environ(data: bytes) -> dict[str, str]:

@@ -74,8 +74,6 @@ SXID_DETAIL_RE = re.compile(
     r"(?:(?P<device>nvidia-nvswitch\d+): )?SXid \((?:PCI:)?" + _BUS + r"\):\s*(?P<sxid>\d{1,9}),\s*"
     r"(?P<rest>(?:Severity|Data)\b.*)$"
 )
-# Resolutions of the SXid catalog that mean a fatal error when the paste lacks the Fatal/Non-fatal word.
-_FATAL_RESOLUTIONS = frozenset({"RESET_FABRIC"})
 SXID_LINK_RE = re.compile(r"\bLink (?P<link>\d{1,9})\b")
 
 # "Fallen off the bus" without an Xid line (counted as XID 79):
@@ -118,10 +116,11 @@ class SxidEvent:
     sxid: int
     line: str
     device: str
-    fatal: bool
+    # What NVSwitch printed (Fatal/Non-fatal); None when read from a Severity/Data line alone, which does not
+    # say: judge.xid.sxid_fatal then takes it from the catalog.
+    fatal: bool | None
     link: int | None = None
     detail: str = ""
-    # False when read from a Severity/Data line alone: ``fatal`` then comes from the catalog.
     severity_known: bool = True
 
 
@@ -182,13 +181,12 @@ def parse_sxid_line(line: str) -> SxidEvent | None:
 
 
 def parse_sxid_detail_line(line: str) -> SxidEvent | None:
-    """An SXID event from its Severity or Data line alone: the severity comes from the catalog (unknown codes
-    count as non-fatal), the switch from the device prefix when the paste kept it."""
+    """An SXID event from its Severity or Data line alone: the severity is not in the line (the judge takes it
+    from the catalog), the switch comes from the device prefix when the paste kept it."""
     match = SXID_DETAIL_RE.search(line)
     if match is None:
         return None
     sxid = int(match["sxid"])
-    entry = load_catalog().sxid(sxid)
     rest = match["rest"].strip()
     engine = re.search(r"\bEngine instance (?P<link>\d{1,9})\b", rest)
     return SxidEvent(
@@ -196,7 +194,7 @@ def parse_sxid_detail_line(line: str) -> SxidEvent | None:
         sxid=sxid,
         line=line.strip(),
         device=match["device"] or "NVSwitch",
-        fatal=entry is not None and entry.resolution in _FATAL_RESOLUTIONS,
+        fatal=None,
         link=int(engine["link"]) if engine else None,
         detail=rest,
         severity_known=False,
@@ -351,6 +349,10 @@ def scan_text(text: str) -> list[XidEvent | SxidEvent]:
 # --- catalog ---------------------------------------------------------------------------------------
 
 
+# An XID the shipped catalog does not know (a newer driver's code) is treated as NVIDIA's CONTACT_SUPPORT.
+UNKNOWN_XID_RESOLUTION = "CONTACT_SUPPORT"
+
+
 @dataclass(frozen=True)
 class CatalogEntry:
     code: int
@@ -373,7 +375,7 @@ class XidCatalog:
         if found is not None:
             return found
         return CatalogEntry(
-            code, "UNKNOWN", f"XID {code} (not in the catalog)", "not in the shipped catalog", "CONTACT_SUPPORT"
+            code, "UNKNOWN", f"XID {code} (not in the catalog)", "not in the shipped catalog", UNKNOWN_XID_RESOLUTION
         )
 
     def sxid(self, code: int) -> CatalogEntry | None:
