@@ -3,9 +3,16 @@
 By hand: ``grep -E 'NCCL WARN|Watchdog caught|connectFullMesh|CUDA out of memory|placement group'
 /tmp/ray/session_latest/logs/*.err /var/log/vllm.log``.
 
-Offsets live in ``<state_dir>/logs_offsets.json`` (see ``sources.logtail`` for rotation and truncation). A match
-stays in the result for ``hold_s`` after it was last seen, then the check returns to OK by itself; matches inside
-that window are kept in the same file, so a restart or a one-shot ``dgxdoctor check`` still reports them.
+The daemon follows each file: offsets live in ``<state_dir>/logs_offsets.json`` (see ``sources.logtail`` for
+rotation and truncation). A match stays in the result for ``hold_s`` after it was last seen, then the check returns
+to OK by itself; matches inside that window are kept in the same file, so a restart or a one-shot ``dgxdoctor
+check`` still reports them. The one-shot ``check`` reads the recent past of each file instead (the last
+``check_window_bytes`` of files written in the last ``check_window_s``), saves nothing, and says what it did not
+read. A backlog over ``max_bytes_per_run`` is a WARNING naming the unread bytes in both.
+
+Only records that no client controls count here (``judge.records``, ``judge.scan``: never a request-log or
+access-log record, nor a record of the server's request handling): these findings and
+``dgxdoctor_logs_signature_matches_total`` lead to actions.
 """
 
 from __future__ import annotations
