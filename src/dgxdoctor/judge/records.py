@@ -139,7 +139,7 @@ def shape(text: str) -> Shape:
         inner = shape(clean(rest))
         if inner.trust is Trust.DENIED:
             return inner
-        return Shape(Trust.TRUSTED, ray.end(), True)
+        return Shape(Trust.TRUSTED, 0, True)
     if ACCESS_LINE.search(text):
         return Shape(Trust.DENIED, 0, True)
     vllm = VLLM_HEAD.match(text)
