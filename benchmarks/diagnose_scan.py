@@ -5,8 +5,9 @@
 For each size (MB) a vLLM/Ray/NCCL log of ordinary lines with one real failure line every 10,000 lines is written
 to a temporary directory (deleted after), then read by `python -m dgxdoctor diagnose FILE --json` (and, with
 ``--stdin``, from a pipe) and by `grep -c 'NCCL WARN'`. Targets (the doctor and scanning issues): at least
-50 MB/s, at most 150 MB peak RSS whatever the size, and every failure line named. Prints PASS/FAIL per figure
-and exits 1 on a miss.
+50 MB/s scanned (the seconds of `diagnose` on a one-line file, Python's start-up and imports, left out; the
+end-to-end rate is printed beside it), at most 150 MB peak RSS whatever the size, and every failure line
+named. Prints PASS/FAIL per figure and exits 1 on a miss.
 """
 
 from __future__ import annotations
@@ -83,17 +84,30 @@ def named(report: dict[str, object]) -> int:
     return max(counts, default=0)
 
 
-def bench(megabytes: float, via_stdin: bool) -> bool:
+def startup_s() -> float:
+    """Seconds of `diagnose` on a one-line file: Python's start-up and the imports, which every size pays once
+    (the start-up figure is the start-up benchmark's; the scan rate here leaves it out)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "one.log"
+        path.write_text(ORDINARY[0] + "\n")
+        return min(run_diagnose(path, via_stdin=False)[0] for _ in range(3))
+
+
+def bench(megabytes: float, via_stdin: bool, start: float) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "vllm.log"
         failures = write_log(path, megabytes)
         size_mb = path.stat().st_size / 1e6
         grep_s = run_grep(path)
         seconds, rss, report = run_diagnose(path, via_stdin)
-    rate = size_mb / seconds
+    rate = size_mb / max(seconds - start, 1e-3)
     found = named(report)
     checks = [
-        (f"throughput {rate:.1f} MB/s (target >= {MIN_MB_S:g})", rate >= MIN_MB_S),
+        (
+            f"throughput {rate:.1f} MB/s after {start:.2f} s of start-up (target >= {MIN_MB_S:g}; "
+            f"{size_mb / seconds:.1f} MB/s end to end)",
+            rate >= MIN_MB_S,
+        ),
         (f"peak RSS {rss:.0f} MB (target <= {MAX_RSS_MB:g})", rss <= MAX_RSS_MB),
         (f"failure lines named {found} of {failures}", found == failures),
     ]
@@ -113,10 +127,12 @@ def main() -> int:
     parser.add_argument("--stdin", action="store_true", help="also read each log from a pipe")
     args = parser.parse_args()
     ok = True
+    start = startup_s()
+    print(f"start-up: diagnose of a one-line file {start:.2f} s")
     for size in (float(s) for s in args.sizes.split(",") if s.strip()):
-        ok &= bench(size, via_stdin=False)
+        ok &= bench(size, via_stdin=False, start=start)
         if args.stdin:
-            ok &= bench(size, via_stdin=True)
+            ok &= bench(size, via_stdin=True, start=start)
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
