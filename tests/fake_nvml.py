@@ -174,6 +174,13 @@ class FakeNvml:
     def recovery_action(self, index: int) -> int:
         return int(self._read(index, "recovery_action"))
 
+    def fabric_state(self, index: int) -> tuple[int, int]:
+        """``fabric_state: [state, status]`` in the capture; captures without it: not reported (older drivers)."""
+        if "fabric_state" not in self.gpu(index):
+            raise NvmlNotSupported("fabric state not in the capture")
+        state, status = self._read(index, "fabric_state")
+        return int(state), int(status)
+
 
 def lost(message: str = "GPU is lost") -> dict[str, str]:
     """A recorded read that failed with NVML_ERROR_GPU_IS_LOST."""

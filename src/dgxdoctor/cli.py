@@ -17,7 +17,7 @@ from dgxdoctor.checks.base import Check, CheckRunner
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import DEFAULT_LISTEN, EX_CONFIG, Config, ConfigError, load_config, parse_listen
 from dgxdoctor.environment import Environment
-from dgxdoctor.report import report_dict, report_table
+from dgxdoctor.report import diagnose_dict, diagnose_text, report_dict, report_table
 from dgxdoctor.result import Status, exit_code, overall_status
 
 
@@ -212,35 +212,7 @@ def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_pat
         for diagnosis in readings:
             worst = Status.worst([worst, diagnosis.status])
             inputs.append((name, diagnosis))
-    if as_json:
-        doc = {
-            "status": worst.value,
-            "exit_code": exit_code(worst),
-            "inputs": [
-                {
-                    "source": "<stdin>" if name == "-" else name,
-                    "kind": d.kind,
-                    "status": d.status.value,
-                    "summary": d.summary,
-                    "findings": [f.to_diagnose_dict() for f in d.findings],
-                    "data": d.data,
-                }
-                for name, d in inputs
-            ],
-        }
-        click.echo(json.dumps(doc, indent=2))
-    else:
-        for name, d in inputs:
-            click.echo(f"{'<stdin>' if name == '-' else name}: {d.kind}, {d.status.value}")
-            if d.summary:
-                click.echo(f"  {d.summary}")
-            for f in d.findings:
-                subject = f"{f.subject}: " if f.subject else ""
-                click.echo(f"  [{f.status.value}] {f.code} {subject}{f.message}")
-                if f.evidence:
-                    click.echo(f"      evidence: {f.evidence}")
-                if f.remedy:
-                    click.echo(f"      remedy: {f.remedy}")
+    click.echo(json.dumps(diagnose_dict(inputs, worst), indent=2) if as_json else diagnose_text(inputs))
     sys.exit(exit_code(worst))
 
 

@@ -7,7 +7,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from dgxdoctor.result import CheckResult, ResultsDocument, Status, overall_status
+from dgxdoctor.result import CheckResult, ResultsDocument, Status, exit_code, overall_status
 
 
 def role_note(role: str | None, results: Sequence[CheckResult]) -> str:
@@ -70,3 +70,42 @@ def _finding_lines(r: CheckResult, verbose: bool, width: int, indent: str) -> li
             textwrap.wrap(f"remedy: {r.action.remedy}", width, initial_indent=indent, subsequent_indent=indent + "  ")
         )
     return lines
+
+
+def _source(name: str) -> str:
+    return "<stdin>" if name == "-" else name
+
+
+def diagnose_dict(inputs: Sequence[tuple[str, Any]], worst: Status) -> dict[str, Any]:
+    """``diagnose --json``: the status and exit code overall, and each reading (source, kind, status, findings)."""
+    return {
+        "status": worst.value,
+        "exit_code": exit_code(worst),
+        "inputs": [
+            {
+                "source": _source(name),
+                "kind": d.kind,
+                "status": d.status.value,
+                "summary": d.summary,
+                "findings": [f.to_diagnose_dict() for f in d.findings],
+                "data": d.data,
+            }
+            for name, d in inputs
+        ],
+    }
+
+
+def diagnose_text(inputs: Sequence[tuple[str, Any]]) -> str:
+    lines: list[str] = []
+    for name, d in inputs:
+        lines.append(f"{_source(name)}: {d.kind}, {d.status.value}")
+        if d.summary:
+            lines.append(f"  {d.summary}")
+        for f in d.findings:
+            subject = f"{f.subject}: " if f.subject else ""
+            lines.append(f"  [{f.status.value}] {f.code} {subject}{f.message}")
+            if f.evidence:
+                lines.append(f"      evidence: {f.evidence}")
+            if f.remedy:
+                lines.append(f"      remedy: {f.remedy}")
+    return "\n".join(lines)

@@ -163,7 +163,7 @@ def test_asymmetric_node_through_the_median(tmp_path: Path, rules: Path) -> None
     util = "dgxdoctor_gpu_utilization_ratio"
     two = [series(util, "0.9x60", node="dgx-a", gpu="0"), series(util, "0.1x60", node="dgx-b", gpu="0")]
     three = [series(util, f"{u}x60", node=n, gpu="0", cluster="c3") for n, u in (("n1", 0.8), ("n2", 0.8), ("n3", 0.2))]
-    name = "DgxdoctorNodeAsymmetric_gpu_utilization"
+    name = "DgxdoctorNodeAsymmetricGpuUtilization"
     cases = [
         {"eval_time": "5m", "alertname": name, "exp_alerts": []},
         {"eval_time": "12m", "alertname": name, "exp_alerts": [expect(name, "-80%", node="dgx-b")]},
@@ -232,6 +232,28 @@ def test_a_gpu_spinning_without_memory_traffic_is_waiting_on_a_peer(tmp_path: Pa
     run_tests(tmp_path, rules, inputs, cases)
 
 
+def test_version_drift_compares_the_nodes_of_one_cluster(tmp_path: Path, rules: Path) -> None:
+    """Two separate two-node deployments on different vLLM versions are no drift; within one, a difference is."""
+    fact = "dgxdoctor_node_fact_info"
+    inputs = [
+        series(fact, "1x40", cluster="chat", node="dgx-a", key="vllm_version", value="0.32.0"),
+        series(fact, "1x40", cluster="chat", node="dgx-b", key="vllm_version", value="0.32.0"),
+        series(fact, "1x40", cluster="code", node="dgx-c", key="vllm_version", value="0.30.1"),
+        series(fact, "1x40", cluster="code", node="dgx-d", key="vllm_version", value="0.30.1"),
+        series(fact, "1x40", cluster="code", node="dgx-c", key="driver_version", value="580.159.04"),
+        series(fact, "1x40", cluster="code", node="dgx-d", key="driver_version", value="570.86.15"),
+    ]
+    cases = [
+        {"eval_time": "6m", "alertname": "DgxdoctorVersionDrift",
+         "exp_alerts": [expect("DgxdoctorVersionDrift", cluster="code", key="driver_version")]},
+    ]  # fmt: skip
+    run_tests(tmp_path, rules, inputs, cases)
+
+
+def test_every_alert_name_is_camel_case() -> None:
+    assert [name for name in ALERTS if not re.fullmatch(r"Dgxdoctor(?:[A-Z][a-z0-9]*)+", name)] == []
+
+
 def test_fleet_alerts(tmp_path: Path, rules: Path) -> None:
     """Version drift between nodes, a peer unreachable, a port down, probe timeouts, the breaker open."""
     fact = "dgxdoctor_node_fact_info"
@@ -256,5 +278,30 @@ def test_fleet_alerts(tmp_path: Path, rules: Path) -> None:
          "exp_alerts": [expect("DgxdoctorProbeTimeouts", node="dgx-a", check="gpu")]},
         {"eval_time": "1m", "alertname": "DgxdoctorRemediationBreakerOpen",
          "exp_alerts": [expect("DgxdoctorRemediationBreakerOpen", node="dgx-a")]},
+    ]  # fmt: skip
+    run_tests(tmp_path, rules, inputs, cases)
+
+
+def test_critical_kernel_faults_and_the_fabric_manager(tmp_path: Path, rules: Path) -> None:
+    """A serving process OOM-killed and a rail's link down page; a java OOM kill (warning) does not; the fabric
+    manager after a minute."""
+    findings = "dgxdoctor_check_findings_by_code"
+    node = {"node": "dgx-a"}
+    inputs = [
+        series(findings, "1x20", **node, check="xid", code="KERNEL_OOM_KILL", status="critical"),
+        series(findings, "1x20", **node, check="xid", code="KERNEL_LINK_DOWN", status="critical"),
+        series(findings, "1x20", node="dgx-b", check="xid", code="KERNEL_OOM_KILL", status="warning"),
+        series(findings, "1x20", **node, check="driver_stack", code="DRIVER_FABRIC_MANAGER_DOWN", status="critical"),
+    ]
+    labels = {**node, "check": "xid", "status": "critical"}
+    fm = {**node, "check": "driver_stack", "code": "DRIVER_FABRIC_MANAGER_DOWN", "status": "critical"}
+    cases = [
+        {"eval_time": "1m", "alertname": "DgxdoctorKernelOomKill",
+         "exp_alerts": [expect("DgxdoctorKernelOomKill", **labels, code="KERNEL_OOM_KILL")]},
+        {"eval_time": "1m", "alertname": "DgxdoctorKernelLinkDown",
+         "exp_alerts": [expect("DgxdoctorKernelLinkDown", **labels, code="KERNEL_LINK_DOWN")]},
+        {"eval_time": "30s", "alertname": "DgxdoctorFabricManagerDown", "exp_alerts": []},
+        {"eval_time": "2m", "alertname": "DgxdoctorFabricManagerDown",
+         "exp_alerts": [expect("DgxdoctorFabricManagerDown", **fm)]},
     ]  # fmt: skip
     run_tests(tmp_path, rules, inputs, cases)

@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -162,6 +163,7 @@ class Cluster:
     prometheus_url: str
     alertmanager_url: str
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    head_xid: str = ""  # a [checks.xid] table for the head's agent; empty: the xid check stays disabled
 
     def vllm_pid(self) -> int:
         return int((self.head.dir / "vllm.pid").read_text())
@@ -255,6 +257,9 @@ def _config(cluster: Cluster, node: Node, mode: str, overrides: dict[str, Any]) 
             f'pid_file = "{node.dir / "vllm.pid"}"\nrequest_timeout_s = 2.0\nstartup_grace_s = 0\ntimeout_s = 15.0'
         )
     enabled = {"ray", "vllm"} if head else {"ray"}
+    if head and cluster.head_xid:
+        lines.append(cluster.head_xid)
+        enabled.add("xid")
     lines += [f"[checks.{f.name}]\nenabled = false" for f in ALL_CHECKS if f.name not in enabled]
     return "\n".join(lines) + "\n"
 
@@ -559,3 +564,45 @@ def test_sigkilled_agent_mid_action_leaves_audit_and_guard_intact(cluster: Clust
     assert holds
     status = run_cli("remediation", "status", "--json", "--config", str(head.config)).json()
     assert status["last_actions"][-1]["outcome"] == "interrupted"
+
+
+def test_a_restart_that_cannot_help_is_refused_and_paged_with_its_hardware_cause(cluster: Cluster) -> None:
+    """vLLM is dead (the test above killed it) and a GPU of this node fell off the bus: a real XID 79 line written
+    into /dev/kmsg, followed by the head's xid check. The restart is refused with the finding in the audit, one page
+    names the symptom and its cause, and nothing runs. The line stays in the ring until reboot; a random bus id keeps
+    it apart, and the check reads only the last minutes (lookback_s)."""
+    head = cluster.head
+    bus = f"0000:{random.randrange(0x80, 0xFF):02x}:{random.randrange(0, 0x20):02x}"
+    fd = os.open("/dev/kmsg", os.O_WRONLY)
+    try:
+        os.write(
+            fd, f"NVRM: Xid (PCI:{bus}): 79, pid=1101234, name=nvc:[driver], GPU has fallen off the bus.\n".encode()
+        )
+    finally:
+        os.close(fd)
+    cluster.head_xid = "[checks.xid]\ninterval_s = 1.0\nlookback_s = 300.0"
+    cluster.configure(mode="observe")  # the xid check first, while nothing may run
+    wait_for("the XID 79 on the head's /metrics", lambda: head.sample("dgxdoctor_xid_errors_total", pci_bus_id=bus,
+             xid="79") == 1.0, 60, cluster)  # fmt: skip
+    started = len([r for r in head.audit() if r["event"] == "action_started"])
+    cluster.configure()  # no cooldown, a working restart: only the gate stands between the dead vLLM and a restart
+
+    def refused() -> list[dict[str, Any]]:
+        return [r for r in head.audit() if r["event"] == "decision" and r["verdict"] == "refuse"
+                and "cause: XID 79" in r["reason"]]  # fmt: skip
+
+    (decision, *_) = wait_for("the refusal", refused, 60, cluster)
+    wanted = f"vLLM down on dgx-a; cause: XID 79 on GPU {bus} of dgx-a at "
+    assert wanted in decision["reason"] and "XID_79" in decision["reason"], decision
+    pages = wait_for("the page", lambda: [r for r in head.audit() if r["event"] == "page" and wanted in r["reason"]],
+                     30, cluster)  # fmt: skip
+    assert pages[0]["outcome"] == "sent", pages
+    alerts = wait_for("the page in Alertmanager", lambda: [a for a in httpx.get(
+        f"{cluster.alertmanager_url}/api/v2/alerts", timeout=5).json()
+        if a["labels"]["alertname"] == "DgxdoctorRemediationPage" and wanted in a["annotations"]["description"]],
+        30, cluster)  # fmt: skip
+    assert alerts[0]["labels"]["node"] == "dgx-a"
+    time.sleep(5)
+    assert len([r for r in head.audit() if r["event"] == "page" and wanted in r["reason"]]) == 1  # one page
+    assert len([r for r in head.audit() if r["event"] == "action_started"]) == started  # nothing restarted
+    assert not cluster.vllm_healthy()

@@ -60,5 +60,5 @@ def test_detection_is_conservative() -> None:
 
 def test_lookalikes_alone_are_ok() -> None:
     diagnosis = KernelLogAnalyzer().analyze((KERNEL_LOG / "lookalikes.txt").read_text())
-    assert diagnosis.data == {"xid_events": [], "sxid_events": []}
+    assert diagnosis.data == {"xid_events": [], "sxid_events": [], "kernel_events": []}
     assert [f.code for f in diagnosis.findings] == ["NO_XID_EVENTS"]

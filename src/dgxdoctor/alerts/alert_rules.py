@@ -21,6 +21,7 @@ from dgxdoctor.alerts.peer_rules import rule_names
 from dgxdoctor.checks import xid as checks_xid
 from dgxdoctor.fleet.compare import RULES
 from dgxdoctor.judge.infiniband import DEFAULT_THRESHOLDS
+from dgxdoctor.judge.kernel import RULES as KERNEL_RULES
 from dgxdoctor.judge.vllm import DEFAULT_STALL_S
 from dgxdoctor.judge.xid import XidClass, xid_class
 from dgxdoctor.remediation.policy import RESTART_CLUSTER_CODES, RESTART_VLLM_CODES
@@ -137,13 +138,36 @@ def ib_alerts() -> list[Alert]:
         counter = t.counter or rule_name
         limit = 0.0 if t.kind == "increase" else t.limit / _PER_SECONDS[t.per]
         alerts.append(
-            Alert(f"DgxdoctorIbErrors_{rule_name}",
+            Alert(f"DgxdoctorIbErrors{camel(rule_name)}",
                   f'dgxdoctor_ib_port_errors_per_second{{counter="{counter}"}} > {limit:g}',
                   "0s" if t.kind == "increase" else "5m", t.severity,
                   f"IB {counter} on {{{{ $labels.device }}}}/{{{{ $labels.port }}}} of {{{{ $labels.node }}}}",
                   f"{counter} at {{{{ $value }}}}/s, above the NIC health limit "
                   f"({'any increase' if t.kind == 'increase' else f'{t.limit:g} per {t.per}'})."),
         )  # fmt: skip
+    return alerts
+
+
+def kernel_alerts() -> list[Alert]:
+    """One alert per kernel fault kind that can be critical (judge/kernel.py's table), and the fabric manager: on the
+    findings gauge, so a recovery (link up, NFS OK) or the end of the boot resolves them."""
+    alerts = []
+    for kind, rule in sorted(KERNEL_RULES.items()):
+        if rule.status is not Status.CRITICAL and kind != "oom_kill":  # OOM: critical when it killed vLLM or Ray
+            continue
+        name = "DgxdoctorKernel" + "".join(part.capitalize() for part in kind.split("_"))
+        expr = f'{FINDINGS_BY_CODE}{{check="xid",code="{rule.code}",status="critical"}} > 0'
+        alerts.append(
+            Alert(name, expr, "0s", "critical", f"{rule.title} on {{{{ $labels.node }}}}",
+                  f"the kernel log shows {rule.title} (finding {rule.code}; `dgxdoctor check --json` names the "
+                  f"device and the line): {rule.remedy}. A restart of vLLM or Ray cannot fix it.")
+        )  # fmt: skip
+    fm = f'{FINDINGS_BY_CODE}{{check="driver_stack",code="DRIVER_FABRIC_MANAGER_DOWN",status="critical"}} > 0'
+    alerts.append(
+        Alert("DgxdoctorFabricManagerDown", fm, "1m", "critical", "nvidia-fabricmanager down on {{ $labels.node }}",
+              "an NVSwitch node without its fabric manager: CUDA fails with 'system not yet initialized'. "
+              "`systemctl status nvidia-fabricmanager`; its version must equal the driver's.")
+    )  # fmt: skip
     return alerts
 
 
@@ -196,7 +220,7 @@ def asymmetry_alerts() -> list[Alert]:
         floor = f"max by ({by}) ({per_node}) >= {rule.floor:g}"
         expr = f"{test} and on({by}) ({floor})"
         alerts.append(
-            Alert(f"DgxdoctorNodeAsymmetric_{rule.key}", expr, "10m", "warning",
+            Alert(f"DgxdoctorNodeAsymmetric{camel(rule.key)}", expr, "10m", "warning",
                   f"{{{{ $labels.node }}}} is the odd node on {rule.what}",
                   f"{rule.code}: {{{{ $labels.node }}}} deviates {{{{ $value | humanizePercentage }}}} from the "
                   f"cluster median. Likely cause: {rule.cause}")
@@ -217,8 +241,10 @@ def fleet_alerts() -> list[Alert]:
         Alert("DgxdoctorAgentDown", 'up{job="dgxdoctor"} == 0', "2m", "critical",
               "dgxdoctor on {{ $labels.instance }} is not scraped",
               "the node or its agent is down (this rule assumes the scrape job is named \"dgxdoctor\")."),
-        Alert("DgxdoctorVersionDrift", f"count by (key) (count by (key, value) ({versions})) > 1", "5m", "critical",
-              "nodes disagree on {{ $labels.key }}",
+        # `cluster`: the target label the scrape config gives each serving group (docs/dashboards.md); nodes
+        # without one are one group. Two separate deployments on different versions are no drift.
+        Alert("DgxdoctorVersionDrift", f"count by (cluster, key) (count by (cluster, key, value) ({versions})) > 1",
+              "5m", "critical", "nodes disagree on {{ $labels.key }}",
               "the runbook: both machines must run the same driver, CUDA, vLLM, Ray and model files; see "
               "dgxdoctor_node_fact_info{key=\"{{ $labels.key }}\"} for which node differs."),
         Alert("DgxdoctorProbeTimeouts",
@@ -229,11 +255,17 @@ def fleet_alerts() -> list[Alert]:
     ]  # fmt: skip
 
 
+def camel(key: str) -> str:
+    """``symbol_error`` -> ``SymbolError``: every alert name is CamelCase, as Prometheus' own are."""
+    return "".join(part[:1].upper() + part[1:] for part in key.split("_"))
+
+
 def all_alerts() -> list[tuple[str, list[Alert]]]:
     return [
         ("dgxdoctor-remediation", remediation_alerts()),
         ("dgxdoctor-gpu", xid_alerts()),
         ("dgxdoctor-infiniband", ib_alerts()),
+        ("dgxdoctor-kernel", kernel_alerts()),
         ("dgxdoctor-vllm", vllm_alerts()),
         ("dgxdoctor-fleet", fleet_alerts() + asymmetry_alerts()),
     ]

@@ -40,8 +40,11 @@ from dgxdoctor.judge.infiniband import (
     counter_verdicts,
     counters_unavailable,
     flap_verdict,
+    node_verdicts,
     port_verdicts,
     ports_missing,
+    saturated_counters,
+    saturation_verdict,
 )
 from dgxdoctor.judge.presence import rdma_absent
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
@@ -49,7 +52,7 @@ from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.ibstat import parse_ibstat
 from dgxdoctor.sources.pci import mellanox_nics, read_pci_devices
 from dgxdoctor.sources.statefile import boot_id
-from dgxdoctor.sources.sysfs_ib import DATA_WORD_BYTES, IbPort, ib_class_dir, read_ports
+from dgxdoctor.sources.sysfs_ib import DATA_WORD_BYTES, IbPort, ib_class_dir, read_device_info, read_ports
 
 IBSTAT_TIMEOUT_S = 10.0
 IBSTAT_HUNG_REMEDY = (
@@ -92,6 +95,12 @@ PORT_FLAPS = MetricSpec(
     "dgxdoctor_ib_port_link_flaps",
     "Link flaps (link_downed increases) of the RDMA port within the configured flap window.",
     labels=("device", "port"),
+)
+DEVICE_INFO = MetricSpec(
+    "dgxdoctor_ib_device_info",
+    "RDMA device facts from sysfs: firmware version (fw_ver), HCA type and board id; value 1.",
+    type="info",
+    labels=("device", "fw_ver", "hca_type", "board_id"),
 )
 PORT_INFO = MetricSpec(
     "dgxdoctor_ib_port_info",
@@ -214,11 +223,31 @@ class InfinibandCheck(Check):
         for port in ports:
             _export_port(b, port)
             verdicts += port_verdicts(port, s.min_rate_gbps, s.link_layer)
+            saturated = saturation_verdict(port.name, saturated_counters(port.counters))
+            if saturated is not None:
+                finding = Finding(
+                    saturated.code, saturated.status, saturated.message, port.name, remedy=saturated.remedy
+                )
+                verdicts.append((finding, f"{port.name} counters saturated"))
             entry = entries.get(port.name)
             entries[port.name] = self._counters(b, port, entry if isinstance(entry, dict) else {}, now, verdicts)
         self._history.save({p.name for p in ports}, now, boot_id(self.env.proc_root))
-        b.add(*(f for f, _ in verdicts))  # in the order found: missing ports, then port by port
+        verdicts += self._node_verdicts(b, ports) if source == "sysfs" else _ibstat_node_verdicts(ports)
+        b.add(*(f for f, _ in verdicts))  # in the order found: missing ports, port by port, then the node's
         return b.build(_summary(b, ports, source, [why for _, why in verdicts if why]))
+
+    def _node_verdicts(self, b: ResultBuilder, ports: list[IbPort]) -> list[Verdict]:
+        """Rates across the Active rails, firmware across the HCAs of one type (sysfs ``fw_ver``, ``hca_type``)."""
+        infos = read_device_info(self.env.sysfs_root)
+        devices = sorted({p.device for p in ports})
+        for dev in devices:
+            info = infos.get(dev)
+            if info is not None:
+                b.sample(DEVICE_INFO, 1.0, device=dev, fw_ver=info.fw_ver or "", hca_type=info.hca_type or "",
+                         board_id=info.board_id or "")  # fmt: skip
+        rates = {p.name: p.rate_gbps for p in ports if p.active and p.rate_gbps is not None}
+        firmware = {d: (infos[d].hca_type, infos[d].fw_ver or "") for d in devices if d in infos and infos[d].fw_ver}
+        return node_verdicts(rates, firmware)
 
     def _counters(
         self, b: ResultBuilder, port: IbPort, entry: Mapping[str, Any], now: float, verdicts: list[Verdict]
@@ -250,6 +279,19 @@ class InfinibandCheck(Check):
                 port.name, self.rules, win.counters, win.deltas, win.prev, win.checkpoints, now
             )
         return self._history.entry(win)
+
+
+def _saturation(port: IbPort) -> list[Verdict]:
+    found = saturation_verdict(port.name, saturated_counters(port.counters))
+    if found is None:
+        return []
+    finding = Finding(found.code, found.status, found.message, port.name, remedy=found.remedy)
+    return [(finding, f"{port.name} counters saturated")]
+
+
+def _ibstat_node_verdicts(ports: list[IbPort]) -> list[Verdict]:
+    """ibstat gives no firmware per port here: only the rates."""
+    return node_verdicts({p.name: p.rate_gbps for p in ports if p.active and p.rate_gbps is not None}, {})
 
 
 def _export_port(b: ResultBuilder, port: IbPort) -> None:

@@ -19,6 +19,7 @@ from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.compare import RULE_KEYS, compare
 from dgxdoctor.fleet.peers import fetch_all
+from dgxdoctor.judge.hardware_cause import peer_cause_findings
 from dgxdoctor.judge.peers import peer_name_clash, peer_unreachable
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample
 
@@ -103,6 +104,7 @@ class PeerCompareCheck(Check):
                 builder.add(peer_name_clash(url, str(state["node"]), got.label))
                 state = {**state, "node": f"{state['node']}@{got.label}"}
             snapshots.append(state)
+            builder.add(*peer_cause_findings(state, got.label))
         outcome = compare(snapshots, self.tolerances, local=str(local["node"]))
         for imbalance in outcome.imbalances:
             # Not builder.sample(): its first parameter is called ``metric`` too.

@@ -30,6 +30,7 @@ from pydantic import Field, field_validator
 
 from dgxdoctor.checks import xid_memory
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.kernel_events import KERNEL_EVENTS_TOTAL, KernelEventLedger
 from dgxdoctor.checks.xid_events import Key, Tally, XidLedger
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.xid import (
@@ -44,6 +45,7 @@ from dgxdoctor.judge.xid import (
     xid_finding,
 )
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
+from dgxdoctor.sources.device_map import read_device_map
 from dgxdoctor.sources.kmsg import KmsgFollower, KmsgReader, KmsgRecord
 from dgxdoctor.sources.nvml_xid import NvmlEventsUnavailable, NvmlXidFollower, PynvmlXidEvents, XidEventSource
 from dgxdoctor.sources.statefile import StateFile, boot_id
@@ -97,6 +99,9 @@ KMSG_FOLLOWING = MetricSpec(
     "dgxdoctor_kmsg_following",
     "1 when the kernel log is followed by a background reader, 0 when it is read at each run",
 )
+
+# The kernel faults beyond XIDs are counted by this check too (checks/kernel_events.py).
+METRICS_ALSO = (KERNEL_EVENTS_TOTAL,)
 
 log = structlog.get_logger(__name__)
 
@@ -170,6 +175,8 @@ class XidCheck(Check):
         self.catalog = catalog or load_catalog()
         self.reader = KmsgReader(env.kmsg_path)
         self.ledger = XidLedger(env.clock, env.monotonic, merge_nvml=settings.nvml_events)
+        # Faults beyond XIDs from the same records (checks/kernel_events.py), named after this node's devices.
+        self.kernel = KernelEventLedger(env.clock, env.monotonic)
         self.policy = XidPolicy(
             app_level_xids=tuple(settings.app_level_xids),
             repeat_threshold=settings.repeat_threshold,
@@ -244,17 +251,21 @@ class XidCheck(Check):
             self._restore()
         if self.cfg.lookback_s is not None:
             self.ledger.min_usec = int((self.env.monotonic() - self.cfg.lookback_s) * 1e6)
+            self.kernel.min_usec = self.ledger.min_usec
+        self.kernel.devices = read_device_map(self.env.sysfs_root)
         self._opened = True
 
     def ingest(self, records: list[KmsgRecord]) -> None:
         """Fold kernel log records in (what the follower does; also usable directly)."""
         self.ledger.ingest(records)
+        self.kernel.ingest(records)
 
     def count(self, pci_bus_id: str, xid: int) -> int:
         return self.ledger.count(pci_bus_id, xid)
 
     def _followed(self, records: list[KmsgRecord]) -> None:
-        if self.ledger.ingest(records):
+        counted = self.ledger.ingest(records)
+        if self.kernel.ingest(records) or counted:
             self._wake()
 
     def _followed_nvml(self, events: list[tuple[str, int]]) -> None:
@@ -283,7 +294,7 @@ class XidCheck(Check):
                 records = self.reader.read_available()
             except PermissionError as exc:
                 raise RuntimeError(f"cannot read {path}: {exc.strerror} (needs root or CAP_SYSLOG)") from None
-            self.ledger.ingest(records)
+            self.ingest(records)
         elif self._follower is not None and self._follower.error:
             raise RuntimeError(self._follower.error)
         if self._nvml_follower is not None and self._nvml_follower.error:
@@ -303,10 +314,11 @@ class XidCheck(Check):
             self._memory = xid_memory.Memory(boot_id=boot)
             return
         self.ledger.restore(memory.xids, memory.sxids)
+        self.kernel.restore(memory.kernel)
         if memory.last_seq is not None and self.reader.is_device:
             self.reader.resume_after(memory.last_seq)
         self._memory = memory
-        self._saved = (self.ledger.counted + self.ledger.restored, memory.last_seq, memory.lost)
+        self._saved = (self.ledger.counted + self.ledger.restored + self.kernel.counted, memory.last_seq, memory.lost)
         log.info("xid_memory_restored", xids=len(memory.xids), sxids=len(memory.sxids), last_seq=memory.last_seq)
 
     def _window(self) -> tuple[bool, float | None, int]:
@@ -338,11 +350,13 @@ class XidCheck(Check):
         if memory is None or last_seq is None:
             return
         from_boot, start, lost = self._window()
-        marker = (self.ledger.counted + self.ledger.restored, last_seq, lost)
+        marker = (self.ledger.counted + self.ledger.restored + self.kernel.counted, last_seq, lost)
         if marker == self._saved:
             return
         xids, sxids = self.ledger.snapshot()
-        new = xid_memory.Memory(memory.boot_id, last_seq, from_boot, start, lost, dict(xids), dict(sxids))
+        new = xid_memory.Memory(
+            memory.boot_id, last_seq, from_boot, start, lost, dict(xids), dict(sxids), self.kernel.to_docs()
+        )
         if xid_memory.save(self._statefile, new):
             self._saved = marker
 
@@ -355,6 +369,7 @@ class XidCheck(Check):
             entry = self.catalog.xid(code)
             b.sample(XID_CATALOG_INFO, 1.0, xid=str(code), name=entry.name, resolution=entry.resolution)
         assessments = self._xid_findings(b, xids, now) + self._sxid_findings(b, sxids, now)
+        kernel_words = self.kernel.report(b, now, lambda last: self.policy.cleared(last, now))
         from_boot, start, lost = self._window()
         b.sample(KMSG_RECORDS_LOST, lost)
         b.sample(KMSG_RECORDS_READ, stats.records)
@@ -363,6 +378,12 @@ class XidCheck(Check):
         notes = f"; {lost} kernel log record(s) of this boot lost (left the ring buffer unread)" if lost else ""
         if self._nvml_note:
             notes += f"; {self._nvml_note}"
+        if kernel_words:
+            notes += (
+                "; kernel: "
+                + ", ".join(kernel_words[:4])
+                + (f" +{len(kernel_words) - 4} more" if len(kernel_words) > 4 else "")
+            )
         xid_counts = [(bus, code, t.count) for (bus, code), t in xids]
         sxid_counts = [(bus, code, t.count) for (bus, code), t in sxids]
         return b.build(summary(xid_counts, sxid_counts, since, notes), worst_action(assessments))

@@ -41,6 +41,8 @@ class Memory:
     lost: int = 0
     xids: dict[Key, Tally] = field(default_factory=dict)
     sxids: dict[Key, Tally] = field(default_factory=dict)
+    # Kernel faults beyond XIDs (checks/kernel_events.py ``to_docs``/``restore``), kept as plain documents.
+    kernel: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _tally_doc(key: Key, tally: Tally) -> dict[str, Any]:
@@ -105,6 +107,7 @@ def load(statefile: StateFile, boot_id: str | None) -> Memory | None:
         lost=lost if _int(lost) else 0,
         xids=_tallies(doc.get("xids"), XidEvent),
         sxids=_tallies(doc.get("sxids"), SxidEvent),
+        kernel=[d for d in doc.get("kernel") or [] if isinstance(d, dict)][:MAX_ENTRIES],
     )
 
 
@@ -124,5 +127,6 @@ def save(statefile: StateFile, memory: Memory) -> bool:
             "lost": memory.lost,
             "xids": list(docs(memory.xids)),
             "sxids": list(docs(memory.sxids)),
+            "kernel": memory.kernel,
         }
     )

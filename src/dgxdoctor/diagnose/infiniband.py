@@ -13,6 +13,8 @@ from dgxdoctor.judge.infiniband import (
     mixed_rates_verdict,
     port_rate_verdict,
     port_state_verdict,
+    saturated_counters,
+    saturation_verdict,
     snapshot_counter_finding,
 )
 from dgxdoctor.result import Finding, Status
@@ -132,6 +134,12 @@ class PerfqueryAnalyzer:
                 finding = snapshot_counter_finding(counter, value, subject, field, block.fields.get(field))
                 if finding is not None:
                     findings.append(finding)
+            # Without -x the error counters are PortCounters' narrow ones (16 bits and less): at the top they stop.
+            saturated = saturation_verdict(subject, saturated_counters(block.counters)) if not block.extended else None
+            if saturated is not None:
+                findings.append(
+                    Finding(saturated.code, saturated.status, saturated.message, subject, remedy=saturated.remedy)
+                )
         if not blocks:
             findings.append(
                 Finding("IB_NO_COUNTERS", Status.UNKNOWN, "perfquery output has no counters block", remedy=None)

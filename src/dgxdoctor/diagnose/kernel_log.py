@@ -1,12 +1,16 @@
-"""`dgxdoctor diagnose` for kernel logs (dmesg, journalctl -k, syslog): NVIDIA XID and NVSwitch SXID errors."""
+"""`dgxdoctor diagnose` for kernel logs (dmesg, journalctl -k, syslog): NVIDIA XID and NVSwitch SXID errors, and
+the faults beyond them (sources/kernel_events.py, judged by judge/kernel.py as the live xid check does)."""
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
 from dgxdoctor.diagnose.base import Diagnosis
+from dgxdoctor.judge.kernel import RECOVERS, KernelTally, tally_finding
 from dgxdoctor.judge.xid import DEFAULT_APP_LEVEL_XIDS, assess_sxid, assess_xid, escalate
 from dgxdoctor.result import Finding, Status
+from dgxdoctor.sources.device_map import DeviceMap
+from dgxdoctor.sources.kernel_events import RECOVERY_KINDS, scan_kernel_lines
 from dgxdoctor.sources.xid import SxidEvent, XidEvent, load_catalog, scan_text
 
 # Repeats in a pasted log have no reliable clock; the same XID on the same GPU this often escalates.
@@ -17,7 +21,9 @@ class KernelLogAnalyzer:
     kind: ClassVar[str] = "kernel-log"
 
     def detect(self, text: str) -> bool:
-        return "NVRM: Xid" in text or "SXid (" in text or ("NVRM:" in text and "fallen off the bus" in text)
+        if "NVRM: Xid" in text or "SXid (" in text or ("NVRM:" in text and "fallen off the bus" in text):
+            return True
+        return any(event.kind not in RECOVERY_KINDS for event in scan_kernel_lines(text.splitlines()))
 
     def analyze(self, text: str) -> Diagnosis:
         catalog = load_catalog()
@@ -73,6 +79,32 @@ class KernelLogAnalyzer:
                     remedy=assessment.remedy,
                 )
             )
+        kernel, kernel_events = _kernel_findings(text)
+        findings += kernel
         if not findings:
             findings.append(Finding("NO_XID_EVENTS", Status.OK, "no XID or SXID errors in this log"))
-        return Diagnosis(self.kind, tuple(findings), {"xid_events": xid_events, "sxid_events": sxid_events})
+        data = {"xid_events": xid_events, "sxid_events": sxid_events, "kernel_events": kernel_events}
+        return Diagnosis(self.kind, tuple(findings), data)
+
+
+def _kernel_findings(text: str) -> tuple[list[Finding], list[dict[str, Any]]]:
+    """The faults beyond XIDs, one finding per (kind, device) as the live check tallies them (a paste has no
+    clock: no ages, and a recovery counts when its line comes after the fault's)."""
+    devices = DeviceMap()  # a paste comes from another machine: devices are named as the lines name them
+    tallies: dict[tuple[str, str], KernelTally] = {}
+    events: list[dict[str, Any]] = []
+    for event in scan_kernel_lines(text.splitlines()):
+        device = devices.resolve(event.pci, event.netdev, event.other)
+        label = device.label if device else ""
+        if event.kind in RECOVERY_KINDS:
+            fault = tallies.get((RECOVERS[event.kind], label))
+            if fault is not None:
+                fault.recovered_at = 0.0
+            continue
+        events.append({"kind": event.kind, "device": label, "line": event.line})
+        tally = tallies.get((event.kind, label))
+        if tally is None:
+            tallies[(event.kind, label)] = KernelTally(1, 0.0, event, device)
+        else:
+            tally.count, tally.event, tally.recovered_at = tally.count + 1, event, None
+    return [tally_finding(kind, t, None) for (kind, _), t in tallies.items()], events

@@ -15,6 +15,7 @@ from dgxdoctor.diagnose.infiniband import IbstatAnalyzer, PerfqueryAnalyzer
 from dgxdoctor.diagnose.kernel_log import KernelLogAnalyzer
 from dgxdoctor.diagnose.logs import NcclLogAnalyzer, RayLogAnalyzer, TextAnalyzer, VllmLogAnalyzer
 from dgxdoctor.diagnose.nccl_tests import NcclTestsAnalyzer
+from dgxdoctor.diagnose.nvidia_smi import NvidiaSmiQueryAnalyzer, NvidiaSmiTableAnalyzer, NvlinkStatusAnalyzer
 from dgxdoctor.diagnose.ray_status import RayStatusAnalyzer
 from dgxdoctor.diagnose.topo import TopoAnalyzer
 from dgxdoctor.diagnose.vllm_metrics import VllmMetricsAnalyzer
@@ -45,6 +46,9 @@ def sections(settings: Mapping[str, BaseModel] | None = None) -> tuple[Analyzer,
         IbstatAnalyzer(given.get("infiniband")),
         PerfqueryAnalyzer(),
         TopoAnalyzer(),
+        NvidiaSmiQueryAnalyzer(),
+        NvidiaSmiTableAnalyzer(),
+        NvlinkStatusAnalyzer(),
         NcclTestsAnalyzer(given.get("nccl")),
         VllmMetricsAnalyzer(),
         RayStatusAnalyzer(given.get("ray")),

@@ -371,3 +371,20 @@ def recovery_action(gpus: Sequence[GpuSnapshot]) -> Action | None:
     action, g = kinds[0]
     kind, remedy = RECOVERY_REMEDIES[action]
     return Action(kind, f"{g.label}: {remedy}")
+
+
+def smi_errors(g: GpuSnapshot, fields: Sequence[str]) -> list[Finding]:
+    """``ERR!`` in the ``nvidia-smi`` table: NVML returned an error for those fields of this GPU, which is how a GPU
+    that fell off the bus or needs a reset looks there (the same state NVML reads as unreadable)."""
+    if not fields:
+        return []
+    return [
+        Finding(
+            "GPU_SMI_ERROR",
+            Status.CRITICAL,
+            f"{g.label}: nvidia-smi cannot read {', '.join(fields)} (ERR!)",
+            g.subject,
+            remedy="look for XID 79/48/94/95 in the kernel log (dmesg | grep -i xid); drain the node and reset the "
+            "GPU (nvidia-smi -r) or reboot; if it recurs, the GPU needs service",
+        )
+    ]

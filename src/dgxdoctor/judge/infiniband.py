@@ -53,6 +53,49 @@ ERROR_COUNTERS = frozenset(
 )
 
 
+# Widths of the IBTA PortCounters error counters (IBA spec vol. 1, PortCounters attribute; the kernel reads them
+# with these widths: drivers/infiniband/core/sysfs.c PORT_PMA_ATTR). A counter at its maximum stops there: the
+# value means "at least this many", and a rate over it reads zero.
+COUNTER_WIDTH_BITS: Mapping[str, int] = {
+    "symbol_error": 16,
+    "link_error_recovery": 8,
+    "link_downed": 8,
+    "port_rcv_errors": 16,
+    "port_rcv_remote_physical_errors": 16,
+    "port_rcv_switch_relay_errors": 16,
+    "port_xmit_discards": 16,
+    "port_xmit_constraint_errors": 8,
+    "port_rcv_constraint_errors": 8,
+    "local_link_integrity_errors": 4,
+    "excessive_buffer_overrun_errors": 4,
+    "VL15_dropped": 16,
+}
+
+
+def saturated_counters(counters: Mapping[str, int]) -> dict[str, int]:
+    """The error counters at the top of their width (65535 for a 16-bit one): counter -> that maximum."""
+    out = {}
+    for name, bits in COUNTER_WIDTH_BITS.items():
+        top = (1 << bits) - 1
+        if counters.get(name) == top:
+            out[name] = top
+    return out
+
+
+def saturation_verdict(where: str, saturated: Mapping[str, int]) -> StateVerdict | None:
+    """IB_COUNTER_SATURATED: counters stuck at their width, so neither their value nor their rate can be read."""
+    if not saturated:
+        return None
+    listed = ", ".join(f"{name} = {top} (at least)" for name, top in sorted(saturated.items()))
+    return StateVerdict(
+        "IB_COUNTER_SATURATED",
+        Status.WARNING,
+        f"{where}: counters saturated at their width: {listed}; they no longer count, so their rates read zero",
+        "the link has had at least this many errors: inspect it (`mlxlink -d <dev> -c`), then clear the counters "
+        "(`perfquery -R -x <lid> <port>`) so new errors show again",
+    )
+
+
 class CounterThreshold(BaseModel):
     """One rule over one counter: any increase above ``limit`` between runs, or a rate above ``limit`` per
     ``per``."""
@@ -346,6 +389,56 @@ def mixed_firmware_verdict(firmware: Mapping[str, str]) -> StateVerdict | None:
         f"HCAs run different firmware versions ({listed})",
         "a partial firmware upgrade: bring every HCA to the same version (`mlxfwmanager --query`, then "
         "`mlxfwmanager -u` and a reboot or `mlxfwreset`), so the rails behave alike",
+    )
+
+
+def node_verdicts(rates: Mapping[str, float], firmware: Mapping[str, tuple[str | None, str]]) -> list[Verdict]:
+    """What only the node's ports together show (the rules diagnose applies to an ibstat): Active ports at different
+    rates; HCAs of one type (``firmware``: device -> (hca_type, fw_ver)) on different firmware."""
+    out: list[Verdict] = []
+    rate = mixed_rates_verdict(rates)
+    if rate is not None:
+        slow = sorted(n for n, r in rates.items() if r < max(rates.values()))
+        out.append((Finding(rate.code, rate.status, rate.message, None, remedy=rate.remedy), f"{', '.join(slow)} slow"))
+    for hca_type in sorted({t or "" for t, _ in firmware.values()}):
+        same = {dev: fw for dev, (t, fw) in firmware.items() if (t or "") == hca_type}
+        fw = mixed_firmware_verdict(same)
+        if fw is not None:
+            out.append((Finding(fw.code, fw.status, fw.message, None, remedy=fw.remedy), "firmware differs"))
+    return out
+
+
+# ---- mlxlink: module temperature and effective BER per port ----
+
+# Optical modules' operating range tops out at 70-75 °C (the range mlxlink prints beside the value, e.g.
+# "[-5..75]" for NVIDIA's OSFP NDR modules); above it errors rise, and modules shut down near 85 °C.
+MODULE_TEMP_WARN_C = 75.0
+MODULE_TEMP_CRIT_C = 85.0
+# The IBTA bit error ratio target (the same 1e-12 behind the 120 symbol errors an hour): a post-FEC BER above it
+# means errors the link does not correct.
+EFFECTIVE_BER_LIMIT = 1e-12
+
+
+def module_temperature_verdict(port: str, celsius: float, warn: float, crit: float) -> StateVerdict | None:
+    if celsius <= warn:
+        return None
+    status = Status.CRITICAL if celsius > crit else Status.WARNING
+    return StateVerdict(
+        "IB_MODULE_TEMPERATURE_HIGH",
+        status,
+        f"{port}: module at {celsius:g} °C (warning above {warn:g}, critical above {crit:g})",
+        "check the airflow and the fans at the NIC and the switch; a module that stays hot fails: replace it",
+    )
+
+
+def effective_ber_verdict(port: str, ber: float, limit: float) -> StateVerdict | None:
+    if ber <= limit:
+        return None
+    return StateVerdict(
+        "IB_EFFECTIVE_BER_HIGH",
+        Status.WARNING,
+        f"{port}: effective (post-FEC) BER {ber:.1e}, above {limit:.0e}: errors that FEC does not correct",
+        REMEDIES["symbol_error"],
     )
 
 

@@ -29,6 +29,7 @@ from dgxdoctor.config import RemediationSettings
 from dgxdoctor.remediation.actions import StepResult, VllmTarget, ask_worker, run_argv, verify_vllm, wait_ray
 from dgxdoctor.remediation.audit import AuditLog, StateFile
 from dgxdoctor.remediation.guard import Decision, Guard, GuardState
+from dgxdoctor.remediation.hardware_gate import HardwareGate, causes
 from dgxdoctor.remediation.policy import Problem, problem_from_alert, problems_from_results
 from dgxdoctor.result import CheckResult
 
@@ -112,6 +113,7 @@ class Remediator:
         self.wake = asyncio.Event()
         self.busy = asyncio.Lock()
         self.task: asyncio.Task[None] | None = None
+        self.gate = HardwareGate()  # no restart while a hardware cause is active (remediation/hardware_gate.py)
 
     # -- state -----------------------------------------------------------------------------------------
 
@@ -220,6 +222,7 @@ class Remediator:
             guard.observe(checks, now, "check")
             guard.observe(alerts, now, "alert")
             decisions = [guard.decide(p, now, vllm_uptime(latest)) for p in checks + alerts]
+            decisions, pages = self.gate.apply(decisions, causes(latest, self.node), self.node)
             chosen = next((d for d in decisions if d.verdict in ("act", "page")), None)
             # One action per evaluation: another problem asking for one in the same breath waits its turn.
             decisions = [
@@ -240,6 +243,8 @@ class Remediator:
             asyncio.get_running_loop().create_task(self._act(chosen, action_id, now))
         elif chosen is not None and chosen.verdict == "page":
             await self._page(chosen, now)
+        for page in pages:
+            await self._page(page, now)
 
     def _audit_decision(self, d: Decision, now: float) -> None:
         shown = (d.verdict, _NUMBER.sub("#", d.reason))  # "held 3 s" and "held 4 s" are the same decision

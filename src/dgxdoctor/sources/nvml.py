@@ -202,6 +202,11 @@ class NvmlClient(Protocol):
 
     def recovery_action(self, index: int) -> int: ...
 
+    def fabric_state(self, index: int) -> tuple[int, int]:
+        """(NVML_GPU_FABRIC_STATE_*, the registration's nvmlReturn) of ``nvmlDeviceGetGpuFabricInfo``: 3 COMPLETED
+        once the fabric manager has put the GPU on the NVSwitch fabric; NvmlNotSupported where not reported."""
+        ...
+
 
 # ---------------------------------------------------------------------------------------------------------
 # The implementation over pynvml (package nvidia-ml-py). Imported lazily: the agent starts fast and a node
@@ -411,6 +416,16 @@ class PynvmlClient:
         if int(value.nvmlReturn) != 0:
             raise error_for_code(int(value.nvmlReturn), f"field {field_id}: nvmlReturn {int(value.nvmlReturn)}")
         return int(_field_value(value))
+
+    def fabric_state(self, index: int) -> tuple[int, int]:
+        import ctypes
+
+        struct = getattr(self._nvml, "c_nvmlGpuFabricInfo_t", None)
+        if struct is None:
+            raise NvmlNotSupported("this pynvml has no c_nvmlGpuFabricInfo_t", NVML_ERROR_FUNCTION_NOT_FOUND)
+        info = struct()
+        self._call("nvmlDeviceGetGpuFabricInfo", self._h(index), ctypes.byref(info))
+        return int(info.state), int(info.status)
 
 
 def _field_value(value: Any) -> float | int:

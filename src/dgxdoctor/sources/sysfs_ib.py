@@ -342,6 +342,31 @@ def read_ports(sysfs_root: Path, *, counters: bool = True, gids: bool = False) -
     return ports
 
 
+@dataclass(frozen=True)
+class IbDeviceInfo:
+    """Device-level files: ``fw_ver`` ("28.39.1002"), ``hca_type`` ("MT4129"), ``board_id`` ("MT_0000000838");
+    None where unreadable (soft-RoCE has no fw_ver)."""
+
+    device: str
+    fw_ver: str | None
+    hca_type: str | None
+    board_id: str | None
+
+
+def read_device_info(sysfs_root: Path) -> dict[str, IbDeviceInfo]:
+    """``<sysfs_root>/class/infiniband/<dev>/{fw_ver,hca_type,board_id}`` of every RDMA device."""
+    try:
+        names = sorted((p.name for p in ib_class_dir(sysfs_root).iterdir()), key=_natural)
+    except OSError:
+        return {}
+    out: dict[str, IbDeviceInfo] = {}
+    for name in names:
+        base = ib_class_dir(sysfs_root) / name
+        values = [(_read(base / f) or "").strip() or None for f in ("fw_ver", "hca_type", "board_id")]
+        out[name] = IbDeviceInfo(name, *values)
+    return out
+
+
 def ports_by_device(sysfs_root: Path, *, counters: bool = True, gids: bool = False) -> dict[str, dict[int, IbPort]]:
     """device -> port number -> IbPort, every RDMA device listed (one whose ports cannot be read maps to {})."""
     try:
