@@ -9,12 +9,14 @@ nor a Ray log but shows a known failure: one traceback line, an NCCL WARN line.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import ClassVar
 
 from dgxdoctor.diagnose.base import Diagnosis
+from dgxdoctor.judge.cause import explained_away
+from dgxdoctor.judge.frames import frame_findings
 from dgxdoctor.judge.scan import Scanner
-from dgxdoctor.judge.signatures import Catalog, Match, load_catalog
+from dgxdoctor.judge.signatures import Catalog, Match, Signature, load_catalog
 from dgxdoctor.result import Finding
 
 # INFO 07-25 06:50:45 config.py:718] Defaulting to use ray for distributed inference      (vllm-project/vllm#6775)
@@ -39,20 +41,34 @@ RAY_MARKER = re.compile(r"\((?:raylet|autoscaler|gcs_server)[^)]*\)|ray\.excepti
 NCCL_LINE = re.compile(r"^(?:\([^()\n]{1,200}\) ?){0,3}\S+:\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)\b|^NCCL version \d", re.M)
 
 
+# Lines kept per code for the rules that read them all (judge.cause); a huge log keeps the first ones.
+KEPT_LINES = 1000
+
+
 class Tally:
-    """The first match of each signature code and the lines per code, however many lines are read."""
+    """The first match of each signature code, the lines per code and the matched line numbers, however many
+    lines are read (lines and numbers kept up to ``KEPT_LINES`` per code)."""
 
     def __init__(self) -> None:
         self.first: dict[str, Match] = {}
         self.counts: dict[str, int] = {}
+        self.lines: dict[str, list[str]] = {}
+        self.numbers: set[int] = set()
 
     def add(self, matches: Iterable[Match]) -> None:
         for match in matches:
             self.counts[match.code] = self.counts.get(match.code, 0) + 1
             self.first.setdefault(match.code, match)
+            kept = self.lines.setdefault(match.code, [])
+            if len(kept) < KEPT_LINES:
+                kept.append(match.line)
+                self.numbers.add(match.number)
 
-    def findings(self) -> list[Finding]:
-        """One finding per signature code, the first line that showed it as evidence."""
+    def findings(self, lines: list[str], signatures: Mapping[str, Signature]) -> list[Finding]:
+        """One finding per signature code, the first line that showed it as evidence; then the tracebacks'
+        frames where no catalog line follows (judge.frames), read in ``lines`` (the text, or its head)."""
+        for code in explained_away(self.lines):
+            del self.first[code], self.counts[code], self.lines[code]
         out = []
         for code, match in sorted(self.first.items(), key=lambda kv: kv[1].number):
             sig = match.signature
@@ -67,7 +83,9 @@ class Tally:
                     remedy=sig.fix,
                 )
             )
-        return out
+        matched = {n - 1 for n in self.numbers}
+        frames = frame_findings(lines, matched, signatures)
+        return out + [f for f in frames if f.code not in self.first]
 
 
 def _findings(text: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int], int]:
@@ -75,7 +93,7 @@ def _findings(text: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int
     tally = Tally()
     tally.add(scanner.feed(text))
     tally.add(scanner.flush())
-    return tally.findings(), tally.counts, scanner.lines_read
+    return tally.findings(text.splitlines(), catalog.by_code()), tally.counts, scanner.lines_read
 
 
 class _LogAnalyzer:
@@ -122,4 +140,5 @@ class TextAnalyzer(_LogAnalyzer):
     kind: ClassVar[str] = "text"
 
     def detect(self, text: str) -> bool:
-        return bool(self.catalog.scan(text))
+        lines = text.splitlines()
+        return bool(self.catalog.scan(text)) or bool(frame_findings(lines, (), self.catalog.by_code()))

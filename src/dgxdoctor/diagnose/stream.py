@@ -103,7 +103,7 @@ def diagnose_stream(
             raise ValueError(f"unknown kind {kind!r}")
         if chosen in found:
             return (chosen.analyze(text),)
-    listed = tally.findings()
+    listed = tally.findings(text.splitlines(), scanner.catalog.by_code())
     data = {
         "lines": scanner.lines_read,
         "matches": tally.counts,
