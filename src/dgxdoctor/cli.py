@@ -20,8 +20,6 @@ if TYPE_CHECKING:
     from dgxdoctor.config import Config
     from dgxdoctor.environment import Environment
 
-MAX_DIAGNOSE_BYTES = 64 * 1024 * 1024
-
 
 class _AnalyzerKind(click.Choice):  # type: ignore[type-arg]
     """``--kind``: the analyzers' kinds, imported only when ``diagnose`` parses it or prints its help.
@@ -249,7 +247,6 @@ def run(config_path: Path | None, listen: str | None) -> None:
 def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_path: Path | None) -> None:
     """Say what is wrong in pasted tool output (a file each, - for stdin)."""
     from dgxdoctor.diagnose.registry import CompressedInput
-    from dgxdoctor.diagnose.registry import diagnose_bytes as read_paste
     from dgxdoctor.report import diagnose_dict, diagnose_text
     from dgxdoctor.result import Status, exit_code
 
@@ -261,9 +258,10 @@ def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_pat
     inputs = []
     worst = Status.OK
     for name in files:
-        raw = _diagnose_input(name)
         try:
-            readings = read_paste(raw, kind, settings)
+            readings = _diagnose_one(name, kind, settings)
+        except OSError as exc:
+            raise click.UsageError(f"cannot read {name}: {exc.strerror or exc}") from None
         except CompressedInput as exc:
             shown = "FILE" if name == "-" else name
             raise click.UsageError(
@@ -276,21 +274,41 @@ def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_pat
     sys.exit(exit_code(worst))
 
 
-def _diagnose_input(name: str) -> bytes:
-    """The bytes of one input (``-``: stdin), a usage error naming what is wrong."""
+def _diagnose_one(name: str, kind: str | None, settings: Any) -> Sequence[Any]:
+    """One input read as a stream (``diagnose.stream``): a notice on stderr for cut lines, progress on a terminal."""
+    from dgxdoctor.diagnose.stream import StreamStats, diagnose_stream
     from dgxdoctor.sources.statefile import open_regular_file
 
-    try:
-        if name == "-":
-            raw = sys.stdin.buffer.read(MAX_DIAGNOSE_BYTES + 1)
-        else:
-            with open_regular_file(name) as fh:  # a FIFO given by name would block open() forever
-                raw = fh.read(MAX_DIAGNOSE_BYTES + 1)
-    except OSError as exc:
-        raise click.UsageError(f"cannot read {name}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_DIAGNOSE_BYTES:
-        raise click.UsageError(f"{name}: larger than {MAX_DIAGNOSE_BYTES // 2**20} MiB")
-    return raw
+    stats = StreamStats(progress=_progress(name) if sys.stderr.isatty() else None)
+    if name == "-":
+        found = diagnose_stream(sys.stdin.buffer, kind, settings, stats)
+    else:
+        with open_regular_file(name) as fh:  # a FIFO given by name would block open() forever
+            found = diagnose_stream(fh, kind, settings, stats)
+    if stats.bytes_read > PROGRESS_BYTES and stats.progress is not None:
+        click.echo("", err=True)
+    if stats.lines_cut:
+        click.echo(
+            f"note: {'<stdin>' if name == '-' else name}: {stats.lines_cut} line(s) longer than 64 KiB were cut "
+            "to their first 64 KiB",
+            err=True,
+        )
+    return found
+
+
+PROGRESS_BYTES = 100 * 10**6
+
+
+def _progress(name: str) -> Callable[[int], None]:
+    """A progress line on the terminal for an input over ``PROGRESS_BYTES`` (a day of journalctl)."""
+    shown = [0]
+
+    def show(done: int) -> None:
+        if done > PROGRESS_BYTES and done - shown[0] >= 64 * 2**20:
+            shown[0] = done
+            click.echo(f"\r{'<stdin>' if name == '-' else name}: {done / 1e6:,.0f} MB read", err=True, nl=False)
+
+    return show
 
 
 @cli.command()
