@@ -20,8 +20,6 @@ if TYPE_CHECKING:
     from dgxdoctor.config import Config
     from dgxdoctor.environment import Environment
 
-MAX_DIAGNOSE_BYTES = 64 * 1024 * 1024
-
 
 class _AnalyzerKind(click.Choice):  # type: ignore[type-arg]
     """``--kind``: the analyzers' kinds, imported only when ``diagnose`` parses it or prints its help.
@@ -135,7 +133,25 @@ config_option = click.option(
 @click.option("--only", help="comma-separated checks to run (even if disabled)")
 @click.option("--skip", help="comma-separated checks not to run")
 @click.option("-v", "--verbose", is_flag=True, help="show every finding, ok ones too")
-def check(config_path: Path | None, as_json: bool, only: str | None, skip: str | None, verbose: bool) -> None:
+@click.option("--cluster", is_flag=True, help="also every [daemon] peer, now, over the API; side by side, compared")
+@click.option("--cached", is_flag=True, help="with --cluster: the peers' latest daemon results instead of a run now")
+@click.option(
+    "--deadline",
+    "deadline_s",
+    type=click.FloatRange(1, 600),
+    default=None,
+    help="with --cluster: seconds for the whole run (default: the slowest check's timeout + 5, at most 120)",
+)
+def check(
+    config_path: Path | None,
+    as_json: bool,
+    only: str | None,
+    skip: str | None,
+    verbose: bool,
+    cluster: bool,
+    cached: bool,
+    deadline_s: float | None,
+) -> None:
     """Run every enabled check once, in parallel. Exit 0 ok, 1 warning, 2 critical, 3 unknown."""
     import asyncio
 
@@ -146,12 +162,37 @@ def check(config_path: Path | None, as_json: bool, only: str | None, skip: str |
     config = _load(config_path)
     env = config.environment()
     checks = build_checks(config, env, _names(only, "--only"), _names(skip, "--skip"))
+    if cluster:
+        sys.exit(_check_cluster(config, checks, as_json, verbose, cached, deadline_s))
+    if cached or deadline_s is not None:
+        raise click.UsageError("--cached and --deadline go with --cluster")
     results = asyncio.run(CheckRunner(env).run_once(checks))
     if as_json:
         click.echo(json.dumps(report_dict(env.node, results, env.role), indent=2))
     else:
         click.echo(report_table(env.node, results, verbose, env.role))
     sys.exit(exit_code(overall_status(results)))
+
+
+def _check_cluster(
+    config: Config, checks: list[Check], as_json: bool, verbose: bool, cached: bool, deadline_s: float | None
+) -> int:
+    from dgxdoctor.cluster_cli import default_deadline, run_cluster_check
+    from dgxdoctor.config import EX_CONFIG
+    from dgxdoctor.fleet.cluster import cluster_document
+    from dgxdoctor.fleet.cluster_table import cluster_table
+    from dgxdoctor.result import exit_code
+
+    if not config.daemon.peers:
+        raise click.UsageError("--cluster needs the other nodes in [daemon] peers")
+    try:
+        token = config.daemon.resolve_token()
+    except (OSError, ValueError) as exc:
+        click.echo(f"invalid configuration: daemon.token_file: {exc}", err=True)
+        return EX_CONFIG
+    view = run_cluster_check(config, checks, token, deadline_s or default_deadline(checks), cached)
+    click.echo(json.dumps(cluster_document(view), indent=2) if as_json else cluster_table(view, verbose))
+    return exit_code(view.status)
 
 
 @cli.command()
@@ -206,7 +247,6 @@ def run(config_path: Path | None, listen: str | None) -> None:
 def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_path: Path | None) -> None:
     """Say what is wrong in pasted tool output (a file each, - for stdin)."""
     from dgxdoctor.diagnose.registry import CompressedInput
-    from dgxdoctor.diagnose.registry import diagnose_bytes as read_paste
     from dgxdoctor.report import diagnose_dict, diagnose_text
     from dgxdoctor.result import Status, exit_code
 
@@ -219,17 +259,9 @@ def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_pat
     worst = Status.OK
     for name in files:
         try:
-            if name == "-":
-                raw = sys.stdin.buffer.read(MAX_DIAGNOSE_BYTES + 1)
-            else:
-                with open(name, "rb") as fh:
-                    raw = fh.read(MAX_DIAGNOSE_BYTES + 1)
+            readings = _diagnose_one(name, kind, settings)
         except OSError as exc:
             raise click.UsageError(f"cannot read {name}: {exc.strerror or exc}") from None
-        if len(raw) > MAX_DIAGNOSE_BYTES:
-            raise click.UsageError(f"{name}: larger than {MAX_DIAGNOSE_BYTES // 2**20} MiB")
-        try:
-            readings = read_paste(raw, kind, settings)
         except CompressedInput as exc:
             shown = "FILE" if name == "-" else name
             raise click.UsageError(
@@ -240,6 +272,91 @@ def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_pat
             inputs.append((name, diagnosis))
     click.echo(json.dumps(diagnose_dict(inputs, worst), indent=2) if as_json else diagnose_text(inputs))
     sys.exit(exit_code(worst))
+
+
+def _diagnose_one(name: str, kind: str | None, settings: Any) -> Sequence[Any]:
+    """One input read as a stream (``diagnose.stream``): a notice on stderr for cut lines, progress on a terminal."""
+    from dgxdoctor.diagnose.stream import StreamStats, diagnose_stream
+    from dgxdoctor.sources.statefile import open_regular_file
+
+    stats = StreamStats(progress=_progress(name) if sys.stderr.isatty() else None)
+    if name == "-":
+        found = diagnose_stream(sys.stdin.buffer, kind, settings, stats)
+    else:
+        with open_regular_file(name) as fh:  # a FIFO given by name would block open() forever
+            found = diagnose_stream(fh, kind, settings, stats)
+    if stats.bytes_read > PROGRESS_BYTES and stats.progress is not None:
+        click.echo("", err=True)
+    if stats.lines_cut:
+        click.echo(
+            f"note: {'<stdin>' if name == '-' else name}: {stats.lines_cut} line(s) longer than 64 KiB were cut "
+            "to their first 64 KiB",
+            err=True,
+        )
+    return found
+
+
+PROGRESS_BYTES = 100 * 10**6
+
+
+def _progress(name: str) -> Callable[[int], None]:
+    """A progress line on the terminal for an input over ``PROGRESS_BYTES`` (a day of journalctl)."""
+    shown = [0]
+
+    def show(done: int) -> None:
+        if done > PROGRESS_BYTES and done - shown[0] >= 64 * 2**20:
+            shown[0] = done
+            click.echo(f"\r{'<stdin>' if name == '-' else name}: {done / 1e6:,.0f} MB read", err=True, nl=False)
+
+    return show
+
+
+@cli.command()
+@config_option
+@click.option(
+    "--since",
+    "since",
+    metavar="DURATION",
+    default=None,
+    help="window of logs: 900, 15m, 2h, 1d (default [bundle] since_s)",
+)
+@click.option("--cluster", is_flag=True, help="every [daemon] peer's part too, over the API, into one archive")
+@click.option("-o", "--output", "output", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="the archive (default ./dgxdoctor-bundle-NODE-TIME.tar.gz)")  # fmt: skip
+@click.option("--size-cap", type=click.IntRange(2**16), default=None, help="bytes per node (default [bundle])")
+@click.option("--deadline", "deadline_s", type=click.FloatRange(1, 3600), default=None,
+              help="seconds for the whole collection (default [bundle] deadline_s)")  # fmt: skip
+def bundle(
+    config_path: Path | None,
+    since: str | None,
+    cluster: bool,
+    output: Path | None,
+    size_cap: int | None,
+    deadline_s: float | None,
+) -> None:
+    """One .tar.gz for a support ticket: results, kernel and service logs, nvidia-smi, IB, Ray, NCCL env, audit."""
+    from dgxdoctor.bundle_cli import parse_duration, run_bundle, with_limits
+
+    config = with_limits(_load(config_path), size_cap, deadline_s)
+    try:
+        since_s = parse_duration(since) if since is not None else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from None
+    if cluster and not config.daemon.peers:
+        raise click.UsageError("--cluster needs the other nodes in [daemon] peers")
+    try:
+        path, top = run_bundle(config, since_s, cluster, output)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write the bundle: {exc}") from None
+    click.echo(str(path))
+    for node in top["nodes"]:
+        offset = "" if node["clock_offset_s"] is None else f", clock {node['clock_offset_s']:+.3f} s"
+        click.echo(f"  {node['node']}: {node['bytes'] or 0} bytes, {node['failures']} failed item(s){offset}"
+                   + (f"; {node['error']}" if node["error"] else ""))  # fmt: skip
+    for node, hit in top["limits_hit"].items():
+        if hit:
+            click.echo(f"  {node}: limits reached: {', '.join(sorted(hit))}", err=True)
+    sys.exit(0 if not any(n["error"] for n in top["nodes"]) else 1)
 
 
 @cli.command("config-example")

@@ -20,7 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.environment import Environment, Role
+from dgxdoctor.sources.fields import HttpUrl
 from dgxdoctor.sources.http import http_url
+from dgxdoctor.sources.statefile import read_private_file, state_dir_problem
 
 DEFAULT_CONFIG_PATH = Path("/etc/dgxdoctor/config.toml")
 EX_CONFIG = 78  # sysexits.h EX_CONFIG
@@ -56,7 +58,9 @@ class PathsSettings(_Frozen):
         Path("/"), description="the host's /: absolute paths named inside files (nccl.sh's `. /etc/nccl.env`)"
     )
     state_dir: Path = Field(
-        Path("/var/lib/dgxdoctor"), description="small state files (counter baselines, log offsets)"
+        Path("/var/lib/dgxdoctor"),
+        description="small state files (counter baselines, log offsets); must be root's (or dgxdoctor's user's) and "
+        "not writable by its group or others",
     )
 
 
@@ -77,6 +81,10 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+# Peers one agent compares with and asks during a cluster restart: the product is two nodes, a large deployment a few
+# dozen; thousands would make every /state and comparison a fan-out the daemon was never sized for.
+MAX_PEERS = 64
+
 # user:password@ in a URL (http://admin:pw@dgx-b:9835): a password in a URL is not repeated in an error.
 _USERINFO = re.compile(r"://[^/@\s'\"]*@")
 
@@ -90,8 +98,16 @@ class DaemonSettings(_Frozen):
         min_length=16,
         description="shared secret peers send as 'Authorization: Bearer ...'; without it /state is loopback-only",
     )
-    token_file: Path | None = Field(None, description="file holding the token (instead of token); keep it 0600")
-    peers: tuple[str, ...] = Field((), description='dgxdoctor on the other nodes, e.g. ["http://dgx-b:9835"]')
+    token_file: Path | None = Field(
+        None,
+        description="file holding the token (instead of token): a regular file, not a link, root's (or dgxdoctor's "
+        "user's), mode 0600; anything else is a config error",
+    )
+    peers: tuple[str, ...] = Field(
+        (),
+        max_length=MAX_PEERS,
+        description=f'dgxdoctor on the other nodes, e.g. ["http://dgx-b:9835"]; at most {MAX_PEERS}',
+    )
     peer_timeout_s: float = Field(3.0, gt=0, le=60, description="seconds to wait for one peer's /state")
     textfile_path: Path | None = Field(
         None,
@@ -106,6 +122,9 @@ class DaemonSettings(_Frozen):
         "closed. Never more than the open-file limit leaves free for the checks",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
+    check_run_min_interval_s: float = Field(
+        2.0, ge=0, le=3600, description="POST /check/run (a peer's `check --cluster`): at most one run per this long"
+    )
 
     @field_validator("listen")
     @classmethod
@@ -131,7 +150,7 @@ class DaemonSettings(_Frozen):
         """The token itself, reading ``token_file`` if that is how it is given (OSError/ValueError if bad)."""
         if self.token_file is None:
             return self.token
-        text = self.token_file.read_text(encoding="utf-8").strip()
+        text = read_private_file(self.token_file).strip()
         if len(text) < 16:
             raise ValueError(f"{self.token_file}: token shorter than 16 characters")
         return text
@@ -215,18 +234,33 @@ class RemediationSettings(_Frozen):
         return self
 
 
+class BundleSettings(_Frozen):
+    """``dgxdoctor bundle`` and the capture before a restart: limits of one evidence archive."""
+
+    size_cap_bytes: int = Field(
+        64 * 2**20, ge=2**16, description="bytes of all files of one node's part; past it files are cut, and it says so"
+    )
+    deadline_s: float = Field(120.0, gt=0, le=3600, description="`dgxdoctor bundle`: the whole collection's deadline")
+    command_timeout_s: float = Field(20.0, gt=0, description="each command of a bundle (nvidia-smi -q, ray status)")
+    bug_report_timeout_s: float = Field(
+        60.0, gt=0, description="nvidia-bug-report.sh --safe-mode, when installed (bundle only, never the capture)"
+    )
+    since_s: float = Field(3600.0, gt=0, description="the default window of kernel and service logs (--since)")
+    capture_before_restart: bool = Field(True, description="act mode: capture a bundle before every restart")
+    capture_deadline_s: float = Field(
+        5.0, gt=0, le=60, description="the capture before a restart never delays it longer than this"
+    )
+    capture_since_s: float = Field(900.0, gt=0, description="the window of logs in a capture before a restart")
+    keep: int = Field(10, ge=1, le=1000, description="captures kept in <state_dir>/bundles (the oldest go first)")
+
+
 class AlertsSettings(_Frozen):
     """Alerts out: where the daemon posts a page when remediation's ladder ends at "page"."""
 
-    alertmanager_url: str | None = Field(
+    alertmanager_url: HttpUrl | None = Field(
         None, description="Alertmanager base URL (its v2 API), e.g. http://alertmanager:9093; unset: log pages only"
     )
     timeout_s: float = Field(5.0, gt=0, le=60, description="timeout of one post to Alertmanager")
-
-    @field_validator("alertmanager_url")
-    @classmethod
-    def _check_url(cls, value: str | None) -> str | None:
-        return None if value is None else http_url(value)
 
 
 @cache
@@ -251,6 +285,7 @@ def config_model() -> type[BaseModel]:
         daemon=(DaemonSettings, Field(DaemonSettings())),
         remediation=(RemediationSettings, Field(RemediationSettings())),
         alerts=(AlertsSettings, Field(AlertsSettings())),
+        bundle=(BundleSettings, Field(BundleSettings())),
         checks=(checks, Field(default_factory=checks)),
     )
     return model
@@ -304,6 +339,11 @@ class Config:
         alerts: AlertsSettings = self.model.alerts  # type: ignore[attr-defined]
         return alerts
 
+    @property
+    def bundle(self) -> BundleSettings:
+        bundle: BundleSettings = self.model.bundle  # type: ignore[attr-defined]
+        return bundle
+
     def check_settings(self, name: str) -> CheckSettings:
         settings: CheckSettings = getattr(self.model.checks, name)  # type: ignore[attr-defined]
         return settings
@@ -338,11 +378,24 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
         problems = [(_key_path(err["loc"]), _reason(err)) for err in exc.errors(include_url=False)]
         raise ConfigError(source, problems) from None
     config = Config(model, source)
+    acting = _acting_problem(config)
+    if acting is not None:
+        raise ConfigError(source, [acting])
     ray_role = getattr(config.check_settings("ray"), "role", "auto")
     if config.role is not None and ray_role not in ("auto", config.role):
         problem = f"{ray_role!r} contradicts node.role {config.role!r} (leave it 'auto' to follow the node's role)"
         raise ConfigError(source, [("checks.ray.role", problem)])
     return config
+
+
+def _acting_problem(config: Config) -> tuple[str, str] | None:
+    """Act mode runs root commands on what ``POST /alertmanager`` and ``/remediation/step`` deliver: without a token
+    any local user could deliver it, so a token is required (``token`` or ``token_file``)."""
+    d = config.daemon
+    if config.remediation.mode == "act" and d.token is None and d.token_file is None:
+        return ("remediation.mode", 'mode = "act" needs daemon.token or daemon.token_file (the webhook and the '
+                "head's step requests must be authenticated)")  # fmt: skip
+    return None
 
 
 def _one_role(data: dict[str, Any], source: str) -> dict[str, Any]:
@@ -405,7 +458,16 @@ def _reason(err: Any) -> str:
 
 
 def load_config(path: Path | None) -> Config:
-    """Load ``path``; ``None`` means the default path if it exists, else the documented defaults."""
+    """Load ``path``; ``None`` means the default path if it exists, else the documented defaults. A state_dir that
+    another user owns or may write to is a config error (``statefile.state_dir_problem``)."""
+    config = _read_config(path)
+    problem = state_dir_problem(config.paths.state_dir)
+    if problem is not None:
+        raise ConfigError(str(path or DEFAULT_CONFIG_PATH), [("paths.state_dir", problem)])
+    return config
+
+
+def _read_config(path: Path | None) -> Config:
     explicit = path is not None
     path = path or DEFAULT_CONFIG_PATH
     if not path.exists():

@@ -7,7 +7,7 @@ import math
 import textwrap
 from pathlib import Path
 from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -54,6 +54,8 @@ def type_text(annotation: Any) -> str:
     origin, args = get_origin(annotation), get_args(annotation)
     if annotation is type(None):
         return "None"
+    if origin is Annotated:  # a validated field type (sources.fields): its base type is what TOML holds
+        return type_text(args[0])
     if origin is Literal:
         return " | ".join(json.dumps(a) if isinstance(a, str) else str(a) for a in args)
     if origin in (Union, UnionType):

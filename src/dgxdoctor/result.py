@@ -60,7 +60,7 @@ def exit_code(status: Status) -> int:
     return 0 if status in (Status.OK, Status.SKIPPED) else status.code
 
 
-MetricType = Literal["gauge", "counter", "info"]
+MetricType = Literal["gauge", "counter", "info", "histogram"]
 
 
 @dataclass(frozen=True)

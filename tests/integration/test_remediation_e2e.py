@@ -449,9 +449,11 @@ def test_observe_mode_never_runs(cluster: Cluster) -> None:
 def test_act_restarts_the_killed_vllm_and_verifies(cluster: Cluster) -> None:
     """Act mode: the vLLM killed above is restarted once (the check and the alert both ask) and verified."""
     t0 = time.time()
+    incidents = cluster.head.sample("dgxdoctor_incident_recovery_seconds_count")
     cluster.configure(mode="act")
     action = _action_after(cluster.head, 0, VLLM_START_S, cluster)
     assert (action["action"], action["outcome"]) == ("restart_vllm", "success"), action
+    _assert_evidence(cluster.head, action, ["dgx-a"])
     verification = action["verification"]
     assert verification["ok"] and "completion with tokens" in verification["detail"]
     assert action["steps"][0]["argv"][-1] == "vllm-restart" and action["steps"][0]["returncode"] == 0
@@ -463,7 +465,31 @@ def test_act_restarts_the_killed_vllm_and_verifies(cluster: Cluster) -> None:
     head = cluster.head
     assert head.sample("dgxdoctor_remediation_actions_total", action="restart_vllm", outcome="success") == 1.0
     assert head.sample("dgxdoctor_remediation_mode", mode="act") == 1.0
+    # The incident (vLLM killed in the test above) closed at the first good completion after the restart: the
+    # histogram moved once, and only once.
+    assert incidents is not None
+    wait_for("the incident's recovery", lambda: head.sample("dgxdoctor_incident_recovery_seconds_count") ==
+             incidents + 1, 60, cluster)  # fmt: skip
+    time.sleep(3)
+    assert head.sample("dgxdoctor_incident_recovery_seconds_count") == incidents + 1
+    assert head.sample("dgxdoctor_incident_open") == 0.0
     print(f"reload to verified service: {action['ts'] - t0:.1f} s")
+
+
+def _assert_evidence(node: Node, action: dict[str, Any], parts: list[str]) -> None:
+    """The bundle captured before the restart: named in the audit line, in the state dir, with each node's part."""
+    import tarfile
+
+    bundle = Path(action["bundle"])
+    assert bundle.parent == node.state / "bundles" and bundle.exists(), action
+    assert action["capture"].startswith("complete") and action["capture_s"] <= 6.0, action
+    with tarfile.open(bundle) as tar:
+        names = tar.getnames()
+        top = json.loads(tar.extractfile(next(n for n in names if n.count("/") == 1)).read())  # type: ignore[union-attr]
+    assert [n["node"] for n in top["nodes"]] == parts, top
+    for part in parts:
+        assert any(n.endswith(f"/{part}/results.json") for n in names), names
+        assert any(n.endswith(f"/{part}/manifest.json") for n in names), names
 
 
 def test_sigstopped_vllm_is_detected_as_hung_and_restarted(cluster: Cluster) -> None:
@@ -512,6 +538,7 @@ def test_killed_worker_raylet_restarts_the_cluster_in_order_once(cluster: Cluste
     os.killpg(int((worker.dir / "ray.pid").read_text()), signal.SIGKILL)
     action = _action_after(head, done, VLLM_START_S + 120, cluster)
     assert (action["action"], action["outcome"]) == ("restart_cluster", "success"), action
+    _assert_evidence(head, action, ["dgx-a", "dgx-b"])  # the worker's part came over the API before the restart
     steps = [s["step"] for s in action["steps"]]
     assert steps == [
         "stop:stop_vllm",

@@ -61,7 +61,7 @@ def test_logs_check_runs_on_a_corrupt_state_file(tmp_path_factory: pytest.TempPa
     log.write_text("INFO loading\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
     clock = Clock()
     settings = LogsSettings(vllm_paths=[str(log)], ray_paths=[], from_start=True)
-    LogsCheck(settings, Environment(state_dir=root / "state", clock=clock)).run()
+    LogsCheck(settings, Environment(state_dir=root / "state", clock=clock, one_shot=False)).run()  # the daemon saves
     (state_file,) = (root / "state").iterdir()
     state = json.loads(state_file.read_text())
     raw = data.draw(st.one_of(json_mutants([state]).map(lambda d: json.dumps(d).encode()), CORRUPT_BYTES))
@@ -69,5 +69,5 @@ def test_logs_check_runs_on_a_corrupt_state_file(tmp_path_factory: pytest.TempPa
     clock.t += 5
     with log.open("a") as fh:
         fh.write("INFO more\n")
-    result = LogsCheck(settings, Environment(state_dir=root / "state", clock=clock)).run()
+    result = LogsCheck(settings, Environment(state_dir=root / "state", clock=clock, one_shot=False)).run()
     assert result.status is not Status.UNKNOWN, result.findings

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import structlog
+
 from dgxdoctor.config import parse_config
 from dgxdoctor.daemon.sdnotify import Notifier
 from dgxdoctor.daemon.service import Daemon
@@ -34,9 +36,16 @@ async def test_watchdog_withheld_when_the_scheduler_stalls(tmp_path: Path) -> No
         assert daemon.health()["healthy"] is True
 
         now[0] += 3600  # the heartbeat job stops firing: an hour passes without it
-        await asyncio.sleep(0.05)
-        notifier.sent.clear()
-        await asyncio.sleep(0.1)
+        with structlog.testing.capture_logs() as logs:
+
+            async def withheld(times: int) -> None:
+                while sum(e["event"] == "watchdog_withheld" for e in logs) < times:
+                    await asyncio.sleep(0.01)
+
+            # A tick that saw the stale heartbeat logged it; from the next one on nothing may be sent.
+            await asyncio.wait_for(withheld(1), 10)
+            notifier.sent.clear()
+            await asyncio.wait_for(withheld(4), 10)
         assert notifier.sent == []
         assert daemon.health()["healthy"] is False
         task.cancel()

@@ -1,21 +1,32 @@
 """The exposition: names, the node label, merged families, and a golden file guarding all of it.
 
-Rewrite the golden file after an intended change:
+The golden file is what the real checks export over the fixture trees (the recorded H200 NVML capture, a DGX
+InfiniBand sysfs tree with a degraded port, a kernel log with XID 79 and 154), as node_exporter's
+``collector/fixtures/e2e-output.txt`` is: a renamed metric, label or finding code is a golden diff. Only the
+times are pinned. Rewrite it after an intended change:
 ``DGXDOCTOR_REWRITE_GOLDEN=1 pytest tests/unit/test_exporter_collector.py``.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from conftest import FIXTURES
+from dgxdoctor.checks.gpu import GpuCheck, GpuSettings
+from dgxdoctor.checks.infiniband import InfinibandCheck, InfinibandSettings
+from dgxdoctor.checks.xid import XidCheck, XidSettings
+from dgxdoctor.environment import Environment
 from dgxdoctor.exporters.collector import exposition, make_registry
 from dgxdoctor.exporters.textfile import write_textfile
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample, Status
+from fake_nvml import FakeNvml, load_capture
 from fakechecks import FAKE_INFO, GPU_UTIL, IB_ERRORS, XID_TOTAL, gpu_result
+from sysfstree import build_sysfs_tree
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden" / "daemon_metrics.prom"
 
@@ -27,7 +38,7 @@ def populated_store() -> ResultStore:
     store.put(CheckResult(**{**gpu.__dict__, "started_at": 1_700_000_000.0, "duration_s": 0.012}))
     ib = ResultBuilder("infiniband")
     ib.sample(IB_ERRORS, 0.5, device="mlx5_0", port="1", counter="symbol_error")
-    ib.add(Finding("IB_SYMBOL_ERRORS", Status.WARNING, "0.5/s symbol errors", "mlx5_0/1"))
+    ib.add(Finding("IB_SYMBOL_ERROR", Status.WARNING, "0.5/s symbol errors", "mlx5_0/1"))
     ib_result = ib.build("1 port degraded")
     store.put(CheckResult(**{**ib_result.__dict__, "started_at": 1_700_000_001.0, "duration_s": 0.003}))
     xid = CheckResult(
@@ -64,6 +75,39 @@ def populated_store() -> ResultStore:
     return store
 
 
+def real_store(tmp_path: Path) -> ResultStore:
+    """The gpu, infiniband and xid checks, run once over the fixture trees; their times pinned."""
+    now = 1_700_000_000.0
+    sysfs = build_sysfs_tree(tmp_path / "sys", "dgx_ndr_degraded.txt")
+    kmsg = tmp_path / "kern.log"
+    kmsg.write_text((FIXTURES / "kernel_log" / "dmesg_ctime_xid79_xid154_node_reboot.txt").read_text())
+    boot = tmp_path / "proc" / "sys" / "kernel" / "random" / "boot_id"
+    boot.parent.mkdir(parents=True)
+    boot.write_text("6c0a3b1e-0000-4000-8000-000000000001\n")
+    env = Environment(
+        node="dgx-a", sysfs_root=sysfs, proc_root=tmp_path / "proc", kmsg_path=kmsg, state_dir=tmp_path / "state",
+        nvml_factory=lambda: FakeNvml(load_capture("h200-2gpu-580.159.04.json")),
+        clock=lambda: now, monotonic=lambda: 10_000.0,
+    )  # fmt: skip
+    checks = [
+        GpuCheck(GpuSettings(expected_count=2, expected_model="H200", expected_nvlinks=18), env),
+        InfinibandCheck(InfinibandSettings(), env),
+        XidCheck(XidSettings(), env),
+    ]
+    store = ResultStore("dgx-a")
+    for i, check in enumerate(checks):
+        result = check.run()
+        store.put(replace(result, started_at=now + i, duration_s=0.001 * (i + 1)))
+    return store
+
+
+def test_the_golden_comes_from_real_checks_and_their_codes(tmp_path: Path) -> None:
+    store = real_store(tmp_path)
+    codes = {f.code for r in store.latest().values() for f in r.findings}
+    assert "IB_SYMBOL_ERRORS" not in codes  # the old hand-made store's code, which no check emits
+    assert {"XID_79"} <= codes and store.latest()["infiniband"].status is not Status.OK
+
+
 def scrape(store: ResultStore, timeouts: dict[str, int] | None = None) -> str:
     return exposition(make_registry(store, lambda: timeouts or {"zz_timeout": 1})).decode()
 
@@ -77,8 +121,8 @@ def test_probe_timeouts_start_at_zero_and_count() -> None:
     assert 'dgxdoctor_check_runs_total{check="zz_never_ran",node="dgx-a"} 0.0' in text
 
 
-def test_golden_exposition() -> None:
-    text = scrape(populated_store())
+def test_golden_exposition(tmp_path: Path) -> None:
+    text = scrape(real_store(tmp_path), {})
     if os.environ.get("DGXDOCTOR_REWRITE_GOLDEN"):
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text(), "exposition changed; rewrite with DGXDOCTOR_REWRITE_GOLDEN=1 if intended"

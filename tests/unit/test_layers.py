@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "dgxdoctor"
 LAYERS = {
     "dgxdoctor": 0,  # the package itself: __version__
     "result": 0,
+    "codes": 0,  # the finding codes other layers key on (one name per contract)
     "report": 1,
     "sources": 1,  # read the world: thin readers and pure parse_*(); no verdicts
     "probes": 1,  # run in the serving Python: stdlib only at import
@@ -25,6 +26,7 @@ LAYERS = {
     "diagnose": 4,
     "config": 5,  # assembles the [checks.*] tables from the registry
     "config_doc": 6,
+    "bundle": 6,  # `dgxdoctor bundle` and the capture before a restart: collect, redact, archive
     "exporters": 7,
     "alerts": 7,
     "remediation": 7,
@@ -33,6 +35,8 @@ LAYERS = {
     "plan_report": 8,  # renders a layout plan for the cli
     "bench_cli": 8,  # `dgxdoctor bench`: the sweep, the knee, the files, the baseline
     "daemon": 8,
+    "cluster_cli": 8,  # `check --cluster`: this node and every peer under one deadline
+    "bundle_cli": 8,  # `dgxdoctor bundle`: sources of the command line, limits from its options
     "cli": 9,
     "__main__": 10,
 }

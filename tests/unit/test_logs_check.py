@@ -1,7 +1,10 @@
-"""The logs check finds every catalog signature in real log excerpts appended to followed files."""
+"""The logs check finds every catalog signature in real log excerpts appended to followed files (the daemon,
+`one_shot=False`), and the one-shot `check` reads the recent past of each file and says what it did not read."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -32,7 +35,7 @@ def make(tmp_path: Path, clock: Clock, **settings: object) -> tuple[LogsCheck, P
         "vllm_paths": [str(vllm_log)],
         "ray_paths": [str(ray_dir / "*.err"), str(ray_dir / "*.out")],
     }
-    env = Environment(state_dir=tmp_path / "state", clock=clock)
+    env = Environment(state_dir=tmp_path / "state", clock=clock, one_shot=False)
     check = LogsCheck(LogsSettings(**{**defaults, **settings}), env)
     return check, vllm_log, ray_dir
 
@@ -90,12 +93,15 @@ def test_restart_does_not_report_history_again(tmp_path: Path) -> None:
     check.run()
     append(vllm_log, (LOGS / "cuda_oom.log").read_text())
     assert check.run().status is Status.CRITICAL
-    again = LogsCheck(check.settings, Environment(state_dir=tmp_path / "state", clock=clock))
+    again = LogsCheck(check.settings, Environment(state_dir=tmp_path / "state", clock=clock, one_shot=False))
     result = again.run()  # offsets came back from the state file: the lines are not read twice ...
     assert [f.code for f in result.findings] == ["CUDA_OOM"]  # ... and the match is still inside its window
     assert "(3 lines)" in result.findings[0].message
     clock.now += 1000
-    assert LogsCheck(check.settings, Environment(state_dir=tmp_path / "state", clock=clock)).run().findings == ()
+    assert (
+        LogsCheck(check.settings, Environment(state_dir=tmp_path / "state", clock=clock, one_shot=False)).run().findings
+        == ()
+    )
 
 
 def test_nothing_configured_or_present_is_skipped(tmp_path: Path) -> None:
@@ -119,7 +125,7 @@ def test_unwritable_state_dir_still_reports(tmp_path: Path) -> None:
 
 def test_logs_appearing_after_a_skipped_run_are_read_whole(tmp_path: Path) -> None:
     ray_dir = tmp_path / "ray"
-    env = Environment(state_dir=tmp_path / "state", clock=Clock())
+    env = Environment(state_dir=tmp_path / "state", clock=Clock(), one_shot=False)
     check = LogsCheck(LogsSettings(vllm_paths=[], ray_paths=[str(ray_dir / "*.out")]), env)
     assert check.run().status is Status.SKIPPED  # Ray not started yet
     ray_dir.mkdir()
@@ -139,7 +145,9 @@ def test_corrupt_state_is_ignored(tmp_path: Path) -> None:
     )
     log = tmp_path / "vllm.log"
     log.write_text("RuntimeError: CUDA error: out of memory\n")  # history: first sight starts at the end
-    check = LogsCheck(LogsSettings(vllm_paths=[str(log)], ray_paths=[]), Environment(state_dir=state, clock=Clock()))
+    check = LogsCheck(
+        LogsSettings(vllm_paths=[str(log)], ray_paths=[]), Environment(state_dir=state, clock=Clock(), one_shot=False)
+    )
     assert check.run().findings == ()
 
 
@@ -153,3 +161,50 @@ def test_a_clean_vllm_stop_is_no_finding_and_an_oom_reads_its_phase(tmp_path: Pa
     append(vllm_log, 'INFO:     127.0.0.1:52996 - "POST /v1/completions HTTP/1.1" 200 OK\n')
     append(vllm_log, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.\n")
     assert [f.code for f in check.run().findings] == ["CUDA_OOM_SERVING"]
+
+
+def one_shot(tmp_path: Path, log: Path, **settings: object) -> LogsCheck:
+    env = Environment(state_dir=tmp_path / "state", clock=Clock())  # one_shot=True: `dgxdoctor check`
+    return LogsCheck(LogsSettings(vllm_paths=[str(log)], ray_paths=[], **settings), env)  # type: ignore[arg-type]
+
+
+def test_one_shot_check_reads_the_recent_past_of_a_log_full_of_errors(tmp_path: Path) -> None:
+    """The new operator's case: `dgxdoctor check` on a log holding an NCCL timeout and EngineDeadError."""
+    log = tmp_path / "vllm.log"
+    log.write_text((LOGS / "nccl_timeout.log").read_text() + "vllm.v1.engine.exceptions.EngineDeadError: x\n")
+    result = one_shot(tmp_path, log).run()
+    assert {"NCCL_TIMEOUT", "VLLM_ENGINE_DEAD"} <= {f.code for f in result.findings}
+    assert result.status is Status.CRITICAL
+    assert "read the last" in result.summary and "1 log file(s)" in result.summary
+    again = one_shot(tmp_path, log).run()  # read-only: the next one-shot run sees the same
+    assert {f.code for f in again.findings} == {f.code for f in result.findings}
+
+
+def test_one_shot_check_says_what_it_did_not_read(tmp_path: Path) -> None:
+    log = tmp_path / "vllm.log"
+    old = "RuntimeError: CUDA error: out of memory\n" + "INFO 05-16 18:43:01 [loader.py:447] ok\n" * 5000
+    log.write_text(old + "INFO 05-16 18:43:02 [loader.py:447] recent\n")
+    result = one_shot(tmp_path, log, check_window_bytes=4096).run()
+    assert result.findings == ()  # the OOM lies before the window
+    assert "before the last 0.0 MiB per file not read" in result.summary
+    os.utime(log, (time.time() - 3600, time.time() - 3600))
+    stale = one_shot(tmp_path, log).run()
+    assert "1 file(s) not written in the last 900 s not read" in stale.summary
+
+
+def test_one_shot_backlog_over_the_per_run_limit_is_not_ok(tmp_path: Path) -> None:
+    log = tmp_path / "vllm.log"
+    log.write_text("INFO 05-16 18:43:01 [loader.py:447] Loading weights took 2.60 seconds\n" * 2000)
+    result = one_shot(tmp_path, log, max_bytes_per_run=4096).run()
+    backlog = [f for f in result.findings if f.code == "LOG_BACKLOG"]
+    assert backlog and backlog[0].status is Status.WARNING and result.status is Status.WARNING
+    assert f"{log.stat().st_size - 4096} bytes" in backlog[0].message
+
+
+def test_daemon_backlog_is_a_warning_naming_the_unread_bytes(tmp_path: Path) -> None:
+    check, vllm_log, _ = make(tmp_path, Clock(), max_bytes_per_run=4096)
+    check.run()
+    append(vllm_log, "INFO 05-16 18:43:01 [loader.py:447] Loading weights took 2.60 seconds\n" * 2000)
+    result = check.run()
+    backlog = [f for f in result.findings if f.code == "LOG_BACKLOG"]
+    assert backlog and backlog[0].status is Status.WARNING and "bytes are not read yet" in backlog[0].message

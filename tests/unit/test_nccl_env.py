@@ -221,6 +221,51 @@ def test_socket_ifname(value: str, expected: list[tuple[str, Status, str]]) -> N
     assert pairs(evaluate({**TUTORIAL_VALUES, "NCCL_SOCKET_IFNAME": value})) == expected
 
 
+# ---- a host without /sys/class/net (a container or CI machine kind without sysfs net) ----
+
+
+def _no_sysfs_net(tmp_path: Path) -> Path:
+    root = tmp_path / "sys"
+    root.mkdir()
+    return root
+
+
+def test_without_sysfs_net_the_kernels_list_names_the_interfaces(tmp_path: Path) -> None:
+    interfaces = read_net_interfaces(_no_sysfs_net(tmp_path), lambda: ["bond0", "lo"])
+    assert interfaces is not None and sorted(interfaces) == ["bond0", "lo"]
+    findings = evaluate_nccl_env(TUTORIAL_VALUES, interfaces, ports_by_device(SYSFS, gids=True), HERE)
+    # bond0 exists (state unknown: not "down"); no false NCCL_IFNAME_MISSING
+    assert [f.code for f in findings if f.code.startswith("NCCL_IFNAME")] == []
+    loop = evaluate_nccl_env({**TUTORIAL_VALUES, "NCCL_SOCKET_IFNAME": "lo"}, interfaces, {}, HERE)
+    assert ("NCCL_IFNAME_LOOPBACK", Status.CRITICAL, "NCCL_SOCKET_IFNAME") in pairs(loop)
+
+
+def test_the_real_kernel_list_answers_here(tmp_path: Path) -> None:
+    """The default source is the kernel's if_nameindex(): every Linux host has at least lo."""
+    interfaces = read_net_interfaces(_no_sysfs_net(tmp_path))
+    assert interfaces is not None and "lo" in interfaces
+
+
+def test_when_no_source_answers_the_interfaces_are_unknown_not_missing(tmp_path: Path) -> None:
+    def refused() -> list[str]:
+        raise OSError("if_nameindex: permission denied")
+
+    interfaces = read_net_interfaces(_no_sysfs_net(tmp_path), refused)
+    assert interfaces is None
+    findings = evaluate_nccl_env(TUTORIAL_VALUES, interfaces, {}, HERE)
+    ifname = [(f.code, f.status) for f in findings if f.subject in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")]
+    assert ifname == [("NCCL_IFNAME_UNKNOWN", Status.UNKNOWN), ("NCCL_IFNAME_UNKNOWN", Status.UNKNOWN)]
+
+
+def test_the_check_takes_the_kernels_list_without_sysfs_net(tmp_path: Path) -> None:
+    env = Environment(node="n1", sysfs_root=_no_sysfs_net(tmp_path), proc_root=tmp_path / "proc", state_dir=tmp_path)
+    (tmp_path / "proc").mkdir()
+    check = NcclEnvCheck(
+        NcclEnvSettings(env_file=NCCL / "nccl.sh"), env, addresses=lambda: HERE, interface_names=lambda: ["bond0"]
+    )
+    assert "NCCL_IFNAME_MISSING" not in {f.code for f in check.run().findings}
+
+
 def test_gloo_ifname_checked_too() -> None:
     findings = evaluate({**TUTORIAL_VALUES, "GLOO_SOCKET_IFNAME": "lo"})
     assert pairs(findings) == [("NCCL_IFNAME_LOOPBACK", Status.CRITICAL, "GLOO_SOCKET_IFNAME")]

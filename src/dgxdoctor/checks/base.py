@@ -64,6 +64,13 @@ class Check(Protocol):
 S = TypeVar("S", bound=CheckSettings)
 
 
+def capped(settings: S, limit_s: float) -> S:
+    """The settings with ``timeout_s`` no longer than ``limit_s`` (a run under a deadline of its own)."""
+    if settings.timeout_s <= limit_s:
+        return settings
+    return settings.model_copy(update={"timeout_s": limit_s})
+
+
 def own_settings(check: str, settings: CheckSettings, model: type[S]) -> S:
     """The one way a check takes its settings: ``settings`` as the check's own model, TypeError otherwise."""
     if not isinstance(settings, model):

@@ -3,14 +3,22 @@
 By hand: ``grep -E 'NCCL WARN|Watchdog caught|connectFullMesh|CUDA out of memory|placement group'
 /tmp/ray/session_latest/logs/*.err /var/log/vllm.log``.
 
-Offsets live in ``<state_dir>/logs_offsets.json`` (see ``sources.logtail`` for rotation and truncation). A match
-stays in the result for ``hold_s`` after it was last seen, then the check returns to OK by itself; matches inside
-that window are kept in the same file, so a restart or a one-shot ``dgxdoctor check`` still reports them.
+The daemon follows each file: offsets live in ``<state_dir>/logs_offsets.json`` (see ``sources.logtail`` for
+rotation and truncation). A match stays in the result for ``hold_s`` after it was last seen, then the check returns
+to OK by itself; matches inside that window are kept in the same file, so a restart or a one-shot ``dgxdoctor
+check`` still reports them. The one-shot ``check`` reads the recent past of each file instead (the last
+``check_window_bytes`` of files written in the last ``check_window_s``), saves nothing, and says what it did not
+read. A backlog over ``max_bytes_per_run`` is a WARNING naming the unread bytes in both.
+
+Only records that no client controls count here (``judge.records``, ``judge.scan``: never a request-log or
+access-log record, nor a record of the server's request handling): these findings and
+``dgxdoctor_logs_signature_matches_total`` lead to actions.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import os
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
@@ -19,11 +27,11 @@ from pydantic import Field
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
-from dgxdoctor.judge.context import reading
-from dgxdoctor.judge.log_files import log_unreadable
+from dgxdoctor.judge.log_files import log_backlog, log_unreadable
+from dgxdoctor.judge.scan import Scanner
 from dgxdoctor.judge.signatures import Catalog, Signature, load_catalog
-from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
-from dgxdoctor.sources.logtail import LogFollower, expand_paths
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder
+from dgxdoctor.sources.logtail import LogFollower, expand_paths, read_recent
 from dgxdoctor.sources.statefile import StateFile
 
 MATCHES_TOTAL = MetricSpec(
@@ -37,8 +45,6 @@ FILES_FOLLOWED = MetricSpec(
     "Log files the logs check followed in its last run.",
 )
 EVIDENCE_MAX = 500
-# Lines kept per file for the context of a match (the shutdown rule looks 60 lines back).
-CONTEXT_LINES = 120
 
 
 class LogsSettings(CheckSettings):
@@ -66,6 +72,17 @@ class LogsSettings(CheckSettings):
         "restart does not report old lines; files appearing later are always read whole)",
     )
     hold_s: float = Field(900.0, gt=0, description="keep reporting a match this many seconds after it was last seen")
+    check_window_bytes: int = Field(
+        8 * 1024 * 1024,
+        gt=0,
+        description="one-shot `dgxdoctor check`: read the last this many bytes of each log file (the recent past; "
+        "the daemon follows files from their end instead)",
+    )
+    check_window_s: float = Field(
+        900.0,
+        gt=0,
+        description="one-shot `dgxdoctor check`: a log file not written for this many seconds is not read",
+    )
 
 
 @dataclass
@@ -91,8 +108,8 @@ class LogsCheck(Check):
         self._follower: LogFollower | None = None
         self._recent: dict[tuple[str, str], _Recent] = {}
         self._totals: dict[str, int] = {}
-        # The last lines of each file, so a match is read in its context (judge.context: OOM phase, a clean stop).
-        self._context: dict[str, deque[str]] = {}
+        # One scanner per file: it keeps the last lines, so a match is read in its context (judge.context).
+        self._scanners: dict[str, Scanner] = {}
 
     def _load_follower(self) -> LogFollower:
         if self._follower is None:
@@ -134,25 +151,34 @@ class LogsCheck(Check):
         self.state.save({"positions": follower.state(), "recent": recent})  # a failure is logged and counted
 
     def _match(self, lines: Iterable[tuple[str, str]], kinds: Mapping[str, str], now: float) -> None:
-        """Count the signatures the new lines show, each read in the context of the lines before it."""
-        signatures = self.catalog.by_code()
+        """Count the signatures the new lines show, each read in its record and with the lines before it.
+
+        Only records that no client controls count (``judge.records``): this result leads to actions."""
+        for gone in [p for p in self._scanners if p not in kinds and p.removesuffix(".1") not in kinds]:
+            del self._scanners[gone]
+        by_path: dict[str, list[str]] = {}
         for path, line in lines:
-            kind = kinds.get(path) or kinds.get(path.removesuffix(".1"))
-            context = self._context.setdefault(path, deque(maxlen=CONTEXT_LINES))
-            context.append(line)
-            for match in self.catalog.match(line, kind):
-                sig = reading(match.signature, list(context), len(context) - 1, signatures)
-                if sig is None:
+            by_path.setdefault(path, []).append(line)
+        for path, new in by_path.items():
+            scanner = self._scanners.get(path)
+            if scanner is None:
+                kind = kinds.get(path) or kinds.get(path.removesuffix(".1"))
+                scanner = self._scanners[path] = Scanner(self.catalog, kind, trusted_only=True)
+            for match in [*scanner.feed("\n".join(new)), *scanner.flush()]:
+                if not match.trusted:
                     continue
+                sig = match.signature
                 self._totals[sig.code] = self._totals.get(sig.code, 0) + 1
                 key = (sig.code, path)
                 seen = self._recent.get(key)
-                self._recent[key] = _Recent(sig, path, line, now, seen.count + 1 if seen else 1)
+                self._recent[key] = _Recent(sig, path, match.line, now, seen.count + 1 if seen else 1)
 
     def run(self) -> CheckResult:
         s = self._settings
         kinds = {path: "ray" for path in expand_paths(s.ray_paths)}
         kinds.update({path: "vllm" for path in expand_paths(s.vllm_paths)})
+        if self.env.one_shot:
+            return self._run_recent(kinds)
         follower = self._load_follower()
         if not kinds:
             # Still a poll: files that appear from now on (Ray started after the agent) are new, read from 0.
@@ -166,6 +192,15 @@ class LogsCheck(Check):
             del self._recent[key]
         self._save(follower)
 
+        b = self._findings(polled.errors)
+        b.sample(FILES_FOLLOWED, len(polled.files))
+        if polled.budget_exhausted:
+            unread = _unread_bytes(follower, polled.files)
+            b.add(log_backlog(unread, s.max_bytes_per_run, one_shot=False))
+        return b.build(self._summary(f"in {len(polled.files)} log file(s)"))
+
+    def _findings(self, errors: Iterable[str]) -> ResultBuilder:
+        """The matches held (worst first), the match counters, the files that could not be read."""
         b = ResultBuilder(self.name)
         for recent in sorted(self._recent.values(), key=lambda r: (-r.signature.severity.rank, r.path)):
             sig = recent.signature
@@ -182,20 +217,53 @@ class LogsCheck(Check):
             )
         for code in sorted(self._totals):
             b.sample(MATCHES_TOTAL, self._totals[code], code=code)
-        b.sample(FILES_FOLLOWED, len(polled.files))
-        for error in polled.errors:
+        for error in errors:
             b.add(log_unreadable(error))
-        if polled.budget_exhausted:
-            b.add(
-                Finding(
-                    "LOG_BACKLOG",
-                    Status.OK,
-                    f"read the per-run limit of {s.max_bytes_per_run} bytes; the rest is read next run",
-                )
-            )
+        return b
+
+    def _summary(self, what: str) -> str:
         codes = sorted({r.signature.code for r in self._recent.values()})
         if codes:
-            summary = f"{len(codes)} failure signature(s) in the last {s.hold_s:g} s: {', '.join(codes)}"
-        else:
-            summary = f"no known failure signature in {len(polled.files)} log file(s)"
-        return b.build(summary)
+            return f"{len(codes)} failure signature(s) in the last {self._settings.hold_s:g} s: {', '.join(codes)}"
+        return f"no known failure signature {what}"
+
+    def _run_recent(self, kinds: Mapping[str, str]) -> CheckResult:
+        """One-shot `dgxdoctor check`: the recent past of each file (``check_window_bytes`` of the files written
+        in the last ``check_window_s``), with the daemon's held matches; what was not read is said, a backlog over
+        the per-run limit is a WARNING. Nothing is saved: the daemon's positions stay as they are."""
+        s = self._settings
+        self._recent = self._restore_recent(self.state.load().get("recent"))
+        if not kinds:
+            return CheckResult.skipped(self.name, "no vLLM or Ray log files configured or present")
+        now = self.env.clock()
+        read = read_recent(sorted(kinds), s.check_window_bytes, s.max_bytes_per_run, s.check_window_s, time.time())
+        self._match(read.lines, kinds, now)
+        for key in [k for k, r in self._recent.items() if now - r.last_seen > s.hold_s]:
+            del self._recent[key]
+        b = self._findings(read.errors)
+        b.sample(FILES_FOLLOWED, len(read.files))
+        if read.unread_bytes:
+            b.add(log_backlog(read.unread_bytes, s.max_bytes_per_run, one_shot=True))
+        parts = [f"read the last {_mib(read.bytes_read)} of {len(read.files)} log file(s)"]
+        if read.stale:
+            parts.append(f"{len(read.stale)} file(s) not written in the last {s.check_window_s:g} s not read")
+        if read.older_bytes:
+            parts.append(f"{_mib(read.older_bytes)} before the last {_mib(s.check_window_bytes)} per file not read")
+        return b.build(self._summary("in the recent past") + "; " + ", ".join(parts))
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _unread_bytes(follower: LogFollower, files: Iterable[str]) -> int:
+    """Bytes of the followed files after the positions the follower reached."""
+    total = 0
+    for path in files:
+        pos = follower.positions.get(path)
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            continue
+        total += max(0, size - pos.offset) if pos is not None else 0
+    return total

@@ -20,31 +20,35 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.checks.nccl_cross import PeerRefused, run_cross_node
 from dgxdoctor.checks.nccl_guard import in_window, parse_window, serving_reason
+from dgxdoctor.checks.nccl_run import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES
+from dgxdoctor.checks.nccl_run import EX_PEER_MISSING as EX_PEER_MISSING  # re-exported: daemon and tests
+from dgxdoctor.checks.nccl_run import ProbeRun as ProbeRun
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.nccl import bandwidth_finding, nccl_tests_findings, peer_probe_failed, probe_failed
-from dgxdoctor.judge.nccl_transport import describe, transport_findings
+from dgxdoctor.judge.nccl_transport import describe, spans_nodes, transport_findings
 from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv, run_command_lines
+from dgxdoctor.sources.fields import ByteSize, Host, OptionalHttpUrl, PeerUrl, parse_byte_size
 from dgxdoctor.sources.nccl_env import read_env_file
 from dgxdoctor.sources.nccl_info import NcclTransport, parse_nccl_info
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
 from dgxdoctor.sources.serving_env import find_serving_python
+from dgxdoctor.sources.statefile import atomic_write
 from dgxdoctor.sources.sysfs_ib import ports_by_device
 
 # The probe's exit statuses, repeated from ``dgxdoctor.probes.allreduce`` so the daemon does not import the probe
 # (argparse and all) to compare numbers; a test holds them equal.
 EX_NOT_RUNNABLE = 3
-EX_PEER_MISSING = 4
 # The probe's progress lines on stderr: "# progress 3/14 4194304 B busbw 122.88 GB/s".
 PROGRESS = "# progress "
 # ``env`` exits 127 when the program it should run does not exist.
@@ -74,6 +78,27 @@ GB = 1e9
 # NCCL_ALGO / NCCL_PROTO values: names, lists, exclusions ("^NVLS") and per-collective forms ("allreduce:ring").
 NCCL_CHOICE_RE = re.compile(r"^[A-Za-z0-9,^:;_]{0,128}$")
 HCA_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}(?::\d{1,3})?$")
+# Message sizes as nccl-tests' -b/-e take them: "8M", "1G", "512K", "1048576", "8MB".
+SIZE_RE = re.compile(r"^(\d{1,12})([KMG]?)B?$")
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+# Every size in 1 B .. 16 GiB (nccl-tests' customary -e is 8G): "0" would never end the doubling loop.
+MAX_PROBE_BYTES = 16 << 30
+
+
+def size_bytes(text: str) -> int:
+    """``8M`` -> 8388608; ValueError naming what is wrong (the bounds included)."""
+    found = SIZE_RE.match(text)
+    if found is None:
+        raise ValueError(f"{text!r} is not a size (e.g. 8M, 1G, 1048576)")
+    size = int(found.group(1)) * SIZE_UNITS[found.group(2)]
+    if not 1 <= size <= MAX_PROBE_BYTES:
+        raise ValueError(f"{text!r} is outside 1 B .. 16G")
+    return size
+
+
+def check_size_range(min_bytes: str, max_bytes: str) -> None:
+    if size_bytes(min_bytes) > size_bytes(max_bytes):
+        raise ValueError(f"min_bytes {min_bytes!r} is above max_bytes {max_bytes!r}")
 
 
 class NcclSettings(CheckSettings):
@@ -95,8 +120,8 @@ class NcclSettings(CheckSettings):
     backend: Literal["nccl", "gloo"] = Field(
         "nccl", description="bundled probe: torch.distributed backend; gloo runs on CPU (no NCCL: tests, rehearsals)"
     )
-    min_bytes: str = Field("8M", description="bundled probe: smallest message")
-    max_bytes: str = Field("1G", description="bundled probe: largest message")
+    min_bytes: ByteSize = Field(DEFAULT_MIN_BYTES, description="bundled probe: smallest message (8M, 1G, 512K)")
+    max_bytes: ByteSize = Field(DEFAULT_MAX_BYTES, description="bundled probe: largest message")
     quick: bool = Field(False, description="bundled probe: 32M-128M, few iterations: an answer within 10 s")
     algo: str = Field("Ring", description="NCCL_ALGO for the probe, pinned so runs compare; empty: NCCL chooses")
     proto: str = Field("Simple", description="NCCL_PROTO for the probe, pinned likewise; empty: NCCL chooses")
@@ -104,8 +129,12 @@ class NcclSettings(CheckSettings):
         Path("/etc/profile.d/nccl.sh"),
         description="the node's NCCL env file (read as data): the probe runs with exactly what vLLM gets",
     )
-    force: bool = Field(False, description="run even while vLLM serves on this node (disturbs serving)")
-    vllm_url: str | None = Field(
+    force: bool = Field(
+        False,
+        description="run even while vLLM serves on this node (disturbs serving); "
+        "this node's own setting: a peer's join request never carries it",
+    )
+    vllm_url: OptionalHttpUrl = Field(
         "http://127.0.0.1:8000", description="vLLM whose running requests make the probe refuse; empty: none"
     )
     maintenance_windows: list[str] = Field(
@@ -113,10 +142,10 @@ class NcclSettings(CheckSettings):
         description='daemon: run only inside these UTC windows, e.g. ["Sat 02:00-04:00"]; none: the daemon never '
         "runs the probe, `dgxdoctor check --only nccl` runs it on demand",
     )
-    peer: str | None = Field(
+    peer: PeerUrl | None = Field(
         None, description="cross-node: the peer's dgxdoctor URL (http://dgx-b:9835); it is asked to join over its API"
     )
-    master_addr: str | None = Field(
+    master_addr: Host | None = Field(
         None, description="cross-node: this node's address the peer's ranks reach for the rendezvous"
     )
     master_port: int = Field(29555, ge=1, le=65535, description="cross-node: rendezvous port on this node")
@@ -138,12 +167,29 @@ class NcclSettings(CheckSettings):
         0.7, gt=0, le=1, description="busbw below this fraction of expected_busbw_gbps is critical (the tutorial)"
     )
 
+    @model_validator(mode="after")
+    def _sizes_ordered(self) -> NcclSettings:
+        if parse_byte_size(self.min_bytes) > parse_byte_size(self.max_bytes):
+            raise ValueError(f"min_bytes {self.min_bytes} is larger than max_bytes {self.max_bytes}")
+        return self
+
     @field_validator("algo", "proto")
     @classmethod
     def _nccl_choice(cls, value: str) -> str:
         if not NCCL_CHOICE_RE.match(value):
             raise ValueError(f"{value!r} is not an NCCL_ALGO/NCCL_PROTO value (e.g. Ring, Simple, ^NVLS)")
         return value
+
+    @field_validator("min_bytes", "max_bytes")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        size_bytes(value)
+        return value
+
+    @model_validator(mode="after")
+    def _size_order(self) -> NcclSettings:
+        check_size_range(self.min_bytes, self.max_bytes)
+        return self
 
     @field_validator("rails")
     @classmethod
@@ -159,20 +205,6 @@ class NcclSettings(CheckSettings):
         for window in value:
             parse_window(window)
         return value
-
-
-@dataclass(frozen=True)
-class ProbeRun:
-    """One probe's raw outcome on this node, and the peer's when the run spanned two nodes."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-    rail: str | None = None
-    peer: ProbeRun | None = None
-    peer_error: str | None = None
-    # The peer's own answer to "has this node IB/RoCE devices" (its sysfs), for its transport verdict.
-    has_ib: bool = False
 
 
 class NcclCheck(Check):
@@ -247,6 +279,24 @@ class NcclCheck(Check):
         why = serving_reason(self.env, cfg.vllm_url or None)
         return None if why is None else f"refused: {why} (set checks.nccl.force to probe anyway)"
 
+    def join_request(self, run_id: str, rail: str | None) -> dict[str, Any]:
+        """What the peer's agent is asked to run (``POST /nccl/join``, validated there by daemon/nccl_join.py)."""
+        cfg = self.cfg
+        return {
+            "run_id": run_id,
+            "master_addr": cfg.master_addr or "127.0.0.1",
+            "master_port": cfg.master_port,
+            "nnodes": 2,
+            "node_rank": 1,
+            "join_timeout_s": cfg.join_timeout_s,
+            "quick": cfg.quick,
+            "min_bytes": cfg.min_bytes,
+            "max_bytes": cfg.max_bytes,
+            "algo": cfg.algo,
+            "proto": cfg.proto,
+            "rail": rail,
+        }
+
     # -- running ---------------------------------------------------------------------------------------
 
     def run(self) -> CheckResult:
@@ -274,7 +324,11 @@ class NcclCheck(Check):
 
     def run_once(self, rail: str | None) -> ProbeRun:
         if self.cfg.peer:
-            return run_cross_node(self, rail)
+            argv = self.argv(rail, nnodes=2, node_rank=0)
+            return run_cross_node(
+                self.env, self.cfg.peer, self.token, lambda run_id: self.join_request(run_id, rail),
+                lambda: self.run_local(argv, rail), rail,
+            )  # fmt: skip
         return self.run_local(self.argv(rail), rail)
 
     def run_local(self, argv: list[str] | None, rail: str | None, timeout_s: float | None = None) -> ProbeRun:
@@ -301,8 +355,8 @@ class NcclCheck(Check):
         operator: ``last-probe.txt``, or ``last-probe-<HCA>.txt`` for a per-rail run."""
         path = self.env.state_dir / "nccl" / (f"last-probe-{rail}.txt" if rail else "last-probe.txt")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(f"{stdout}\n# --- stderr ---\n{stderr}", encoding="utf-8")
+            path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+            atomic_write(path, f"{stdout}\n# --- stderr ---\n{stderr}".encode(), 0o640)  # never through a link
         except OSError:
             pass  # the verdict does not depend on it
 
@@ -388,12 +442,9 @@ def _judge_one(b: ResultBuilder, run: ProbeRun, cfg: NcclSettings, node_has_ib: 
         b.add(probe_failed(run.returncode, subject, tail))
         return f"{prefix}probe failed (exit {run.returncode})", None
     b.sample(PROBE_OK, 1)
-    transport = parse_nccl_info(run.stdout + "\n" + run.stderr)
-    cross = run.peer is not None or (transport.nodes or 1) > 1
-    # The transport verdict below replaces the table's own NET/Socket warning; gloo (CPU) is not held to NCCL's
-    # TCP-fallback floor.
-    dropped = {"NCCL_SOCKET_TRANSPORT"} | ({"NCCL_TESTS_LOW_BUSBW"} if cfg.backend == "gloo" else set())
-    b.add(*(f for f in nccl_tests_findings(report) if f.code not in dropped))
+    transport = parse_nccl_info(run.stdout + "\n" + run.stderr)  # stderr too: the table's own parse reads stdout
+    cross = run.peer is not None or spans_nodes(transport, report.hosts) is True
+    b.add(*nccl_tests_findings(report, tcp_floor=cfg.backend == "nccl"))
     if cfg.backend == "nccl" or transport.seen:
         b.add(*transport_findings(transport, node_has_ib=node_has_ib, subject=subject, cross_node=cross))
     peak = _bandwidth(b, report, cfg, subject, sample=run.rail is None)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
-if TYPE_CHECKING:
-    from dgxdoctor.checks.nccl import NcclCheck, ProbeRun
+from dgxdoctor.checks.nccl_run import EX_PEER_MISSING, ProbeRun
+from dgxdoctor.environment import Environment
 
 # What a peer's answer may carry back: the probe's output is a table and NCCL's INFO lines.
 MAX_OUTPUT_CHARS = 1 << 20
@@ -34,35 +35,21 @@ class PeerRefused(Exception):
     """The peer answered but will not run the probe now (it is serving, or already probing)."""
 
 
-def join_request(check: NcclCheck, run_id: str, rail: str | None) -> dict[str, Any]:
-    cfg = check.cfg
-    return {
-        "run_id": run_id,
-        "master_addr": cfg.master_addr or "127.0.0.1",
-        "master_port": cfg.master_port,
-        "nnodes": 2,
-        "node_rank": 1,
-        "join_timeout_s": cfg.join_timeout_s,
-        "quick": cfg.quick,
-        "min_bytes": cfg.min_bytes,
-        "max_bytes": cfg.max_bytes,
-        "algo": cfg.algo,
-        "proto": cfg.proto,
-        "rail": rail,
-        "force": cfg.force,
-    }
-
-
-def run_cross_node(check: NcclCheck, rail: str | None) -> ProbeRun:
-    from dgxdoctor.checks.nccl import EX_PEER_MISSING, ProbeRun
-
-    cfg = check.cfg
-    peer = (cfg.peer or "").rstrip("/")
-    headers = {"Authorization": f"Bearer {check.token}"} if check.token else {}
+def run_cross_node(
+    env: Environment,
+    peer: str,
+    token: str | None,
+    request: Callable[[str], Mapping[str, Any]],
+    run_local: Callable[[], ProbeRun],
+    rail: str | None,
+) -> ProbeRun:
+    """Ask ``peer``'s agent to join (``request(run_id)`` is the join request), run this node's ranks, fetch its side."""
+    peer = peer.rstrip("/")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     run_id = secrets.token_hex(16)
-    with check.env.http_client(timeout_s=HTTP_TIMEOUT_S) as client:
+    with env.http_client(timeout_s=HTTP_TIMEOUT_S) as client:
         try:
-            answer = client.post(f"{peer}/nccl/join", json=join_request(check, run_id, rail), headers=headers)
+            answer = client.post(f"{peer}/nccl/join", json=dict(request(run_id)), headers=headers)
         except httpx.HTTPError as exc:
             return ProbeRun(
                 EX_PEER_MISSING, "", "", rail, peer_error=f"{peer} unreachable: {type(exc).__name__}: {exc}"
@@ -72,7 +59,7 @@ def run_cross_node(check: NcclCheck, rail: str | None) -> ProbeRun:
         if answer.status_code != 202:
             why = f"{peer} answered HTTP {answer.status_code}: {_error_text(answer)}"
             return ProbeRun(EX_PEER_MISSING, "", "", rail, peer_error=why)
-        local = check.run_local(check.argv(rail, nnodes=2, node_rank=0), rail)
+        local = run_local()
         # Both sides end together once the collectives are done; after a failure here the peer's ranks notice
         # within seconds (the rendezvous is gone), so only a short wait for its output.
         deadline = time.monotonic() + (PEER_AFTER_OK_S if local.returncode == 0 else PEER_AFTER_FAILURE_S)
@@ -104,8 +91,6 @@ def fetch_result(
 
 def parse_result(doc: dict[str, Any], rail: str | None) -> ProbeRun | None:
     """The peer's finished run, or None when any field is not what it should be (untrusted input)."""
-    from dgxdoctor.checks.nccl import ProbeRun
-
     code, out, err, has_ib = doc.get("returncode"), doc.get("stdout"), doc.get("stderr"), doc.get("has_ib")
     if isinstance(code, bool) or not isinstance(code, int) or not isinstance(out, str) or not isinstance(err, str):
         return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -25,6 +25,7 @@ from dgxdoctor.judge.presence import nccl_env_absent
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.nccl_env import (
     env_facts,
+    kernel_interface_names,
     parse_environ,
     read_env_file,
     read_net_interfaces,
@@ -67,13 +68,18 @@ class NcclEnvCheck(Check):
     settings_model: ClassVar[type[CheckSettings]] = NcclEnvSettings
 
     def __init__(
-        self, settings: CheckSettings, env: Environment, addresses: Callable[[], set[str]] | None = None
+        self,
+        settings: CheckSettings,
+        env: Environment,
+        addresses: Callable[[], set[str]] | None = None,
+        interface_names: Callable[[], Sequence[str]] = kernel_interface_names,
     ) -> None:
         self.settings: CheckSettings = settings
         settings = own_settings(self.name, settings, NcclEnvSettings)
         self.cfg: NcclEnvSettings = settings
         self.env = env
         self.addresses = addresses or local_addresses
+        self.interface_names = interface_names
 
     def _file_values(self, b: ResultBuilder, missing: list[str]) -> dict[str, str] | None:
         """The variables env_file sets; its unparsable lines are said (OK: nothing sources them)."""
@@ -137,7 +143,7 @@ class NcclEnvCheck(Check):
         effective = proc_values if proc_values is not None else file_values
         assert effective is not None
         source = proc_label if proc_values is not None else file_label
-        interfaces = read_net_interfaces(self.env.sysfs_root)
+        interfaces = read_net_interfaces(self.env.sysfs_root, self.interface_names)
         ib_ports = ports_by_device(self.env.sysfs_root, counters=False, gids=True)
         b.add(*evaluate_nccl_env(effective, interfaces, ib_ports, self.addresses(), require_debug=s.require_nccl_debug))
         if file_values is not None and proc_values is not None:

@@ -1,13 +1,17 @@
 """The HTTP face of the daemon (aiohttp): ``/metrics``, ``/healthz``, ``/state``, ``POST /reload``,
-``POST /alertmanager`` (Alertmanager's webhook) and ``POST /remediation/step`` (the head asking a worker).
+``POST /alertmanager`` (Alertmanager's webhook), ``POST /remediation/step`` (the head asking a worker), ``POST
+/check/run`` (a peer's ``check --cluster``), ``POST /bundle/part`` (a peer's ``bundle --cluster``) and ``GET /``
+(the status page).
 
-``/metrics`` and ``/healthz`` are open, as Prometheus and load balancers expect. ``/state`` and everything that
-changes something need ``Authorization: Bearer <daemon.token>`` (constant-time compare); with no token
-configured they answer only to loopback clients. Request bodies are capped at ``MAX_BODY_BYTES``.
+``/metrics`` and ``/healthz`` are open, as Prometheus and load balancers expect. ``/``, ``/state`` and everything
+that changes something need ``Authorization: Bearer <daemon.token>`` (constant-time compare; ``GET /`` also takes
+the token as the password of HTTP Basic, which a browser asks for); with no token configured they answer only to
+loopback clients. Request bodies are capped at ``MAX_BODY_BYTES``.
 """
 
 from __future__ import annotations
 
+import base64
 import hmac
 import ipaddress
 import json
@@ -28,6 +32,9 @@ MAX_BODY_BYTES = 64 * 1024
 # tooling expect this version string.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+# The status page loads nothing from anywhere (nodes have no internet): inline style only, no scripts.
+PAGE_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -41,13 +48,20 @@ class AppState:
     reload: Callable[[], Awaitable[list[str]]] | None = None
     # Webhook alerts in: (accepted, ignored). Queues only; the work happens in the remediation loop.
     alerts: Callable[[list[IncomingAlert]], tuple[int, int]] | None = None
-    # The head asks this worker to run a step: (HTTP status, answer).
-    step: Callable[[str, str], Awaitable[tuple[int, dict[str, Any]]]] | None = None
+    # The head asks this worker to run a step (the request's JSON object): (HTTP status, answer).
+    step: Callable[[dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]] | None = None
     protected: frozenset[str] = field(
-        default_factory=lambda: frozenset({"/state", "/reload", "/alertmanager", "/remediation/step"})
+        default_factory=lambda: frozenset(
+            {"/", "/state", "/reload", "/alertmanager", "/remediation/step", "/check/run", "/bundle/part"}
+        )
     )
+    # GET /: the status page (HTML); None: the JSON index of endpoints.
+    page: Callable[[], Awaitable[str]] | None = None
     # Every path under these needs the token too (the NCCL probe's join requests and their results).
     protected_prefixes: tuple[str, ...] = ("/nccl/",)
+    # These run something as root: refused outright when no token is configured, loopback or not (any local user
+    # reaches loopback).
+    token_only: tuple[str, ...] = ("/remediation/step", "/nccl/")
     # Registers the routes of the cross-node NCCL probe's peer side (daemon.nccl_join), when the daemon has it.
     extra_routes: Callable[[web.Application], None] | None = None
 
@@ -74,6 +88,20 @@ def token_ok(header: str | None, token: str) -> bool:
     return hmac.compare_digest(given.strip().encode("utf-8", "replace"), token.encode("utf-8"))
 
 
+def basic_ok(header: str | None, token: str) -> bool:
+    """``Basic base64(any-user:<token>)``: how a browser (a phone during an incident) sends the token to GET /."""
+    if not header:
+        return False
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "basic":
+        return False
+    try:
+        decoded = base64.b64decode(given.strip(), validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return hmac.compare_digest(decoded.partition(":")[2].encode("utf-8", "replace"), token.encode("utf-8"))
+
+
 def _error(status: int, message: str, **headers: str) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers or None)
 
@@ -81,10 +109,16 @@ def _error(status: int, message: str, **headers: str) -> web.Response:
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     state = request.app[STATE_KEY]
+    if state.token is None and request.path.startswith(state.token_only):
+        return _error(403, f"{request.path} needs daemon.token (or token_file) configured on this node")
     if request.path in state.protected or request.path.startswith(state.protected_prefixes):
         if state.token is not None:
-            if not token_ok(request.headers.get("Authorization"), state.token):
-                return _error(401, "missing or wrong bearer token", **{"WWW-Authenticate": 'Bearer realm="dgxdoctor"'})
+            header = request.headers.get("Authorization")
+            page = request.path == "/" and request.method in ("GET", "HEAD")
+            if not (token_ok(header, state.token) or (page and basic_ok(header, state.token))):
+                scheme = "Basic" if page else "Bearer"  # a browser asks for the token (as the password) for /
+                challenge = {"WWW-Authenticate": f'{scheme} realm="dgxdoctor"'}
+                return _error(401, "missing or wrong bearer token", **challenge)
         elif not is_loopback(request.remote):
             return _error(403, "no daemon.token configured: this endpoint answers only on loopback")
     return await handler(request)
@@ -140,22 +174,36 @@ async def remediation_step(request: web.Request) -> web.Response:
     try:
         doc = json.loads(await request.read())
     except (ValueError, RecursionError):
-        return _error(400, 'body must be JSON: {"step": "ray_stop"|"ray_start", "id": "..."}')
+        return _error(400, 'body must be JSON: {"step": "ray_stop"|"ray_start", "id": "...", "ts": ..., "mac": "..."}')
     if not isinstance(doc, dict) or not isinstance(doc.get("step"), str) or not isinstance(doc.get("id", ""), str):
-        return _error(400, 'body must be {"step": "ray_stop"|"ray_start", "id": "..."}')
+        return _error(400, 'body must be {"step": "ray_stop"|"ray_start", "id": "...", "ts": ..., "mac": "..."}')
     if app_state.step is None:
         return _error(409, "remediation not running")
     lift_deadline(request)  # authenticated (the middleware checked the token): the step has its own timeout
-    status, answer = await app_state.step(doc["step"], doc.get("id", ""))
+    status, answer = await app_state.step(doc)
     return web.json_response(answer, status=status)
 
 
 async def index(request: web.Request) -> web.Response:
+    page = request.app[STATE_KEY].page
+    if page is not None and "application/json" not in request.headers.get("Accept", ""):
+        return web.Response(text=await page(), content_type="text/html", charset="utf-8",
+                            headers={"Cache-Control": "no-store", "Content-Security-Policy": PAGE_CSP})  # fmt: skip
     return web.json_response(
         {
             "service": "dgxdoctor",
             "version": __version__,
-            "endpoints": ["/metrics", "/healthz", "/state", "/reload", "/alertmanager", "/remediation/step"],
+            "endpoints": [
+                "/",
+                "/metrics",
+                "/healthz",
+                "/state",
+                "/reload",
+                "/alertmanager",
+                "/remediation/step",
+                "/check/run",
+                "/bundle/part",
+            ],
         }
     )
 

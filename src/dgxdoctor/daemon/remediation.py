@@ -7,6 +7,9 @@ from collections.abc import Callable
 import httpx
 
 from dgxdoctor.alerts.sender import page_alert, post_alerts
+from dgxdoctor.checks.base import own_settings
+from dgxdoctor.checks.ray import RaySettings
+from dgxdoctor.checks.vllm import VllmSettings
 from dgxdoctor.config import AlertsSettings, Config
 from dgxdoctor.remediation.actions import VllmTarget
 from dgxdoctor.remediation.engine import Pager, Remediator, Targets
@@ -29,19 +32,18 @@ def make_pager(settings: AlertsSettings, transport: httpx.BaseTransport | None =
 
 def targets_for(config: Config, token: str | None) -> Targets:
     """The vllm and ray checks' settings say where vLLM and Ray are; the head's peers are its workers."""
-    vllm = config.check_settings("vllm")
-    ray = config.check_settings("ray")
-    api_key = getattr(vllm, "api_key", None)
+    vllm = own_settings("vllm", config.check_settings("vllm"), VllmSettings)
+    ray = own_settings("ray", config.check_settings("ray"), RaySettings)
     return Targets(
         vllm=VllmTarget(
-            base_url=getattr(vllm, "base_url", "http://127.0.0.1:8000"),
-            model=getattr(vllm, "served_model_name", None),
-            api_key=api_key.get_secret_value() if api_key is not None else None,
-            request_timeout_s=float(getattr(vllm, "request_timeout_s", 10.0)),
+            base_url=vllm.base_url,
+            model=vllm.served_model_name,
+            api_key=vllm.api_key.get_secret_value() if vllm.api_key is not None else None,
+            request_timeout_s=vllm.request_timeout_s,
         ),
-        ray_dashboard_url=getattr(ray, "dashboard_url", "http://127.0.0.1:8265"),
-        ray_nodes=int(getattr(ray, "expected_nodes", 2)),
-        ray_gpus=int(getattr(ray, "expected_gpus", 16)),
+        ray_dashboard_url=ray.dashboard_url,
+        ray_nodes=ray.expected_nodes,
+        ray_gpus=ray.expected_gpus,
         workers=config.daemon.peers if config.remediation.role == "head" else (),
         token=token,
     )

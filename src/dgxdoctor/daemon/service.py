@@ -25,8 +25,11 @@ from dgxdoctor import __version__
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import Config, ConfigError, load_config, parse_listen
-from dgxdoctor.daemon import connections
+from dgxdoctor.daemon import bundle_part, checknow, connections
 from dgxdoctor.daemon.app import AppState, make_app
+from dgxdoctor.daemon.bundle_part import BundlePart, pre_action_capture
+from dgxdoctor.daemon.checknow import CheckNow
+from dgxdoctor.daemon.page import StatusPage
 from dgxdoctor.daemon.ratelog import LoopErrors, RequestLog
 from dgxdoctor.daemon.remediation import build_remediator
 from dgxdoctor.daemon.scheduler import CheckScheduler
@@ -34,9 +37,12 @@ from dgxdoctor.daemon.sdnotify import Notifier
 from dgxdoctor.environment import Environment, Fleet, Peers
 from dgxdoctor.exporters import collector
 from dgxdoctor.exporters.collector import make_registry
+from dgxdoctor.exporters.incidents import IncidentCollector
 from dgxdoctor.exporters.remediation import RemediationCollector
 from dgxdoctor.exporters.textfile import write_textfile
+from dgxdoctor.fleet.incidents import IncidentTracker
 from dgxdoctor.fleet.store import ResultStore
+from dgxdoctor.remediation.audit import AuditLog
 from dgxdoctor.remediation.engine import Remediator
 from dgxdoctor.result import Sample
 from dgxdoctor.sources.statefile import WRITE_ERRORS, note_file, write_failed
@@ -102,6 +108,7 @@ class Daemon:
         self.registry = make_registry(self.store, lambda: self.runner.timeouts_total, self.own_samples)
         self.token = config.daemon.resolve_token()
         self.remediator: Remediator = build_remediator(config, self.token, self.store.latest)
+        self._wire_evidence(config)
         self.registry.register(RemediationCollector(lambda: self.store.node, self.remediator.metrics))
         self.app_state = AppState(
             self.store,
@@ -112,7 +119,10 @@ class Daemon:
             alerts=self.remediator.accept_alerts,
             step=self.remediator.run_step,
         )
-        self.app_state.extra_routes = self._nccl_routes
+        self.app_state.extra_routes = self._routes
+        self.app_state.page = StatusPage(
+            self.store, lambda: self.config, lambda: self.env, lambda: self.token, self.incidents
+        )
         self.started_at = time.time()
         self.stopping = asyncio.Event()
         self.bound: tuple[str, int] | None = None
@@ -127,6 +137,20 @@ class Daemon:
         self.textfile_written_at: float | None = None
         self._textfile_writing: float | None = None
 
+    def _wire_evidence(self, config: Config) -> None:
+        """The cluster side: the capture before a restart, the incident figures, the peer's check run."""
+        self.remediator.capture = pre_action_capture(
+            lambda: self.config, lambda: self.env, self.store, lambda: self.remediator.targets.workers
+        )
+        self.incidents = IncidentTracker(config.paths.state_dir, self._actions_between)
+        self.store.listeners.append(self.incidents.observe)
+        self.registry.register(IncidentCollector(lambda: self.store.node, self.incidents))
+        self.check_now = CheckNow(
+            lambda limit: checknow.build_now(self.config, self.factories, limit),
+            lambda: self.config.environment(),
+            lambda: self.config.daemon.check_run_min_interval_s,
+        )
+
     # -- checks ----------------------------------------------------------------------------------------
 
     def _wake(self, check: str) -> None:
@@ -134,6 +158,15 @@ class Daemon:
 
     def _local_state(self, without: str) -> dict[str, Any]:
         return self.store.snapshot(exclude=(without,))
+
+    def _actions_between(self, start: float, end: float) -> list[str]:
+        """Remediation's actions audited within an incident (``fleet.incidents``)."""
+        records = AuditLog(self.config.paths.state_dir).tail(500)
+        return [
+            f"{r.get('action')} {r.get('outcome')}"
+            for r in records
+            if r.get("event") == "action" and isinstance(r.get("ts"), int | float) and start <= r["ts"] <= end
+        ]
 
     def _token(self) -> str | None:
         return self.token
@@ -151,6 +184,11 @@ class Daemon:
             offset = FIRST_RUN_SPREAD_S * i / max(len(enabled), 1)
             self.scheduler.add(self._build(factory), first_run_in_s=offset)
         log.info("checks_scheduled", checks={f.name: self.config.check_settings(f.name).interval_s for f in enabled})
+
+    def _routes(self, app: web.Application) -> None:
+        self._nccl_routes(app)
+        checknow.add_routes(app, self.check_now)
+        bundle_part.add_routes(app, BundlePart(lambda: self.config, lambda: self.env, self.store))
 
     def _nccl_routes(self, app: web.Application) -> None:
         from dgxdoctor.checks.nccl import NcclSettings
@@ -174,6 +212,8 @@ class Daemon:
             "checks": sorted(self.scheduler.checks),
             "uptime_s": round(time.time() - self.started_at, 1),
             "version": __version__,
+            # Peers measure their clock offset from this (fleet.cluster.measure_clock), to line up timelines.
+            "clock": round(time.time(), 6),
         }
 
     async def _watchdog(self, interval: float) -> None:

@@ -21,6 +21,7 @@ from dgxdoctor.dashboards.panels import (
     UP_MAPPINGS,
     Q,
     row,
+    stat,
     state_timeline,
     thresholds,
     timeseries,
@@ -221,6 +222,60 @@ def throughput() -> Panels:
     ]
 
 
+OPEN_MAPPINGS: list[dash.ValueMapping] = [
+    dash.ValueMap(
+        options={
+            "0": dash.ValueMappingResult(text="none open", color="green", index=0),
+            "1": dash.ValueMappingResult(text="OPEN", color="red", index=1),
+        }
+    )
+]
+# MTTR and incident counts over this range: one day shows a shift's incidents.
+INCIDENT_RANGE = "1d"
+
+
+def incidents() -> Panels:
+    """Serving MTTR and the time between incidents (fleet.incidents: first detection to first good completion)."""
+    rec = "dgxdoctor_incident_recovery_seconds"
+    per_node = "sum by (node) (increase({m}{{" + NODE + "}}[" + INCIDENT_RANGE + "]))"
+    return [
+        row("Incidents"),
+        stat(
+            "Incident open",
+            "An incident runs from the first CRITICAL result of a node to the first good completion after it (the "
+            "vllm check's canary). OPEN: serving has not recovered yet.",
+            [Q(f"dgxdoctor_incident_open{{{NODE}}}", "{{node}}")],
+            "none",
+            mappings=OPEN_MAPPINGS,
+            width=6,
+        ),
+        stat(
+            "Time since the last incident",
+            "Since the last incident was detected on each node (the time between incidents; alert on it being "
+            "short). No value: no incident recorded on that node.",
+            [Q(f"dgxdoctor_incident_since_last_seconds{{{NODE}}}", "{{node}}")],
+            "s",
+            no_value="no incident yet",
+            width=6,
+        ),
+        timeseries(
+            f"Recovery time (MTTR over {INCIDENT_RANGE})",
+            "Mean and P90 time from detection to the first good completion, over the incidents of the last day. "
+            "A rising MTTR: restarts take longer (model "
+            "load, Ray rejoin) or need an operator.",
+            [
+                Q(f"{per_node.format(m=rec + '_sum')} / {per_node.format(m=rec + '_count')}", "{{node}} mean"),
+                Q(
+                    f"histogram_quantile(0.9, sum by (node, le) (increase({rec}_bucket{{{NODE}}}[{INCIDENT_RANGE}])))",
+                    "{{node}} P90",
+                ),
+            ],
+            "s",
+            width=12,
+        ),
+    ]
+
+
 def hardware() -> Panels:
     per_gpu = "{{node}} GPU {{gpu}}"
     return [
@@ -277,7 +332,7 @@ def build() -> dash_b.Dashboard:
         "hardware state of the same nodes; XIDs mark the time axis.",
         ["dgxdoctor", "vllm"],
     )
-    for section in (vllm, latencies, throughput, hardware):
+    for section in (vllm, latencies, throughput, incidents, hardware):
         for item in section():
             board = board.with_row(item) if isinstance(item, dash_b.Row) else board.with_panel(item)
     return board

@@ -9,13 +9,14 @@ nor a Ray log but shows a known failure: one traceback line, an NCCL WARN line.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from typing import ClassVar
 
 from dgxdoctor.diagnose.base import Diagnosis
 from dgxdoctor.judge.cause import explained_away
-from dgxdoctor.judge.context import reading
 from dgxdoctor.judge.frames import frame_findings
-from dgxdoctor.judge.signatures import Catalog, load_catalog
+from dgxdoctor.judge.scan import Scanner
+from dgxdoctor.judge.signatures import Catalog, Match, Signature, load_catalog
 from dgxdoctor.result import Finding
 
 # INFO 07-25 06:50:45 config.py:718] Defaulting to use ray for distributed inference      (vllm-project/vllm#6775)
@@ -40,41 +41,59 @@ RAY_MARKER = re.compile(r"\((?:raylet|autoscaler|gcs_server)[^)]*\)|ray\.excepti
 NCCL_LINE = re.compile(r"^(?:\([^()\n]{1,200}\) ?){0,3}\S+:\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)\b|^NCCL version \d", re.M)
 
 
-def _scan(lines: list[str], catalog: Catalog) -> tuple[dict[str, tuple[int, str]], dict[str, list[str]], set[int]]:
-    """Per code its first (line number, line) and every line it matched; and the indexes of matched lines."""
-    first: dict[str, tuple[int, str]] = {}
-    lines_by_code: dict[str, list[str]] = {}
-    matched: set[int] = set()
-    signatures = catalog.by_code()
-    for index, line in enumerate(lines):
-        for match in catalog.match(line):
-            refined = reading(match.signature, lines, index, signatures)
-            if refined is None:
-                continue
-            lines_by_code.setdefault(refined.code, []).append(line)
-            first.setdefault(refined.code, (index + 1, line))
-            matched.add(index)
-    return first, lines_by_code, matched
+# Lines kept per code for the rules that read them all (judge.cause); a huge log keeps the first ones.
+KEPT_LINES = 1000
+
+
+class Tally:
+    """The first match of each signature code, the lines per code and the matched line numbers, however many
+    lines are read (lines and numbers kept up to ``KEPT_LINES`` per code)."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, Match] = {}
+        self.counts: dict[str, int] = {}
+        self.lines: dict[str, list[str]] = {}
+        self.numbers: set[int] = set()
+
+    def add(self, matches: Iterable[Match]) -> None:
+        for match in matches:
+            self.counts[match.code] = self.counts.get(match.code, 0) + 1
+            self.first.setdefault(match.code, match)
+            kept = self.lines.setdefault(match.code, [])
+            if len(kept) < KEPT_LINES:
+                kept.append(match.line)
+                self.numbers.add(match.number)
+
+    def findings(self, lines: list[str], signatures: Mapping[str, Signature]) -> list[Finding]:
+        """One finding per signature code, the first line that showed it as evidence; then the tracebacks'
+        frames where no catalog line follows (judge.frames), read in ``lines`` (the text, or its head)."""
+        for code in explained_away(self.lines):
+            del self.first[code], self.counts[code], self.lines[code]
+        out = []
+        for code, match in sorted(self.first.items(), key=lambda kv: kv[1].number):
+            sig = match.signature
+            times = f" ({self.counts[code]} lines)" if self.counts[code] > 1 else ""
+            out.append(
+                Finding(
+                    code,
+                    sig.severity,
+                    sig.meaning + times,
+                    f"line {match.number}",
+                    evidence=match.line.strip()[:500],
+                    remedy=sig.fix,
+                )
+            )
+        matched = {n - 1 for n in self.numbers}
+        frames = frame_findings(lines, matched, signatures)
+        return out + [f for f in frames if f.code not in self.first]
 
 
 def _findings(text: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int], int]:
-    lines = text.splitlines()
-    signatures = catalog.by_code()
-    first, lines_by_code, matched = _scan(lines, catalog)
-    for code in explained_away(lines_by_code):
-        del first[code], lines_by_code[code]
-    counts = {code: len(found) for code, found in lines_by_code.items()}
-    findings = []
-    for code, (number, line) in sorted(first.items(), key=lambda kv: kv[1][0]):
-        sig = signatures[code]
-        times = f" ({counts[code]} lines)" if counts[code] > 1 else ""
-        findings.append(
-            Finding(
-                code, sig.severity, sig.meaning + times, f"line {number}", evidence=line.strip()[:500], remedy=sig.fix
-            )
-        )
-    findings += [f for f in frame_findings(lines, matched, signatures) if f.code not in first]
-    return findings, counts, len(lines)
+    scanner = Scanner(catalog)
+    tally = Tally()
+    tally.add(scanner.feed(text))
+    tally.add(scanner.flush())
+    return tally.findings(text.splitlines(), catalog.by_code()), tally.counts, scanner.lines_read
 
 
 class _LogAnalyzer:
@@ -121,6 +140,5 @@ class TextAnalyzer(_LogAnalyzer):
     kind: ClassVar[str] = "text"
 
     def detect(self, text: str) -> bool:
-        catalog = self.catalog
         lines = text.splitlines()
-        return any(catalog.match(line) for line in lines) or bool(frame_findings(lines, (), catalog.by_code()))
+        return bool(self.catalog.scan(text)) or bool(frame_findings(lines, (), self.catalog.by_code()))

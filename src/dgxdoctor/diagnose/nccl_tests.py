@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from dgxdoctor.diagnose.base import Diagnosis
 from dgxdoctor.judge.nccl import bandwidth_finding, bandwidth_summary, cross_host_finding, nccl_tests_findings
+from dgxdoctor.judge.nccl_transport import socket_finding, spans_nodes
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.nccl_tests import (
     looks_like_nccl_tests,
@@ -61,6 +62,12 @@ class NcclTestsAnalyzer:
                 ),
             )
         findings = nccl_tests_findings(report)
+        # A paste does not say whether its node had HCAs; one that does not say it stayed on one node is taken
+        # as crossing nodes (sockets across hosts are the warning).
+        cross = spans_nodes(report.transport, report.hosts) is not False
+        socket = socket_finding(report.transport, node_has_ib=None, cross_node=cross)
+        if socket is not None:
+            findings.append(socket)
         low = (
             bandwidth_finding(report, self._expected, self._min_fraction)
             if self._expected is not None

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.exporters.collector import NODE_LABEL, OWN_METRICS
+from dgxdoctor.exporters.incidents import INCIDENT_METRICS
 from dgxdoctor.exporters.remediation import REMEDIATION_METRICS
 from dgxdoctor.fleet.compare import IGNORED_FACTS, RULES
 from dgxdoctor.result import MetricSpec
@@ -38,6 +39,9 @@ def all_specs() -> Iterator[tuple[MetricSpec, str]]:
     for spec in REMEDIATION_METRICS:
         seen.add(spec.name)
         yield spec, "remediation"
+    for spec in INCIDENT_METRICS:
+        seen.add(spec.name)
+        yield spec, "incidents"
     for factory in ALL_CHECKS:
         module = sys.modules[factory.__module__]
         for value in vars(module).values():
@@ -48,13 +52,16 @@ def all_specs() -> Iterator[tuple[MetricSpec, str]]:
 
 def render() -> str:
     lines = [HEADER, "| Metric | Type | Labels | Meaning | From |", "|---|---|---|---|---|"]
-    own = [(s, src) for s, src in all_specs() if src in ("dgxdoctor", "remediation")]
-    checks = sorted((p for p in all_specs() if p[1] not in ("dgxdoctor", "remediation")), key=lambda p: p[0].name)
+    mine = ("dgxdoctor", "remediation", "incidents")
+    own = [(s, src) for s, src in all_specs() if src in mine]
+    checks = sorted((p for p in all_specs() if p[1] not in mine), key=lambda p: p[0].name)
     for spec, source in own + checks:
         labels = ", ".join(f"`{label}`" for label in (NODE_LABEL, *spec.labels))
         meaning = spec.help.replace("|", "\\|")
         lines.append(f"| `{spec.name}` | {spec.type} | {labels} | {meaning} | {source} |")
     lines += [
+        "",
+        INCIDENT_NOTE,
         "",
         PEER_HEADER,
         "",
@@ -85,6 +92,16 @@ variable differs or is set on one node only), `PEER_VERSION_SKEW` (critical for 
 versions, warning for the kernel, vLLM, Ray, torch, Python), `PEER_HARDWARE_DRIFT` (GPU, IB, topology, memory
 facts), `PEER_RAS_VIEW_DRIFT` (the `ras.*` facts: the serving communicator each node's NCCL RAS sees) and
 `PEER_FACT_DRIFT` for any other fact. Ignored, because they differ by design: {ignored}."""
+
+INCIDENT_NOTE = """## Incidents
+
+An incident runs from the first CRITICAL result of any check on the node (`peer_compare` aside: the other node's
+incident is that node's) to the first good completion after it: a run of the `vllm` check that is not CRITICAL and
+whose canary completed; on a node serving no completion (a Ray worker) to the first moment no check is CRITICAL.
+Each is one line in `<state_dir>/incidents.jsonl` (detection time, problem, action taken, recovery time), read back at
+start. Serving MTTR over a day: `increase(dgxdoctor_incident_recovery_seconds_sum[1d]) /
+increase(dgxdoctor_incident_recovery_seconds_count[1d])`; alert on a short time between incidents with
+`dgxdoctor_incident_since_last_seconds < 3600`."""
 
 PEER_HEADER = """## Values of `metric` in `dgxdoctor_peer_imbalance_ratio`
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from dgxdoctor import codes
 from dgxdoctor.fleet.store import NODE_LOCAL_FACTS
 from dgxdoctor.fleet.stuck_rank import stuck_rank_findings
 from dgxdoctor.result import Finding, Status
@@ -265,7 +266,7 @@ class _NodeView:
 
 
 # The vllm check's codes for an engine that makes no step while requests are in flight.
-ENGINE_STALL_CODES = frozenset({"ENGINE_NO_PROGRESS", "ENGINE_HUNG"})
+ENGINE_STALL_CODES = frozenset({codes.ENGINE_NO_PROGRESS, codes.ENGINE_HUNG})
 # During a stall, a tensor-parallel rank waiting in a collective keeps its GPU busy (the NCCL kernel spins for its
 # peer, docs/h200/hang-recording-2026-11-30) while the GPUs of the rank that stopped fall idle.
 GPU_IDLE_BELOW = 0.1

@@ -35,6 +35,8 @@ class ResultStore:
         self._probe_timeouts: dict[tuple[str, str], int] = {}
         # Written on the event loop; read also from check threads (peer_compare's local snapshot).
         self._lock = threading.Lock()
+        # Told of every result put (the incident tracker), after the store holds it.
+        self.listeners: list[Callable[[CheckResult], None]] = []
 
     def put(self, result: CheckResult) -> Transition | None:
         """Record a result; return the transition when the check's status changed (or it ran first)."""
@@ -45,6 +47,8 @@ class ResultStore:
             for probe in result.timeouts:
                 key = (result.check, probe)
                 self._probe_timeouts[key] = self._probe_timeouts.get(key, 0) + 1
+        for listener in self.listeners:
+            listener(result)
         if previous is None or previous.status is not result.status:
             return Transition(result.check, previous.status if previous else None, result.status, result)
         return None

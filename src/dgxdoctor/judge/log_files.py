@@ -9,3 +9,15 @@ def log_unreadable(error: str) -> Finding:
     """A configured log that cannot be read (permissions, a vanished mount): a WARNING, since the failures it
     would show go unseen while the other logs are still read. ``error`` is "<path>: <reason>"."""
     return Finding("LOG_UNREADABLE", Status.WARNING, f"cannot read log file: {error}", error.split(":", 1)[0])
+
+
+def log_backlog(unread: int, limit: int, *, one_shot: bool) -> Finding:
+    """More to read than the per-run limit: never OK, since a failure in the unread bytes is not reported. The
+    daemon reads them on its next runs; the one-shot ``check`` does not read them at all."""
+    if one_shot:
+        message = f"{unread} bytes of the recent past were not read (per-run limit {limit} bytes)"
+        remedy = "raise [checks.logs] max_bytes_per_run, or read the file with dgxdoctor diagnose FILE"
+    else:
+        message = f"read the per-run limit of {limit} bytes; {unread} bytes are not read yet (the next runs read them)"
+        remedy = "raise [checks.logs] max_bytes_per_run if the logs grow faster than it per interval"
+    return Finding("LOG_BACKLOG", Status.WARNING, message + ": a failure in them is not reported yet", remedy=remedy)

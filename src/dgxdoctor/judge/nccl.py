@@ -1,4 +1,4 @@
-"""NCCL bandwidth verdicts: TCP fallback, the socket transport between hosts, wrong results.
+"""NCCL bandwidth verdicts: the TCP-fallback floor, wrong results, the expected busbw, the probe's failures.
 
 Shared by ``checks/nccl.py`` (the probe's table) and ``diagnose`` (a pasted nccl-tests table).
 """
@@ -27,14 +27,16 @@ FIX_TCP = (
 )
 
 
-def nccl_tests_findings(report: NcclTestsReport) -> list[Finding]:
+def nccl_tests_findings(report: NcclTestsReport, tcp_floor: bool = True) -> list[Finding]:
+    """The table's own verdicts: the TCP-fallback floor (``tcp_floor``: False for gloo, which runs on the CPU and
+    is not held to NCCL's floor) and wrong results. The transport is judged by ``judge.nccl_transport``."""
     findings: list[Finding] = []
     low = [
         r
         for r in report.rows
         if r.size_bytes >= LOW_BUSBW_MIN_SIZE and r.busbw_gbps is not None and r.busbw_gbps < LOW_BUSBW_GBPS
     ]
-    if low:
+    if low and tcp_floor:
         worst = min(low, key=lambda r: r.busbw_gbps or 0.0)
         findings.append(
             Finding(
@@ -45,17 +47,6 @@ def nccl_tests_findings(report: NcclTestsReport) -> list[Finding]:
                 f"{worst.size_bytes} B",
                 evidence=f"size {worst.size_bytes} B: busbw {worst.out_of_place.busbw_gbps} GB/s out-of-place, "
                 f"{worst.in_place.busbw_gbps} GB/s in-place",
-                remedy=FIX_TCP,
-            )
-        )
-    socket_line = report.transports.get("Socket")
-    if socket_line is not None and len(report.hosts) != 1:
-        findings.append(
-            Finding(
-                "NCCL_SOCKET_TRANSPORT",
-                Status.WARNING,
-                "NCCL used its TCP socket transport (NET/Socket) for the network: no usable IB/RoCE device",
-                evidence=socket_line[:500],
                 remedy=FIX_TCP,
             )
         )

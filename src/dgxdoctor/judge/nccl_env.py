@@ -29,16 +29,30 @@ def _finding(code: str, status: Status, message: str, subject: str, remedy: str 
 
 def evaluate_nccl_env(
     values: dict[str, str],
-    interfaces: dict[str, NetInterface],
+    interfaces: dict[str, NetInterface] | None,
     ib_ports: dict[str, dict[int, IbPort]],
     local_addresses: set[str] | None,
     *,
     require_debug: bool = True,
 ) -> list[Finding]:
-    """Findings for the NCCL/GLOO/VLLM variables in ``values`` against this host's interfaces and HCAs."""
+    """Findings for the NCCL/GLOO/VLLM variables in ``values`` against this host's interfaces and HCAs.
+
+    ``interfaces`` None: no source could list them (no /sys/class/net, no if_nameindex), so the interface
+    variables are UNKNOWN, never "missing"."""
     findings: list[Finding] = []
     for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
-        if var in values:
+        if var in values and interfaces is None:
+            findings.append(
+                _finding(
+                    "NCCL_IFNAME_UNKNOWN",
+                    Status.UNKNOWN,
+                    f"{var}={values[var]} not checked: this host's interfaces cannot be listed (no /sys/class/net, "
+                    "and the kernel's if_nameindex() did not answer)",
+                    var,
+                )
+            )
+        elif var in values:
+            assert interfaces is not None
             findings += _check_ifname(var, values[var], interfaces)
         elif var == "NCCL_SOCKET_IFNAME":
             findings.append(
@@ -141,8 +155,9 @@ def _check_ifname(var: str, value: str, interfaces: dict[str, NetInterface]) -> 
                 "Name the business network interface, never lo.",
             )
         )
-    # NCCL only uses interfaces that are up: with an exclusion list the down ones simply drop out.
-    if spec.exclude and not any(i.up for i in usable):
+    # NCCL only uses interfaces that are up: with an exclusion list the down ones simply drop out (one whose state
+    # is not known may be up).
+    if spec.exclude and all(i.up is False for i in usable):
         findings.append(
             _finding(
                 "NCCL_IFNAME_MISSING",
@@ -153,7 +168,7 @@ def _check_ifname(var: str, value: str, interfaces: dict[str, NetInterface]) -> 
             )
         )
     for iface in [] if spec.exclude else usable:
-        if not iface.up:
+        if iface.up is False:
             findings.append(
                 _finding(
                     "NCCL_IFNAME_DOWN",

@@ -6,6 +6,8 @@ probe may look fine on a quiet fabric, but every token's all-reduce then crosses
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.nccl_info import NcclTransport
 
@@ -38,6 +40,46 @@ def uses_socket(t: NcclTransport) -> bool:
     return "NET/Socket" in t.channels or (not t.channels and t.network == "Socket")
 
 
+def spans_nodes(t: NcclTransport, hosts: Sequence[str]) -> bool | None:
+    """Did the run cross nodes: NCCL's comm line (nNodes) or the table's rank lines (hosts); None when neither says."""
+    if t.nodes is None and not hosts:
+        return None
+    return (t.nodes or 1) > 1 or len(set(hosts)) > 1
+
+
+def socket_finding(
+    t: NcclTransport, *, node_has_ib: bool | None, subject: str | None = None, cross_node: bool = False
+) -> Finding | None:
+    """The one verdict on NCCL's TCP socket transport; None when NCCL did not use it.
+
+    ``node_has_ib``: this node has IB/RoCE devices (sysfs), or None when unknown (a pasted log). Sockets on a node
+    with HCAs are CRITICAL whatever the bandwidth; without HCAs they are the only way across nodes (WARNING) and
+    harmless within one node (OK).
+    """
+    if not uses_socket(t):
+        return None
+    text = describe(t)
+    evidence = t.lines.get("NET/Socket") or t.lines.get("network")
+    if node_has_ib:
+        return Finding(
+            "NCCL_SOCKET_FALLBACK",
+            Status.CRITICAL,
+            f"NCCL fell back to TCP sockets on a node with IB/RoCE HCAs: {text}",
+            subject,
+            evidence=evidence,
+            remedy=FIX_SOCKET,
+        )
+    why = "this node has no IB/RoCE device" if node_has_ib is False else "no usable IB/RoCE device in that run"
+    return Finding(
+        "NCCL_SOCKET_TRANSPORT",
+        Status.WARNING if cross_node else Status.OK,
+        f"NCCL used TCP sockets ({why}): {text}",
+        subject,
+        evidence=evidence,
+        remedy=FIX_SOCKET if cross_node else None,
+    )
+
+
 def transport_findings(
     t: NcclTransport, *, node_has_ib: bool, subject: str | None = None, cross_node: bool = False
 ) -> list[Finding]:
@@ -52,30 +94,8 @@ def transport_findings(
                 remedy=FIX_UNSEEN,
             )
         ]
-    text = describe(t)
-    if uses_socket(t):
-        evidence = t.lines.get("NET/Socket") or t.lines.get("network")
-        if node_has_ib:
-            return [
-                Finding(
-                    "NCCL_SOCKET_FALLBACK",
-                    Status.CRITICAL,
-                    f"NCCL fell back to TCP sockets on a node with IB/RoCE HCAs: {text}",
-                    subject,
-                    evidence=evidence,
-                    remedy=FIX_SOCKET,
-                )
-            ]
-        status = Status.WARNING if cross_node else Status.OK
-        return [
-            Finding(
-                "NCCL_SOCKET_TRANSPORT",
-                status,
-                f"NCCL used TCP sockets (this node has no IB/RoCE device): {text}",
-                subject,
-                evidence=evidence,
-                remedy=FIX_SOCKET if cross_node else None,
-            )
-        ]
+    socket = socket_finding(t, node_has_ib=node_has_ib, subject=subject, cross_node=cross_node)
+    if socket is not None:
+        return [socket]
     evidence = next(iter(t.lines.values()), None)
-    return [Finding("NCCL_TRANSPORT", Status.OK, f"transport: {text}", subject, evidence=evidence)]
+    return [Finding("NCCL_TRANSPORT", Status.OK, f"transport: {describe(t)}", subject, evidence=evidence)]

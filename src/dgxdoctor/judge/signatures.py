@@ -1,11 +1,19 @@
-"""The catalog of known failure signatures (data in ``dgxdoctor/data/signatures.toml``) and a fast line matcher.
+"""The catalog of known failure signatures (data in ``dgxdoctor/data/signatures.toml``) and its matcher.
 
-``load_catalog()`` validates the data and precompiles every pattern; ``Catalog.match(line, kind)`` returns the
-signatures a log line shows. Most log lines match nothing, so one combined regex of every pattern's anchor (a run
-of literal text every matching line contains, from a capital letter where possible; for a ``(?i)`` pattern its
-lower, Capitalised and UPPER forms), built as a prefix tree, is tried first, and the per-signature regexes run only
-on the rare line it hits. The patterns themselves as one alternation cost Python's engine several times more per
-line.
+``load_catalog()`` validates the data and precompiles every pattern. ``Catalog.find(text)`` returns the
+signatures a cleaned record's text shows; ``Catalog.match(line)`` reads one raw line as the record it is first
+(``judge.records``: the paste normaliser, and no signature from a request or access-log record, or from quoted
+text of a client record); ``Catalog.scan(text)`` and ``judge.scan.Scanner`` read many lines, fast.
+
+Most log lines match nothing, so one combined regex of every pattern's anchor (a run of literal text every
+matching line contains, from a capital letter where that leaves 10 characters; for a ``(?i)`` pattern its lower,
+Capitalised and UPPER forms), built as a prefix tree, is tried first, and the per-signature regexes run only on
+the rare line it hits. Over a block of raw bytes the same tree also accepts a line break between two characters
+(a wrapped record) and runs in RE2 where ``google-re2`` is installed. A pattern is searched cut at its top-level
+``.*`` (``_gap_pieces``), so a long line costs linear time.
+
+The data's schema is unchanged by the record-shape rules: they are code (``judge.records``), not keys, so a
+signature needs nothing new to be matched only in the records that print it.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol, cast
 
 from dgxdoctor.result import Status
 
@@ -45,6 +53,8 @@ class Signature:
 
 
 MIN_ANCHOR = 4
+# A capitalised tail shorter than this is too common to stand for its run ("KV cache", "Progress").
+RARE_MIN = 10
 
 
 def _literal_runs(source: str) -> list[str]:
@@ -88,7 +98,7 @@ def _rare_start(run: str) -> str:
     prefilter then fails on the first character (lower-case letters are everywhere, capitals are not)."""
     for n, ch in enumerate(run):
         if ch.isupper():
-            return run[n:] if len(run) - n >= MIN_ANCHOR else run
+            return run[n:] if len(run) - n >= RARE_MIN else run
     return run
 
 
@@ -100,8 +110,15 @@ def anchor(source: str) -> str:
     return max(usable, key=lambda r: (not r[:1].islower(), len(r)))
 
 
-def _trie_regex(words: Iterable[str]) -> str:
-    """One regex of literal words as a prefix tree: at each position one character decides the branch."""
+# Between two characters of an anchor the prefilter also accepts a line break, and a space may be one: a record
+# that a mail client, a Markdown editor or a terminal wrapped is still found (``judge.scan`` joins the two lines).
+_GAP = r"(?:\r?\n)?"
+_SPACE = r"(?: ?\r?\n| )"
+
+
+def _trie_regex(words: Iterable[str], *, gaps: bool = False) -> str:
+    """One regex of literal words as a prefix tree: at each position one character decides the branch. With
+    ``gaps``, a line break may sit between two characters (a wrapped line)."""
     trie: dict[str, Any] = {}
     for word in words:
         node = trie
@@ -110,7 +127,13 @@ def _trie_regex(words: Iterable[str]) -> str:
         node[""] = {}
 
     def build(node: dict[str, Any]) -> str:
-        branches = [re.escape(ch) + build(child) for ch, child in sorted(node.items()) if ch]
+        branches = []
+        for ch, child in sorted(node.items()):
+            if not ch:
+                continue
+            rest = build(child)
+            char = _SPACE if ch == " " and gaps else re.escape(ch)
+            branches.append(char + (_GAP + rest if gaps and rest and ch != " " else rest))
         if not branches:
             return ""
         body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
@@ -131,10 +154,83 @@ def _anchor_forms(source: str) -> set[str]:
     return {low, low[:1].upper() + low[1:], text.upper(), (first.upper() + " " + rest.lower()).strip()}
 
 
+def _gap_pieces(source: str) -> list[str]:
+    """The pattern cut at each top-level ``.*``: searched piece after piece, a line costs linear time.
+
+    ``A.*B`` as one regex retries ``.*`` from every place ``A`` occurs (a 16 KiB line of repeated ``NCCL WARN``
+    took 147 ms); ``A`` then ``B`` after it gives the same answer for the catalog's patterns, whose pieces are
+    literal text. A pattern with a top-level alternation is kept whole.
+    """
+    flag, body = ("(?i)", source[4:]) if source.startswith("(?i)") else ("", source)
+    pieces: list[str] = []
+    depth = last = i = 0
+    while i < len(body):
+        ch = body[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch == "[":
+            close = body.find("]", i + 2)
+            i = close + 1 if close != -1 else len(body)
+            continue
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and ch == "|":
+            return [source]
+        if depth == 0 and body.startswith(".*", i):
+            pieces.append(body[last:i])
+            i += 3 if body.startswith(".*?", i) else 2
+            last = i
+            continue
+        i += 1
+    pieces.append(body[last:])
+    return [flag + p for p in pieces if p]
+
+
+class _Searcher:
+    """One catalog pattern, searched in linear time (see ``_gap_pieces``)."""
+
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        self.pieces = tuple(re.compile(p) for p in _gap_pieces(pattern.pattern))
+
+    def span(self, text: str) -> tuple[int, int] | None:
+        pos = start = 0
+        for n, piece in enumerate(self.pieces):
+            m = piece.search(text, pos)
+            if m is None:
+                return None
+            start = m.start() if n == 0 else start
+            pos = m.end()
+        return start, pos
+
+
+class _BytesSearch(Protocol):
+    def search(self, data: bytes, pos: int = 0) -> re.Match[bytes] | None: ...
+
+
+def _block_regex(source: str) -> _BytesSearch:
+    pattern = source.encode("utf-8")
+    try:
+        import re2  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    except ImportError:
+        return re.compile(pattern)
+    options = re2.Options()
+    options.max_mem = 64 << 20  # the DFA of a few hundred anchors with their line-break gaps
+    options.log_errors = False
+    try:
+        return cast(_BytesSearch, re2.compile(pattern, options))
+    except re2.error:
+        return re.compile(pattern)
+
+
 @dataclass(frozen=True)
 class Match:
     signature: Signature
+    # The line as it was read (evidence keeps what the operator pasted); two lines when a wrapped record was joined.
     line: str
+    # From a record no client controls (``judge.records``): only these may lead to an action.
+    trusted: bool = True
+    # 1-based number of the line in the scanned input (``Catalog.scan``, ``judge.scan.Scanner``); 0 when unknown.
+    number: int = 0
 
     @property
     def code(self) -> str:
@@ -146,30 +242,54 @@ class Catalog:
         self.signatures: tuple[Signature, ...] = tuple(signatures)
         # The cheap first pass: any pattern's anchor, longest first.
         forms = {form for sig in self.signatures for p in sig.patterns for form in _anchor_forms(p.pattern)}
-        self._prefilter = re.compile(_trie_regex(forms)) if forms else None
+        self.prefilter = re.compile(_trie_regex(forms)) if forms else None
+        # The same over a block of raw bytes (judge.scan): RE2's automaton where installed, linear and several
+        # times faster than Python's engine over a long text; Python's otherwise.
+        self.block_prefilter = _block_regex(_trie_regex(forms, gaps=True) if forms else "(?!)")
+        self._searchers = {p.pattern: _Searcher(p) for sig in self.signatures for p in sig.patterns}
 
     def by_code(self) -> dict[str, Signature]:
         return {s.code: s for s in self.signatures}
 
-    def match(self, line: str, kind: str | None = None) -> list[Match]:
-        """Signatures whose patterns occur in ``line`` (restricted to those applying to ``kind``, if given)."""
-        line = line[:MAX_MATCH_CHARS]
-        if self._prefilter is None or self._prefilter.search(line) is None:
+    def find(self, text: str, kind: str | None = None, *, start: int = 0, quoted: bool = True) -> list[Signature]:
+        """Signatures whose patterns occur in ``text`` from ``start`` on (a cleaned record's message); with
+        ``quoted=False`` a match lying wholly inside quotes (a prompt a client sent) does not count."""
+        from dgxdoctor.judge.records import inside_quotes
+
+        text = text[:MAX_MATCH_CHARS]
+        if self.prefilter is None or self.prefilter.search(text, start) is None:
             return []
-        found = [
-            sig
-            for sig in self.signatures
-            if (kind is None or kind in sig.kinds) and any(p.search(line) for p in sig.patterns)
-        ]
+        found = []
+        for sig in self.signatures:
+            if kind is not None and kind not in sig.kinds:
+                continue
+            for p in sig.patterns:
+                span = self._searchers[p.pattern].span(text[start:])
+                if span is not None and (quoted or not inside_quotes(text, span[0] + start, span[1] + start)):
+                    found.append(sig)
+                    break
         refined = {sig.refines for sig in found if sig.refines}
-        return [Match(sig, line) for sig in found if sig.code not in refined]
+        return [sig for sig in found if sig.code not in refined]
+
+    def match(self, line: str, kind: str | None = None) -> list[Match]:
+        """Signatures one line shows on its own, read as the record it is (``judge.records``): nothing from a
+        request or access-log record, nothing from quoted text of a client record."""
+        from dgxdoctor.judge.records import Trust, clean, shape
+
+        text = clean(line)
+        found = shape(text)
+        if found.trust is Trust.DENIED:
+            return []
+        client = found.trust is Trust.CLIENT
+        trusted = not client
+        return [Match(sig, line, trusted) for sig in self.find(text, kind, start=found.message, quoted=not client)]
 
     def scan(self, text: str, kind: str | None = None) -> list[Match]:
-        """Every match in a block of text, line by line, in order."""
-        found: list[Match] = []
-        for line in text.splitlines():
-            found.extend(self.match(line, kind))
-        return found
+        """Every match in a block of text, line by line, in order (each line read in its record)."""
+        from dgxdoctor.judge.scan import Scanner
+
+        scanner = Scanner(self, kind, context=False)
+        return [*scanner.feed(text), *scanner.flush()]
 
 
 def parse_catalog(data: Mapping[str, Any], source: str = "<catalog>") -> Catalog:

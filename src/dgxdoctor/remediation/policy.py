@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from dgxdoctor import codes
 from dgxdoctor.judge.xid import page_resolutions
 from dgxdoctor.result import CheckResult, Status
 from dgxdoctor.sources.xid import UNKNOWN_XID_RESOLUTION
@@ -23,20 +24,20 @@ LADDER: tuple[ActionName, ...] = ("restart_vllm", "restart_cluster", "page")
 
 # vLLM check: refused connection (dead), /health timing out while idle (hung), /health 200 with work queued and
 # no token counter moving for stall_s (engine hung: a KV or queue stall with no progress).
-RESTART_VLLM_CODES = frozenset({"VLLM_DEAD", "VLLM_HUNG", "ENGINE_HUNG"})
+RESTART_VLLM_CODES = frozenset({codes.VLLM_DEAD, codes.VLLM_HUNG, codes.ENGINE_HUNG})
 # Ray check: a node DEAD, fewer nodes or GPUs than planned (the tutorial's "GPU 8 of 16"), the local raylet gone;
 # logs check: the NCCL/Gloo failure signatures of a broken collective between the nodes.
 RESTART_CLUSTER_CODES = frozenset(
     {
-        "RAY_NODE_DEAD",
-        "RAY_NODES_MISSING",
-        "RAY_GPUS_MISSING",
-        "RAY_RAYLET_DOWN",
-        "NCCL_NET_FAILURE",
-        "NCCL_NETWORK_ERROR",
-        "NCCL_TIMEOUT",
-        "NCCL_SYSTEM_ERROR",
-        "GLOO_SOCKET",
+        codes.RAY_NODE_DEAD,
+        codes.RAY_NODES_MISSING,
+        codes.RAY_GPUS_MISSING,
+        codes.RAY_RAYLET_DOWN,
+        codes.NCCL_NET_FAILURE,
+        codes.NCCL_NETWORK_ERROR,
+        codes.NCCL_TIMEOUT,
+        codes.NCCL_SYSTEM_ERROR,
+        codes.GLOO_SOCKET,
         # logs check: a worker or the driver lost the GCS (the head's control store) and exited.
         "RAY_GCS_UNREACHABLE",
     }
@@ -46,13 +47,13 @@ RESTART_CLUSTER_CODES = frozenset(
 PAGE_XID_RESOLUTIONS = page_resolutions()
 PAGE_CODES = frozenset(
     {
-        "IB_PORT_DOWN",
-        "IB_PORT_DISABLED",
-        "IB_PORT_NOT_ACTIVE",
-        "IB_LINK_FLAPPING",
-        "PEER_HARDWARE_DRIFT",
-        "PEER_VERSION_SKEW",
-        "PEER_MODEL_MISMATCH",
+        codes.IB_PORT_DOWN,
+        codes.IB_PORT_DISABLED,
+        codes.IB_PORT_NOT_ACTIVE,
+        codes.IB_LINK_FLAPPING,
+        codes.PEER_HARDWARE_DRIFT,
+        codes.PEER_VERSION_SKEW,
+        codes.PEER_MODEL_MISMATCH,
         # logs check signatures no restart cures: version drift between the nodes, a GPU or driver fault, the
         # container's /dev/shm or GPU set-up, the host's RAM (not a CUDA OOM), an unreachable MASTER_ADDR.
         "RAY_VERSION_MISMATCH",
@@ -101,8 +102,8 @@ def problems_from_results(
             if finding.status is not Status.CRITICAL:
                 continue
             resolution = None
-            if finding.code.startswith("XID_") and xid_resolution is not None:
-                number = finding.code.removeprefix("XID_")
+            if finding.code.startswith(codes.XID_PREFIX) and xid_resolution is not None:
+                number = finding.code.removeprefix(codes.XID_PREFIX)
                 # An XID the catalog does not know is the catalog's CONTACT_SUPPORT, as the check says.
                 resolution = xid_resolution.get(int(number), UNKNOWN_XID_RESOLUTION) if number.isdigit() else None
             action = action_for_code(finding.code, resolution)
@@ -120,8 +121,25 @@ def problem_from_alert(labels: Mapping[str, str], node: str, since: float | None
     action = labels.get("dgxdoctor_action")
     if labels.get("node") != node or action not in RESTARTS:
         return None
-    name = labels.get("alertname", "alert")
+    name = printable(labels.get("alertname", "alert"))[:MAX_ALERT_NAME]
     return Problem(f"alert:{name}:{action}", action, "alert", f"alert {name} firing", since)  # type: ignore[arg-type]
+
+
+MAX_ALERT_NAME = 128
+
+
+def printable(text: str) -> str:
+    """``text`` with what a terminal would interpret (escapes, control characters, lone surrogates) shown as
+    ``\\xNN``/``\\uNNNN``: names from the network reach the state file, the audit and an operator's terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape(ord(c)) for c in text)
+
+
+def _escape(code: int) -> str:
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 @dataclass(frozen=True)

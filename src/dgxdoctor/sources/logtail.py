@@ -191,3 +191,61 @@ def _read_lines(path: str, offset: int, budget: int, *, final: bool) -> tuple[li
         whole = chunk
     text = whole.decode("utf-8", errors="replace")
     return text.splitlines(), len(whole), full
+
+
+@dataclass
+class RecentRead:
+    """What ``read_recent`` read: the lines, and what it left unread and why."""
+
+    lines: list[tuple[str, str]] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # read (their recent part)
+    stale: list[str] = field(default_factory=list)  # not written within max_age_s: not read
+    errors: list[str] = field(default_factory=list)
+    bytes_read: int = 0
+    older_bytes: int = 0  # before the window: older than what the one-shot run looks at
+    unread_bytes: int = 0  # inside the window but over the per-run limit
+
+
+def read_recent(paths: Iterable[str], window_bytes: int, max_bytes: int, max_age_s: float, now: float) -> RecentRead:
+    """The recent past of each file, for the one-shot ``check``: its last ``window_bytes`` (from the first whole
+    line in them), files not modified within ``max_age_s`` of ``now`` (wall clock) left out, at most ``max_bytes``
+    over all files, the newest part of each file first. Positions are neither read nor kept."""
+    result = RecentRead()
+    budget = max_bytes
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            result.errors.append(f"{path}: {exc.strerror or exc}")
+            continue
+        if now - st.st_mtime > max_age_s:
+            result.stale.append(path)
+            continue
+        start = max(0, st.st_size - window_bytes)
+        take = max(0, min(st.st_size - start, budget))
+        result.older_bytes += start
+        result.unread_bytes += st.st_size - start - take
+        try:
+            lines = _read_tail(path, st.st_size - take, take)
+        except OSError as exc:
+            result.errors.append(f"{path}: {exc.strerror or exc}")
+            continue
+        result.files.append(path)
+        result.lines.extend((path, line) for line in lines)
+        result.bytes_read += take
+        budget -= take
+    return result
+
+
+def _read_tail(path: str, offset: int, length: int) -> list[str]:
+    """The whole lines of ``length`` bytes from ``offset`` (a first line cut by the offset is left out)."""
+    if length <= 0:
+        return []
+    with Path(path).open("rb") as fh:
+        fh.seek(max(0, offset - 1))
+        chunk = fh.read(length + (1 if offset > 0 else 0))
+    if offset > 0:
+        # The byte before the window: a newline there means the window starts on a whole line.
+        first = chunk.find(b"\n")
+        chunk = chunk[first + 1 :] if first != -1 else b""
+    return chunk.decode("utf-8", errors="replace").splitlines()

@@ -1,6 +1,7 @@
 """What NCCL itself says it used: the transport of every channel, the network plugin and its devices.
 
-Read from NCCL's own ``NCCL_DEBUG=INFO`` lines (``NCCL_DEBUG_SUBSYS=INIT,NET,ENV`` is enough), as printed by
+The one reader of NCCL's INFO lines (``sources.nccl_tests`` hands them here). Read from NCCL's own
+``NCCL_DEBUG=INFO`` lines (``NCCL_DEBUG_SUBSYS=INIT,NET,ENV`` is enough), as printed by
 nccl-tests, the bundled probe or any NCCL program. The format is NCCL's ``INFO(NCCL_INIT|NCCL_P2P, "Channel %02d/%01d :
 %d[%d] -> %d[%d] [%s] via %s")`` in ``src/transport.cc`` and the network plugins' init lines; examples below are real
 lines from public logs. Only parsing here: the verdict (a socket fall-back on a node with IB is critical) lives in
@@ -49,8 +50,8 @@ COMM = re.compile(r"NCCL INFO comm 0x[0-9a-f]{1,16} rank (\d{1,7}) nRanks (\d{1,
 # user:5183:5236 [4] NCCL INFO NCCL_IB_HCA set to mlx5_2:1,mlx5_0:1   (NVIDIA/nccl-tests#228)
 # axa:3048391:3048566 [0] NCCL INFO NCCL_IB_DISABLE set by environment to 1.   (NVIDIA/nccl#1053)
 ENV_SET = re.compile(r"NCCL INFO (NCCL_[A-Z0-9_]{1,64}) set (?:by environment )?to (\S{0,400}?)\.?$")
-# NCCL version 2.24.3+cuda12.2   (NVIDIA/nccl#1584)
-VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
+# NCCL version 2.24.3+cuda12.2   (NVIDIA/nccl#1584; nccl-tests prints it too, NVIDIA/nccl-tests#293)
+VERSION = re.compile(r"NCCL version (?P<version>\d+\.\d+\.\d+)(?P<build>\S*)")
 
 
 def transport_kind(via: str) -> str:
@@ -114,7 +115,8 @@ class NcclTransport:
         }
 
 
-def _strip(line: str) -> str:
+def strip_prefix(line: str) -> str:
+    """The line without its end of line and Open MPI's ``[1,0]<stdout>:`` tag."""
     return MPI_PREFIX.sub("", line.rstrip("\r\n"))
 
 
@@ -164,14 +166,14 @@ def _read_other(t: NcclTransport, line: str) -> None:
     elif (m := ENV_SET.search(line)) is not None:
         t.env[m.group(1)] = m.group(2)
     elif (m := VERSION.search(line)) is not None and t.version is None:
-        t.version = m.group(1)
+        t.version = m["version"]
 
 
 def parse_nccl_info(text: str) -> NcclTransport:
     """Every transport fact in ``text`` (NCCL INFO lines among any other output); never raises."""
     t = NcclTransport()
     for raw in text.splitlines():
-        line = _strip(raw)
+        line = strip_prefix(raw)
         if "NCCL" not in line:
             continue
         if "NCCL INFO" in line and (_read_channel(t, line) or _read_net(t, line)):

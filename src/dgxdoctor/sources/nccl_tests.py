@@ -11,7 +11,8 @@ The column header names the layout, so rows are read by the header's column name
 - 2.18+ adds ``# nccl-tests version 2.18.0 nccl-headers=... nccl-library=...`` and ``# Collective test starting:``.
 
 Output of ``mpirun`` may prefix every line with ``[1,0]<stdout>:``; NCCL_DEBUG=INFO lines are mixed in and tell
-the transport (``NET/IB`` or the TCP fallback ``NET/Socket``). Without a header (a pasted fragment) a row is read
+the transport (``NET/IB`` or the TCP fallback ``NET/Socket``): they are read by ``sources.nccl_info``, the one
+parser of NCCL's INFO lines. Without a header (a pasted fragment) a row is read
 from its end: the last eight values are time, algbw, busbw, error for out-of-place then in-place.
 """
 
@@ -22,9 +23,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# [1,0]<stdout>:#       size         count      type   redop    root     time   algbw   busbw #wrong ...
-#   (aws/aws-k8s-tester#503: Open MPI's --tag-output prefix)
-MPI_PREFIX = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
+from dgxdoctor.sources.nccl_info import VERSION, NcclTransport, parse_nccl_info, strip_prefix
+
 # # Avg bus bandwidth    : 95.3009
 #   (NVIDIA/nccl-tests#252; printed as "# %-20s : %g" by src/common.cu writeResultFooter)
 AVG_BUSBW = re.compile(r"Avg bus bandwidth\s*:\s*(\S+)")
@@ -37,26 +37,12 @@ NGPUS = re.compile(r"nThread\s+(\d{1,9})\s+nGpus\s+(\d{1,9})\b")
 # # nccl-tests version 2.18.0 nccl-headers=22907 nccl-library=22907
 #   (nccl-tests 2.18 header, as pasted in public benchmark notes)
 TESTS_VERSION = re.compile(r"nccl-tests version (\S+)")
-# NCCL version 2.21.5+cuda12.4
-#   (NVIDIA/nccl-tests#293)
-NCCL_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+\S*)")
 # # Collective test starting: all_gather_perf_mpi
 #   (nccl-tests 2.18 header)
 COLLECTIVE = re.compile(r"Collective test starting:\s*(\S+)")
 # #  Rank  0 Group  0 Pid   3595 on      test1 device  0 [0x81] NVIDIA A100-PCIE-40GB
 #   (NVIDIA/nccl-tests#293; 2.x before groups: "#   Rank  0 Pid   1320 on ip-172-31-20-228 device  0 ...", #107)
 RANK_HOST = re.compile(r"Rank\s+\d+\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device")
-# test1:3595:3609 [0] NCCL INFO Using network IB            (NVIDIA/nccl#1066)
-# SHJS-PF4ZKYLL:92777:92777 [0] NCCL INFO Using network Socket (NVIDIA/nccl#573)
-NET_USING = re.compile(r"NCCL INFO Using network (\w+)")
-# gcn6:1080060:1080060 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB; OOB eno1np0:172.18.62.6<0>
-#   (NVIDIA/nccl#1066)
-# SHJS-PF4ZKYLL:92777:92777 [0] NCCL INFO NET/Socket : Using [0]eth0:172.27.213.95<0>   (NVIDIA/nccl#573)
-NET_INIT = re.compile(r"NCCL INFO NET/(IB|Socket) ?: ?Using \[")
-# :22901:22901 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/4
-#   (autoscriptlabs/nccl-mesh-plugin#56)
-NET_CHANNEL = re.compile(r"NCCL INFO Channel .* via NET/(IB|Socket)\b")
-
 MIB = 1024 * 1024
 
 _ALIASES = {"bytes": "size", "n": "count", "op": "redop", "#wrong": "wrong", "error": "wrong", "res": "wrong"}
@@ -99,8 +85,21 @@ class NcclTestsReport:
     nccl_version: str | None = None
     collective: str | None = None
     hosts: tuple[str, ...] = ()
-    # Network transports NCCL reported ("IB", "Socket"), first seen first, with the first line for each.
-    transports: dict[str, str] = field(default_factory=dict)
+    # What NCCL's INFO lines among the table said about its transport (sources.nccl_info).
+    transport: NcclTransport = field(default_factory=NcclTransport)
+
+    @property
+    def transports(self) -> dict[str, str]:
+        """Network transports NCCL reported ("IB", "Socket"), first seen first, with the first line for each."""
+        t = self.transport
+        kinds = [k.removeprefix("NET/") for k in t.net_channels] + list(t.net_devices)
+        if t.network:
+            kinds.append(t.network)
+        found: dict[str, str] = {}
+        for kind in kinds:
+            line = t.lines.get(f"NET/{kind}") or t.lines.get("network") or ""
+            found.setdefault(kind, line)
+        return found
 
     @property
     def peak_busbw_gbps(self) -> float | None:
@@ -125,10 +124,6 @@ class NcclTestsReport:
 
 def looks_like_nccl_tests(text: str) -> bool:
     return "Avg bus bandwidth" in text or ("algbw" in text and "busbw" in text)
-
-
-def _strip(line: str) -> str:
-    return MPI_PREFIX.sub("", line.rstrip("\r\n"))
 
 
 def _number(token: str) -> float | None:
@@ -220,15 +215,12 @@ class _Scan:
     collective: str | None = None
     ranks: int = 0
     hosts: dict[str, None] = field(default_factory=dict)
-    transports: dict[str, str] = field(default_factory=dict)
+    nccl_lines: list[str] = field(default_factory=list)
 
     def nccl_log(self, line: str) -> None:
-        for pattern in (NET_USING, NET_INIT, NET_CHANNEL):
-            m = pattern.search(line)
-            if m:
-                self.transports.setdefault(m.group(1), line.strip())
-        if (m := NCCL_VERSION.search(line)) and self.nccl_version is None:
-            self.nccl_version = m.group(1)
+        self.nccl_lines.append(line)
+        if (m := VERSION.search(line)) and self.nccl_version is None:
+            self.nccl_version = m["version"] + m["build"]
 
     def table_line(self, line: str) -> bool:
         """The summary lines, the header and the units line; True when the line was one of them."""
@@ -261,8 +253,8 @@ class _Scan:
         elif (m := RANK_HOST.search(line)) is not None:
             self.hosts.setdefault(m.group(1), None)
             self.ranks += 1
-        elif (m := NCCL_VERSION.search(line)) is not None:
-            self.nccl_version = self.nccl_version or m.group(1)
+        elif (m := VERSION.search(line)) is not None:
+            self.nccl_version = self.nccl_version or m["version"] + m["build"]
         else:
             return False
         return True
@@ -280,7 +272,7 @@ def parse_nccl_tests(text: str) -> NcclTestsReport:
     """Rows and summary of nccl-tests output; raises ValueError when the text has no result rows at all."""
     scan = _Scan()
     for raw in text.splitlines():
-        line = _strip(raw)
+        line = strip_prefix(raw)
         if not line.strip():
             continue
         if "NCCL INFO" in line or "NCCL WARN" in line:
@@ -299,5 +291,5 @@ def parse_nccl_tests(text: str) -> NcclTestsReport:
         nccl_version=scan.nccl_version,
         collective=scan.collective,
         hosts=tuple(scan.hosts),
-        transports=scan.transports,
+        transport=parse_nccl_info("\n".join(scan.nccl_lines)),
     )

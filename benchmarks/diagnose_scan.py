@@ -1,0 +1,141 @@
+"""`dgxdoctor diagnose` over a big log beside `grep -c` on the same file: MB/s and peak resident memory.
+
+    PYTHONPATH=src python benchmarks/diagnose_scan.py [--sizes 50,1000] [--stdin]
+
+For each size (MB) a vLLM/Ray/NCCL log of ordinary lines with one real failure line every 10,000 lines is written
+to a temporary directory (deleted after), then read by `python -m dgxdoctor diagnose FILE --json` (and, with
+``--stdin``, from a pipe) and by `grep -c 'NCCL WARN'`. Targets (the doctor and scanning issues): at least
+50 MB/s scanned (the seconds of `diagnose` on a one-line file, Python's start-up and imports, left out; the
+end-to-end rate is printed beside it), at most 150 MB peak RSS whatever the size, and every failure line
+named. Prints PASS/FAIL per figure and exits 1 on a miss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ORDINARY = [
+    "INFO 05-16 18:43:01 [loader.py:447] Loading weights took 2.60 seconds",
+    "(APIServer pid=7) INFO 12-18 10:00:00 [loggers.py:123] Engine 000: Avg prompt throughput: 812.3 tokens/s, "
+    "Avg generation throughput: 1204.9 tokens/s, Running: 64 reqs, Waiting: 0 reqs, GPU KV cache usage: 41.2%",
+    "2024-07-25 06:50:45,885\tINFO worker.py:1788 -- Connected to Ray cluster.",
+    "gcn6:1080060:1080060 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB; OOB eno1np0:172.18.62.6<0>",
+    '(APIServer pid=7) INFO:     127.0.0.1:52144 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+    "(RayWorkerWrapper pid=5157, ip=10.0.0.2) INFO 12-18 10:00:00 [custom_all_reduce.py:224] Registering 4515 "
+    "cuda graph addresses",
+]
+# Real: vllm-project/vllm#5094 (tests/fixtures/logs/gloo_socket.log)
+FAILURE = "RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error"
+MIN_MB_S = 50.0
+MAX_RSS_MB = 150.0
+CHUNK = 8 << 20
+
+
+def write_log(path: Path, megabytes: float) -> int:
+    """The synthetic log, written in chunks (the generator holds no more than one); the failure lines in it."""
+    target, size, failures, i = megabytes * 1e6, 0, 0, 0
+    with path.open("w", encoding="utf-8") as fh:
+        while size < target:
+            lines = []
+            for _ in range(20_000):
+                failure = i % 10_000 == 9_999
+                lines.append(FAILURE if failure else ORDINARY[i % len(ORDINARY)])
+                failures += failure
+                i += 1
+            chunk = "\n".join(lines) + "\n"
+            fh.write(chunk)
+            size += len(chunk)
+    return failures
+
+
+def run_diagnose(path: Path, via_stdin: bool) -> tuple[float, float, dict[str, object]]:
+    """Seconds, peak RSS (MB) of the child, and its JSON report."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    args = [sys.executable, "-m", "dgxdoctor", "diagnose", "-" if via_stdin else str(path), "--json"]
+    t0 = time.perf_counter()
+    with path.open("rb") as stdin:
+        proc = subprocess.Popen(args, stdin=stdin if via_stdin else None, stdout=subprocess.PIPE, env=env)
+        assert proc.stdout is not None
+        out = proc.stdout.read()
+        # wait4, not wait: the child's own peak RSS (ru_maxrss of RUSAGE_CHILDREN is the largest of all children).
+        _, _, usage = os.wait4(proc.pid, 0)
+        proc.returncode = 0
+    seconds = time.perf_counter() - t0
+    return seconds, usage.ru_maxrss / 1024, json.loads(out)
+
+
+def run_grep(path: Path) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(["grep", "-c", "NCCL WARN", str(path)], stdout=subprocess.DEVNULL, check=False)
+    return time.perf_counter() - t0
+
+
+def named(report: dict[str, object]) -> int:
+    inputs = report["inputs"]
+    assert isinstance(inputs, list)
+    counts = [i["data"].get("matches", {}).get("GLOO_SOCKET", 0) for i in inputs if isinstance(i, dict)]
+    return max(counts, default=0)
+
+
+def startup_s() -> float:
+    """Seconds of `diagnose` on a one-line file: Python's start-up and the imports, which every size pays once
+    (the start-up figure is the start-up benchmark's; the scan rate here leaves it out)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "one.log"
+        path.write_text(ORDINARY[0] + "\n")
+        return min(run_diagnose(path, via_stdin=False)[0] for _ in range(3))
+
+
+def bench(megabytes: float, via_stdin: bool, start: float) -> bool:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "vllm.log"
+        failures = write_log(path, megabytes)
+        size_mb = path.stat().st_size / 1e6
+        grep_s = run_grep(path)
+        seconds, rss, report = run_diagnose(path, via_stdin)
+    rate = size_mb / max(seconds - start, 1e-3)
+    found = named(report)
+    checks = [
+        (
+            f"throughput {rate:.1f} MB/s after {start:.2f} s of start-up (target >= {MIN_MB_S:g}; "
+            f"{size_mb / seconds:.1f} MB/s end to end)",
+            rate >= MIN_MB_S,
+        ),
+        (f"peak RSS {rss:.0f} MB (target <= {MAX_RSS_MB:g})", rss <= MAX_RSS_MB),
+        (f"failure lines named {found} of {failures}", found == failures),
+    ]
+    source = "stdin" if via_stdin else "file"
+    print(
+        f"{size_mb:,.0f} MB from {source}: diagnose {seconds:.2f} s, grep -c {grep_s:.2f} s "
+        f"({seconds / grep_s:.0f}x grep; grep {size_mb / grep_s:,.0f} MB/s)"
+    )
+    for text, ok in checks:
+        print(f"  {'PASS' if ok else 'FAIL'} {text}")
+    return all(ok for _, ok in checks)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="50,1000", help="log sizes in MB, comma-separated")
+    parser.add_argument("--stdin", action="store_true", help="also read each log from a pipe")
+    args = parser.parse_args()
+    ok = True
+    start = startup_s()
+    print(f"start-up: diagnose of a one-line file {start:.2f} s")
+    for size in (float(s) for s in args.sizes.split(",") if s.strip()):
+        ok &= bench(size, via_stdin=False, start=start)
+        if args.stdin:
+            ok &= bench(size, via_stdin=True, start=start)
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

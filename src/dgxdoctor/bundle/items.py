@@ -1,0 +1,265 @@
+"""What one node's part of a bundle holds, and where each file comes from.
+
+The list follows what a support engineer asks for first (NVIDIA's nvidia-bug-report.sh, sosreport, the runbook's
+preflight): the results, the kernel log of the window, the service logs' tails, ``nvidia-smi -q`` and ``topo -m``,
+the RDMA ports' counters, ``ray status``, the NCCL environment (the file and the serving processes'), versions,
+the remediation audit and the config. Commands are argv lists run through the environment's command runner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dgxdoctor import __version__
+from dgxdoctor.bundle.collect import Item, Output, command_item
+from dgxdoctor.config import Config
+from dgxdoctor.environment import Environment
+from dgxdoctor.sources.kmsg import KmsgReader
+from dgxdoctor.sources.logtail import expand_paths
+from dgxdoctor.sources.procfs import ProcessInfo, iter_processes, runs_package
+
+# The tail kept of one service log file; the size cap bounds them all together.
+LOG_TAIL_BYTES = 4 * 2**20
+MAX_LOG_FILES = 40
+MAX_ENV_PROCESSES = 8
+# Serving processes whose environment matters to NCCL (ray's workers hold vLLM's ranks).
+SERVING_COMMS = ("raylet", "ray::", "vllm")
+
+Provider = Callable[[], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What the part reads that only its caller knows: the results document and /state (the daemon's store, or a
+    fresh run and the local daemon's answer for `dgxdoctor bundle`)."""
+
+    results: Provider
+    state: Provider
+    since_s: float
+    bug_report: bool = True
+
+
+def _json(provider: Provider) -> Callable[[float], Output]:
+    def produce(_left: float) -> Output:
+        return Output(json.dumps(provider(), indent=1, sort_keys=True, default=str).encode())
+
+    return produce
+
+
+def _file(path: Path, tail: int | None = None) -> Callable[[float], Output]:
+    def produce(_left: float) -> Output:
+        try:
+            with path.open("rb") as fh:
+                if tail is not None:
+                    size = os.fstat(fh.fileno()).st_size
+                    fh.seek(max(size - tail, 0))
+                return Output(fh.read(tail if tail is not None else -1))
+        except FileNotFoundError:
+            return Output(status="missing", error=f"{path}: no such file")
+        except OSError as exc:
+            return Output(status="failed", error=f"{path}: {exc.strerror or exc}")
+
+    return produce
+
+
+def kernel_log(path: Path, since_s: float) -> Callable[[float], Output]:
+    """The kernel ring's records of the window, each with its wall-clock time (kmsg stamps are monotonic)."""
+
+    def produce(_left: float) -> Output:
+        reader = KmsgReader(path)
+        try:
+            reader.open()
+            records = reader.read_available()
+        except OSError as exc:
+            return Output(status="failed", error=f"{path}: {exc.strerror or exc}")
+        finally:
+            reader.close()
+        now_wall, now_mono = time.time(), time.monotonic()
+        lines = []
+        for r in records:
+            if r.usec is None:
+                lines.append(r.message)
+                continue
+            age = now_mono - r.usec / 1e6
+            if age <= since_s:
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now_wall - age))
+                lines.append(f"{stamp}Z [{r.usec / 1e6:12.6f}] {r.message}")
+        return Output(("\n".join(lines) + "\n").encode("utf-8", "replace"))
+
+    return produce
+
+
+def _log_items(kind: str, patterns: list[str], since_s: float) -> Iterator[Item]:
+    """The tail of every log file written to within the window."""
+    cutoff = time.time() - since_s
+    files = []
+    for path in expand_paths(patterns):
+        try:
+            if os.stat(path).st_mtime >= cutoff:
+                files.append(path)
+        except OSError:
+            continue
+    for path in files[:MAX_LOG_FILES]:
+        safe = Path(path).name.replace(" ", "_")
+        yield Item(f"logs/{kind}/{safe}", f"tail -c {LOG_TAIL_BYTES} {path}", _file(Path(path), LOG_TAIL_BYTES))
+
+
+def infiniband(env: Environment, timeout_s: float) -> Item:
+    """The RDMA ports' state, rate and every counter from sysfs; ``ibstat`` where sysfs shows no device."""
+    root = env.sysfs_root / "class" / "infiniband"
+    if not root.is_dir():
+        return command_item("infiniband.txt", ["ibstat"], timeout_s, env.run_command)
+
+    def produce(_left: float) -> Output:
+        lines = []
+        for port in sorted(root.glob("*/ports/*")):
+            device = port.parent.parent.name
+            for f in sorted([*port.glob("*"), *port.glob("counters/*"), *port.glob("hw_counters/*")]):
+                if f.is_file():
+                    try:
+                        value = f.read_text(errors="replace").strip()
+                    except OSError as exc:
+                        value = f"<unreadable: {exc.strerror}>"
+                    lines.append(f"{device}/{port.name}/{f.relative_to(port)}: {value}")
+        return Output(("\n".join(lines) + "\n").encode())
+
+    return Item("infiniband.txt", f"grep -r . {root}/*/ports/*", produce)
+
+
+def nccl_environment(config: Config, env: Environment) -> Callable[[float], Output]:
+    """The NCCL env file and the environment of the serving processes (redacted with the rest of the part)."""
+    env_file = getattr(config.check_settings("nccl_env"), "env_file", None)
+
+    def produce(_left: float) -> Output:
+        out = [f"# {env_file}"]
+        try:
+            out.append(Path(env_file).read_text(errors="replace") if env_file else "(no env_file configured)")
+        except OSError as exc:
+            out.append(f"(unreadable: {exc.strerror or exc})")
+        for proc in _serving_processes(env):
+            try:
+                raw = proc.environ()
+            except OSError as exc:
+                out.append(f"# pid {proc.pid} {proc.comm}: environment unreadable ({exc.strerror or exc})")
+                continue
+            out.append(f"# pid {proc.pid} {proc.comm}: {' '.join(proc.cmdline)[:300]}")
+            out += sorted(raw.decode("utf-8", "replace").split("\0"))
+        return Output(("\n".join(out) + "\n").encode())
+
+    return produce
+
+
+def _serving_processes(env: Environment) -> list[ProcessInfo]:
+    found = []
+    for proc in iter_processes(env.proc_root):
+        try:
+            if proc.comm.startswith(SERVING_COMMS) or runs_package(proc.cmdline, "vllm"):
+                found.append(proc)
+        except OSError:
+            continue
+        if len(found) >= MAX_ENV_PROCESSES:
+            break
+    return found
+
+
+def versions(env: Environment) -> Callable[[float], Output]:
+    def produce(_left: float) -> Output:
+        doc: dict[str, Any] = {
+            "dgxdoctor": __version__,
+            "python": sys.version,
+            "platform": platform.platform(),
+            "kernel": platform.release(),
+        }
+        for key, path in (("nvidia_driver", "driver/nvidia/version"), ("cmdline", "cmdline")):
+            try:
+                doc[key] = (env.proc_root / path).read_text(errors="replace").strip()
+            except OSError:
+                doc[key] = None
+        return Output(json.dumps(doc, indent=1).encode())
+
+    return produce
+
+
+def bug_report(env: Environment, timeout_s: float) -> Item:
+    """``nvidia-bug-report.sh --safe-mode`` (no commands that can hang on a broken GPU), time-boxed."""
+    argv = ["nvidia-bug-report.sh", "--safe-mode", "--output-file"]
+
+    def produce(left_s: float) -> Output:
+        with tempfile.TemporaryDirectory(prefix="dgxdoctor-bug-") as tmp:
+            target = Path(tmp) / "nvidia-bug-report.log.gz"
+            done = command_item("x", [*argv, str(target)], timeout_s, env.run_command).produce(left_s)
+            if done.status != "ok":
+                return done
+            try:
+                return Output(gzip.decompress(target.read_bytes()), "ok", done.command, done.exit_code)
+            except (OSError, EOFError, gzip.BadGzipFile) as exc:
+                return Output(status="failed", command=done.command, error=f"{target}: {exc}")
+
+    return Item("nvidia-bug-report.log", " ".join(argv) + " FILE", produce)
+
+
+def config_dump(config: Config) -> Callable[[float], Output]:
+    """The configuration in force, as JSON (secrets masked by pydantic and redacted again)."""
+
+    def produce(_left: float) -> Output:
+        doc = config.model.model_dump(mode="json")
+        doc["source"] = config.source
+        return Output(json.dumps(doc, indent=1, sort_keys=True).encode())
+
+    return produce
+
+
+def node_items(config: Config, env: Environment, src: Sources) -> list[Item]:
+    b = config.bundle
+    t = b.command_timeout_s
+    ray_cmd = str(getattr(config.check_settings("ray"), "ray_command", "ray"))
+    logs = config.check_settings("logs")
+    state_dir = config.paths.state_dir
+    items = [
+        Item("results.json", "dgxdoctor check --json", _json(src.results)),
+        Item("state.json", "curl -H 'Authorization: Bearer ...' localhost:9835/state", _json(src.state)),
+        Item("kernel.log", f"dmesg (the last {src.since_s:g} s of {env.kmsg_path})", kernel_log(env.kmsg_path,
+                                                                                              src.since_s)),
+        command_item("nvidia-smi-q.txt", ["nvidia-smi", "-q"], t, env.run_command),
+        command_item("nvidia-smi-topo-m.txt", ["nvidia-smi", "topo", "-m"], t, env.run_command),
+        infiniband(env, t),
+        command_item("ray-status.txt", [ray_cmd, "status"], t, env.run_command),
+        Item("nccl-env.txt", "cat the env file; tr '\\0' '\\n' < /proc/PID/environ", nccl_environment(config, env)),
+        Item("versions.json", "uname -a; cat /proc/driver/nvidia/version", versions(env)),
+        Item("remediation-audit.jsonl", f"tail {state_dir}/remediation.jsonl",
+             _file(state_dir / "remediation.jsonl", LOG_TAIL_BYTES)),
+        Item("remediation-state.json", f"cat {state_dir}/remediation-state.json",
+             _file(state_dir / "remediation-state.json")),
+        Item("config.json", f"the configuration in force ({config.source})", config_dump(config)),
+    ]  # fmt: skip
+    items += _log_items("vllm", list(getattr(logs, "vllm_paths", [])), src.since_s)
+    items += _log_items("ray", list(getattr(logs, "ray_paths", [])), src.since_s)
+    if src.bug_report and shutil.which("nvidia-bug-report.sh"):
+        items.append(bug_report(env, b.bug_report_timeout_s))
+    return items
+
+
+def known_secrets(config: Config) -> list[str | None]:
+    """The secret values this node's configuration holds, removed wherever they appear."""
+    out: list[str | None] = []
+    with contextlib.suppress(OSError, ValueError):
+        out.append(config.daemon.resolve_token())
+    key = getattr(config.check_settings("vllm"), "api_key", None)
+    out.append(key.get_secret_value() if key is not None else None)
+    token_file = getattr(config.check_settings("ray"), "auth_token_file", None)
+    if token_file is not None:
+        with contextlib.suppress(OSError):
+            out.append(Path(token_file).read_text(errors="replace").strip())
+    return out

@@ -1,0 +1,26 @@
+"""One probe run's raw outcome, shared by the nccl check and its cross-node driver (``checks.nccl_cross``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The bundled probe's exit status when a node did not join in time (``probes.allreduce.EX_PEER_MISSING``).
+EX_PEER_MISSING = 4
+# The bundled probe's message sizes unless configured (its own stdlib copy, ``probes.allreduce``, is held equal by
+# tests/unit/test_settings_types.py).
+DEFAULT_MIN_BYTES = "8M"
+DEFAULT_MAX_BYTES = "1G"
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One probe's raw outcome on this node, and the peer's when the run spanned two nodes."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    rail: str | None = None
+    peer: ProbeRun | None = None
+    peer_error: str | None = None
+    # The peer's own answer to "has this node IB/RoCE devices" (its sysfs), for its transport verdict.
+    has_ib: bool = False

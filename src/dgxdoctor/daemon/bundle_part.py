@@ -1,0 +1,123 @@
+"""The peer's side of ``dgxdoctor bundle --cluster`` and of the capture before a cluster restart:
+``POST /bundle/part`` collects this node's part and answers it as a tar.gz.
+
+Token-authenticated (``app.auth_middleware``) and bounded like ``POST /check/run``: one collection at a time, at
+most one per ``daemon.check_run_min_interval_s``, never past the deadline the asker sends nor this node's own
+``[bundle] deadline_s``; the size cap is this node's. The body is untrusted: ``{"since_s": N, "deadline_s": N}``.
+
+By hand: ``curl -X POST -H "Authorization: Bearer $TOKEN" -d '{"since_s": 900}' http://dgx-b:9835/bundle/part
+-o part.tar.gz``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from dgxdoctor.bundle.archive import part_bytes
+from dgxdoctor.bundle.build import gather_parts, local_part, write_parts
+from dgxdoctor.bundle.items import Sources
+from dgxdoctor.config import Config
+from dgxdoctor.daemon.checknow import RunGate
+from dgxdoctor.daemon.connections import lift_deadline
+from dgxdoctor.fleet.store import ResultStore
+from dgxdoctor.remediation.capture import CaptureSettings, PreActionCapture, Writer
+
+MAX_SINCE_S = 30 * 86400.0
+
+
+def _seconds(doc: dict[str, Any], key: str, default: float, top: float) -> float:
+    value = doc.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{key} must be a number of seconds")
+    if not 0 < value <= top:
+        raise ValueError(f"{key} must be in (0, {top:g}]")
+    return float(value)
+
+
+def parse_request(raw: bytes, config: Config) -> tuple[float, float]:
+    """(since_s, deadline_s) from ``{"since_s": N, "deadline_s": N}``; ValueError saying what is wrong."""
+    try:
+        doc = json.loads(raw) if raw.strip() else {}
+    except (ValueError, RecursionError):
+        raise ValueError('body must be JSON: {"since_s": SECONDS, "deadline_s": SECONDS}') from None
+    if not isinstance(doc, dict) or set(doc) - {"since_s", "deadline_s"}:
+        raise ValueError('body must be {"since_s": SECONDS, "deadline_s": SECONDS} and nothing else')
+    b = config.bundle
+    return _seconds(doc, "since_s", b.since_s, MAX_SINCE_S), min(_seconds(doc, "deadline_s", b.deadline_s, 3600),
+                                                                  b.deadline_s)  # fmt: skip
+
+
+def daemon_sources(store: ResultStore, role: str | None, since_s: float, bug_report: bool) -> Sources:
+    """The daemon's own view: its latest results (as ``check --json`` shows them) and its ``/state``."""
+    from dgxdoctor.result import ResultsDocument
+
+    def results() -> dict[str, Any]:
+        return ResultsDocument.model_validate(store.snapshot()).report(role)
+
+    return Sources(results, store.snapshot, since_s, bug_report)
+
+
+class BundlePart:
+    def __init__(self, config: Callable[[], Config], env: Callable[[], Any], store: ResultStore) -> None:
+        self.config = config
+        self.env = env
+        self.store = store
+        self.gate = RunGate("bundle collection", lambda: config().daemon.check_run_min_interval_s)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        config = self.config()
+        try:
+            since_s, deadline_s = parse_request(await request.read(), config)
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        refused = self.gate.refusal()
+        if refused is not None:
+            return refused
+        lift_deadline(request)  # authenticated: the collection has its own deadline
+        async with self.gate.lock:
+            self.gate.started()
+            sources = daemon_sources(self.store, config.role, since_s, bug_report=False)
+            part = await asyncio.to_thread(local_part, config, self.env(), sources, deadline_s)
+            body = await asyncio.to_thread(part_bytes, part)
+        return web.Response(body=body, content_type="application/gzip")
+
+
+def add_routes(app: web.Application, service: BundlePart) -> None:
+    app.router.add_post("/bundle/part", service.handle)
+
+
+def capture_writer(
+    config: Callable[[], Config], env: Callable[[], Any], store: ResultStore, workers: Callable[[], tuple[str, ...]]
+) -> Writer:
+    """The capture before a restart: this node's part from the daemon's own view and, for a cluster restart, the
+    workers' parts over the API, written as one archive."""
+
+    def write(path: Path, action: str, collect_s: float) -> dict[str, Any]:
+        c = config()
+        since = c.bundle.capture_since_s
+        sources = daemon_sources(store, c.role, since, bug_report=False)
+        peers = () if action == "restart_vllm" else workers()
+        t0 = time.monotonic()
+        mine, theirs = asyncio.run(gather_parts(c, env(), sources, collect_s, peers))
+        seconds = time.monotonic() - t0
+        return write_parts(path, c.node, mine, theirs, collect_s, since, f"capture before {action}", seconds)[1]
+
+    return write
+
+
+def pre_action_capture(config: Callable[[], Config], env: Callable[[], Any], store: ResultStore,
+                       workers: Callable[[], tuple[str, ...]]) -> PreActionCapture:  # fmt: skip
+    def settings() -> CaptureSettings:
+        b = config().bundle
+        return CaptureSettings(b.capture_before_restart, b.capture_deadline_s, b.keep)
+
+    writer = capture_writer(config, env, store, workers)
+    return PreActionCapture(writer, lambda: config().paths.state_dir, lambda: config().node, settings)

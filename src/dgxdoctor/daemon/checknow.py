@@ -1,0 +1,136 @@
+"""The peer's side of ``dgxdoctor check --cluster``: ``POST /check/run`` runs this node's checks now.
+
+Token-authenticated (``app.auth_middleware``) and bounded: one run at a time (a second request while one runs is
+409), at most one run per ``daemon.check_run_min_interval_s`` (429 with ``Retry-After``), every check under the
+runner's timeout and never past the deadline the asker sends (its own deadline for the whole cluster run). The
+runner is kept between requests, so a check whose last run hung is reported as hung instead of started again. The
+body is untrusted: only ``{"deadline_s": N}`` is accepted; which checks run is this node's own configuration.
+
+By hand: ``curl -X POST -H "Authorization: Bearer $TOKEN" -d '{"deadline_s": 30}' http://dgx-b:9835/check/run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner, capped
+from dgxdoctor.config import Config
+from dgxdoctor.daemon.connections import lift_deadline
+from dgxdoctor.environment import Environment
+from dgxdoctor.result import ResultsDocument
+
+log = structlog.get_logger(__name__)
+
+MAX_DEADLINE_S = 600.0
+# Checks that only make sense inside the daemon's own schedule or that the asker does itself.
+NOT_RUN = frozenset({"peer_compare"})
+
+
+def build_now(config: Config, factories: tuple[CheckFactory, ...], limit_s: float) -> list[Check]:
+    """Fresh one-shot instances of the enabled checks (as ``dgxdoctor check`` would build them here)."""
+    env = config.environment()
+    out: list[Check] = []
+    for factory in factories:
+        settings = config.check_settings(factory.name)
+        if settings.enabled and factory.name not in NOT_RUN:
+            out.append(factory(capped(settings, limit_s), env))
+    return out
+
+
+def parse_deadline(raw: bytes) -> float:
+    """``{"deadline_s": N}`` with 0 < N <= MAX_DEADLINE_S; ValueError saying what is wrong."""
+    try:
+        doc = json.loads(raw) if raw.strip() else {}
+    except (ValueError, RecursionError):
+        raise ValueError('body must be JSON: {"deadline_s": SECONDS}') from None
+    if not isinstance(doc, dict) or set(doc) - {"deadline_s"}:
+        raise ValueError('body must be {"deadline_s": SECONDS} and nothing else')
+    value = doc.get("deadline_s", MAX_DEADLINE_S)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError("deadline_s must be a number of seconds")
+    if not 0 < value <= MAX_DEADLINE_S:
+        raise ValueError(f"deadline_s must be in (0, {MAX_DEADLINE_S:g}]")
+    return float(value)
+
+
+class RunGate:
+    """One run at a time (409 while one runs) and at most one start per ``interval()`` seconds (429)."""
+
+    def __init__(self, what: str, interval: Callable[[], float], monotonic: Callable[[], float] = time.monotonic):
+        self.what = what
+        self.interval = interval
+        self.monotonic = monotonic
+        self.lock = asyncio.Lock()
+        self.last_start: float | None = None
+        self.refused: dict[str, int] = {"busy": 0, "rate": 0}
+
+    def refusal(self) -> web.Response | None:
+        if self.lock.locked():
+            self.refused["busy"] += 1
+            return web.json_response({"error": f"a {self.what} is already in progress here"}, status=409,
+                                     headers={"Retry-After": "1"})  # fmt: skip
+        interval = self.interval()
+        if self.last_start is not None and self.monotonic() - self.last_start < interval:
+            self.refused["rate"] += 1
+            wait = max(1, math.ceil(interval - (self.monotonic() - self.last_start)))
+            return web.json_response({"error": f"at most one {self.what} per {interval:g} s"}, status=429,
+                                     headers={"Retry-After": str(wait)})  # fmt: skip
+        return None
+
+    def started(self) -> None:
+        self.last_start = self.monotonic()
+
+
+class CheckNow:
+    """``build(deadline_s)`` gives the checks to run (``build_now`` in the daemon), ``env()`` the one-shot seams."""
+
+    def __init__(
+        self,
+        build: Callable[[float], list[Check]],
+        env: Callable[[], Environment],
+        interval: Callable[[], float],
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.build = build
+        self.env = env
+        self.clock = clock
+        self.monotonic = monotonic
+        self.gate = RunGate("check run", interval, monotonic)
+        self.runner: CheckRunner | None = None
+
+    async def handle(self, request: web.Request) -> web.Response:
+        try:
+            deadline_s = parse_deadline(await request.read())
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        refused = self.gate.refusal()
+        if refused is not None:
+            return refused
+        lift_deadline(request)  # authenticated: the run has its own deadline
+        async with self.gate.lock:
+            self.gate.started()
+            doc = await self.run(deadline_s)
+        return web.json_response({"node": doc["node"], "results": doc})
+
+    async def run(self, deadline_s: float) -> dict[str, Any]:
+        env = self.env()
+        if self.runner is None:
+            self.runner = CheckRunner(env)
+        checks = self.build(deadline_s)
+        t0 = self.monotonic()
+        results = await self.runner.run_once(checks)
+        log.info("check_run_for_peer", checks=len(results), seconds=round(self.monotonic() - t0, 3))
+        return ResultsDocument.of(env.node, results, self.clock()).state()
+
+
+def add_routes(app: web.Application, service: CheckNow) -> None:
+    app.router.add_post("/check/run", service.handle)

@@ -1,0 +1,243 @@
+"""The status page at ``GET /``: this node and its peers, what is wrong and what to do, remediation's state.
+
+Server-rendered HTML with inline style and nothing else (nodes have no internet, and the page must load while the
+network is the problem), readable on a phone: one column, tables that scroll sideways, large status badges.
+Everything shown comes from the daemon's own results and its peers' ``/state``; every value is escaped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from dgxdoctor.config import Config
+from dgxdoctor.environment import Environment
+from dgxdoctor.fleet.cluster import ClusterView, NodeRun, ask_peers, assemble
+from dgxdoctor.fleet.incidents import IncidentTracker
+from dgxdoctor.fleet.store import ResultStore
+from dgxdoctor.remediation.status import status_document
+
+QUIET = ("ok", "skipped")
+LABEL = {"ok": "OK", "warning": "WARNING", "critical": "CRITICAL", "unknown": "UNKNOWN", "skipped": "SKIPPED"}
+
+STYLE = """
+body{font:16px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;background:#f4f5f7;color:#1c1e21}
+main{max-width:980px;margin:0 auto;padding:12px}
+h1{font-size:1.35em;margin:.2em 0}h2{font-size:1.1em;margin:1.2em 0 .4em}
+.banner{padding:14px 16px;border-radius:10px;color:#fff;font-weight:600}
+.card{background:#fff;border-radius:10px;padding:10px 14px;margin:10px 0;box-shadow:0 1px 2px #0002}
+.scroll{overflow-x:auto}table{border-collapse:collapse;width:100%}
+th,td{text-align:left;padding:6px 8px;border-bottom:1px solid #e3e5e8;vertical-align:top}
+th{font-size:.85em;color:#555}
+.b{display:inline-block;min-width:5.5em;text-align:center;border-radius:6px;padding:2px 6px;font-weight:700;
+color:#fff;font-size:.85em}
+.ok{background:#1e8e3e}.warning{background:#e37400}.critical{background:#c5221f}.unknown{background:#7b1fa2}
+.skipped{background:#80868b}
+.muted{color:#555;font-size:.9em;overflow-wrap:anywhere}.node{padding:8px 0;border-bottom:1px solid #e3e5e8}
+.node:last-child{border-bottom:0}.remedy{background:#fef7e0;border-left:4px solid #e37400;padding:6px 10px;
+margin:6px 0;border-radius:4px}
+code{font-size:.9em;word-break:break-all}ul{padding-left:1.2em;margin:.3em 0}
+nav a{margin-right:14px}
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def badge(status: str) -> str:
+    css = status if status in LABEL else "unknown"
+    return f'<span class="b {css}">{_e(LABEL.get(status, status.upper()))}</span>'
+
+
+def _node_rows(nodes: Sequence[NodeRun]) -> str:
+    """One line per node (a list, not a table: it must fit a phone's width with a long error in it)."""
+    rows = []
+    for n in nodes:
+        if n.url is None:
+            where = "this node"
+        elif n.doc is None:
+            where = f"<b>unreachable</b> at {_e(n.url)}: {_e(n.error)}"
+        else:
+            offset = "" if n.clock_offset_s is None else f", clock {n.clock_offset_s:+.3f} s"
+            where = f"{_e(n.url)}{offset}"
+        bad = sum(1 for c in (n.doc or {}).get("checks", []) if c["status"] not in QUIET)
+        count = f" · {bad} check(s) not ok" if bad else ""
+        rows.append(f'<div class="node">{badge(n.status.value)} <b>{_e(n.node)}</b>{count}'
+                    f'<div class="muted">{where}</div></div>')  # fmt: skip
+    return "".join(rows)
+
+
+def _check_grid(nodes: Sequence[NodeRun]) -> str:
+    names: list[str] = []
+    for n in nodes:
+        names += [c["name"] for c in (n.doc or {}).get("checks", []) if c["name"] not in names]
+    by_node = [{c["name"]: c for c in (n.doc or {}).get("checks", [])} for n in nodes]
+    head = "".join(f"<th>{_e(n.node)}</th>" for n in nodes)
+    rows = []
+    for name in names:
+        cells = []
+        for n, checks in zip(nodes, by_node, strict=True):
+            got = checks.get(name)
+            cells.append(f"<td>{badge(got['status']) if got else (badge('unknown') if n.doc is None else '-')}</td>")
+        rows.append(f"<tr><td>{_e(name)}</td>{''.join(cells)}</tr>")
+    return f'<div class="scroll"><table><tr><th>check</th>{head}</tr>{"".join(rows)}</table></div>'
+
+
+def _problems(nodes: Sequence[NodeRun], remedies: Mapping[tuple[str, str], str]) -> str:
+    """Every check that is not ok, per node: its summary, its findings with their remedies, the check's remedy."""
+    out = []
+    for n in nodes:
+        if n.doc is None:
+            out.append(f'<div class="card">{badge("unknown")} <b>{_e(n.node)}</b>: no results: {_e(n.error)}'
+                       '<div class="remedy">check dgxdoctor on that node (<code>systemctl status dgxdoctor</code>) '
+                       "and the network between the nodes</div></div>")  # fmt: skip
+            continue
+        for c in n.doc.get("checks", []):
+            if c["status"] in QUIET:
+                continue
+            items = []
+            for f in c.get("findings", []):
+                if f["status"] in QUIET:
+                    continue
+                subject = f"{_e(f['subject'])}: " if f.get("subject") else ""
+                fix = remedies.get((c["name"], f["code"])) if n.url is None else None
+                more = f'<div class="remedy">{_e(fix)}</div>' if fix else ""
+                code = f"<code>{_e(f['code'])}</code>"
+                items.append(f"<li>{badge(f['status'])} {code} {subject}{_e(f['message'])}{more}</li>")
+            action = (c.get("action") or {}).get("remedy")
+            shown = {remedies.get((c["name"], f["code"])) for f in c.get("findings", [])} if n.url is None else set()
+            remedy = f'<div class="remedy"><b>remedy</b>: {_e(action)}</div>' if action and action not in shown else ""
+            out.append(f'<div class="card">{badge(c["status"])} <b>{_e(n.node)}</b> · {_e(c["name"])}: '
+                       f'{_e(c["summary"])}<ul>{"".join(items)}</ul>{remedy}</div>')  # fmt: skip
+    return "".join(out) or '<div class="card">nothing is wrong on any node that answered</div>'
+
+
+def _comparison(view: ClusterView) -> str:
+    findings = view.comparison.findings
+    if not findings:
+        answered = sum(1 for n in view.nodes if n.doc is not None)
+        note = "no difference between the nodes" if answered >= 2 else "needs two nodes with results"
+        return f'<div class="card muted">{note}</div>'
+    items = "".join(
+        f"<li>{badge(f.status.value)} <code>{_e(f.code)}</code> {_e(f.subject or '')}: {_e(f.message)}</li>"
+        for f in findings
+    )
+    return f'<div class="card"><ul>{items}</ul></div>'
+
+
+def _when(ts: Any) -> str:
+    if not isinstance(ts, int | float):
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(ts)))
+
+
+def _remediation(doc: Mapping[str, Any] | None) -> str:
+    if doc is None:
+        return '<div class="card muted">remediation state unreadable</div>'
+    breaker = doc["breaker"]
+    state = f"<b>OPEN</b> ({_e(breaker['reason'])})" if breaker["open"] else "closed"
+    budget = doc["budget"]
+    rows = []
+    for r in reversed(doc["last_actions"]):
+        what = r.get("action") or r.get("step") or r.get("event")
+        bundle = f"<br><span class='muted'>evidence: <code>{_e(r['bundle'])}</code></span>" if r.get("bundle") else ""
+        rows.append(f"<tr><td>{_e(_when(r.get('ts')))}</td><td>{_e(what)}</td><td>{_e(r.get('outcome'))}</td>"
+                    f"<td>{_e(r.get('problem') or '')}{bundle}</td></tr>")  # fmt: skip
+    table = (
+        f'<div class="scroll"><table><tr><th>when</th><th>action</th><th>outcome</th><th>problem</th></tr>'
+        f"{''.join(rows)}</table></div>"
+        if rows
+        else '<p class="muted">no actions yet</p>'
+    )
+    flight = doc["in_flight"]["action"] if doc.get("in_flight") else "nothing"
+    return (
+        f'<div class="card">mode <b>{_e(doc["mode"])}</b>, role {_e(doc["role"] or "-")}; breaker {state}; '
+        f"budget {_e(budget['left'])} of {_e(budget['limit'])} left; in flight: {_e(flight)}{table}</div>"
+    )
+
+
+def _incidents(doc: Mapping[str, Any] | None) -> str:
+    if not doc:
+        return ""
+    last = doc.get("last")
+    count = doc.get("count", 0)
+    if last is None:
+        text = "no incident recorded"
+    else:
+        took = last.get("recovery_s")
+        end = f"recovered in {took:.0f} s" if isinstance(took, int | float) else "<b>open</b>"
+        text = (f"last incident detected {_e(_when(last.get('detected_at')))} ({_e(last.get('problem'))}), "
+                f"action {_e(last.get('action') or 'none')}, {end}")  # fmt: skip
+    total = f"; {_e(count)} recorded" if count else ""
+    return f'<h2>Incidents</h2><div class="card">{text}{total}</div>'
+
+
+def render_page(view: ClusterView, remediation: Mapping[str, Any] | None,
+                remedies: Mapping[tuple[str, str], str] | None = None,
+                incidents: Mapping[str, Any] | None = None, now: float | None = None) -> str:  # fmt: skip
+    """The whole page; ``remedies`` are this node's findings' own remedy texts by (check, code)."""
+    status = view.status.value
+    local = view.nodes[0].node if view.nodes else "?"
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(LABEL.get(status, status))} · dgxdoctor {_e(local)}</title><style>{STYLE}</style></head>"
+        f'<body><main><div class="banner {_e(status)}"><h1>cluster {_e(LABEL.get(status, status))}</h1>'
+        f"{len(view.nodes)} node(s), seen from {_e(local)} at {_e(_when(now or time.time()))}</div>"
+        f'<nav class="card"><a href="/metrics">/metrics</a><a href="/state">/state</a>'
+        f'<a href="/healthz">/healthz</a></nav>'
+        f'<h2>Nodes</h2><div class="card">{_node_rows(view.nodes)}</div>'
+        f"<h2>What is wrong</h2>{_problems(view.nodes, remedies or {})}"
+        f"<h2>Between the nodes</h2>{_comparison(view)}"
+        f"<h2>Remediation</h2>{_remediation(remediation)}{_incidents(incidents)}"
+        f'<h2>Checks</h2><div class="card">{_check_grid(view.nodes)}</div>'
+        "</main></body></html>"
+    )
+
+
+class StatusPage:
+    """Builds the page on request: the store's results, the peers' ``/state`` (cached for ``CACHE_S``, so a page
+    reloaded in a loop does not become a stream of requests to every peer), remediation's state file."""
+
+    CACHE_S = 5.0
+
+    def __init__(
+        self,
+        store: ResultStore,
+        config: Callable[[], Config],
+        env: Callable[[], Environment],
+        token: Callable[[], str | None],
+        incidents: IncidentTracker | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.env = env
+        self.token = token
+        self.incidents = incidents
+        self._peers: tuple[float, list[NodeRun]] | None = None
+
+    async def _peer_runs(self) -> list[NodeRun]:
+        d = self.config().daemon
+        now = time.monotonic()
+        if self._peers is not None and now - self._peers[0] < self.CACHE_S:
+            return self._peers[1]
+        async with self.env().async_http_client(d.peer_timeout_s) as client:
+            runs = await ask_peers(client, d.peers, self.token(), d.peer_timeout_s, cached=True)
+        self._peers = (time.monotonic(), runs)
+        return runs
+
+    async def __call__(self) -> str:
+        local = NodeRun(self.store.node, None, self.store.snapshot())
+        view = assemble(local, await self._peer_runs())
+        latest = self.store.latest().values()
+        remedies = {(r.check, f.code): f.remedy for r in latest for f in r.findings if f.remedy}
+        try:
+            remediation: dict[str, Any] | None = await asyncio.to_thread(status_document, self.config(), 8)
+        except (OSError, ValueError):
+            remediation = None
+        incidents = self.incidents.summary() if self.incidents is not None else None
+        return render_page(view, remediation, remedies, incidents)

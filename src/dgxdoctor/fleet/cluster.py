@@ -1,0 +1,240 @@
+"""The whole cluster from one node: every peer's results over the authenticated API, side by side with ours.
+
+By hand: ``dgxdoctor check --json`` on every node and ``jq`` over the documents. Here one node asks every peer's
+daemon to run its checks now (``POST /check/run``) or, with ``cached``, for its latest results (``GET /state``),
+all in parallel under ONE deadline for the whole run; a peer that does not answer in time is that node UNKNOWN,
+named, never a hang. Each exchange also measures the peer's clock against ours (the midpoint of the request, as
+NTP's offset estimate does), so that timelines from both nodes line up. Everything a peer sends is untrusted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from dgxdoctor.fleet.compare import Comparison, compare
+from dgxdoctor.fleet.peers import MAX_PARALLEL_FETCHES, MAX_STATE_BYTES, peer_label
+from dgxdoctor.result import FindingDoc, ResultsDocument, Status
+
+RUN_PATH = "/check/run"
+STATE_PATH = "/state"
+# The peer needs a moment to answer after its checks' own deadline: asked to finish this much earlier.
+PEER_MARGIN_S = 1.0
+
+
+@dataclass(frozen=True)
+class NodeRun:
+    """One node's part of a cluster run: its results document, or why there is none."""
+
+    node: str
+    url: str | None  # None for this node
+    doc: dict[str, Any] | None  # the node's results document (``ResultsDocument.state()`` shape), validated
+    error: str | None = None
+    seconds: float = 0.0
+    clock_offset_s: float | None = None  # the peer's clock minus ours; 0 for this node
+    rtt_s: float | None = None  # the exchange's round trip, the offset's uncertainty is half of it
+    cached: bool = False
+
+    @property
+    def status(self) -> Status:
+        if self.doc is None:
+            return Status.UNKNOWN
+        try:
+            return Status(self.doc.get("status", "unknown"))
+        except ValueError:
+            return Status.UNKNOWN
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    nodes: tuple[NodeRun, ...]
+    comparison: Comparison = field(default_factory=Comparison)
+    deadline_s: float | None = None
+
+    @property
+    def status(self) -> Status:
+        statuses = [n.status for n in self.nodes] + [f.status for f in self.comparison.findings]
+        return Status.worst(statuses, default=Status.OK)
+
+
+class BadAnswer(ValueError):
+    """A peer answered, but not with a usable document."""
+
+
+def validated(doc: Any) -> dict[str, Any]:
+    """A peer's results document through the results model (sizes bounded); BadAnswer naming the first bad part."""
+    try:
+        return ResultsDocument.model_validate(doc).state()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "top level"
+        raise BadAnswer(f"{where}: {first['msg']}") from None
+    except RecursionError:
+        raise BadAnswer("nested too deeply") from None
+
+
+async def _exchange(client: httpx.AsyncClient, url: str, token: str | None, body: dict[str, Any] | None) -> bytes:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    method, path = ("POST", RUN_PATH) if body is not None else ("GET", STATE_PATH)
+    async with client.stream(method, f"{url}{path}", headers=headers, json=body) as response:
+        if response.status_code != 200:
+            text = (await response.aread())[:300].decode("utf-8", "replace")
+            rejected = response.status_code in (401, 403)
+            hint = " (token rejected: set the same daemon.token on every node)" if rejected else ""
+            raise BadAnswer(f"HTTP {response.status_code}{hint}: {_error_text(text)}")
+        out = bytearray()
+        async for chunk in response.aiter_bytes():
+            out += chunk
+            if len(out) > MAX_STATE_BYTES:
+                raise BadAnswer(f"answer larger than {MAX_STATE_BYTES} bytes")
+        return bytes(out)
+
+
+def _error_text(text: str) -> str:
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return text.strip()
+    return str(doc.get("error", text)) if isinstance(doc, dict) else text.strip()
+
+
+async def ask_peer(
+    client: httpx.AsyncClient, url: str, token: str | None, budget_s: float, cached: bool,
+    clock: Callable[[], float] = time.time,
+) -> NodeRun:  # fmt: skip
+    """One peer's results within ``budget_s`` (the whole exchange); never raises."""
+    label = peer_label(url)
+    t0 = time.monotonic()
+    body = None if cached else {"deadline_s": round(max(budget_s - PEER_MARGIN_S, 1.0), 3)}
+    try:
+        async with asyncio.timeout(budget_s):
+            raw = await _exchange(client, url, token, body)
+        try:
+            answer = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise BadAnswer(f"not JSON ({exc})") from None
+        if not isinstance(answer, dict):
+            raise BadAnswer("not a JSON object")
+        doc = validated(answer.get("results") if not cached else answer)
+        offset, rtt = await measure_clock(client, url, clock)
+    except TimeoutError:
+        return NodeRun(label, url, None, f"no answer within the deadline ({budget_s:.1f} s)", _since(t0))
+    except (httpx.HTTPError, BadAnswer) as exc:
+        return NodeRun(label, url, None, f"{type(exc).__name__}: {exc}"[:400], _since(t0))
+    return NodeRun(str(doc["node"]), url, doc, None, _since(t0), offset, rtt, cached)
+
+
+CLOCK_SAMPLES = 3
+
+
+async def measure_clock(
+    client: httpx.AsyncClient, url: str, clock: Callable[[], float] = time.time
+) -> tuple[float | None, float | None]:
+    """The peer's clock offset from ``GET /healthz`` (its ``clock``), the sample of least delay of a few (NTP's
+    filter: the shortest round trip is the least asymmetric). The connection is open by now, so no handshake
+    lengthens one direction only. (None, None) when the peer gives no clock."""
+    best: tuple[float | None, float] | None = None
+    for _ in range(CLOCK_SAMPLES):
+        t0 = clock()
+        try:
+            response = await client.get(f"{url}/healthz")
+            t3 = clock()
+            peer = response.json().get("clock") if response.status_code in (200, 503) else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return (best[0], best[1]) if best else (None, None)
+        offset, delay = clock_offset(t0, peer, peer, t3)
+        if offset is not None and (best is None or delay < best[1]):
+            best = (offset, delay)
+    return (best[0], best[1]) if best else (None, None)
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def clock_offset(t0: float, t1: Any, t2: Any, t3: float) -> tuple[float | None, float]:
+    """NTP's estimate (RFC 5905): we sent at t0, the peer received at t1 and answered at t2, we got it at t3.
+
+    offset = ((t1 - t0) + (t2 - t3)) / 2, the peer's clock minus ours; the round trip less the peer's own time is
+    the delay, and the offset is good to half of it. (None, delay) when the peer's times are not numbers."""
+    a, b = _number(t1), _number(t2)
+    if a is None or b is None or b < a:
+        return None, round(t3 - t0, 6)
+    return round(((a - t0) + (b - t3)) / 2, 6), round(max((t3 - t0) - (b - a), 0.0), 6)
+
+
+def _since(t0: float) -> float:
+    return round(time.monotonic() - t0, 6)
+
+
+async def ask_peers(
+    client: httpx.AsyncClient, urls: Sequence[str], token: str | None, budget_s: float, cached: bool
+) -> list[NodeRun]:
+    gate = asyncio.Semaphore(MAX_PARALLEL_FETCHES)
+
+    async def one(url: str) -> NodeRun:
+        async with gate:
+            return await ask_peer(client, url, token, budget_s, cached)
+
+    return list(await asyncio.gather(*(one(u) for u in urls)))
+
+
+def assemble(local: NodeRun, peers: Sequence[NodeRun], tolerances: Mapping[str, float] | None = None,
+             deadline_s: float | None = None) -> ClusterView:  # fmt: skip
+    """This node and its peers, names made unique, compared (``fleet.compare``) over those that answered."""
+    seen: set[str] = {local.node}
+    nodes = [local]
+    for run in peers:
+        if run.node in seen:  # two peers (or a peer and us) with one name: keep both, told apart by address
+            run = NodeRun(f"{run.node}@{peer_label(run.url or '')}", run.url, _renamed(run), run.error, run.seconds,
+                          run.clock_offset_s, run.rtt_s, run.cached)  # fmt: skip
+        seen.add(run.node)
+        nodes.append(run)
+    snapshots = [ResultsDocument.model_validate(n.doc).compared() | {"node": n.node} for n in nodes if n.doc]
+    outcome = compare(snapshots, tolerances, local=local.node)
+    return ClusterView(tuple(nodes), outcome, deadline_s)
+
+
+def _renamed(run: NodeRun) -> dict[str, Any] | None:
+    return None if run.doc is None else {**run.doc, "node": f"{run.node}@{peer_label(run.url or '')}"}
+
+
+def cluster_document(view: ClusterView) -> dict[str, Any]:
+    """``check --cluster --json``: every node's results document and the comparison, one status."""
+    return {
+        "status": view.status.value,
+        "deadline_s": view.deadline_s,
+        "nodes": [
+            {
+                "node": n.node,
+                "url": n.url,
+                "local": n.url is None,
+                "status": n.status.value,
+                "error": n.error,
+                "seconds": n.seconds,
+                "cached": n.cached,
+                "clock_offset_s": n.clock_offset_s,
+                "rtt_s": n.rtt_s,
+                "results": n.doc,
+            }
+            for n in view.nodes
+        ],
+        "comparison": {
+            "nodes": list(view.comparison.nodes),
+            "compared_facts": view.comparison.compared_facts,
+            "findings": [{**FindingDoc.of(f).model_dump(), "remedy": f.remedy} for f in view.comparison.findings],
+            "imbalances": [
+                {"metric": i.key, "rail": i.rail, "ratio": round(i.ratio, 6), "values": dict(i.values)}
+                for i in view.comparison.imbalances
+            ],
+        },
+    }

@@ -1,0 +1,93 @@
+"""``dgxdoctor check --cluster``: the nodes side by side per check, then what is wrong where, then the comparison."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from typing import Any
+
+from dgxdoctor.fleet.cluster import ClusterView, NodeRun
+
+MARK = {"ok": "OK", "warning": "WARN", "critical": "CRIT", "unknown": "UNKN", "skipped": "SKIP"}
+QUIET = ("ok", "skipped")
+
+
+def _mark(status: str) -> str:
+    return MARK.get(status, status[:4].upper())
+
+
+def _checks(nodes: tuple[NodeRun, ...]) -> list[str]:
+    """Every check any node ran, in the order the first node to run it lists them."""
+    names: list[str] = []
+    for n in nodes:
+        for c in (n.doc or {}).get("checks", []):
+            if c["name"] not in names:
+                names.append(c["name"])
+    return names
+
+
+def _node_line(n: NodeRun, width: int) -> str:
+    if n.url is None:
+        where = "this node"
+    elif n.doc is None:
+        where = f"{n.url}: UNREACHABLE: {n.error}"
+    else:
+        offset = "" if n.clock_offset_s is None else f", clock {n.clock_offset_s:+.3f} s (rtt {n.rtt_s or 0:.3f} s)"
+        where = f"{n.url}{' (cached results)' if n.cached else ''}{offset}"
+    return f"{n.node:<{width}}  {_mark(n.status.value):<4}  {n.seconds:>6.2f}s  {where}"
+
+
+def cluster_table(view: ClusterView, verbose: bool = False) -> str:
+    term = max(60, min(shutil.get_terminal_size((120, 24)).columns, 160))
+    nodes = view.nodes
+    node_w = max([len(n.node) for n in nodes] + [4])
+    lines = [f"dgxdoctor cluster of {len(nodes)} node(s): {view.status.value.upper()}", ""]
+    lines.append(f"{'NODE':<{node_w}}  {'STAT':<4}  {'TIME':>7}  SOURCE")
+    lines += [_node_line(n, node_w) for n in nodes]
+    names = _checks(nodes)
+    col = max([len(n.node) for n in nodes] + [4])
+    check_w = max([len(c) for c in names] + [5])
+    lines += ["", f"{'CHECK':<{check_w}}  " + "  ".join(f"{n.node:<{col}}" for n in nodes)]
+    by_node = [{c["name"]: c for c in (n.doc or {}).get("checks", [])} for n in nodes]
+    for name in names:
+        cells = []
+        for n, checks in zip(nodes, by_node, strict=True):
+            got = checks.get(name)
+            cells.append(_mark(got["status"]) if got else ("UNKN" if n.doc is None else "-"))
+        lines.append(f"{name:<{check_w}}  " + "  ".join(f"{c:<{col}}" for c in cells))
+    lines += _details(nodes, by_node, verbose, term)
+    lines += _comparison(view, term)
+    return "\n".join(lines)
+
+
+def _details(nodes: tuple[NodeRun, ...], by_node: list[dict[str, Any]], verbose: bool, width: int) -> list[str]:
+    out: list[str] = []
+    for n, checks in zip(nodes, by_node, strict=True):
+        for c in checks.values():
+            if c["status"] in QUIET and not verbose:
+                continue
+            out.extend(textwrap.wrap(f"{n.node} {c['name']} [{c['status']}]: {c['summary']}", width,
+                                     subsequent_indent="    "))  # fmt: skip
+            for f in c.get("findings", []):
+                if f["status"] in QUIET and not verbose:
+                    continue
+                subject = f"{f['subject']}: " if f.get("subject") else ""
+                text = f"- [{f['status']}] {f['code']} {subject}{f['message']}"
+                out.extend(textwrap.wrap(text, width, initial_indent="  ", subsequent_indent="    "))
+            if c.get("action") and c["status"] not in QUIET:
+                out.extend(textwrap.wrap(f"remedy: {c['action']['remedy']}", width, initial_indent="  ",
+                                         subsequent_indent="    "))  # fmt: skip
+    return ["", *out] if out else []
+
+
+def _comparison(view: ClusterView, width: int) -> list[str]:
+    c = view.comparison
+    answered = sum(1 for n in view.nodes if n.doc is not None)
+    if answered < 2:
+        return ["", f"comparison: needs two nodes with results, {answered} answered"]
+    head = f"comparison of {answered} nodes: {len(c.imbalances)} metric(s), {c.compared_facts} fact(s) compared"
+    out = ["", f"{head}, {len(c.findings)} difference(s)"]
+    for f in c.findings:
+        out.extend(textwrap.wrap(f"- [{f.status.value}] {f.code} {f.subject or ''}: {f.message}", width,
+                                 subsequent_indent="    "))  # fmt: skip
+    return out

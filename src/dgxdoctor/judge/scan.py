@@ -1,0 +1,248 @@
+"""The catalog over a stream of log text: fast on the lines that show nothing, exact on the few that might.
+
+A ``Scanner`` takes blocks of whole lines (``feed``) and returns the matches in order, each read as the record
+it belongs to (``judge.records``) and, with ``context=True``, in the context of the lines around it
+(``judge.context``: the OOM phase, a requested stop). The catalog's prefilter (one regex of every pattern's literal
+anchor, ``judge.signatures``) runs over the whole block at once, in C; only the lines it hits are cleaned,
+shaped and searched with the patterns, so the cost of a log is the cost of one regex search over its bytes.
+
+What the per-line reading gives is the same as reading every line: the normaliser only takes off prefixes,
+colour codes and carriage returns, which never sit inside an anchor; a record wrapped over two lines is found by
+the prefilter across the break and read as the two lines joined. Matches are reported one block late, so that
+the lines after a match (an OOM's phase) are there when it is read; ``flush`` reads the last block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from dgxdoctor.judge.context import reading
+from dgxdoctor.judge.records import Shape, Trust, clean, shape
+from dgxdoctor.judge.signatures import Catalog, Match, Signature
+
+# Lines before a match that its reading may look at (judge.oom looks 400 back), and after it (50).
+LOOK_BACK = 400
+LOOK_AHEAD = 50
+# How far back the record that owns a line is looked for (a traceback under a client record).
+OWNER_LOOK_BACK = 200
+# A line this long or longer may have been wrapped by a mail client, an editor or a terminal.
+WRAP_MIN = 40
+
+
+@dataclass
+class _Block:
+    data: bytes  # whole lines, each ending in b"\n"
+    first: int  # 0-based number of its first line in the whole input
+    lines: int
+    hits: list[int] = field(default_factory=list)  # byte offsets in data of the lines the prefilter hit, sorted
+
+
+class Scanner:
+    """Feed blocks of whole lines; read matches. ``trusted_only``: leave out what a client record shows."""
+
+    def __init__(
+        self, catalog: Catalog, kind: str | None = None, *, context: bool = True, trusted_only: bool = False
+    ) -> None:
+        self.catalog = catalog
+        self.kind = kind
+        self.context = context
+        self.trusted_only = trusted_only
+        self.lines_read = 0
+        self._tail = b""  # the last LOOK_BACK lines settled, for the context of the next block's matches
+        self._pending: _Block | None = None
+        self._signatures = catalog.by_code()
+
+    def feed(self, data: bytes | str) -> list[Match]:
+        """Read one block of whole lines; the matches of the block before it come back (see the module doc)."""
+        if isinstance(data, str):
+            data = data.encode("utf-8", errors="surrogatepass")
+        if b"\r" in data:  # CRLF, and a carriage return a terminal showed as a new line (progress bars)
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if data and not data.endswith(b"\n"):
+            data += b"\n"
+        block = _Block(data, self.lines_read, data.count(b"\n"), self._hits(data))
+        self.lines_read += block.lines
+        out = self._settle(data)
+        self._pending = block
+        return out
+
+    def flush(self) -> list[Match]:
+        """The matches of the last block fed (nothing after it to read it with)."""
+        return self._settle(b"")
+
+    def _hits(self, data: bytes) -> list[int]:
+        """Line starts (byte offsets) of the lines the prefilter hits; a hit across a line break names both.
+        After a hit the search goes on at the next line: a line of a thousand anchors costs one hit."""
+        starts: list[int] = []
+        pos, prefilter = 0, self.catalog.block_prefilter
+        while (m := prefilter.search(data, pos)) is not None:
+            starts.append(data.rfind(b"\n", 0, m.start()) + 1)
+            end = data.rfind(b"\n", m.start(), m.end())
+            if end != -1:
+                starts.append(end + 1)
+            nxt = data.find(b"\n", m.end())
+            if nxt == -1:
+                break
+            pos = nxt + 1
+        return sorted(set(starts))
+
+    def _settle(self, ahead: bytes) -> list[Match]:
+        block = self._pending
+        if block is None:
+            return []
+        self._pending = None
+        out: list[Match] = []
+        if block.hits:
+            out = list(self._read_hits(block, ahead))
+        data = block.data if block.lines >= LOOK_BACK else self._tail + block.data
+        self._tail = _last_lines(data, LOOK_BACK)
+        return out
+
+    def _read_hits(self, block: _Block, ahead: bytes) -> Iterator[Match]:
+        """Decode only the lines around the hits: LOOK_BACK before the first, LOOK_AHEAD after the last."""
+        # The lines before the first hit come from the block alone when it holds enough of them.
+        back = _line_start_before(block.data, block.hits[0], LOOK_BACK)
+        tail = self._tail if back == 0 else b""
+        buffer = tail + block.data + _first_lines(ahead, LOOK_AHEAD)
+        base = len(tail)
+        start = _line_start_before(buffer, base + block.hits[0], LOOK_BACK)
+        stop = _line_end_after(buffer, base + block.hits[-1], LOOK_AHEAD)
+        window = buffer[start:stop].decode("utf-8", errors="replace").split("\n")
+        # The line number (0-based, in the whole input) of the window's first line, from the first hit's.
+        first_hit = block.first + block.data.count(b"\n", 0, block.hits[0])
+        first = first_hit - buffer.count(b"\n", start, base + block.hits[0])
+        first_in_block = block.first - first
+        indexes, pos, line = [], start, 0
+        for hit in block.hits:
+            line += buffer.count(b"\n", pos, base + hit)
+            pos = base + hit
+            indexes.append(line)
+        yield from self._read_block(window, first, indexes, first_in_block, block)
+
+    def _read_block(self, window: list[str], first: int, indexes: list[int], lo: int, block: _Block) -> Iterator[Match]:
+        """The matches of the hit lines ``indexes`` of ``window``; only lines of the block (``lo`` on) count."""
+        reading_ = _Reading(self, window)
+        hi = lo + block.lines
+        done: set[tuple[int, str]] = set()
+        for hit in indexes:
+            for index, sig, line, trust in reading_.candidates(hit):
+                if not lo <= index < hi or (index, sig.code) in done:
+                    continue
+                done.add((index, sig.code))
+                if trust is Trust.CLIENT and self.trusted_only:
+                    continue
+                read: Signature | None = sig
+                if self.context:
+                    read = reading(sig, window, index, self._signatures)
+                if read is not None:
+                    yield Match(read, line, trust is Trust.TRUSTED, first + index + 1)
+
+
+def _last_lines(data: bytes, n: int) -> bytes:
+    """The last ``n`` whole lines of ``data`` (which ends in a newline)."""
+    return data[_line_start_before(data, len(data), n) :]
+
+
+def _first_lines(data: bytes, n: int) -> bytes:
+    return data[: _line_end_after(data, 0, n - 1)] if data else b""
+
+
+def _line_start_before(data: bytes, pos: int, n: int) -> int:
+    """The start of the line ``n`` lines before the one that starts at ``pos``."""
+    for _ in range(n):
+        if pos <= 0:
+            return 0
+        pos = data.rfind(b"\n", 0, pos - 1) + 1
+    return pos
+
+
+def _line_end_after(data: bytes, pos: int, n: int) -> int:
+    """The end (without its newline) of the line ``n`` lines after the one holding ``pos``."""
+    for _ in range(n + 1):
+        end = data.find(b"\n", pos)
+        if end == -1:
+            return len(data)
+        pos = end + 1
+    return pos - 1
+
+
+class _Reading:
+    """The lines of one window read as records: each line's shape (with the record that owns it, looked up
+    backwards), what it shows alone, and what it shows joined with a wrapped neighbour."""
+
+    def __init__(self, scanner: Scanner, window: list[str]) -> None:
+        self.catalog, self.kind, self.window = scanner.catalog, scanner.kind, window
+        self._owners = _Owners(window)
+        self._alone: dict[int, list[Signature]] = {}
+
+    def alone(self, index: int) -> list[Signature]:
+        if index not in self._alone:
+            own = self._owners.shape(index)
+            found: list[Signature] = []
+            if own.trust is not Trust.DENIED:
+                text = clean(self.window[index])
+                found = self.catalog.find(text, self.kind, start=own.message, quoted=own.trust is not Trust.CLIENT)
+            self._alone[index] = found
+        return self._alone[index]
+
+    def candidates(self, index: int) -> Iterator[tuple[int, Signature, str, Trust]]:
+        """The signatures of line ``index`` on its own, then of it joined with a wrapped line before or after."""
+        own = self._owners.shape(index)
+        for sig in self.alone(index):
+            yield index, sig, self.window[index], own.trust
+        for first in (index - 1, index):
+            joined = self._joined(first)
+            if joined is None:
+                continue
+            head, texts = joined
+            seen = {s.code for s in [*self.alone(first), *self.alone(first + 1)]}
+            quoted = head.trust is not Trust.CLIENT
+            found = {s.code: s for t in texts for s in self.catalog.find(t, self.kind, quoted=quoted)}
+            for sig in found.values():
+                if sig.code not in seen:
+                    yield first, sig, self.window[first] + "\n" + self.window[first + 1], head.trust
+
+    def _joined(self, first: int) -> tuple[Shape, tuple[str, str]] | None:
+        """Lines ``first`` and ``first + 1`` as one record, when the second reads as the rest of the first."""
+        window = self.window
+        if first < 0 or first + 1 >= len(window):
+            return None
+        head = self._owners.shape(first)
+        if head.trust is Trust.DENIED:
+            return None
+        one, two = clean(window[first]), window[first + 1]
+        if len(one) < WRAP_MIN or not two or two[:1].isspace():
+            return None
+        rest = clean(two)
+        if not rest or shape(rest).head:
+            return None
+        one = one[head.message :]
+        # Both joins: a terminal cuts inside a word ("colle" / "ctive"), a mail client drops the space it broke at.
+        return head, (one + rest, one + ("" if one.endswith(" ") else " ") + rest)
+
+
+class _Owners:
+    """The trust of lines of a window, each read with the record that owns it: the nearest line before it that
+    opens a record (at most OWNER_LOOK_BACK back), cached."""
+
+    def __init__(self, window: list[str]) -> None:
+        self.window = window
+        self._shapes: dict[int, Shape] = {}
+
+    def _own(self, index: int) -> Shape:
+        if index not in self._shapes:
+            self._shapes[index] = shape(clean(self.window[index]))
+        return self._shapes[index]
+
+    def shape(self, index: int) -> Shape:
+        own = self._own(index)
+        if own.head:
+            return own
+        for back in range(index - 1, max(-1, index - OWNER_LOOK_BACK - 1), -1):
+            head = self._own(back)
+            if head.head:
+                if head.trust is Trust.CLIENT:
+                    return Shape(Trust.CLIENT, own.message, False)
+                return own
+        return own

@@ -1,0 +1,63 @@
+"""Validated field types that every setting and the peer's join request share: URL, host, byte size.
+
+One definition each, so a value the local config accepts is one a peer accepts too (a join request with
+``min_bytes = "8m"`` used to be refused by the peer that the local check had let through). Each raises a
+ValueError that names what is wrong; pydantic reports it with the key path.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator
+
+from dgxdoctor.sources.http import http_url
+
+# One DNS label (RFC 1123): letters, digits, inner hyphens; a host name is dot-separated labels, 253 at most.
+_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+# A message size as nccl-tests and the bundled probe take it: 8M, 1G, 512K, 1048576, 8MB (any case).
+_BYTE_SIZE = re.compile(r"^(?P<number>[0-9]{1,12})(?P<unit>[KMG]?)B?$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def host(value: str) -> str:
+    """A host name or an IPv4/IPv6 address (no port, no scheme)."""
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    labels = value.rstrip(".").split(".")
+    if len(value) > 253 or not all(_LABEL.match(label) for label in labels):
+        raise ValueError(f"{value!r} is not a host name or IP address")
+    return value
+
+
+def parse_byte_size(value: str) -> int:
+    """``8M`` -> 8388608 (K, M, G are binary, as nccl-tests reads them); ValueError when it is not a size."""
+    match = _BYTE_SIZE.match(value.strip())
+    if match is None:
+        raise ValueError(f"{value!r} is not a size (use e.g. 8M, 1G, 512K or a number of bytes)")
+    return int(match["number"]) * _UNITS[match["unit"].upper()]
+
+
+def byte_size(value: str) -> str:
+    """The size in its canonical spelling (``8m`` -> ``8M``), as the probe and a peer are given it."""
+    parse_byte_size(value)
+    match = _BYTE_SIZE.match(value.strip())
+    assert match is not None
+    return match["number"] + match["unit"].upper()
+
+
+def _empty_is_none(value: Any) -> Any:
+    return None if value == "" else value
+
+
+HttpUrl = Annotated[str, AfterValidator(http_url)]
+PeerUrl = Annotated[str, AfterValidator(lambda value: http_url(value, path=False))]
+Host = Annotated[str, AfterValidator(host)]
+ByteSize = Annotated[str, AfterValidator(byte_size)]
+# "" means "none" in a TOML file that cannot write null.
+OptionalHttpUrl = Annotated[HttpUrl | None, BeforeValidator(_empty_is_none)]

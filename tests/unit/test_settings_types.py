@@ -1,0 +1,97 @@
+"""The shared field types (sources/fields.py): NcclSettings validates its URLs, hosts and sizes with them, the
+peer's join request uses the same ones (what the local check accepts, the peer accepts), and the bundled
+probe's own stdlib copy of the size parser and defaults agree with them."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from dgxdoctor.checks.nccl import NcclCheck, NcclSettings
+from dgxdoctor.checks.nccl_run import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES
+from dgxdoctor.config import ConfigError, parse_config
+from dgxdoctor.daemon.nccl_join import JoinRequest
+from dgxdoctor.environment import Environment
+from dgxdoctor.probes import allreduce
+from dgxdoctor.sources.fields import parse_byte_size
+
+
+def problems(**nccl: object) -> dict[str, str]:
+    with pytest.raises(ConfigError) as err:
+        parse_config({"checks": {"nccl": nccl}})
+    return dict(err.value.problems)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("vllm_url", "127.0.0.1:8000", "URL"),  # was taken, then swallowed as "not serving"
+        ("vllm_url", "http://127.0.0.1:8000/?x=1", "query"),
+        ("peer", "http://dgx-b:9835/state", "only scheme, host and port"),
+        ("master_addr", "dgx-b; rm -rf /", "host name or IP"),
+        ("min_bytes", "8X", "not a size"),
+        ("max_bytes", "-1", "not a size"),
+    ],
+)
+def test_nccl_settings_name_what_is_wrong(key: str, value: str, says: str) -> None:
+    found = problems(**{key: value})
+    assert f"checks.nccl.{key}" in found and says in found[f"checks.nccl.{key}"], found
+
+
+def test_sizes_in_order() -> None:
+    found = problems(min_bytes="2G", max_bytes="1G")
+    assert any("larger than max_bytes" in reason for reason in found.values()), found
+
+
+def test_empty_vllm_url_means_none_and_good_values_pass() -> None:
+    s = NcclSettings(vllm_url="", peer="http://dgx-b:9835", master_addr="fe80::1", min_bytes="8m", max_bytes="1g")
+    assert s.vllm_url is None and s.min_bytes == "8M" and s.max_bytes == "1G"
+
+
+def test_the_peer_accepts_the_join_request_the_local_check_builds() -> None:
+    """A lower-case size the local check accepted was refused by the peer and read as NCCL_PEER_NOT_JOINED."""
+    settings = NcclSettings(peer="http://dgx-b:9835", master_addr="dgx-a.lab", min_bytes="512k", max_bytes="8m")
+    check = NcclCheck(settings, Environment(node="dgx-a"))
+    request = JoinRequest.model_validate(check.join_request("0" * 32, None))
+    assert (request.min_bytes, request.max_bytes, request.master_addr) == ("512K", "8M", "dgx-a.lab")
+
+
+@pytest.mark.parametrize("text", ["8", "8M", "8m", "8MB", "512K", "1G", "1073741824", "x", "8X", "", "²"])
+def test_the_probe_reads_sizes_as_the_settings_do(text: str) -> None:
+    try:
+        ours: int | None = parse_byte_size(text)
+    except ValueError:
+        ours = None
+    try:
+        probes: int | None = allreduce.parse_size(text)
+    except argparse.ArgumentTypeError:
+        probes = None
+    assert ours == probes
+
+
+def test_the_probe_sizes_are_one_default() -> None:
+    args = allreduce._parser().parse_args([])
+    assert (args.min_bytes, args.max_bytes) == (parse_byte_size(DEFAULT_MIN_BYTES), parse_byte_size(DEFAULT_MAX_BYTES))
+    assert (NcclSettings().min_bytes, NcclSettings().max_bytes) == (DEFAULT_MIN_BYTES, DEFAULT_MAX_BYTES)
+    assert JoinRequest.model_fields["min_bytes"].default == DEFAULT_MIN_BYTES
+
+
+def test_remediation_targets_are_the_checks_settings() -> None:
+    """Remediation re-typed vLLM's URL and a 10 s timeout (the check says 5 s); now it reads the settings."""
+    from dgxdoctor.checks.vllm import VllmSettings
+    from dgxdoctor.daemon.remediation import targets_for
+
+    default = targets_for(parse_config({}), None)
+    assert default.vllm.request_timeout_s == VllmSettings().request_timeout_s
+    config = parse_config(
+        {
+            "checks": {
+                "vllm": {"base_url": "http://10.0.0.5:8001", "request_timeout_s": 7},
+                "ray": {"dashboard_url": "http://10.0.0.5:8265", "expected_nodes": 3, "expected_gpus": 24},
+            }
+        }
+    )
+    t = targets_for(config, None)
+    assert (t.vllm.base_url, t.vllm.request_timeout_s) == ("http://10.0.0.5:8001", 7)
+    assert (t.ray_dashboard_url, t.ray_nodes, t.ray_gpus) == ("http://10.0.0.5:8265", 3, 24)
