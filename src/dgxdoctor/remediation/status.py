@@ -13,6 +13,9 @@ from dgxdoctor.remediation.audit import AuditLog, StateFile
 from dgxdoctor.remediation.guard import Guard, GuardState
 from dgxdoctor.remediation.policy import printable
 
+# Decisions that ran nothing: observe mode's "would ...", a refusal (breaker, hardware cause, role), a suggestion.
+HELD_VERDICTS = ("observe", "refuse", "suggest")
+
 
 def status_document(config: Config, last: int = 10, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
@@ -26,6 +29,8 @@ def status_document(config: Config, last: int = 10, now: float | None = None) ->
     st = guard.state
     records = AuditLog(config.paths.state_dir).tail(5000)
     actions = [r for r in records if r.get("event") in ("action", "page", "step")][-last:]
+    # What it decided and did not do: in observe mode the "would restart" decisions are all there is to see.
+    decisions = [r for r in records if r.get("event") == "decision" and r.get("verdict") in HELD_VERDICTS][-last:]
     return {
         "node": config.node,
         "mode": s.mode,
@@ -39,6 +44,9 @@ def status_document(config: Config, last: int = 10, now: float | None = None) ->
                 for k in ("ts", "event", "id", "action", "step", "problem", "outcome", "duration_s", "detail", "bundle")
             }
             for r in actions
+        ],
+        "last_decisions": [
+            {k: r.get(k) for k in ("ts", "problem", "action", "verdict", "reason", "mode")} for r in decisions
         ],
         "audit": str(AuditLog(config.paths.state_dir).path),
     }
@@ -61,8 +69,18 @@ def render_status(doc: dict[str, Any]) -> str:
         lines.append(f"  {when} {what} {r.get('outcome')}{took} ({r.get('problem') or r.get('id') or ''})")
         if r.get("bundle"):
             lines.append(f"    evidence: {r['bundle']}")
+    lines += _decision_lines(doc.get("last_decisions", []))
     lines.append(f"audit: {doc['audit']}")
     return "\n".join(printable(line) for line in lines)  # names from the network never drive the terminal
+
+
+def _decision_lines(decisions: list[dict[str, Any]]) -> list[str]:
+    """``observe``: would restart_vllm; ``refuse``/``suggest``: why not; newest last."""
+    lines = ["decisions not acted on:" if decisions else "decisions not acted on: none"]
+    for r in decisions:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(r.get("ts") or 0)))
+        lines.append(f"  {when} {r.get('verdict')} {r.get('action')} for {r.get('problem')}: {r.get('reason')}")
+    return lines
 
 
 def reset(config: Config, now: float | None = None) -> None:
