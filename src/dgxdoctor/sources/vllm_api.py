@@ -101,8 +101,15 @@ def vllm_by_command_line(
     # Processes that exit while listed (no stat line left) are skipped.
     found = [p for p in iter_processes(proc_root) if is_vllm_process(p.cmdline) and p.stat is not None]
     found = [p for p in found if trusted_process(p.uid, agent_uid)]
-    # A server started with another --port is not the one this check watches.
+    # A server started with another --port is not the one this check watches: said, so it never reads "loading".
+    elsewhere = [p for p in found if cmdline_port(p.cmdline) not in (None, port)]
     found = [p for p in found if cmdline_port(p.cmdline) in (None, port)]
+    if not found and elsewhere:
+        other = min(elsewhere, key=lambda p: p.pid)
+        return None, (
+            f"vLLM process {other.pid} serves --port {cmdline_port(other.cmdline)}, not {port}: "
+            "set [checks.vllm] base_url to its port"
+        )
     if not found:
         return None, "no vLLM process on this node"
     found.sort(key=lambda p: (not is_vllm_api_server(p.cmdline), p.start_time or 0.0))
