@@ -26,6 +26,7 @@ NOT_IN_DAEMON = (
     "dgxdoctor.bench_cli",
     "dgxdoctor.bench_report",
     "matplotlib",
+    "difflib",
     "pynvml",
 )
 
