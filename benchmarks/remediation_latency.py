@@ -84,6 +84,7 @@ def setup(tmp: Path, args: argparse.Namespace) -> tuple[str, str, subprocess.Pop
     others = ("gpu", "xid", "topology", "infiniband", "nccl_env", "nccl", "ray", "host", "logs", "drift")
     config = "\n".join(
         [f'node = "bench"\n[paths]\nstate_dir = "{tmp / "state"}"\n[daemon]\nlisten = "127.0.0.1:{port}"',
+         'token = "remediation-bench-token-0123"',
          f'[remediation]\nmode = "act"\nrole = "head"\nhold_s = {args.hold_s}\nvllm_start_grace_s = 0',
          "cooldown_s = {restart_vllm = 0.0}\nbudget = 1000\nladder_window_s = 0.001\nverify_timeout_s = 600.0",
          f"[remediation.commands]\nrestart_vllm = {json.dumps([*script, 'vllm-restart'])}",

@@ -218,16 +218,7 @@ def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_pat
     inputs = []
     worst = Status.OK
     for name in files:
-        try:
-            if name == "-":
-                raw = sys.stdin.buffer.read(MAX_DIAGNOSE_BYTES + 1)
-            else:
-                with open(name, "rb") as fh:
-                    raw = fh.read(MAX_DIAGNOSE_BYTES + 1)
-        except OSError as exc:
-            raise click.UsageError(f"cannot read {name}: {exc.strerror or exc}") from None
-        if len(raw) > MAX_DIAGNOSE_BYTES:
-            raise click.UsageError(f"{name}: larger than {MAX_DIAGNOSE_BYTES // 2**20} MiB")
+        raw = _diagnose_input(name)
         try:
             readings = read_paste(raw, kind, settings)
         except CompressedInput as exc:
@@ -240,6 +231,23 @@ def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_pat
             inputs.append((name, diagnosis))
     click.echo(json.dumps(diagnose_dict(inputs, worst), indent=2) if as_json else diagnose_text(inputs))
     sys.exit(exit_code(worst))
+
+
+def _diagnose_input(name: str) -> bytes:
+    """The bytes of one input (``-``: stdin), a usage error naming what is wrong."""
+    from dgxdoctor.sources.statefile import open_regular_file
+
+    try:
+        if name == "-":
+            raw = sys.stdin.buffer.read(MAX_DIAGNOSE_BYTES + 1)
+        else:
+            with open_regular_file(name) as fh:  # a FIFO given by name would block open() forever
+                raw = fh.read(MAX_DIAGNOSE_BYTES + 1)
+    except OSError as exc:
+        raise click.UsageError(f"cannot read {name}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_DIAGNOSE_BYTES:
+        raise click.UsageError(f"{name}: larger than {MAX_DIAGNOSE_BYTES // 2**20} MiB")
+    return raw
 
 
 @cli.command("config-example")

@@ -20,6 +20,7 @@ from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.environment import Environment, Role
 from dgxdoctor.sources.http import http_url
+from dgxdoctor.sources.statefile import read_private_file, state_dir_problem
 
 DEFAULT_CONFIG_PATH = Path("/etc/dgxdoctor/config.toml")
 EX_CONFIG = 78  # sysexits.h EX_CONFIG
@@ -55,7 +56,9 @@ class PathsSettings(_Frozen):
         Path("/"), description="the host's /: absolute paths named inside files (nccl.sh's `. /etc/nccl.env`)"
     )
     state_dir: Path = Field(
-        Path("/var/lib/dgxdoctor"), description="small state files (counter baselines, log offsets)"
+        Path("/var/lib/dgxdoctor"),
+        description="small state files (counter baselines, log offsets); must be root's (or dgxdoctor's user's) and "
+        "not writable by its group or others",
     )
 
 
@@ -76,6 +79,10 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+# Peers one agent compares with and asks during a cluster restart: the product is two nodes, a large deployment a few
+# dozen; thousands would make every /state and comparison a fan-out the daemon was never sized for.
+MAX_PEERS = 64
+
 # user:password@ in a URL (http://admin:pw@dgx-b:9835): a password in a URL is not repeated in an error.
 _USERINFO = re.compile(r"://[^/@\s'\"]*@")
 
@@ -89,8 +96,16 @@ class DaemonSettings(_Frozen):
         min_length=16,
         description="shared secret peers send as 'Authorization: Bearer ...'; without it /state is loopback-only",
     )
-    token_file: Path | None = Field(None, description="file holding the token (instead of token); keep it 0600")
-    peers: tuple[str, ...] = Field((), description='dgxdoctor on the other nodes, e.g. ["http://dgx-b:9835"]')
+    token_file: Path | None = Field(
+        None,
+        description="file holding the token (instead of token): a regular file, not a link, root's (or dgxdoctor's "
+        "user's), mode 0600; anything else is a config error",
+    )
+    peers: tuple[str, ...] = Field(
+        (),
+        max_length=MAX_PEERS,
+        description=f'dgxdoctor on the other nodes, e.g. ["http://dgx-b:9835"]; at most {MAX_PEERS}',
+    )
     peer_timeout_s: float = Field(3.0, gt=0, le=60, description="seconds to wait for one peer's /state")
     textfile_path: Path | None = Field(
         None,
@@ -130,7 +145,7 @@ class DaemonSettings(_Frozen):
         """The token itself, reading ``token_file`` if that is how it is given (OSError/ValueError if bad)."""
         if self.token_file is None:
             return self.token
-        text = self.token_file.read_text(encoding="utf-8").strip()
+        text = read_private_file(self.token_file).strip()
         if len(text) < 16:
             raise ValueError(f"{self.token_file}: token shorter than 16 characters")
         return text
@@ -337,11 +352,24 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
         problems = [(_key_path(err["loc"]), _reason(err)) for err in exc.errors(include_url=False)]
         raise ConfigError(source, problems) from None
     config = Config(model, source)
+    acting = _acting_problem(config)
+    if acting is not None:
+        raise ConfigError(source, [acting])
     ray_role = getattr(config.check_settings("ray"), "role", "auto")
     if config.role is not None and ray_role not in ("auto", config.role):
         problem = f"{ray_role!r} contradicts node.role {config.role!r} (leave it 'auto' to follow the node's role)"
         raise ConfigError(source, [("checks.ray.role", problem)])
     return config
+
+
+def _acting_problem(config: Config) -> tuple[str, str] | None:
+    """Act mode runs root commands on what ``POST /alertmanager`` and ``/remediation/step`` deliver: without a token
+    any local user could deliver it, so a token is required (``token`` or ``token_file``)."""
+    d = config.daemon
+    if config.remediation.mode == "act" and d.token is None and d.token_file is None:
+        return ("remediation.mode", 'mode = "act" needs daemon.token or daemon.token_file (the webhook and the '
+                "head's step requests must be authenticated)")  # fmt: skip
+    return None
 
 
 def _one_role(data: dict[str, Any], source: str) -> dict[str, Any]:
@@ -406,7 +434,16 @@ def _reason(err: Any) -> str:
 
 
 def load_config(path: Path | None) -> Config:
-    """Load ``path``; ``None`` means the default path if it exists, else the documented defaults."""
+    """Load ``path``; ``None`` means the default path if it exists, else the documented defaults. A state_dir that
+    another user owns or may write to is a config error (``statefile.state_dir_problem``)."""
+    config = _read_config(path)
+    problem = state_dir_problem(config.paths.state_dir)
+    if problem is not None:
+        raise ConfigError(str(path or DEFAULT_CONFIG_PATH), [("paths.state_dir", problem)])
+    return config
+
+
+def _read_config(path: Path | None) -> Config:
     explicit = path is not None
     path = path or DEFAULT_CONFIG_PATH
     if not path.exists():

@@ -60,6 +60,8 @@ def peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]
     tmp_path = tmp_path_factory.mktemp("peer")
     port = free_port()
     config = nccl_table(tmp_path, "peer", f'[daemon]\nlisten = "127.0.0.1:{port}"\ntoken = "{TOKEN}"')
+    # The peer's own guard decides whether it joins: the probe enabled here, inside a maintenance window.
+    config.write_text(config.read_text() + 'enabled = true\nmaintenance_windows = ["00:00-24:00"]\n')
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "dgxdoctor", "run", "--config", str(config)],

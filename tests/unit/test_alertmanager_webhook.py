@@ -20,6 +20,7 @@ from dgxdoctor.fleet.store import ResultStore
 TOKEN = "0123456789abcdef-token"  # what the captured Alertmanager config sent
 FIRING = (FIXTURES / "alertmanager" / "firing.json").read_bytes()
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+BAD_START = {"status": "firing", "labels": {}, "fingerprint": "f", "startsAt": "soon"}
 
 
 def test_real_payloads_parse() -> None:
@@ -43,6 +44,7 @@ def test_real_payloads_parse() -> None:
         (json.dumps({"version": "4", "alerts": [{"status": "odd", "labels": {}}]}).encode(), "status"),
         (json.dumps({"version": "4", "alerts": [{"status": "firing", "labels": {"a": 1}}]}).encode(), "labels.a"),
         (b"[" * 100_000, "JSON"),
+        (json.dumps({"version": "4", "alerts": [BAD_START]}).encode(), "startsAt"),
     ],
 )
 def test_bad_payloads_name_the_problem(body: bytes, named: str) -> None:
@@ -60,8 +62,8 @@ async def client() -> AsyncIterator[tuple[TestClient[Any, Any], list[list[Incomi
         got.append(items)
         return len(items), 0
 
-    async def step(name: str, action_id: str) -> tuple[int, dict[str, Any]]:
-        steps.append(name)
+    async def step(doc: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        steps.append(doc["step"])
         return 200, {"ok": True, "detail": "exit 0"}
 
     state = AppState(store, make_registry(store), lambda: {"healthy": True}, TOKEN, None, alerts=alerts, step=step)

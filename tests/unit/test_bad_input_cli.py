@@ -147,3 +147,13 @@ def test_run_with_a_bad_listen_address_is_a_usage_error(tmp_path: Path, listen: 
     assert done.returncode == EX_USAGE, done.stderr
     assert "--listen" in done.stderr and "Traceback" not in done.stderr
     assert not sentinel.exists()
+
+
+def test_diagnose_of_a_fifo_or_a_device_is_a_clear_error_never_a_hang(tmp_path: Path) -> None:
+    """``open()`` of a FIFO waits for a writer forever; diagnose names what the file is and points at stdin."""
+    fifo = tmp_path / "paste"
+    os.mkfifo(fifo)
+    done = run_cli("diagnose", str(fifo), timeout=30)
+    assert done.returncode == 64 and "a FIFO, not a regular file" in done.stderr, done.stderr
+    done = run_cli("diagnose", "/dev/zero", timeout=30)
+    assert done.returncode == 64 and "a character device" in done.stderr, done.stderr

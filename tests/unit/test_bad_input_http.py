@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -217,3 +218,52 @@ def test_peer_trickling_its_answer_is_cut_off() -> None:
     got = fetch_all(lambda: httpx.AsyncClient(transport=httpx.MockTransport(handler)), ["http://b:1"], None, 0.1)[0]
     assert not got.up and "no complete answer within 0.1 s" in (got.error or ""), got.error
     assert time.monotonic() - t0 < 1.0
+
+
+async def test_a_bad_character_in_the_authorization_header_never_logs_the_token() -> None:
+    """aiohttp quotes the offending header line in its error; the daemon's log line keeps the header's name only."""
+    import structlog
+
+    from dgxdoctor.daemon import connections
+    from dgxdoctor.daemon.ratelog import RequestLog
+
+    limits = connections.Limits()
+    runner = connections.make_runner(make_app(app_state()), limits, RequestLog())
+    server = await connections.serve(runner, connections.Guard(limits), "127.0.0.1", 0)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            for bad in (b"\x01", b"\x7f", b"\x00"):
+                reader, writer = await asyncio.open_connection(*server.address)
+                writer.write(
+                    b"GET /state HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() + bad + b"\r\n\r\n"
+                )
+                await writer.drain()
+                assert (await asyncio.wait_for(reader.read(4096), timeout=10)).startswith(b"HTTP/1.0 400")
+                writer.close()
+    finally:
+        await server.stop()
+    bad_requests = [e for e in logs if e["event"] == "http_bad_request"]
+    assert len(bad_requests) == 3 and "header Authorization" in bad_requests[0]["error"]
+    assert TOKEN not in json.dumps(logs, default=str) and TOKEN[:8] not in json.dumps(logs, default=str)
+
+
+async def test_the_listen_backlog_holds_max_connections() -> None:
+    """A backlog (128) below max_connections (256) reset bursts of connections; ``ss -ltn`` shows it as Send-Q."""
+    import shutil
+    import subprocess
+
+    from dgxdoctor.daemon import connections
+    from dgxdoctor.daemon.ratelog import RequestLog
+
+    if shutil.which("ss") is None:
+        pytest.skip("ss (iproute2) not installed")
+    limits = connections.Limits(max_connections=1000)
+    runner = connections.make_runner(make_app(app_state()), limits, RequestLog())
+    server = await connections.serve(runner, connections.Guard(limits), "127.0.0.1", 0)
+    try:
+        port = server.address[1]
+        done = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, timeout=10)
+    finally:
+        await server.stop()
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    assert int(done.stdout.split()[2]) == min(1000, somaxconn), done.stdout

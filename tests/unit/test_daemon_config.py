@@ -39,6 +39,7 @@ def test_every_problem_reported_with_its_key() -> None:
 def test_token_or_token_file(tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text("abcdefghijklmnopqrstuvwxyz\n")
+    token_file.chmod(0o600)  # as the README installs it: a token readable by others is refused
     assert (
         parse_config({"daemon": {"token_file": str(token_file)}}).daemon.resolve_token() == "abcdefghijklmnopqrstuvwxyz"
     )

@@ -248,3 +248,21 @@ def test_summary_names_what_is_known_and_what_is_missing_and_why(tmp_path: Path)
     summary = DriftCheck(DriftSettings(), Environment(proc_root=tmp_path)).run().summary
     assert summary.startswith("known: kernel_release 6.1.0-28-amd64; missing: vllm_version")
     assert "(no serving_python configured and no running vLLM or Ray Python process found)" in summary
+
+
+def test_neither_dgxdoctor_nor_a_mention_of_ray_is_the_serving_python(tmp_path: Path) -> None:
+    """#25: dgxdoctor's own Python (``dgxdoctor check --skip vllm``) and any argv holding "ray" were taken for the
+    serving stack; only what a process runs counts (its -m module or script), never a later argument."""
+    root = proc_root(tmp_path)
+    dgx = "/opt/dgxdoctor/bin/python3"
+    write_process(root, 30, "dgxdoctor", [dgx, "/opt/dgxdoctor/bin/dgxdoctor", "check", "--skip", "vllm"], exe=dgx)
+    write_process(root, 31, "dgxdoctor", [dgx, "/opt/dgxdoctor/bin/dgxdoctor", "check", "--only", "ray"], exe=dgx)
+    write_process(root, 32, "python3", ["/usr/bin/python3", "/srv/watch.py", "--for", "ray"], exe="/usr/bin/python3")
+    write_process(root, 33, "python3", ["/usr/bin/python3", "-c", "import ray"], exe="/usr/bin/python3")
+    me = ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]
+    write_process(root, os.getpid(), "python3", me, exe="/usr/bin/python3")  # the agent itself, whatever it runs
+    assert find_serving_python(root) is None
+    vllm = ["/opt/vllm/bin/python3", "-X", "faulthandler", "-m", "vllm.entrypoints.openai.api_server"]
+    write_process(root, 40, "python3", vllm, exe="/opt/vllm/bin/python3")
+    found = find_serving_python(root)
+    assert found is not None and found.exe == "/opt/vllm/bin/python3"

@@ -23,9 +23,14 @@ GOOD: dict[str, Any] = {
 }
 
 
+ALWAYS = ["00:00-24:00"]
+
+
 def service(tmp_path: Path, **settings: Any) -> NcclJoinService:
+    """A node that allows joins (the probe enabled, inside its maintenance window) unless ``settings`` say not."""
     (tmp_path / "proc").mkdir(exist_ok=True)
     env = Environment(proc_root=tmp_path / "proc", sysfs_root=tmp_path / "sys", state_dir=tmp_path / "state")
+    settings = {"enabled": True, "maintenance_windows": ALWAYS, **settings}
     cfg = NcclSettings(vllm_url="", env_file=None, **settings)
     return NcclJoinService(lambda: cfg, lambda: env)
 
@@ -43,6 +48,11 @@ def service(tmp_path: Path, **settings: Any) -> NcclJoinService:
         ({"join_timeout_s": 10_000}, "join_timeout_s"),
         ({"command": ["/bin/sh"]}, "command"),
         ({"node_rank": 2}, "node_rank"),
+        ({"min_bytes": "0"}, "min_bytes"),
+        ({"max_bytes": "0K"}, "max_bytes"),
+        ({"max_bytes": "999999999999G"}, "max_bytes"),
+        ({"min_bytes": "1G", "max_bytes": "8M"}, "min_bytes"),
+        ({"force": True}, "force"),
     ],
 )
 def test_bad_requests_name_the_field(tmp_path: Path, change: dict[str, Any], where: str) -> None:
@@ -89,3 +99,58 @@ def test_runs_one_probe_at_a_time_and_reports_its_output(tmp_path: Path) -> None
     assert svc.status("e" * 32) is None
     with pytest.raises(Refused):
         svc.start(svc.parse(GOOD))  # a run id is used once
+
+
+def test_a_node_with_the_probe_disabled_refuses_to_join(tmp_path: Path) -> None:
+    svc = service(tmp_path, enabled=False, serving_python=sys.executable)
+    with pytest.raises(Refused) as caught:
+        svc.start(svc.parse(GOOD))
+    assert caught.value.status == 409 and "enabled = false" in str(caught.value)
+
+
+@pytest.mark.parametrize("windows", [[], ["Sat 02:00-02:01"]])
+def test_a_join_outside_this_nodes_maintenance_window_is_refused(tmp_path: Path, windows: list[str]) -> None:
+    svc = service(tmp_path, maintenance_windows=windows, serving_python=sys.executable)
+    with pytest.raises(Refused) as caught:
+        svc.start(svc.parse(GOOD))
+    assert caught.value.status == 409 and "maintenance window" in str(caught.value)
+
+
+def test_the_serving_guard_is_this_nodes_own_never_the_requests(tmp_path: Path) -> None:
+    """Only this node's own ``force`` overrides its serving guard; a request cannot carry one."""
+    write_process(tmp_path / "proc", 31, "python3", ["python3", "-m", "vllm.entrypoints.openai.api_server"])
+    svc = service(tmp_path, serving_python=sys.executable)
+    with pytest.raises(Refused) as caught:
+        svc.parse({**GOOD, "force": True})
+    assert caught.value.status == 400
+    forced_here = service(tmp_path, serving_python=sys.executable, force=True, command=["true"])
+    assert forced_here.start(forced_here.parse(GOOD)).done.wait(30)
+
+
+@pytest.mark.parametrize(("key", "value"), [("min_bytes", "0"), ("max_bytes", "32G"), ("min_bytes", "2G")])
+def test_the_local_probe_sizes_are_bounded_too(key: str, value: str) -> None:
+    with pytest.raises(ValueError, match=key):
+        NcclSettings(**{key: value})
+
+
+async def test_a_node_without_a_token_refuses_every_join_even_from_loopback(tmp_path: Path) -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from dgxdoctor.daemon.app import AppState, make_app
+    from dgxdoctor.daemon.nccl_join import add_routes
+    from dgxdoctor.exporters.collector import make_registry
+    from dgxdoctor.fleet.store import ResultStore
+
+    svc = service(tmp_path, command=["true"])
+    store = ResultStore("dgx-b")
+    for token, status in ((None, 403), ("join-token-0123456789", 401)):
+        state = AppState(store, make_registry(store), lambda: {"healthy": True}, token, None)
+        state.extra_routes = lambda app: add_routes(app, svc)
+        client: TestClient[Any, Any] = TestClient(TestServer(make_app(state), host="127.0.0.1"))
+        await client.start_server()
+        try:
+            assert (await client.post("/nccl/join", json=GOOD)).status == status
+            assert (await client.get(f"/nccl/join/{GOOD['run_id']}")).status == status
+        finally:
+            await client.close()
+    assert svc.status(GOOD["run_id"]) is None  # nothing started

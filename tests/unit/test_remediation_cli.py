@@ -8,9 +8,10 @@ from conftest import run_cli
 from dgxdoctor.remediation.audit import AuditLog, StateFile
 
 
-def config(tmp_path: Path, extra: str = "") -> str:
+def config(tmp_path: Path, extra: str = "", token: bool = False) -> str:
     path = tmp_path / "config.toml"
-    path.write_text(f'node = "dgx-a"\n[paths]\nstate_dir = "{tmp_path}"\n[remediation]\nbudget = 2\n{extra}')
+    daemon = '[daemon]\ntoken = "remediation-cli-token-0123"\n' if token else ""
+    path.write_text(f'node = "dgx-a"\n{daemon}[paths]\nstate_dir = "{tmp_path}"\n[remediation]\nbudget = 2\n{extra}')
     return str(path)
 
 
@@ -32,7 +33,7 @@ def test_status_shows_the_breaker_and_reset_closes_it(tmp_path: Path) -> None:
     )  # fmt: skip
     AuditLog(tmp_path).append({"ts": now - 5, "event": "action", "action": "restart_cluster", "outcome": "failed",
                                "duration_s": 42.5, "problem": "check:ray:restart_cluster"})  # fmt: skip
-    cfg = config(tmp_path, 'mode = "act"\nrole = "head"\n')
+    cfg = config(tmp_path, 'mode = "act"\nrole = "head"\n', token=True)
     text = run_cli("remediation", "status", "--config", cfg)
     assert text.returncode == 0, text.stderr
     assert "breaker: OPEN (budget of 2" in text.stdout and "restart_cluster failed in 42.5 s" in text.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 from dgxdoctor.alerts.webhook import IncomingAlert
 from dgxdoctor.config import AlertsSettings, RemediationSettings
 from dgxdoctor.daemon.remediation import make_pager
-from dgxdoctor.remediation.actions import VllmTarget
+from dgxdoctor.remediation.actions import VllmTarget, step_mac
 from dgxdoctor.remediation.audit import AuditLog, StateFile
 from dgxdoctor.remediation.engine import Remediator, Targets
 from dgxdoctor.result import CheckResult, Finding, Status
@@ -169,14 +170,20 @@ async def test_hardware_faults_are_suggested_not_paged_twice(tmp_path: Path) -> 
     assert (decision["verdict"], decision["action"]) == ("suggest", "page") and seen == []
 
 
+def step_request(step: str, action_id: str, sent_at: float | None = None, token: str = "t" * 16) -> dict[str, Any]:
+    """What the head's ``ask_worker`` sends: the step, the action, when, and their HMAC under the token."""
+    ts = round(time.time() if sent_at is None else sent_at, 6)
+    return {"step": step, "id": action_id, "ts": ts, "mac": step_mac(token, step, action_id, ts)}
+
+
 async def test_worker_runs_only_its_own_steps_when_acting(tmp_path: Path) -> None:
     marker = tmp_path / "stopped"
     r = remediator(tmp_path, vllm_app([]), {}, role="worker", commands={"ray_stop": ["touch", str(marker)]})
-    assert (await r.run_step("rm -rf /", "x"))[0] == 400
-    status, answer = await r.run_step("ray_stop", "id1")
+    assert (await r.run_step(step_request("rm -rf /", "0123456789ab")))[0] == 400
+    status, answer = await r.run_step(step_request("ray_stop", "0123456789ab"))
     assert status == 200 and answer["ok"] and marker.exists()
     observer = remediator(tmp_path / "o", vllm_app([]), {}, mode="observe", role="worker")
-    assert (await observer.run_step("ray_stop", "id2"))[0] == 409
+    assert (await observer.run_step(step_request("ray_stop", "0123456789ac")))[0] == 409
 
 
 @pytest.mark.parametrize("doc", ["[]", "{not json"])

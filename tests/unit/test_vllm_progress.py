@@ -14,10 +14,11 @@ from dgxdoctor.checks.vllm_progress import EngineWatch, ProgressClock, ProgressF
 from dgxdoctor.environment import Environment, Fleet, Peers
 from dgxdoctor.judge.vllm import DEFAULT_STALL_S, Observed, progress_finding
 from dgxdoctor.result import Status
+from dgxdoctor.sources.procfs import read_process
 from dgxdoctor.sources.vllm_metrics import VllmMetrics, parse_vllm_metrics
-from proctree import write_process
+from proctree import listen, write_process
 
-ENGINE_PID = 7573
+API_PID, ENGINE_PID = 7538, 7573
 
 
 def metrics(steps: float | None, running: float = 4, waiting: float = 0, tokens: float | None = None) -> VllmMetrics:
@@ -90,16 +91,19 @@ def test_verdict_thresholds() -> None:
 def test_engine_watch_reads_state_and_cpu_share(tmp_path: Path) -> None:
     now = [100.0]
     root = tmp_path / "proc"
-    write_process(root, ENGINE_PID, "VLLM::EngineCor", ["VLLM::EngineCore" + " " * 40], state="R", utime=1000)
+    write_process(root, API_PID, "python3", ["python3", "-m", "vllm.entrypoints.openai.api_server"])
+    write_process(
+        root, ENGINE_PID, "VLLM::EngineCor", ["VLLM::EngineCore" + " " * 40], state="R", utime=1000, ppid=API_PID
+    )
     write_process(root, 7600, "python3", ["python3", "-m", "other"], state="R", utime=5000)
-    watch = EngineWatch(root, lambda: now[0])
+    watch = EngineWatch(root, lambda: now[0], lambda: read_process(root, API_PID))
     (first,) = watch.look()
     assert (first.pid, first.title, first.cpu_ratio) == (ENGINE_PID, "VLLM::EngineCore", None)
     now[0] += 2.0
-    write_process(root, ENGINE_PID, "VLLM::EngineCor", ["VLLM::EngineCore"], state="R", utime=1200)
+    write_process(root, ENGINE_PID, "VLLM::EngineCor", ["VLLM::EngineCore"], state="R", utime=1200, ppid=API_PID)
     (spinning,) = watch.look()
     assert spinning.cpu_ratio == pytest.approx(1.0)  # 200 ticks at 100 Hz in 2 s: a full core
-    write_process(root, ENGINE_PID, "VLLM::EngineCor", ["VLLM::EngineCore"], state="T", utime=1200)
+    write_process(root, ENGINE_PID, "VLLM::EngineCor", ["VLLM::EngineCore"], state="T", utime=1200, ppid=API_PID)
     (stopped,) = watch.look()
     assert "stopped (state T)" in stopped.describe()
 
@@ -121,7 +125,7 @@ def follower(tmp_path: Path, source: Source, now: list[float], wakes: list[float
     return ProgressFollower(
         fetch=source,
         clock=clock,
-        engines=EngineWatch(tmp_path, lambda: now[0]),
+        engines=EngineWatch(tmp_path, lambda: now[0], lambda: None),
         monotonic=lambda: now[0],
         poll_s=2.0,
         thresholds=(7.5, 15.0),
@@ -159,6 +163,7 @@ def test_daemon_check_follows_progress_and_a_stopped_engine_is_hung_at_once(fixt
     """In the daemon the follower reads between runs; a stopped engine process makes the first stall critical."""
     root = tmp_path / "proc"
     shutil.copytree(fixtures / "vllm" / "proc", root)
+    listen(root, API_PID, 8000)  # the API server of the captured tree serves base_url's port
     now = [1000.0]
     pages = [page(fixtures, "engine-stopped")]
     woken: list[str] = []

@@ -26,7 +26,7 @@ class IncomingAlert:
     labels: dict[str, str]
     fingerprint: str
     starts_at: str
-    started: float | None  # startsAt as Unix time, when it parses
+    started: float | None  # startsAt as Unix time (parse_payload refuses one that does not parse)
 
 
 def _field(obj: dict[str, Any], key: str, kind: type, where: str) -> Any:
@@ -75,4 +75,7 @@ def _alert(item: Any, where: str) -> IncomingAlert:
     if not fingerprint or len(fingerprint) > 64:
         raise PayloadError(f"{where}.fingerprint: expected 1-64 characters")
     starts_at = _field(item, "startsAt", str, where)
-    return IncomingAlert(status, dict(labels), fingerprint, starts_at[:64], _timestamp(starts_at))
+    started = _timestamp(starts_at[:64])
+    if started is None:  # the replay protection orders episodes by it: a time, or the payload is refused
+        raise PayloadError(f"{where}.startsAt: expected an RFC 3339 time, got {starts_at[:40]!r}")
+    return IncomingAlert(status, dict(labels), fingerprint, starts_at[:64], started)

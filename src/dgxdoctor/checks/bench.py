@@ -31,6 +31,7 @@ from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
 from dgxdoctor.sources.bench_baseline import Baseline, BaselineError, load_baseline, raw_point
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.serving_env import find_serving_python
+from dgxdoctor.sources.statefile import atomic_write
 from dgxdoctor.sources.vllm_bench import (
     BenchPoint,
     BenchResultError,
@@ -217,10 +218,9 @@ class BenchCheck(Check):
 
     def _save_last(self, finished: float, point: BenchPoint) -> None:
         try:
-            self.env.state_dir.mkdir(parents=True, exist_ok=True)
-            tmp = self._state_file().with_suffix(".tmp")
-            tmp.write_text(json.dumps({"finished": finished, "result": raw_point(point)}), encoding="utf-8")
-            tmp.replace(self._state_file())
+            self.env.state_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+            doc = json.dumps({"finished": finished, "result": raw_point(point)})
+            atomic_write(self._state_file(), doc.encode(), 0o640)  # never through a link
         except OSError:
             pass  # the verdict stands; without the file the next look runs the benchmark again when in a window
 

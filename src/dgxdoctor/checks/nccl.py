@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.checks.nccl_cross import PeerRefused, run_cross_node
@@ -39,6 +39,7 @@ from dgxdoctor.sources.nccl_env import read_env_file
 from dgxdoctor.sources.nccl_info import NcclTransport, parse_nccl_info
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
 from dgxdoctor.sources.serving_env import find_serving_python
+from dgxdoctor.sources.statefile import atomic_write
 from dgxdoctor.sources.sysfs_ib import ports_by_device
 
 # The probe's exit statuses, repeated from ``dgxdoctor.probes.allreduce`` so the daemon does not import the probe
@@ -74,6 +75,27 @@ GB = 1e9
 # NCCL_ALGO / NCCL_PROTO values: names, lists, exclusions ("^NVLS") and per-collective forms ("allreduce:ring").
 NCCL_CHOICE_RE = re.compile(r"^[A-Za-z0-9,^:;_]{0,128}$")
 HCA_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}(?::\d{1,3})?$")
+# Message sizes as nccl-tests' -b/-e take them: "8M", "1G", "512K", "1048576", "8MB".
+SIZE_RE = re.compile(r"^(\d{1,12})([KMG]?)B?$")
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+# Every size in 1 B .. 16 GiB (nccl-tests' customary -e is 8G): "0" would never end the doubling loop.
+MAX_PROBE_BYTES = 16 << 30
+
+
+def size_bytes(text: str) -> int:
+    """``8M`` -> 8388608; ValueError naming what is wrong (the bounds included)."""
+    found = SIZE_RE.match(text)
+    if found is None:
+        raise ValueError(f"{text!r} is not a size (e.g. 8M, 1G, 1048576)")
+    size = int(found.group(1)) * SIZE_UNITS[found.group(2)]
+    if not 1 <= size <= MAX_PROBE_BYTES:
+        raise ValueError(f"{text!r} is outside 1 B .. 16G")
+    return size
+
+
+def check_size_range(min_bytes: str, max_bytes: str) -> None:
+    if size_bytes(min_bytes) > size_bytes(max_bytes):
+        raise ValueError(f"min_bytes {min_bytes!r} is above max_bytes {max_bytes!r}")
 
 
 class NcclSettings(CheckSettings):
@@ -104,7 +126,11 @@ class NcclSettings(CheckSettings):
         Path("/etc/profile.d/nccl.sh"),
         description="the node's NCCL env file (read as data): the probe runs with exactly what vLLM gets",
     )
-    force: bool = Field(False, description="run even while vLLM serves on this node (disturbs serving)")
+    force: bool = Field(
+        False,
+        description="run even while vLLM serves on this node (disturbs serving); "
+        "this node's own setting: a peer's join request never carries it",
+    )
     vllm_url: str | None = Field(
         "http://127.0.0.1:8000", description="vLLM whose running requests make the probe refuse; empty: none"
     )
@@ -144,6 +170,17 @@ class NcclSettings(CheckSettings):
         if not NCCL_CHOICE_RE.match(value):
             raise ValueError(f"{value!r} is not an NCCL_ALGO/NCCL_PROTO value (e.g. Ring, Simple, ^NVLS)")
         return value
+
+    @field_validator("min_bytes", "max_bytes")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        size_bytes(value)
+        return value
+
+    @model_validator(mode="after")
+    def _size_order(self) -> NcclSettings:
+        check_size_range(self.min_bytes, self.max_bytes)
+        return self
 
     @field_validator("rails")
     @classmethod
@@ -301,8 +338,8 @@ class NcclCheck(Check):
         operator: ``last-probe.txt``, or ``last-probe-<HCA>.txt`` for a per-rail run."""
         path = self.env.state_dir / "nccl" / (f"last-probe-{rail}.txt" if rail else "last-probe.txt")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(f"{stdout}\n# --- stderr ---\n{stderr}", encoding="utf-8")
+            path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+            atomic_write(path, f"{stdout}\n# --- stderr ---\n{stderr}".encode(), 0o640)  # never through a link
         except OSError:
             pass  # the verdict does not depend on it
 

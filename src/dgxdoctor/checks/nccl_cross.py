@@ -49,7 +49,6 @@ def join_request(check: NcclCheck, run_id: str, rail: str | None) -> dict[str, A
         "algo": cfg.algo,
         "proto": cfg.proto,
         "rail": rail,
-        "force": cfg.force,
     }
 
 

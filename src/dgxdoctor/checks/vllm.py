@@ -17,6 +17,7 @@ grace) is never judged.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,17 +51,19 @@ from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
 from dgxdoctor.sources.http import http_url
 from dgxdoctor.sources.procfs import CLK_TCK, ProcessInfo
 from dgxdoctor.sources.prom_text import PromTextError
+from dgxdoctor.sources.redact import shown_argv
 from dgxdoctor.sources.vllm_api import (
     Health,
+    api_server_on,
     cpu_ticks,
-    find_vllm_process,
     get_health,
     get_metrics,
     get_models,
-    is_vllm_api_server,
     post_completion,
     process_from_pid_file,
+    still_listening,
     user_process,
+    vllm_by_command_line,
 )
 from dgxdoctor.sources.vllm_metrics import NotVllmMetrics
 
@@ -225,7 +228,8 @@ class VllmCheck(Check):
         self._window = MetricsWindow(settings.latency_window_s, settings.kv_cache_sustained_s, env.one_shot)
         self._sleep: Callable[[float], None] = time.sleep  # tests advance a fake clock instead
         self._api_server: ProcessInfo | None = None
-        self._engines = EngineWatch(env.proc_root, env.monotonic)
+        self._server_lock = threading.Lock()  # the follower's thread and the runs both look the API server up
+        self._engines = EngineWatch(env.proc_root, env.monotonic, self._serving_api_server)
         self._follower: ProgressFollower | None = None
         s = settings
         self._limits = Limits(
@@ -269,23 +273,35 @@ class VllmCheck(Check):
         key = self.cfg.api_key
         return {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
 
-    def _find_process(self) -> tuple[ProcessInfo | None, str | None]:
-        """The vLLM API server process (else any vLLM process); and why none, if none."""
+    def _port(self) -> int:
+        base = self.cfg.base_url
+        return urlsplit(base).port or (443 if base.startswith("https") else 80)
+
+    def _serving_api_server(self) -> ProcessInfo | None:
+        """The API server whose process tree holds the engines: the pid file's, else the process listening on
+        base_url's port, remembered while the same process still listens there (no /proc scan every look)."""
         root = self.env.proc_root
         if self.cfg.pid_file is not None:
-            return process_from_pid_file(root, self.cfg.pid_file)
-        cached = self._api_server
-        if cached is not None:
-            # The API server found last time, if it is still the same process: no /proc scan every run.
-            again = user_process(root, cached.pid)
-            if again is not None and again.start_ticks == cached.start_ticks:
-                return again, None
-            self._api_server = None
-        base = self.cfg.base_url
-        found, reason = find_vllm_process(root, urlsplit(base).port or (443 if base.startswith("https") else 80))
-        if found is not None and is_vllm_api_server(found.cmdline):
-            self._api_server = found
-        return found, reason
+            return process_from_pid_file(root, self.cfg.pid_file)[0]
+        with self._server_lock:
+            cached = self._api_server
+            if cached is not None:
+                again = user_process(root, cached.pid)
+                same = again is not None and again.start_ticks == cached.start_ticks
+                if same and again is not None and still_listening(root, again, self._port()):
+                    return again
+            self._api_server = api_server_on(root, self._port())
+            return self._api_server
+
+    def _find_process(self) -> tuple[ProcessInfo | None, str | None]:
+        """The API server process; when nothing listens, a vLLM process found by its command line (loading, or
+        dead with processes left), of root or of our user only; and why none, if none."""
+        if self.cfg.pid_file is not None:
+            return process_from_pid_file(self.env.proc_root, self.cfg.pid_file)
+        serving = self._serving_api_server()
+        if serving is not None:
+            return serving, None
+        return vllm_by_command_line(self.env.proc_root, self._port())
 
     def _health(self, client: httpx.Client, proc: ProcessInfo | None) -> tuple[Health, float | None, str | None]:
         """/health, with the share of a CPU the API server used meanwhile and its state after."""
@@ -315,7 +331,7 @@ class VllmCheck(Check):
                 b.timed_out("health")
             if health.outcome != "up":
                 b.sample(VLLM_UP, 0)
-                process = f"process {proc.pid} ({' '.join(proc.cmdline)[:80]})" if proc else None
+                process = f"process {proc.pid} ({shown_argv(proc.cmdline, 80)})" if proc else None
                 head = self.env.role == "head"
                 expected = proc is not None or s.required or s.pid_file is not None or self._seen_up or head
                 server = Server(s.base_url, process, no_proc_reason, uptime, expected, cpu_ratio, state, head)

@@ -9,13 +9,15 @@ idle server is not polled: nothing can stall), and asks the daemon for a run of 
 crosses a threshold, or the moment ``/metrics`` stops answering.
 
 Corroboration from ``/proc``: the engine's processes (titled ``VLLM::EngineCore``, ``VLLM::Worker_TP0`` ... by
-vLLM) are read at each follower tick, so the finding says whether they are stopped (SIGSTOP, a debugger), idle
-(waiting on a peer rank) or spinning a full core with no progress (a collective that never completes).
+vLLM, below the API server that listens on the configured port and of its user) are read at each follower tick,
+so the finding says whether they are stopped (SIGSTOP, a debugger), idle (waiting on a peer rank) or spinning a
+full core with no progress (a collective that never completes).
 
 By hand::
 
     watch -n1 "curl -s localhost:8000/metrics | grep -E '^vllm:(iteration_tokens_total_count|num_requests_running)'"
-    ps -o pid,stat,pcpu,args -C VLLM::EngineCore
+    ss -ltnp 'sport = :8000'                      # the API server's pid
+    pstree -plu <that pid>; ps -o pid,user,stat,pcpu,args -p <an engine pid>
 """
 
 from __future__ import annotations
@@ -26,11 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dgxdoctor.sources.follower import Follower
-from dgxdoctor.sources.procfs import CLK_TCK, iter_processes
+from dgxdoctor.sources.procfs import CLK_TCK, ProcessInfo
+from dgxdoctor.sources.vllm_api import engine_processes
 from dgxdoctor.sources.vllm_metrics import VllmMetrics
 
-# Titles vLLM gives the processes that run the model (setproctitle): "VLLM::EngineCore", "VLLM::Worker_TP0" ...
-ENGINE_TITLE_PREFIX = "VLLM::"
 STOPPED_STATES = ("T", "t")  # stopped by a signal, stopped by a tracer
 
 
@@ -97,11 +98,20 @@ class EngineProcess:
 
 
 class EngineWatch:
-    """Reads the engine processes' state and CPU time; the CPU share is over the time between two looks."""
+    """Reads the engine processes' state and CPU time; the CPU share is over the time between two looks.
 
-    def __init__(self, proc_root: Path, monotonic: Callable[[], float]) -> None:
+    The engine processes are those of the serving vLLM only (``vllm_api.engine_processes``): below the API server
+    that ``api_server`` names (the one listening on the configured port, or the pid file's), of its user. A
+    process anyone can title ``VLLM::EngineCore`` and stop is never evidence: with it, any local user made a
+    healthy engine ENGINE_HUNG and had root restart vLLM, then the cluster.
+    """
+
+    def __init__(
+        self, proc_root: Path, monotonic: Callable[[], float], api_server: Callable[[], ProcessInfo | None]
+    ) -> None:
         self._proc_root = proc_root
         self._monotonic = monotonic
+        self._api_server = api_server
         self._lock = threading.Lock()
         self._ticks: dict[tuple[int, int], tuple[float, int]] = {}  # (pid, start) -> (time, cpu ticks)
         self.latest: tuple[EngineProcess, ...] = ()
@@ -111,9 +121,9 @@ class EngineWatch:
         seen: list[EngineProcess] = []
         ticks: dict[tuple[int, int], tuple[float, int]] = {}
         with self._lock:
-            for proc in iter_processes(self._proc_root):
-                argv = proc.cmdline
-                if not argv or not argv[0].startswith(ENGINE_TITLE_PREFIX) or proc.stat is None:
+            server = self._api_server()
+            for proc in engine_processes(self._proc_root, server) if server is not None else ():
+                if proc.stat is None:
                     continue
                 key = (proc.pid, proc.stat.start_ticks)
                 ticks[key] = (now, proc.stat.cpu_ticks)
@@ -121,7 +131,7 @@ class EngineWatch:
                 ratio = None
                 if before is not None and now > before[0]:
                     ratio = (proc.stat.cpu_ticks - before[1]) / CLK_TCK / (now - before[0])
-                seen.append(EngineProcess(proc.pid, argv[0].split()[0], proc.stat.state, ratio))
+                seen.append(EngineProcess(proc.pid, proc.cmdline[0].split()[0], proc.stat.state, ratio))
             self._ticks = ticks
             self.latest = tuple(seen)
         return self.latest

@@ -41,13 +41,16 @@ class AppState:
     reload: Callable[[], Awaitable[list[str]]] | None = None
     # Webhook alerts in: (accepted, ignored). Queues only; the work happens in the remediation loop.
     alerts: Callable[[list[IncomingAlert]], tuple[int, int]] | None = None
-    # The head asks this worker to run a step: (HTTP status, answer).
-    step: Callable[[str, str], Awaitable[tuple[int, dict[str, Any]]]] | None = None
+    # The head asks this worker to run a step (the request's JSON object): (HTTP status, answer).
+    step: Callable[[dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]] | None = None
     protected: frozenset[str] = field(
         default_factory=lambda: frozenset({"/state", "/reload", "/alertmanager", "/remediation/step"})
     )
     # Every path under these needs the token too (the NCCL probe's join requests and their results).
     protected_prefixes: tuple[str, ...] = ("/nccl/",)
+    # These run something as root: refused outright when no token is configured, loopback or not (any local user
+    # reaches loopback).
+    token_only: tuple[str, ...] = ("/remediation/step", "/nccl/")
     # Registers the routes of the cross-node NCCL probe's peer side (daemon.nccl_join), when the daemon has it.
     extra_routes: Callable[[web.Application], None] | None = None
 
@@ -81,6 +84,8 @@ def _error(status: int, message: str, **headers: str) -> web.Response:
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     state = request.app[STATE_KEY]
+    if state.token is None and request.path.startswith(state.token_only):
+        return _error(403, f"{request.path} needs daemon.token (or token_file) configured on this node")
     if request.path in state.protected or request.path.startswith(state.protected_prefixes):
         if state.token is not None:
             if not token_ok(request.headers.get("Authorization"), state.token):
@@ -140,13 +145,13 @@ async def remediation_step(request: web.Request) -> web.Response:
     try:
         doc = json.loads(await request.read())
     except (ValueError, RecursionError):
-        return _error(400, 'body must be JSON: {"step": "ray_stop"|"ray_start", "id": "..."}')
+        return _error(400, 'body must be JSON: {"step": "ray_stop"|"ray_start", "id": "...", "ts": ..., "mac": "..."}')
     if not isinstance(doc, dict) or not isinstance(doc.get("step"), str) or not isinstance(doc.get("id", ""), str):
-        return _error(400, 'body must be {"step": "ray_stop"|"ray_start", "id": "..."}')
+        return _error(400, 'body must be {"step": "ray_stop"|"ray_start", "id": "...", "ts": ..., "mac": "..."}')
     if app_state.step is None:
         return _error(409, "remediation not running")
     lift_deadline(request)  # authenticated (the middleware checked the token): the step has its own timeout
-    status, answer = await app_state.step(doc["step"], doc.get("id", ""))
+    status, answer = await app_state.step(doc)
     return web.json_response(answer, status=status)
 
 

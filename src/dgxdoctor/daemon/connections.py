@@ -244,6 +244,14 @@ class GuardedServer:
                 await self.runner.cleanup()
 
 
+MIN_BACKLOG = 128  # asyncio's default
+
+
+def listen_backlog(limits: Limits) -> int:
+    """The listen(2) backlog: never below ``max_connections``."""
+    return max(MIN_BACKLOG, limits.max_connections)
+
+
 def make_runner(app: web.Application, limits: Limits, logger: Any) -> web.AppRunner:
     return web.AppRunner(
         app,
@@ -261,7 +269,9 @@ async def serve(runner: web.AppRunner, guard: Guard, host: str, port: int) -> Gu
     if runner.server is None:
         await runner.setup()
     guard.server = runner.server
+    # The accept queue holds at least a whole cap of clients: with 128 below max_connections (256), a burst of
+    # connections (every Prometheus and peer at once after a restart) was reset. The kernel cuts it to somaxconn.
     server = await loop.create_server(
-        guard.protocol, host, port, reuse_address=True, backlog=128, family=socket.AF_UNSPEC
+        guard.protocol, host, port, reuse_address=True, backlog=listen_backlog(guard.limits), family=socket.AF_UNSPEC
     )
     return GuardedServer(runner, guard, server)

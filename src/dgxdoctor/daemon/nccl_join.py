@@ -1,11 +1,14 @@
 """The peer's side of a cross-node NCCL probe: ``POST /nccl/join`` starts this node's ranks, ``GET
 /nccl/join/<run_id>`` returns their output when done.
 
-Both need the daemon token (``app.auth_middleware``). The request is untrusted input: every field is validated
+Both need the daemon token (``app.auth_middleware``), and are refused outright on a node with no token configured
+(loopback or not: every local user reaches loopback). The request is untrusted input: every field is validated
 against a strict model, and only this node's own configuration decides what runs (its serving Python, its NCCL env
-file, its GPU count); the request chooses the rendezvous, the sizes, the pinned algorithm and protocol and the rail,
-each checked against the same patterns as the config. Nothing reaches a shell: the probe is an argv list. The probe
-refuses while vLLM serves here (unless the head's operator forced it), and one probe runs at a time.
+file, its GPU count); the request chooses the rendezvous, the sizes (1 B .. 16G, min <= max), the pinned algorithm
+and protocol and the rail, each checked against the same rules as the config. Nothing reaches a shell: the probe is
+an argv list. This node's own guard decides as for its local probe: ``[checks.nccl] enabled``, its
+``maintenance_windows`` and its serving guard (vLLM serving here refuses, unless this node's own ``force``; the
+request cannot carry one). One probe runs at a time.
 
 By hand: ``curl -H "Authorization: Bearer $TOKEN" http://dgx-b:9835/nccl/join/<run_id>``.
 """
@@ -17,15 +20,22 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dgxdoctor.checks.nccl import HCA_RE, NCCL_CHOICE_RE, NcclCheck, NcclSettings, ProbeRun
-from dgxdoctor.checks.nccl_guard import serving_reason
+from dgxdoctor.checks.nccl import (
+    HCA_RE,
+    NCCL_CHOICE_RE,
+    NcclCheck,
+    NcclSettings,
+    ProbeRun,
+    check_size_range,
+    size_bytes,
+)
 from dgxdoctor.environment import Environment
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.sysfs_ib import ports_by_device
@@ -53,7 +63,17 @@ class JoinRequest(BaseModel):
     algo: str = Field("Ring", pattern=NCCL_CHOICE_RE.pattern)
     proto: str = Field("Simple", pattern=NCCL_CHOICE_RE.pattern)
     rail: str | None = Field(None, pattern=HCA_RE.pattern)
-    force: bool = False
+
+    @field_validator("min_bytes", "max_bytes")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        size_bytes(value)
+        return value
+
+    @model_validator(mode="after")
+    def _size_order(self) -> JoinRequest:
+        check_size_range(self.min_bytes, self.max_bytes)
+        return self
 
 
 @dataclass
@@ -108,7 +128,10 @@ class NcclJoinService:
 
     def start(self, request: JoinRequest) -> Job:
         env = self._env()
-        settings = self._settings().model_copy(
+        own = self._settings()
+        if not own.enabled:
+            raise Refused(409, "refused: [checks.nccl] enabled = false on this node")
+        settings = own.model_copy(
             update={
                 "quick": request.quick,
                 "min_bytes": request.min_bytes,
@@ -122,15 +145,15 @@ class NcclJoinService:
                 "rails": [],
             }
         )
-        check = NcclCheck(settings, env)
+        check = NcclCheck(settings, replace(env, one_shot=False))  # a join is the daemon's: its windows apply
         with self._lock:
             if any(not j.done.is_set() for j in self._jobs.values()):
                 raise Refused(409, "a probe is already running on this node")
             if request.run_id in self._jobs:
                 raise Refused(409, "this run_id was already used")
-            why = None if request.force else serving_reason(env, settings.vllm_url or None)
+            why = check.refusal()  # this node's window and serving guard, as for its own probe in the daemon
             if why is not None:
-                raise Refused(409, f"refused: {why}")
+                raise Refused(409, why if why.startswith("refused") else f"refused: {why}")
             argv = check.argv(request.rail, nnodes=request.nnodes, node_rank=request.node_rank)
             if argv is None:
                 raise Refused(503, "no probe here: set checks.nccl.serving_python (torch) on this node")

@@ -23,11 +23,24 @@ BREAKER_OPEN = MetricSpec(
 )
 MODE = MetricSpec(
     "dgxdoctor_remediation_mode",
-    "1 for the remediation mode in force (observe: decide and log only; act: run the actions), 0 for the other",
+    "1 for the remediation mode in force (observe: decide and log only; act: run the actions; disabled: the state "
+    "file was invalid and set aside, or cannot be read: nothing runs until `dgxdoctor remediation reset`), 0 for "
+    "the others",
     labels=("mode",),
 )
-REMEDIATION_METRICS = (ACTIONS_TOTAL, BREAKER_OPEN, MODE)
-MODES = ("observe", "act")
+STATE_INVALID = MetricSpec(
+    "dgxdoctor_remediation_state_invalid_total",
+    "remediation state files found invalid (bad JSON or shape) since dgxdoctor started; each was renamed aside "
+    "(remediation-state.json.invalid-<time>) and replaced by a state with the breaker open",
+    "counter",
+)
+ALERTS_DROPPED = MetricSpec(
+    "dgxdoctor_remediation_alerts_dropped_total",
+    "firing webhook alerts not queued because 32 distinct alert names were already queued",
+    "counter",
+)
+REMEDIATION_METRICS = (ACTIONS_TOTAL, BREAKER_OPEN, MODE, STATE_INVALID, ALERTS_DROPPED)
+MODES = ("observe", "act", "disabled")
 
 
 class RemediationCollector(Collector):
@@ -52,3 +65,7 @@ class RemediationCollector(Collector):
         for name in MODES:
             mode.add_metric([node, name], 1.0 if snap["mode"] == name else 0.0)
         yield mode
+        for spec, key in ((STATE_INVALID, "state_invalid"), (ALERTS_DROPPED, "alerts_dropped")):
+            family = CounterMetricFamily(spec.name, spec.help, labels=["node"])
+            family.add_metric([node], float(snap.get(key, 0)))
+            yield family

@@ -77,6 +77,8 @@ def parse_assignment(text: str) -> tuple[str, str]:
 
 
 def sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    if min_bytes < 1 or factor < 2:  # 0 * factor, or a factor of 1, would never reach max_bytes
+        raise SystemExit(f"--min-bytes must be at least 1 and --factor at least 2, got {min_bytes} and {factor}")
     out, size = [], min_bytes
     while size <= max_bytes:
         out.append(size)

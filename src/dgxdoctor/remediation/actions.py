@@ -9,19 +9,45 @@ Everything here blocks: the engine runs it in a worker thread.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field
 
 from dgxdoctor.sources.ray_api import RayApiError, parse_nodes_detail
 
 OUTPUT_TAIL = 400  # characters of a command's output kept in the audit
 POLL_S = 0.25
 STEP_PATH = "/remediation/step"
+# A step request older or newer than this (by the worker's clock) is refused: NTP keeps nodes within a second;
+# a request recorded on the wire and replayed later never runs.
+STEP_WINDOW_S = 120.0
+
+
+def step_mac(token: str, step: str, action_id: str, sent_at: float) -> str:
+    """HMAC-SHA256 under the shared token of what a step request asks: the step, the action and when."""
+    message = f"dgxdoctor-step\n{step}\n{action_id}\n{sent_at:.6f}".encode()
+    return hmac.new(token.encode("utf-8"), message, hashlib.sha256).hexdigest()
+
+
+class StepRequest(BaseModel):
+    """``POST /remediation/step``'s body, exactly."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+    step: Literal["ray_stop", "ray_start"]
+    id: str = Field(pattern=r"^[0-9a-f]{12,64}$")
+    ts: float
+    mac: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    def signed_by(self, token: str) -> bool:
+        return hmac.compare_digest(self.mac, step_mac(token, self.step, self.id, self.ts))
 
 
 @dataclass(frozen=True)
@@ -164,9 +190,10 @@ def ask_worker(
     started = time.monotonic()
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     name = f"{step}@{peer}"
+    sent_at = round(time.time(), 6)
+    body = {"step": step, "id": action_id, "ts": sent_at, "mac": step_mac(token or "", step, action_id, sent_at)}
     try:
-        answer = client.post(f"{peer}{STEP_PATH}", json={"step": step, "id": action_id}, headers=headers,
-                             timeout=timeout_s + 10)  # fmt: skip
+        answer = client.post(f"{peer}{STEP_PATH}", json=body, headers=headers, timeout=timeout_s + 10)
         doc = answer.json()
     except (httpx.HTTPError, ValueError) as exc:
         return StepResult(name, False, f"{type(exc).__name__}: {exc}"[:OUTPUT_TAIL], time.monotonic() - started)

@@ -12,17 +12,62 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dgxdoctor.sources.statefile import atomic_write
+import structlog
+
+from dgxdoctor.sources.statefile import WRITE_ERRORS, atomic_write, note_file
+
+log = structlog.get_logger(__name__)
 
 AUDIT_FILE = "remediation.jsonl"
 STATE_FILE = "remediation-state.json"
 LOCK_FILE = "remediation.lock"
+MAX_STATE_BYTES = 1 << 20  # every collection in the state is bounded (state_doc); this bounds the read itself
+# A failing disk is said at most once per this many seconds per file, with the failures since, and said again
+# for as long as it fails (never a flood, never silence).
+WRITE_ERROR_LOG_S = 60.0
+
+
+class Throttle:
+    """Says yes at most once per ``every_s`` per key, and counts the times it said no in between."""
+
+    def __init__(self, every_s: float = WRITE_ERROR_LOG_S, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self.monotonic = monotonic
+        self._said: dict[str, float] = {}
+        self._quiet: dict[str, int] = {}
+
+    def say(self, key: str) -> tuple[bool, int]:
+        """(say it now, how many were not said since the last time)."""
+        now = self.monotonic()
+        if now - self._said.get(key, -self.every_s) < self.every_s:
+            self._quiet[key] = self._quiet.get(key, 0) + 1
+            return False, 0
+        self._said[key] = now
+        return True, self._quiet.pop(key, 0)
+
+
+class WriteErrors:
+    """Failed writes of the audit and the state: counted in ``dgxdoctor_write_errors_total{file}``, logged at a
+    bounded rate for as long as they fail."""
+
+    def __init__(self, throttle: Throttle | None = None) -> None:
+        self.throttle = throttle or Throttle()
+        for name in (AUDIT_FILE, STATE_FILE):
+            note_file(name)
+
+    def failed(self, name: str, path: Path, exc: OSError, consequence: str) -> None:
+        WRITE_ERRORS[name] += 1
+        say, quiet = self.throttle.say(name)
+        if say:
+            log.error("remediation_write_failed", file=name, path=str(path), error=f"{type(exc).__name__}: {exc}",
+                      failures=WRITE_ERRORS[name], not_logged_since=quiet, consequence=consequence)  # fmt: skip
 
 
 class AuditLog:
@@ -75,13 +120,30 @@ class StateFile:
     def read(self) -> dict[str, Any]:
         """The saved state; {} when there is none. A corrupt file raises ValueError (never silently reset)."""
         try:
-            text = self.path.read_text(encoding="utf-8")
+            with self.path.open("rb") as fh:
+                raw = fh.read(MAX_STATE_BYTES + 1)
         except FileNotFoundError:
             return {}
-        doc = json.loads(text)
+        if len(raw) > MAX_STATE_BYTES:
+            raise ValueError(f"{self.path}: larger than {MAX_STATE_BYTES} bytes (the daemon writes a few KiB)")
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except RecursionError:
+            raise ValueError(f"{self.path}: nested too deeply") from None
         if not isinstance(doc, dict):
             raise ValueError(f"{self.path}: not a JSON object")
         return doc
 
     def write(self, doc: dict[str, Any]) -> None:
         atomic_write(self.path, json.dumps(doc, sort_keys=True, indent=1).encode("utf-8"), 0o640)
+
+    def set_aside(self, now: float) -> Path:
+        """Rename an invalid state file out of the way (kept for the operator), under the lock; its new path."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+        kept = self.path.with_name(f"{self.path.name}.invalid-{stamp}")
+        n = 1
+        while kept.exists():
+            kept = self.path.with_name(f"{self.path.name}.invalid-{stamp}.{n}")
+            n += 1
+        os.replace(self.path, kept)
+        return kept

@@ -15,46 +15,32 @@ import os
 import re
 import time
 import uuid
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 import structlog
 
 from dgxdoctor.config import RemediationSettings
 from dgxdoctor.remediation.actions import StepResult, VllmTarget, ask_worker, run_argv, verify_vllm, wait_ray
-from dgxdoctor.remediation.audit import AuditLog, StateFile
+from dgxdoctor.remediation.audit import AUDIT_FILE, STATE_FILE, AuditLog, StateFile, Throttle, WriteErrors
 from dgxdoctor.remediation.guard import Decision, Guard, GuardState
 from dgxdoctor.remediation.hardware_gate import HardwareGate, causes
-from dgxdoctor.remediation.policy import Problem, problem_from_alert, problems_from_results
+from dgxdoctor.remediation.intake import AlertIntake, FiringAlert
+from dgxdoctor.remediation.policy import Problem, problems_from_results
+from dgxdoctor.remediation.worker import WorkerSteps
 from dgxdoctor.result import CheckResult
 
 log = structlog.get_logger(__name__)
 
 TICK_S = 1.0
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
-SEEN_FINGERPRINTS = 1000
-WORKER_STEPS = ("ray_stop", "ray_start")
 UPTIME_METRIC = "dgxdoctor_vllm_process_uptime_seconds"
-
-
-class FiringAlert(Protocol):
-    """One alert of Alertmanager's webhook (``alerts.webhook.IncomingAlert``)."""
-
-    @property
-    def status(self) -> str: ...
-    @property
-    def labels(self) -> dict[str, str]: ...
-    @property
-    def fingerprint(self) -> str: ...
-    @property
-    def starts_at(self) -> str: ...
-    @property
-    def started(self) -> float | None: ...
+__all__ = ["FiringAlert", "Remediator", "Targets"]
 
 
 # (node, problem, suggested action, reason, now) -> what happened; raises when the page could not be delivered.
@@ -103,22 +89,60 @@ class Remediator:
         self.clock = clock
         self.audit = AuditLog(state_dir)
         self.state_file = StateFile(state_dir)
+        self.write_errors = WriteErrors()
+        self.loop_errors = Throttle()
         self.counts: Counter[tuple[str, str]] = Counter()
         self.breaker_open = False
         self.finished_at: float | None = None
         self.idle = False  # True once an evaluation found no problem and nothing in flight
-        self.firing: dict[str, Problem] = {}
-        self.seen: OrderedDict[str, str] = OrderedDict()  # fingerprint -> startsAt already taken
+        self.intake = AlertIntake(node, clock)
         self.last_decision: dict[str, tuple[str, str]] = {}
+        # Why remediation cannot act at all (the state file was invalid and set aside, or cannot be read); None: it can
+        self.disabled: str | None = None
+        self.state_invalid = 0  # invalid state files set aside since start
+        # An action whose end could not be saved (the disk refused): (id, when it ended), saved at the next evaluation
+        self.pending_finish: tuple[str, float] | None = None
+        self.worker = WorkerSteps(self)
         self.wake = asyncio.Event()
         self.busy = asyncio.Lock()
         self.task: asyncio.Task[None] | None = None
         self.gate = HardwareGate()  # no restart while a hardware cause is active (remediation/hardware_gate.py)
 
+    @property
+    def firing(self) -> dict[str, Problem]:
+        return self.intake.firing
+
     # -- state -----------------------------------------------------------------------------------------
 
     def _load(self) -> Guard:
-        return Guard(self.settings, GuardState.from_doc(self.state_file.read()))
+        """The guard over the state on disk. An invalid file is set aside and replaced by the safe state (breaker
+        open): never a crash, never a silent reset. An unreadable one (OSError) raises: nothing can be decided."""
+        try:
+            doc = self.state_file.read()
+        except OSError as exc:
+            self.disabled = f"state file unreadable: {type(exc).__name__}: {exc}"[:300]
+            raise
+        except ValueError as exc:
+            return self._set_aside(exc)
+        try:
+            return Guard(self.settings, GuardState.from_doc(doc))
+        except ValueError as exc:
+            return self._set_aside(exc)
+
+    def _set_aside(self, exc: ValueError) -> Guard:
+        now = self.clock()
+        self.disabled = f"the state file is invalid: {str(exc)[:200]}"  # stays so if it cannot even be set aside
+        kept = self.state_file.set_aside(now)
+        reason = f"the state file was invalid ({str(exc)[:200]}), kept as {kept.name}"
+        guard = Guard(self.settings, GuardState.safe(reason, now))
+        self.state_file.write(guard.state.to_doc())
+        self.state_invalid += 1
+        self.disabled = reason
+        self._audit({"ts": now, "event": "state_invalid", "error": str(exc)[:300], "kept_as": str(kept),
+                     "detail": "replaced by a state with the breaker open: nothing runs until `dgxdoctor remediation "
+                     "reset`"})  # fmt: skip
+        log.error("remediation_state_invalid", error=str(exc)[:300], kept_as=str(kept), breaker="open")
+        return guard
 
     def _save(self, guard: Guard, before: dict[str, Any]) -> None:
         doc = guard.state.to_doc()
@@ -127,6 +151,26 @@ class Remediator:
         self.breaker_open = guard.state.breaker_open
         self.finished_at = guard.state.finished_at
         self.idle = not guard.state.onset and guard.state.in_flight is None
+        if not guard.state.breaker_open:
+            self.disabled = None  # an operator's reset (or a good file) brings it back
+
+    def _store(self, guard: Guard, before: dict[str, Any]) -> bool:
+        """``_save``; False (counted, logged at a bounded rate) when the disk refuses."""
+        try:
+            self._save(guard, before)
+        except OSError as exc:
+            self.write_errors.failed(STATE_FILE, self.state_file.path, exc, "no action starts until it can be saved")
+            return False
+        return True
+
+    def _audit(self, record: dict[str, Any]) -> bool:
+        """Append to the audit; False (counted, logged at a bounded rate) when the disk refuses."""
+        try:
+            self.audit.append(record)
+        except OSError as exc:
+            self.write_errors.failed(AUDIT_FILE, self.audit.path, exc, "no action starts until it can be audited")
+            return False
+        return True
 
     def recover(self) -> None:
         """At start: an action that was in flight when the agent died is recorded as interrupted, not repeated."""
@@ -137,7 +181,7 @@ class Remediator:
             before = guard.state.to_doc()
             flight = guard.state.in_flight
             if flight is not None:
-                self.audit.append(
+                self._audit(
                     {"ts": self.clock(), "event": "action", "id": flight.id, "action": flight.action,
                      "problem": flight.key, "mode": "act", "outcome": "interrupted",
                      "detail": f"the agent (pid {flight.pid}) stopped while it ran; not repeated: the condition must "
@@ -152,21 +196,8 @@ class Remediator:
 
     def accept_alerts(self, alerts: Iterable[FiringAlert]) -> tuple[int, int]:
         """Webhook alerts: queue those for this node that carry an action; (accepted, ignored)."""
-        accepted = ignored = 0
-        for alert in alerts:
-            if alert.status == "resolved":
-                self.firing.pop(alert.fingerprint, None)
-                ignored += 1
-                continue
-            problem = problem_from_alert(alert.labels, self.node, alert.started or self.clock())
-            if problem is None or self.seen.get(alert.fingerprint) == alert.starts_at:
-                ignored += 1
-                continue
-            self.seen[alert.fingerprint] = alert.starts_at
-            while len(self.seen) > SEEN_FINGERPRINTS:
-                self.seen.popitem(last=False)
-            self.firing[alert.fingerprint] = problem
-            accepted += 1
+        self.intake.node = self.node
+        accepted, ignored = self.intake.accept(alerts)
         if accepted:
             self.wake.set()
         return accepted, ignored
@@ -182,7 +213,8 @@ class Remediator:
     def start(self) -> None:
         try:
             self.recover()
-        except (OSError, ValueError) as exc:  # an unwritable state_dir or a corrupt state file: say so, keep serving
+        except OSError as exc:  # an unwritable or unreadable state_dir: say so, keep serving
+            self.disabled = self.disabled or f"state unusable: {type(exc).__name__}: {exc}"[:300]
             log.error("remediation_state_unreadable", error=f"{type(exc).__name__}: {exc}")
         self.task = asyncio.get_running_loop().create_task(self._loop())
 
@@ -199,52 +231,74 @@ class Remediator:
             self.wake.clear()
             try:
                 await self.evaluate()
-            except Exception as exc:  # a bad state file or disk must not stop the daemon
-                log.error("remediation_evaluate_failed", error=f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # a bad state file or disk must not stop the daemon; said once a minute
+                say, quiet = self.loop_errors.say(type(exc).__name__)
+                if say:
+                    log.error("remediation_evaluate_failed", error=f"{type(exc).__name__}: {exc}"[:300],
+                              not_logged_since=quiet, disabled=self.disabled)  # fmt: skip
+
+    def _problems(self, latest: dict[str, CheckResult]) -> tuple[list[Problem], list[Problem]]:
+        """(from the checks, from the alerts), both without what describes the world before the last action."""
+        alerts = list({p.key: p for p in self.firing.values() if self._fresh_alert(p)}.values())
+        fresh = [r for r in latest.values() if self.finished_at is None or r.started_at > self.finished_at]
+        return problems_from_results(fresh, self.xid_resolution), alerts
 
     async def evaluate(self) -> None:
         now = self.clock()
         latest = self.latest()
-        # An alert that began firing before the last action ended describes the world before it: stale too.
-        alerts = list({p.key: p for p in self.firing.values() if self._fresh_alert(p)}.values())
-        # Results of runs that started before the last action ended describe the world before it: stale.
-        fresh = [r for r in latest.values() if self.finished_at is None or r.started_at > self.finished_at]
-        checks = problems_from_results(fresh, self.xid_resolution)
-        if not checks and not alerts and self.idle and not self.breaker_open:
+        checks, alerts = self._problems(latest)
+        quiet = self.idle and not self.breaker_open and self.pending_finish is None
+        if not checks and not alerts and quiet:
             return  # nothing seen now or at the last evaluation: no state to touch
         with self.state_file.locked():
             guard = self._load()
             before = guard.state.to_doc()
+            self._apply_pending_finish(guard)
             if guard.state.finished_at != self.finished_at:  # changed on disk (another process): judge again
                 self.finished_at = guard.state.finished_at
-                fresh = [r for r in latest.values() if self.finished_at is None or r.started_at > self.finished_at]
-                checks = problems_from_results(fresh, self.xid_resolution)
+                checks, alerts = self._problems(latest)
             guard.observe(checks, now, "check")
             guard.observe(alerts, now, "alert")
             decisions = [guard.decide(p, now, vllm_uptime(latest)) for p in checks + alerts]
             decisions, pages = self.gate.apply(decisions, causes(latest, self.node), self.node)
-            chosen = next((d for d in decisions if d.verdict in ("act", "page")), None)
-            # One action per evaluation: another problem asking for one in the same breath waits its turn.
-            decisions = [
-                d if d is chosen or d.verdict not in ("act", "page") else replace(d, verdict="refuse",
-                reason=f"{chosen.action if chosen else ''} chosen for {chosen.problem.key if chosen else ''}: one "
-                "action at a time")
-                for d in decisions
-            ]  # fmt: skip
+            decisions, chosen = _one_at_a_time(decisions)
+            for decision in decisions:
+                self._audit_decision(decision, now)
             action_id = uuid.uuid4().hex[:12]
-            if chosen is not None and chosen.verdict == "act" and not self.busy.locked():
-                guard.begin(chosen, action_id, now, os.getpid())
+            acting = chosen is not None and chosen.verdict == "act" and not self.busy.locked()
+            if acting and chosen is not None:
+                # The audit first: an action it cannot record never starts, and leaves nothing in flight.
+                acting = self._audit(self._started_record(chosen, action_id, now))
+                if acting:
+                    guard.begin(chosen, action_id, now, os.getpid())
             elif chosen is not None and chosen.verdict == "page":
                 guard.paged(chosen, now)
-            self._save(guard, before)
-        for decision in decisions:
-            self._audit_decision(decision, now)
-        if chosen is not None and chosen.verdict == "act" and not self.busy.locked():
+            saved = self._store(guard, before)
+            if saved and self.pending_finish is not None and guard.state.in_flight is None:
+                self.pending_finish = None
+        if acting and saved and chosen is not None:
             asyncio.get_running_loop().create_task(self._act(chosen, action_id, now))
-        elif chosen is not None and chosen.verdict == "page":
+        elif acting and chosen is not None:
+            self._audit(self._not_started_record(chosen, action_id, now))
+        elif chosen is not None and chosen.verdict == "page" and saved:
             await self._page(chosen, now)
         for page in pages:
             await self._page(page, now)
+
+    def _apply_pending_finish(self, guard: Guard) -> None:
+        pending = self.pending_finish
+        flight = guard.state.in_flight
+        if pending is not None and flight is not None and flight.id == pending[0]:
+            guard.finish(pending[1])
+
+    def _started_record(self, d: Decision, action_id: str, now: float) -> dict[str, Any]:
+        return {"ts": now, "event": "action_started", "id": action_id, "action": d.action,
+                "problem": d.problem.key, "mode": "act", "pid": os.getpid()}  # fmt: skip
+
+    def _not_started_record(self, d: Decision, action_id: str, now: float) -> dict[str, Any]:
+        return {"ts": now, "event": "action", "id": action_id, "action": d.action, "problem": d.problem.key,
+                "mode": "act", "outcome": "not_started", "steps": [], "duration_s": 0.0,
+                "detail": "the state file could not be written: not run"}  # fmt: skip
 
     def _audit_decision(self, d: Decision, now: float) -> None:
         shown = (d.verdict, _NUMBER.sub("#", d.reason))  # "held 3 s" and "held 4 s" are the same decision
@@ -252,7 +306,7 @@ class Remediator:
         if self.last_decision.get(key) == shown and d.verdict not in ("act", "page"):
             return
         self.last_decision[key] = shown
-        self.audit.append(
+        self._audit(
             {"ts": now, "event": "decision", "problem": key, "source": d.problem.source, "seen": d.problem.reason,
              "rule": d.problem.action, "action": d.action, "verdict": d.verdict, "reason": d.reason,
              "mode": self.settings.mode}
@@ -263,32 +317,36 @@ class Remediator:
 
     async def _act(self, decision: Decision, action_id: str, started: float) -> None:
         async with self.busy:
-            self.audit.append(
-                {"ts": started, "event": "action_started", "id": action_id, "action": decision.action,
-                 "problem": decision.problem.key, "mode": "act", "pid": os.getpid()}
-            )  # fmt: skip
             steps = await asyncio.to_thread(self._execute, decision.action, action_id)
             ok = all(s.ok for s in steps if not s.step.startswith("stop")) and bool(steps)
             outcome = "success" if ok else "failed"
             verification = next((s.to_doc() for s in steps if s.step == "verify"), None)
             end = self.clock()
-            self.audit.append(
+            self._audit(
                 {"ts": end, "event": "action", "id": action_id, "action": decision.action,
                  "problem": decision.problem.key, "seen": decision.problem.reason, "mode": "act",
                  "steps": [s.to_doc() for s in steps], "verification": verification, "outcome": outcome,
                  "duration_s": round(end - started, 3)}
             )  # fmt: skip
             self.counts[(decision.action, outcome)] += 1
-            for fingerprint, problem in list(self.firing.items()):
-                if problem.key == decision.problem.key or problem.action == decision.problem.action:
-                    del self.firing[fingerprint]
+            self.intake.clear(decision.problem.key, decision.problem.action)
+            self._finish(action_id, end)
+            log.info("remediation_action", action=decision.action, outcome=outcome, duration_s=round(end - started, 3))
+        self.wake.set()
+
+    def _finish(self, action_id: str, end: float) -> None:
+        """Clear the action in flight; when the disk refuses, the end is kept and saved by a later evaluation."""
+        self.pending_finish = (action_id, end)
+        try:
             with self.state_file.locked():
                 guard = self._load()
                 before = guard.state.to_doc()
-                guard.finish(end)
+                self._apply_pending_finish(guard)
                 self._save(guard, before)
-            log.info("remediation_action", action=decision.action, outcome=outcome, duration_s=round(end - started, 3))
-        self.wake.set()
+        except OSError as exc:
+            self.write_errors.failed(STATE_FILE, self.state_file.path, exc, "the action's end is saved once it can")
+            return
+        self.pending_finish = None
 
     def _execute(self, action: str, action_id: str) -> list[StepResult]:
         cmd, timeout = self.settings.commands, self.settings.command_timeout_s
@@ -339,25 +397,9 @@ class Remediator:
 
     # -- the worker's side -----------------------------------------------------------------------------
 
-    async def run_step(self, step: str, action_id: str) -> tuple[int, dict[str, Any]]:
-        """The head asks this worker to run ``step``; (HTTP status, answer). Only configured argv ever runs."""
-        s = self.settings
-        if step not in WORKER_STEPS:
-            return 400, {"ok": False, "detail": f"unknown step {step[:40]!r}; known: {', '.join(WORKER_STEPS)}"}
-        if s.mode != "act" or s.role != "worker":
-            return 409, {"ok": False, "detail": f"this agent is mode={s.mode}, role={s.role}: it runs no steps"}
-        if self.busy.locked():
-            return 409, {"ok": False, "detail": "an action is already running here"}
-        async with self.busy:
-            argv = s.commands.ray("stop" if step == "ray_stop" else "start", "worker")
-            result = await asyncio.to_thread(run_argv, step, argv, s.command_timeout_s)
-        outcome = "success" if result.ok else "failed"
-        self.audit.append(
-            {"ts": self.clock(), "event": "step", "id": action_id[:64], "requested_by": "head", "mode": "act",
-             **result.to_doc(), "outcome": outcome}
-        )  # fmt: skip
-        self.counts[(step, outcome)] += 1
-        return 200, {"ok": result.ok, "detail": result.detail, "duration_s": round(result.duration_s, 3)}
+    async def run_step(self, doc: Any) -> tuple[int, dict[str, Any]]:
+        """The head asks this worker to run a step; (HTTP status, answer). Only configured argv ever runs."""
+        return await self.worker.run(doc)
 
     def reconfigure(self, new: Remediator) -> None:
         """A reload: new settings and targets; the counters, the queue and the loop stay."""
@@ -370,7 +412,23 @@ class Remediator:
         self.wake.set()
 
     def metrics(self) -> dict[str, Any]:
-        return {"mode": self.settings.mode, "breaker_open": self.breaker_open, "actions": dict(self.counts)}
+        return {
+            "mode": "disabled" if self.disabled else self.settings.mode,
+            "breaker_open": self.breaker_open or self.disabled is not None,
+            "actions": dict(self.counts),
+            "state_invalid": self.state_invalid,
+            "alerts_dropped": self.intake.dropped,
+        }
+
+
+def _one_at_a_time(decisions: list[Decision]) -> tuple[list[Decision], Decision | None]:
+    """One action per evaluation: another problem asking for one in the same breath waits its turn."""
+    chosen = next((d for d in decisions if d.verdict in ("act", "page")), None)
+    if chosen is None:
+        return decisions, None
+    why = f"{chosen.action} chosen for {chosen.problem.key}: one action at a time"
+    return [d if d is chosen or d.verdict not in ("act", "page") else replace(d, verdict="refuse", reason=why)
+            for d in decisions], chosen  # fmt: skip
 
 
 def _best_effort(step: StepResult) -> StepResult:

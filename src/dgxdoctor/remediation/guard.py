@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from dgxdoctor.config import RemediationSettings
 from dgxdoctor.remediation.policy import ActionName, Attempt, Problem, escalate
+from dgxdoctor.remediation.state_doc import MAX_ACTIONS, MAX_KEYS, MAX_STEPS, validate_state
 
 Verdict = Literal["act", "page", "suggest", "observe", "hold", "refuse"]
 
@@ -49,6 +50,7 @@ class GuardState:
     onset: dict[str, float] = field(default_factory=dict)  # problem key -> when the condition (re)appeared
     in_flight: InFlight | None = None
     finished_at: float | None = None  # when the last action ended: results of runs before it are stale
+    steps: list[dict[str, Any]] = field(default_factory=list)  # a worker's step requests: {"id", "step", "at"}
 
     def to_doc(self) -> dict[str, Any]:
         """A deep copy: comparing it with a later one shows whether anything changed."""
@@ -66,26 +68,34 @@ class GuardState:
                 "onset": self.onset,
                 "in_flight": self.in_flight.to_doc() if self.in_flight else None,
                 "finished_at": self.finished_at,
+                "steps": self.steps,
             }
         )
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> GuardState:
+        """The state a document describes; ``StateDocError`` (a ValueError) when it is not exactly one."""
         if not doc:
             return cls()
-        breaker = doc.get("breaker") or {}
-        flight = doc.get("in_flight")
+        d = validate_state(doc)
+        flight = d.in_flight
         return cls(
-            breaker_open=bool(breaker.get("open", False)),
-            breaker_reason=breaker.get("reason"),
-            breaker_opened_at=breaker.get("opened_at"),
-            actions=list(doc.get("actions") or []),
-            last={str(k): float(v) for k, v in (doc.get("last") or {}).items()},
-            attempts={str(k): list(v) for k, v in (doc.get("attempts") or {}).items()},
-            onset={str(k): float(v) for k, v in (doc.get("onset") or {}).items()},
-            in_flight=InFlight(**flight) if isinstance(flight, dict) else None,
-            finished_at=doc.get("finished_at"),
+            breaker_open=d.breaker.open,
+            breaker_reason=d.breaker.reason,
+            breaker_opened_at=d.breaker.opened_at,
+            actions=[a.model_dump() for a in d.actions],
+            last=dict(d.last),
+            attempts={k: [a.model_dump() for a in v] for k, v in d.attempts.items()},
+            onset=dict(d.onset),
+            in_flight=InFlight(flight.id, flight.action, flight.key, flight.started_at, flight.pid) if flight else None,
+            finished_at=d.finished_at,
+            steps=[s.model_dump() for s in d.steps],
         )
+
+    @classmethod
+    def safe(cls, reason: str, now: float) -> GuardState:
+        """What replaces an invalid state file: the breaker open, so nothing runs until an operator resets."""
+        return cls(breaker_open=True, breaker_reason=reason[:500], breaker_opened_at=now)
 
 
 class Guard:
@@ -99,6 +109,8 @@ class Guard:
         """Note when each present problem began; a problem of ``source`` no longer present has ended."""
         keys = {p.key for p in present}
         for problem in present:
+            if problem.key not in self.state.onset and len(self.state.onset) >= MAX_KEYS:
+                continue  # the state file stays bounded; the engine bounds the alert names before this
             self.state.onset.setdefault(problem.key, problem.since if problem.since is not None else now)
         for key in [k for k in self.state.onset if k.startswith(f"{source}:") and k not in keys]:
             del self.state.onset[key]
@@ -121,6 +133,8 @@ class Guard:
             # Hardware and drift: the shipped alert rules page for these already; remediation only says so.
             return out("suggest", "a restart cannot fix this: an operator must (the alert rules page for it)")
         if action == "page":
+            if self.state.in_flight is not None:  # whether the restart cured it is known only once it has ended
+                return out("hold", f"{self.state.in_flight.action} in flight: judged again after it ends")
             if now - self.state.last.get("page", float("-inf")) < s.cooldown_s.get("page", 0.0):
                 return out("hold", "page sent recently (cooldown)")
             return out("page", "the ladder ended (restarts did not cure it): page an operator")
@@ -150,20 +164,49 @@ class Guard:
 
     def open_breaker(self, reason: str, now: float) -> None:
         self.state.breaker_open = True
-        self.state.breaker_reason = reason
+        self.state.breaker_reason = reason[:500]
         self.state.breaker_opened_at = now
+
+    def admit_step(self, action_id: str, step: str, sent_at: float, now: float, window_s: float) -> str | None:
+        """A worker's step asked by the head: None (remembered, the action counted in this node's budget) or why it
+        is refused. Each (action, step) runs once; a request older (or newer) than ``window_s`` is refused, so a
+        recorded request replayed later never runs, and the remembered ones stay bounded."""
+        st = self.state
+        st.steps = [x for x in st.steps if now - float(x["at"]) <= window_s][-MAX_STEPS:]
+        if abs(now - sent_at) > window_s:
+            return f"request sent {now - sent_at:.0f} s ago, outside the {window_s:g} s window (a replay or clock skew)"
+        if any(x["id"] == action_id and x["step"] == step for x in st.steps):
+            return f"{step} of action {action_id} already ran here: a replay"
+        if st.breaker_open:
+            return f"breaker open ({st.breaker_reason}); `dgxdoctor remediation reset` on this node"
+        if not any(x["id"] == action_id for x in st.steps):  # the first step of a cluster restart spends budget
+            if self.budget_used(now) >= self.settings.budget:
+                self.open_breaker(f"budget of {self.settings.budget} actions per {self.settings.budget_window_s:g} s "
+                                  "spent", now)  # fmt: skip
+                return f"breaker opened: {st.breaker_reason}"
+            window = self.settings.budget_window_s
+            st.actions = [a for a in st.actions if now - float(a["at"]) <= window]
+            st.actions = [*st.actions, {"action": "restart_cluster", "at": now}][-MAX_ACTIONS:]
+        st.steps = [*st.steps, {"id": action_id, "step": step, "at": sent_at}][-MAX_STEPS:]
+        return None
 
     def begin(self, decision: Decision, action_id: str, now: float, pid: int) -> None:
         st = self.state
         st.in_flight = InFlight(action_id, decision.action, decision.problem.key, now, pid)
         st.actions = [a for a in st.actions if now - float(a["at"]) <= self.settings.budget_window_s]
-        st.actions.append({"action": decision.action, "at": now})
+        st.actions = [*st.actions, {"action": decision.action, "at": now}][-MAX_ACTIONS:]
         st.last[decision.action] = now
-        st.attempts.setdefault(decision.problem.action, []).append({"action": decision.action, "at": now})
+        self._attempt(decision.problem.action, decision.action, now)
 
     def paged(self, decision: Decision, now: float) -> None:
         self.state.last["page"] = now
-        self.state.attempts.setdefault(decision.problem.action, []).append({"action": "page", "at": now})
+        self._attempt(decision.problem.action, "page", now)
+
+    def _attempt(self, problem_action: ActionName, action: ActionName, now: float) -> None:
+        """The ladder remembers only its window (and at most ``MAX_ACTIONS`` steps), so the file stays bounded."""
+        window = self.settings.ladder_window_s
+        kept = [a for a in self.state.attempts.get(problem_action, []) if now - float(a["at"]) <= window]
+        self.state.attempts[problem_action] = [*kept, {"action": action, "at": now}][-MAX_ACTIONS:]
 
     def finish(self, now: float) -> None:
         """The action ended (either way): the problem's episode ends, a recurrence must hold again."""
@@ -175,4 +218,6 @@ class Guard:
 
     def reset(self) -> None:
         """``dgxdoctor remediation reset``: breaker closed, budget, ladder and cooldowns forgotten."""
-        self.state = GuardState(in_flight=self.state.in_flight, finished_at=self.state.finished_at)
+        self.state = GuardState(
+            in_flight=self.state.in_flight, finished_at=self.state.finished_at, steps=self.state.steps
+        )

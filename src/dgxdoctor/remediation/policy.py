@@ -120,8 +120,25 @@ def problem_from_alert(labels: Mapping[str, str], node: str, since: float | None
     action = labels.get("dgxdoctor_action")
     if labels.get("node") != node or action not in RESTARTS:
         return None
-    name = labels.get("alertname", "alert")
+    name = printable(labels.get("alertname", "alert"))[:MAX_ALERT_NAME]
     return Problem(f"alert:{name}:{action}", action, "alert", f"alert {name} firing", since)  # type: ignore[arg-type]
+
+
+MAX_ALERT_NAME = 128
+
+
+def printable(text: str) -> str:
+    """``text`` with what a terminal would interpret (escapes, control characters, lone surrogates) shown as
+    ``\\xNN``/``\\uNNNN``: names from the network reach the state file, the audit and an operator's terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape(ord(c)) for c in text)
+
+
+def _escape(code: int) -> str:
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 @dataclass(frozen=True)

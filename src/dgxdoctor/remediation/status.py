@@ -11,6 +11,7 @@ from typing import Any
 from dgxdoctor.config import Config
 from dgxdoctor.remediation.audit import AuditLog, StateFile
 from dgxdoctor.remediation.guard import Guard, GuardState
+from dgxdoctor.remediation.policy import printable
 
 
 def status_document(config: Config, last: int = 10, now: float | None = None) -> dict[str, Any]:
@@ -18,7 +19,10 @@ def status_document(config: Config, last: int = 10, now: float | None = None) ->
     s = config.remediation
     state_file = StateFile(config.paths.state_dir)
     with state_file.locked():
-        guard = Guard(s, GuardState.from_doc(state_file.read()))
+        try:
+            guard = Guard(s, GuardState.from_doc(state_file.read()))
+        except ValueError as exc:
+            raise ValueError(f"{exc}; `dgxdoctor remediation reset` sets it aside and starts afresh") from None
     st = guard.state
     records = AuditLog(config.paths.state_dir).tail(5000)
     actions = [r for r in records if r.get("event") in ("action", "page", "step")][-last:]
@@ -53,17 +57,24 @@ def render_status(doc: dict[str, Any]) -> str:
         took = f" in {r['duration_s']:g} s" if isinstance(r.get("duration_s"), int | float) else ""
         lines.append(f"  {when} {what} {r.get('outcome')}{took} ({r.get('problem') or r.get('id') or ''})")
     lines.append(f"audit: {doc['audit']}")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)  # names from the network never drive the terminal
 
 
 def reset(config: Config, now: float | None = None) -> None:
+    """Close the breaker. An invalid state file (the one thing that may stop a reset) is set aside first."""
+    now = time.time() if now is None else now
     state_file = StateFile(config.paths.state_dir)
+    kept = None
     with state_file.locked():
-        guard = Guard(config.remediation, GuardState.from_doc(state_file.read()))
-        was_open = guard.state.breaker_open
+        try:
+            guard = Guard(config.remediation, GuardState.from_doc(state_file.read()))
+        except ValueError:
+            kept = state_file.set_aside(now)
+            guard = Guard(config.remediation)
+        was_open = guard.state.breaker_open or kept is not None
         guard.reset()
         state_file.write(guard.state.to_doc())
     AuditLog(config.paths.state_dir).append(
-        {"ts": time.time() if now is None else now, "event": "reset", "by": "dgxdoctor remediation reset",
-         "breaker_was_open": was_open}
+        {"ts": now, "event": "reset", "by": "dgxdoctor remediation reset", "breaker_was_open": was_open,
+         "invalid_state_kept_as": str(kept) if kept else None}
     )  # fmt: skip

@@ -18,6 +18,7 @@ from typing import Any
 
 from dgxdoctor.sources.commands import CommandNotFound, CommandRunner, CommandTimeout
 from dgxdoctor.sources.procfs import iter_processes, runs_package
+from dgxdoctor.sources.redact import redact_argv
 from dgxdoctor.sources.serving_env import PROBE, parse_probe_output
 from dgxdoctor.sources.vllm_bench import BenchPoint, BenchResultError, BenchSettings, parse_bench_result
 
@@ -159,5 +160,5 @@ def vllm_serve_argv(proc_root: Path) -> tuple[str, ...]:
             and runs_package(argv, "vllm")
             and any(a in ("serve", "vllm.entrypoints.openai.api_server") for a in argv)
         ):
-            return tuple(argv)
+            return redact_argv(argv)  # it is saved in the baseline and the report: never vLLM's --api-key
     return ()

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dgxdoctor.sources.redact import REDACTED, secret_name
+
 # A shell variable name: "NCCL_IB_HCA" in "export NCCL_IB_HCA=mlx5_0,mlx5_1".
 VAR_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -45,10 +47,27 @@ MAX_ENV_FILE_BYTES = 1 << 20
 @dataclass(frozen=True)
 class EnvFile:
     values: dict[str, str]
-    # (line number, what is wrong) for lines that are not plain assignments; they are ignored, never run.
+    # (line number, what is wrong) for lines that are not plain assignments; they are ignored, never run. What is
+    # wrong is a kind, never the line's text: such a line may carry a secret (`[ -f x ] && export HF_TOKEN=...`),
+    # and the problems are shown in /state and `check --json`.
     problems: tuple[tuple[int, str], ...] = ()
     # (line number, the file as resolved) for every file this one sources, nested ones included.
     sourced: tuple[tuple[int, str], ...] = ()
+
+
+# The first word of a line that is not an assignment -> what the line is, as reported (its text never is).
+LINE_KINDS = {".": "sources another file", "source": "sources another file", "set": "sets shell options"}
+CONDITIONALS = frozenset({"if", "then", "else", "elif", "fi", "[", "[[", "test", "case", "esac", "for", "while"})
+
+
+def line_kind(words: list[str]) -> str:
+    """What a non-assignment line is, from its words only: "[ -f x ] && export A=b" is a conditional."""
+    first = words[0] if words else ""
+    if first in LINE_KINDS:
+        return LINE_KINDS[first]
+    if first in CONDITIONALS or any(w in ("&&", "||", ";") for w in words):
+        return "a conditional or a command list"
+    return "a command"
 
 
 class EnvFileError(ValueError):
@@ -74,7 +93,7 @@ def parse_env_file(text: str, include: Include | None = None) -> EnvFile:
         try:
             words = shlex.split(stripped, comments=True, posix=True)
         except ValueError as exc:
-            problems.append((number, f"cannot be split ({exc}): {stripped!r}"))
+            problems.append((number, f"cannot be split as shell words ({exc}), ignored"))
             continue
         if not words or tuple(words) in ALLEXPORT_LINES:
             continue
@@ -83,11 +102,11 @@ def parse_env_file(text: str, include: Include | None = None) -> EnvFile:
             continue
         assignments = _assignments(words)
         if assignments is None:
-            problems.append((number, f"not a plain assignment, ignored: {stripped!r}"))
+            problems.append((number, f"not a plain assignment ({line_kind(words)}), ignored"))
             continue
         for name, value in assignments:
             if "$(" in value or "`" in value:
-                problems.append((number, f"{name}: command substitution is not evaluated: {stripped!r}"))
+                problems.append((number, f"{name}: command substitution is not evaluated (value kept as text)"))
             values[name] = value
     return EnvFile(values, tuple(problems), tuple(sourced))
 
@@ -288,8 +307,18 @@ def _is_ip(text: str) -> bool:
 
 def env_facts(values: dict[str, str]) -> dict[str, str]:
     """``nccl_env.<VAR>`` facts for cross-node comparison; VLLM_HOST_IP differs per node by design, so it
-    goes under ``host_ip`` where the comparison does not look."""
-    facts = {f"nccl_env.{k}": v for k, v in sorted(watched(values).items()) if k != HOST_IP_VAR}
+    goes under ``host_ip`` where the comparison does not look.
+
+    Facts are labels of ``dgxdoctor_node_fact`` on the open ``/metrics``. Only the watched families are facts
+    (NCCL_*, GLOO_*, TORCH_NCCL_*: interface and HCA names, GID index, levels: configuration both nodes must share,
+    which the comparison needs), never the rest of vLLM's environment (HF_TOKEN and the like); one whose name reads
+    as a secret (``redact.secret_name``) is kept as ``<redacted>``, so a difference still shows as a difference of
+    presence, never its value."""
+    facts = {
+        f"nccl_env.{k}": REDACTED if secret_name(k) else v
+        for k, v in sorted(watched(values).items())
+        if k != HOST_IP_VAR
+    }
     if HOST_IP_VAR in values:
         facts["host_ip"] = values[HOST_IP_VAR]
     return facts

@@ -20,14 +20,18 @@ Formats, all from proc(5):
 - ``/proc/stat``: ``btime``, the boot time in seconds since the epoch.
 - ``/proc/<pid>/ns/net``: a link naming the network namespace (``net:[4026531840]``).
 - ``/proc/net/tcp`` and ``/proc/net/tcp6``: one socket per line, local address as hex ``ADDR:PORT``; state ``0A``
-  is TCP_LISTEN (include/net/tcp_states.h). They show the network namespace of the reader.
+  is TCP_LISTEN (include/net/tcp_states.h); then the owner's uid and the socket's inode. They show the network
+  namespace of the reader.
+- ``/proc/<pid>/fd/<n>``: a link per open file; a socket reads ``socket:[<inode>]``, the inode of ``/proc/net/tcp``.
+  Who listens on a port is the process holding that inode (what ``ss -ltnp`` prints): the only owner an
+  unprivileged user cannot forge, unlike a command line (``exec -a VLLM::EngineCore sleep 300``) or a title.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -39,8 +43,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # btime 1796003545
 BTIME_RE = re.compile(r"^btime\s+(\d+)\s*$", re.MULTILINE)
 
-# /proc/<pid>/stat of a vLLM engine process (the comm may itself contain spaces and parentheses, so the fields are
-# taken after the LAST ')'):
+# /proc/<pid>/stat of a vLLM engine process, whose parent (field 4) is the API server 7538 (the comm may itself
+# contain spaces and parentheses, so the fields are taken after the LAST ')'):
 # 7573 (VLLM::EngineCor) S 7538 7538 7538 0 -1 4194304 163112 488 0 0 644 105 0 0 20 0 15 0 177676 2451329024 ...
 STAT_RE = re.compile(r"^(\d+) \((.*)\) (.*)$", re.DOTALL)
 
@@ -56,10 +60,16 @@ NETNS_LINK_RE = re.compile(r"^net:\[(\d+)\]$")
 # /proc/net/tcp and /proc/net/tcp6 of a Ray head (tests/fixtures/ray/head-proc-net-tcp*.txt):
 #    5: 00000000:2049 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 12267 1 ...
 #    2: 00000000000000000000000000000000:18EB 00000000000000000000000000000000:0000 0A 00000000:00000000 ...
+# after the state: tx:rx queues, timer, retransmits, then uid, timeout and inode (``0        0 12267``); uid and
+# inode bounded (32 and 64 bits), so another writer's absurd digits never reach int().
 PROC_NET_TCP_RE = re.compile(
     r"^\s*\d+:\s+(?P<local_addr>[0-9A-Fa-f]+):(?P<local_port>[0-9A-Fa-f]{4})\s+"
     r"[0-9A-Fa-f]+:[0-9A-Fa-f]{4}\s+(?P<state>[0-9A-Fa-f]{2})\s"
+    r"(?:\s*[0-9A-Fa-f]+:[0-9A-Fa-f]+\s+[0-9A-Fa-f]+:[0-9A-Fa-f]+\s+[0-9A-Fa-f]+\s+(?P<uid>\d{1,10})\s+\d+\s+(?P<inode>\d{1,20})\b)?"
 )
+# readlink /proc/<pid>/fd/3 of a listening Python process on the development host:
+# socket:[13024]
+SOCKET_LINK_RE = re.compile(r"^socket:\[(\d+)\]$")
 TCP_LISTEN = "0A"
 
 # "/usr/bin/python3.11", "python": an interpreter running a script or module named on its command line.
@@ -78,6 +88,7 @@ class ProcFormatError(ValueError):
 @dataclass(frozen=True)
 class ProcStat:
     state: str  # R running, S sleeping, D disk sleep, T stopped, t traced, Z zombie
+    ppid: int  # the parent's pid (field 4)
     utime: int  # clock ticks in user mode
     stime: int  # clock ticks in kernel mode
     start_ticks: int  # after boot
@@ -92,6 +103,8 @@ class Socket:
     local_addr: str
     port: int
     state: str
+    uid: int | None = None  # the owner (None on a line cut before it)
+    inode: int | None = None
 
 
 # ----- pure parsers ------------------------------------------------------------------------------------------
@@ -107,7 +120,9 @@ def parse_proc_stat(text: str) -> ProcStat:
     if len(rest) < 20:
         raise ProcFormatError(f"/proc/<pid>/stat has {len(rest) + 2} fields, expected at least 22")
     try:
-        return ProcStat(state=rest[0], utime=int(rest[11]), stime=int(rest[12]), start_ticks=int(rest[19]))
+        return ProcStat(
+            state=rest[0], ppid=int(rest[1]), utime=int(rest[11]), stime=int(rest[12]), start_ticks=int(rest[19])
+        )
     except ValueError:
         raise ProcFormatError(f"non-numeric field in /proc/<pid>/stat: {text[:80]!r}") from None
 
@@ -146,8 +161,22 @@ def parse_proc_net_tcp(text: str) -> list[Socket]:
     for line in text.splitlines()[1:]:
         m = PROC_NET_TCP_RE.match(line)
         if m:
-            sockets.append(Socket(m.group("local_addr"), int(m.group("local_port"), 16), m.group("state").upper()))
+            uid, inode = m.group("uid"), m.group("inode")
+            port, state = int(m.group("local_port"), 16), m.group("state").upper()
+            sockets.append(
+                Socket(m.group("local_addr"), port, state, None if uid is None else int(uid), _opt_int(inode))
+            )
     return sockets
+
+
+def _opt_int(text: str | None) -> int | None:
+    return None if text is None else int(text)
+
+
+def parse_socket_link(link: str) -> int | None:
+    """The inode of a ``/proc/<pid>/fd/<n>`` link to a socket (``socket:[13024]`` -> 13024), else None."""
+    m = SOCKET_LINK_RE.match(link)
+    return int(m.group(1)) if m else None
 
 
 # ----- matching rules ------------------------------------------------------------------------------------------
@@ -172,15 +201,48 @@ def command_matches(wanted: str, comm: str, cmdline: Sequence[str]) -> bool:
 
 
 def runs_package(argv: Sequence[str], package: str) -> bool:
-    """Whether an interpreter's argv runs Python package ``package``: ``python -m vllm.entrypoints...``,
-    ``python /venv/bin/vllm serve``, ``.../site-packages/ray/...py``; not a process that merely mentions the
-    name (``pytest tests/test_vllm.py``)."""
-    for arg in argv[1:]:
-        if arg == package or arg.startswith(package + ".") or _base(arg) == package:
-            return True
-        if f"/site-packages/{package}/" in arg:
-            return True
-    return False
+    """Whether an interpreter's argv runs Python package ``package``: what it runs is its first argument past the
+    interpreter's flags, ``-m vllm.entrypoints...``, the console script ``/venv/bin/vllm serve``, a file of the
+    package ``.../site-packages/ray/_private/workers/default_worker.py``. An argument further on is not what it
+    runs: ``pytest tests/test_vllm.py``, ``dgxdoctor check --only ray``, ``grep ray``."""
+    target = _run_target(argv)
+    if target is None:
+        return False
+    kind, name = target
+    if kind == "module":
+        return name == package or name.startswith(package + ".")
+    return _base(name) == package or any(f"/{d}/{package}/" in name for d in ("site-packages", "dist-packages"))
+
+
+# Interpreter flags that take a value (python(1)): ``-X faulthandler``, ``-W ignore``.
+FLAGS_WITH_VALUE = ("-X", "-W")
+
+
+def _run_target(argv: Sequence[str]) -> tuple[str, str] | None:
+    """("module", name) of ``-m name``, ("script", path) of the first plain argument; None for ``-c`` or none."""
+    args = iter(argv[1:])
+    for arg in args:
+        if arg == "-m":
+            module = next(args, None)
+            return None if module is None else ("module", module)
+        if arg == "-c":
+            return None
+        if arg in FLAGS_WITH_VALUE:
+            next(args, None)
+            continue
+        if arg.startswith("-"):
+            continue
+        return "script", arg
+    return None
+
+
+def trusted_process(process_uid: int | None, agent_uid: int | None = None) -> bool:
+    """Whether a process found by its command line may be believed, or its interpreter executed: anyone can
+    title a process ``VLLM::EngineCore`` or run ``python -m vllm...``, so only processes of the agent's own user or
+    of root are. A vLLM run by another user is found from its listening socket (``port_owner``) or a pid file;
+    its interpreter then needs ``serving_python`` set explicitly."""
+    agent_uid = os.geteuid() if agent_uid is None else agent_uid
+    return process_uid is not None and process_uid in (agent_uid, 0)
 
 
 def _base(arg: str) -> str:
@@ -253,6 +315,27 @@ class ProcessInfo:
             return parse_proc_stat(text)
         except ProcFormatError:
             return None
+
+    @property
+    def ppid(self) -> int | None:
+        return self.stat.ppid if self.stat is not None else None
+
+    def socket_inodes(self) -> set[int]:
+        """Inodes of the sockets this process holds open (``/proc/<pid>/fd``); empty when unreadable."""
+        fd_dir = os.path.join(self._dir, "fd")
+        inodes: set[int] = set()
+        try:
+            entries = os.listdir(fd_dir)
+        except OSError:
+            return inodes
+        for name in entries:
+            try:
+                inode = parse_socket_link(os.readlink(os.path.join(fd_dir, name)))
+            except OSError:  # closed meanwhile
+                continue
+            if inode is not None:
+                inodes.add(inode)
+        return inodes
 
     @property
     def state(self) -> str:
@@ -345,17 +428,60 @@ def processes_named(proc_root: Path, names: Iterable[str], same_netns: bool = Tr
     return sorted(found, key=lambda p: p.pid)
 
 
-def listening_ports(proc_root: Path) -> set[int] | None:
-    """TCP ports in LISTEN state in this network namespace, IPv4 and IPv6; None when neither file is readable."""
-    ports: set[int] = set()
+def listening_sockets(proc_root: Path) -> list[Socket] | None:
+    """TCP sockets in LISTEN state in this network namespace, IPv4 and IPv6; None when neither file is readable."""
+    sockets: list[Socket] = []
     read_any = False
     for name in ("tcp", "tcp6"):
         text = _read_text(os.path.join(proc_root, "net", name))
         if text is None:
             continue
         read_any = True
-        ports.update(s.port for s in parse_proc_net_tcp(text) if s.state == TCP_LISTEN)
-    return ports if read_any else None
+        sockets.extend(s for s in parse_proc_net_tcp(text) if s.state == TCP_LISTEN)
+    return sockets if read_any else None
+
+
+def listening_ports(proc_root: Path) -> set[int] | None:
+    """TCP ports in LISTEN state in this network namespace, IPv4 and IPv6; None when neither file is readable."""
+    sockets = listening_sockets(proc_root)
+    return None if sockets is None else {s.port for s in sockets}
+
+
+def listener_inodes(proc_root: Path, port: int) -> dict[int, int | None]:
+    """inode -> owner uid of every socket listening on ``port`` (any address); empty when none or unreadable."""
+    return {s.inode: s.uid for s in listening_sockets(proc_root) or () if s.port == port and s.inode is not None}
+
+
+def port_owner(
+    proc_root: Path, port: int, prefer: Callable[[ProcessInfo], bool] = lambda _: False
+) -> ProcessInfo | None:
+    """The process listening on TCP ``port``: of the processes holding the listening socket, the oldest (a server
+    that forked workers shares it with them). Only processes of the socket's owner uid are searched, those that
+    ``prefer`` picks first (their fd links are the cost); None when nothing listens or no holder is readable."""
+    inodes = listener_inodes(proc_root, port)
+    if not inodes:
+        return None
+    uids = set(inodes.values())
+    candidates = [p for p in iter_processes(proc_root) if None in uids or p.uid in uids]
+    candidates.sort(key=lambda p: not prefer(p))
+    holders = [p for p in candidates if p.stat is not None and p.socket_inodes() & inodes.keys()]
+    return min(holders, key=lambda p: (p.start_ticks or 0, p.pid)) if holders else None
+
+
+def descendants(proc_root: Path, pid: int) -> list[ProcessInfo]:
+    """Every process below ``pid`` in the process tree (children, their children ...), by pid, from the parent
+    field of each stat line; processes re-parented away (to init, a subreaper) are no longer below it."""
+    children: dict[int, list[ProcessInfo]] = {}
+    for proc in iter_processes(proc_root):
+        if proc.ppid is not None:
+            children.setdefault(proc.ppid, []).append(proc)
+    found: list[ProcessInfo] = []
+    todo = [pid]
+    while todo:
+        for child in children.pop(todo.pop(), ()):
+            found.append(child)
+            todo.append(child.pid)
+    return sorted(found, key=lambda p: p.pid)
 
 
 def _netns_of(proc_dir: str) -> int | None:

