@@ -6,7 +6,6 @@ assembled from the explicit registry, so a check's keys live beside its code.
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 import socket
@@ -444,6 +443,8 @@ def _is_secret(loc: tuple[int | str, ...]) -> bool:
 def _reason(err: Any) -> str:
     loc = tuple(err["loc"])
     if err["type"] == "extra_forbidden":
+        import difflib  # only for a config with a typo: the daemon does not keep it loaded
+
         close = difflib.get_close_matches(str(loc[-1]), _keys_at(loc[:-1]), n=1, cutoff=0.6)
         return f"unknown key (did you mean {close[0]!r}?)" if close else "unknown key"
     value = err.get("input")

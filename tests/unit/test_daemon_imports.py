@@ -26,6 +26,7 @@ NOT_IN_DAEMON = (
     "dgxdoctor.bench_cli",
     "dgxdoctor.bench_report",
     "matplotlib",
+    "difflib",
     "pynvml",
 )
 
@@ -71,3 +72,16 @@ def test_malloc_arena_cap_defers_to_the_environment(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert limit_malloc_arenas() is False
+
+
+def test_release_freed_memory_freezes_start_up_objects() -> None:
+    code = (
+        "import gc, platform\n"
+        "from dgxdoctor.daemon.memory import release_freed_memory\n"
+        "trimmed = release_freed_memory(freeze=True)\n"
+        "print(gc.get_freeze_count() > 0, trimmed == (platform.libc_ver()[0] == 'glibc'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env={"PYTHONPATH": str(SRC)}, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["True", "True"]

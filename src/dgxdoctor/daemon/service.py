@@ -25,7 +25,7 @@ from dgxdoctor import __version__
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import Config, ConfigError, load_config, parse_listen
-from dgxdoctor.daemon import bundle_part, checknow, connections
+from dgxdoctor.daemon import bundle_part, checknow, connections, memory
 from dgxdoctor.daemon.app import AppState, make_app
 from dgxdoctor.daemon.bundle_part import BundlePart, pre_action_capture
 from dgxdoctor.daemon.checknow import CheckNow
@@ -367,6 +367,7 @@ class Daemon:
         )
         if self.notifier.watchdog_s:
             self._tasks.append(asyncio.create_task(self._watchdog(self.notifier.watchdog_s)))
+        self._tasks.append(asyncio.create_task(_release_memory()))
         await self.stopping.wait()
         self.notifier.notify("STOPPING=1")
         log.info("stopping")
@@ -394,6 +395,14 @@ class Daemon:
         task = asyncio.get_running_loop().create_task(self.reload())
         self._tasks.append(task)
         task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+
+
+async def _release_memory() -> None:
+    await asyncio.sleep(memory.SETTLE_S)
+    memory.release_freed_memory(freeze=True)
+    while True:
+        await asyncio.sleep(memory.TRIM_EVERY_S)
+        memory.release_freed_memory(freeze=False)
 
 
 def _stop_overdue() -> None:
