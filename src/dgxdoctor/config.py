@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.checks.registry import ALL_CHECKS
-from dgxdoctor.environment import Environment, Role
+from dgxdoctor.environment import Environment, ExecutorKind, Role
 from dgxdoctor.sources.http import http_url
 
 DEFAULT_CONFIG_PATH = Path("/etc/dgxdoctor/config.toml")
@@ -32,10 +32,12 @@ class _Frozen(BaseModel):
 
 class NodeSettings(_Frozen):
     """What this node is. A declared role states what must be there, and its absence is CRITICAL:
-    both roles need the GPUs ([checks.gpu] expected_count, expected_model), a Ray raylet, the NCCL environment
-    file ([checks.nccl_env] env_file) and the RDMA ports ([checks.infiniband] expected_ports, else at least one);
-    the head also needs the Ray head (GCS, dashboard) and vLLM ([checks.vllm] base_url, served_model_name).
-    Without a role, what is absent is SKIPPED and `dgxdoctor check` says that nothing was required.
+    both roles need the GPUs ([checks.gpu] expected_count, expected_model), the NCCL environment file
+    ([checks.nccl_env] env_file) and the RDMA ports ([checks.infiniband] expected_ports, else at least one);
+    the head also needs vLLM ([checks.vllm] base_url, served_model_name). With the Ray executor both need a raylet
+    and the head the Ray head (GCS, dashboard); with vLLM's multiprocessing executor (executor = "mp") Ray is not
+    required and a worker needs its headless vLLM process. Without a role, what is absent is SKIPPED and
+    `dgxdoctor check` says that nothing was required.
     """
 
     name: str | None = Field(None, description="node name in labels and peer reports; default hostname")
@@ -43,6 +45,11 @@ class NodeSettings(_Frozen):
         None,
         description='"head" (Ray head and vLLM API server) or "worker" (a raylet); unset: nothing required',
         examples=["head"],
+    )
+    executor: ExecutorKind | None = Field(
+        None,
+        description='"ray" (vLLM\'s Ray executor) or "mp" (its multiprocessing executor across nodes: --nnodes, '
+        "--headless on the workers; no Ray); unset: read from the running vLLM's command line",
     )
 
 
@@ -285,6 +292,11 @@ class Config:
         return node.role
 
     @property
+    def executor(self) -> ExecutorKind | None:
+        node: NodeSettings = self.model.node  # type: ignore[attr-defined]
+        return node.executor
+
+    @property
     def paths(self) -> PathsSettings:
         paths: PathsSettings = self.model.paths  # type: ignore[attr-defined]
         return paths
@@ -315,6 +327,7 @@ class Config:
             one_shot=one_shot,
             node=self.node,
             role=self.role,
+            executor=self.executor,
             sysfs_root=p.sysfs_root,
             proc_root=p.proc_root,
             kmsg_path=p.kmsg_path,

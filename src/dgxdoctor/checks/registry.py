@@ -17,6 +17,7 @@ from dgxdoctor.checks.peer_compare import PeerCompareCheck
 from dgxdoctor.checks.ray import RayCheck
 from dgxdoctor.checks.topology import TopologyCheck
 from dgxdoctor.checks.vllm import VllmCheck
+from dgxdoctor.checks.vllm_executor import VllmExecutorCheck
 from dgxdoctor.checks.xid import XidCheck
 
 ALL_CHECKS: tuple[CheckFactory, ...] = (
@@ -29,6 +30,7 @@ ALL_CHECKS: tuple[CheckFactory, ...] = (
     NcclEnvCheck,
     NcclCheck,
     VllmCheck,
+    VllmExecutorCheck,
     BenchCheck,
     RayCheck,
     HostCheck,
