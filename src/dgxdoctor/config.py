@@ -155,6 +155,8 @@ class RemediationCommands(_Frozen):
     """What each step runs: argv lists (never a shell), defaults for the example units in systemd/.
 
     ``ray_stop``/``ray_start`` default to ray-head.service on the head and ray-worker.service on a worker.
+    With ``[node] executor = "mp"`` the head's vLLM is ``stop_vllm``/``start_vllm`` (set them to
+    vllm-head-mp.service) and a worker runs ``worker_vllm_stop``/``worker_vllm_start`` when the head asks.
     """
 
     restart_vllm: Argv = Field(_argv("systemctl", "restart", "vllm.service"), description="restart vLLM here")
@@ -164,8 +166,18 @@ class RemediationCommands(_Frozen):
     ray_start: Argv | None = Field(
         None, description="start this node's Ray (default: systemctl start ray-<role>.service)"
     )
+    worker_vllm_stop: Argv = Field(
+        _argv("systemctl", "stop", "vllm-worker-mp.service"),
+        description='executor "mp", on a worker: stop its headless vLLM when the head asks',
+    )
+    worker_vllm_start: Argv = Field(
+        _argv("systemctl", "start", "vllm-worker-mp.service"),
+        description='executor "mp", on a worker: start its headless vLLM when the head asks',
+    )
 
-    @field_validator("restart_vllm", "stop_vllm", "start_vllm", "ray_stop", "ray_start")
+    @field_validator(
+        "restart_vllm", "stop_vllm", "start_vllm", "ray_stop", "ray_start", "worker_vllm_stop", "worker_vllm_start"
+    )
     @classmethod
     def _non_empty(cls, value: Argv | None) -> Argv | None:
         if value is not None and (not value or not value[0]):
@@ -175,6 +187,14 @@ class RemediationCommands(_Frozen):
     def ray(self, verb: Literal["stop", "start"], role: str) -> Argv:
         given = self.ray_stop if verb == "stop" else self.ray_start
         return given if given is not None else ("systemctl", verb, f"ray-{role}.service")
+
+    def worker_argv(self, step: str) -> Argv:
+        """What a worker runs for a step the head asks for (the engine's WORKER_STEPS)."""
+        if step == "vllm_stop":
+            return self.worker_vllm_stop
+        if step == "vllm_start":
+            return self.worker_vllm_start
+        return self.ray("stop" if step == "ray_stop" else "start", "worker")
 
 
 RemediationAction = Literal["restart_vllm", "restart_cluster", "page"]

@@ -140,9 +140,9 @@ async def remediation_step(request: web.Request) -> web.Response:
     try:
         doc = json.loads(await request.read())
     except (ValueError, RecursionError):
-        return _error(400, 'body must be JSON: {"step": "ray_stop"|"ray_start", "id": "..."}')
+        return _error(400, 'body must be JSON: {"step": "ray_stop"|"ray_start"|"vllm_stop"|"vllm_start", "id": "..."}')
     if not isinstance(doc, dict) or not isinstance(doc.get("step"), str) or not isinstance(doc.get("id", ""), str):
-        return _error(400, 'body must be {"step": "ray_stop"|"ray_start", "id": "..."}')
+        return _error(400, 'body must be {"step": "ray_stop"|"ray_start"|"vllm_stop"|"vllm_start", "id": "..."}')
     if app_state.step is None:
         return _error(409, "remediation not running")
     lift_deadline(request)  # authenticated (the middleware checked the token): the step has its own timeout

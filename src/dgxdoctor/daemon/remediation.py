@@ -44,6 +44,7 @@ def targets_for(config: Config, token: str | None) -> Targets:
         ray_gpus=int(getattr(ray, "expected_gpus", 16)),
         workers=config.daemon.peers if config.remediation.role == "head" else (),
         token=token,
+        executor=config.executor,
     )
 
 

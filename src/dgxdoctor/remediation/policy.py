@@ -25,9 +25,11 @@ LADDER: tuple[ActionName, ...] = ("restart_vllm", "restart_cluster", "page")
 # no token counter moving for stall_s (engine hung: a KV or queue stall with no progress).
 RESTART_VLLM_CODES = frozenset({"VLLM_DEAD", "VLLM_HUNG", "ENGINE_HUNG"})
 # Ray check: a node DEAD, fewer nodes or GPUs than planned (the tutorial's "GPU 8 of 16"), the local raylet gone;
-# logs check: the NCCL/Gloo failure signatures of a broken collective between the nodes.
+# logs check: the NCCL/Gloo failure signatures of a broken collective between the nodes; the head's peer
+# comparison: a worker of an mp deployment whose headless vLLM is gone or stopped (restarted in the mp order).
 RESTART_CLUSTER_CODES = frozenset(
     {
+        "PEER_MP_WORKER_DOWN",
         "RAY_NODE_DEAD",
         "RAY_NODES_MISSING",
         "RAY_GPUS_MISSING",
@@ -51,6 +53,7 @@ PAGE_CODES = frozenset(
         "PEER_HARDWARE_DRIFT",
         "PEER_VERSION_SKEW",
         "PEER_MODEL_MISMATCH",
+        "PEER_MP_LAYOUT_DRIFT",
     }
 )
 
