@@ -11,6 +11,7 @@ letter the kernel really writes.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_cli
 from dgxdoctor.checks.ray import RayCheck, RaySettings
 from dgxdoctor.checks.vllm_executor import VllmExecutorCheck, VllmExecutorSettings
 from dgxdoctor.environment import Environment, ExecutorKind, Role
@@ -288,3 +290,26 @@ def test_a_real_sigstopped_headless_process(tmp_path: Path, stand_in: subprocess
     stand_in.kill()
     stand_in.wait()
     assert codes(run(root, executor="mp")) == {"VLLM_MP_HEADLESS_MISSING": Status.CRITICAL}
+
+
+# ----- `dgxdoctor check` on a worker node of an mp deployment ------------------------------------------------
+
+
+def test_check_on_an_mp_worker_reports_the_executor_and_no_ray(tmp_path: Path) -> None:
+    """[node] executor and role from the config file reach both checks; the Ray check asks for no raylet. The
+    master is a loopback listener (the real connect runs in the subprocess)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    argv = (*WORKER[:10], "--master-addr", "127.0.0.1", "--master-port", str(port), "--node-rank", "1", "--headless")
+    proc = tree(tmp_path / "proc", argv, state="T")
+    cfg = tmp_path / "config.toml"
+    state = tmp_path / "state"
+    cfg.write_text(f'[node]\nname = "dgx-b"\nrole = "worker"\nexecutor = "mp"\n[paths]\nproc_root = "{proc}"\n'
+                   f'state_dir = "{state}"\n[checks.vllm_executor]\nconnect_timeout_s = 0.2\n')  # fmt: skip
+    with listener:
+        done = run_cli("check", "--config", str(cfg), "--only", "vllm_executor,ray", "--json")
+    doc = json.loads(done.stdout)
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert checks["ray"]["status"] == "skipped" and "Ray not required" in checks["ray"]["summary"]
+    assert {f["code"] for f in checks["vllm_executor"]["findings"]} == {"VLLM_MP_HEADLESS_STOPPED"}
+    assert doc["facts"]["vllm_mp.master"] == f"127.0.0.1:{port}" and done.returncode == 2
