@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from dgxdoctor import __version__
-from dgxdoctor.checks.base import Check, CheckRunner
-from dgxdoctor.checks.registry import ALL_CHECKS
-from dgxdoctor.config import DEFAULT_LISTEN, EX_CONFIG, Config, ConfigError, load_config, parse_listen
-from dgxdoctor.environment import Environment
-from dgxdoctor.report import diagnose_dict, diagnose_text, report_dict, report_table
-from dgxdoctor.result import Status, exit_code, overall_status
+
+# Each command imports what it needs when it runs: `--help` loads click alone, `check` no HTTP server, scheduler,
+# dashboards, plan or bench code (benchmarks/startup.py measures it).
+if TYPE_CHECKING:
+    from dgxdoctor.checks.base import Check
+    from dgxdoctor.config import Config
+    from dgxdoctor.environment import Environment
 
 MAX_DIAGNOSE_BYTES = 64 * 1024 * 1024
 
@@ -58,6 +58,8 @@ def build_checks(
     config: Config, env: Environment, only: list[str] | None = None, skip: list[str] | None = None
 ) -> list[Check]:
     """Instantiate the enabled checks, in registry order. ``only`` overrides ``enabled = false``."""
+    from dgxdoctor.checks.registry import ALL_CHECKS
+
     known = [f.name for f in ALL_CHECKS]
     unknown = sorted((set(only or []) | set(skip or [])) - set(known))
     if unknown:
@@ -83,6 +85,8 @@ def build_checks(
 
 
 def _load(config_path: Path | None) -> Config:
+    from dgxdoctor.config import EX_CONFIG, ConfigError, load_config
+
     try:
         return load_config(config_path)
     except ConfigError as exc:
@@ -97,13 +101,13 @@ EX_USAGE = 64  # sysexits.h; 1-3 are taken by the Nagios statuses
 @click.version_option(__version__, prog_name="dgxdoctor")
 def cli() -> None:
     """Health agent for vLLM served across DGX nodes: GPUs, IB/RoCE, NCCL, vLLM and Ray."""
+    from dgxdoctor.daemon import logconfig
+
+    logconfig.configure_commands()  # `run` replaces it with the daemon's JSON lines
 
 
 def main() -> None:
     """Console entry point. Usage errors exit 64 so they never read as a Nagios status."""
-    from dgxdoctor.daemon import logconfig
-
-    logconfig.configure_commands()  # `run` replaces it with the daemon's JSON lines
     try:
         cli.main(standalone_mode=False)
     except click.UsageError as exc:
@@ -133,6 +137,12 @@ config_option = click.option(
 @click.option("-v", "--verbose", is_flag=True, help="show every finding, ok ones too")
 def check(config_path: Path | None, as_json: bool, only: str | None, skip: str | None, verbose: bool) -> None:
     """Run every enabled check once, in parallel. Exit 0 ok, 1 warning, 2 critical, 3 unknown."""
+    import asyncio
+
+    from dgxdoctor.checks.base import CheckRunner
+    from dgxdoctor.report import report_dict, report_table
+    from dgxdoctor.result import exit_code, overall_status
+
     config = _load(config_path)
     env = config.environment()
     checks = build_checks(config, env, _names(only, "--only"), _names(skip, "--skip"))
@@ -150,10 +160,13 @@ def check(config_path: Path | None, as_json: bool, only: str | None, skip: str |
     "--listen",
     metavar="HOST:PORT",
     default=None,
-    help=f"serve /metrics, /healthz and /state here (default from [daemon] listen, {DEFAULT_LISTEN})",
+    help="serve /metrics, /healthz and /state here (default from [daemon] listen)",
 )
 def run(config_path: Path | None, listen: str | None) -> None:
     """Run the daemon: scheduled checks, Prometheus /metrics, /state for peers, systemd notify."""
+    import asyncio
+
+    from dgxdoctor.config import EX_CONFIG, parse_listen
     from dgxdoctor.daemon import logconfig
     from dgxdoctor.daemon.service import Daemon
 
@@ -194,6 +207,8 @@ def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_pat
     """Say what is wrong in pasted tool output (a file each, - for stdin)."""
     from dgxdoctor.diagnose.registry import CompressedInput
     from dgxdoctor.diagnose.registry import diagnose_bytes as read_paste
+    from dgxdoctor.report import diagnose_dict, diagnose_text
+    from dgxdoctor.result import Status, exit_code
 
     settings = None
     if config_path is not None:
@@ -361,6 +376,7 @@ def _gpu_memory(text: str | None, parse: Callable[[str], int]) -> int:
             return parse(text)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--gpu-memory") from None
+    from dgxdoctor.environment import Environment
     from dgxdoctor.plan_report import smallest_gpu_memory
     from dgxdoctor.sources.nvml import NvmlError
 
@@ -479,6 +495,8 @@ def bench_analyze(files: tuple[Path, ...], **kw: Any) -> None:
 def bench_compare(config_path: Path | None, as_json: bool) -> None:
     """Run the weekly comparison now ([checks.bench]: requests at the baseline's knee), window or not."""
     from dgxdoctor.checks.bench import BenchCheck
+    from dgxdoctor.report import report_dict, report_table
+    from dgxdoctor.result import exit_code
 
     config = _load(config_path)
     check = BenchCheck(config.check_settings("bench"), config.environment())

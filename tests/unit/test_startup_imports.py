@@ -1,0 +1,51 @@
+"""What each command imports (no timing here: benchmarks/startup.py measures the seconds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+PROBE = """
+import json, sys
+sys.argv = ["dgxdoctor", *json.loads(sys.argv[1])]
+from dgxdoctor.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+sys.stdout.flush()
+print("\\n" + json.dumps(sorted(sys.modules)), file=sys.stderr)
+"""
+
+
+def modules_after(*args: str) -> set[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(list(args))],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    return set(json.loads(done.stderr.strip().splitlines()[-1]))
+
+
+def loaded(modules: set[str], *names: str) -> list[str]:
+    return sorted(n for n in names if any(m == n or m.startswith(n + ".") for m in modules))
+
+
+def test_help_loads_click_alone() -> None:
+    assert loaded(modules_after("--help"), "pydantic", "httpx", "asyncio", "structlog", "dgxdoctor.checks") == []
+
+
+@pytest.mark.parametrize("command", [("check", "--only", "host"), ("diagnose", "-")])
+def test_one_shot_commands_load_no_server_scheduler_or_renderers(command: tuple[str, ...]) -> None:
+    heavy = ("aiohttp", "apscheduler", "dgxdoctor.daemon.app", "dgxdoctor.dashboards", "matplotlib")
+    assert loaded(modules_after(*command), *heavy) == []
