@@ -220,6 +220,12 @@ def test_declared_mp_worker_needs_no_ray_even_with_vllm_down(tmp_path: Path) -> 
     assert ray(tree(tmp_path / "proc", None, ranks=range(0)), executor="mp").status is Status.SKIPPED
 
 
+def test_a_node_declared_ray_keeps_the_ray_check_whatever_an_argv_says(tmp_path: Path) -> None:
+    result = ray(tree(tmp_path / "proc", WORKER), executor="ray")
+    assert {f.code for f in result.findings} == {"RAY_RAYLET_DOWN"}
+    assert codes(run(tree(tmp_path / "p2", WORKER), executor="ray")) == {"VLLM_EXECUTOR_MISMATCH": Status.WARNING}
+
+
 def test_ray_still_required_for_ray_and_single_node_vllm(tmp_path: Path) -> None:
     """The Ray deployment as before: a worker without a raylet is critical, whatever vLLM runs on one node."""
     for i, argv in enumerate((RAY_HEAD, (PY, "/opt/vllm/bin/vllm", "serve", MODEL, "-tp", "8"), None)):

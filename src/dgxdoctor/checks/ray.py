@@ -222,6 +222,8 @@ class RayCheck(Check):
 
     def _not_required(self) -> str | None:
         """vLLM's multiprocessing executor across nodes needs no Ray (judge/vllm_mp.py decides)."""
+        if self.env.executor is not None:  # declared: the running processes are not asked
+            return ray_not_required(self.env.executor, None)
         proc = serving_process(self.env.proc_root)
         try:
             launch = parse_launch(proc.pid, proc.cmdline) if proc is not None else None

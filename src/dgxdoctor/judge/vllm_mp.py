@@ -24,26 +24,22 @@ _START_REMEDY = (
 )
 
 
-def executor_in_force(declared: ExecutorKind | None, launch: Launch | None) -> str | None:
-    """The running vLLM's own argv first (it is what runs), else ``[node] executor``; None when neither says."""
-    if launch is not None:
-        return launch.executor
-    return declared
-
-
 def ray_not_required(declared: ExecutorKind | None, launch: Launch | None) -> str | None:
-    """Why Ray is not required on this node, or None when the Ray check applies as ever. Only vLLM's mp executor
-    across nodes (running, or declared while nothing runs) drops Ray: a single-node mp vLLM on a Ray cluster is the
-    runbook's misconfiguration (the worker idles), and the Ray check must still see that cluster."""
-    if launch is not None:
-        if launch.multi_node_mp:
-            return (
-                f"Ray not required: vLLM (pid {launch.pid}) runs its multiprocessing executor across "
-                f"{launch.nnodes} nodes (master {launch.master})"
-            )
+    """Why Ray is not required on this node, or None when the Ray check applies as ever.
+
+    A declared ``[node] executor`` decides: a process's argv is written by whoever started it (any local user could
+    start one that reads ``--nnodes 2 --headless``), so it may not switch off the Ray check of a node declared
+    ``ray``. Undeclared, only vLLM's mp executor across nodes drops Ray: a single-node mp vLLM on a Ray cluster is
+    the runbook's misconfiguration (the worker idles), and the Ray check must still see that cluster."""
+    if declared == "ray":
         return None
     if declared == "mp":
         return 'Ray not required: [node] executor = "mp" (vLLM\'s multiprocessing executor across nodes)'
+    if launch is not None and launch.multi_node_mp:
+        return (
+            f"Ray not required: vLLM (pid {launch.pid}) runs its multiprocessing executor across "
+            f"{launch.nnodes} nodes (master {launch.master})"
+        )
     return None
 
 
@@ -54,7 +50,7 @@ def executor_mismatch(declared: ExecutorKind | None, launch: Launch | None) -> F
         "VLLM_EXECUTOR_MISMATCH",
         Status.WARNING,
         f"[node] executor = {declared!r} but the running vLLM (pid {launch.pid}) uses the {launch.executor!r} "
-        "executor: the checks follow the running vLLM",
+        "executor: the Ray check follows the declaration, this check reads the running vLLM",
         str(launch.pid),
         remedy="set [node] executor to what the vLLM unit runs (--distributed-executor-backend, --nnodes)",
     )
