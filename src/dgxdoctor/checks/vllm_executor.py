@@ -25,7 +25,7 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.judge import vllm_mp
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
 from dgxdoctor.sources.procfs import ProcessInfo
-from dgxdoctor.sources.vllm_launch import Launch, LaunchError, parse_launch, serving_process, worker_processes
+from dgxdoctor.sources.vllm_launch import Launch, LaunchError, node_processes, parse_launch
 
 EXECUTOR_INFO = MetricSpec(
     "dgxdoctor_vllm_executor_info",
@@ -60,7 +60,7 @@ class VllmExecutorCheck(Check):
     def run(self) -> CheckResult:
         env = self.env
         b = ResultBuilder(self.name)
-        proc = serving_process(env.proc_root)
+        proc, workers = node_processes(env.proc_root)
         if proc is None:
             if env.role == "worker" and env.executor == "mp":
                 b.add(vllm_mp.headless_missing("[node] role worker, executor mp"))
@@ -79,10 +79,10 @@ class VllmExecutorCheck(Check):
                  node_rank=str(launch.node_rank), headless=str(launch.headless).lower())  # fmt: skip
         if not launch.multi_node_mp:
             return b.build(f"vLLM pid {proc.pid}: {launch.executor} executor, {launch.nnodes} node(s)")
-        self._mp(b, launch, proc)
+        self._mp(b, launch, proc, workers)
         return b.build(_summary(launch))
 
-    def _mp(self, b: ResultBuilder, launch: Launch, proc: ProcessInfo) -> None:
+    def _mp(self, b: ResultBuilder, launch: Launch, proc: ProcessInfo, workers: list[ProcessInfo]) -> None:
         b.facts.update(
             {
                 "vllm_mp.nnodes": str(launch.nnodes),
@@ -94,7 +94,6 @@ class VllmExecutorCheck(Check):
         role = vllm_mp.role_mismatch(self.env.role, launch)
         if role is not None:
             b.add(role)
-        workers = worker_processes(self.env.proc_root)
         stopped = vllm_mp.stopped(launch, [proc, *workers])
         if stopped is not None:
             b.add(stopped)

@@ -151,13 +151,19 @@ def is_headless_server(argv: Sequence[str]) -> bool:
 def serving_process(proc_root: Path) -> ProcessInfo | None:
     """This node's serving vLLM process: the headless one on a worker node of an mp deployment, else the API
     server; the oldest when several run. Processes gone while listed are skipped."""
-    found = [p for p in iter_processes(proc_root) if is_vllm_api_server(p.cmdline) and p.stat is not None]
-    if not found:
-        return None
-    found.sort(key=lambda p: (not is_headless_server(p.cmdline), p.start_time or 0.0))
-    return found[0]
+    return node_processes(proc_root)[0]
 
 
-def worker_processes(proc_root: Path) -> list[ProcessInfo]:
-    """``VLLM::Worker*`` processes on this node (the multiproc executor's ranks), by pid."""
-    return [p for p in iter_processes(proc_root) if p.cmdline[:1] and p.cmdline[0].startswith(WORKER_TITLE)]
+def node_processes(proc_root: Path) -> tuple[ProcessInfo | None, list[ProcessInfo]]:
+    """One pass over ``proc_root``: the serving process (``serving_process``) and the ``VLLM::Worker*`` processes
+    (the multiproc executor's ranks), by pid."""
+    servers: list[ProcessInfo] = []
+    workers: list[ProcessInfo] = []
+    for proc in iter_processes(proc_root):
+        argv = proc.cmdline
+        if argv and argv[0].startswith(WORKER_TITLE):
+            workers.append(proc)
+        elif is_vllm_api_server(argv) and proc.stat is not None:
+            servers.append(proc)
+    servers.sort(key=lambda p: (not is_headless_server(p.cmdline), p.start_time or 0.0))
+    return (servers[0] if servers else None), workers
