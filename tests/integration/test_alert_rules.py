@@ -214,6 +214,23 @@ def test_the_node_whose_gpus_went_idle_during_a_stall_is_named(tmp_path: Path, r
     run_tests(tmp_path, rules, inputs, cases)
 
 
+def test_a_rank_nccl_ras_finds_unresponsive(tmp_path: Path, rules: Path) -> None:
+    """The ras check's problem series (value: first seen) fires at once; a rank only behind does not."""
+    stuck = {"node": "dgx-a", "kind": "unresponsive", "rank": "11", "host": "10.0.0.2", "pid": "48213", "gpu": "3",
+             "nvml_gpu": "3"}  # fmt: skip
+    behind = {**stuck, "kind": "behind", "rank": "4", "pid": "51007"}
+    inputs = [
+        series("dgxdoctor_ras_rank_problem_since_timestamp_seconds", "_ _ 1764590590x3", **stuck),
+        series("dgxdoctor_ras_rank_problem_since_timestamp_seconds", "1764590500x5", **behind),
+    ]
+    cases = [
+        {"eval_time": "15s", "alertname": "DgxdoctorNcclRankUnresponsive", "exp_alerts": []},
+        {"eval_time": "45s", "alertname": "DgxdoctorNcclRankUnresponsive",
+         "exp_alerts": [expect("DgxdoctorNcclRankUnresponsive", **stuck)]},
+    ]  # fmt: skip
+    run_tests(tmp_path, rules, inputs, cases)
+
+
 def test_a_gpu_spinning_without_memory_traffic_is_waiting_on_a_peer(tmp_path: Path, rules: Path) -> None:
     """The H200 recording: the waiting GPU reads 100 % utilization and 0 % memory; decode reads memory hard."""
     gpu = {"node": "dgx-a", "gpu": "0"}

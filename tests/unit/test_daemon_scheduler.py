@@ -14,7 +14,7 @@ from dgxdoctor.checks.base import CheckRunner
 from dgxdoctor.daemon.scheduler import CheckScheduler, jitter_for
 from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.store import ResultStore
-from dgxdoctor.result import CheckResult, Status
+from dgxdoctor.result import CheckResult, Finding, Status
 from fakechecks import FakeSettings, FollowingCheck, SlowCheck, StaticCheck
 
 ENV = Environment(node="dgx-a", state_dir=Path("/nonexistent"))
@@ -110,3 +110,13 @@ async def test_replaced_check_result_is_dropped(sched: CheckScheduler) -> None:
 
 def test_jitter_is_bounded() -> None:
     assert jitter_for(2) == pytest.approx(0.2) and jitter_for(600) == 5.0
+
+
+async def test_a_stalled_engine_asks_ras_at_once(sched: CheckScheduler) -> None:
+    """The vllm check's ENGINE_HUNG (or an NCCL timeout in the logs) wakes the ras check, not its next interval."""
+    hung = CheckResult("vllm", Status.CRITICAL, "hung", findings=(Finding("ENGINE_HUNG", Status.CRITICAL, "x"),))
+    ras = StaticCheck(FakeSettings(interval_s=3600), ENV, name="ras")
+    sched.add(ras)
+    await wait_for(lambda: ras.runs >= 1)
+    sched.add(StaticCheck(FakeSettings(interval_s=3600), ENV, outcome=hung, name="vllm"))
+    await wait_for(lambda: ras.runs >= 2)

@@ -194,6 +194,13 @@ def vllm_alerts() -> list[Alert]:
               "peer, docs/h200/hang-recording-2026-11-30): the node whose GPUs are idle during the stall is the one "
               "whose rank stopped (a dead or stopped Ray worker, a GPU that fell off). Look there first: its vLLM "
               "worker processes, XIDs, `ray status`."),
+        Alert("DgxdoctorNcclRankUnresponsive",
+              'dgxdoctor_ras_rank_problem_since_timestamp_seconds{kind=~"unresponsive|dead"}', "0s", "critical",
+              "NCCL's RAS on {{ $labels.node }}: rank {{ $labels.rank }} ({{ $labels.host }}, pid {{ $labels.pid }}, "
+              "GPU {{ $labels.gpu }}) is {{ $labels.kind }}",
+              "NCCL's RAS (the keep-alive mesh inside every NCCL process) gets no answer from that rank's process, or "
+              "considers it dead: every other rank waits for it in the collective. The peer comparison's "
+              "PEER_TP_RANK_STUCK names its node, GPU and rail (checks/ras.py, docs/checks/ras.md)."),
         Alert("DgxdoctorGpuWaitingOnPeer",
               "dgxdoctor_gpu_utilization_ratio >= 0.95 and dgxdoctor_gpu_memory_utilization_ratio < 0.02", "30s",
               "warning", "GPU {{ $labels.gpu }} on {{ $labels.node }} spins with no memory traffic",

@@ -14,6 +14,7 @@ from dgxdoctor.checks.mlxlink import MlxlinkCheck
 from dgxdoctor.checks.nccl import NcclCheck
 from dgxdoctor.checks.nccl_env import NcclEnvCheck
 from dgxdoctor.checks.peer_compare import PeerCompareCheck
+from dgxdoctor.checks.ras import RasCheck
 from dgxdoctor.checks.ray import RayCheck
 from dgxdoctor.checks.topology import TopologyCheck
 from dgxdoctor.checks.vllm import VllmCheck
@@ -31,6 +32,7 @@ ALL_CHECKS: tuple[CheckFactory, ...] = (
     NcclCheck,
     VllmCheck,
     VllmExecutorCheck,
+    RasCheck,
     BenchCheck,
     RayCheck,
     HostCheck,

@@ -25,6 +25,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from dgxdoctor.checks.base import Check, CheckRunner, probe_labels
 from dgxdoctor.fleet.store import ResultStore, Transition
+from dgxdoctor.judge.ras import asks_ras
 from dgxdoctor.result import Status
 
 log = structlog.get_logger(__name__)
@@ -170,6 +171,9 @@ class CheckScheduler:
         transition = self.store.put(result)
         if transition is not None:
             log_transition(transition)
+        # A stalled engine or an NCCL timeout: ask NCCL's RAS now which rank it is (checks/ras.py).
+        if name != "ras" and asks_ras(f.code for f in result.findings):
+            self._wake("ras")
 
 
 def log_transition(t: Transition) -> None:

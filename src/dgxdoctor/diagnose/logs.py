@@ -12,7 +12,9 @@ import re
 from typing import ClassVar
 
 from dgxdoctor.diagnose.base import Diagnosis
+from dgxdoctor.judge.cause import explained_away
 from dgxdoctor.judge.context import reading
+from dgxdoctor.judge.frames import frame_findings
 from dgxdoctor.judge.signatures import Catalog, load_catalog
 from dgxdoctor.result import Finding
 
@@ -38,19 +40,30 @@ RAY_MARKER = re.compile(r"\((?:raylet|autoscaler|gcs_server)[^)]*\)|ray\.excepti
 NCCL_LINE = re.compile(r"^(?:\([^()\n]{1,200}\) ?){0,3}\S+:\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)\b|^NCCL version \d", re.M)
 
 
-def _findings(text: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int], int]:
+def _scan(lines: list[str], catalog: Catalog) -> tuple[dict[str, tuple[int, str]], dict[str, list[str]], set[int]]:
+    """Per code its first (line number, line) and every line it matched; and the indexes of matched lines."""
     first: dict[str, tuple[int, str]] = {}
-    counts: dict[str, int] = {}
-    lines = text.splitlines()
+    lines_by_code: dict[str, list[str]] = {}
+    matched: set[int] = set()
     signatures = catalog.by_code()
     for index, line in enumerate(lines):
         for match in catalog.match(line):
             refined = reading(match.signature, lines, index, signatures)
             if refined is None:
                 continue
-            code = refined.code
-            counts[code] = counts.get(code, 0) + 1
-            first.setdefault(code, (index + 1, line))
+            lines_by_code.setdefault(refined.code, []).append(line)
+            first.setdefault(refined.code, (index + 1, line))
+            matched.add(index)
+    return first, lines_by_code, matched
+
+
+def _findings(text: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int], int]:
+    lines = text.splitlines()
+    signatures = catalog.by_code()
+    first, lines_by_code, matched = _scan(lines, catalog)
+    for code in explained_away(lines_by_code):
+        del first[code], lines_by_code[code]
+    counts = {code: len(found) for code, found in lines_by_code.items()}
     findings = []
     for code, (number, line) in sorted(first.items(), key=lambda kv: kv[1][0]):
         sig = signatures[code]
@@ -60,6 +73,7 @@ def _findings(text: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int
                 code, sig.severity, sig.meaning + times, f"line {number}", evidence=line.strip()[:500], remedy=sig.fix
             )
         )
+    findings += [f for f in frame_findings(lines, matched, signatures) if f.code not in first]
     return findings, counts, len(lines)
 
 
@@ -108,4 +122,5 @@ class TextAnalyzer(_LogAnalyzer):
 
     def detect(self, text: str) -> bool:
         catalog = self.catalog
-        return any(catalog.match(line) for line in text.splitlines())
+        lines = text.splitlines()
+        return any(catalog.match(line) for line in lines) or bool(frame_findings(lines, (), catalog.by_code()))

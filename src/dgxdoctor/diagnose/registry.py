@@ -16,6 +16,7 @@ from dgxdoctor.diagnose.kernel_log import KernelLogAnalyzer
 from dgxdoctor.diagnose.logs import NcclLogAnalyzer, RayLogAnalyzer, TextAnalyzer, VllmLogAnalyzer
 from dgxdoctor.diagnose.nccl_tests import NcclTestsAnalyzer
 from dgxdoctor.diagnose.nvidia_smi import NvidiaSmiQueryAnalyzer, NvidiaSmiTableAnalyzer, NvlinkStatusAnalyzer
+from dgxdoctor.diagnose.ras import RasAnalyzer
 from dgxdoctor.diagnose.ray_status import RayStatusAnalyzer
 from dgxdoctor.diagnose.topo import TopoAnalyzer
 from dgxdoctor.diagnose.vllm_metrics import VllmMetricsAnalyzer
@@ -50,6 +51,7 @@ def sections(settings: Mapping[str, BaseModel] | None = None) -> tuple[Analyzer,
         NvidiaSmiTableAnalyzer(),
         NvlinkStatusAnalyzer(),
         NcclTestsAnalyzer(given.get("nccl")),
+        RasAnalyzer(),
         VllmMetricsAnalyzer(),
         RayStatusAnalyzer(given.get("ray")),
         KernelLogAnalyzer(),

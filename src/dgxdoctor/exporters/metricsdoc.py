@@ -73,14 +73,18 @@ def render() -> str:
 DRIFT_TEXT = """While any node's vllm check sees the engine stalled (`ENGINE_NO_PROGRESS`, `ENGINE_HUNG`), a hang on
 one node shows on both; the GPUs tell which: the one node whose GPUs are idle (mean utilisation below 10%) while
 the others' spin in the collective (90% or more) is `PEER_TP_RANK_STOPPED` (critical), the node where the
-tensor-parallel rank stopped.
+tensor-parallel rank stopped. When a node's ras check reports a rank NCCL's RAS finds unresponsive or dead
+(`dgxdoctor_ras_rank_problem_since_timestamp_seconds`), the comparison joins it with that rank's GPU and its node's
+rails instead, in one `PEER_TP_RANK_STUCK` (critical) naming the rank, node, GPU and rail, and saying where the
+views disagree (docs/checks/ras.md).
 
 Node facts (`dgxdoctor_node_fact_info`) are compared as well. A fact present on several nodes with
 different values is a finding naming the odd node (the one off the majority; with two nodes, the peer):
 `PEER_MODEL_MISMATCH` (critical: model fingerprint, files, shard hashes), `PEER_NCCL_ENV_DRIFT` (an `nccl_env.*`
 variable differs or is set on one node only), `PEER_VERSION_SKEW` (critical for the driver, CUDA and NCCL
 versions, warning for the kernel, vLLM, Ray, torch, Python), `PEER_HARDWARE_DRIFT` (GPU, IB, topology, memory
-facts) and `PEER_FACT_DRIFT` for any other fact. Ignored, because they differ by design: {ignored}."""
+facts), `PEER_RAS_VIEW_DRIFT` (the `ras.*` facts: the serving communicator each node's NCCL RAS sees) and
+`PEER_FACT_DRIFT` for any other fact. Ignored, because they differ by design: {ignored}."""
 
 PEER_HEADER = """## Values of `metric` in `dgxdoctor_peer_imbalance_ratio`
 

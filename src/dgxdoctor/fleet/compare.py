@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dgxdoctor.fleet.store import NODE_LOCAL_FACTS
+from dgxdoctor.fleet.stuck_rank import stuck_rank_findings
 from dgxdoctor.result import Finding, Status
 
 Aggregate = Literal["sum", "mean", "max"]
@@ -226,6 +227,13 @@ _DRIFT: tuple[tuple[tuple[str, ...], str, Status, str], ...] = (
         "changed topology on the odd node (nvidia-smi -L, ibstat, nvidia-smi topo -m)",
     ),
     (
+        ("ras.",),
+        "PEER_RAS_VIEW_DRIFT",
+        Status.WARNING,
+        "the nodes' NCCL RAS see different serving communicators (size, nodes, ranks per node): a node's ranks left "
+        "or never joined the job; compare `ncclras` on both nodes and the ras check's findings",
+    ),
+    (
         ("*",),
         "PEER_FACT_DRIFT",
         Status.WARNING,
@@ -282,6 +290,7 @@ def compare(
 ) -> Comparison:
     """Compare validated ``/state`` documents (see ``peers.validate_state``); one per node, names unique."""
     tolerances = tolerances or {}
+    snapshots = list(snapshots)
     views: dict[str, _NodeView] = {}
     for snap in snapshots:
         views[str(snap["node"])] = _view(snap)
@@ -319,7 +328,9 @@ def compare(
                     remedy=rule.cause,
                 )
             )
-    findings.extend(_stopped_rank(views))
+    # RAS, GPU and rail views joined name the rank; without RAS, the GPUs alone still name the node.
+    stuck = stuck_rank_findings(snapshots, stalled=(n for n, v in views.items() if v.engine_stalled))
+    findings.extend(stuck or _stopped_rank(views))
     findings.extend(_mp_worker_down(views))
     drift, compared = _drift(views, local)
     findings.extend(drift)

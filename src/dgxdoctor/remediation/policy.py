@@ -39,6 +39,8 @@ RESTART_CLUSTER_CODES = frozenset(
         "NCCL_TIMEOUT",
         "NCCL_SYSTEM_ERROR",
         "GLOO_SOCKET",
+        # logs check: a worker or the driver lost the GCS (the head's control store) and exited.
+        "RAY_GCS_UNREACHABLE",
     }
 )
 # Resolutions of NVIDIA's XID catalog that need a GPU reset, a reboot or a person: the classes of the one table
@@ -54,6 +56,18 @@ PAGE_CODES = frozenset(
         "PEER_VERSION_SKEW",
         "PEER_MODEL_MISMATCH",
         "PEER_MP_LAYOUT_DRIFT",
+        # logs check signatures no restart cures: version drift between the nodes, a GPU or driver fault, the
+        # container's /dev/shm or GPU set-up, the host's RAM (not a CUDA OOM), an unreachable MASTER_ADDR.
+        "RAY_VERSION_MISMATCH",
+        "GPU_LOST",
+        "CUDA_ECC_ERROR",
+        "CUDA_DRIVER_INIT",
+        "NO_GPU_VISIBLE",
+        "CUDA_P2P_UNSUPPORTED",
+        "NCCL_DUPLICATE_GPU",
+        "SHM_TOO_SMALL",
+        "RAY_HOST_OOM",
+        "TORCH_RENDEZVOUS_TIMEOUT",
     }
 )
 

@@ -1,0 +1,236 @@
+"""ras: NCCL's RAS view of the serving job, read over its client socket (localhost:28028, or NCCL_RAS_ADDR).
+
+By hand: ``ncclras`` (or ``ncclras -v``; ``-f json`` from NCCL 2.28.7) on a node of the job; NCCL_RAS_ADDR when the
+job set one: ``ncclras -h 127.0.0.1 -p 28031``.
+
+When healthy it exports the serving communicator's size and spread over nodes (a fact compared between nodes, and
+a finding when smaller than tensor_parallel_size x pipeline_parallel_size). During a stall it names the ranks RAS
+sees unresponsive or dead, with NCCL's words; the daemon wakes this check when the vllm check sees a stalled engine
+or the logs show an NCCL timeout (judge.ras.ASK_RAS_CODES). Which ranks are this node's: those whose process runs
+here and reads RAS at the same address (its NCCL_RAS_ADDR, or the default), so two agents on one host stay apart.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import ClassVar
+
+from pydantic import Field, field_validator
+
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.environment import Environment
+from dgxdoctor.judge.ras import layout_findings, rank_findings, stuck_processes, unreachable_finding
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
+from dgxdoctor.sources.nccl_env import parse_environ
+from dgxdoctor.sources.procfs import ProcessInfo, iter_processes, read_process
+from dgxdoctor.sources.ras_client import DEFAULT_HOST, DEFAULT_PORT, RasError, RasReply, parse_ras_addr, query
+from dgxdoctor.sources.ras_report import RasReport, RasReportError, parse_report
+from dgxdoctor.sources.vllm_api import is_vllm_process
+
+RAS_UP = MetricSpec("dgxdoctor_ras_up", "1 if NCCL's RAS answered a status query in the last run, else 0")
+RAS_SECONDS = MetricSpec(
+    "dgxdoctor_ras_query_duration_seconds", "seconds the last RAS status query took (connect to the last byte)"
+)
+COMM_RANKS = MetricSpec("dgxdoctor_ras_communicator_ranks", "ranks of the largest NCCL communicator (vLLM's world)")
+COMM_NODES = MetricSpec("dgxdoctor_ras_communicator_nodes", "nodes the largest NCCL communicator spans")
+COMM_PER_NODE = MetricSpec(
+    "dgxdoctor_ras_communicator_ranks_per_node",
+    "ranks per node of the largest NCCL communicator: the fewest (bound=min) and the most (bound=max) on one node",
+    labels=("bound",),
+)
+RANK_PROBLEM = MetricSpec(
+    "dgxdoctor_ras_rank_problem_since_timestamp_seconds",
+    "when this agent first saw NCCL's RAS report the process unresponsive, dead, erroring or behind (Unix time); "
+    "rank is its rank in the largest communicator that names it, gpu its CUDA device, nvml_gpu its NVML index",
+    labels=("kind", "rank", "host", "pid", "gpu", "nvml_gpu"),
+)
+LOCAL_RANK = MetricSpec(
+    "dgxdoctor_ras_local_rank_info",
+    "a rank of the largest NCCL communicator whose process runs on this node (from RAS's JSON report, NCCL 2.28.7+)",
+    labels=("rank", "host", "pid", "gpu", "nvml_gpu"),
+)
+
+LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "ip6-localhost"})
+
+
+class RasSettings(CheckSettings):
+    interval_s: float = Field(10.0, gt=0, description="daemon: seconds between RAS queries")
+    timeout_s: float = Field(30.0, gt=0, description="a run that takes longer is UNKNOWN")
+    address: str = Field(
+        "",
+        description="host:port of NCCL's RAS client socket; empty: NCCL_RAS_ADDR from a running vLLM process's "
+        "environment, else localhost:28028 (NCCL's default)",
+    )
+    collective_timeout_s: int = Field(
+        5, ge=1, le=60, description="RAS's wait for other processes, per leg (ncclras -t; NCCL's default is 5)"
+    )
+    deadline_s: float = Field(15.0, gt=0, description="the whole query's hard deadline, connect to last byte")
+    max_bytes: int = Field(4 << 20, ge=4096, description="a RAS reply larger than this is refused")
+    tensor_parallel_size: int = Field(0, ge=0, description="vLLM's TP size; 0: read from vLLM's command line")
+    pipeline_parallel_size: int = Field(0, ge=0, description="vLLM's PP size; 0: read from vLLM's command line")
+    required: bool = Field(
+        False, description="RAS must answer even without a vLLM process (an NCCL job other than vLLM serves)"
+    )
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if value:
+            try:
+                parse_ras_addr(value)
+            except RasError as exc:
+                raise ValueError(str(exc)) from exc
+        return value
+
+
+def parallel_size(argv: tuple[str, ...], long: str, short: str) -> int | None:
+    """``--tensor-parallel-size 8`` / ``-tp=8`` in vLLM's command line."""
+    for i, arg in enumerate(argv):
+        for flag in (long, short):
+            if arg == flag and i + 1 < len(argv) and argv[i + 1].isdigit():
+                return int(argv[i + 1])
+            if arg.startswith(flag + "=") and arg[len(flag) + 1 :].isdigit():
+                return int(arg[len(flag) + 1 :])
+    return None
+
+
+def _same_address(a: tuple[str, int], b: tuple[str, int]) -> bool:
+    return a[1] == b[1] and (a[0] == b[0] or (a[0] in LOOPBACK and b[0] in LOOPBACK))
+
+
+class RasCheck(Check):
+    name: ClassVar[str] = "ras"
+    settings_model: ClassVar[type[CheckSettings]] = RasSettings
+    probes: ClassVar[tuple[str, ...]] = ("ras",)
+
+    def __init__(self, settings: CheckSettings, env: Environment) -> None:
+        self.cfg = own_settings(self.name, settings, RasSettings)
+        self.settings: CheckSettings = self.cfg
+        self.env = env
+        self._since: dict[str, float] = {}
+        self._local: dict[int, bool] = {}
+        # The local ranks of the last report: still exported while this node's RAS is silent (its port is held by
+        # the stopped process), so the peer comparison knows which node that process is on.
+        self._last_local: list[dict[str, str]] = []
+
+    def _vllm(self) -> ProcessInfo | None:
+        found = [p for p in iter_processes(self.env.proc_root) if p.pid != os.getpid() and is_vllm_process(p.cmdline)]
+        return min(found, key=lambda p: p.pid, default=None)
+
+    def _address(self, proc: ProcessInfo | None) -> tuple[tuple[str, int], str]:
+        if self.cfg.address:
+            return parse_ras_addr(self.cfg.address), "configured"
+        if proc is not None:
+            try:
+                value = parse_environ(proc.environ()).get("NCCL_RAS_ADDR", "")
+            except OSError:
+                value = ""
+            if value:
+                return parse_ras_addr(value), f"NCCL_RAS_ADDR of pid {proc.pid}"
+        return (DEFAULT_HOST, DEFAULT_PORT), "NCCL's default"
+
+    def _expected_ranks(self, proc: ProcessInfo | None) -> int:
+        argv = proc.cmdline if proc is not None else ()
+        tp = self.cfg.tensor_parallel_size or parallel_size(argv, "--tensor-parallel-size", "-tp") or 0
+        pp = self.cfg.pipeline_parallel_size or parallel_size(argv, "--pipeline-parallel-size", "-pp") or 1
+        return tp * pp
+
+    def _is_local(self, pid: int, addr: tuple[str, int]) -> bool:
+        """Its process runs here and reads RAS where this agent does (NCCL_RAS_ADDR, or the default)."""
+        if pid in self._local:
+            return self._local[pid]
+        info = read_process(self.env.proc_root, pid)
+        local = False
+        if info is not None and info.cmdline and info.alive:
+            try:
+                value = parse_environ(info.environ()).get("NCCL_RAS_ADDR", "")
+                theirs = parse_ras_addr(value) if value else (DEFAULT_HOST, DEFAULT_PORT)
+                local = _same_address(theirs, addr)
+            except PermissionError:
+                local = True  # running here; whose address it reads cannot be told without root
+            except (OSError, RasError):
+                local = False
+        self._local[pid] = local
+        return local
+
+    def run(self) -> CheckResult:
+        b = ResultBuilder(self.name)
+        proc = self._vllm()
+        addr, why = self._address(proc)
+        where = f"{addr[0]}:{addr[1]} ({why})"
+        try:
+            reply = query(*addr, collective_timeout_s=self.cfg.collective_timeout_s, deadline_s=self.cfg.deadline_s,
+                          max_bytes=self.cfg.max_bytes)  # fmt: skip
+        except RasError as exc:
+            # vLLM on one GPU (or on CPUs) opens no NCCL communicator, so there is no RAS to miss.
+            serving = proc is not None and self._expected_ranks(proc) > 1
+            return self._no_answer(b, exc, where, serving=serving or self.cfg.required)
+        b.sample(RAS_UP, 1.0)
+        b.sample(RAS_SECONDS, reply.seconds)
+        try:
+            report = parse_report(reply.report)
+        except RasReportError as exc:
+            b.add(Finding("RAS_REPORT_UNREADABLE", Status.UNKNOWN, f"RAS at {where} sent no readable report: {exc}",
+                          subject="ras"))  # fmt: skip
+            return b.build(f"RAS at {where}: unreadable report")
+        return self._judge(b, report, reply, addr, proc)
+
+    def _no_answer(self, b: ResultBuilder, exc: RasError, where: str, serving: bool) -> CheckResult:
+        self._local.clear()
+        finding = unreachable_finding(exc.kind, f"{where}: {exc}", serving)
+        if finding is None:
+            return CheckResult.skipped(
+                self.name, f"no vLLM process across several GPUs, and no RAS at {where} ({exc.kind})"
+            )
+        if exc.kind == "timeout":
+            b.timed_out("ras")
+            for labels in self._last_local:
+                b.sample(LOCAL_RANK, 1.0, **labels)
+        else:
+            self._last_local = []
+        b.sample(RAS_UP, 0.0)
+        b.add(finding)
+        return b.build(f"RAS at {where} does not answer ({exc.kind})")
+
+    def _judge(
+        self, b: ResultBuilder, report: RasReport, reply: RasReply, addr: tuple[str, int], proc: ProcessInfo | None
+    ) -> CheckResult:
+        now = time.time()
+        procs = stuck_processes(report)
+        self._since = {p.key: self._since.get(p.key, now) for p in procs}
+        b.add(*rank_findings(report, self._since))
+        b.add(*layout_findings(report, self._expected_ranks(proc)))
+        for p in procs:
+            b.sample(RANK_PROBLEM, self._since[p.key], kind=p.kind, rank=str(p.ranks[0]) if p.ranks else "",
+                     host=p.host or "", pid=str(p.pid or ""), gpu=_opt(p.gpu), nvml_gpu=_opt(p.nvml_gpu))  # fmt: skip
+        serving = report.serving()
+        if serving is not None:
+            self._export_serving(b, serving.size, serving.nodes, serving.ranks_per_node)
+            local = [{"rank": str(r.rank), "host": r.host, "pid": str(r.pid), "gpu": str(r.cuda_dev),
+                      "nvml_gpu": str(r.nvml_dev)} for r in serving.ranks if self._is_local(r.pid, addr)]  # fmt: skip
+            # a local rank that stopped is missing from the report's ranks: it stays listed while RAS names it
+            named = {(p.host, str(p.pid)) for p in procs}
+            kept = [x for x in self._last_local if (x["host"], x["pid"]) in named and x not in local]
+            self._last_local = local + kept
+            for labels in self._last_local:
+                b.sample(LOCAL_RANK, 1.0, **labels)
+        layout = f"{serving.size} ranks over {serving.nodes} node(s)" if serving else "no communicator"
+        return b.build(
+            f"RAS ({report.nccl_version or 'NCCL ?'}, {reply.format}): {layout}; "
+            f"{len(procs)} process(es) reported, {report.timeouts} timeout(s)"
+        )
+
+    @staticmethod
+    def _export_serving(b: ResultBuilder, size: int, nodes: int, per_node: tuple[int, int]) -> None:
+        b.sample(COMM_RANKS, float(size))
+        b.sample(COMM_NODES, float(nodes))
+        b.sample(COMM_PER_NODE, float(per_node[0]), bound="min")
+        b.sample(COMM_PER_NODE, float(per_node[1]), bound="max")
+        spread = str(per_node[0]) if per_node[0] == per_node[1] else f"{per_node[0]}-{per_node[1]}"
+        b.facts.update({"ras.communicator_size": str(size), "ras.communicator_nodes": str(nodes),
+                        "ras.ranks_per_node": spread})  # fmt: skip
+
+
+def _opt(value: int | None) -> str:
+    return "" if value is None else str(value)
