@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from dgxdoctor.checks.base import CheckSettings
 from dgxdoctor.checks.registry import ALL_CHECKS
-from dgxdoctor.environment import Environment, Role
+from dgxdoctor.environment import Environment, ExecutorKind, Role
 from dgxdoctor.sources.fields import HttpUrl
 from dgxdoctor.sources.http import http_url
 from dgxdoctor.sources.statefile import read_private_file, state_dir_problem
@@ -33,10 +33,12 @@ class _Frozen(BaseModel):
 
 class NodeSettings(_Frozen):
     """What this node is. A declared role states what must be there, and its absence is CRITICAL:
-    both roles need the GPUs ([checks.gpu] expected_count, expected_model), a Ray raylet, the NCCL environment
-    file ([checks.nccl_env] env_file) and the RDMA ports ([checks.infiniband] expected_ports, else at least one);
-    the head also needs the Ray head (GCS, dashboard) and vLLM ([checks.vllm] base_url, served_model_name).
-    Without a role, what is absent is SKIPPED and `dgxdoctor check` says that nothing was required.
+    both roles need the GPUs ([checks.gpu] expected_count, expected_model), the NCCL environment file
+    ([checks.nccl_env] env_file) and the RDMA ports ([checks.infiniband] expected_ports, else at least one);
+    the head also needs vLLM ([checks.vllm] base_url, served_model_name). With the Ray executor both need a raylet
+    and the head the Ray head (GCS, dashboard); with vLLM's multiprocessing executor (executor = "mp") Ray is not
+    required and a worker needs its headless vLLM process. Without a role, what is absent is SKIPPED and
+    `dgxdoctor check` says that nothing was required.
     """
 
     name: str | None = Field(None, description="node name in labels and peer reports; default hostname")
@@ -44,6 +46,11 @@ class NodeSettings(_Frozen):
         None,
         description='"head" (Ray head and vLLM API server) or "worker" (a raylet); unset: nothing required',
         examples=["head"],
+    )
+    executor: ExecutorKind | None = Field(
+        None,
+        description='"ray" (vLLM\'s Ray executor) or "mp" (its multiprocessing executor across nodes: --nnodes, '
+        "--headless on the workers; no Ray); unset: read from the running vLLM's command line",
     )
 
 
@@ -166,6 +173,8 @@ class RemediationCommands(_Frozen):
     """What each step runs: argv lists (never a shell), defaults for the example units in systemd/.
 
     ``ray_stop``/``ray_start`` default to ray-head.service on the head and ray-worker.service on a worker.
+    With ``[node] executor = "mp"`` the head's vLLM is ``stop_vllm``/``start_vllm`` (set them to
+    vllm-head-mp.service) and a worker runs ``worker_vllm_stop``/``worker_vllm_start`` when the head asks.
     """
 
     restart_vllm: Argv = Field(_argv("systemctl", "restart", "vllm.service"), description="restart vLLM here")
@@ -175,8 +184,18 @@ class RemediationCommands(_Frozen):
     ray_start: Argv | None = Field(
         None, description="start this node's Ray (default: systemctl start ray-<role>.service)"
     )
+    worker_vllm_stop: Argv = Field(
+        _argv("systemctl", "stop", "vllm-worker-mp.service"),
+        description='executor "mp", on a worker: stop its headless vLLM when the head asks',
+    )
+    worker_vllm_start: Argv = Field(
+        _argv("systemctl", "start", "vllm-worker-mp.service"),
+        description='executor "mp", on a worker: start its headless vLLM when the head asks',
+    )
 
-    @field_validator("restart_vllm", "stop_vllm", "start_vllm", "ray_stop", "ray_start")
+    @field_validator(
+        "restart_vllm", "stop_vllm", "start_vllm", "ray_stop", "ray_start", "worker_vllm_stop", "worker_vllm_start"
+    )
     @classmethod
     def _non_empty(cls, value: Argv | None) -> Argv | None:
         if value is not None and (not value or not value[0]):
@@ -186,6 +205,14 @@ class RemediationCommands(_Frozen):
     def ray(self, verb: Literal["stop", "start"], role: str) -> Argv:
         given = self.ray_stop if verb == "stop" else self.ray_start
         return given if given is not None else ("systemctl", verb, f"ray-{role}.service")
+
+    def worker_argv(self, step: str) -> Argv:
+        """What a worker runs for a step the head asks for (the engine's WORKER_STEPS)."""
+        if step == "vllm_stop":
+            return self.worker_vllm_stop
+        if step == "vllm_start":
+            return self.worker_vllm_start
+        return self.ray("stop" if step == "ray_stop" else "start", "worker")
 
 
 RemediationAction = Literal["restart_vllm", "restart_cluster", "page"]
@@ -319,6 +346,11 @@ class Config:
         return node.role
 
     @property
+    def executor(self) -> ExecutorKind | None:
+        node: NodeSettings = self.model.node  # type: ignore[attr-defined]
+        return node.executor
+
+    @property
     def paths(self) -> PathsSettings:
         paths: PathsSettings = self.model.paths  # type: ignore[attr-defined]
         return paths
@@ -354,6 +386,7 @@ class Config:
             one_shot=one_shot,
             node=self.node,
             role=self.role,
+            executor=self.executor,
             sysfs_root=p.sysfs_root,
             proc_root=p.proc_root,
             kmsg_path=p.kmsg_path,

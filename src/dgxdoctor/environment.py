@@ -22,6 +22,16 @@ if TYPE_CHECKING:
 # What a node is in the deployment (``[node] role``): the head runs the Ray head and vLLM's API server, a worker
 # runs a raylet. None: not declared, so nothing is required and what is absent is SKIPPED.
 Role = Literal["head", "worker"]
+# How vLLM spans the nodes (``[node] executor``): "ray" (Ray executor: a raylet on every node), "mp" (vLLM's
+# multiprocessing executor across nodes: ``--nnodes``, ``--headless`` on the workers, no Ray). None: read from the
+# running vLLM's argv (sources/vllm_launch.py).
+ExecutorKind = Literal["ray", "mp"]
+
+
+def tcp_connect(host: str, port: int, timeout_s: float) -> None:
+    """Open and close one TCP connection; raises OSError (refused, unreachable, timed out)."""
+    with socket.create_connection((host, port), timeout=timeout_s):
+        pass
 
 
 def _default_nvml() -> NvmlClient:
@@ -76,6 +86,7 @@ class Environment:
 
     node: str = field(default_factory=socket.gethostname)
     role: Role | None = None
+    executor: ExecutorKind | None = None
     sysfs_root: Path = Path("/sys")
     proc_root: Path = Path("/proc")
     kmsg_path: Path = Path("/dev/kmsg")
@@ -86,6 +97,8 @@ class Environment:
     # None means a real network; tests pass an httpx.MockTransport only for peers that cannot run here.
     http_transport: httpx.BaseTransport | None = None
     run_command: CommandRunner = run_command
+    # A TCP connect with a deadline (the mp master's address from a worker); tests point it at loopback.
+    connect: Callable[[str, int, float], None] = tcp_connect
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     # True for `dgxdoctor check` (one run, nothing before it); the daemon sets False. Checks that need two

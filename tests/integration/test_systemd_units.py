@@ -11,10 +11,18 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from dgxdoctor.sources.vllm_launch import parse_launch
 
 pytestmark = pytest.mark.integration
 
-UNITS = ("dgxdoctor.service", "ray-head.service", "ray-worker.service", "vllm.service")
+UNITS = (
+    "dgxdoctor.service",
+    "ray-head.service",
+    "ray-worker.service",
+    "vllm.service",
+    "vllm-head-mp.service",
+    "vllm-worker-mp.service",
+)
 # Install locations in the units, replaced by stubs here: verify fails on a missing ExecStart binary.
 BINARIES = {"/opt/dgxdoctor/bin/": ("dgxdoctor",), "/opt/vllm/bin/": ("ray", "vllm")}
 
@@ -76,8 +84,29 @@ def test_dgxdoctor_unit_settings() -> None:
     assert "MemoryMax" in service and "CPUQuota" in service
     text = (REPO / "systemd" / "dgxdoctor.service").read_text()
     assert "DeviceAllow=/dev/kmsg r" in text and "DeviceAllow=char-nvidia-frontend rw" in text
-    for unit in ("ray-head.service", "ray-worker.service", "vllm.service"):
+    for unit in ("ray-head.service", "ray-worker.service", "vllm.service", *MP_UNITS):
         assert "EnvironmentFile=/etc/nccl.env" in (REPO / "systemd" / unit).read_text()
+
+
+MP_UNITS = ("vllm-head-mp.service", "vllm-worker-mp.service")
+
+
+def test_mp_units_agree_on_the_layout() -> None:
+    """vLLM's mp executor across nodes: the same layout flags on both, the rank and --headless differ; no Ray."""
+    argv = {}
+    for unit in MP_UNITS:
+        parser = configparser.ConfigParser(strict=False, interpolation=None)
+        parser.optionxform = str  # type: ignore[assignment,method-assign]
+        parser.read_string((REPO / "systemd" / unit).read_text())
+        argv[unit] = parser["Service"]["ExecStart"].split()
+        assert "ray" not in parser["Unit"].get("Requires", "") + parser["Unit"].get("After", "")
+    head, worker = argv.values()
+    for flag in ("--nnodes", "--master-addr", "--master-port", "--tensor-parallel-size", "serve"):
+        assert head[head.index(flag) + 1] == worker[worker.index(flag) + 1], flag
+    assert head[head.index("--node-rank") + 1] == "0" and worker[worker.index("--node-rank") + 1] == "1"
+    assert "--headless" in worker and "--headless" not in head and "--port" not in worker
+    layouts = [parse_launch(1, [a.replace("${HEAD_ADDR}", "10.0.0.1") for a in v]) for v in (head, worker)]
+    assert all(launch.multi_node_mp for launch in layouts)
 
 
 def test_nccl_env_file_has_no_export_lines() -> None:

@@ -36,6 +36,7 @@ from dgxdoctor.judge.ray import (
     cluster_findings,
     cluster_summary,
 )
+from dgxdoctor.judge.vllm_mp import ray_not_required
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.http import http_url
@@ -55,6 +56,7 @@ from dgxdoctor.sources.ray_api import (
     parse_version,
 )
 from dgxdoctor.sources.ray_status import RayStatusError, parse_ray_status
+from dgxdoctor.sources.vllm_launch import LaunchError, parse_launch, serving_process
 
 NODES_ALIVE = MetricSpec("dgxdoctor_ray_nodes_alive", "Ray nodes in state ALIVE, as the head's GCS reports them")
 NODES_DEAD = MetricSpec(
@@ -152,6 +154,9 @@ class RayCheck(Check):
 
     def _run(self) -> CheckResult:
         s = self._cfg
+        not_required = self._not_required()
+        if not_required is not None:
+            return CheckResult.skipped(self.name, not_required)
         if self._role == "worker":
             return self._worker(configured=True)
         try:
@@ -214,6 +219,17 @@ class RayCheck(Check):
         if with_demands:
             builder.sample(PENDING_DEMANDS, sum(d.count for d in view.pending_tasks))
             builder.sample(PGS_PENDING, sum(d.count for d in view.pending_placement_groups))
+
+    def _not_required(self) -> str | None:
+        """vLLM's multiprocessing executor across nodes needs no Ray (judge/vllm_mp.py decides)."""
+        if self.env.executor is not None:  # declared: the running processes are not asked
+            return ray_not_required(self.env.executor, None)
+        proc = serving_process(self.env.proc_root)
+        try:
+            launch = parse_launch(proc.pid, proc.cmdline) if proc is not None else None
+        except LaunchError:
+            launch = None
+        return ray_not_required(self.env.executor, launch)
 
     @property
     def _role(self) -> str:

@@ -18,6 +18,7 @@ from dgxdoctor.checks.ras import RasCheck
 from dgxdoctor.checks.ray import RayCheck
 from dgxdoctor.checks.topology import TopologyCheck
 from dgxdoctor.checks.vllm import VllmCheck
+from dgxdoctor.checks.vllm_executor import VllmExecutorCheck
 from dgxdoctor.checks.xid import XidCheck
 
 ALL_CHECKS: tuple[CheckFactory, ...] = (
@@ -30,6 +31,7 @@ ALL_CHECKS: tuple[CheckFactory, ...] = (
     NcclEnvCheck,
     NcclCheck,
     VllmCheck,
+    VllmExecutorCheck,
     RasCheck,
     BenchCheck,
     RayCheck,

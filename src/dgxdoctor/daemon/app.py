@@ -37,6 +37,9 @@ PAGE_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-u
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+# What POST /remediation/step takes (remediation/actions.py StepRequest).
+STEP_BODY = '{"step": "ray_stop"|"ray_start"|"vllm_stop"|"vllm_start", "id": "...", "ts": ..., "mac": "..."}'
+
 
 @dataclass
 class AppState:
@@ -174,9 +177,9 @@ async def remediation_step(request: web.Request) -> web.Response:
     try:
         doc = json.loads(await request.read())
     except (ValueError, RecursionError):
-        return _error(400, 'body must be JSON: {"step": "ray_stop"|"ray_start", "id": "...", "ts": ..., "mac": "..."}')
+        return _error(400, f"body must be JSON: {STEP_BODY}")
     if not isinstance(doc, dict) or not isinstance(doc.get("step"), str) or not isinstance(doc.get("id", ""), str):
-        return _error(400, 'body must be {"step": "ray_stop"|"ray_start", "id": "...", "ts": ..., "mac": "..."}')
+        return _error(400, f"body must be {STEP_BODY}")
     if app_state.step is None:
         return _error(409, "remediation not running")
     lift_deadline(request)  # authenticated (the middleware checked the token): the step has its own timeout

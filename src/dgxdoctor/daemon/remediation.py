@@ -46,6 +46,7 @@ def targets_for(config: Config, token: str | None) -> Targets:
         ray_gpus=ray.expected_gpus,
         workers=config.daemon.peers if config.remediation.role == "head" else (),
         token=token,
+        executor=config.executor,
     )
 
 

@@ -187,6 +187,14 @@ RULE_KEYS = frozenset(rule.key for rule in RULES)
 # A pattern ending in "." or "_" is a prefix, one starting with "_" a suffix, "*" matches every key.
 _DRIFT: tuple[tuple[tuple[str, ...], str, Status, str], ...] = (
     (
+        ("vllm_executor", "vllm_mp."),
+        "PEER_MP_LAYOUT_DRIFT",
+        Status.CRITICAL,
+        "vLLM's multiprocessing executor needs the same --nnodes, TP x PP, --master-addr/--master-port and model on "
+        "every node (only --node-rank and --headless differ): fix the odd node's vLLM unit, then restart the mp "
+        "deployment",
+    ),
+    (
         ("model_fingerprint", "model_", "host.model_"),
         "PEER_MODEL_MISMATCH",
         Status.CRITICAL,
@@ -263,10 +271,13 @@ class _NodeView:
     values: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(list))
     facts: dict[str, str] = field(default_factory=dict)
     engine_stalled: bool = False  # its vllm check sees requests in flight and no engine step
+    mp_worker_down: tuple[str, ...] = ()  # its vllm_executor check's messages for a headless vLLM not serving
 
 
 # The vllm check's codes for an engine that makes no step while requests are in flight.
 ENGINE_STALL_CODES = frozenset({codes.ENGINE_NO_PROGRESS, codes.ENGINE_HUNG})
+# The vllm_executor check's codes (judge/vllm_mp.py) for a worker node whose headless vLLM is not serving.
+MP_WORKER_DOWN_CODES = frozenset({"VLLM_MP_HEADLESS_MISSING", "VLLM_MP_HEADLESS_STOPPED", "VLLM_MP_WORKERS_MISSING"})
 # During a stall, a tensor-parallel rank waiting in a collective keeps its GPU busy (the NCCL kernel spins for its
 # peer, docs/h200/hang-recording-2026-11-30) while the GPUs of the rank that stopped fall idle.
 GPU_IDLE_BELOW = 0.1
@@ -321,6 +332,7 @@ def compare(
     # RAS, GPU and rail views joined name the rank; without RAS, the GPUs alone still name the node.
     stuck = stuck_rank_findings(snapshots, stalled=(n for n, v in views.items() if v.engine_stalled))
     findings.extend(stuck or _stopped_rank(views))
+    findings.extend(_mp_worker_down(views))
     drift, compared = _drift(views, local)
     findings.extend(drift)
     return Comparison(tuple(findings), tuple(imbalances), nodes, compared)
@@ -357,6 +369,22 @@ def _stopped_rank(views: Mapping[str, _NodeView]) -> list[Finding]:
     ]
 
 
+def _mp_worker_down(views: Mapping[str, _NodeView]) -> list[Finding]:
+    """A worker whose headless vLLM is gone or stopped, named from the head: its own check says so, and every
+    rank (the head's too) waits in the collective for it."""
+    return [
+        Finding(
+            "PEER_MP_WORKER_DOWN",
+            Status.CRITICAL,
+            f"{node}'s headless vLLM is not serving: {'; '.join(messages)[:300]}",
+            subject=node,
+            remedy=f"on {node}: `systemctl status vllm-worker-mp`, its journal; then restart the mp deployment "
+            "(the head's vLLM, the headless workers; start the workers first, then the head)",
+        )
+        for node, messages in sorted((n, v.mp_worker_down) for n, v in views.items() if v.mp_worker_down)
+    ]
+
+
 def imbalance_ratio(values: Iterable[float]) -> float:
     vals = list(values)
     top = max(vals)
@@ -380,6 +408,13 @@ def _view(snap: Mapping[str, Any]) -> _NodeView:
                 rail = f"{labels.get('device', '?')}/{labels.get('port', '?')}" if rule.per_rail else ""
                 view.values[(rule.key, rail)].append(float(value))
     view.facts = {k: str(v) for k, v in snap.get("facts", {}).items() if k not in IGNORED_FACTS}
+    view.mp_worker_down = tuple(
+        str(f.get("message", ""))
+        for check in snap.get("checks", ())
+        if check.get("name") == "vllm_executor"
+        for f in check.get("findings", ())
+        if isinstance(f, Mapping) and f.get("code") in MP_WORKER_DOWN_CODES
+    )
     view.engine_stalled = any(
         f.get("code") in ENGINE_STALL_CODES
         for check in snap.get("checks", ())

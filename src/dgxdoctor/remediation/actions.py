@@ -15,11 +15,12 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from dgxdoctor.remediation.state_doc import Step
 from dgxdoctor.sources.ray_api import RayApiError, parse_nodes_detail
 
 OUTPUT_TAIL = 400  # characters of a command's output kept in the audit
@@ -41,7 +42,7 @@ class StepRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
 
-    step: Literal["ray_stop", "ray_start"]
+    step: Step
     id: str = Field(pattern=r"^[0-9a-f]{12,64}$")
     ts: float
     mac: str = Field(pattern=r"^[0-9a-f]{64}$")

@@ -58,6 +58,7 @@ class Targets:
     ray_gpus: int
     workers: tuple[str, ...]
     token: str | None
+    executor: str | None = None  # [node] executor: "mp" restarts in the mp order, else the Ray order
 
 
 def vllm_uptime(results: dict[str, CheckResult]) -> float | None:
@@ -363,7 +364,11 @@ class Remediator:
     def _execute(self, action: str, action_id: str) -> list[StepResult]:
         cmd, timeout = self.settings.commands, self.settings.command_timeout_s
         with httpx.Client(transport=self.transport) as client:
-            if action == "restart_vllm":
+            if self.targets.executor == "mp":
+                # Either restart is the whole mp deployment: a head restarted alone leaves the headless workers
+                # in a process group that no longer exists (docs/remediation.md).
+                steps = self._mp_steps(action_id, client)
+            elif action == "restart_vllm":
                 steps = [run_argv("restart_vllm", cmd.restart_vllm, timeout)]
             else:
                 steps = self._cluster_steps(action_id, client)
@@ -389,6 +394,23 @@ class Remediator:
             if not steps[-1].ok:
                 break
         return [s if not s.step.startswith(("stop_", "ray_stop")) else _best_effort(s) for s in steps]
+
+    def _mp_steps(self, action_id: str, client: httpx.Client) -> list[StepResult]:
+        """vLLM's multiprocessing executor across nodes: stop the head's vLLM, stop the headless workers, start
+        the workers (each waits for the head's master), start the head; stops are best effort, a failed start
+        ends the sequence. No Ray step."""
+        cmd, timeout, t = self.settings.commands, self.settings.command_timeout_s, self.targets
+        steps = [run_argv("stop_vllm", cmd.stop_vllm, timeout)]
+        steps += [ask_worker(w, "vllm_stop", action_id, t.token, timeout, client) for w in t.workers]
+        starts: list[Callable[[], StepResult]] = [
+            *[partial(ask_worker, w, "vllm_start", action_id, t.token, timeout, client) for w in t.workers],
+            partial(run_argv, "start_vllm", cmd.start_vllm, timeout),
+        ]
+        for step in starts:
+            steps.append(step())
+            if not steps[-1].ok:
+                break
+        return [s if not s.step.startswith(("stop_", "vllm_stop")) else _best_effort(s) for s in steps]
 
     async def _page(self, decision: Decision, now: float) -> None:
         detail = "no [alerts] alertmanager_url: logged only"

@@ -26,7 +26,8 @@ LADDER: tuple[ActionName, ...] = ("restart_vllm", "restart_cluster", "page")
 # no token counter moving for stall_s (engine hung: a KV or queue stall with no progress).
 RESTART_VLLM_CODES = frozenset({codes.VLLM_DEAD, codes.VLLM_HUNG, codes.ENGINE_HUNG})
 # Ray check: a node DEAD, fewer nodes or GPUs than planned (the tutorial's "GPU 8 of 16"), the local raylet gone;
-# logs check: the NCCL/Gloo failure signatures of a broken collective between the nodes.
+# logs check: the NCCL/Gloo failure signatures of a broken collective between the nodes; the head's peer
+# comparison: a worker of an mp deployment whose headless vLLM is gone or stopped (restarted in the mp order).
 RESTART_CLUSTER_CODES = frozenset(
     {
         codes.RAY_NODE_DEAD,
@@ -38,6 +39,7 @@ RESTART_CLUSTER_CODES = frozenset(
         codes.NCCL_TIMEOUT,
         codes.NCCL_SYSTEM_ERROR,
         codes.GLOO_SOCKET,
+        "PEER_MP_WORKER_DOWN",
         # logs check: a worker or the driver lost the GCS (the head's control store) and exited.
         "RAY_GCS_UNREACHABLE",
     }
@@ -54,6 +56,7 @@ PAGE_CODES = frozenset(
         codes.PEER_HARDWARE_DRIFT,
         codes.PEER_VERSION_SKEW,
         codes.PEER_MODEL_MISMATCH,
+        "PEER_MP_LAYOUT_DRIFT",
         # logs check signatures no restart cures: version drift between the nodes, a GPU or driver fault, the
         # container's /dev/shm or GPU set-up, the host's RAM (not a CUDA OOM), an unreachable MASTER_ADDR.
         "RAY_VERSION_MISMATCH",

@@ -19,7 +19,7 @@ MAX_STEPS = 256  # worker step requests remembered for replay protection
 MAX_TEXT = 512
 
 Action = Literal["restart_vllm", "restart_cluster", "page"]
-Step = Literal["ray_stop", "ray_start"]
+Step = Literal["ray_stop", "ray_start", "vllm_stop", "vllm_start"]
 Key = Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
 
 

@@ -1,6 +1,7 @@
 """A worker's side of a cluster restart: the head asks over ``POST /remediation/step``, this node decides.
 
-The request names only the step (``ray_stop``/``ray_start``), the head's action id, the time it was sent and an
+The request names only the step (``ray_stop``/``ray_start``, or ``vllm_stop``/``vllm_start`` of an mp deployment's
+headless vLLM), the head's action id, the time it was sent and an
 HMAC-SHA256 of the three under the shared token (``actions.step_mac``): only this node's configured argv runs.
 The worker applies its own guard too: act mode and role, its breaker, its budget (a cluster restart's first step
 spends one action), one step at a time, and replay protection: a request outside ``STEP_WINDOW_S`` of this
@@ -20,6 +21,10 @@ if TYPE_CHECKING:
     from dgxdoctor.remediation.engine import Remediator
 
 
+# Steps per executor: a worker of an mp deployment runs no Ray, a worker of a Ray one no headless vLLM.
+MP_WORKER_STEPS = ("vllm_stop", "vllm_start")
+
+
 class WorkerSteps:
     def __init__(self, owner: Remediator) -> None:
         self.owner = owner
@@ -37,6 +42,9 @@ class WorkerSteps:
             return 409, {"ok": False, "detail": f"this agent is mode={s.mode}, role={s.role}: it runs no steps"}
         if r.targets.token is None or not request.signed_by(r.targets.token):
             return 401, {"ok": False, "detail": "the request's mac does not match this node's token"}
+        if (request.step in MP_WORKER_STEPS) != (r.targets.executor == "mp"):
+            return 409, {"ok": False, "detail": f"step {request.step} does not belong to this node's executor "
+                         f"({r.targets.executor or 'ray'}, [node] executor)"}  # fmt: skip
         if r.busy.locked():
             return 409, {"ok": False, "detail": "an action is already running here"}
         async with r.busy:
@@ -47,7 +55,7 @@ class WorkerSteps:
                 r._audit(self._record(request, "refused", refused))
                 r.counts[(request.step, "refused")] += 1
                 return 409, {"ok": False, "detail": refused}
-            argv = s.commands.ray("stop" if request.step == "ray_stop" else "start", "worker")
+            argv = s.commands.worker_argv(request.step)
             result = await asyncio.to_thread(run_argv, request.step, argv, s.command_timeout_s)
         outcome = "success" if result.ok else "failed"
         r._audit({**self._record(request, outcome, result.detail), **result.to_doc(), "outcome": outcome})

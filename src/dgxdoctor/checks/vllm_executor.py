@@ -1,0 +1,126 @@
+"""`vllm_executor`: which executor the running vLLM uses and, for the multiprocessing executor across nodes, its
+layout: the headless worker alive and running, the head's master address reachable, the facts both nodes must
+share (compared by the peer comparison).
+
+By hand, on each node::
+
+    pgrep -af 'vllm serve|vllm.entrypoints'          # --nnodes, --node-rank, --master-addr/port, --headless
+    ps -o pid,stat,args -C VLLM::Worker_TP8          # STAT T: stopped
+    nc -zv <master-addr> <master-port>               # from a worker: the head's torch.distributed store
+
+The node's serving vLLM process is its headless one on a worker node, else its API server
+(sources/vllm_launch.py). Facts (``vllm_executor``, and with mp across nodes ``vllm_mp.nnodes``,
+``vllm_mp.tp_x_pp``, ``vllm_mp.master``, ``vllm_mp.model``) go to the peer comparison; the vLLM version is the
+drift check's ``vllm_version``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.environment import Environment
+from dgxdoctor.judge import vllm_mp
+from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
+from dgxdoctor.sources.procfs import ProcessInfo
+from dgxdoctor.sources.vllm_launch import Launch, LaunchError, node_processes, parse_launch
+
+EXECUTOR_INFO = MetricSpec(
+    "dgxdoctor_vllm_executor_info",
+    "How the running vLLM spans the nodes: executor (ray, mp, uni), node count and this node's rank",
+    "info",
+    ("executor", "nnodes", "node_rank", "headless"),
+)
+MASTER_REACHABLE = MetricSpec(
+    "dgxdoctor_vllm_mp_master_reachable",
+    "1 if this mp worker node opens a TCP connection to the head's --master-addr:--master-port, else 0",
+    labels=("master",),
+)
+
+
+class VllmExecutorSettings(CheckSettings):
+    connect_timeout_s: float = Field(
+        3.0, gt=0, le=30, description="deadline of the TCP connect from a worker to the head's master address"
+    )
+
+
+class VllmExecutorCheck(Check):
+    name: ClassVar[str] = "vllm_executor"
+    settings_model: ClassVar[type[CheckSettings]] = VllmExecutorSettings
+    probes: ClassVar[tuple[str, ...]] = ("master connect",)
+
+    def __init__(self, settings: CheckSettings, env: Environment) -> None:
+        settings = own_settings(self.name, settings, VllmExecutorSettings)
+        self.settings: CheckSettings = settings
+        self._cfg = settings
+        self.env = env
+
+    def run(self) -> CheckResult:
+        env = self.env
+        b = ResultBuilder(self.name)
+        proc, workers = node_processes(env.proc_root)
+        if proc is None:
+            if env.role == "worker" and env.executor == "mp":
+                b.add(vllm_mp.headless_missing("[node] role worker, executor mp"))
+                return b.build("worker node: no headless vLLM process")
+            return CheckResult.skipped(self.name, "no vLLM process on this node")
+        try:
+            launch = parse_launch(proc.pid, proc.cmdline)
+        except LaunchError as exc:
+            b.add(vllm_mp.unreadable_layout(proc.pid, str(exc)))
+            return b.build(f"vLLM pid {proc.pid}: layout unreadable")
+        mismatch = vllm_mp.executor_mismatch(env.executor, launch)
+        if mismatch is not None:
+            b.add(mismatch)
+        b.facts["vllm_executor"] = launch.executor
+        b.sample(EXECUTOR_INFO, 1, executor=launch.executor, nnodes=str(launch.nnodes),
+                 node_rank=str(launch.node_rank), headless=str(launch.headless).lower())  # fmt: skip
+        if not launch.multi_node_mp:
+            return b.build(f"vLLM pid {proc.pid}: {launch.executor} executor, {launch.nnodes} node(s)")
+        self._mp(b, launch, proc, workers)
+        return b.build(_summary(launch))
+
+    def _mp(self, b: ResultBuilder, launch: Launch, proc: ProcessInfo, workers: list[ProcessInfo]) -> None:
+        b.facts.update(
+            {
+                "vllm_mp.nnodes": str(launch.nnodes),
+                "vllm_mp.tp_x_pp": f"{launch.tensor_parallel}x{launch.pipeline_parallel}",
+                "vllm_mp.master": launch.master,
+                "vllm_mp.model": launch.model or "(unset)",
+            }
+        )
+        role = vllm_mp.role_mismatch(self.env.role, launch)
+        if role is not None:
+            b.add(role)
+        stopped = vllm_mp.stopped(launch, [proc, *workers])
+        if stopped is not None:
+            b.add(stopped)
+        missing = vllm_mp.workers_missing(launch, sum(1 for p in workers if p.alive))
+        if missing is not None:
+            b.add(missing)
+        if launch.headless:
+            self._master(b, launch)
+
+    def _master(self, b: ResultBuilder, launch: Launch) -> None:
+        try:
+            self.env.connect(launch.master_addr, launch.master_port, self._cfg.connect_timeout_s)
+        except TimeoutError as exc:
+            b.timed_out("master connect")
+            b.sample(MASTER_REACHABLE, 0, master=launch.master)
+            b.add(vllm_mp.master_unreachable(launch, f"no answer within {self._cfg.connect_timeout_s:g} s: {exc}"))
+            return
+        except OSError as exc:
+            b.sample(MASTER_REACHABLE, 0, master=launch.master)
+            b.add(vllm_mp.master_unreachable(launch, f"{type(exc).__name__}: {exc.strerror or exc}"))
+            return
+        b.sample(MASTER_REACHABLE, 1, master=launch.master)
+
+
+def _summary(launch: Launch) -> str:
+    where = "head (rank 0, API server)" if not launch.headless else f"headless worker (rank {launch.node_rank})"
+    return (
+        f"mp executor across {launch.nnodes} nodes, TP {launch.tensor_parallel} x PP {launch.pipeline_parallel}, "
+        f"master {launch.master}: this node is the {where}"
+    )
