@@ -507,7 +507,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     procs: list[subprocess.Popen[bytes]] = []
     mount = tmp / "state-a"
     mount.mkdir()
-    sh("mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount))
+    # mode 0755: a world-writable state_dir (tmpfs's default 1777) is refused at start, as it should be
+    sh("mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(mount))
     trickler = Trickler()
     trickler.start()
     try:
