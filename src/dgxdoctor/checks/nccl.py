@@ -418,8 +418,10 @@ def _judge_one(b: ResultBuilder, run: ProbeRun, cfg: NcclSettings, node_has_ib: 
     prefix = f"{run.rail}: " if run.rail else ""
     # NCCL's INFO lines are read for the transport below; the failure catalog reads the rest (WARN lines, errors):
     # an INFO line such as "NET/IB : No device found" is expected on a node without IB.
+    # A peer that never joined leaves only the probe's own wait for it (a rendezvous timeout): that is the finding
+    # below, with the output as its evidence, not a second fault read from the catalog.
     text = "\n".join(line for line in (run.stdout + "\n" + run.stderr).splitlines() if "NCCL INFO" not in line)
-    for match in load_catalog().scan(text):
+    for match in load_catalog().scan(text) if run.returncode != EX_PEER_MISSING else ():
         sig = match.signature
         b.add(Finding(sig.code, sig.severity, sig.meaning, subject, evidence=match.line.strip()[:500], remedy=sig.fix))
     if run.returncode == EX_PEER_MISSING:
