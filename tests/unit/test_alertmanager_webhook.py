@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from conftest import FIXTURES
 from dgxdoctor.alerts.webhook import IncomingAlert, PayloadError, parse_payload
 from dgxdoctor.daemon.app import AppState, make_app
 from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.fleet.store import ResultStore
+from webtest import TestClient, TestServer
 
 TOKEN = "0123456789abcdef-token"  # what the captured Alertmanager config sent
 FIRING = (FIXTURES / "alertmanager" / "firing.json").read_bytes()

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from aiohttp.test_utils import TestServer
 from test_remediation_engine import DEAD, events, remediator, settle, vllm_app
 
 from dgxdoctor.config import Config, parse_config
@@ -23,6 +22,7 @@ from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.remediation.capture import CaptureSettings, PreActionCapture
 from dgxdoctor.remediation.status import render_status, status_document
 from dgxdoctor.result import CheckResult, Status
+from webtest import TestServer
 
 TOKEN = "capture-test-token-0123456789"
 

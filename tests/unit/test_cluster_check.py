@@ -1,6 +1,6 @@
 """``check --cluster``'s parts: the peer's POST /check/run (authenticated, bounded) and the asking side (one
 deadline, the unreachable peer UNKNOWN and named, N peers, side by side, the clock offset), over real HTTP on
-loopback between real aiohttp servers."""
+loopback between the daemon's real HTTP servers."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-from aiohttp.test_utils import TestServer
 
 from dgxdoctor.checks.base import Check, capped
 from dgxdoctor.daemon import checknow
@@ -26,6 +25,7 @@ from dgxdoctor.fleet.cluster_table import cluster_table
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.result import CheckResult, Finding, ResultsDocument, Status
 from fakechecks import FakeSettings, StaticCheck
+from webtest import TestServer
 
 TOKEN = "cluster-test-token-0123456789"
 

@@ -134,12 +134,11 @@ def test_the_local_probe_sizes_are_bounded_too(key: str, value: str) -> None:
 
 
 async def test_a_node_without_a_token_refuses_every_join_even_from_loopback(tmp_path: Path) -> None:
-    from aiohttp.test_utils import TestClient, TestServer
-
     from dgxdoctor.daemon.app import AppState, make_app
     from dgxdoctor.daemon.nccl_join import add_routes
     from dgxdoctor.exporters.collector import make_registry
     from dgxdoctor.fleet.store import ResultStore
+    from webtest import TestClient, TestServer
 
     svc = service(tmp_path, command=["true"])
     store = ResultStore("dgx-b")

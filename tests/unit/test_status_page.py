@@ -8,14 +8,13 @@ import re
 import time
 from typing import Any
 
-from aiohttp.test_utils import TestClient, TestServer
-
 from dgxdoctor.daemon.app import AppState, make_app
 from dgxdoctor.daemon.page import render_page
 from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.fleet.cluster import NodeRun, assemble
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.result import Action, CheckResult, Finding, ResultsDocument, Status
+from webtest import TestClient, TestServer
 
 TOKEN = "page-test-token-0123456789"
 REMEDIATION = {

@@ -1,4 +1,4 @@
-"""The HTTP face of the daemon (aiohttp): ``/metrics``, ``/healthz``, ``/state``, ``POST /reload``,
+"""The HTTP face of the daemon (served by ``daemon.web``): ``/metrics``, ``/healthz``, ``/state``, ``POST /reload``,
 ``POST /alertmanager`` (Alertmanager's webhook), ``POST /remediation/step`` (the head asking a worker), ``POST
 /check/run`` (a peer's ``check --cluster``), ``POST /bundle/part`` (a peer's ``bundle --cluster``) and ``GET /``
 (the status page).
@@ -19,11 +19,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
 from dgxdoctor import __version__
 from dgxdoctor.alerts.webhook import IncomingAlert, PayloadError, parse_payload
+from dgxdoctor.daemon import web
 from dgxdoctor.daemon.connections import lift_deadline
 from dgxdoctor.fleet.store import ResultStore
 
@@ -35,7 +35,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # The status page loads nothing from anywhere (nodes have no internet): inline style only, no scripts.
 PAGE_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 # What POST /remediation/step takes (remediation/actions.py StepRequest).
 STEP_BODY = '{"step": "ray_stop"|"ray_start"|"vllm_stop"|"vllm_start", "id": "...", "ts": ..., "mac": "..."}'
@@ -109,8 +109,7 @@ def _error(status: int, message: str, **headers: str) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers or None)
 
 
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def auth_middleware(request: web.Request, handler: Handler) -> web.Response:
     state = request.app[STATE_KEY]
     if state.token is None and request.path.startswith(state.token_only):
         return _error(403, f"{request.path} needs daemon.token (or token_file) configured on this node")
@@ -129,7 +128,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[STATE_KEY].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+    return web.Response(200, body, {"Content-Type": CONTENT_TYPE})
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -190,8 +189,8 @@ async def remediation_step(request: web.Request) -> web.Response:
 async def index(request: web.Request) -> web.Response:
     page = request.app[STATE_KEY].page
     if page is not None and "application/json" not in request.headers.get("Accept", ""):
-        return web.Response(text=await page(), content_type="text/html", charset="utf-8",
-                            headers={"Cache-Control": "no-store", "Content-Security-Policy": PAGE_CSP})  # fmt: skip
+        headers = {"Cache-Control": "no-store", "Content-Security-Policy": PAGE_CSP}
+        return web.text_response(await page(), content_type="text/html", headers=headers)
     return web.json_response(
         {
             "service": "dgxdoctor",

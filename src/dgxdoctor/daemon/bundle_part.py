@@ -19,12 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
 from dgxdoctor.bundle.archive import part_bytes
 from dgxdoctor.bundle.build import gather_parts, local_part, write_parts
 from dgxdoctor.bundle.items import Sources
 from dgxdoctor.config import Config
+from dgxdoctor.daemon import web
 from dgxdoctor.daemon.checknow import RunGate
 from dgxdoctor.daemon.connections import lift_deadline
 from dgxdoctor.fleet.store import ResultStore
@@ -87,7 +86,7 @@ class BundlePart:
             sources = daemon_sources(self.store, config.role, since_s, bug_report=False)
             part = await asyncio.to_thread(local_part, config, self.env(), sources, deadline_s)
             body = await asyncio.to_thread(part_bytes, part)
-        return web.Response(body=body, content_type="application/gzip")
+        return web.Response(200, body, {"Content-Type": "application/gzip"})
 
 
 def add_routes(app: web.Application, service: BundlePart) -> None:

@@ -19,10 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
-from aiohttp import web
 
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner, capped
 from dgxdoctor.config import Config
+from dgxdoctor.daemon import web
 from dgxdoctor.daemon.connections import lift_deadline
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import ResultsDocument

@@ -1,16 +1,15 @@
 """The daemon's listening socket: a cap on connections and deadlines for every stage of an exchange.
 
-aiohttp bounds the size of a request but not its time: a client that connects and sends nothing, or trickles its
-request head a byte at a time, holds a descriptor for as long as it likes (aiohttp's keep-alive timer starts only
-after a first response, at 3630 s by default). A few thousand such connections used up the unit's
-``LimitNOFILE=4096``: ``/metrics`` stopped answering, the textfile write failed with EMFILE and the vllm check,
-unable to open a socket, blamed vLLM.
+An HTTP server bounds the size of a request but not, by itself, its time: a client that connects and sends nothing,
+or trickles its request head a byte at a time, holds a descriptor for as long as it likes. A few thousand such
+connections used up the unit's ``LimitNOFILE=4096`` (with aiohttp, whose keep-alive timer started only after a
+first response): ``/metrics`` stopped answering, the textfile write failed with EMFILE and the vllm check, unable
+to open a socket, blamed vLLM.
 
-Why a guard here and not another server: aiohttp has no header-read deadline, and neither do the other asyncio
-servers without a rewrite of the app. aiohttp's documented seams suffice: ``web.Server`` is the protocol factory
-that ``loop.create_server`` takes, so ``Guard.protocol`` wraps each ``RequestHandler`` in a pass-through protocol
-that sees the connection open and close, and the outermost middleware sees each request start and end. The guard
-then enforces, per connection:
+``Guard.protocol`` is the protocol factory ``loop.create_server`` takes: it wraps each connection's
+``web.HttpProtocol`` in a pass-through protocol that sees the connection open and close; the HTTP protocol tells it
+when a request head arrives and when its answer is written, and the outermost middleware holds the request's
+deadline. The guard then enforces, per connection:
 
 - ``header_timeout_s`` from the moment it opens, and ``idle_timeout_s`` after each response, for a complete request
   head to arrive (a silent or trickling client is closed: ``reason="header_timeout"`` / ``"idle_timeout"``);
@@ -35,17 +34,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
-from aiohttp import web
-
-log = structlog.get_logger(__name__)
+from dgxdoctor.daemon import web
 
 # Descriptors kept free for what the agent opens itself: HTTP clients of the vllm/ray/peer checks, state files, the
 # textfile, subprocess pipes, NVML, /dev/kmsg. A check run holds a handful at most; 256 leaves room for every check
 # at once many times over.
 RESERVED_FDS = 256
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 @dataclass(frozen=True)
@@ -68,7 +64,7 @@ def effective_cap(wanted: int, nofile: int | None = None) -> int:
 
 
 class _Conn(asyncio.Protocol):
-    """Passes everything through to aiohttp's handler; tells the guard when the connection opens and closes."""
+    """Passes everything through to the HTTP protocol; tells the guard when the connection opens and closes."""
 
     def __init__(self, guard: Guard, inner: asyncio.Protocol) -> None:
         self.guard = guard
@@ -127,7 +123,7 @@ class Guard:
     """Tracks the open connections of one listening socket; see the module docstring."""
 
     def __init__(self, limits: Limits) -> None:
-        self.server: web.Server | None = None  # the runner's, once set up
+        self.runner: Runner | None = None  # the app and its request log, once serve() has them
         self.limits = limits
         self.cap = effective_cap(limits.max_connections)
         # Least recently active first: the eviction candidate is the first entry with no request in progress.
@@ -136,11 +132,17 @@ class Guard:
         self.closed: Counter[str] = Counter()
 
     def protocol(self) -> asyncio.Protocol:
-        assert self.server is not None, "serve() sets the runner's server first"
-        inner = self.server()
+        assert self.runner is not None, "serve() sets the runner first"
+        inner = web.HttpProtocol(self.runner.app, self.runner.log)
+        inner.on_request = self.request_started
+        inner.on_done = self._done
         conn = _Conn(self, inner)
         self.by_handler[id(inner)] = conn
         return conn
+
+    def _done(self, held: object) -> None:
+        if isinstance(held, _Conn):
+            self.request_done(held)
 
     def admit(self, conn: _Conn) -> bool:
         if len(self.conns) >= self.cap:
@@ -190,18 +192,15 @@ class Guard:
             conn.close("shutdown")
             self._forget(conn)
 
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        conn = self.request_started(request.protocol)
+    async def middleware(self, request: web.Request, handler: Handler) -> web.Response:
+        """The request's deadline (its connection's timer was armed when the head arrived, ``request_started``)."""
+        conn = self.by_handler.get(id(request.protocol))
         try:
             async with asyncio.timeout(self.limits.request_timeout_s) as deadline:
                 request[DEADLINE_KEY] = (deadline, conn)
                 return await handler(request)
         except TimeoutError:
             return web.json_response({"error": "request not complete in time"}, status=408)
-        finally:
-            if conn is not None:
-                self.request_done(conn)
 
     def samples(self) -> dict[str, Any]:
         return {"open": len(self.conns), "cap": self.cap, "closed": dict(self.closed)}
@@ -224,9 +223,9 @@ def lift_deadline(request: web.Request) -> None:
 
 
 class GuardedServer:
-    """An aiohttp app on ``host:port`` behind a ``Guard``; ``stop()`` never waits on a client."""
+    """The app on ``host:port`` behind a ``Guard``; ``stop()`` never waits on a client."""
 
-    def __init__(self, runner: web.AppRunner, guard: Guard, server: asyncio.Server) -> None:
+    def __init__(self, runner: Runner, guard: Guard, server: asyncio.Server) -> None:
         self.runner = runner
         self.guard = guard
         self.server = server
@@ -241,7 +240,7 @@ class GuardedServer:
         self.guard.close_all()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
-                await self.runner.cleanup()
+                await self.server.wait_closed()
 
 
 MIN_BACKLOG = 128  # asyncio's default
@@ -252,23 +251,23 @@ def listen_backlog(limits: Limits) -> int:
     return max(MIN_BACKLOG, limits.max_connections)
 
 
-def make_runner(app: web.Application, limits: Limits, logger: Any) -> web.AppRunner:
-    return web.AppRunner(
-        app,
-        access_log=None,
-        handle_signals=False,
-        logger=logger,
-        keepalive_timeout=limits.idle_timeout_s,
-        shutdown_timeout=1.0,
-    )
+@dataclass(frozen=True)
+class Runner:
+    """What each connection serves: the app, and where malformed requests and handler errors are counted."""
+
+    app: web.Application
+    log: web.RequestLogger
 
 
-async def serve(runner: web.AppRunner, guard: Guard, host: str, port: int) -> GuardedServer:
+def make_runner(app: web.Application, limits: Limits, logger: web.RequestLogger) -> Runner:
+    """``limits`` are the guard's (the keep-alive deadline is its ``idle_timeout_s``); kept for the call sites."""
+    return Runner(app, logger)
+
+
+async def serve(runner: Runner, guard: Guard, host: str, port: int) -> GuardedServer:
     """Listen on ``host:port`` (port 0: any free one). Raises OSError when the address cannot be bound."""
     loop = asyncio.get_running_loop()
-    if runner.server is None:
-        await runner.setup()
-    guard.server = runner.server
+    guard.runner = runner
     # The accept queue holds at least a whole cap of clients: with 128 below max_connections (256), a burst of
     # connections (every Prometheus and peer at once after a restart) was reset. The kernel cuts it to somaxconn.
     server = await loop.create_server(

@@ -1,7 +1,7 @@
 """structlog configured for the daemon (one JSON object per line on stdout, which journald keeps) and for every
 other command (readable lines on stderr, so that stdout holds only the command's output).
 
-Libraries that log through the standard ``logging`` module (APScheduler, aiohttp) go through the same JSON
+Libraries that log through the standard ``logging`` module (APScheduler, httpx) go through the same JSON
 renderer. APScheduler is held at ERROR: a skipped fire while a slow check still runs is the design ("never two
 runs of one check at once"), not news worth a line every interval.
 """

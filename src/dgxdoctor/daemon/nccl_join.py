@@ -24,7 +24,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
-from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dgxdoctor.checks.nccl import (
@@ -37,6 +36,7 @@ from dgxdoctor.checks.nccl import (
     size_bytes,
 )
 from dgxdoctor.checks.nccl_run import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES
+from dgxdoctor.daemon import web
 from dgxdoctor.environment import Environment
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.fields import ByteSize, Host

@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from aiohttp import web
 from pydantic import BaseModel
 
 from dgxdoctor import __version__
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import Config, ConfigError, load_config, parse_listen
-from dgxdoctor.daemon import bundle_part, checknow, connections, memory
+from dgxdoctor.daemon import bundle_part, checknow, connections, memory, web
 from dgxdoctor.daemon.app import AppState, make_app
 from dgxdoctor.daemon.bundle_part import BundlePart, pre_action_capture
 from dgxdoctor.daemon.checknow import CheckNow
@@ -351,7 +350,6 @@ class Daemon:
         except OSError as exc:
             log.error("listen_failed", listen=f"{host}:{port}", error=str(exc))
             self.scheduler.shutdown()
-            await runner.cleanup()
             return 1
         self.bound = http.address
         for sig in (signal.SIGTERM, signal.SIGINT):
