@@ -28,6 +28,11 @@ NOT_IN_DAEMON = (
     "matplotlib",
     "difflib",
     "pynvml",
+    # The HTTP server is daemon/web.py on h11, the scheduler asyncio tasks: aiohttp loaded its whole client with
+    # its server, APScheduler its process pool and so multiprocessing (benchmarks/README.md: ~10 MiB together).
+    "aiohttp",
+    "apscheduler",
+    "multiprocessing",
 )
 
 

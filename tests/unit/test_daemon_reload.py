@@ -40,12 +40,12 @@ async def test_reload_semantics(tmp_path: Path) -> None:
         write(path, extra="[checks.peer_compare]\ninterval_s = 5\n")
         assert await daemon.reload() == []
         assert daemon.scheduler.checks["peer_compare"] is not first
-        assert daemon.scheduler.scheduler.get_job("peer_compare") is not None
+        assert daemon.scheduler.has_job("peer_compare")
 
         write(path, extra="[checks.peer_compare]\nenabled = false\n")
         assert await daemon.reload() == []
         assert "peer_compare" not in daemon.scheduler.checks
-        assert daemon.scheduler.scheduler.get_job("peer_compare") is None
+        assert not daemon.scheduler.has_job("peer_compare")
 
         before = daemon.config
         path.write_text('[daemon]\nlisten = "nowhere"\ntoken = "short"\n')

@@ -11,7 +11,7 @@ import pytest
 import structlog
 
 from dgxdoctor.checks.base import Check, CheckRunner
-from dgxdoctor.daemon.scheduler import CheckScheduler, jitter_for
+from dgxdoctor.daemon.scheduler import CheckScheduler, jitter_for, next_fire
 from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.result import CheckResult, Finding, Status
@@ -141,3 +141,25 @@ async def test_a_stalled_engine_asks_ras_at_once(sched: CheckScheduler) -> None:
     await wait_for(lambda: ras.runs >= 1)
     sched.add(StaticCheck(FakeSettings(interval_s=3600), ENV, outcome=hung, name="vllm"))
     await wait_for(lambda: ras.runs >= 2)
+
+
+def test_fires_missed_during_a_long_run_coalesce_into_the_next_one() -> None:
+    assert next_fire(100.0, 10.0, 105.0) == 110.0
+    assert next_fire(100.0, 10.0, 110.0) == 120.0  # on the fire time itself: the next one
+    assert next_fire(100.0, 10.0, 147.5) == 150.0  # a 47 s run over a 10 s interval: one run at 150, not four
+
+
+async def test_a_job_that_raises_is_logged_and_runs_again(sched: CheckScheduler) -> None:
+    calls: list[int] = []
+
+    def write() -> None:
+        calls.append(1)
+        raise OSError("disk full")
+
+    with structlog.testing.capture_logs() as logs:
+        sched.add_job("writer", write, 0.02)
+        await wait_for(lambda: len(calls) >= 3)
+    sched.remove_job("writer")
+    assert not sched.has_job("writer")
+    failed = [e for e in logs if e["event"] == "job_failed"]
+    assert failed and failed[0]["job"] == "writer" and "disk full" in failed[0]["error"]

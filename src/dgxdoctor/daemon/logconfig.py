@@ -1,9 +1,7 @@
 """structlog configured for the daemon (one JSON object per line on stdout, which journald keeps) and for every
 other command (readable lines on stderr, so that stdout holds only the command's output).
 
-Libraries that log through the standard ``logging`` module (APScheduler, httpx) go through the same JSON
-renderer. APScheduler is held at ERROR: a skipped fire while a slow check still runs is the design ("never two
-runs of one check at once"), not news worth a line every interval.
+Libraries that log through the standard ``logging`` module (httpx, httpcore) go through the same JSON renderer.
 """
 
 from __future__ import annotations
@@ -69,7 +67,6 @@ def configure(level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(numeric)
-    logging.getLogger("apscheduler").setLevel(max(numeric, logging.ERROR))
     # httpx logs every request at INFO: a line per vLLM, Ray and peer call, many a minute, none of them news.
     for name in ("httpx", "httpcore"):
         logging.getLogger(name).setLevel(max(numeric, logging.WARNING))

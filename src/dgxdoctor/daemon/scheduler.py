@@ -1,4 +1,4 @@
-"""One APScheduler job per check: its own interval, never two runs at once, missed runs coalesced, jitter.
+"""One job per check on the event loop: its own interval, never two runs at once, missed runs coalesced, jitter.
 
 Runs go through ``checks.base.CheckRunner`` (timeout, exception -> UNKNOWN, duration); results go to the
 store; a status change is logged once (one line per transition, not per run). A check is started (through the
@@ -8,20 +8,26 @@ source asks for a run now with ``wake(name)`` (from any thread; the daemon hands
 Wake-ups coalesce (at most one more run queued behind a running one), and a wake run and the scheduled run take
 turns, never two runs of one check at once.
 A heartbeat job proves the scheduler is turning: ``/healthz`` and the systemd watchdog read it.
+
+A job is one asyncio task that sleeps to its next fire time, awaits the run, and then sleeps to the first fire time
+after the run ended: what APScheduler did here with ``coalesce`` and ``max_instances=1`` (fires that fall inside a
+run are skipped, never queued), without its process-pool executor, job stores, time zones and ``multiprocessing``
+(~1 MiB of the idle daemon's memory, ``benchmarks/daemon_memory.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
+import math
+import random
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from apscheduler.triggers.interval import IntervalTrigger
 
 from dgxdoctor.checks.base import Check, CheckRunner, probe_labels
 from dgxdoctor.fleet.store import ResultStore, Transition
@@ -42,6 +48,58 @@ def jitter_for(interval_s: float) -> float:
     return min(interval_s * 0.1, MAX_JITTER_S)
 
 
+def next_fire(base: float, interval_s: float, now: float) -> float:
+    """The first time ``base + k * interval_s`` (k >= 1) after ``now``: fires missed during a run coalesce."""
+    if now < base + interval_s:
+        return base + interval_s
+    return base + (math.floor((now - base) / interval_s) + 1) * interval_s
+
+
+@dataclass
+class Job:
+    """A periodic job: ``func`` runs on the loop (awaited if it returns an awaitable), or in a thread."""
+
+    func: Callable[[], Any]
+    interval_s: float
+    jitter_s: float = 0.0
+    first_run_in_s: float | None = None  # None: one interval after the start
+    in_thread: bool = False
+    task: asyncio.Task[None] | None = None
+    busy: bool = False
+    stopped: bool = False
+
+    def stop(self) -> None:
+        """No more runs; a run in progress finishes (its result is dropped by whoever removed the job)."""
+        self.stopped = True
+        if self.task is not None and not self.busy:
+            self.task.cancel()
+        self.task = None
+
+    async def call(self) -> None:
+        if self.in_thread:
+            await asyncio.to_thread(self.func)
+            return
+        result = self.func()
+        if inspect.isawaitable(result):
+            await result
+
+    async def loop(self, name: str) -> None:
+        loop = asyncio.get_running_loop()
+        base = loop.time() + (self.interval_s if self.first_run_in_s is None else self.first_run_in_s)
+        fire = base
+        while not self.stopped:
+            await asyncio.sleep(max(0.0, fire - loop.time()))
+            self.busy = True
+            try:
+                await self.call()
+            except Exception as exc:  # a job's failure is logged, and its next run still comes
+                log.error("job_failed", job=name, error=f"{type(exc).__name__}: {exc}")
+            finally:
+                self.busy = False
+            base = next_fire(base, self.interval_s, loop.time())
+            fire = base + (random.uniform(0, self.jitter_s) if self.jitter_s else 0.0)
+
+
 class CheckScheduler:
     def __init__(
         self,
@@ -60,24 +118,44 @@ class CheckScheduler:
         self._wake_tasks: set[asyncio.Future[None]] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self.last_heartbeat: float | None = None
-        self.scheduler = AsyncIOScheduler(
-            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
-        )
+        self.jobs: dict[str, Job] = {}
+        self.running = False
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self.scheduler.start()
+        self.running = True
         self._heartbeat()
-        self.scheduler.add_job(
-            self._heartbeat, IntervalTrigger(seconds=self.heartbeat_s), id=HEARTBEAT_JOB, name="heartbeat"
-        )
+        self._add(HEARTBEAT_JOB, Job(self._heartbeat, self.heartbeat_s))
+        for name, job in self.jobs.items():
+            if job.task is None:
+                self._start_job(name, job)
 
     def shutdown(self) -> None:
         self.runner.stop_all(self.checks.values())
-        if self.scheduler.running:
-            self.scheduler.shutdown(wait=False)
+        self.running = False
+        for job in self.jobs.values():
+            job.stop()
+
+    def _add(self, name: str, job: Job) -> None:
+        self._cancel(name)
+        self.jobs[name] = job
+        if self.running:
+            self._start_job(name, job)
+
+    def _start_job(self, name: str, job: Job) -> None:
+        assert self._loop is not None
+        job.task = self._loop.create_task(job.loop(name), name=f"job:{name}")
+
+    def _cancel(self, name: str) -> bool:
+        job = self.jobs.pop(name, None)
+        if job is not None:
+            job.stop()
+        return job is not None
+
+    def has_job(self, name: str) -> bool:
+        return name in self.jobs
 
     def _heartbeat(self) -> None:
         self.last_heartbeat = self.monotonic()
@@ -90,7 +168,7 @@ class CheckScheduler:
     def healthy(self) -> bool:
         """The scheduler runs and its heartbeat job fired recently (so the event loop turns too)."""
         age = self.heartbeat_age()
-        return self.scheduler.running and age is not None and age < self.heartbeat_s * HEARTBEAT_STALE_PERIODS
+        return self.running and age is not None and age < self.heartbeat_s * HEARTBEAT_STALE_PERIODS
 
     # -- checks ----------------------------------------------------------------------------------------
 
@@ -101,34 +179,24 @@ class CheckScheduler:
         self.checks[name] = check
         self.store.declare(name, probe_labels(check))
         interval = check.settings.interval_s
-        self.scheduler.add_job(
-            self._run,
-            IntervalTrigger(seconds=interval, jitter=jitter_for(interval)),
-            args=[name],
-            id=name,
-            name=name,
-            next_run_time=datetime.now().astimezone() + timedelta(seconds=first_run_in_s),
-        )
+        self._add(name, Job(lambda: self._run(name), interval, jitter_for(interval), first_run_in_s))
         self.runner.start(check)  # a broken event source is logged there and does not stop the daemon
 
     def remove(self, name: str, forget: bool = True) -> None:
         check = self.checks.pop(name, None)
-        if self.scheduler.get_job(name) is not None:
-            self.scheduler.remove_job(name)
+        self._cancel(name)
         if check is not None:
             self.runner.stop(check)
         if forget:
             self.store.forget(name)
 
     def add_job(self, job_id: str, func: Callable[[], Any], interval_s: float) -> None:
-        """A non-check periodic job (the textfile writer)."""
-        if self.scheduler.get_job(job_id) is not None:
-            self.scheduler.remove_job(job_id)
-        self.scheduler.add_job(func, IntervalTrigger(seconds=interval_s), id=job_id, name=job_id)
+        """A non-check periodic job (the textfile writer): a plain function runs in a thread, as a write that
+        blocks on a hung file system must not stop the loop."""
+        self._add(job_id, Job(func, interval_s, in_thread=True))
 
     def remove_job(self, job_id: str) -> None:
-        if self.scheduler.get_job(job_id) is not None:
-            self.scheduler.remove_job(job_id)
+        self._cancel(job_id)
 
     def wake(self, name: str) -> None:
         """Run the check now; callable from any thread (an event source's follower)."""

@@ -206,7 +206,7 @@ class Daemon:
         age = self.scheduler.heartbeat_age()
         return {
             "healthy": self.scheduler.healthy() and not self.stopping.is_set(),
-            "scheduler_running": self.scheduler.scheduler.running,
+            "scheduler_running": self.scheduler.running,
             "heartbeat_age_s": None if age is None else round(age, 3),
             "checks": sorted(self.scheduler.checks),
             "uptime_s": round(time.time() - self.started_at, 1),
