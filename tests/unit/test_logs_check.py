@@ -208,3 +208,17 @@ def test_daemon_backlog_is_a_warning_naming_the_unread_bytes(tmp_path: Path) -> 
     result = check.run()
     backlog = [f for f in result.findings if f.code == "LOG_BACKLOG"]
     assert backlog and backlog[0].status is Status.WARNING and "bytes are not read yet" in backlog[0].message
+
+
+@pytest.mark.parametrize("one_shot", [False, True])
+def test_no_log_files_compiles_no_catalog(tmp_path: Path, one_shot: bool) -> None:
+    """The daemon (and `check`) on a node without vLLM or Ray logs never holds the catalog's patterns and RE2's
+    prefilter; they are compiled when the first file appears."""
+    settings = LogsSettings(vllm_paths=[str(tmp_path / "vllm*.log")], ray_paths=[str(tmp_path / "ray*.log")])
+    check = LogsCheck(settings, Environment(state_dir=tmp_path / "state", one_shot=one_shot))
+    assert check.run().status is Status.SKIPPED
+    assert check._catalog is None
+    if not one_shot:
+        (tmp_path / "vllm1.log").write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+        check.run()
+        assert check._catalog is not None

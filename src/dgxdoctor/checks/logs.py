@@ -103,13 +103,21 @@ class LogsCheck(Check):
         self.settings: CheckSettings = settings
         self._settings = settings
         self.env = env
-        self.catalog = catalog or load_catalog()
+        self._catalog = catalog
         self.state = StateFile(env.state_dir / "logs_offsets.json")
         self._follower: LogFollower | None = None
         self._recent: dict[tuple[str, str], _Recent] = {}
         self._totals: dict[str, int] = {}
         # One scanner per file: it keeps the last lines, so a match is read in its context (judge.context).
         self._scanners: dict[str, Scanner] = {}
+
+    @property
+    def catalog(self) -> Catalog:
+        """Compiled at the first line to match (or held match to restore): on a node with no log files yet the
+        daemon never holds it (its patterns and RE2's prefilter: ~4.9 MiB resident, benchmarks/README.md)."""
+        if self._catalog is None:
+            self._catalog = load_catalog()
+        return self._catalog
 
     def _load_follower(self) -> LogFollower:
         if self._follower is None:
@@ -123,6 +131,8 @@ class LogsCheck(Check):
 
     def _restore_recent(self, raw: object) -> dict[tuple[str, str], _Recent]:
         """Matches still inside the window survive a restart (and one-shot `dgxdoctor check` runs)."""
+        if not raw:
+            return {}
         signatures = self.catalog.by_code()
         recent: dict[tuple[str, str], _Recent] = {}
         for item in raw if isinstance(raw, list) else []:
