@@ -33,6 +33,8 @@ NOT_IN_DAEMON = (
     "aiohttp",
     "apscheduler",
     "multiprocessing",
+    # The host check reads /proc/meminfo and statvfs itself; nccl_env imports psutil for interface addresses only.
+    "psutil",
 )
 
 

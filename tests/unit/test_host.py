@@ -193,3 +193,41 @@ def test_real_psutil_probe_runs(tmp_path: Path) -> None:
     result = check.run()
     assert result.status in (Status.OK, Status.WARNING, Status.CRITICAL)
     assert any(s.metric.name == "dgxdoctor_host_memory_total_bytes" and s.value > 0 for s in result.samples)
+
+
+# /proc/meminfo of the CPU test machine (Debian 12, kernel 6.18), first lines and the swap lines, 2026-12-01.
+MEMINFO = """MemTotal:       24683584 kB
+MemFree:        18738304 kB
+MemAvailable:   21250108 kB
+Buffers:          115280 kB
+Cached:          2222836 kB
+SwapTotal:       2097148 kB
+SwapFree:        1048572 kB
+HugePages_Total:       0
+Hugepagesize:       2048 kB
+"""
+
+
+def test_proc_probe_reads_meminfo_in_bytes(tmp_path: Path) -> None:
+    from dgxdoctor.checks.host import ProcProbe
+
+    (tmp_path / "meminfo").write_text(MEMINFO)
+    probe = ProcProbe(tmp_path)
+    assert probe.memory() == (24683584 * 1024, 21250108 * 1024)
+    assert probe.swap_used() == (2097148 - 1048572) * 1024
+    (tmp_path / "meminfo").write_text(MEMINFO.replace("MemAvailable:   21250108 kB\n", ""))
+    assert probe.memory()[1] == (18738304 + 115280 + 2222836) * 1024  # a kernel before 3.14
+
+
+def test_proc_probe_agrees_with_psutil_here() -> None:
+    import psutil
+
+    from dgxdoctor.checks.host import ProcProbe
+
+    probe = ProcProbe()
+    total, available = probe.memory()
+    assert total == psutil.virtual_memory().total
+    assert abs(available - psutil.virtual_memory().available) < 0.05 * total
+    disk = probe.disk_usage(Path("/"))
+    assert disk.total == psutil.disk_usage("/").total
+    assert abs(disk.free - psutil.disk_usage("/").free) < 2**30

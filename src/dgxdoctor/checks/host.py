@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-import psutil
 from pydantic import Field, model_validator
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
@@ -22,7 +21,7 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.judge import host
 from dgxdoctor.judge.host import DiskUsage, gib
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
-from dgxdoctor.sources.procfs import iter_processes
+from dgxdoctor.sources.procfs import iter_processes, parse_meminfo
 
 HOST_MEMORY_TOTAL = MetricSpec("dgxdoctor_host_memory_total_bytes", "Total system memory (RAM)")
 HOST_MEMORY_AVAILABLE = MetricSpec(
@@ -91,7 +90,7 @@ class HostSettings(CheckSettings):
 
 
 class HostProbe(Protocol):
-    """Memory, load and disk as the host check reads them; psutil by default, a fake in tests. Processes are
+    """Memory, load and disk as the host check reads them; ``ProcProbe`` by default, a fake in tests. Processes are
     read from ``env.proc_root`` (sources.procfs)."""
 
     def memory(self) -> tuple[int, int]:
@@ -105,26 +104,41 @@ class HostProbe(Protocol):
     def disk_usage(self, path: Path) -> DiskUsage: ...
 
 
-class PsutilProbe:
+class ProcProbe:
+    """``/proc/meminfo`` and statvfs(2): what psutil's ``virtual_memory``, ``swap_memory`` and ``disk_usage`` read
+    on Linux, without psutil's modules in the daemon for good (``free -b``, ``df -B1`` show the same)."""
+
+    def __init__(self, proc_root: Path = Path("/proc")) -> None:
+        self.proc_root = proc_root
+
+    def _meminfo(self) -> dict[str, int]:
+        return parse_meminfo((self.proc_root / "meminfo").read_text())
+
     def memory(self) -> tuple[int, int]:
-        vm = psutil.virtual_memory()
-        return int(vm.total), int(vm.available)
+        info = self._meminfo()
+        # MemAvailable is the kernel's own estimate (since 3.14); before it, free plus page cache, as psutil does.
+        available = info.get("MemAvailable")
+        if available is None:
+            available = info["MemFree"] + info.get("Buffers", 0) + info.get("Cached", 0)
+        return info["MemTotal"], available
 
     def swap_used(self) -> int | None:
         try:
-            return int(psutil.swap_memory().used)
-        except (OSError, RuntimeError):
+            info = self._meminfo()
+            return info["SwapTotal"] - info["SwapFree"]
+        except (OSError, KeyError):
             return None
 
     def load1_per_cpu(self) -> float | None:
-        cpus = psutil.cpu_count() or 0
+        cpus = os.cpu_count() or 0
         if not cpus:
             return None
         return float(os.getloadavg()[0]) / cpus
 
     def disk_usage(self, path: Path) -> DiskUsage:
-        usage = psutil.disk_usage(str(path))
-        return DiskUsage(int(usage.total), int(usage.free))
+        st = os.statvfs(path)
+        # Free as an unprivileged process sees it (f_bavail: the root-reserved blocks left out), as df and psutil.
+        return DiskUsage(st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize)
 
 
 def weights_size(model_dir: Path) -> tuple[int, int]:
@@ -165,7 +179,7 @@ class HostCheck(Check):
         settings = own_settings(self.name, settings, HostSettings)
         self.cfg: HostSettings = settings
         self.env = env
-        self.probe: HostProbe = probe or PsutilProbe()
+        self.probe: HostProbe = probe or ProcProbe()  # the real /proc, as psutil read it: memory is not a process
 
     def run(self) -> CheckResult:
         s = self.cfg

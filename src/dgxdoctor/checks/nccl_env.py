@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-import psutil
 from pydantic import Field
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
@@ -40,7 +39,10 @@ NCCL_ENV_VARS = MetricSpec(
 
 
 def local_addresses() -> set[str]:
-    """Every IPv4/IPv6 address of this host's interfaces."""
+    """Every IPv4/IPv6 address of this host's interfaces (psutil imported here: only a node with an NCCL
+    environment to check needs it, so a daemon without one never loads it)."""
+    import psutil
+
     found: set[str] = set()
     for addrs in psutil.net_if_addrs().values():
         for addr in addrs:

@@ -127,6 +127,17 @@ def parse_proc_stat(text: str) -> ProcStat:
         raise ProcFormatError(f"non-numeric field in /proc/<pid>/stat: {text[:80]!r}") from None
 
 
+# /proc/meminfo (proc(5)), values in KiB but for the HugePages_* counts:
+#   MemTotal:       24683584 kB
+#   MemAvailable:   21250108 kB
+MEMINFO_RE = re.compile(r"^(?P<key>[A-Za-z0-9_()]+):\s+(?P<value>\d+)(?: kB)?$", re.MULTILINE)
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """``/proc/meminfo`` as bytes per field (``kB`` fields times 1024)."""
+    return {m["key"]: int(m["value"]) * (1024 if m[0].endswith("kB") else 1) for m in MEMINFO_RE.finditer(text)}
+
+
 def parse_btime(text: str) -> float | None:
     m = BTIME_RE.search(text)
     return float(m.group(1)) if m else None
