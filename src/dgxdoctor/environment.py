@@ -51,6 +51,55 @@ def tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+@cache
+def plain_context() -> ssl.SSLContext:
+    """The context of a transport that only ever speaks plain HTTP: it verifies (certificate and host name required)
+    but trusts no CA, so it could never accept a TLS peer, and building it loads nothing."""
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+
+
+class ByScheme(httpx.BaseTransport):
+    """``http://`` through a transport that never loads the CA bundle; ``https://`` through one made at the first
+    such request, with ``tls_context()``. The vllm and ray checks speak plain HTTP to loopback: a daemon that never
+    speaks TLS never holds the parsed bundle (~1.5 MiB resident, benchmarks/README.md)."""
+
+    def __init__(self) -> None:
+        self._plain = httpx.HTTPTransport(verify=plain_context())
+        self._tls: httpx.HTTPTransport | None = None
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.scheme != "https":
+            return self._plain.handle_request(request)
+        if self._tls is None:
+            self._tls = httpx.HTTPTransport(verify=tls_context())
+        return self._tls.handle_request(request)
+
+    def close(self) -> None:
+        self._plain.close()
+        if self._tls is not None:
+            self._tls.close()
+
+
+class AsyncByScheme(httpx.AsyncBaseTransport):
+    """``ByScheme`` for an ``httpx.AsyncClient`` (the peer fetch)."""
+
+    def __init__(self) -> None:
+        self._plain = httpx.AsyncHTTPTransport(verify=plain_context())
+        self._tls: httpx.AsyncHTTPTransport | None = None
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.scheme != "https":
+            return await self._plain.handle_async_request(request)
+        if self._tls is None:
+            self._tls = httpx.AsyncHTTPTransport(verify=tls_context())
+        return await self._tls.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._plain.aclose()
+        if self._tls is not None:
+            await self._tls.aclose()
+
+
 def _no_token() -> str | None:
     return None
 
@@ -111,10 +160,11 @@ class Environment:
     token: Callable[[], str | None] = _no_token
 
     def http_client(self, base_url: str = "", timeout_s: float = 5.0) -> httpx.Client:
-        """An httpx client whose responses are size-capped (``sources.http``); TLS context shared."""
+        """An httpx client whose responses are size-capped (``sources.http``); TLS context shared, and loaded only
+        for an https URL (``ByScheme``)."""
         from dgxdoctor.sources.http import CappedTransport
 
-        inner = self.http_transport or httpx.HTTPTransport(verify=tls_context())
+        inner = self.http_transport or ByScheme()
         return httpx.Client(base_url=base_url, timeout=timeout_s, transport=CappedTransport(inner))
 
     def async_http_client(self, timeout_s: float = 5.0) -> httpx.AsyncClient:
@@ -124,5 +174,5 @@ class Environment:
         injected = self.http_transport
         if injected is not None and not isinstance(injected, httpx.AsyncBaseTransport):
             raise TypeError(f"{type(injected).__name__} cannot serve an async client")
-        inner = injected if injected is not None else httpx.AsyncHTTPTransport(verify=tls_context())
+        inner = injected if injected is not None else AsyncByScheme()
         return httpx.AsyncClient(timeout=timeout_s, transport=AsyncCappedTransport(inner))

@@ -54,3 +54,27 @@ def test_the_limit_is_exact() -> None:
     transport = CappedTransport(httpx.MockTransport(lambda r: httpx.Response(200, content=b"x" * 11)), limit=10)
     with httpx.Client(transport=transport) as client, pytest.raises(httpx.ReadError):
         client.get("http://x/metrics")
+
+
+def test_plain_http_never_loads_the_ca_bundle_and_https_still_verifies() -> None:
+    import socket
+    import ssl
+
+    import httpx
+
+    from dgxdoctor.environment import ByScheme, plain_context, tls_context
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    transport = ByScheme()
+    with httpx.Client(transport=transport, timeout=2) as client:
+        with pytest.raises(httpx.ConnectError):
+            client.get(f"http://127.0.0.1:{port}/health")
+        assert transport._tls is None
+        # The plain side could not accept a TLS peer: it requires a verified certificate and trusts no CA.
+        ctx = plain_context()
+        assert ctx.verify_mode is ssl.CERT_REQUIRED and ctx.check_hostname and not ctx.get_ca_certs()
+        with pytest.raises(httpx.ConnectError):
+            client.get(f"https://127.0.0.1:{port}/health")
+        assert transport._tls is not None and tls_context().verify_mode is ssl.CERT_REQUIRED
