@@ -226,8 +226,7 @@ def test_peer_trickling_its_answer_is_cut_off() -> None:
 async def test_a_bad_character_in_the_authorization_header_never_logs_the_token() -> None:
     """A server's parser error may quote the offending header line (aiohttp's did); the daemon's log line keeps the
     header's name only."""
-    import structlog
-
+    from dgxdoctor import eventlog
     from dgxdoctor.daemon import connections
     from dgxdoctor.daemon.ratelog import RequestLog
 
@@ -235,7 +234,7 @@ async def test_a_bad_character_in_the_authorization_header_never_logs_the_token(
     runner = connections.make_runner(make_app(app_state()), limits, RequestLog())
     server = await connections.serve(runner, connections.Guard(limits), "127.0.0.1", 0)
     try:
-        with structlog.testing.capture_logs() as logs:
+        with eventlog.capture_logs() as logs:
             for bad in (b"\x01", b"\x7f", b"\x00"):
                 reader, writer = await asyncio.open_connection(*server.address)
                 writer.write(

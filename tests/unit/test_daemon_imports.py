@@ -35,6 +35,8 @@ NOT_IN_DAEMON = (
     "multiprocessing",
     # The host check reads /proc/meminfo and statvfs itself; nccl_env imports psutil for interface addresses only.
     "psutil",
+    # Event lines come from dgxdoctor.eventlog (the standard library).
+    "structlog",
 )
 
 

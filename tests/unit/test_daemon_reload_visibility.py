@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from structlog.testing import capture_logs
-
 from dgxdoctor.config import load_config
 from dgxdoctor.daemon.sdnotify import Notifier
 from dgxdoctor.daemon.service import Daemon
+from dgxdoctor.eventlog import capture_logs
 from dgxdoctor.exporters import collector
 
 

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import structlog
 
+from dgxdoctor import eventlog
 from dgxdoctor.checks.base import Check, CheckRunner
 from dgxdoctor.daemon.scheduler import CheckScheduler, jitter_for, next_fire
 from dgxdoctor.environment import Environment
@@ -87,7 +87,7 @@ async def test_an_event_runs_the_check_at_once_and_wake_ups_coalesce(sched: Chec
 
 async def test_one_log_line_per_transition(sched: CheckScheduler) -> None:
     check = StaticCheck(FakeSettings(), ENV)
-    with structlog.testing.capture_logs() as logs:
+    with eventlog.capture_logs() as logs:
         sched.add(check)
         await wait_for(lambda: check.runs >= 3)
         check.outcome = CheckResult("static", Status.CRITICAL, "broke")
@@ -156,7 +156,7 @@ async def test_a_job_that_raises_is_logged_and_runs_again(sched: CheckScheduler)
         calls.append(1)
         raise OSError("disk full")
 
-    with structlog.testing.capture_logs() as logs:
+    with eventlog.capture_logs() as logs:
         sched.add_job("writer", write, 0.02)
         await wait_for(lambda: len(calls) >= 3)
     sched.remove_job("writer")

@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import structlog
-
+from dgxdoctor import eventlog
 from dgxdoctor.config import parse_config
 from dgxdoctor.daemon.sdnotify import Notifier
 from dgxdoctor.daemon.service import Daemon
@@ -36,7 +35,7 @@ async def test_watchdog_withheld_when_the_scheduler_stalls(tmp_path: Path) -> No
         assert daemon.health()["healthy"] is True
 
         now[0] += 3600  # the heartbeat job stops firing: an hour passes without it
-        with structlog.testing.capture_logs() as logs:
+        with eventlog.capture_logs() as logs:
 
             async def withheld(times: int) -> None:
                 while sum(e["event"] == "watchdog_withheld" for e in logs) < times:

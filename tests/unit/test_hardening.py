@@ -11,9 +11,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-import structlog
 
 from conftest import REPO
+from dgxdoctor import eventlog
 from dgxdoctor.checks.drift import DriftCheck, DriftSettings
 from dgxdoctor.config import ConfigError, load_config
 from dgxdoctor.daemon.ratelog import RateLimit, RequestLog
@@ -122,7 +122,7 @@ async def test_rejected_reload_does_not_echo_the_token(tmp_path: Path) -> None:
     config.write_text(good)
     daemon = Daemon(load_config(config), config, notifier=Notifier({}))
     config.write_text(good.replace("long-enough-token-0123", SECRET))
-    with structlog.testing.capture_logs() as logs:
+    with eventlog.capture_logs() as logs:
         problems = await daemon.reload()
     assert problems and "daemon.token" in problems[0]
     assert SECRET not in json.dumps(problems) and SECRET not in json.dumps(logs, default=str)
@@ -178,7 +178,7 @@ def test_request_log_counts_bad_requests_in_one_bounded_line() -> None:
     from dgxdoctor.daemon.web import BadRequest
 
     request_log = RequestLog()
-    with structlog.testing.capture_logs() as logs:
+    with eventlog.capture_logs() as logs:
         for _ in range(1000):
             request_log.bad_request("10.0.0.9", BadRequest("illegal request line"))
     assert request_log.bad_requests == 1000

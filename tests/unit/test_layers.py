@@ -16,6 +16,7 @@ LAYERS = {
     "dgxdoctor": 0,  # the package itself: __version__
     "result": 0,
     "codes": 0,  # the finding codes other layers key on (one name per contract)
+    "eventlog": 0,  # structured event lines (JSON for the daemon), from every layer
     "report": 1,
     "sources": 1,  # read the world: thin readers and pure parse_*(); no verdicts
     "probes": 1,  # run in the serving Python: stdlib only at import

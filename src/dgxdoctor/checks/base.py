@@ -10,14 +10,14 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import ClassVar, Protocol, TypeVar
 
-import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
+from dgxdoctor import eventlog
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult
 from dgxdoctor.sources.http import AgentExhausted, own_exhaustion
 
-log = structlog.get_logger(__name__)
+log = eventlog.get_logger(__name__)
 
 
 class CheckSettings(BaseModel):

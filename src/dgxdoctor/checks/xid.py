@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable
 from typing import ClassVar, Literal
 
-import structlog
 from pydantic import Field, field_validator
 
+from dgxdoctor import eventlog
 from dgxdoctor.checks import xid_memory
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.checks.kernel_events import KERNEL_EVENTS_TOTAL, KernelEventLedger
@@ -103,7 +103,7 @@ KMSG_FOLLOWING = MetricSpec(
 # The kernel faults beyond XIDs are counted by this check too (checks/kernel_events.py).
 METRICS_ALSO = (KERNEL_EVENTS_TOTAL,)
 
-log = structlog.get_logger(__name__)
+log = eventlog.get_logger(__name__)
 
 
 class XidSettings(CheckSettings):

@@ -18,8 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
+from dgxdoctor import eventlog
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner, capped
 from dgxdoctor.config import Config
 from dgxdoctor.daemon import web
@@ -27,7 +26,7 @@ from dgxdoctor.daemon.connections import lift_deadline
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import ResultsDocument
 
-log = structlog.get_logger(__name__)
+log = eventlog.get_logger(__name__)
 
 MAX_DEADLINE_S = 600.0
 # Checks that only make sense inside the daemon's own schedule or that the asker does itself.

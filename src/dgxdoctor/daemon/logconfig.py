@@ -1,5 +1,6 @@
-"""structlog configured for the daemon (one JSON object per line on stdout, which journald keeps) and for every
-other command (readable lines on stderr, so that stdout holds only the command's output).
+"""Event logging (``dgxdoctor.eventlog``) configured for the daemon (one JSON object per line on stdout, which
+journald keeps) and for every other command (readable lines on stderr, so that stdout holds only the command's
+output).
 
 Libraries that log through the standard ``logging`` module (httpx, httpcore) go through the same JSON renderer.
 """
@@ -9,27 +10,17 @@ from __future__ import annotations
 import logging
 import sys
 
-import structlog
+from dgxdoctor import eventlog
 
 
 def configure_commands(level: str = "warning") -> None:
     """Every command but the daemon: diagnostics as readable lines on stderr, never on stdout.
 
     stdout holds only the command's document (``check --json``, ``diagnose --json``, rules): a Nagios or cron
-    wrapper parses it, and a warning such as a check whose run hung must not break it. structlog's default
-    logger writes to stdout, so it is replaced before any command runs.
+    wrapper parses it, and a warning such as a check whose run hung must not break it.
     """
     numeric = getattr(logging, level.upper(), logging.WARNING)
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.format_exc_info,
-            structlog.dev.ConsoleRenderer(colors=False),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=False,
-    )
+    eventlog.configure(level, json_lines=False, stream=sys.stderr)
     handler = logging.StreamHandler(sys.stderr)
     root = logging.getLogger()
     root.handlers = [handler]
@@ -38,32 +29,9 @@ def configure_commands(level: str = "warning") -> None:
 
 def configure(level: str = "info") -> None:
     numeric = getattr(logging, level.upper(), logging.INFO)
-    shared: list[structlog.typing.Processor] = [
-        structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-    ]
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            *shared,
-            structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
-        cache_logger_on_first_use=False,
-    )
+    eventlog.configure(level, json_lines=True, stream=sys.stdout)
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(
-        structlog.stdlib.ProcessorFormatter(
-            foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
-            processors=[
-                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                structlog.processors.format_exc_info,
-                structlog.processors.JSONRenderer(),
-            ],
-        )
-    )
+    handler.setFormatter(eventlog.JsonFormatter())
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(numeric)

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import structlog
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dgxdoctor import eventlog
 from dgxdoctor.checks.nccl import (
     HCA_RE,
     NCCL_CHOICE_RE,
@@ -42,7 +42,7 @@ from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.fields import ByteSize, Host
 from dgxdoctor.sources.sysfs_ib import ports_by_device
 
-log = structlog.get_logger(__name__)
+log = eventlog.get_logger(__name__)
 
 # Finished runs kept for the head to fetch; older ones are dropped.
 KEEP_RUNS = 8

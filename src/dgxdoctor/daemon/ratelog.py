@@ -15,11 +15,10 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
+from dgxdoctor import eventlog
 from dgxdoctor.daemon.web import BadRequest
 
-log = structlog.get_logger(__name__)
+log = eventlog.get_logger(__name__)
 
 # At most this many lines per window per kind of event: enough to see what is going on, never a flood.
 BURST = 5

@@ -27,14 +27,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
-
+from dgxdoctor import eventlog
 from dgxdoctor.checks.base import Check, CheckRunner, probe_labels
 from dgxdoctor.fleet.store import ResultStore, Transition
 from dgxdoctor.judge.ras import asks_ras
 from dgxdoctor.result import Status
 
-log = structlog.get_logger(__name__)
+log = eventlog.get_logger(__name__)
 
 HEARTBEAT_S = 5.0
 # A heartbeat older than this many periods means the scheduler has stopped turning.

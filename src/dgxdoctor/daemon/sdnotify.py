@@ -11,9 +11,9 @@ import os
 import socket
 from collections.abc import Mapping
 
-import structlog
+from dgxdoctor import eventlog
 
-log = structlog.get_logger(__name__)
+log = eventlog.get_logger(__name__)
 
 
 class Notifier:

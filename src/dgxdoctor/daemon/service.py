@@ -17,10 +17,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import structlog
 from pydantic import BaseModel
 
-from dgxdoctor import __version__
+from dgxdoctor import __version__, eventlog
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import Config, ConfigError, load_config, parse_listen
@@ -46,7 +45,7 @@ from dgxdoctor.remediation.engine import Remediator
 from dgxdoctor.result import Sample
 from dgxdoctor.sources.statefile import WRITE_ERRORS, note_file, write_failed
 
-log = structlog.get_logger(__name__)
+log = eventlog.get_logger(__name__)
 
 TEXTFILE_JOB = "__textfile__"
 TEXTFILE_LABEL = "textfile"  # the file label of dgxdoctor_write_errors_total for the node_exporter textfile

@@ -11,16 +11,15 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dgxdoctor import __version__
+from dgxdoctor import __version__, eventlog
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.result import MetricSpec, Sample, Status
 
-log = structlog.get_logger(__name__)
+log = eventlog.get_logger(__name__)
 
 NODE_LABEL = "node"
 

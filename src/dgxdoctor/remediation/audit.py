@@ -19,11 +19,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import structlog
-
+from dgxdoctor import eventlog
 from dgxdoctor.sources.statefile import WRITE_ERRORS, atomic_write, note_file
 
-log = structlog.get_logger(__name__)
+log = eventlog.get_logger(__name__)
 
 AUDIT_FILE = "remediation.jsonl"
 STATE_FILE = "remediation-state.json"

@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import structlog
-
+from dgxdoctor import eventlog
 from dgxdoctor.bundle.build import bundle_name, keep_last
 
-log = structlog.get_logger(__name__)
+log = eventlog.get_logger(__name__)
 
 BUNDLES_DIR = "bundles"
 # The collection is given the capture's deadline less this, to leave time to write the archive.

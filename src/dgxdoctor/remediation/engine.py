@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import structlog
 
+from dgxdoctor import eventlog
 from dgxdoctor.config import RemediationSettings
 from dgxdoctor.remediation.actions import StepResult, VllmTarget, ask_worker, run_argv, verify_vllm, wait_ray
 from dgxdoctor.remediation.audit import AUDIT_FILE, STATE_FILE, AuditLog, StateFile, Throttle, WriteErrors
@@ -36,7 +36,7 @@ from dgxdoctor.remediation.policy import Problem, problems_from_results
 from dgxdoctor.remediation.worker import WorkerSteps
 from dgxdoctor.result import CheckResult
 
-log = structlog.get_logger(__name__)
+log = eventlog.get_logger(__name__)
 
 TICK_S = 1.0
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")

@@ -12,9 +12,9 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-import structlog
+from dgxdoctor import eventlog
 
-log = structlog.get_logger(__name__)
+log = eventlog.get_logger(__name__)
 
 T = TypeVar("T")
 RETRY_S = 5.0

@@ -36,11 +36,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import structlog
-
+from dgxdoctor import eventlog
 from dgxdoctor.sources.follower import Follower
 
-log = structlog.get_logger(__name__)
+log = eventlog.get_logger(__name__)
 
 # The kernel caps a record at 1 KiB of text plus metadata; 16 KiB is what util-linux dmesg reads with.
 READ_SIZE = 16384

@@ -14,11 +14,10 @@ import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import structlog
-
+from dgxdoctor import eventlog
 from dgxdoctor.sources.follower import Follower
 
-log = structlog.get_logger(__name__)
+log = eventlog.get_logger(__name__)
 
 WAIT_MS = 500  # the follower's wait; also how long stop() may take
 

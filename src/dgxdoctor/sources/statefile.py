@@ -23,9 +23,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import structlog
+from dgxdoctor import eventlog
 
-log = structlog.get_logger(__name__)
+log = eventlog.get_logger(__name__)
 
 # Failed writes per file name since the process started; every file written once has its series, at 0 at first.
 WRITE_ERRORS: Counter[str] = Counter()
