@@ -37,6 +37,9 @@ NOT_IN_DAEMON = (
     "psutil",
     # Event lines come from dgxdoctor.eventlog (the standard library).
     "structlog",
+    # The bundle code (and tarfile) loads with the first bundle request or capture before a restart.
+    "dgxdoctor.bundle.build",
+    "tarfile",
 )
 
 

@@ -17,11 +17,8 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dgxdoctor.bundle.archive import part_bytes
-from dgxdoctor.bundle.build import gather_parts, local_part, write_parts
-from dgxdoctor.bundle.items import Sources
 from dgxdoctor.config import Config
 from dgxdoctor.daemon import web
 from dgxdoctor.daemon.checknow import RunGate
@@ -29,6 +26,10 @@ from dgxdoctor.daemon.connections import lift_deadline
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.remediation.capture import CaptureSettings, PreActionCapture, Writer
 
+if TYPE_CHECKING:
+    from dgxdoctor.bundle.items import Sources
+
+# The bundle code (collect, redact, tar) is imported by the request that needs it: an idle daemon never holds it.
 MAX_SINCE_S = 30 * 86400.0
 
 
@@ -56,6 +57,7 @@ def parse_request(raw: bytes, config: Config) -> tuple[float, float]:
 
 def daemon_sources(store: ResultStore, role: str | None, since_s: float, bug_report: bool) -> Sources:
     """The daemon's own view: its latest results (as ``check --json`` shows them) and its ``/state``."""
+    from dgxdoctor.bundle.items import Sources
     from dgxdoctor.result import ResultsDocument
 
     def results() -> dict[str, Any]:
@@ -81,6 +83,9 @@ class BundlePart:
         if refused is not None:
             return refused
         lift_deadline(request)  # authenticated: the collection has its own deadline
+        from dgxdoctor.bundle.archive import part_bytes
+        from dgxdoctor.bundle.build import local_part
+
         async with self.gate.lock:
             self.gate.started()
             sources = daemon_sources(self.store, config.role, since_s, bug_report=False)
@@ -100,6 +105,8 @@ def capture_writer(
     workers' parts over the API, written as one archive."""
 
     def write(path: Path, action: str, collect_s: float) -> dict[str, Any]:
+        from dgxdoctor.bundle.build import gather_parts, write_parts
+
         c = config()
         since = c.bundle.capture_since_s
         sources = daemon_sources(store, c.role, since, bug_report=False)

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from dgxdoctor import eventlog
-from dgxdoctor.bundle.build import bundle_name, keep_last
 
 log = eventlog.get_logger(__name__)
 
@@ -55,6 +54,8 @@ class PreActionCapture:
 
     def _write(self, path: Path, action: str, collect_s: float, keep: int) -> dict[str, Any]:
         top = self.writer(path, action, collect_s)
+        from dgxdoctor.bundle.build import keep_last  # the bundle code loads at the first capture, not at start
+
         keep_last(path.parent, keep)
         return top
 
@@ -63,6 +64,8 @@ class PreActionCapture:
         that the action's first audit line, written before anything runs, can name it."""
         if not self.settings().enabled:
             return None
+        from dgxdoctor.bundle.build import bundle_name
+
         return self.state_dir() / BUNDLES_DIR / bundle_name(self.node(), self.clock(), f"{action}-{action_id}")
 
     async def before(self, action: str, action_id: str, path: Path | None = None) -> dict[str, Any]:
