@@ -47,5 +47,14 @@ def test_help_loads_click_alone() -> None:
 
 @pytest.mark.parametrize("command", [("check", "--only", "host"), ("diagnose", "-")])
 def test_one_shot_commands_load_no_server_scheduler_or_renderers(command: tuple[str, ...]) -> None:
-    heavy = ("aiohttp", "apscheduler", "dgxdoctor.daemon.app", "dgxdoctor.dashboards", "matplotlib")
+    heavy = ("aiohttp", "apscheduler", "dgxdoctor.daemon.app", "dgxdoctor.daemon.web", "dgxdoctor.dashboards",
+             "matplotlib", "structlog")  # fmt: skip
     assert loaded(modules_after(*command), *heavy) == []
+
+
+def test_check_loads_only_what_this_node_needs() -> None:
+    """Every default check on a node without GPUs, logs or vLLM (this machine): the exporter's library, the log
+    catalog's RE2 and psutil are loaded by the check that needs them, and none needs them here."""
+    modules = modules_after("check")
+    assert "dgxdoctor.checks.logs" in modules and "dgxdoctor.checks.host" in modules
+    assert loaded(modules, "prometheus_client", "re2", "psutil", "structlog", "dgxdoctor.daemon.web") == []

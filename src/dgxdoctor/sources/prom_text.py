@@ -12,8 +12,6 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
-
 # A payload larger than this is not a metrics page (vLLM's is ~30 KiB; a DP=8 server a few hundred KiB).
 MAX_PROM_TEXT_CHARS = 16 * 1024 * 1024
 
@@ -130,6 +128,9 @@ def parse_prom_text(text: str) -> PromSnapshot:
         raise PromTextError("metrics payload is empty")
     if stripped.startswith(("<", "{", "[")):
         raise PromTextError(f"metrics payload is not Prometheus text (starts with {stripped[:40]!r})")
+    # Imported here: a `dgxdoctor check` on a node where no vLLM answers never loads prometheus-client.
+    from prometheus_client.parser import text_string_to_metric_families
+
     samples: dict[str, list[PromSample]] = {}
     types: dict[str, str] = {}
     try:
