@@ -15,6 +15,7 @@ import pytest
 from dgxdoctor.alerts.webhook import IncomingAlert
 from dgxdoctor.config import AlertsSettings, RemediationSettings
 from dgxdoctor.daemon.remediation import make_pager
+from dgxdoctor.environment import Environment
 from dgxdoctor.remediation.actions import VllmTarget, step_mac
 from dgxdoctor.remediation.audit import AuditLog, StateFile
 from dgxdoctor.remediation.engine import Remediator, Targets
@@ -58,8 +59,9 @@ def remediator(
     cfg["commands"] = {"restart_vllm": ["true"], **kw.pop("commands", {})}
     settings = RemediationSettings(**{**cfg, **kw})
     targets = Targets(VllmTarget("http://vllm:8000", "tiny"), "http://ray:8265", 2, 16, (), "t" * 16)
-    pager = make_pager(AlertsSettings(alertmanager_url="http://am:9093"), transport)
-    return Remediator(settings, pager, "dgx-a", tmp_path, targets, lambda: results, transport=transport)
+    env = Environment(node="dgx-a", http_transport=transport)
+    pager = make_pager(AlertsSettings(alertmanager_url="http://am:9093"), env)
+    return Remediator(settings, pager, "dgx-a", tmp_path, targets, lambda: results, env=env)
 
 
 async def settle(r: Remediator, limit_s: float = 30.0) -> None:

@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from dgxdoctor.config import RemediationSettings
+from dgxdoctor.environment import Environment
 from dgxdoctor.remediation.actions import VllmTarget
 from dgxdoctor.remediation.audit import AuditLog, StateFile
 from dgxdoctor.remediation.engine import Remediator, Targets
@@ -106,7 +107,7 @@ def pair(tmp: Path, seen: list[str], executor: str | None = "mp") -> tuple[Remed
     targets = Targets(VllmTarget("http://dgx-a:8000", "glm-5.3"), "http://ray:8265", 2, 16, (WORKER_URL,),
                       "t" * 16, executor)  # fmt: skip
     head = Remediator(settings("head"), None, "dgx-a", tmp / "head-state", targets, lambda: {"peer_compare": down},
-                      transport=httpx.MockTransport(handle))  # fmt: skip
+                      env=Environment(node="dgx-a", http_transport=httpx.MockTransport(handle)))  # fmt: skip
     return head, worker
 
 

@@ -37,7 +37,7 @@ from dgxdoctor.judge.nccl import bandwidth_finding, nccl_tests_findings, peer_pr
 from dgxdoctor.judge.nccl_transport import describe, spans_nodes, transport_findings
 from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
-from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv, run_command_lines
+from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
 from dgxdoctor.sources.fields import ByteSize, Host, OptionalHttpUrl, PeerUrl, parse_byte_size
 from dgxdoctor.sources.nccl_env import read_env_file
 from dgxdoctor.sources.nccl_info import NcclTransport, parse_nccl_info
@@ -344,7 +344,7 @@ class NcclCheck(Check):
         else:
             sink = self._progress
             label = f"nccl{f' {rail}' if rail else ''}:"
-            done = run_command_lines(
+            done = self.env.run_command_lines(
                 argv, timeout, lambda line: sink(f"{label} {line.lstrip('# ')}") if PROGRESS in line else None
             )
         self.keep_output(rail, done.stdout, done.stderr)

@@ -1,0 +1,175 @@
+"""One I/O kit: every HTTP client, every program started and every atomic file write has one home.
+
+HTTP clients come from ``Environment`` (a response cap in the transport, one TLS context); programs are started by
+``sources/commands.py`` only (argv, timeout, in ``/``), reached through ``Environment.run_command`` and
+``Environment.run_command_lines``; files are replaced by ``sources.statefile.atomic_write`` only.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+import threading
+import tracemalloc
+from collections.abc import Iterator
+from functools import cache
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from dgxdoctor.config import RemediationSettings
+from dgxdoctor.environment import Environment
+from dgxdoctor.remediation.actions import VllmTarget, run_argv
+from dgxdoctor.remediation.engine import Remediator, Targets
+from dgxdoctor.sources.commands import CommandResult
+from dgxdoctor.sources.http import MAX_RESPONSE_BYTES
+
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "dgxdoctor"
+
+
+@cache
+def calls_and_imports(path: Path) -> tuple[tuple[int, str], ...]:
+    """(line, dotted name) of every ``a.b(...)`` call and every imported name in ``path`` (``httpx.Client``,
+    ``subprocess``), parsed once for all the tests here."""
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if isinstance(node.func.value, ast.Name):
+                out.append((node.lineno, f"{node.func.value.id}.{node.func.attr}"))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return tuple(out)
+
+
+def found(names: set[str], allowed: set[str]) -> list[str]:
+    hits = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = str(path.relative_to(PACKAGE))
+        if rel not in allowed:
+            hits += [f"{rel}:{line} {name}" for line, name in calls_and_imports(path) if name in names]
+    return hits
+
+
+# -- HTTP ------------------------------------------------------------------------------------------------------
+
+HTTP_CLIENTS = {"httpx.Client", "httpx.AsyncClient", "httpx.HTTPTransport", "httpx.AsyncHTTPTransport"}
+
+
+def test_every_http_client_comes_from_the_environment() -> None:
+    """A bare client has no response cap and builds its own TLS context (~20 ms of CPU each)."""
+    assert found(HTTP_CLIENTS, {"environment.py"}) == []
+
+
+class EndlessModels(BaseHTTPRequestHandler):
+    """A vLLM gone wrong: healthy, then a ``/v1/models`` body far larger than any real one."""
+
+    SENT_BYTES = 3 * MAX_RESPONSE_BYTES
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        if self.path != "/v1/models":
+            return
+        chunk = b" " * 2**20
+        try:
+            for _ in range(self.SENT_BYTES // len(chunk)):
+                self.wfile.write(chunk)
+        except OSError:
+            pass  # the client hung up at its cap
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def oversized_vllm() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), EndlessModels)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def true_runner(argv: object, timeout_s: float = 10.0) -> CommandResult:
+    return CommandResult(("true",), 0, "", "")
+
+
+def test_remediation_refuses_an_oversized_models_body(tmp_path: Path, oversized_vllm: str) -> None:
+    """The restart's verification reads an untrusted ``/v1/models`` through the capped client: a clear error, and
+    the agent holds at most the cap (the old bare client read all 96 MiB, twice over)."""
+    settings = RemediationSettings(mode="act", role="head", verify_timeout_s=5, commands={"restart_vllm": ["true"]})
+    targets = Targets(VllmTarget(oversized_vllm, "tiny"), "http://127.0.0.1:1", 1, 0, (), None)
+    env = Environment(node="dgx-a", run_command=true_runner)
+    r = Remediator(settings, None, "dgx-a", tmp_path, targets, dict, env=env)
+    tracemalloc.start()
+    try:
+        steps = r._execute("restart_vllm", "0" * 12)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    verify = steps[-1]
+    assert (verify.step, verify.ok) == ("verify", False)
+    assert f"/v1/models: response larger than {MAX_RESPONSE_BYTES} bytes" in verify.detail
+    assert peak < MAX_RESPONSE_BYTES + 16 * 2**20
+
+
+# -- commands --------------------------------------------------------------------------------------------------
+
+# The one module that starts programs, and what else may (each for a reason of its own).
+STARTS_PROGRAMS = {
+    "sources/commands.py",  # the runner: argv, timeout, stdin closed, in /
+    # The all-reduce probe is itself a program the runner started, in the serving Python: it forks or spawns its
+    # ranks (one per GPU) with multiprocessing, as torch.distributed's own launchers do. Nothing of the agent.
+    "probes/allreduce.py",
+}
+PROGRAM_STARTERS = {
+    "subprocess",
+    "multiprocessing",
+    *(f"subprocess.{name}" for name in ("run", "Popen", "call", "check_call", "check_output", "getoutput")),
+    *(f"os.{name}" for name in ("system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp")),
+    *(f"os.{name}" for name in ("execv", "execve", "execvp", "execvpe", "execl", "execlp", "spawnv", "spawnvp")),
+    "asyncio.create_subprocess_exec",
+    "asyncio.create_subprocess_shell",
+    "pty.spawn",
+}
+
+
+def test_only_the_runner_starts_programs() -> None:
+    assert found(PROGRAM_STARTERS, STARTS_PROGRAMS) == []
+
+
+PRINT_CWD = [sys.executable, "-c", "import os, sys; print(os.getcwd()); print(os.getcwd(), file=sys.stderr)"]
+
+
+def test_every_runner_starts_programs_in_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root's commands run in ``/``, whatever directory the agent was started from (they printed it before)."""
+    monkeypatch.chdir(tmp_path)
+    env = Environment()
+    assert env.run_command(PRINT_CWD, timeout_s=30).stdout == "/\n"
+    lines: list[str] = []
+    streamed = env.run_command_lines(PRINT_CWD, 30, lines.append)
+    assert (streamed.stdout, lines) == ("/\n", ["/"])
+    step = run_argv("restart_vllm", PRINT_CWD, 30, env.run_command)
+    assert (step.ok, step.detail) == (True, "exit 0: /\n/")
+
+
+def test_the_nccl_probe_streams_through_the_injected_runner(tmp_path: Path) -> None:
+    from dgxdoctor.checks.nccl import NcclCheck, NcclSettings
+
+    asked: list[list[str]] = []
+
+    def lines(argv: object, timeout_s: float, on_stderr_line: object) -> CommandResult:
+        asked.append(list(argv))  # type: ignore[call-overload]
+        return CommandResult(tuple(asked[-1]), 0, "table", "")
+
+    check = NcclCheck(NcclSettings(), Environment(state_dir=tmp_path, run_command_lines=lines))
+    check.attach_progress(lambda line: None)
+    run = check.run_local([sys.executable, "-c", "pass"], None)
+    assert (asked, run.stdout) == ([[sys.executable, "-c", "pass"]], "table")
