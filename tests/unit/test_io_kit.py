@@ -8,6 +8,8 @@ HTTP clients come from ``Environment`` (a response cap in the transport, one TLS
 from __future__ import annotations
 
 import ast
+import errno
+import stat
 import sys
 import threading
 import tracemalloc
@@ -24,6 +26,7 @@ from dgxdoctor.remediation.actions import VllmTarget, run_argv
 from dgxdoctor.remediation.engine import Remediator, Targets
 from dgxdoctor.sources.commands import CommandResult
 from dgxdoctor.sources.http import MAX_RESPONSE_BYTES
+from dgxdoctor.sources.statefile import WRITE_ERRORS, StateFile, atomic_writer
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "dgxdoctor"
 
@@ -173,3 +176,80 @@ def test_the_nccl_probe_streams_through_the_injected_runner(tmp_path: Path) -> N
     check.attach_progress(lambda line: None)
     run = check.run_local([sys.executable, "-c", "pass"], None)
     assert (asked, run.stdout) == ([[sys.executable, "-c", "pass"]], "table")
+
+
+# -- files -----------------------------------------------------------------------------------------------------
+
+# Replacing a file by hand (a temporary file renamed over it) is atomic_writer's job alone: the others had no fsync.
+# (A scratch tempfile.TemporaryDirectory, the bench's and the bug report's, replaces nothing.)
+FILE_REPLACERS = {"os.replace", "os.rename", "shutil.move", "tempfile.mkstemp", "tempfile.NamedTemporaryFile"}
+
+
+def test_only_the_atomic_writer_replaces_files() -> None:
+    assert found(FILE_REPLACERS, {"sources/statefile.py"}) == []
+
+
+def definitions(name: str) -> list[str]:
+    return [
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if name in path.read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef | ast.FunctionDef) and node.name == name
+    ]
+
+
+@pytest.mark.parametrize("name", ["StateFile", "atomic_writer", "atomic_write"])
+def test_one_definition_of_each_file_writer(name: str) -> None:
+    assert len(definitions(name)) == 1, definitions(name)
+
+
+class DiskFull(OSError):
+    def __init__(self) -> None:
+        super().__init__(errno.ENOSPC, "No space left on device")
+
+
+def test_a_failed_write_is_raised_and_leaves_the_target_untouched(tmp_path: Path) -> None:
+    """ENOSPC in the middle of an archive (what a full disk does to the tar stream): raised, the old file whole,
+    no temporary file left behind."""
+    target = tmp_path / "bundle.tar.gz"
+    target.write_bytes(b"the old archive")
+    with pytest.raises(DiskFull), atomic_writer(target) as fh:
+        fh.write(b"half of the new")
+        raise DiskFull
+    assert target.read_bytes() == b"the old archive"
+    assert [p.name for p in tmp_path.iterdir()] == ["bundle.tar.gz"]
+
+
+def test_a_state_file_that_cannot_be_written_raises_or_is_counted(tmp_path: Path) -> None:
+    """``write`` raises (remediation stops); ``save`` answers False and counts it (a check goes on)."""
+    blocked = tmp_path / "state"
+    blocked.write_text("a file where the state directory should be")
+    state = StateFile(blocked / "guard.json")
+    with pytest.raises(OSError):
+        state.write({"a": 1})
+    before = WRITE_ERRORS["guard.json"]
+    assert state.save({"a": 1}) is False
+    assert WRITE_ERRORS["guard.json"] == before + 1
+    assert blocked.read_text() == "a file where the state directory should be"
+
+
+def test_the_probe_output_that_cannot_be_kept_is_counted(tmp_path: Path) -> None:
+    """It was dropped silently (``except OSError: pass``); now it is in dgxdoctor_write_errors_total."""
+    from dgxdoctor.checks.nccl import NcclCheck, NcclSettings
+
+    (tmp_path / "nccl").write_text("a file where the probe's folder should be")
+    before = WRITE_ERRORS["last-probe.txt"]
+    NcclCheck(NcclSettings(), Environment(state_dir=tmp_path)).keep_output(None, "table", "")
+    assert WRITE_ERRORS["last-probe.txt"] == before + 1
+
+
+def test_the_bench_baseline_and_a_bundle_are_written_whole(tmp_path: Path) -> None:
+    """Both go through the atomic writer now (mode set, fsynced), and nothing else is left in the folder."""
+    from dgxdoctor.bundle.archive import write_bundle
+    from dgxdoctor.bundle.collect import Part
+
+    size = write_bundle(tmp_path / "b.tar.gz", [Part("dgx-a", [("x.txt", b"x")], {"files": []})], {"nodes": 1})
+    assert size == (tmp_path / "b.tar.gz").stat().st_size > 0
+    assert stat.S_IMODE((tmp_path / "b.tar.gz").stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.tar.gz"]

@@ -25,7 +25,7 @@ import pytest
 from dgxdoctor.config import RemediationSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.remediation.actions import VllmTarget
-from dgxdoctor.remediation.audit import AuditLog, StateFile
+from dgxdoctor.remediation.audit import AuditLog, guard_state_file
 from dgxdoctor.remediation.engine import Remediator, Targets
 from dgxdoctor.result import CheckResult, Finding, Status
 
@@ -114,7 +114,7 @@ def pair(tmp: Path, seen: list[str], executor: str | None = "mp") -> tuple[Remed
 async def settle(r: Remediator) -> None:
     await r.evaluate()
     for _ in range(500):
-        if not r.busy.locked() and StateFile(r.state_file.dir).read().get("in_flight") is None:
+        if not r.busy.locked() and guard_state_file(r.state_file.path.parent).read().get("in_flight") is None:
             return
         await asyncio.sleep(0.02)
 

@@ -43,7 +43,7 @@ from dgxdoctor.sources.nccl_env import read_env_file
 from dgxdoctor.sources.nccl_info import NcclTransport, parse_nccl_info
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
 from dgxdoctor.sources.serving_env import find_serving_python
-from dgxdoctor.sources.statefile import atomic_write
+from dgxdoctor.sources.statefile import atomic_write, write_failed
 from dgxdoctor.sources.sysfs_ib import ports_by_device
 
 # The probe's exit statuses, repeated from ``dgxdoctor.probes.allreduce`` so the daemon does not import the probe
@@ -357,8 +357,8 @@ class NcclCheck(Check):
         try:
             path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
             atomic_write(path, f"{stdout}\n# --- stderr ---\n{stderr}".encode(), 0o640)  # never through a link
-        except OSError:
-            pass  # the verdict does not depend on it
+        except OSError as exc:
+            write_failed(path.name, path, exc)  # logged and counted; the verdict does not depend on it
 
 
 def probe_env(cfg: NcclSettings, rail: str | None = None, host_root: Path = Path("/")) -> dict[str, str]:

@@ -28,7 +28,7 @@ import structlog
 from dgxdoctor.config import RemediationSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.remediation.actions import StepResult, VllmTarget, ask_worker, run_argv, verify_vllm, wait_ray
-from dgxdoctor.remediation.audit import AUDIT_FILE, STATE_FILE, AuditLog, StateFile, Throttle, WriteErrors
+from dgxdoctor.remediation.audit import AUDIT_FILE, STATE_FILE, AuditLog, Throttle, WriteErrors, guard_state_file
 from dgxdoctor.remediation.capture import PreActionCapture
 from dgxdoctor.remediation.guard import Decision, Guard, GuardState
 from dgxdoctor.remediation.hardware_gate import HardwareGate, causes
@@ -93,7 +93,7 @@ class Remediator:
         self.xid_resolution = xid_resolution
         self.clock = clock
         self.audit = AuditLog(state_dir)
-        self.state_file = StateFile(state_dir)
+        self.state_file = guard_state_file(state_dir)
         self.write_errors = WriteErrors()
         self.loop_errors = Throttle()
         self.counts: Counter[tuple[str, str]] = Counter()
