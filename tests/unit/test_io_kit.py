@@ -8,6 +8,7 @@ HTTP clients come from ``Environment`` (a response cap in the transport, one TLS
 from __future__ import annotations
 
 import ast
+import asyncio
 import errno
 import stat
 import sys
@@ -18,10 +19,13 @@ from functools import cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 
 from dgxdoctor.config import RemediationSettings
 from dgxdoctor.environment import Environment
+from dgxdoctor.fleet.cluster import NodeRun, ask_peers
+from dgxdoctor.fleet.peers import MAX_STATE_BYTES, fetch_all
 from dgxdoctor.remediation.actions import VllmTarget, run_argv
 from dgxdoctor.remediation.engine import Remediator, Targets
 from dgxdoctor.sources.commands import CommandResult
@@ -253,3 +257,28 @@ def test_the_bench_baseline_and_a_bundle_are_written_whole(tmp_path: Path) -> No
     assert size == (tmp_path / "b.tar.gz").stat().st_size > 0
     assert stat.S_IMODE((tmp_path / "b.tar.gz").stat().st_mode) == 0o600
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.tar.gz"]
+
+
+# -- the peer exchange -----------------------------------------------------------------------------------------
+
+BAD_ANSWERS = {
+    "token": lambda: httpx.Response(401, json={"error": "missing or wrong token"}),
+    "document": lambda: httpx.Response(200, json={"node": "dgx-b", "checks": [{"samples": []}]}),
+    "size": lambda: httpx.Response(200, content=b" " * (MAX_STATE_BYTES + 1)),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_ANSWERS))
+def test_both_ways_of_asking_a_peer_word_a_bad_answer_alike(bad: str) -> None:
+    """The comparison's ``GET /state`` and ``check --cluster`` read peers through one exchange (they had two, and
+    worded the same 401 or the same bad field differently: ``checks[0].name`` here, ``checks.0.name`` there)."""
+    env = Environment(http_transport=httpx.MockTransport(lambda request: BAD_ANSWERS[bad]()))
+    fetched = fetch_all(lambda: env.async_http_client(), ["http://dgx-b:9835"], "t" * 16, 5.0)[0]
+
+    async def ask() -> NodeRun:
+        async with env.async_http_client() as client:
+            return (await ask_peers(client, ["http://dgx-b:9835"], "t" * 16, 5.0, cached=True))[0]
+
+    asked = asyncio.run(ask())
+    assert fetched.error is not None and asked.error is not None
+    assert fetched.error.removeprefix("invalid /state: ") == asked.error.removeprefix("InvalidState: ")
