@@ -282,3 +282,28 @@ def test_both_ways_of_asking_a_peer_word_a_bad_answer_alike(bad: str) -> None:
     asked = asyncio.run(ask())
     assert fetched.error is not None and asked.error is not None
     assert fetched.error.removeprefix("invalid /state: ") == asked.error.removeprefix("InvalidState: ")
+
+
+# -- the gated peer requests -----------------------------------------------------------------------------------
+
+GATE_PARTS = {"json.loads", "math.isfinite", "dgxdoctor.daemon.connections.lift_deadline"}
+
+
+@pytest.mark.parametrize("handler", ["daemon/checknow.py", "daemon/bundle_part.py"])
+def test_the_expensive_peer_requests_share_one_gate(handler: str) -> None:
+    """``POST /check/run`` and ``POST /bundle/part`` parse their body, gate and lift the deadline in
+    ``daemon/gated.py`` (each had its own copy)."""
+    assert [name for _, name in calls_and_imports(PACKAGE / handler) if name in GATE_PARTS] == []
+
+
+def test_both_gated_requests_refuse_a_bad_body_alike() -> None:
+    from dgxdoctor.config import parse_config
+    from dgxdoctor.daemon.bundle_part import parse_request
+    from dgxdoctor.daemon.checknow import parse_deadline
+
+    config = parse_config({})
+    for body, problem in ((b"[]", "and nothing else"), (b'{"deadline_s": "9"}', "deadline_s must be a number")):
+        with pytest.raises(ValueError, match=problem):
+            parse_deadline(body)
+        with pytest.raises(ValueError, match=problem):
+            parse_request(body, config)
