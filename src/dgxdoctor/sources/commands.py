@@ -89,7 +89,9 @@ def run_command(argv: Sequence[str], timeout_s: float = 10.0) -> CommandResult:
             stdout, stderr = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.communicate()
+            # wait, not communicate (as subprocess.run does): a child it left behind (a daemon it started) may hold
+            # the pipes open for ever.
+            proc.wait()
             raise _timed_out(argv, timeout_s) from None
         except BaseException:
             proc.kill()
