@@ -281,7 +281,22 @@ def test_both_ways_of_asking_a_peer_word_a_bad_answer_alike(bad: str) -> None:
 
     asked = asyncio.run(ask())
     assert fetched.error is not None and asked.error is not None
-    assert fetched.error.removeprefix("invalid /state: ") == asked.error.removeprefix("InvalidState: ")
+    assert fetched.error.removeprefix("invalid /state: ") == asked.error.removeprefix("BadAnswer: ")
+
+
+def test_a_bundle_part_refused_for_its_token_says_so() -> None:
+    """The bundle's ``POST /bundle/part`` is read through the same exchange (it said only "HTTP 401")."""
+    from dgxdoctor.bundle.build import ask_part
+    from dgxdoctor.bundle.redact import Redactor
+
+    env = Environment(http_transport=httpx.MockTransport(lambda request: BAD_ANSWERS["token"]()))
+
+    async def ask() -> str | None:
+        async with env.async_http_client() as client:
+            return (await ask_part(client, "http://dgx-b:9835", "t" * 16, 900, 5.0, Redactor(), 2**20)).error
+
+    error = asyncio.run(ask())
+    assert error is not None and "token rejected" in error and "missing or wrong token" in error
 
 
 # -- the gated peer requests -----------------------------------------------------------------------------------

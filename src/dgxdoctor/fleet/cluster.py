@@ -22,7 +22,7 @@ from dgxdoctor.fleet.compare import Comparison, compare
 from dgxdoctor.fleet.peers import (
     MAX_PARALLEL_FETCHES,
     STATE_PATH,
-    InvalidState,
+    BadAnswer,
     in_parallel,
     peer_label,
     read_answer,
@@ -84,12 +84,12 @@ async def ask_peer(
         async with asyncio.timeout(budget_s):
             answer = response_json(await read_answer(client, method, f"{url}{path}", token, body))
         if not cached and not isinstance(answer, dict):
-            raise InvalidState("not a JSON object")
+            raise BadAnswer("not a JSON object")
         doc = validated_document(answer if cached else answer.get("results")).state()
         offset, rtt = await measure_clock(client, url, clock)
     except TimeoutError:
         return NodeRun(label, url, None, f"no answer within the deadline ({budget_s:.1f} s)", _since(t0))
-    except (httpx.HTTPError, InvalidState) as exc:
+    except (httpx.HTTPError, BadAnswer) as exc:
         return NodeRun(label, url, None, f"{type(exc).__name__}: {exc}"[:400], _since(t0))
     return NodeRun(str(doc["node"]), url, doc, None, _since(t0), offset, rtt, cached)
 

@@ -1,5 +1,6 @@
 """Ask peers' agents and validate what they answer: the one home of the peer exchange (the peer comparison's
-``GET /state`` here, and ``check --cluster``'s ``POST /check/run`` in ``fleet/cluster.py``). Everything a peer sends
+``GET /state`` here, ``check --cluster``'s ``POST /check/run`` in ``fleet/cluster.py``, the bundle's
+``POST /bundle/part`` in ``bundle/build.py``). Everything a peer sends
 is untrusted input: its size is bounded, its status and JSON checked, its document validated by the results model,
 and a failure worded the same way whoever asked."""
 
@@ -24,8 +25,9 @@ STATE_PATH = "/state"
 T = TypeVar("T")
 
 
-class InvalidState(ValueError):
-    """A peer answered, but not with a usable results document (its ``/state``, or ``/check/run``'s answer)."""
+class BadAnswer(ValueError):
+    """A peer answered, but not usably: another status than 200, too large, not JSON, or not a valid results
+    document (its ``/state``, or ``/check/run``'s answer)."""
 
 
 @dataclass(frozen=True)
@@ -67,28 +69,29 @@ async def fetch_state(client: httpx.AsyncClient, url: str, token: str | None, ti
         return PeerFetch(url, label, None, f"timed out: no answer within {timeout_s:g} s", _since(t0), True)
     except httpx.HTTPError as exc:
         return PeerFetch(url, label, None, f"{type(exc).__name__}: {exc}", time.monotonic() - t0)
-    except InvalidState as exc:
+    except BadAnswer as exc:
         return PeerFetch(url, label, None, f"invalid /state: {exc}", time.monotonic() - t0)
     return PeerFetch(url, label, state, None, time.monotonic() - t0)
 
 
 async def read_answer(
-    client: httpx.AsyncClient, method: str, url: str, token: str | None, body: dict[str, Any] | None = None
-) -> bytes:
-    """The body of a 200 answer, at most ``MAX_STATE_BYTES``; InvalidState for another status (the peer's own
-    ``error`` text with it, and the token hint for 401/403) or a larger body."""
+    client: httpx.AsyncClient, method: str, url: str, token: str | None, body: dict[str, Any] | None = None,
+    max_bytes: int = MAX_STATE_BYTES,
+) -> bytes:  # fmt: skip
+    """The body of a 200 answer, at most ``max_bytes``; BadAnswer for another status (the peer's own ``error``
+    text with it, and the token hint for 401/403) or a larger body."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with client.stream(method, url, headers=headers, json=body) as response:
         if response.status_code != 200:
             text = (await response.aread())[:300].decode("utf-8", "replace")
             rejected = response.status_code in (401, 403)
             hint = " (token rejected: set the same daemon.token on every node)" if rejected else ""
-            raise InvalidState(f"HTTP {response.status_code}{hint}: {_error_text(text)}")
+            raise BadAnswer(f"HTTP {response.status_code}{hint}: {_error_text(text)}")
         out = bytearray()
         async for chunk in response.aiter_bytes():
             out += chunk
-            if len(out) > MAX_STATE_BYTES:
-                raise InvalidState(f"answer larger than {MAX_STATE_BYTES} bytes")
+            if len(out) > max_bytes:
+                raise BadAnswer(f"answer larger than {max_bytes} bytes")
         return bytes(out)
 
 
@@ -143,19 +146,19 @@ def response_json(body: bytes) -> Any:
     try:
         return json.loads(body)
     except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser's stack
-        raise InvalidState(f"not JSON ({exc})") from None
+        raise BadAnswer(f"not JSON ({exc})") from None
 
 
 def validated_document(doc: Any) -> ResultsDocument:
-    """A peer's results document through the results model (sizes bounded); InvalidState naming the first bad
+    """A peer's results document through the results model (sizes bounded); BadAnswer naming the first bad
     part (``checks[0].samples[2].value``)."""
     try:
         return ResultsDocument.model_validate(doc)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise InvalidState(f"{_where(first['loc'])}: {first['msg']}") from None
+        raise BadAnswer(f"{_where(first['loc'])}: {first['msg']}") from None
     except RecursionError:  # nesting deeper than the validator's stack
-        raise InvalidState("nested too deeply") from None
+        raise BadAnswer("nested too deeply") from None
 
 
 def validate_state(doc: Any) -> dict[str, Any]:
