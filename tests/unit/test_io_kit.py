@@ -62,7 +62,11 @@ def found(names: set[str], allowed: set[str]) -> list[str]:
 
 # -- HTTP ------------------------------------------------------------------------------------------------------
 
-HTTP_CLIENTS = {"httpx.Client", "httpx.AsyncClient", "httpx.HTTPTransport", "httpx.AsyncHTTPTransport"}
+HTTP_CLIENTS = {
+    *("httpx.Client", "httpx.AsyncClient", "httpx.HTTPTransport", "httpx.AsyncHTTPTransport"),
+    *("httpx.get", "httpx.post", "httpx.request", "httpx.stream"),  # each builds a client of its own
+    *("httpx.create_ssl_context", "ssl.create_default_context"),  # one TLS context: environment.tls_context
+}
 
 
 def test_every_http_client_comes_from_the_environment() -> None:
