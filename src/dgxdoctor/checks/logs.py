@@ -21,18 +21,20 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import Field
 
 from dgxdoctor.checks.base import Check, CheckSettings, own_settings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.log_files import log_backlog, log_unreadable
-from dgxdoctor.judge.scan import Scanner
-from dgxdoctor.judge.signatures import Catalog, Signature, load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder
 from dgxdoctor.sources.logtail import LogFollower, expand_paths, read_recent
 from dgxdoctor.sources.statefile import StateFile
+
+if TYPE_CHECKING:  # the matching code is imported with the catalog, at the first line to match
+    from dgxdoctor.judge.scan import Scanner
+    from dgxdoctor.judge.signatures import Catalog, Signature
 
 MATCHES_TOTAL = MetricSpec(
     "dgxdoctor_logs_signature_matches_total",
@@ -116,6 +118,8 @@ class LogsCheck(Check):
         """Compiled at the first line to match (or held match to restore): on a node with no log files yet the
         daemon never holds it (its patterns and RE2's prefilter: ~4.9 MiB resident, benchmarks/README.md)."""
         if self._catalog is None:
+            from dgxdoctor.judge.signatures import load_catalog
+
             self._catalog = load_catalog()
         return self._catalog
 
@@ -173,6 +177,8 @@ class LogsCheck(Check):
             scanner = self._scanners.get(path)
             if scanner is None:
                 kind = kinds.get(path) or kinds.get(path.removesuffix(".1"))
+                from dgxdoctor.judge.scan import Scanner
+
                 scanner = self._scanners[path] = Scanner(self.catalog, kind, trusted_only=True)
             for match in [*scanner.feed("\n".join(new)), *scanner.flush()]:
                 if not match.trusted:

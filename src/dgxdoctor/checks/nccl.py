@@ -35,7 +35,6 @@ from dgxdoctor.checks.nccl_run import ProbeRun as ProbeRun
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.nccl import bandwidth_finding, nccl_tests_findings, peer_probe_failed, probe_failed
 from dgxdoctor.judge.nccl_transport import describe, spans_nodes, transport_findings
-from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
 from dgxdoctor.sources.fields import ByteSize, Host, OptionalHttpUrl, PeerUrl, parse_byte_size
@@ -421,6 +420,8 @@ def _judge_one(b: ResultBuilder, run: ProbeRun, cfg: NcclSettings, node_has_ib: 
     # A peer that never joined leaves only the probe's own wait for it (a rendezvous timeout): that is the finding
     # below, with the output as its evidence, not a second fault read from the catalog.
     text = "\n".join(line for line in (run.stdout + "\n" + run.stderr).splitlines() if "NCCL INFO" not in line)
+    from dgxdoctor.judge.signatures import load_catalog  # with the probe's output: an idle daemon never holds it
+
     for match in load_catalog().scan(text) if run.returncode != EX_PEER_MISSING else ():
         sig = match.signature
         b.add(Finding(sig.code, sig.severity, sig.meaning, subject, evidence=match.line.strip()[:500], remedy=sig.fix))

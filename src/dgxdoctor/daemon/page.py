@@ -11,14 +11,15 @@ import asyncio
 import html
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dgxdoctor.config import Config
 from dgxdoctor.environment import Environment
-from dgxdoctor.fleet.cluster import ClusterView, NodeRun, ask_peers, assemble
 from dgxdoctor.fleet.incidents import IncidentTracker
 from dgxdoctor.fleet.store import ResultStore
-from dgxdoctor.remediation.status import status_document
+
+if TYPE_CHECKING:
+    from dgxdoctor.fleet.cluster import ClusterView, NodeRun
 
 QUIET = ("ok", "skipped")
 LABEL = {"ok": "OK", "warning": "WARNING", "critical": "CRITICAL", "unknown": "UNKNOWN", "skipped": "SKIPPED"}
@@ -225,12 +226,19 @@ class StatusPage:
         now = time.monotonic()
         if self._peers is not None and now - self._peers[0] < self.CACHE_S:
             return self._peers[1]
+        from dgxdoctor.fleet.cluster import ask_peers
+
         async with self.env().async_http_client(d.peer_timeout_s) as client:
             runs = await ask_peers(client, d.peers, self.token(), d.peer_timeout_s, cached=True)
         self._peers = (time.monotonic(), runs)
         return runs
 
     async def __call__(self) -> str:
+        # The cluster view and remediation's status are imported at the first page view: most daemons never
+        # serve one, and they stay out of an idle daemon's memory.
+        from dgxdoctor.fleet.cluster import NodeRun, assemble
+        from dgxdoctor.remediation.status import status_document
+
         local = NodeRun(self.store.node, None, self.store.snapshot())
         view = assemble(local, await self._peer_runs())
         latest = self.store.latest().values()
