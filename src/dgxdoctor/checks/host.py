@@ -17,7 +17,7 @@ from typing import ClassVar, Protocol
 import psutil
 from pydantic import Field, model_validator
 
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge import host
 from dgxdoctor.judge.host import DiskUsage, gib
@@ -156,19 +156,15 @@ def existing_ancestor(path: Path) -> Path:
     return current
 
 
-class HostCheck(Check):
+class HostCheck(Check[HostSettings]):
     name: ClassVar[str] = "host"
-    settings_model: ClassVar[type[CheckSettings]] = HostSettings
 
     def __init__(self, settings: CheckSettings, env: Environment, probe: HostProbe | None = None) -> None:
-        self.settings: CheckSettings = settings
-        settings = own_settings(self.name, settings, HostSettings)
-        self.cfg: HostSettings = settings
-        self.env = env
+        super().__init__(settings, env)
         self.probe: HostProbe = probe or PsutilProbe()
 
     def run(self) -> CheckResult:
-        s = self.cfg
+        s = self.settings
         b = ResultBuilder(self.name)
         notes: list[str] = []
 
@@ -202,7 +198,7 @@ class HostCheck(Check):
         return b.build(summary)
 
     def _weights(self, b: ResultBuilder, memory_total: int, notes: list[str]) -> None:
-        s = self.cfg
+        s = self.settings
         if s.model_dir is None and s.weights_bytes is None:
             notes.append("model_dir not configured: weights size not checked")
             return
@@ -229,7 +225,7 @@ class HostCheck(Check):
         b.add(*host.weights(weights, memory_total, disk_free, s.memory_ratio, s.disk_ratio, label))
 
     def _processes(self, b: ResultBuilder) -> None:
-        wanted = self.cfg.required_processes
+        wanted = self.settings.required_processes
         if not wanted:
             return
         me = os.getpid()

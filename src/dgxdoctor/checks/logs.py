@@ -25,7 +25,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.log_files import log_backlog, log_unreadable
 from dgxdoctor.judge.scan import Scanner
@@ -94,15 +94,11 @@ class _Recent:
     count: int
 
 
-class LogsCheck(Check):
+class LogsCheck(Check[LogsSettings]):
     name: ClassVar[str] = "logs"
-    settings_model: ClassVar[type[CheckSettings]] = LogsSettings
 
     def __init__(self, settings: CheckSettings, env: Environment, catalog: Catalog | None = None) -> None:
-        settings = own_settings(self.name, settings, LogsSettings)
-        self.settings: CheckSettings = settings
-        self._settings = settings
-        self.env = env
+        super().__init__(settings, env)
         self.catalog = catalog or load_catalog()
         self.state = StateFile(env.state_dir / "logs_offsets.json")
         self._follower: LogFollower | None = None
@@ -116,7 +112,7 @@ class LogsCheck(Check):
             saved = self.state.load()
             positions = saved.get("positions", {})
             self._follower = LogFollower(
-                positions if isinstance(positions, dict) else {}, from_start=self._settings.from_start
+                positions if isinstance(positions, dict) else {}, from_start=self.settings.from_start
             )
             self._recent = self._restore_recent(saved.get("recent"))
         return self._follower
@@ -174,7 +170,7 @@ class LogsCheck(Check):
                 self._recent[key] = _Recent(sig, path, match.line, now, seen.count + 1 if seen else 1)
 
     def run(self) -> CheckResult:
-        s = self._settings
+        s = self.settings
         kinds = {path: "ray" for path in expand_paths(s.ray_paths)}
         kinds.update({path: "vllm" for path in expand_paths(s.vllm_paths)})
         if self.env.one_shot:
@@ -224,14 +220,14 @@ class LogsCheck(Check):
     def _summary(self, what: str) -> str:
         codes = sorted({r.signature.code for r in self._recent.values()})
         if codes:
-            return f"{len(codes)} failure signature(s) in the last {self._settings.hold_s:g} s: {', '.join(codes)}"
+            return f"{len(codes)} failure signature(s) in the last {self.settings.hold_s:g} s: {', '.join(codes)}"
         return f"no known failure signature {what}"
 
     def _run_recent(self, kinds: Mapping[str, str]) -> CheckResult:
         """One-shot `dgxdoctor check`: the recent past of each file (``check_window_bytes`` of the files written
         in the last ``check_window_s``), with the daemon's held matches; what was not read is said, a backlog over
         the per-run limit is a WARNING. Nothing is saved: the daemon's positions stay as they are."""
-        s = self._settings
+        s = self.settings
         self._recent = self._restore_recent(self.state.load().get("recent"))
         if not kinds:
             return CheckResult.skipped(self.name, "no vLLM or Ray log files configured or present")

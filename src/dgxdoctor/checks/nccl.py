@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.checks.nccl_cross import PeerRefused, run_cross_node
 from dgxdoctor.checks.nccl_guard import in_window, parse_window, serving_reason
 from dgxdoctor.checks.nccl_run import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES
@@ -207,16 +207,12 @@ class NcclSettings(CheckSettings):
         return value
 
 
-class NcclCheck(Check):
+class NcclCheck(Check[NcclSettings]):
     name: ClassVar[str] = "nccl"
-    settings_model: ClassVar[type[CheckSettings]] = NcclSettings
     probes: ClassVar[tuple[str, ...]] = ("probe",)
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        settings = own_settings(self.name, settings, NcclSettings)
-        self.settings: CheckSettings = settings
-        self.cfg = settings
-        self.env = env
+        super().__init__(settings, env)
         self._progress: Callable[[str], None] | None = None
 
     def attach_progress(self, sink: Callable[[str], None]) -> None:
@@ -232,7 +228,7 @@ class NcclCheck(Check):
 
     def nccl_env(self, rail: str | None = None) -> dict[str, str]:
         """The probe's environment: the node's NCCL env file, then the pinned choices and INFO logging."""
-        return probe_env(self.cfg, rail, self.env.host_root)
+        return probe_env(self.settings, rail, self.env.host_root)
 
     def argv(self, rail: str | None = None, *, nnodes: int = 1, node_rank: int = 0) -> list[str] | None:
         """``env NAME=VALUE ... PROGRAM ARGS``: argv only, never a shell; None when there is no probe here."""
@@ -242,7 +238,7 @@ class NcclCheck(Check):
         return ["env", *(f"{k}={v}" for k, v in self.nccl_env(rail).items()), *program]
 
     def program(self, *, nnodes: int = 1, node_rank: int = 0) -> list[str] | None:
-        cfg = self.cfg
+        cfg = self.settings
         if cfg.command:
             return list(cfg.command)
         python = cfg.serving_python
@@ -269,7 +265,7 @@ class NcclCheck(Check):
 
     def refusal(self) -> str | None:
         """Why the probe must not run now, or None."""
-        cfg = self.cfg
+        cfg = self.settings
         if not self.env.one_shot and not in_window(cfg.maintenance_windows, self.env.clock()):
             if not cfg.maintenance_windows:
                 return "no maintenance window configured: the daemon never probes; run `dgxdoctor check --only nccl`"
@@ -281,7 +277,7 @@ class NcclCheck(Check):
 
     def join_request(self, run_id: str, rail: str | None) -> dict[str, Any]:
         """What the peer's agent is asked to run (``POST /nccl/join``, validated there by daemon/nccl_join.py)."""
-        cfg = self.cfg
+        cfg = self.settings
         return {
             "run_id": run_id,
             "master_addr": cfg.master_addr or "127.0.0.1",
@@ -308,7 +304,7 @@ class NcclCheck(Check):
                 self.name, "no probe: set checks.nccl.command (nccl-tests) or checks.nccl.serving_python (torch)"
             )
         runs: list[ProbeRun] = []
-        rails: list[str | None] = [*self.cfg.rails] or [None]
+        rails: list[str | None] = [*self.settings.rails] or [None]
         for rail in rails:
             try:
                 runs.append(self.run_once(rail))
@@ -318,15 +314,15 @@ class NcclCheck(Check):
                 return CheckResult.skipped(self.name, str(exc))
             except CommandTimeout as exc:
                 return replace(CheckResult.unknown(self.name, f"the NCCL probe timed out: {exc}"), timeouts=("probe",))
-        if not self.cfg.command and runs[0].returncode == EX_NOT_RUNNABLE:
+        if not self.settings.command and runs[0].returncode == EX_NOT_RUNNABLE:
             return CheckResult.skipped(self.name, runs[0].stderr.strip().lstrip("# ") or "probe cannot run here")
-        return judge_runs(runs, self.cfg, node_has_ib=bool(ports_by_device(self.env.sysfs_root, counters=False)))
+        return judge_runs(runs, self.settings, node_has_ib=bool(ports_by_device(self.env.sysfs_root, counters=False)))
 
     def run_once(self, rail: str | None) -> ProbeRun:
-        if self.cfg.peer:
+        if self.settings.peer:
             argv = self.argv(rail, nnodes=2, node_rank=0)
             return run_cross_node(
-                self.env, self.cfg.peer, self.token, lambda run_id: self.join_request(run_id, rail),
+                self.env, self.settings.peer, self.token, lambda run_id: self.join_request(run_id, rail),
                 lambda: self.run_local(argv, rail), rail,
             )  # fmt: skip
         return self.run_local(self.argv(rail), rail)
@@ -338,7 +334,7 @@ class NcclCheck(Check):
         if shutil.which(program) is None:
             raise CommandNotFound(f"{program} not found")
         # Leave room for the runner's own timeout to report a hang rather than a half-read table.
-        timeout = timeout_s if timeout_s is not None else max(1.0, self.cfg.timeout_s - 5)
+        timeout = timeout_s if timeout_s is not None else max(1.0, self.settings.timeout_s - 5)
         if self._progress is None:
             done = self.env.run_command(argv, timeout_s=timeout)
         else:
