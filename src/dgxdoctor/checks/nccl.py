@@ -29,7 +29,7 @@ from pydantic import Field, field_validator, model_validator
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.checks.nccl_cross import PeerRefused, run_cross_node
 from dgxdoctor.checks.nccl_guard import in_window, parse_window, serving_reason
-from dgxdoctor.checks.nccl_run import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES
+from dgxdoctor.checks.nccl_run import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, ProbeSize
 from dgxdoctor.checks.nccl_run import EX_PEER_MISSING as EX_PEER_MISSING  # re-exported: daemon and tests
 from dgxdoctor.checks.nccl_run import ProbeRun as ProbeRun
 from dgxdoctor.environment import Environment
@@ -38,7 +38,7 @@ from dgxdoctor.judge.nccl_transport import describe, spans_nodes, transport_find
 from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv, run_command_lines
-from dgxdoctor.sources.fields import ByteSize, Host, OptionalHttpUrl, PeerUrl, parse_byte_size
+from dgxdoctor.sources.fields import Host, OptionalHttpUrl, PeerUrl, sizes_in_order
 from dgxdoctor.sources.nccl_env import read_env_file
 from dgxdoctor.sources.nccl_info import NcclTransport, parse_nccl_info
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
@@ -78,27 +78,6 @@ GB = 1e9
 # NCCL_ALGO / NCCL_PROTO values: names, lists, exclusions ("^NVLS") and per-collective forms ("allreduce:ring").
 NCCL_CHOICE_RE = re.compile(r"^[A-Za-z0-9,^:;_]{0,128}$")
 HCA_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}(?::\d{1,3})?$")
-# Message sizes as nccl-tests' -b/-e take them: "8M", "1G", "512K", "1048576", "8MB".
-SIZE_RE = re.compile(r"^(\d{1,12})([KMG]?)B?$")
-SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-# Every size in 1 B .. 16 GiB (nccl-tests' customary -e is 8G): "0" would never end the doubling loop.
-MAX_PROBE_BYTES = 16 << 30
-
-
-def size_bytes(text: str) -> int:
-    """``8M`` -> 8388608; ValueError naming what is wrong (the bounds included)."""
-    found = SIZE_RE.match(text)
-    if found is None:
-        raise ValueError(f"{text!r} is not a size (e.g. 8M, 1G, 1048576)")
-    size = int(found.group(1)) * SIZE_UNITS[found.group(2)]
-    if not 1 <= size <= MAX_PROBE_BYTES:
-        raise ValueError(f"{text!r} is outside 1 B .. 16G")
-    return size
-
-
-def check_size_range(min_bytes: str, max_bytes: str) -> None:
-    if size_bytes(min_bytes) > size_bytes(max_bytes):
-        raise ValueError(f"min_bytes {min_bytes!r} is above max_bytes {max_bytes!r}")
 
 
 class NcclSettings(CheckSettings):
@@ -120,8 +99,8 @@ class NcclSettings(CheckSettings):
     backend: Literal["nccl", "gloo"] = Field(
         "nccl", description="bundled probe: torch.distributed backend; gloo runs on CPU (no NCCL: tests, rehearsals)"
     )
-    min_bytes: ByteSize = Field(DEFAULT_MIN_BYTES, description="bundled probe: smallest message (8M, 1G, 512K)")
-    max_bytes: ByteSize = Field(DEFAULT_MAX_BYTES, description="bundled probe: largest message")
+    min_bytes: ProbeSize = Field(DEFAULT_MIN_BYTES, description="bundled probe: smallest message (8M, 1G, 512K)")
+    max_bytes: ProbeSize = Field(DEFAULT_MAX_BYTES, description="bundled probe: largest message")
     quick: bool = Field(False, description="bundled probe: 32M-128M, few iterations: an answer within 10 s")
     algo: str = Field("Ring", description="NCCL_ALGO for the probe, pinned so runs compare; empty: NCCL chooses")
     proto: str = Field("Simple", description="NCCL_PROTO for the probe, pinned likewise; empty: NCCL chooses")
@@ -169,8 +148,7 @@ class NcclSettings(CheckSettings):
 
     @model_validator(mode="after")
     def _sizes_ordered(self) -> NcclSettings:
-        if parse_byte_size(self.min_bytes) > parse_byte_size(self.max_bytes):
-            raise ValueError(f"min_bytes {self.min_bytes} is larger than max_bytes {self.max_bytes}")
+        sizes_in_order(self.min_bytes, self.max_bytes)
         return self
 
     @field_validator("algo", "proto")
@@ -179,17 +157,6 @@ class NcclSettings(CheckSettings):
         if not NCCL_CHOICE_RE.match(value):
             raise ValueError(f"{value!r} is not an NCCL_ALGO/NCCL_PROTO value (e.g. Ring, Simple, ^NVLS)")
         return value
-
-    @field_validator("min_bytes", "max_bytes")
-    @classmethod
-    def _size(cls, value: str) -> str:
-        size_bytes(value)
-        return value
-
-    @model_validator(mode="after")
-    def _size_order(self) -> NcclSettings:
-        check_size_range(self.min_bytes, self.max_bytes)
-        return self
 
     @field_validator("rails")
     @classmethod

@@ -51,6 +51,27 @@ def byte_size(value: str) -> str:
     return match["number"] + match["unit"].upper()
 
 
+def byte_size_within(value: str, low: int, high: int) -> str:
+    """``value`` (a ``ByteSize``) if it lies in ``low`` .. ``high`` bytes; ValueError naming the bounds."""
+    if not low <= parse_byte_size(value) <= high:
+        raise ValueError(f"{value!r} is outside {_spelled(low)} .. {_spelled(high)}")
+    return value
+
+
+def sizes_in_order(smaller: str, larger: str, names: tuple[str, str] = ("min_bytes", "max_bytes")) -> None:
+    """ValueError when the size meant to be the smaller is the larger (both ``ByteSize``)."""
+    if parse_byte_size(smaller) > parse_byte_size(larger):
+        raise ValueError(f"{names[0]} {smaller} is larger than {names[1]} {larger}")
+
+
+def _spelled(size: int) -> str:
+    """16 GiB -> "16G", 1 -> "1 B": the bound as the operator writes it."""
+    for unit in ("G", "M", "K"):
+        if size >= _UNITS[unit] and size % _UNITS[unit] == 0:
+            return f"{size // _UNITS[unit]}{unit}"
+    return f"{size} B"
+
+
 def _empty_is_none(value: Any) -> Any:
     return None if value == "" else value
 
