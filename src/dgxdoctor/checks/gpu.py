@@ -32,7 +32,8 @@ from dgxdoctor.sources.pci import PciDevice, nvidia_gpus, read_pci_devices
 
 GPU_LABELS = ("gpu", "pci_bus_id")
 
-GPU_COUNT = MetricSpec("dgxdoctor_gpu_count", "GPUs NVML reports on this node.")
+# A gauge of things is named for them ("_count" is a summary's or histogram's suffix: promtool check metrics).
+GPU_COUNT = MetricSpec("dgxdoctor_gpus", "GPUs NVML reports on this node.")
 GPU_INFO = MetricSpec(
     "dgxdoctor_gpu_info", "GPU identity: UUID and model name (value 1).", "info", (*GPU_LABELS, "uuid", "model")
 )

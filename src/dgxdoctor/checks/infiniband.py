@@ -80,12 +80,30 @@ PORT_XMIT_BPS = MetricSpec(
     "Bytes transmitted per second on the RDMA port between the last two runs (port_xmit_data x 4).",
     labels=("device", "port"),
 )
-PORT_COUNTER = MetricSpec(
-    "dgxdoctor_ib_port_counter_total",
-    "Raw value of a port counter from counters/ or hw_counters/ (port_*_data in 4-byte words).",
+# The port's counter files in base units, as node_exporter's infiniband collector exports them: the data counters
+# count 4-byte words (port_rcv_data x 4 = bytes) and get byte families of their own; every other file (packets,
+# errors, waits, hw_counters/) is one family labelled with the file's name. A counter's name never says "counter"
+# and a byte count ends in _bytes_total (promtool check metrics).
+PORT_RCV_BYTES = MetricSpec(
+    "dgxdoctor_ib_port_rcv_bytes_total",
+    "Bytes received on the RDMA port since the counter was last reset (counters/port_rcv_data x 4).",
+    type="counter",
+    labels=("device", "port"),
+)
+PORT_XMIT_BYTES = MetricSpec(
+    "dgxdoctor_ib_port_xmit_bytes_total",
+    "Bytes transmitted on the RDMA port since the counter was last reset (counters/port_xmit_data x 4).",
+    type="counter",
+    labels=("device", "port"),
+)
+PORT_EVENTS = MetricSpec(
+    "dgxdoctor_ib_port_events_total",
+    "Value of one of the RDMA port's other counter files (counters/ or hw_counters/, named by the counter label): "
+    "packets, errors, wait ticks.",
     type="counter",
     labels=("device", "port", "counter"),
 )
+DATA_BYTES = {"port_rcv_data": PORT_RCV_BYTES, "port_xmit_data": PORT_XMIT_BYTES}
 PORT_ERRORS_PER_SECOND = MetricSpec(
     "dgxdoctor_ib_port_errors_per_second",
     "Increase per second of an RDMA port error counter between the last two runs.",
@@ -258,7 +276,11 @@ class InfinibandCheck(Check[InfinibandSettings]):
             b.sample(PORT_FLAPS, float(len(flaps)), **labels)
             return {"flaps": flaps}
         for name, value in sorted(port.counters.items()):
-            b.sample(PORT_COUNTER, float(value), counter=name, **labels)
+            data = DATA_BYTES.get(name)
+            if data is not None:
+                b.sample(data, float(value * DATA_WORD_BYTES), **labels)
+            else:
+                b.sample(PORT_EVENTS, float(value), counter=name, **labels)
         win = self._history.window(entry, port.counters, now)
         elapsed = win.elapsed
         if elapsed is not None:
