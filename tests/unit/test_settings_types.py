@@ -131,3 +131,31 @@ def test_one_size_parser() -> None:
         str(p.relative_to(src)) for p in src.rglob("*.py") if size_regex.search(p.read_text(encoding="utf-8"))
     )
     assert owners == ["sources/fields.py"]  # probes/allreduce.py keeps a stdlib copy, held equal above
+
+
+def _settings_fields() -> list[tuple[type, str]]:
+    from pydantic import BaseModel
+
+    from dgxdoctor.config import config_model
+
+    seen: list[tuple[type, str]] = []
+    todo: list[type[BaseModel]] = [config_model()]
+    while todo:
+        model = todo.pop()
+        for name, field in model.model_fields.items():
+            inner = field.annotation
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                todo.append(inner)
+            elif name.endswith(("_url", "_addr")) or name in ("peer", "peers"):
+                seen.append((model, name))
+    return seen
+
+
+@pytest.mark.parametrize(("model", "key"), _settings_fields(), ids=lambda x: getattr(x, "__name__", x))
+def test_every_url_and_host_setting_is_validated(model: type, key: str) -> None:
+    """A URL without a scheme (or a host with a shell in it) is a config error in every table, not a later
+    "not serving" or "unreachable"."""
+    bad = "dgx-b; rm -rf /" if key.endswith("_addr") else "127.0.0.1:8000"
+    value: object = [bad] if key == "peers" else bad
+    with pytest.raises(ValueError, match=key):
+        model(**{key: value})

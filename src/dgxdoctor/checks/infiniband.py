@@ -276,9 +276,9 @@ class InfinibandCheck(Check[InfinibandSettings]):
             b.sample(PORT_FLAPS, float(len(flaps)), **labels)
             return {"flaps": flaps}
         for name, value in sorted(port.counters.items()):
-            data = DATA_BYTES.get(name)
-            if data is not None:
-                b.sample(data, float(value * DATA_WORD_BYTES), **labels)
+            in_bytes = DATA_BYTES.get(name)
+            if in_bytes is not None:
+                b.sample(in_bytes, float(value * DATA_WORD_BYTES), **labels)
             else:
                 b.sample(PORT_EVENTS, float(value), counter=name, **labels)
         win = self._history.window(entry, port.counters, now)

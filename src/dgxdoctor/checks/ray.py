@@ -25,7 +25,7 @@ from typing import ClassVar, Literal
 from urllib.parse import urlsplit
 
 import httpx
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
@@ -39,7 +39,7 @@ from dgxdoctor.judge.ray import (
 from dgxdoctor.judge.vllm_mp import ray_not_required
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
-from dgxdoctor.sources.http import http_url
+from dgxdoctor.sources.fields import HttpUrl
 from dgxdoctor.sources.procfs import listening_ports, processes_named
 from dgxdoctor.sources.ray_api import (
     CLUSTER_STATUS_PATH,
@@ -78,7 +78,7 @@ PORT_LISTENING = MetricSpec(
 
 
 class RaySettings(CheckSettings):
-    dashboard_url: str = Field(
+    dashboard_url: HttpUrl = Field(
         "http://127.0.0.1:8265", description="Ray dashboard of the head node (started with --dashboard-host)"
     )
     expected_nodes: int = Field(DEFAULT_EXPECTED_NODES, ge=1, description="Ray nodes that must be ALIVE")
@@ -102,11 +102,6 @@ class RaySettings(CheckSettings):
         description="file with the cluster's token when Ray runs with RAY_AUTH_MODE=token (Ray keeps it in "
         "~/.ray/auth_token); sent as 'Authorization: Bearer'",
     )
-
-    @field_validator("dashboard_url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        return http_url(value)
 
 
 def is_loopback_url(url: str) -> bool:

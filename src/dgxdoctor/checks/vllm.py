@@ -25,7 +25,7 @@ from typing import ClassVar, Literal
 from urllib.parse import urlsplit
 
 import httpx
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.checks.vllm_progress import EngineWatch, ProgressFollower
@@ -48,7 +48,7 @@ from dgxdoctor.judge.vllm import (
     unreadable,
 )
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
-from dgxdoctor.sources.http import http_url
+from dgxdoctor.sources.fields import HttpUrl
 from dgxdoctor.sources.procfs import CLK_TCK, ProcessInfo
 from dgxdoctor.sources.prom_text import PromTextError
 from dgxdoctor.sources.redact import shown_argv
@@ -125,7 +125,7 @@ VLLM_CANARY_TOKENS = MetricSpec(
 class VllmSettings(CheckSettings):
     timeout_s: float = Field(90.0, gt=0, description="a run that takes longer is UNKNOWN (covers the canary)")
     interval_s: float = Field(15.0, gt=0, description="daemon: seconds between runs")
-    base_url: str = Field("http://127.0.0.1:8000", description="vLLM's OpenAI-compatible server on this node")
+    base_url: HttpUrl = Field("http://127.0.0.1:8000", description="vLLM's OpenAI-compatible server on this node")
     required: bool = Field(
         False,
         description="vLLM must run here: a refused connection is CRITICAL even with no vLLM process on this node "
@@ -199,11 +199,6 @@ class VllmSettings(CheckSettings):
         description="a /health timeout while the API server used at least this share of a CPU means saturated, "
         "below it hung",
     )
-
-    @field_validator("base_url")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        return http_url(value)
 
 
 class VllmCheck(Check[VllmSettings]):
