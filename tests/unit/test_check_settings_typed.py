@@ -129,3 +129,27 @@ def test_remediation_imports_no_check() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PYTHONPATH": str(SRC.parent)}
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_the_type_argument_is_the_settings_model() -> None:
+    from typing import ClassVar
+
+    from dgxdoctor.environment import Environment
+    from dgxdoctor.result import CheckResult, Status
+
+    class WideSettings(CheckSettings):
+        width: int = 3
+
+    class Wide(Check[WideSettings]):
+        name: ClassVar[str] = "wide"
+
+        def run(self) -> CheckResult:
+            return CheckResult(self.name, Status.OK, f"width {self.settings.width}")
+
+    class Narrower(Wide):  # a subclass that names a model of its own keeps it
+        settings_model = CheckSettings
+
+    assert Wide.settings_model is WideSettings and Narrower.settings_model is CheckSettings
+    assert Wide(WideSettings(width=5), Environment()).run().summary == "width 5"
+    with pytest.raises(TypeError, match="wide check needs WideSettings"):
+        Wide(CheckSettings(), Environment())

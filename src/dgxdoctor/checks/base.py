@@ -60,7 +60,7 @@ class Check(Generic[S_co]):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """``settings_model`` from the type argument of ``Check[...]``, so the two can never disagree."""
         super().__init_subclass__(**kwargs)
-        for base in getattr(cls, "__orig_bases__", ()):
+        for base in cls.__dict__.get("__orig_bases__", ()):  # its own bases: a subclass of a check keeps its model
             args = get_args(base)
             if get_origin(base) is Check and args and isinstance(args[0], type):
                 cls.settings_model = args[0]
