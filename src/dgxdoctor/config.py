@@ -78,13 +78,15 @@ class Sections(Frozen):
     """The tables every config has. ``checks`` is the registry's: ``config_model`` narrows it to one field per
     check, each that check's own ``settings_model``."""
 
-    node: NodeSettings = Field(default_factory=NodeSettings)
-    paths: PathsSettings = Field(default_factory=PathsSettings)
-    daemon: DaemonSettings = Field(default_factory=DaemonSettings)
-    remediation: RemediationSettings = Field(default_factory=RemediationSettings)
-    alerts: AlertsSettings = Field(default_factory=AlertsSettings)
-    bundle: BundleSettings = Field(default_factory=BundleSettings)
-    checks: BaseModel = Field(default_factory=BaseModel)
+    # Defaults are instances, not factories: pydantic inspects a factory's signature (for a model class, its whole
+    # __signature__), a cost paid at every start; a frozen table is never changed through a default anyway.
+    node: NodeSettings = NodeSettings()
+    paths: PathsSettings = PathsSettings()
+    daemon: DaemonSettings = DaemonSettings()
+    remediation: RemediationSettings = RemediationSettings()
+    alerts: AlertsSettings = AlertsSettings()
+    bundle: BundleSettings = BundleSettings()
+    checks: BaseModel = Frozen()
 
 
 @cache
@@ -94,7 +96,7 @@ def checks_model() -> type[BaseModel]:
     from dgxdoctor.checks.registry import ALL_CHECKS
 
     fields: dict[str, Any] = {
-        factory.name: (factory.settings_model, Field(default_factory=factory.settings_model)) for factory in ALL_CHECKS
+        factory.name: (factory.settings_model, factory.settings_model()) for factory in ALL_CHECKS
     }
     return create_model("ChecksSettings", __base__=Frozen, **fields)
 
@@ -102,7 +104,7 @@ def checks_model() -> type[BaseModel]:
 @cache
 def config_model() -> type[Sections]:
     checks = checks_model()
-    return create_model("Config", __base__=Sections, checks=(checks, Field(default_factory=checks)))
+    return create_model("Config", __base__=Sections, checks=(checks, checks()))
 
 
 # user:password@ in a URL (http://admin:pw@dgx-b:9835): a password in a URL is not repeated in an error.
