@@ -52,12 +52,10 @@ def test_no_type_ignore_in_checks_or_the_config_accessors() -> None:
 
 
 def test_nobody_reads_check_settings_with_getattr_defaults() -> None:
-    """``config.settings_of(name, Model)`` is the typed read. (diagnose/ is a sibling of checks/ and cannot import
-    their models: its analyzers still take thresholds duck-typed, outside this test.)"""
+    """``config.settings_of(name, Model)`` is the typed read; diagnose's analyzers take typed thresholds."""
     found = [
         f"{path.relative_to(SRC)}:{n}: {line.strip()}"
         for path in sorted(SRC.rglob("*.py"))
-        if path.parent.name != "diagnose"
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if GETATTR_SETTINGS.search(line)
     ]
@@ -153,3 +151,32 @@ def test_the_type_argument_is_the_settings_model() -> None:
     assert Wide(WideSettings(width=5), Environment()).run().summary == "width 5"
     with pytest.raises(TypeError, match="wide check needs WideSettings"):
         Wide(CheckSettings(), Environment())
+
+
+def test_diagnose_judges_with_the_checks_thresholds_and_their_defaults() -> None:
+    """The analyzers read [checks.*] through typed thresholds, and without a config judge with the checks' defaults
+    (they took getattr(settings, "min_fraction", 0.7) and the like, a second copy of each default)."""
+    from dgxdoctor.checks.infiniband import InfinibandSettings
+    from dgxdoctor.checks.nccl import NcclSettings
+    from dgxdoctor.checks.ray import RaySettings
+    from dgxdoctor.commands.diagnose import thresholds
+    from dgxdoctor.diagnose.registry import Thresholds
+
+    assert thresholds(parse_config({})) == Thresholds()
+    defaults = Thresholds()
+    assert defaults.nccl_min_fraction == NcclSettings().min_fraction
+    assert (defaults.ray_expected_nodes, defaults.ray_expected_gpus) == (
+        RaySettings().expected_nodes,
+        RaySettings().expected_gpus,
+    )
+    assert defaults.ib_min_rate_gbps == InfinibandSettings().min_rate_gbps
+    config = parse_config(
+        {
+            "checks": {
+                "infiniband": {"min_rate_gbps": 400},
+                "nccl": {"expected_busbw_gbps": 380, "min_fraction": 0.8},
+                "ray": {"expected_nodes": 4, "expected_gpus": 32},
+            }
+        }
+    )
+    assert thresholds(config) == Thresholds(400, 380, 0.8, 4, 32)

@@ -33,7 +33,13 @@ from dgxdoctor.checks.nccl_run import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, Prob
 from dgxdoctor.checks.nccl_run import EX_PEER_MISSING as EX_PEER_MISSING  # re-exported: daemon and tests
 from dgxdoctor.checks.nccl_run import ProbeRun as ProbeRun
 from dgxdoctor.environment import Environment
-from dgxdoctor.judge.nccl import bandwidth_finding, nccl_tests_findings, peer_probe_failed, probe_failed
+from dgxdoctor.judge.nccl import (
+    DEFAULT_MIN_FRACTION,
+    bandwidth_finding,
+    nccl_tests_findings,
+    peer_probe_failed,
+    probe_failed,
+)
 from dgxdoctor.judge.nccl_transport import describe, spans_nodes, transport_findings
 from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
@@ -143,7 +149,10 @@ class NcclSettings(CheckSettings):
         "400); unset: only the TCP-fallback floor is judged",
     )
     min_fraction: float = Field(
-        0.7, gt=0, le=1, description="busbw below this fraction of expected_busbw_gbps is critical (the tutorial)"
+        DEFAULT_MIN_FRACTION,
+        gt=0,
+        le=1,
+        description="busbw below this fraction of expected_busbw_gbps is critical (the tutorial)",
     )
 
     @model_validator(mode="after")
