@@ -159,3 +159,33 @@ def test_every_url_and_host_setting_is_validated(model: type, key: str) -> None:
     value: object = [bad] if key == "peers" else bad
     with pytest.raises(ValueError, match=key):
         model(**{key: value})
+
+
+BYTE_COUNTS = [
+    ("bundle", "size_cap_bytes"),
+    ("checks.logs", "max_bytes_per_run"),
+    ("checks.logs", "check_window_bytes"),
+    ("checks.drift", "hash_bytes_per_run"),
+    ("checks.host", "weights_bytes"),
+    ("checks.ras", "max_bytes"),
+]
+
+
+def _table(path: str, key: str, value: object) -> dict[str, object]:
+    doc: dict[str, object] = {key: value}
+    for part in reversed(path.split(".")):
+        doc = {part: doc}
+    return doc
+
+
+@pytest.mark.parametrize(("table", "key"), BYTE_COUNTS)
+def test_every_byte_count_takes_a_size_as_the_probe_does(table: str, key: str) -> None:
+    """One byte-size parser for every setting: "64M" is 64 MiB wherever a number of bytes is asked for."""
+    config = parse_config(_table(table, key, "64M"))
+    section = config.model
+    for part in table.split("."):
+        section = getattr(section, part)
+    assert getattr(section, key) == 64 << 20
+    with pytest.raises(ConfigError) as err:
+        parse_config(_table(table, key, "64X"))
+    assert "not a size" in dict(err.value.problems)[f"{table}.{key}"]

@@ -21,6 +21,7 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.judge.drift import model_dir_missing
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
+from dgxdoctor.sources.fields import ByteCount
 from dgxdoctor.sources.fingerprint import ShardHasher, listing_fingerprint, sample_shards, scan_model_dir
 from dgxdoctor.sources.serving_env import DISTRIBUTIONS, PROBE, find_serving_python, parse_probe_output
 
@@ -56,8 +57,10 @@ class DriftSettings(CheckSettings):
         description="sha256 this many *.safetensors shards (first and last by name, then evenly spaced); "
         "0 = names and sizes only",
     )
-    hash_bytes_per_run: int = Field(
-        256 * 1024 * 1024, gt=0, description="read at most this many shard bytes per run; a hash completes over runs"
+    hash_bytes_per_run: ByteCount = Field(
+        256 * 1024 * 1024,
+        gt=0,
+        description="read at most this many shard bytes per run (a number or a size: 256M); a hash completes over runs",
     )
 
 

@@ -22,6 +22,7 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.judge import host
 from dgxdoctor.judge.host import DiskUsage, gib
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
+from dgxdoctor.sources.fields import ByteCount
 from dgxdoctor.sources.procfs import iter_processes
 
 HOST_MEMORY_TOTAL = MetricSpec("dgxdoctor_host_memory_total_bytes", "Total system memory (RAM)")
@@ -54,8 +55,10 @@ class HostSettings(CheckSettings):
     model_dir: Path | None = Field(
         None, description="directory of the served model's weights (the same path on every node); unset: skipped"
     )
-    weights_bytes: int | None = Field(
-        None, ge=0, description="size of the weights in bytes, instead of summing the files under model_dir"
+    weights_bytes: ByteCount | None = Field(
+        None,
+        ge=0,
+        description="size of the weights in bytes (or a size: 140G), instead of summing the files under model_dir",
     )
     memory_ratio: float = Field(1.5, gt=0, description="system RAM must be at least this many times the weights")
     disk_ratio: float = Field(

@@ -31,6 +31,7 @@ from dgxdoctor.judge.log_files import log_backlog, log_unreadable
 from dgxdoctor.judge.scan import Scanner
 from dgxdoctor.judge.signatures import Catalog, Signature, load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder
+from dgxdoctor.sources.fields import ByteCount
 from dgxdoctor.sources.logtail import LogFollower, expand_paths, read_recent
 from dgxdoctor.sources.statefile import StateFile
 
@@ -63,8 +64,10 @@ class LogsSettings(CheckSettings):
         ],
         description="Ray log files or globs",
     )
-    max_bytes_per_run: int = Field(
-        32 * 1024 * 1024, gt=0, description="read at most this many new bytes per run over all files; rest next run"
+    max_bytes_per_run: ByteCount = Field(
+        32 * 1024 * 1024,
+        gt=0,
+        description="read at most this many new bytes per run over all files (or a size: 32M); rest next run",
     )
     from_start: bool = Field(
         False,
@@ -72,11 +75,11 @@ class LogsSettings(CheckSettings):
         "restart does not report old lines; files appearing later are always read whole)",
     )
     hold_s: float = Field(900.0, gt=0, description="keep reporting a match this many seconds after it was last seen")
-    check_window_bytes: int = Field(
+    check_window_bytes: ByteCount = Field(
         8 * 1024 * 1024,
         gt=0,
-        description="one-shot `dgxdoctor check`: read the last this many bytes of each log file (the recent past; "
-        "the daemon follows files from their end instead)",
+        description="one-shot `dgxdoctor check`: read the last this many bytes (or a size: 8M) of each log file "
+        "(the recent past; the daemon follows files from their end instead)",
     )
     check_window_s: float = Field(
         900.0,

@@ -22,6 +22,7 @@ from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.ras import layout_findings, rank_findings, stuck_processes, unreachable_finding
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
+from dgxdoctor.sources.fields import ByteCount
 from dgxdoctor.sources.nccl_env import parse_environ
 from dgxdoctor.sources.procfs import ProcessInfo, iter_processes, read_process
 from dgxdoctor.sources.ras_client import DEFAULT_HOST, DEFAULT_PORT, RasError, RasReply, parse_ras_addr, query
@@ -66,7 +67,9 @@ class RasSettings(CheckSettings):
         5, ge=1, le=60, description="RAS's wait for other processes, per leg (ncclras -t; NCCL's default is 5)"
     )
     deadline_s: float = Field(15.0, gt=0, description="the whole query's hard deadline, connect to last byte")
-    max_bytes: int = Field(4 << 20, ge=4096, description="a RAS reply larger than this is refused")
+    max_bytes: ByteCount = Field(
+        4 << 20, ge=4096, description="a RAS reply larger than this many bytes (or a size: 4M) is refused"
+    )
     tensor_parallel_size: int = Field(0, ge=0, description="vLLM's TP size; 0: read from vLLM's command line")
     pipeline_parallel_size: int = Field(0, ge=0, description="vLLM's PP size; 0: read from vLLM's command line")
     required: bool = Field(

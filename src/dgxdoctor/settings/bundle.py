@@ -5,13 +5,16 @@ from __future__ import annotations
 from pydantic import Field
 
 from dgxdoctor.settings.base import Frozen
+from dgxdoctor.sources.fields import ByteCount
 
 
 class BundleSettings(Frozen):
     """``dgxdoctor bundle`` and the capture before a restart: limits of one evidence archive."""
 
-    size_cap_bytes: int = Field(
-        64 * 2**20, ge=2**16, description="bytes of all files of one node's part; past it files are cut, and it says so"
+    size_cap_bytes: ByteCount = Field(
+        64 * 2**20,
+        ge=2**16,
+        description="bytes (or a size: 64M) of all files of one node's part; past it files are cut, and it says so",
     )
     deadline_s: float = Field(120.0, gt=0, le=3600, description="`dgxdoctor bundle`: the whole collection's deadline")
     command_timeout_s: float = Field(20.0, gt=0, description="each command of a bundle (nvidia-smi -q, ray status)")

@@ -72,6 +72,11 @@ def _spelled(size: int) -> str:
     return f"{size} B"
 
 
+def _size_text_to_bytes(value: Any) -> Any:
+    """A size written as text (``"64M"``) is its number of bytes; anything else is left for the int check."""
+    return parse_byte_size(value) if isinstance(value, str) else value
+
+
 def _empty_is_none(value: Any) -> Any:
     return None if value == "" else value
 
@@ -80,5 +85,7 @@ HttpUrl = Annotated[str, AfterValidator(http_url)]
 PeerUrl = Annotated[str, AfterValidator(lambda value: http_url(value, path=False))]
 Host = Annotated[str, AfterValidator(host)]
 ByteSize = Annotated[str, AfterValidator(byte_size)]
+# A number of bytes a setting holds: 67108864 or, in ByteSize's units, "64M".
+ByteCount = Annotated[int, BeforeValidator(_size_text_to_bytes)]
 # "" means "none" in a TOML file that cannot write null.
 OptionalHttpUrl = Annotated[HttpUrl | None, BeforeValidator(_empty_is_none)]
