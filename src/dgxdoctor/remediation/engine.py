@@ -3,7 +3,8 @@
 Findings come from the result store (the checks' latest results), alerts from the webhook (queued, deduplicated
 per fingerprint). A loop re-evaluates every ``TICK_S`` and at once when something arrives. Decisions are audited
 when they change; an action runs in a worker thread, one at a time, its start and end both written to the audit
-and the guard's state before and after. A worker's agent runs its part of a cluster restart only when the head
+and the guard's state before and after. When the agent stops, an action running ends at its next step or poll
+and is audited "interrupted" (``stop``). A worker's agent runs its part of a cluster restart only when the head
 asks (``run_step``).
 """
 
@@ -13,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import re
+import threading
 import time
 import uuid
 from collections import Counter
@@ -39,11 +41,16 @@ from dgxdoctor.result import CheckResult
 log = structlog.get_logger(__name__)
 
 TICK_S = 1.0
+# At stop, how long an action running is given to end at its next step or poll (the daemon exits within 10 s);
+# one still inside a command then is left in flight, and recorded as interrupted at the next start (``recover``).
+STOP_WAIT_S = 5.0
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 UPTIME_METRIC = "dgxdoctor_vllm_process_uptime_seconds"
 __all__ = ["FiringAlert", "Remediator", "Targets"]
 
 
+# One step of an action, its arguments bound; blocks (run in the action's thread).
+StepCall = Callable[[], StepResult]
 # (node, problem, suggested action, reason, now) -> what happened; raises when the page could not be delivered.
 Pager = Callable[[str, str, str, str, float], str]
 
@@ -59,6 +66,14 @@ class Targets:
     workers: tuple[str, ...]
     token: str | None
     executor: str | None = None  # [node] executor: "mp" restarts in the mp order, else the Ray order
+
+
+class Interrupted(Exception):
+    """The agent is stopping: the action ends where it is, with the steps it ran."""
+
+    def __init__(self, steps: list[StepResult]) -> None:
+        super().__init__("the agent stopped")
+        self.steps = steps
 
 
 def vllm_uptime(results: dict[str, CheckResult]) -> float | None:
@@ -108,6 +123,8 @@ class Remediator:
         self.wake = asyncio.Event()
         self.busy = asyncio.Lock()
         self.task: asyncio.Task[None] | None = None
+        self.acting: asyncio.Task[None] | None = None  # the action running, if any (``stop`` ends it)
+        self.stopping = threading.Event()  # set by ``stop``: seen by the action's thread between steps and polls
         self.capture: PreActionCapture | None = None  # act mode: the evidence, taken before a restart runs
         self.planned_bundles: dict[str, Path] = {}  # action id -> where its capture goes (named before it runs)
         self.gate = HardwareGate()  # no restart while a hardware cause is active (remediation/hardware_gate.py)
@@ -220,13 +237,23 @@ class Remediator:
         except OSError as exc:  # an unwritable or unreadable state_dir: say so, keep serving
             self.disabled = self.disabled or f"state unusable: {type(exc).__name__}: {exc}"[:300]
             log.error("remediation_state_unreadable", error=f"{type(exc).__name__}: {exc}")
+        self.stopping.clear()
         self.task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
+        """No new action; the one running ends at its next step or poll, audited "interrupted", nothing left in
+        flight. Its thread is never left behind to hold up the agent's exit past ``STOP_WAIT_S`` plus one command."""
+        self.stopping.set()
         if self.task is not None:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
+        acting = self.acting
+        if acting is not None and not acting.done():
+            await asyncio.wait({acting}, timeout=STOP_WAIT_S)
+            if not acting.done():
+                why = "a command still runs: left in flight, recorded as interrupted at the next start"
+                log.warning("remediation_stop_action_running", wait_s=STOP_WAIT_S, detail=why)
 
     async def _loop(self) -> None:
         while True:
@@ -281,7 +308,7 @@ class Remediator:
             if saved and self.pending_finish is not None and guard.state.in_flight is None:
                 self.pending_finish = None
         if acting and saved and chosen is not None:
-            asyncio.get_running_loop().create_task(self._act(chosen, action_id, now))
+            self.acting = asyncio.get_running_loop().create_task(self._act(chosen, action_id, now))
         elif acting and chosen is not None:
             self._audit(self._not_started_record(chosen, action_id, now))
         elif chosen is not None and chosen.verdict == "page" and saved:
@@ -330,9 +357,12 @@ class Remediator:
         async with self.busy:
             planned = self.planned_bundles.pop(action_id, None)
             evidence = await self.capture.before(decision.action, action_id, planned) if self.capture else {}
-            steps = await asyncio.to_thread(self._execute, decision.action, action_id)
+            steps, interrupted = await asyncio.to_thread(self._execute, decision.action, action_id)
             ok = all(s.ok for s in steps if not s.step.startswith("stop")) and bool(steps)
-            outcome = "success" if ok else "failed"
+            outcome = "interrupted" if interrupted else "success" if ok else "failed"
+            if interrupted:
+                evidence = {**evidence, "detail": "the agent stopped while it ran; not repeated: the condition must "
+                            "hold again, the cooldown and the ladder apply"}  # fmt: skip
             verification = next((s.to_doc() for s in steps if s.step == "verify"), None)
             end = self.clock()
             self._audit(
@@ -361,56 +391,78 @@ class Remediator:
             return
         self.pending_finish = None
 
-    def _execute(self, action: str, action_id: str) -> list[StepResult]:
+    def _execute(self, action: str, action_id: str) -> tuple[list[StepResult], bool]:
+        """The action's steps, and whether the agent's stop ended them early."""
         cmd, timeout = self.settings.commands, self.settings.command_timeout_s
         with httpx.Client(transport=self.transport) as client:
-            if self.targets.executor == "mp":
-                # Either restart is the whole mp deployment: a head restarted alone leaves the headless workers
-                # in a process group that no longer exists (docs/remediation.md).
-                steps = self._mp_steps(action_id, client)
-            elif action == "restart_vllm":
-                steps = [run_argv("restart_vllm", cmd.restart_vllm, timeout)]
-            else:
-                steps = self._cluster_steps(action_id, client)
-            if steps and steps[-1].ok:
-                steps.append(verify_vllm(self.targets.vllm, self.settings.verify_timeout_s, client))
+            verify = partial(verify_vllm, self.targets.vllm, self.settings.verify_timeout_s, client, self._pause)
+            try:
+                if self.targets.executor == "mp":
+                    # Either restart is the whole mp deployment: a head restarted alone leaves the headless workers
+                    # in a process group that no longer exists (docs/remediation.md).
+                    return self._mp_steps(action_id, client, verify), False
+                if action == "restart_vllm":
+                    restart = partial(run_argv, "restart_vllm", cmd.restart_vllm, timeout)
+                    return self._run_steps([], [restart, verify]), False
+                return self._cluster_steps(action_id, client, verify), False
+            except Interrupted as stopped:
+                return stopped.steps, True
+
+    def _run_steps(self, stops: list[StepCall], starts: list[StepCall]) -> list[StepResult]:
+        """Stops are best effort; starts run in order until one fails (the verification is the last). A stopping
+        agent ends the sequence before the next step or at a step's next poll: ``Interrupted``, the steps so far."""
+        steps: list[StepResult] = []
+        try:
+            for stop in stops:
+                self._pause(0)
+                steps.append(_best_effort(stop()))
+            for start in starts:
+                self._pause(0)
+                steps.append(start())
+                if not steps[-1].ok:
+                    break
+        except Interrupted:
+            raise Interrupted(steps) from None
         return steps
 
-    def _cluster_steps(self, action_id: str, client: httpx.Client) -> list[StepResult]:
+    def _pause(self, seconds: float) -> None:
+        """A step's wait between polls, and the check between steps: raises ``Interrupted`` once the agent stops."""
+        if self.stopping.wait(seconds):
+            raise Interrupted([])
+
+    def _cluster_steps(self, action_id: str, client: httpx.Client, verify: StepCall) -> list[StepResult]:
         """The runbook's order; stop steps are best effort, a failed start or wait ends the sequence."""
         cmd, timeout, t = self.settings.commands, self.settings.command_timeout_s, self.targets
-        steps = [run_argv("stop_vllm", cmd.stop_vllm, timeout)]
-        steps += [ask_worker(w, "ray_stop", action_id, t.token, timeout, client) for w in t.workers]
-        steps.append(run_argv("stop_ray_head", cmd.ray("stop", "head"), timeout))
+        stops: list[StepCall] = [
+            partial(run_argv, "stop_vllm", cmd.stop_vllm, timeout),
+            *[partial(ask_worker, w, "ray_stop", action_id, t.token, timeout, client) for w in t.workers],
+            partial(run_argv, "stop_ray_head", cmd.ray("stop", "head"), timeout),
+        ]
         ready_s = self.settings.ray_ready_timeout_s
-        starts: list[Callable[[], StepResult]] = [
+        starts: list[StepCall] = [
             partial(run_argv, "start_ray_head", cmd.ray("start", "head"), timeout),
             *[partial(ask_worker, w, "ray_start", action_id, t.token, timeout, client) for w in t.workers],
-            partial(wait_ray, t.ray_dashboard_url, t.ray_nodes, t.ray_gpus, ready_s, client),
+            partial(wait_ray, t.ray_dashboard_url, t.ray_nodes, t.ray_gpus, ready_s, client, self._pause),
             partial(run_argv, "start_vllm", cmd.start_vllm, timeout),
+            verify,
         ]
-        for step in starts:
-            steps.append(step())
-            if not steps[-1].ok:
-                break
-        return [s if not s.step.startswith(("stop_", "ray_stop")) else _best_effort(s) for s in steps]
+        return self._run_steps(stops, starts)
 
-    def _mp_steps(self, action_id: str, client: httpx.Client) -> list[StepResult]:
+    def _mp_steps(self, action_id: str, client: httpx.Client, verify: StepCall) -> list[StepResult]:
         """vLLM's multiprocessing executor across nodes: stop the head's vLLM, stop the headless workers, start
         the workers (each waits for the head's master), start the head; stops are best effort, a failed start
         ends the sequence. No Ray step."""
         cmd, timeout, t = self.settings.commands, self.settings.command_timeout_s, self.targets
-        steps = [run_argv("stop_vllm", cmd.stop_vllm, timeout)]
-        steps += [ask_worker(w, "vllm_stop", action_id, t.token, timeout, client) for w in t.workers]
-        starts: list[Callable[[], StepResult]] = [
+        stops: list[StepCall] = [
+            partial(run_argv, "stop_vllm", cmd.stop_vllm, timeout),
+            *[partial(ask_worker, w, "vllm_stop", action_id, t.token, timeout, client) for w in t.workers],
+        ]
+        starts: list[StepCall] = [
             *[partial(ask_worker, w, "vllm_start", action_id, t.token, timeout, client) for w in t.workers],
             partial(run_argv, "start_vllm", cmd.start_vllm, timeout),
+            verify,
         ]
-        for step in starts:
-            steps.append(step())
-            if not steps[-1].ok:
-                break
-        return [s if not s.step.startswith(("stop_", "vllm_stop")) else _best_effort(s) for s in steps]
+        return self._run_steps(stops, starts)
 
     async def _page(self, decision: Decision, now: float) -> None:
         detail = "no [alerts] alertmanager_url: logged only"
