@@ -252,12 +252,12 @@ async def test_a_stop_ends_a_running_cluster_restart_at_its_next_poll(tmp_path: 
     while "GET /api/v0/nodes" not in seen:  # the restart is waiting for Ray
         await asyncio.sleep(0.01)
     await asyncio.wait_for(r.stop(), STOP_WAIT_S)
-    assert r.acting is not None and r.acting.done()  # its thread is free: nothing left to hold up an exit
     last = events(tmp_path)[-1]
     assert (last["event"], last["action"], last["outcome"]) == ("action", "restart_cluster", "interrupted")
     assert [s["step"] for s in last["steps"]] == ["stop:stop_vllm", "stop:stop_ray_head", "start_ray_head"]
     assert StateFile(tmp_path).read()["in_flight"] is None
     assert r.metrics()["actions"][("restart_cluster", "interrupted")] == 1
+    assert r.acting is not None and r.acting.done()  # its thread is free: nothing left to hold up an exit
 
 
 # -- the worker's steps ----------------------------------------------------------------------------------
