@@ -240,8 +240,8 @@ async def test_the_ladder_does_not_page_before_the_cluster_restart_ends(tmp_path
 
 
 async def test_a_stop_ends_a_running_cluster_restart_at_its_next_poll(tmp_path: Path) -> None:
-    """The action's thread used to outlive ``stop``: it polled Ray for ``ray_ready_timeout_s`` (300 s), the agent's
-    exit waited on it past the daemon's stop deadline, and the audit never said how the action ended."""
+    """The action's thread used to outlive ``stop``: it polled Ray for ``ray_ready_timeout_s`` (300 s), the event
+    loop's close waited on it (the next test hung), and the audit never said how the action ended."""
     seen: list[str] = []
     results: dict[str, CheckResult] = {"vllm": DEAD}
     r = remediator(tmp_path, vllm_app(seen), results, budget=10,

@@ -242,7 +242,8 @@ class Remediator:
 
     async def stop(self) -> None:
         """No new action; the one running ends at its next step or poll, audited "interrupted", nothing left in
-        flight. Its thread is never left behind to hold up the agent's exit past ``STOP_WAIT_S`` plus one command."""
+        flight, so the audit says at once how it ended. Its thread is not left running for an event loop that closes
+        after this (``asyncio.run`` joins it) to wait on for the rest of the action (Ray's readiness: 300 s)."""
         self.stopping.set()
         if self.task is not None:
             self.task.cancel()
