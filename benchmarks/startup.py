@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # Modules a command must not import unless it serves, schedules, draws, plans or benchmarks.
 NOT_FOR_CHECK = ("aiohttp", "apscheduler", "dgxdoctor.daemon.app", "dgxdoctor.dashboards", "dgxdoctor.judge.plan",
-                 "dgxdoctor.bench_cli", "matplotlib")  # fmt: skip
+                 "dgxdoctor.commands.bench", "matplotlib")  # fmt: skip
 NOT_FOR_HELP = (*NOT_FOR_CHECK, "httpx", "pydantic", "dgxdoctor.checks.registry", "asyncio")
 # "import time:       565 |      97687 |     pydantic"
 IMPORTTIME_RE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)$")

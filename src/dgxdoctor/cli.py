@@ -156,7 +156,7 @@ def check(
     import asyncio
 
     from dgxdoctor.checks.base import CheckRunner
-    from dgxdoctor.report import report_dict, report_table
+    from dgxdoctor.commands.report import report_dict, report_table
     from dgxdoctor.result import exit_code, overall_status
 
     config = _load(config_path)
@@ -177,7 +177,7 @@ def check(
 def _check_cluster(
     config: Config, checks: list[Check], as_json: bool, verbose: bool, cached: bool, deadline_s: float | None
 ) -> int:
-    from dgxdoctor.cluster_cli import default_deadline, run_cluster_check
+    from dgxdoctor.commands.cluster import default_deadline, run_cluster_check
     from dgxdoctor.config import EX_CONFIG
     from dgxdoctor.fleet.cluster import cluster_document
     from dgxdoctor.fleet.cluster_table import cluster_table
@@ -246,8 +246,8 @@ def run(config_path: Path | None, listen: str | None) -> None:
 )
 def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_path: Path | None) -> None:
     """Say what is wrong in pasted tool output (a file each, - for stdin)."""
+    from dgxdoctor.commands.report import diagnose_dict, diagnose_text
     from dgxdoctor.diagnose.registry import CompressedInput
-    from dgxdoctor.report import diagnose_dict, diagnose_text
     from dgxdoctor.result import Status, exit_code
 
     settings = None
@@ -335,7 +335,7 @@ def bundle(
     deadline_s: float | None,
 ) -> None:
     """One .tar.gz for a support ticket: results, kernel and service logs, nvidia-smi, IB, Ray, NCCL env, audit."""
-    from dgxdoctor.bundle_cli import parse_duration, run_bundle, with_limits
+    from dgxdoctor.commands.bundle import parse_duration, run_bundle, with_limits
 
     config = with_limits(_load(config_path), size_cap, deadline_s)
     try:
@@ -362,7 +362,7 @@ def bundle(
 @cli.command("config-example")
 def config_example() -> None:
     """Print the documented example config (every key, its type, default and meaning)."""
-    from dgxdoctor.config_doc import example_config
+    from dgxdoctor.commands.config_doc import example_config
 
     click.echo(example_config(), nl=False)
 
@@ -458,8 +458,8 @@ def plan(
 ) -> None:
     """How to cut MODEL (a directory or its config.json) over the GPUs: every TP x PP layout, judged by vLLM's
     rules, with its memory, and the recommended `vllm serve` line. Exit 0 with a recommendation, 2 if none fits."""
+    from dgxdoctor.commands.plan_report import parse_memory, plan_dict, plan_text
     from dgxdoctor.judge.plan import PlanSettings, make_plan
-    from dgxdoctor.plan_report import parse_memory, plan_dict, plan_text
     from dgxdoctor.sources.hf_model import ModelConfigError, read_model
 
     try:
@@ -493,8 +493,8 @@ def _gpu_memory(text: str | None, parse: Callable[[str], int]) -> int:
             return parse(text)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--gpu-memory") from None
+    from dgxdoctor.commands.plan_report import smallest_gpu_memory
     from dgxdoctor.environment import Environment
-    from dgxdoctor.plan_report import smallest_gpu_memory
     from dgxdoctor.sources.nvml import NvmlError
 
     try:
@@ -590,7 +590,7 @@ def bench(ctx: click.Context, /, config_path: Path | None, concurrency: str, **k
     """Sweep concurrency with vLLM's own `vllm bench serve`, find the knee, write JSON, CSV and PNG."""
     if ctx.invoked_subcommand is not None:
         return
-    from dgxdoctor.bench_cli import run_sweep_command
+    from dgxdoctor.commands.bench import run_sweep_command
 
     config = _load(config_path)
     sys.exit(run_sweep_command(config, _concurrencies(concurrency), **kw))
@@ -601,7 +601,7 @@ def bench(ctx: click.Context, /, config_path: Path | None, concurrency: str, **k
 @_with(knee_options)
 def bench_analyze(files: tuple[Path, ...], **kw: Any) -> None:
     """The same analysis on result files of `vllm bench serve --save-result` (one per concurrency)."""
-    from dgxdoctor.bench_cli import analyze_command
+    from dgxdoctor.commands.bench import analyze_command
 
     sys.exit(analyze_command(list(files), **kw))
 
@@ -612,7 +612,7 @@ def bench_analyze(files: tuple[Path, ...], **kw: Any) -> None:
 def bench_compare(config_path: Path | None, as_json: bool) -> None:
     """Run the weekly comparison now ([checks.bench]: requests at the baseline's knee), window or not."""
     from dgxdoctor.checks.bench import BenchCheck
-    from dgxdoctor.report import report_dict, report_table
+    from dgxdoctor.commands.report import report_dict, report_table
     from dgxdoctor.result import exit_code
 
     config = _load(config_path)

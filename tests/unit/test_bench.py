@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, run_cli
-from dgxdoctor.bench_report import sweep_csv, sweep_text, write_outputs
 from dgxdoctor.checks.bench import BenchCheck, BenchCheckSettings, vllm_launcher
 from dgxdoctor.checks.nccl_guard import in_window, parse_window
+from dgxdoctor.commands.bench_report import sweep_csv, sweep_text, write_outputs
 from dgxdoctor.config import ConfigError, parse_config
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.bench import Tolerances, compare_to_baseline, find_knee

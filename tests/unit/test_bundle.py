@@ -20,7 +20,7 @@ from dgxdoctor.bundle.build import build_bundle
 from dgxdoctor.bundle.collect import Item, Output, Part, collect
 from dgxdoctor.bundle.items import Sources
 from dgxdoctor.bundle.redact import Redactor
-from dgxdoctor.bundle_cli import parse_duration
+from dgxdoctor.commands.bundle import parse_duration
 from dgxdoctor.config import Config, parse_config
 from dgxdoctor.sources.commands import CommandNotFound, CommandResult, CommandTimeout
 from proctree import write_process

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from dgxdoctor.commands.config_doc import example_config
 from dgxdoctor.config import ConfigError, parse_config
-from dgxdoctor.config_doc import example_config
 
 
 def problems(data: dict[str, Any]) -> dict[str, str]:

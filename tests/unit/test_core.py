@@ -8,10 +8,10 @@ from typing import ClassVar
 import pytest
 
 from dgxdoctor.checks.base import CheckRunner, CheckSettings
+from dgxdoctor.commands.config_doc import example_config
+from dgxdoctor.commands.report import report_dict, report_table
 from dgxdoctor.config import ConfigError, parse_config
-from dgxdoctor.config_doc import example_config
 from dgxdoctor.environment import Environment
-from dgxdoctor.report import report_dict, report_table
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample, Status, exit_code, overall_status
 
 

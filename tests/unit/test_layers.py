@@ -16,7 +16,6 @@ LAYERS = {
     "dgxdoctor": 0,  # the package itself: __version__
     "result": 0,
     "codes": 0,  # the finding codes other layers key on (one name per contract)
-    "report": 1,
     "sources": 1,  # read the world: thin readers and pure parse_*(); no verdicts
     "probes": 1,  # run in the serving Python: stdlib only at import
     "environment": 2,
@@ -25,18 +24,13 @@ LAYERS = {
     "checks": 4,
     "diagnose": 4,
     "config": 5,  # assembles the [checks.*] tables from the registry
-    "config_doc": 6,
     "bundle": 6,  # `dgxdoctor bundle` and the capture before a restart: collect, redact, archive
     "exporters": 7,
     "alerts": 7,
     "remediation": 7,
     "dashboards": 7,
-    "bench_report": 7,  # renders a benchmark sweep (JSON, CSV, PNG) for the cli
-    "plan_report": 8,  # renders a layout plan for the cli
-    "bench_cli": 8,  # `dgxdoctor bench`: the sweep, the knee, the files, the baseline
     "daemon": 8,
-    "cluster_cli": 8,  # `check --cluster`: this node and every peer under one deadline
-    "bundle_cli": 8,  # `dgxdoctor bundle`: sources of the command line, limits from its options
+    "commands": 8,  # what each command does beyond parsing: run, render, write files
     "cli": 9,
     "__main__": 10,
 }

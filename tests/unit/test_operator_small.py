@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
+from dgxdoctor.commands.report import report_table
 from dgxdoctor.config import ConfigError, parse_config
-from dgxdoctor.report import report_table
 from dgxdoctor.result import CheckResult, Finding, ResultBuilder, Status
 
 

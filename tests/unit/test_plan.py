@@ -13,6 +13,7 @@ import pytest
 
 from conftest import FIXTURES, run_cli
 from dgxdoctor.cli import PLAN_KV_CACHE_DTYPES, PLAN_OVERHEAD_GIB
+from dgxdoctor.commands.plan_report import parse_memory, plan_dict, plan_text
 from dgxdoctor.judge.plan import (
     DEFAULT_OVERHEAD_GIB,
     GIB,
@@ -22,7 +23,6 @@ from dgxdoctor.judge.plan import (
     layer_split,
     make_plan,
 )
-from dgxdoctor.plan_report import parse_memory, plan_dict, plan_text
 from dgxdoctor.sources.hf_model import ModelConfigError, parse_model_config, read_model
 
 MODELS = FIXTURES / "models"

@@ -11,8 +11,8 @@ from pathlib import Path
 import click
 import httpx
 
-from dgxdoctor.bench_report import is_sweep_document, sweep_dict, sweep_text, write_outputs
 from dgxdoctor.checks.bench import BenchCheckSettings, baseline_path, vllm_launcher
+from dgxdoctor.commands.bench_report import is_sweep_document, sweep_dict, sweep_text, write_outputs
 from dgxdoctor.config import Config
 from dgxdoctor.judge.bench import Knee, find_knee
 from dgxdoctor.sources.bench_baseline import Baseline, save_baseline, serving_versions, vllm_serve_argv
