@@ -28,8 +28,9 @@ import httpx
 import structlog
 
 from dgxdoctor.config import RemediationSettings
+from dgxdoctor.environment import Environment
 from dgxdoctor.remediation.actions import StepResult, VllmTarget, ask_worker, run_argv, verify_vllm, wait_ray
-from dgxdoctor.remediation.audit import AUDIT_FILE, STATE_FILE, AuditLog, StateFile, Throttle, WriteErrors
+from dgxdoctor.remediation.audit import AUDIT_FILE, STATE_FILE, AuditLog, Throttle, WriteErrors, guard_state_file
 from dgxdoctor.remediation.capture import PreActionCapture
 from dgxdoctor.remediation.guard import Decision, Guard, GuardState
 from dgxdoctor.remediation.hardware_gate import HardwareGate, causes
@@ -94,9 +95,11 @@ class Remediator:
         latest: Callable[[], dict[str, CheckResult]],
         xid_resolution: dict[int, str] | None = None,
         clock: Callable[[], float] = time.time,
-        transport: httpx.BaseTransport | None = None,
+        env: Environment | None = None,
     ) -> None:
-        self.transport = transport  # tests inject one; None: real HTTP
+        # HTTP (capped clients, one TLS context) and commands (in /) go through the environment's seams; tests
+        # inject an httpx transport and a runner there.
+        self.env = env if env is not None else Environment(node=node)
         self.settings = settings
         self.pager = pager
         self.node = node
@@ -105,7 +108,7 @@ class Remediator:
         self.xid_resolution = xid_resolution
         self.clock = clock
         self.audit = AuditLog(state_dir)
-        self.state_file = StateFile(state_dir)
+        self.state_file = guard_state_file(state_dir)
         self.write_errors = WriteErrors()
         self.loop_errors = Throttle()
         self.counts: Counter[tuple[str, str]] = Counter()
@@ -395,7 +398,7 @@ class Remediator:
     def _execute(self, action: str, action_id: str) -> tuple[list[StepResult], bool]:
         """The action's steps, and whether the agent's stop ended them early."""
         cmd, timeout = self.settings.commands, self.settings.command_timeout_s
-        with httpx.Client(transport=self.transport) as client:
+        with self.env.http_client() as client:
             verify = partial(verify_vllm, self.targets.vllm, self.settings.verify_timeout_s, client, self._pause)
             try:
                 if self.targets.executor == "mp":
@@ -403,7 +406,7 @@ class Remediator:
                     # in a process group that no longer exists (docs/remediation.md).
                     return self._mp_steps(action_id, client, verify), False
                 if action == "restart_vllm":
-                    restart = partial(run_argv, "restart_vllm", cmd.restart_vllm, timeout)
+                    restart = partial(run_argv, "restart_vllm", cmd.restart_vllm, timeout, self.env.run_command)
                     return self._run_steps([], [restart, verify]), False
                 return self._cluster_steps(action_id, client, verify), False
             except Interrupted as stopped:
@@ -434,17 +437,18 @@ class Remediator:
     def _cluster_steps(self, action_id: str, client: httpx.Client, verify: StepCall) -> list[StepResult]:
         """The runbook's order; stop steps are best effort, a failed start or wait ends the sequence."""
         cmd, timeout, t = self.settings.commands, self.settings.command_timeout_s, self.targets
+        run = self.env.run_command
         stops: list[StepCall] = [
-            partial(run_argv, "stop_vllm", cmd.stop_vllm, timeout),
+            partial(run_argv, "stop_vllm", cmd.stop_vllm, timeout, run),
             *[partial(ask_worker, w, "ray_stop", action_id, t.token, timeout, client) for w in t.workers],
-            partial(run_argv, "stop_ray_head", cmd.ray("stop", "head"), timeout),
+            partial(run_argv, "stop_ray_head", cmd.ray("stop", "head"), timeout, run),
         ]
         ready_s = self.settings.ray_ready_timeout_s
         starts: list[StepCall] = [
-            partial(run_argv, "start_ray_head", cmd.ray("start", "head"), timeout),
+            partial(run_argv, "start_ray_head", cmd.ray("start", "head"), timeout, run),
             *[partial(ask_worker, w, "ray_start", action_id, t.token, timeout, client) for w in t.workers],
             partial(wait_ray, t.ray_dashboard_url, t.ray_nodes, t.ray_gpus, ready_s, client, self._pause),
-            partial(run_argv, "start_vllm", cmd.start_vllm, timeout),
+            partial(run_argv, "start_vllm", cmd.start_vllm, timeout, run),
             verify,
         ]
         return self._run_steps(stops, starts)
@@ -455,12 +459,12 @@ class Remediator:
         ends the sequence. No Ray step."""
         cmd, timeout, t = self.settings.commands, self.settings.command_timeout_s, self.targets
         stops: list[StepCall] = [
-            partial(run_argv, "stop_vllm", cmd.stop_vllm, timeout),
+            partial(run_argv, "stop_vllm", cmd.stop_vllm, timeout, self.env.run_command),
             *[partial(ask_worker, w, "vllm_stop", action_id, t.token, timeout, client) for w in t.workers],
         ]
         starts: list[StepCall] = [
             *[partial(ask_worker, w, "vllm_start", action_id, t.token, timeout, client) for w in t.workers],
-            partial(run_argv, "start_vllm", cmd.start_vllm, timeout),
+            partial(run_argv, "start_vllm", cmd.start_vllm, timeout, self.env.run_command),
             verify,
         ]
         return self._run_steps(stops, starts)
@@ -496,6 +500,7 @@ class Remediator:
         self.targets = new.targets
         self.audit = new.audit
         self.state_file = new.state_file
+        self.env = new.env
         self.wake.set()
 
     def metrics(self) -> dict[str, Any]:
