@@ -254,7 +254,12 @@ async def test_a_stop_ends_a_running_cluster_restart_at_its_next_poll(tmp_path: 
     await asyncio.wait_for(r.stop(), STOP_WAIT_S)
     last = events(tmp_path)[-1]
     assert (last["event"], last["action"], last["outcome"]) == ("action", "restart_cluster", "interrupted")
-    assert [s["step"] for s in last["steps"]] == ["stop:stop_vllm", "stop:stop_ray_head", "start_ray_head"]
+    assert [s["step"] for s in last["steps"]] == [
+        "stop:stop_vllm",
+        "stop:stop_ray_head",
+        "start_ray_head",
+        "interrupted",
+    ]
     assert guard_state_file(tmp_path).read()["in_flight"] is None
     assert r.metrics()["actions"][("restart_cluster", "interrupted")] == 1
     assert r.acting is not None and r.acting.done()  # its thread is free: nothing left to hold up an exit

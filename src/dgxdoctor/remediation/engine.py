@@ -45,6 +45,7 @@ TICK_S = 1.0
 # At stop, how long an action running is given to end at its next step or poll (the daemon exits within 10 s);
 # one still inside a command then is left in flight, and recorded as interrupted at the next start (``recover``).
 STOP_WAIT_S = 5.0
+INTERRUPTED = "interrupted"  # the step that ends an action the agent's stop cut short
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 UPTIME_METRIC = "dgxdoctor_vllm_process_uptime_seconds"
 __all__ = ["FiringAlert", "Remediator", "Targets"]
@@ -361,8 +362,9 @@ class Remediator:
         async with self.busy:
             planned = self.planned_bundles.pop(action_id, None)
             evidence = await self.capture.before(decision.action, action_id, planned) if self.capture else {}
-            steps, interrupted = await asyncio.to_thread(self._execute, decision.action, action_id)
+            steps = await asyncio.to_thread(self._execute, decision.action, action_id)
             ok = all(s.ok for s in steps if not s.step.startswith("stop")) and bool(steps)
+            interrupted = bool(steps) and steps[-1].step == INTERRUPTED
             outcome = "interrupted" if interrupted else "success" if ok else "failed"
             if interrupted:
                 evidence = {**evidence, "detail": "the agent stopped while it ran; not repeated: the condition must "
@@ -395,8 +397,8 @@ class Remediator:
             return
         self.pending_finish = None
 
-    def _execute(self, action: str, action_id: str) -> tuple[list[StepResult], bool]:
-        """The action's steps, and whether the agent's stop ended them early."""
+    def _execute(self, action: str, action_id: str) -> list[StepResult]:
+        """The action's steps; when the agent's stop ended them early, the last is ``INTERRUPTED``."""
         cmd, timeout = self.settings.commands, self.settings.command_timeout_s
         with self.env.http_client() as client:
             verify = partial(verify_vllm, self.targets.vllm, self.settings.verify_timeout_s, client, self._pause)
@@ -404,13 +406,13 @@ class Remediator:
                 if self.targets.executor == "mp":
                     # Either restart is the whole mp deployment: a head restarted alone leaves the headless workers
                     # in a process group that no longer exists (docs/remediation.md).
-                    return self._mp_steps(action_id, client, verify), False
+                    return self._mp_steps(action_id, client, verify)
                 if action == "restart_vllm":
                     restart = partial(run_argv, "restart_vllm", cmd.restart_vllm, timeout, self.env.run_command)
-                    return self._run_steps([], [restart, verify]), False
-                return self._cluster_steps(action_id, client, verify), False
+                    return self._run_steps([], [restart, verify])
+                return self._cluster_steps(action_id, client, verify)
             except Interrupted as stopped:
-                return stopped.steps, True
+                return [*stopped.steps, StepResult(INTERRUPTED, False, "the agent stopped: the action ended here", 0.0)]
 
     def _run_steps(self, stops: list[StepCall], starts: list[StepCall]) -> list[StepResult]:
         """Stops are best effort; starts run in order until one fails (the verification is the last). A stopping
