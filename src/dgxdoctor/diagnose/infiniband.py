@@ -41,7 +41,7 @@ class IbstatAnalyzer:
         self._min_rate: float | None = getattr(settings, "min_rate_gbps", None)
 
     def detect(self, text: str) -> bool:
-        return looks_like_ibstat(text) or PORT_FRAGMENT_RE.search(text) is not None
+        return looks_like_ibstat(text) or ("Physical state:" in text and PORT_FRAGMENT_RE.search(text) is not None)
 
     def analyze(self, text: str) -> Diagnosis:
         if not looks_like_ibstat(text) and PORT_FRAGMENT_RE.search(text):

@@ -148,23 +148,41 @@ def _first_lines(data: bytes, n: int) -> bytes:
     return data[: _line_end_after(data, 0, n - 1)] if data else b""
 
 
+# Bytes per line first guessed when looking for the n-th line break before or after a place (grown as needed).
+_GUESS_LINE_BYTES = 160
+
+
 def _line_start_before(data: bytes, pos: int, n: int) -> int:
-    """The start of the line ``n`` lines before the one that starts at ``pos``."""
-    for _ in range(n):
-        if pos <= 0:
+    """The start of the line ``n`` lines before the one that starts at ``pos`` (0 when there are fewer): the
+    ``n``-th line break before the one that ends the line above, found by one ``rsplit`` over a stretch of bytes
+    that holds it rather than by ``n`` searches."""
+    if n <= 0:
+        return pos
+    end = pos - 1  # the line break that ends the line above is not counted
+    if end <= 0:
+        return 0
+    span = n * _GUESS_LINE_BYTES
+    while True:
+        lo = max(0, end - span)
+        parts = data[lo:end].rsplit(b"\n", n)
+        if len(parts) > n:
+            return lo + len(parts[0]) + 1
+        if lo == 0:
             return 0
-        pos = data.rfind(b"\n", 0, pos - 1) + 1
-    return pos
+        span *= 4
 
 
 def _line_end_after(data: bytes, pos: int, n: int) -> int:
     """The end (without its newline) of the line ``n`` lines after the one holding ``pos``."""
-    for _ in range(n + 1):
-        end = data.find(b"\n", pos)
-        if end == -1:
+    span = (n + 1) * _GUESS_LINE_BYTES
+    while True:
+        hi = min(len(data), pos + span)
+        parts = data[pos:hi].split(b"\n", n + 1)
+        if len(parts) > n + 1:
+            return hi - len(parts[-1]) - 1
+        if hi == len(data):
             return len(data)
-        pos = end + 1
-    return pos - 1
+        span *= 4
 
 
 class _Reading:

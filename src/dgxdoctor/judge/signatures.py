@@ -22,7 +22,7 @@ import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from typing import Any, Protocol, cast
 
@@ -186,13 +186,45 @@ def _gap_pieces(source: str) -> list[str]:
     return [flag + p for p in pieces if p]
 
 
+def _top_level_alternation(source: str) -> bool:
+    body = source.removeprefix("(?i)")
+    depth = i = 0
+    while i < len(body):
+        ch = body[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch == "[":
+            close = body.find("]", i + 2)
+            i = close + 1 if close != -1 else len(body)
+            continue
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and ch == "|":
+            return True
+        i += 1
+    return False
+
+
 class _Searcher:
-    """One catalog pattern, searched in linear time (see ``_gap_pieces``)."""
+    """One catalog pattern, searched in linear time (see ``_gap_pieces``), after a substring test for its anchor
+    (which every match contains: a line the prefilter let through for another signature costs one ``find``)."""
 
     def __init__(self, pattern: re.Pattern[str]) -> None:
         self.pieces = tuple(re.compile(p) for p in _gap_pieces(pattern.pattern))
+        self.anchor = anchor(pattern.pattern)
+        # A (?i) pattern's anchor is looked for in the lower-cased text; exact for ASCII text and an ASCII anchor
+        # (Unicode case folding has pairs such as "s" and U+017F, so other text always goes to the regex).
+        self.folded = pattern.pattern.startswith("(?i)")
+        if self.folded:
+            self.anchor = self.anchor.lower() if self.anchor.isascii() else ""
 
-    def span(self, text: str) -> tuple[int, int] | None:
+    def span(self, text: str, lowered: str | None = None) -> tuple[int, int] | None:
+        """The span of the first match in ``text``; ``lowered`` is ``text.lower()`` where ``text`` is ASCII."""
+        if self.folded:
+            if lowered is not None and self.anchor not in lowered:
+                return None
+        elif self.anchor not in text:
+            return None
         pos = start = 0
         for n, piece in enumerate(self.pieces):
             m = piece.search(text, pos)
@@ -238,15 +270,30 @@ class Match:
 
 
 class Catalog:
+    """The signatures and what searches them; each search structure is built on first use (``diagnose`` of a
+    big log needs the block prefilter at once, the per-line one only on the lines it hits)."""
+
     def __init__(self, signatures: Iterable[Signature]) -> None:
         self.signatures: tuple[Signature, ...] = tuple(signatures)
-        # The cheap first pass: any pattern's anchor, longest first.
-        forms = {form for sig in self.signatures for p in sig.patterns for form in _anchor_forms(p.pattern)}
-        self.prefilter = re.compile(_trie_regex(forms)) if forms else None
-        # The same over a block of raw bytes (judge.scan): RE2's automaton where installed, linear and several
-        # times faster than Python's engine over a long text; Python's otherwise.
-        self.block_prefilter = _block_regex(_trie_regex(forms, gaps=True) if forms else "(?!)")
-        self._searchers = {p.pattern: _Searcher(p) for sig in self.signatures for p in sig.patterns}
+
+    @cached_property
+    def _forms(self) -> set[str]:
+        return {form for sig in self.signatures for p in sig.patterns for form in _anchor_forms(p.pattern)}
+
+    @cached_property
+    def prefilter(self) -> re.Pattern[str] | None:
+        """The cheap first pass over one line: any pattern's anchor, as a prefix tree."""
+        return re.compile(_trie_regex(self._forms)) if self._forms else None
+
+    @cached_property
+    def block_prefilter(self) -> _BytesSearch:
+        """The same over a block of raw bytes (judge.scan): RE2's automaton where installed, linear and several
+        times faster than Python's engine over a long text; Python's otherwise."""
+        return _block_regex(_trie_regex(self._forms, gaps=True) if self._forms else "(?!)")
+
+    @cached_property
+    def _searchers(self) -> dict[str, _Searcher]:
+        return {p.pattern: _Searcher(p) for sig in self.signatures for p in sig.patterns}
 
     def by_code(self) -> dict[str, Signature]:
         return {s.code: s for s in self.signatures}
@@ -259,12 +306,14 @@ class Catalog:
         text = text[:MAX_MATCH_CHARS]
         if self.prefilter is None or self.prefilter.search(text, start) is None:
             return []
+        body = text[start:]
+        lowered = body.lower() if body.isascii() else None
         found = []
         for sig in self.signatures:
             if kind is not None and kind not in sig.kinds:
                 continue
             for p in sig.patterns:
-                span = self._searchers[p.pattern].span(text[start:])
+                span = self._searchers[p.pattern].span(body, lowered)
                 if span is not None and (quoted or not inside_quotes(text, span[0] + start, span[1] + start)):
                     found.append(sig)
                     break
@@ -354,6 +403,9 @@ def _compile(raw: object, where: str) -> re.Pattern[str]:
         raise CatalogError(f"{where}: pattern {raw!r} must not use named groups")
     if pattern.flags & ~(re.UNICODE | re.IGNORECASE) or raw.find("(?i)") > 0:
         raise CatalogError(f"{where}: pattern {raw!r} may use no inline flag but a leading (?i)")
+    if _top_level_alternation(raw):
+        # The anchor of one branch is not in a line the other matches: the prefilters would drop that line.
+        raise CatalogError(f"{where}: pattern {raw!r} has a top-level |: put the alternatives in a group (?:...|...)")
     if len(anchor(raw)) < MIN_ANCHOR:
         # The prefilter looks for this literal text; without it every line would need the regex.
         raise CatalogError(f"{where}: pattern {raw!r} needs {MIN_ANCHOR}+ literal characters outside groups")
