@@ -199,7 +199,7 @@ class _Reading:
             own = self._owners.shape(index)
             found: list[Signature] = []
             if own.trust is not Trust.DENIED:
-                text = clean(self.window[index])
+                text = self._owners.cleaned(index)
                 found = self.catalog.find(text, self.kind, start=own.message, quoted=own.trust is not Trust.CLIENT)
             self._alone[index] = found
         return self._alone[index]
@@ -229,10 +229,10 @@ class _Reading:
         head = self._owners.shape(first)
         if head.trust is Trust.DENIED:
             return None
-        one, two = clean(window[first]), window[first + 1]
+        one, two = self._owners.cleaned(first), window[first + 1]
         if len(one) < WRAP_MIN or not two or two[:1].isspace():
             return None
-        rest = clean(two)
+        rest = self._owners.cleaned(first + 1)
         if not rest or shape(rest).head:
             return None
         one = one[head.message :]
@@ -247,10 +247,17 @@ class _Owners:
     def __init__(self, window: list[str]) -> None:
         self.window = window
         self._shapes: dict[int, Shape] = {}
+        self._cleaned: dict[int, str] = {}
+
+    def cleaned(self, index: int) -> str:
+        """``clean`` of line ``index``, once per window (a hit's lines are read alone, joined and as owners)."""
+        if index not in self._cleaned:
+            self._cleaned[index] = clean(self.window[index])
+        return self._cleaned[index]
 
     def _own(self, index: int) -> Shape:
         if index not in self._shapes:
-            self._shapes[index] = shape(clean(self.window[index]))
+            self._shapes[index] = shape(self.cleaned(index))
         return self._shapes[index]
 
     def shape(self, index: int) -> Shape:

@@ -206,25 +206,12 @@ def _top_level_alternation(source: str) -> bool:
 
 
 class _Searcher:
-    """One catalog pattern, searched in linear time (see ``_gap_pieces``), after a substring test for its anchor
-    (which every match contains: a line the prefilter let through for another signature costs one ``find``)."""
+    """One catalog pattern, searched in linear time (see ``_gap_pieces``)."""
 
     def __init__(self, pattern: re.Pattern[str]) -> None:
         self.pieces = tuple(re.compile(p) for p in _gap_pieces(pattern.pattern))
-        self.anchor = anchor(pattern.pattern)
-        # A (?i) pattern's anchor is looked for in the lower-cased text; exact for ASCII text and an ASCII anchor
-        # (Unicode case folding has pairs such as "s" and U+017F, so other text always goes to the regex).
-        self.folded = pattern.pattern.startswith("(?i)")
-        if self.folded:
-            self.anchor = self.anchor.lower() if self.anchor.isascii() else ""
 
-    def span(self, text: str, lowered: str | None = None) -> tuple[int, int] | None:
-        """The span of the first match in ``text``; ``lowered`` is ``text.lower()`` where ``text`` is ASCII."""
-        if self.folded:
-            if lowered is not None and self.anchor not in lowered:
-                return None
-        elif self.anchor not in text:
-            return None
+    def span(self, text: str) -> tuple[int, int] | None:
         pos = start = 0
         for n, piece in enumerate(self.pieces):
             m = piece.search(text, pos)
@@ -295,6 +282,43 @@ class Catalog:
     def _searchers(self) -> dict[str, _Searcher]:
         return {p.pattern: _Searcher(p) for sig in self.signatures for p in sig.patterns}
 
+    @cached_property
+    def _anchors(self) -> tuple[dict[str, frozenset[int]], tuple[tuple[str, int], ...]]:
+        """Where the patterns' anchors lead: for each prefilter form, the signatures (indexes) whose case-sensitive
+        patterns are anchored on it or on a form it starts with; and each (?i) pattern's anchor lower-cased with
+        its signature ("" where the anchor is not ASCII: always a candidate)."""
+        plain: dict[str, set[int]] = {}
+        folded = []
+        for n, sig in enumerate(self.signatures):
+            for p in sig.patterns:
+                text = anchor(p.pattern)
+                if p.pattern.startswith("(?i)"):
+                    folded.append((text.lower() if text.isascii() else "", n))
+                else:
+                    plain.setdefault(text, set()).add(n)
+        by_form = {f: frozenset(n for a, ns in plain.items() if f.startswith(a) for n in ns) for f in self._forms}
+        return by_form, tuple(folded)
+
+    def _candidates(self, text: str, first: re.Match[str]) -> list[int]:
+        """The signatures (indexes, in order) one of whose patterns' anchors occurs in ``text``: no other can
+        match. ``first`` is the prefilter's first hit; it is searched again from each hit's next character, and
+        a hit is the longest form at its place, so every place where a form starts is seen, with every shorter
+        form there (the ones it starts with). A (?i) anchor is looked for in the lower-cased text, which is exact
+        for ASCII text; in other text (Unicode case folding pairs "s" with U+017F) each (?i) pattern is tried."""
+        by_form, folded = self._anchors
+        hits: set[int] = set()
+        prefilter = self.prefilter
+        m: re.Match[str] | None = first
+        while m is not None and prefilter is not None:
+            hits.update(by_form[m.group()])
+            m = prefilter.search(text, m.start() + 1)
+        if text.isascii():
+            lowered = text.lower()
+            hits.update(n for literal, n in folded if literal in lowered)
+        else:
+            hits.update(n for _, n in folded)
+        return sorted(hits)
+
     def by_code(self) -> dict[str, Signature]:
         return {s.code: s for s in self.signatures}
 
@@ -304,16 +328,16 @@ class Catalog:
         from dgxdoctor.judge.records import inside_quotes
 
         text = text[:MAX_MATCH_CHARS]
-        if self.prefilter is None or self.prefilter.search(text, start) is None:
+        if self.prefilter is None or (first := self.prefilter.search(text, start)) is None:
             return []
         body = text[start:]
-        lowered = body.lower() if body.isascii() else None
         found = []
-        for sig in self.signatures:
+        for n in self._candidates(text, first):
+            sig = self.signatures[n]
             if kind is not None and kind not in sig.kinds:
                 continue
             for p in sig.patterns:
-                span = self._searchers[p.pattern].span(body, lowered)
+                span = self._searchers[p.pattern].span(body)
                 if span is not None and (quoted or not inside_quotes(text, span[0] + start, span[1] + start)):
                     found.append(sig)
                     break
