@@ -36,6 +36,17 @@ class _Block:
     first: int  # 0-based number of its first line in the whole input
     lines: int
     hits: list[int] = field(default_factory=list)  # byte offsets in data of the lines the prefilter hit, sorted
+    hit_lines: list[int] = field(default_factory=list)  # their 0-based line numbers in data
+
+
+def _counted(data: bytes, hits: list[int]) -> tuple[int, list[int]]:
+    """The lines of ``data`` and the line number of each hit, from one count of its line breaks."""
+    numbers, line, pos = [], 0, 0
+    for hit in hits:
+        line += data.count(b"\n", pos, hit)
+        numbers.append(line)
+        pos = hit
+    return line + data.count(b"\n", pos), numbers
 
 
 class Scanner:
@@ -61,7 +72,9 @@ class Scanner:
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if data and not data.endswith(b"\n"):
             data += b"\n"
-        block = _Block(data, self.lines_read, data.count(b"\n"), self._hits(data))
+        hits = self._hits(data)
+        lines, hit_lines = _counted(data, hits)
+        block = _Block(data, self.lines_read, lines, hits, hit_lines)
         self.lines_read += block.lines
         out = self._settle(data)
         self._pending = block
@@ -110,14 +123,9 @@ class Scanner:
         stop = _line_end_after(buffer, base + block.hits[-1], LOOK_AHEAD)
         window = buffer[start:stop].decode("utf-8", errors="replace").split("\n")
         # The line number (0-based, in the whole input) of the window's first line, from the first hit's.
-        first_hit = block.first + block.data.count(b"\n", 0, block.hits[0])
-        first = first_hit - buffer.count(b"\n", start, base + block.hits[0])
+        first = block.first + block.hit_lines[0] - buffer.count(b"\n", start, base + block.hits[0])
         first_in_block = block.first - first
-        indexes, pos, line = [], start, 0
-        for hit in block.hits:
-            line += buffer.count(b"\n", pos, base + hit)
-            pos = base + hit
-            indexes.append(line)
+        indexes = [first_in_block + n for n in block.hit_lines]
         yield from self._read_block(window, first, indexes, first_in_block, block)
 
     def _read_block(self, window: list[str], first: int, indexes: list[int], lo: int, block: _Block) -> Iterator[Match]:
