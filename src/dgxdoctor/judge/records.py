@@ -111,7 +111,7 @@ QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
 def clean(line: str) -> str:
     """The record as its process printed it: the line without pasting artefacts (see the module docstring)."""
     text = line.replace("\r", "")
-    if "\x1b" in text or ANSI_HINT.search(text) is not None:
+    if may_hold_colour(text):
         text = ANSI.sub("", text)
     text = text.lstrip()
     for _ in range(MAX_PREFIXES):
@@ -123,6 +123,12 @@ def clean(line: str) -> str:
         else:
             return text
     return text
+
+
+def may_hold_colour(text: str) -> bool:
+    """False when ``ANSI`` cannot match in ``text``: ``clean`` of such a line without a carriage return only cuts
+    a prefix off it, so what is left is a part of the line as it was."""
+    return "\x1b" in text or ANSI_HINT.search(text) is not None
 
 
 @dataclass(frozen=True)

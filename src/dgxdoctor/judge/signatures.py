@@ -347,8 +347,12 @@ class Catalog:
     def match(self, line: str, kind: str | None = None) -> list[Match]:
         """Signatures one line shows on its own, read as the record it is (``judge.records``): nothing from a
         request or access-log record, nothing from quoted text of a client record."""
-        from dgxdoctor.judge.records import Trust, clean, shape
+        from dgxdoctor.judge.records import Trust, clean, may_hold_colour, shape
 
+        if self.prefilter is None:
+            return []
+        if "\r" not in line and not may_hold_colour(line) and self.prefilter.search(line) is None:
+            return []  # cleaning only cuts a prefix off this line: no anchor in it, none in what is left
         text = clean(line)
         found = shape(text)
         if found.trust is Trust.DENIED:
