@@ -113,31 +113,33 @@ class Scanner:
         return out
 
     def _read_hits(self, block: _Block, ahead: bytes) -> Iterator[Match]:
-        """Decode only the lines around the hits: LOOK_BACK before the first, LOOK_AHEAD after the last."""
-        # The lines before the first hit come from the block alone when it holds enough of them.
-        back = _line_start_before(block.data, block.hits[0], LOOK_BACK)
-        tail = self._tail if back == 0 else b""
-        buffer = tail + block.data + _first_lines(ahead, LOOK_AHEAD)
-        base = len(tail)
-        start = _line_start_before(buffer, base + block.hits[0], LOOK_BACK)
-        stop = _line_end_after(buffer, base + block.hits[-1], LOOK_AHEAD)
-        window = buffer[start:stop].decode("utf-8", errors="replace").split("\n")
-        # The line number (0-based, in the whole input) of the window's first line, from the first hit's.
-        first = block.first + block.hit_lines[0] - buffer.count(b"\n", start, base + block.hits[0])
-        first_in_block = block.first - first
-        indexes = [first_in_block + n for n in block.hit_lines]
-        yield from self._read_block(window, first, indexes, first_in_block, block)
+        """Decode only the lines around the hits: LOOK_BACK before and LOOK_AHEAD after each run of hits that
+        lie closer together than that (the logs check feeds what a poll read as one block: a 16 MB block with
+        a hit near each end decodes two windows, not 16 MB)."""
+        buffer = self._tail + block.data + _first_lines(ahead, LOOK_AHEAD)
+        base = len(self._tail)
+        done: set[tuple[int, str]] = set()  # (line number in the input, code): each once, whichever hit found it
+        for hits, hit_lines in _runs(block.hits, block.hit_lines):
+            start = _line_start_before(buffer, base + hits[0], LOOK_BACK)
+            stop = _line_end_after(buffer, base + hits[-1], LOOK_AHEAD)
+            window = buffer[start:stop].decode("utf-8", errors="replace").split("\n")
+            # The line number (0-based, in the whole input) of the window's first line, from the first hit's.
+            first = block.first + hit_lines[0] - buffer.count(b"\n", start, base + hits[0])
+            first_in_block = block.first - first
+            indexes = [first_in_block + n for n in hit_lines]
+            yield from self._read_block(window, first, indexes, first_in_block, block, done)
 
-    def _read_block(self, window: list[str], first: int, indexes: list[int], lo: int, block: _Block) -> Iterator[Match]:
+    def _read_block(
+        self, window: list[str], first: int, indexes: list[int], lo: int, block: _Block, done: set[tuple[int, str]]
+    ) -> Iterator[Match]:
         """The matches of the hit lines ``indexes`` of ``window``; only lines of the block (``lo`` on) count."""
         reading_ = _Reading(self, window)
         hi = lo + block.lines
-        done: set[tuple[int, str]] = set()
         for hit in indexes:
             for index, sig, line, trust in reading_.candidates(hit):
-                if not lo <= index < hi or (index, sig.code) in done:
+                if not lo <= index < hi or (first + index, sig.code) in done:
                     continue
-                done.add((index, sig.code))
+                done.add((first + index, sig.code))
                 if trust is Trust.CLIENT and self.trusted_only:
                     continue
                 read: Signature | None = sig
@@ -145,6 +147,16 @@ class Scanner:
                     read = reading(sig, window, index, self._signatures)
                 if read is not None:
                     yield Match(read, line, trust is Trust.TRUSTED, first + index + 1)
+
+
+def _runs(hits: list[int], lines: list[int]) -> Iterator[tuple[list[int], list[int]]]:
+    """The hits (offsets, line numbers) in runs: a run ends where the next hit is more than the lines a window
+    holds around a hit away (every reading looks at most LOOK_BACK lines back and LOOK_AHEAD ahead)."""
+    begin = 0
+    for n in range(1, len(hits) + 1):
+        if n == len(hits) or lines[n] - lines[n - 1] > LOOK_BACK + LOOK_AHEAD:
+            yield hits[begin:n], lines[begin:n]
+            begin = n
 
 
 def _last_lines(data: bytes, n: int) -> bytes:
