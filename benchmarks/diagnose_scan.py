@@ -1,8 +1,9 @@
 """`dgxdoctor diagnose` over a big log beside `grep -c` on the same file: MB/s and peak resident memory.
 
-    PYTHONPATH=src python benchmarks/diagnose_scan.py [--sizes 50,1000] [--stdin] [--runs 3]
+    PYTHONPATH=src python benchmarks/diagnose_scan.py [--sizes 50,1000] [--stdin] [--runs 3] [--every 10000]
 
-For each size (MB) a vLLM/Ray/NCCL log of ordinary lines with one real failure line every 10,000 lines is written
+For each size (MB) a vLLM/Ray/NCCL log of ordinary lines with one real failure line every 10,000 lines (``--every``:
+a failing service that logs its error every few lines makes every line it hits cost a record's reading) is written
 to a temporary directory (deleted after), then read by `python -m dgxdoctor diagnose FILE --json` (and, with
 ``--stdin``, from a pipe) and by `grep -c 'NCCL WARN'`. Targets (the doctor and scanning issues): at least
 50 MB/s scanned (the seconds of `diagnose` on a one-line file, Python's start-up and imports, left out; the
@@ -44,14 +45,14 @@ MAX_RSS_MB = 150.0
 CHUNK = 8 << 20
 
 
-def write_log(path: Path, megabytes: float) -> int:
+def write_log(path: Path, megabytes: float, every: int = 10_000) -> int:
     """The synthetic log, written in chunks (the generator holds no more than one); the failure lines in it."""
     target, size, failures, i = megabytes * 1e6, 0, 0, 0
     with path.open("w", encoding="utf-8") as fh:
         while size < target:
             lines = []
             for _ in range(20_000):
-                failure = i % 10_000 == 9_999
+                failure = i % every == every - 1
                 lines.append(FAILURE if failure else ORDINARY[i % len(ORDINARY)])
                 failures += failure
                 i += 1
@@ -148,6 +149,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="50,1000", help="log sizes in MB, comma-separated")
     parser.add_argument("--stdin", action="store_true", help="also read each log from a pipe")
     parser.add_argument("--runs", type=int, default=3, help="runs per figure, the best kept (default 3)")
+    parser.add_argument("--every", type=int, default=10_000, help="lines per failure line (default 10000)")
     args = parser.parse_args()
     ok = True
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
@@ -157,7 +159,7 @@ def main() -> int:
         one_line.write_text(ORDINARY[0] + "\n")
         for size in (float(s) for s in args.sizes.split(",") if s.strip()):
             path = tmp / "vllm.log"
-            failures = write_log(path, size)
+            failures = write_log(path, size, max(1, args.every))
             for via_stdin in (False, True) if args.stdin else (False,):
                 ok &= bench(path, failures, via_stdin, max(1, args.runs), one_line)
             path.unlink()
