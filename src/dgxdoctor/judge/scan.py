@@ -253,7 +253,7 @@ class _Reading:
         if len(one) < WRAP_MIN or not two or two[:1].isspace():
             return None
         rest = self._owners.cleaned(first + 1)
-        if not rest or shape(rest).head:
+        if not rest or self._owners.own(first + 1).head:
             return None
         one = one[head.message :]
         # Both joins: a terminal cuts inside a word ("colle" / "ctive"), a mail client drops the space it broke at.
@@ -275,17 +275,18 @@ class _Owners:
             self._cleaned[index] = clean(self.window[index])
         return self._cleaned[index]
 
-    def _own(self, index: int) -> Shape:
+    def own(self, index: int) -> Shape:
+        """The shape of line ``index`` on its own (``records.shape`` of it cleaned), once per window."""
         if index not in self._shapes:
             self._shapes[index] = shape(self.cleaned(index))
         return self._shapes[index]
 
     def shape(self, index: int) -> Shape:
-        own = self._own(index)
+        own = self.own(index)
         if own.head:
             return own
         for back in range(index - 1, max(-1, index - OWNER_LOOK_BACK - 1), -1):
-            head = self._own(back)
+            head = self.own(back)
             if head.head:
                 if head.trust is Trust.CLIENT:
                     return Shape(Trust.CLIENT, own.message, False)
