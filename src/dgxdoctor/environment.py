@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
-from dgxdoctor.sources.commands import CommandRunner, run_command
+from dgxdoctor.sources.commands import CommandRunner, LineCommandRunner, run_command, run_command_lines
 
 if TYPE_CHECKING:
     from dgxdoctor.sources.nvml import NvmlClient
@@ -96,7 +96,9 @@ class Environment:
     nvml_factory: Callable[[], NvmlClient] = _default_nvml
     # None means a real network; tests pass an httpx.MockTransport only for peers that cannot run here.
     http_transport: httpx.BaseTransport | None = None
+    # Every program the agent starts goes through these two (sources/commands.py: argv, timeout, run in /).
     run_command: CommandRunner = run_command
+    run_command_lines: LineCommandRunner = run_command_lines  # stderr line by line as it comes (probe progress)
     # A TCP connect with a deadline (the mp master's address from a worker); tests point it at loopback.
     connect: Callable[[str, int, float], None] = tcp_connect
     clock: Callable[[], float] = time.time

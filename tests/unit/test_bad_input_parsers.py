@@ -17,7 +17,7 @@ from dgxdoctor.config import ConfigError, parse_config
 from dgxdoctor.diagnose.base import diagnose_text
 from dgxdoctor.diagnose.registry import ANALYZERS
 from dgxdoctor.fleet import compare as compare_mod
-from dgxdoctor.fleet.peers import InvalidState, response_json, validate_state
+from dgxdoctor.fleet.peers import BadAnswer, response_json, validate_state
 from dgxdoctor.judge import signatures
 from dgxdoctor.judge.topology import evaluate_topology
 from dgxdoctor.sources import (
@@ -347,7 +347,7 @@ GOOD_STATE = {
 @FUZZ
 @given(st.one_of(json_mutants([GOOD_STATE]), json_values))
 def test_peer_state_validation(doc: Any) -> None:
-    state = clean(validate_state, doc, allowed=(InvalidState,))
+    state = clean(validate_state, doc, allowed=(BadAnswer,))
     if state is not None:
         json.dumps(state)
         compare_mod.compare([state, {**state, "node": state["node"] + "-peer"}], local=state["node"])
@@ -356,12 +356,12 @@ def test_peer_state_validation(doc: Any) -> None:
 @FUZZ
 @given(st.one_of(st.binary(max_size=512), garbage().map(str.encode)))
 def test_peer_response_json(body: bytes) -> None:
-    clean(response_json, body, allowed=(InvalidState,))
+    clean(response_json, body, allowed=(BadAnswer,))
 
 
 def test_peer_deeply_nested_json_is_invalid_state() -> None:
     # Found by the property test: RecursionError from json.loads escaped the peer fetch.
-    with pytest.raises(InvalidState, match="not JSON"):
+    with pytest.raises(BadAnswer, match="not JSON"):
         response_json(deep_json().encode())
 
 

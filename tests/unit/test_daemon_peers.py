@@ -8,7 +8,7 @@ import pytest
 
 from dgxdoctor.checks.peer_compare import PeerCompareCheck, PeerCompareSettings
 from dgxdoctor.environment import Environment, Fleet, Peers
-from dgxdoctor.fleet.peers import InvalidState, PeerFetch, fetch_all, validate_state
+from dgxdoctor.fleet.peers import BadAnswer, PeerFetch, fetch_all, validate_state
 from dgxdoctor.result import Status
 
 TOKEN = "s3cret-token-0123456789"
@@ -49,7 +49,7 @@ def peer_state(node: str = "dgx-b", util: float = 0.9) -> dict[str, Any]:
     ],
 )
 def test_invalid_state_names_the_problem(doc: Any, problem: str) -> None:
-    with pytest.raises(InvalidState, match=problem):
+    with pytest.raises(BadAnswer, match=problem):
         validate_state(doc)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import run_cli
-from dgxdoctor.remediation.audit import AuditLog, StateFile
+from dgxdoctor.remediation.audit import AuditLog, guard_state_file
 
 
 def config(tmp_path: Path, extra: str = "", token: bool = False) -> str:
@@ -27,7 +27,7 @@ def test_status_shows_the_breaker_and_reset_closes_it(tmp_path: Path) -> None:
     import time
 
     now = time.time()
-    StateFile(tmp_path).write(
+    guard_state_file(tmp_path).write(
         {"breaker": {"open": True, "reason": "budget of 2 actions per 3600 s spent", "opened_at": now},
          "actions": [{"action": "restart_vllm", "at": now - 10}, {"action": "restart_cluster", "at": now - 5}]}
     )  # fmt: skip

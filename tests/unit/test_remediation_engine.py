@@ -15,8 +15,9 @@ import pytest
 from dgxdoctor.alerts.webhook import IncomingAlert
 from dgxdoctor.config import AlertsSettings, RemediationSettings
 from dgxdoctor.daemon.remediation import make_pager
+from dgxdoctor.environment import Environment
 from dgxdoctor.remediation.actions import VllmTarget, step_mac
-from dgxdoctor.remediation.audit import AuditLog, StateFile
+from dgxdoctor.remediation.audit import AuditLog, guard_state_file
 from dgxdoctor.remediation.engine import Remediator, Targets
 from dgxdoctor.result import CheckResult, Finding, Status
 
@@ -48,7 +49,7 @@ async def test_back_after_a_restart_climbs_the_ladder_into_the_breaker(tmp_path:
     await settle(r)
     last = events(tmp_path)[-1]
     assert (last["verdict"], last["action"]) == ("refuse", "restart_cluster") and "breaker opened" in last["reason"]
-    assert r.metrics()["breaker_open"] and StateFile(tmp_path).read()["breaker"]["open"]
+    assert r.metrics()["breaker_open"] and guard_state_file(tmp_path).read()["breaker"]["open"]
 
 
 def remediator(
@@ -58,8 +59,9 @@ def remediator(
     cfg["commands"] = {"restart_vllm": ["true"], **kw.pop("commands", {})}
     settings = RemediationSettings(**{**cfg, **kw})
     targets = Targets(VllmTarget("http://vllm:8000", "tiny"), "http://ray:8265", 2, 16, (), "t" * 16)
-    pager = make_pager(AlertsSettings(alertmanager_url="http://am:9093"), transport)
-    return Remediator(settings, pager, "dgx-a", tmp_path, targets, lambda: results, transport=transport)
+    env = Environment(node="dgx-a", http_transport=transport)
+    pager = make_pager(AlertsSettings(alertmanager_url="http://am:9093"), env)
+    return Remediator(settings, pager, "dgx-a", tmp_path, targets, lambda: results, env=env)
 
 
 async def settle(r: Remediator, limit_s: float = 30.0) -> None:
@@ -67,7 +69,7 @@ async def settle(r: Remediator, limit_s: float = 30.0) -> None:
     await r.evaluate()
 
     async def idle() -> None:
-        while r.busy.locked() or StateFile(r.state_file.dir).read().get("in_flight") is not None:
+        while r.busy.locked() or guard_state_file(r.state_file.path.parent).read().get("in_flight") is not None:
             await asyncio.sleep(0.02)
 
     await asyncio.wait_for(idle(), limit_s)
@@ -119,7 +121,7 @@ async def test_observe_mode_never_runs(tmp_path: Path) -> None:
 
 async def test_an_interrupted_action_is_recorded_and_not_repeated(tmp_path: Path) -> None:
     now = 1_000_000.0
-    StateFile(tmp_path).write(
+    guard_state_file(tmp_path).write(
         {"in_flight": {"id": "abc", "action": "restart_vllm", "key": "check:vllm:restart_vllm", "started_at": now - 5,
                        "pid": 99999}, "last": {"restart_vllm": now - 5}, "actions": [{"action": "restart_vllm",
                        "at": now - 5}], "attempts": {}, "onset": {}}
@@ -131,7 +133,7 @@ async def test_an_interrupted_action_is_recorded_and_not_repeated(tmp_path: Path
     results_now = CheckResult("vllm", Status.CRITICAL, "dead", DEAD.findings, started_at=now + 1)
     r.latest = lambda: {"vllm": results_now}
     assert (record["event"], record["outcome"], record["id"]) == ("action", "interrupted", "abc")
-    assert StateFile(tmp_path).read()["in_flight"] is None
+    assert guard_state_file(tmp_path).read()["in_flight"] is None
     await settle(r)
     assert "cooldown" in events(tmp_path)[-1]["reason"]  # not blindly repeated
 
@@ -154,7 +156,7 @@ async def test_ladder_end_pages_through_alertmanager(tmp_path: Path) -> None:
     r = remediator(tmp_path, vllm_app(seen), {"vllm": DEAD}, ladder_window_s=3600, cooldown_s=cooldowns)
     now = r.clock()
     tried = [{"action": "restart_vllm", "at": now - 60}, {"action": "restart_cluster", "at": now - 30}]
-    StateFile(tmp_path).write({"attempts": {"restart_vllm": tried}})
+    guard_state_file(tmp_path).write({"attempts": {"restart_vllm": tried}})
     await settle(r)
     page = events(tmp_path)[-1]
     assert page["event"] == "page" and page["outcome"] == "sent" and "ladder ended" in page["reason"]
@@ -193,7 +195,7 @@ async def test_worker_runs_only_its_own_steps_when_acting(tmp_path: Path) -> Non
 def test_a_corrupt_state_file_is_an_error_not_a_reset(tmp_path: Path, doc: str) -> None:
     (tmp_path / "remediation-state.json").write_text(doc)
     with pytest.raises(ValueError):
-        StateFile(tmp_path).read()
+        guard_state_file(tmp_path).read()
 
 
 async def test_an_alert_older_than_the_last_action_is_stale(tmp_path: Path) -> None:
@@ -201,7 +203,7 @@ async def test_an_alert_older_than_the_last_action_is_stale(tmp_path: Path) -> N
     r = remediator(tmp_path, vllm_app([]), {})
     labels = {"alertname": "DgxdoctorVllmDown", "node": "dgx-a", "dgxdoctor_action": "restart_vllm"}
     now = r.clock()
-    StateFile(tmp_path).write({"finished_at": now - 10})
+    guard_state_file(tmp_path).write({"finished_at": now - 10})
     r.finished_at = now - 10
     assert r.accept_alerts([IncomingAlert("firing", labels, "f1", "t1", now - 60)]) == (1, 0)
     await settle(r)

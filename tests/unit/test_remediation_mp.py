@@ -23,8 +23,9 @@ import httpx
 import pytest
 
 from dgxdoctor.config import RemediationSettings
+from dgxdoctor.environment import Environment
 from dgxdoctor.remediation.actions import VllmTarget
-from dgxdoctor.remediation.audit import AuditLog, StateFile
+from dgxdoctor.remediation.audit import AuditLog, guard_state_file
 from dgxdoctor.remediation.engine import Remediator, Targets
 from dgxdoctor.result import CheckResult, Finding, Status
 
@@ -106,14 +107,14 @@ def pair(tmp: Path, seen: list[str], executor: str | None = "mp") -> tuple[Remed
     targets = Targets(VllmTarget("http://dgx-a:8000", "glm-5.3"), "http://ray:8265", 2, 16, (WORKER_URL,),
                       "t" * 16, executor)  # fmt: skip
     head = Remediator(settings("head"), None, "dgx-a", tmp / "head-state", targets, lambda: {"peer_compare": down},
-                      transport=httpx.MockTransport(handle))  # fmt: skip
+                      env=Environment(node="dgx-a", http_transport=httpx.MockTransport(handle)))  # fmt: skip
     return head, worker
 
 
 async def settle(r: Remediator) -> None:
     await r.evaluate()
     for _ in range(500):
-        if not r.busy.locked() and StateFile(r.state_file.dir).read().get("in_flight") is None:
+        if not r.busy.locked() and guard_state_file(r.state_file.path.parent).read().get("in_flight") is None:
             return
         await asyncio.sleep(0.02)
 

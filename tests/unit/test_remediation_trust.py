@@ -18,7 +18,7 @@ from dgxdoctor.config import ConfigError, load_config, parse_config
 from dgxdoctor.daemon.sdnotify import Notifier
 from dgxdoctor.daemon.service import Daemon
 from dgxdoctor.remediation import intake
-from dgxdoctor.remediation.audit import AuditLog, StateFile
+from dgxdoctor.remediation.audit import AuditLog, guard_state_file
 from dgxdoctor.remediation.guard import GuardState
 from dgxdoctor.remediation.state_doc import StateDocError
 from dgxdoctor.remediation.status import render_status, status_document
@@ -84,7 +84,7 @@ BAD_STATES = [
 def test_a_state_of_the_wrong_shape_is_refused_naming_where(tmp_path: Path, doc: str) -> None:
     (tmp_path / "remediation-state.json").write_text(doc)
     with pytest.raises(ValueError):
-        GuardState.from_doc(StateFile(tmp_path).read())
+        GuardState.from_doc(guard_state_file(tmp_path).read())
 
 
 def test_state_errors_name_the_key() -> None:
@@ -102,7 +102,7 @@ async def test_a_bad_state_file_is_set_aside_and_the_breaker_opened(tmp_path: Pa
     r.recover()  # what start() does: never a crash
     kept = list(tmp_path.glob("remediation-state.json.invalid-*"))
     assert len(kept) == 1 and kept[0].read_text() == doc  # kept for the operator, as it was
-    state = StateFile(tmp_path).read()
+    state = guard_state_file(tmp_path).read()
     assert state["breaker"]["open"] is True and "invalid" in state["breaker"]["reason"]
     metrics = r.metrics()
     assert metrics["mode"] == "disabled" and metrics["breaker_open"] and metrics["state_invalid"] == 1
@@ -117,7 +117,7 @@ async def test_reset_recovers_from_a_bad_state_file(tmp_path: Path) -> None:
     cfg.write_text(f'node = "dgx-a"\n[paths]\nstate_dir = "{tmp_path}"\n')
     done = run_cli("remediation", "reset", "--config", str(cfg))
     assert done.returncode == 0, done.stderr
-    assert StateFile(tmp_path).read()["breaker"]["open"] is False
+    assert guard_state_file(tmp_path).read()["breaker"]["open"] is False
     assert len(list(tmp_path.glob("remediation-state.json.invalid-*"))) == 1
     # The daemon's side: set aside, breaker open; the reset closes it and the next fault is acted on.
     marker = tmp_path / "restarted"
@@ -133,7 +133,7 @@ async def test_reset_recovers_from_a_bad_state_file(tmp_path: Path) -> None:
 def test_a_huge_state_file_is_invalid_not_read_whole(tmp_path: Path) -> None:
     (tmp_path / "remediation-state.json").write_text('{"onset": {' + " " * (2 << 20) + "}}")
     with pytest.raises(ValueError, match="larger than"):
-        StateFile(tmp_path).read()
+        guard_state_file(tmp_path).read()
 
 
 # -- the disk --------------------------------------------------------------------------------------------
@@ -148,22 +148,22 @@ async def test_a_failed_audit_write_leaves_nothing_in_flight(tmp_path: Path) -> 
     r = remediator(tmp_path, vllm_app([]), {"vllm": DEAD}, commands={"restart_vllm": ["touch", str(marker)]})
     await settle(r)
     await settle(r)
-    assert not marker.exists() and StateFile(tmp_path).read().get("in_flight") is None
+    assert not marker.exists() and guard_state_file(tmp_path).read().get("in_flight") is None
     assert WRITE_ERRORS["remediation.jsonl"] >= before + 2  # counted every time: dgxdoctor_write_errors_total
     (tmp_path / "remediation.jsonl").rmdir()
     await settle(r)
-    assert marker.exists() and StateFile(tmp_path).read()["in_flight"] is None
+    assert marker.exists() and guard_state_file(tmp_path).read()["in_flight"] is None
     assert [e["event"] for e in events(tmp_path)][-2:] == ["action_started", "action"]
 
 
 async def test_an_action_end_the_disk_refused_is_saved_later(tmp_path: Path) -> None:
     r = remediator(tmp_path, vllm_app([]), {"vllm": DEAD})
     await settle(r)
-    r.state_file.write({**StateFile(tmp_path).read(), "in_flight": {"id": "abc", "action": "restart_vllm",
+    r.state_file.write({**guard_state_file(tmp_path).read(), "in_flight": {"id": "abc", "action": "restart_vllm",
                         "key": "check:vllm:restart_vllm", "started_at": 1.0, "pid": 1}})  # fmt: skip
     r.pending_finish = ("abc", time.time())
     await r.evaluate()
-    assert StateFile(tmp_path).read()["in_flight"] is None and r.pending_finish is None
+    assert guard_state_file(tmp_path).read()["in_flight"] is None and r.pending_finish is None
 
 
 # -- the webhook -----------------------------------------------------------------------------------------
@@ -225,7 +225,7 @@ async def test_the_ladder_does_not_page_before_the_cluster_restart_ends(tmp_path
         results["vllm"] = CheckResult("vllm", Status.CRITICAL, "dead", DEAD.findings, started_at=time.time() + 1)
         await r.evaluate()
     pages = [e for e in events(tmp_path) if e.get("verdict") == "page" or e["event"] == "page"]
-    assert pages == [] and StateFile(tmp_path).read()["in_flight"]["action"] == "restart_cluster"
+    assert pages == [] and guard_state_file(tmp_path).read()["in_flight"]["action"] == "restart_cluster"
 
 
 # -- the worker's steps ----------------------------------------------------------------------------------
@@ -237,7 +237,7 @@ def worker(tmp_path: Path, marker: Path, **kw: Any) -> Any:
 
 async def test_a_step_honours_the_workers_own_breaker(tmp_path: Path) -> None:
     marker = tmp_path / "stopped"
-    StateFile(tmp_path).write({"breaker": {"open": True, "reason": "budget spent", "opened_at": time.time()}})
+    guard_state_file(tmp_path).write({"breaker": {"open": True, "reason": "budget spent", "opened_at": time.time()}})
     status, answer = await worker(tmp_path, marker).run_step(step_request("ray_stop", "0123456789ab"))
     assert status == 409 and "breaker open" in answer["detail"] and not marker.exists()
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import tarfile
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dgxdoctor.bundle.collect import Part
+from dgxdoctor.sources.statefile import atomic_writer
 
 # results.json, logs/ray/raylet.out.log, nvidia-smi-q.txt
 SAFE_NAME = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}(?:/[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}){0,3}\Z")
@@ -84,24 +84,17 @@ def _manifest(data: bytes) -> dict[str, Any]:
 
 
 def write_bundle(path: Path, parts: Sequence[Part], top: dict[str, Any]) -> int:
-    """The archive at ``path`` (atomically); returns its size in bytes."""
+    """The archive at ``path`` (``atomic_writer``: all of it or nothing, errors raised); returns its size in bytes."""
     stem = path.name.removesuffix(".tar.gz")
     now = time.time()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as fh, tarfile.open(fileobj=fh, mode="w:gz") as tar:
-            _add(tar, f"{stem}/manifest.json", json.dumps(top, indent=1).encode(), now)
-            for part in parts:
-                folder = f"{stem}/{part.node}"
-                _add(tar, f"{folder}/manifest.json", json.dumps(part.manifest, indent=1).encode(), now)
-                for name, data in part.files:
-                    _add(tar, f"{folder}/{name}", data, now)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_writer(path, 0o600) as fh, tarfile.open(fileobj=fh, mode="w:gz") as tar:
+        _add(tar, f"{stem}/manifest.json", json.dumps(top, indent=1).encode(), now)
+        for part in parts:
+            folder = f"{stem}/{part.node}"
+            _add(tar, f"{folder}/manifest.json", json.dumps(part.manifest, indent=1).encode(), now)
+            for name, data in part.files:
+                _add(tar, f"{folder}/{name}", data, now)
     return path.stat().st_size
 
 

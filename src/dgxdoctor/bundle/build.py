@@ -20,7 +20,7 @@ from dgxdoctor.bundle.redact import Redactor
 from dgxdoctor.config import Config
 from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.cluster import measure_clock
-from dgxdoctor.fleet.peers import peer_label
+from dgxdoctor.fleet.peers import BadAnswer, peer_label, read_answer
 
 PART_PATH = "/bundle/part"
 # A peer's part travels compressed; what it may hold uncompressed is bounded by the asker's size cap and this slack
@@ -62,17 +62,14 @@ async def ask_part(
     """A peer's part within ``budget_s``; never raises. The part is redacted again here with our own secrets."""
     t0 = time.monotonic()
     body = {"since_s": since_s, "deadline_s": round(max(budget_s - PEER_MARGIN_S, 0.5), 3)}
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         async with asyncio.timeout(budget_s):
             offset, rtt = await measure_clock(client, url)
-            response = await client.post(f"{url}{PART_PATH}", json=body, headers=headers)
-            if response.status_code != 200:
-                raise BadPart(f"HTTP {response.status_code}: {response.text[:200]}")
-            part = read_part(response.content, max_bytes + PART_SLACK_BYTES)
+            raw = await read_answer(client, "POST", f"{url}{PART_PATH}", token, body, max_bytes + PART_SLACK_BYTES)
+            part = read_part(raw, max_bytes + PART_SLACK_BYTES)
     except TimeoutError:
         return PeerPart(url, None, f"no part within the deadline ({budget_s:.1f} s)", _since(t0))
-    except (httpx.HTTPError, BadPart) as exc:
+    except (httpx.HTTPError, BadAnswer, BadPart) as exc:
         return PeerPart(url, None, f"{type(exc).__name__}: {exc}"[:400], _since(t0))
     part.files = [(name, redactor.data(data)) for name, data in part.files]
     part.node = safe(part.node or peer_label(url))

@@ -14,7 +14,6 @@ restarts; ``dgxdoctor check`` shows it too and never starts a benchmark outside 
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from dataclasses import replace
@@ -31,7 +30,7 @@ from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
 from dgxdoctor.sources.bench_baseline import Baseline, BaselineError, load_baseline, raw_point
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.serving_env import find_serving_python
-from dgxdoctor.sources.statefile import atomic_write
+from dgxdoctor.sources.statefile import StateFile
 from dgxdoctor.sources.vllm_bench import (
     BenchPoint,
     BenchResultError,
@@ -206,23 +205,20 @@ class BenchCheck(Check):
             summary += f"; last run {time.strftime('%Y-%m-%d %H:%M', time.gmtime(finished))} UTC, {note}"
         return b.build(summary)
 
-    def _state_file(self) -> Path:
-        return self.env.state_dir / STATE_FILE
+    def _state_file(self) -> StateFile:
+        return StateFile(self.env.state_dir / STATE_FILE, mode=0o640)
 
     def _last_run(self) -> tuple[float, BenchPoint] | None:
+        data: Any = self._state_file().load()  # an unreadable or corrupt file is logged and read as none
         try:
-            data: Any = json.loads(self._state_file().read_text(encoding="utf-8"))
             return float(data["finished"]), parse_bench_result(data["result"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):
             return None  # no run yet, or a state file from elsewhere: run again when due
 
     def _save_last(self, finished: float, point: BenchPoint) -> None:
-        try:
-            self.env.state_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
-            doc = json.dumps({"finished": finished, "result": raw_point(point)})
-            atomic_write(self._state_file(), doc.encode(), 0o640)  # never through a link
-        except OSError:
-            pass  # the verdict stands; without the file the next look runs the benchmark again when in a window
+        # A failure is logged and counted (dgxdoctor_write_errors_total); the verdict stands, and without the file
+        # the next look runs the benchmark again when in a window.
+        self._state_file().save({"finished": finished, "result": raw_point(point)})
 
 
 def _with_prompts(baseline: Baseline, num_prompts: int) -> BenchSettings:

@@ -37,13 +37,13 @@ from dgxdoctor.judge.nccl import bandwidth_finding, nccl_tests_findings, peer_pr
 from dgxdoctor.judge.nccl_transport import describe, spans_nodes, transport_findings
 from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
-from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv, run_command_lines
+from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
 from dgxdoctor.sources.fields import ByteSize, Host, OptionalHttpUrl, PeerUrl, parse_byte_size
 from dgxdoctor.sources.nccl_env import read_env_file
 from dgxdoctor.sources.nccl_info import NcclTransport, parse_nccl_info
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
 from dgxdoctor.sources.serving_env import find_serving_python
-from dgxdoctor.sources.statefile import atomic_write
+from dgxdoctor.sources.statefile import atomic_write, write_failed
 from dgxdoctor.sources.sysfs_ib import ports_by_device
 
 # The probe's exit statuses, repeated from ``dgxdoctor.probes.allreduce`` so the daemon does not import the probe
@@ -344,7 +344,7 @@ class NcclCheck(Check):
         else:
             sink = self._progress
             label = f"nccl{f' {rail}' if rail else ''}:"
-            done = run_command_lines(
+            done = self.env.run_command_lines(
                 argv, timeout, lambda line: sink(f"{label} {line.lstrip('# ')}") if PROGRESS in line else None
             )
         self.keep_output(rail, done.stdout, done.stderr)
@@ -357,8 +357,8 @@ class NcclCheck(Check):
         try:
             path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
             atomic_write(path, f"{stdout}\n# --- stderr ---\n{stderr}".encode(), 0o640)  # never through a link
-        except OSError:
-            pass  # the verdict does not depend on it
+        except OSError as exc:
+            write_failed(path.name, path, exc)  # logged and counted; the verdict does not depend on it
 
 
 def probe_env(cfg: NcclSettings, rail: str | None = None, host_root: Path = Path("/")) -> dict[str, str]:

@@ -8,8 +8,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from dgxdoctor.bundle.build import build_bundle, bundle_name
 from dgxdoctor.bundle.items import Sources
 from dgxdoctor.checks.base import CheckRunner, capped
@@ -66,7 +64,7 @@ def cli_sources(config: Config, since_s: float, deadline_s: float) -> Sources:
         host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         token = config.daemon.resolve_token()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        with httpx.Client(timeout=min(5.0, deadline_s)) as client:
+        with env.http_client(timeout_s=min(5.0, deadline_s)) as client:
             answer = client.get(f"http://{host}:{port}/state", headers=headers)
         if answer.status_code != 200:
             raise OSError(f"the local daemon answered HTTP {answer.status_code}")

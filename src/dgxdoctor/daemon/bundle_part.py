@@ -1,9 +1,10 @@
 """The peer's side of ``dgxdoctor bundle --cluster`` and of the capture before a cluster restart:
 ``POST /bundle/part`` collects this node's part and answers it as a tar.gz.
 
-Token-authenticated (``app.auth_middleware``) and bounded like ``POST /check/run``: one collection at a time, at
-most one per ``daemon.check_run_min_interval_s``, never past the deadline the asker sends nor this node's own
-``[bundle] deadline_s``; the size cap is this node's. The body is untrusted: ``{"since_s": N, "deadline_s": N}``.
+Token-authenticated (``app.auth_middleware``) and bounded like ``POST /check/run`` (both by ``daemon/gated.py``):
+one collection at a time, at most one per ``daemon.check_run_min_interval_s``, never past the deadline the asker
+sends nor this node's own ``[bundle] deadline_s``; the size cap is this node's. The body is untrusted:
+``{"since_s": N, "deadline_s": N}``.
 
 By hand: ``curl -X POST -H "Authorization: Bearer $TOKEN" -d '{"since_s": 900}' http://dgx-b:9835/bundle/part
 -o part.tar.gz``.
@@ -12,10 +13,9 @@ By hand: ``curl -X POST -H "Authorization: Bearer $TOKEN" -d '{"since_s": 900}' 
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,34 +25,19 @@ from dgxdoctor.bundle.archive import part_bytes
 from dgxdoctor.bundle.build import gather_parts, local_part, write_parts
 from dgxdoctor.bundle.items import Sources
 from dgxdoctor.config import Config
-from dgxdoctor.daemon.checknow import RunGate
-from dgxdoctor.daemon.connections import lift_deadline
+from dgxdoctor.daemon.gated import RunGate, seconds_body
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.remediation.capture import CaptureSettings, PreActionCapture, Writer
 
 MAX_SINCE_S = 30 * 86400.0
 
 
-def _seconds(doc: dict[str, Any], key: str, default: float, top: float) -> float:
-    value = doc.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{key} must be a number of seconds")
-    if not 0 < value <= top:
-        raise ValueError(f"{key} must be in (0, {top:g}]")
-    return float(value)
-
-
 def parse_request(raw: bytes, config: Config) -> tuple[float, float]:
-    """(since_s, deadline_s) from ``{"since_s": N, "deadline_s": N}``; ValueError saying what is wrong."""
-    try:
-        doc = json.loads(raw) if raw.strip() else {}
-    except (ValueError, RecursionError):
-        raise ValueError('body must be JSON: {"since_s": SECONDS, "deadline_s": SECONDS}') from None
-    if not isinstance(doc, dict) or set(doc) - {"since_s", "deadline_s"}:
-        raise ValueError('body must be {"since_s": SECONDS, "deadline_s": SECONDS} and nothing else')
+    """(since_s, deadline_s) from ``{"since_s": N, "deadline_s": N}``; ValueError saying what is wrong. The
+    deadline is never past this node's own ``[bundle] deadline_s``."""
     b = config.bundle
-    return _seconds(doc, "since_s", b.since_s, MAX_SINCE_S), min(_seconds(doc, "deadline_s", b.deadline_s, 3600),
-                                                                  b.deadline_s)  # fmt: skip
+    asked = seconds_body(raw, {"since_s": (b.since_s, MAX_SINCE_S), "deadline_s": (b.deadline_s, 3600.0)})
+    return asked["since_s"], min(asked["deadline_s"], b.deadline_s)
 
 
 def daemon_sources(store: ResultStore, role: str | None, since_s: float, bug_report: bool) -> Sources:
@@ -74,19 +59,13 @@ class BundlePart:
 
     async def handle(self, request: web.Request) -> web.Response:
         config = self.config()
-        try:
-            since_s, deadline_s = parse_request(await request.read(), config)
-        except ValueError as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-        refused = self.gate.refusal()
-        if refused is not None:
-            return refused
-        lift_deadline(request)  # authenticated: the collection has its own deadline
-        async with self.gate.lock:
-            self.gate.started()
-            sources = daemon_sources(self.store, config.role, since_s, bug_report=False)
-            part = await asyncio.to_thread(local_part, config, self.env(), sources, deadline_s)
-            body = await asyncio.to_thread(part_bytes, part)
+        return await self.gate.serve(request, lambda raw: parse_request(raw, config), partial(self._part, config))
+
+    async def _part(self, config: Config, asked: tuple[float, float]) -> web.Response:
+        since_s, deadline_s = asked
+        sources = daemon_sources(self.store, config.role, since_s, bug_report=False)
+        part = await asyncio.to_thread(local_part, config, self.env(), sources, deadline_s)
+        body = await asyncio.to_thread(part_bytes, part)
         return web.Response(body=body, content_type="application/gzip")
 
 

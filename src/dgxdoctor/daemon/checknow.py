@@ -11,9 +11,6 @@ By hand: ``curl -X POST -H "Authorization: Bearer $TOKEN" -d '{"deadline_s": 30}
 
 from __future__ import annotations
 
-import asyncio
-import json
-import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +20,7 @@ from aiohttp import web
 
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner, capped
 from dgxdoctor.config import Config
-from dgxdoctor.daemon.connections import lift_deadline
+from dgxdoctor.daemon.gated import RunGate, seconds_body
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import ResultsDocument
 
@@ -47,46 +44,7 @@ def build_now(config: Config, factories: tuple[CheckFactory, ...], limit_s: floa
 
 def parse_deadline(raw: bytes) -> float:
     """``{"deadline_s": N}`` with 0 < N <= MAX_DEADLINE_S; ValueError saying what is wrong."""
-    try:
-        doc = json.loads(raw) if raw.strip() else {}
-    except (ValueError, RecursionError):
-        raise ValueError('body must be JSON: {"deadline_s": SECONDS}') from None
-    if not isinstance(doc, dict) or set(doc) - {"deadline_s"}:
-        raise ValueError('body must be {"deadline_s": SECONDS} and nothing else')
-    value = doc.get("deadline_s", MAX_DEADLINE_S)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError("deadline_s must be a number of seconds")
-    if not 0 < value <= MAX_DEADLINE_S:
-        raise ValueError(f"deadline_s must be in (0, {MAX_DEADLINE_S:g}]")
-    return float(value)
-
-
-class RunGate:
-    """One run at a time (409 while one runs) and at most one start per ``interval()`` seconds (429)."""
-
-    def __init__(self, what: str, interval: Callable[[], float], monotonic: Callable[[], float] = time.monotonic):
-        self.what = what
-        self.interval = interval
-        self.monotonic = monotonic
-        self.lock = asyncio.Lock()
-        self.last_start: float | None = None
-        self.refused: dict[str, int] = {"busy": 0, "rate": 0}
-
-    def refusal(self) -> web.Response | None:
-        if self.lock.locked():
-            self.refused["busy"] += 1
-            return web.json_response({"error": f"a {self.what} is already in progress here"}, status=409,
-                                     headers={"Retry-After": "1"})  # fmt: skip
-        interval = self.interval()
-        if self.last_start is not None and self.monotonic() - self.last_start < interval:
-            self.refused["rate"] += 1
-            wait = max(1, math.ceil(interval - (self.monotonic() - self.last_start)))
-            return web.json_response({"error": f"at most one {self.what} per {interval:g} s"}, status=429,
-                                     headers={"Retry-After": str(wait)})  # fmt: skip
-        return None
-
-    def started(self) -> None:
-        self.last_start = self.monotonic()
+    return seconds_body(raw, {"deadline_s": (MAX_DEADLINE_S, MAX_DEADLINE_S)})["deadline_s"]
 
 
 class CheckNow:
@@ -108,17 +66,10 @@ class CheckNow:
         self.runner: CheckRunner | None = None
 
     async def handle(self, request: web.Request) -> web.Response:
-        try:
-            deadline_s = parse_deadline(await request.read())
-        except ValueError as exc:
-            return web.json_response({"error": str(exc)}, status=400)
-        refused = self.gate.refusal()
-        if refused is not None:
-            return refused
-        lift_deadline(request)  # authenticated: the run has its own deadline
-        async with self.gate.lock:
-            self.gate.started()
-            doc = await self.run(deadline_s)
+        return await self.gate.serve(request, parse_deadline, self._answer)
+
+    async def _answer(self, deadline_s: float) -> web.Response:
+        doc = await self.run(deadline_s)
         return web.json_response({"node": doc["node"], "results": doc})
 
     async def run(self, deadline_s: float) -> dict[str, Any]:

@@ -4,27 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import httpx
-
 from dgxdoctor.alerts.sender import page_alert, post_alerts
 from dgxdoctor.checks.base import own_settings
 from dgxdoctor.checks.ray import RaySettings
 from dgxdoctor.checks.vllm import VllmSettings
 from dgxdoctor.config import AlertsSettings, Config
+from dgxdoctor.environment import Environment
 from dgxdoctor.remediation.actions import VllmTarget
 from dgxdoctor.remediation.engine import Pager, Remediator, Targets
 from dgxdoctor.result import CheckResult
 from dgxdoctor.sources.xid import load_catalog
 
 
-def make_pager(settings: AlertsSettings, transport: httpx.BaseTransport | None = None) -> Pager | None:
-    """Posts a page to Alertmanager's v2 API; None without ``[alerts] alertmanager_url`` (pages are logged)."""
+def make_pager(settings: AlertsSettings, env: Environment) -> Pager | None:
+    """Posts a page to Alertmanager's v2 API through ``env``'s capped client; None without ``[alerts]
+    alertmanager_url`` (pages are logged)."""
     url = settings.alertmanager_url
     if url is None:
         return None
 
     def page(node: str, problem: str, action: str, reason: str, now: float) -> str:
-        with httpx.Client(transport=transport) as client:
+        with env.http_client(timeout_s=settings.timeout_s) as client:
             return post_alerts(url, [page_alert(node, problem, action, reason, now)], settings.timeout_s, client)
 
     return page
@@ -52,12 +52,14 @@ def targets_for(config: Config, token: str | None) -> Targets:
 
 def build_remediator(config: Config, token: str | None, latest: Callable[[], dict[str, CheckResult]]) -> Remediator:
     resolutions = {code: entry.resolution for code, entry in load_catalog().xids.items()}
+    env = config.environment(one_shot=False)
     return Remediator(
         config.remediation,
-        make_pager(config.alerts),
+        make_pager(config.alerts, env),
         config.node,
         config.paths.state_dir,
         targets_for(config, token),
         latest,
         resolutions,
+        env=env,
     )

@@ -10,7 +10,6 @@ NTP's offset estimate does), so that timelines from both nodes line up. Everythi
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,14 +17,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from pydantic import ValidationError
 
 from dgxdoctor.fleet.compare import Comparison, compare
-from dgxdoctor.fleet.peers import MAX_PARALLEL_FETCHES, MAX_STATE_BYTES, peer_label
+from dgxdoctor.fleet.peers import (
+    MAX_PARALLEL_FETCHES,
+    STATE_PATH,
+    BadAnswer,
+    in_parallel,
+    peer_label,
+    read_answer,
+    response_json,
+    validated_document,
+)
 from dgxdoctor.result import FindingDoc, ResultsDocument, Status
 
 RUN_PATH = "/check/run"
-STATE_PATH = "/state"
 # The peer needs a moment to answer after its checks' own deadline: asked to finish this much earlier.
 PEER_MARGIN_S = 1.0
 
@@ -65,47 +71,6 @@ class ClusterView:
         return Status.worst(statuses, default=Status.OK)
 
 
-class BadAnswer(ValueError):
-    """A peer answered, but not with a usable document."""
-
-
-def validated(doc: Any) -> dict[str, Any]:
-    """A peer's results document through the results model (sizes bounded); BadAnswer naming the first bad part."""
-    try:
-        return ResultsDocument.model_validate(doc).state()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "top level"
-        raise BadAnswer(f"{where}: {first['msg']}") from None
-    except RecursionError:
-        raise BadAnswer("nested too deeply") from None
-
-
-async def _exchange(client: httpx.AsyncClient, url: str, token: str | None, body: dict[str, Any] | None) -> bytes:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    method, path = ("POST", RUN_PATH) if body is not None else ("GET", STATE_PATH)
-    async with client.stream(method, f"{url}{path}", headers=headers, json=body) as response:
-        if response.status_code != 200:
-            text = (await response.aread())[:300].decode("utf-8", "replace")
-            rejected = response.status_code in (401, 403)
-            hint = " (token rejected: set the same daemon.token on every node)" if rejected else ""
-            raise BadAnswer(f"HTTP {response.status_code}{hint}: {_error_text(text)}")
-        out = bytearray()
-        async for chunk in response.aiter_bytes():
-            out += chunk
-            if len(out) > MAX_STATE_BYTES:
-                raise BadAnswer(f"answer larger than {MAX_STATE_BYTES} bytes")
-        return bytes(out)
-
-
-def _error_text(text: str) -> str:
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return text.strip()
-    return str(doc.get("error", text)) if isinstance(doc, dict) else text.strip()
-
-
 async def ask_peer(
     client: httpx.AsyncClient, url: str, token: str | None, budget_s: float, cached: bool,
     clock: Callable[[], float] = time.time,
@@ -114,16 +79,13 @@ async def ask_peer(
     label = peer_label(url)
     t0 = time.monotonic()
     body = None if cached else {"deadline_s": round(max(budget_s - PEER_MARGIN_S, 1.0), 3)}
+    method, path = ("GET", STATE_PATH) if cached else ("POST", RUN_PATH)
     try:
         async with asyncio.timeout(budget_s):
-            raw = await _exchange(client, url, token, body)
-        try:
-            answer = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            raise BadAnswer(f"not JSON ({exc})") from None
-        if not isinstance(answer, dict):
+            answer = response_json(await read_answer(client, method, f"{url}{path}", token, body))
+        if not cached and not isinstance(answer, dict):
             raise BadAnswer("not a JSON object")
-        doc = validated(answer.get("results") if not cached else answer)
+        doc = validated_document(answer if cached else answer.get("results")).state()
         offset, rtt = await measure_clock(client, url, clock)
     except TimeoutError:
         return NodeRun(label, url, None, f"no answer within the deadline ({budget_s:.1f} s)", _since(t0))
@@ -179,13 +141,7 @@ def _since(t0: float) -> float:
 async def ask_peers(
     client: httpx.AsyncClient, urls: Sequence[str], token: str | None, budget_s: float, cached: bool
 ) -> list[NodeRun]:
-    gate = asyncio.Semaphore(MAX_PARALLEL_FETCHES)
-
-    async def one(url: str) -> NodeRun:
-        async with gate:
-            return await ask_peer(client, url, token, budget_s, cached)
-
-    return list(await asyncio.gather(*(one(u) for u in urls)))
+    return await in_parallel(urls, lambda url: ask_peer(client, url, token, budget_s, cached), MAX_PARALLEL_FETCHES)
 
 
 def assemble(local: NodeRun, peers: Sequence[NodeRun], tolerances: Mapping[str, float] | None = None,

@@ -1,12 +1,17 @@
-"""Fetch and validate peers' ``/state`` documents. Everything a peer sends is untrusted input."""
+"""Ask peers' agents and validate what they answer: the one home of the peer exchange (the peer comparison's
+``GET /state`` here, ``check --cluster``'s ``POST /check/run`` in ``fleet/cluster.py``, the bundle's
+``POST /bundle/part`` in ``bundle/build.py``). Everything a peer sends
+is untrusted input: its size is bounded, its status and JSON checked, its document validated by the results model,
+and a failure worded the same way whoever asked."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -16,10 +21,13 @@ from dgxdoctor.result import ResultsDocument
 
 MAX_STATE_BYTES = 4 * 2**20
 MAX_PARALLEL_FETCHES = 8
+STATE_PATH = "/state"
+T = TypeVar("T")
 
 
-class InvalidState(ValueError):
-    """A peer answered, but not with a usable /state document."""
+class BadAnswer(ValueError):
+    """A peer answered, but not usably: another status than 200, too large, not JSON, or not a valid results
+    document (its ``/state``, or ``/check/run``'s answer)."""
 
 
 @dataclass(frozen=True)
@@ -51,10 +59,9 @@ async def fetch_state(client: httpx.AsyncClient, url: str, token: str | None, ti
     """
     t0 = time.monotonic()
     label = peer_label(url)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         async with asyncio.timeout(timeout_s):
-            body = await _get(client, f"{url}/state", headers)
+            body = await read_answer(client, "GET", f"{url}{STATE_PATH}", token)
         state = validate_state(response_json(body))
     except TimeoutError:
         return PeerFetch(url, label, None, f"timed out: no complete answer within {timeout_s:g} s", _since(t0), True)
@@ -62,23 +69,49 @@ async def fetch_state(client: httpx.AsyncClient, url: str, token: str | None, ti
         return PeerFetch(url, label, None, f"timed out: no answer within {timeout_s:g} s", _since(t0), True)
     except httpx.HTTPError as exc:
         return PeerFetch(url, label, None, f"{type(exc).__name__}: {exc}", time.monotonic() - t0)
-    except InvalidState as exc:
+    except BadAnswer as exc:
         return PeerFetch(url, label, None, f"invalid /state: {exc}", time.monotonic() - t0)
     return PeerFetch(url, label, state, None, time.monotonic() - t0)
 
 
-async def _get(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> bytes:
-    async with client.stream("GET", url, headers=headers) as response:
+async def read_answer(
+    client: httpx.AsyncClient, method: str, url: str, token: str | None, body: dict[str, Any] | None = None,
+    max_bytes: int = MAX_STATE_BYTES,
+) -> bytes:  # fmt: skip
+    """The body of a 200 answer, at most ``max_bytes``; BadAnswer for another status (the peer's own ``error``
+    text with it, and the token hint for 401/403) or a larger body."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with client.stream(method, url, headers=headers, json=body) as response:
         if response.status_code != 200:
+            text = (await response.aread())[:300].decode("utf-8", "replace")
             rejected = response.status_code in (401, 403)
-            hint = " (token rejected: set the same daemon.token on both nodes)" if rejected else ""
-            raise InvalidState(f"HTTP {response.status_code}{hint}")
-        body = bytearray()
+            hint = " (token rejected: set the same daemon.token on every node)" if rejected else ""
+            raise BadAnswer(f"HTTP {response.status_code}{hint}: {_error_text(text)}")
+        out = bytearray()
         async for chunk in response.aiter_bytes():
-            body += chunk
-            if len(body) > MAX_STATE_BYTES:
-                raise InvalidState(f"answer larger than {MAX_STATE_BYTES} bytes")
-        return bytes(body)
+            out += chunk
+            if len(out) > max_bytes:
+                raise BadAnswer(f"answer larger than {max_bytes} bytes")
+        return bytes(out)
+
+
+def _error_text(text: str) -> str:
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return text.strip()
+    return str(doc.get("error", text)) if isinstance(doc, dict) else text.strip()
+
+
+async def in_parallel(items: Sequence[str], ask: Callable[[str], Awaitable[T]], parallel: int) -> list[T]:
+    """``ask`` for every item, at most ``parallel`` at a time, answers in the items' order."""
+    gate = asyncio.Semaphore(parallel)
+
+    async def one(item: str) -> T:
+        async with gate:
+            return await ask(item)
+
+    return list(await asyncio.gather(*(one(item) for item in items)))
 
 
 def _since(t0: float) -> float:
@@ -99,14 +132,8 @@ def fetch_all(
     """
 
     async def run() -> list[PeerFetch]:
-        gate = asyncio.Semaphore(parallel)
-
-        async def one(url: str) -> PeerFetch:
-            async with gate:
-                return await fetch_state(client, url, token, timeout_s)
-
         async with client_factory() as client:
-            return list(await asyncio.gather(*(one(url) for url in urls)))
+            return await in_parallel(urls, lambda url: fetch_state(client, url, token, timeout_s), parallel)
 
     loop = asyncio.new_event_loop()
     try:
@@ -116,24 +143,27 @@ def fetch_all(
 
 
 def response_json(body: bytes) -> Any:
-    import json
-
     try:
         return json.loads(body)
     except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser's stack
-        raise InvalidState(f"not JSON ({exc})") from None
+        raise BadAnswer(f"not JSON ({exc})") from None
+
+
+def validated_document(doc: Any) -> ResultsDocument:
+    """A peer's results document through the results model (sizes bounded); BadAnswer naming the first bad
+    part (``checks[0].samples[2].value``)."""
+    try:
+        return ResultsDocument.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise BadAnswer(f"{_where(first['loc'])}: {first['msg']}") from None
+    except RecursionError:  # nesting deeper than the validator's stack
+        raise BadAnswer("nested too deeply") from None
 
 
 def validate_state(doc: Any) -> dict[str, Any]:
-    """The parts a comparison reads of a peer's /state, validated by the results document's model
-    (``result.ResultsDocument``); InvalidState naming the first bad part."""
-    try:
-        return ResultsDocument.model_validate(doc).compared()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise InvalidState(f"{_where(first['loc'])}: {first['msg']}") from None
-    except RecursionError:  # nesting deeper than the validator's stack
-        raise InvalidState("nested too deeply") from None
+    """The parts a comparison reads of a peer's /state (``validated_document``)."""
+    return validated_document(doc).compared()
 
 
 def _where(loc: tuple[int | str, ...]) -> str:

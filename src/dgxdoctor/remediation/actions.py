@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from dgxdoctor.remediation.state_doc import Step
+from dgxdoctor.sources.commands import CommandNotFound, CommandRunner, CommandTimeout
 from dgxdoctor.sources.ray_api import RayApiError, parse_nodes_detail
 
 OUTPUT_TAIL = 400  # characters of a command's output kept in the audit
@@ -71,22 +71,15 @@ class StepResult:
         }
 
 
-def run_argv(step: str, argv: Sequence[str], timeout_s: float) -> StepResult:
-    """Run ``argv`` (never through a shell); a non-zero exit, a timeout or a missing program is a failed step."""
+def run_argv(step: str, argv: Sequence[str], timeout_s: float, runner: CommandRunner) -> StepResult:
+    """Run ``argv`` through ``runner`` (``Environment.run_command``: never a shell, in ``/``); a non-zero exit, a
+    timeout or a missing program is a failed step."""
     started = time.monotonic()
     try:
-        done = subprocess.run(
-            list(argv),
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout_s,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired:
+        done = runner(argv, timeout_s=timeout_s)
+    except CommandTimeout:
         return StepResult(step, False, f"timed out after {timeout_s:g} s", time.monotonic() - started, tuple(argv))
-    except OSError as exc:
+    except (CommandNotFound, OSError, ValueError) as exc:
         return StepResult(step, False, f"cannot run: {exc}", time.monotonic() - started, tuple(argv))
     tail = (done.stdout + done.stderr).strip()[-OUTPUT_TAIL:]
     detail = f"exit {done.returncode}" + (f": {tail}" if tail else "")

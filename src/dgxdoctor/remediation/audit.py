@@ -9,26 +9,23 @@ reset`` and the daemon never interleave.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from dgxdoctor.sources.statefile import WRITE_ERRORS, atomic_write, note_file
+from dgxdoctor.sources.statefile import WRITE_ERRORS, StateFile, note_file
 
 log = structlog.get_logger(__name__)
 
 AUDIT_FILE = "remediation.jsonl"
 STATE_FILE = "remediation-state.json"
 LOCK_FILE = "remediation.lock"
-MAX_STATE_BYTES = 1 << 20  # every collection in the state is bounded (state_doc); this bounds the read itself
 # A failing disk is said at most once per this many seconds per file, with the failures since, and said again
 # for as long as it fails (never a flood, never silence).
 WRITE_ERROR_LOG_S = 60.0
@@ -101,49 +98,6 @@ class AuditLog:
         return list(kept)
 
 
-class StateFile:
-    def __init__(self, state_dir: Path) -> None:
-        self.dir = state_dir
-        self.path = state_dir / STATE_FILE
-        self.lock_path = state_dir / LOCK_FILE
-
-    @contextmanager
-    def locked(self) -> Iterator[None]:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o640)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing releases the lock
-
-    def read(self) -> dict[str, Any]:
-        """The saved state; {} when there is none. A corrupt file raises ValueError (never silently reset)."""
-        try:
-            with self.path.open("rb") as fh:
-                raw = fh.read(MAX_STATE_BYTES + 1)
-        except FileNotFoundError:
-            return {}
-        if len(raw) > MAX_STATE_BYTES:
-            raise ValueError(f"{self.path}: larger than {MAX_STATE_BYTES} bytes (the daemon writes a few KiB)")
-        try:
-            doc = json.loads(raw.decode("utf-8"))
-        except RecursionError:
-            raise ValueError(f"{self.path}: nested too deeply") from None
-        if not isinstance(doc, dict):
-            raise ValueError(f"{self.path}: not a JSON object")
-        return doc
-
-    def write(self, doc: dict[str, Any]) -> None:
-        atomic_write(self.path, json.dumps(doc, sort_keys=True, indent=1).encode("utf-8"), 0o640)
-
-    def set_aside(self, now: float) -> Path:
-        """Rename an invalid state file out of the way (kept for the operator), under the lock; its new path."""
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-        kept = self.path.with_name(f"{self.path.name}.invalid-{stamp}")
-        n = 1
-        while kept.exists():
-            kept = self.path.with_name(f"{self.path.name}.invalid-{stamp}.{n}")
-            n += 1
-        os.replace(self.path, kept)
-        return kept
+def guard_state_file(state_dir: Path) -> StateFile:
+    """The guard's state: read and written strictly (``read``/``write``) under ``remediation.lock``."""
+    return StateFile(state_dir / STATE_FILE, lock_path=state_dir / LOCK_FILE, mode=0o640, indent=1)

@@ -26,8 +26,9 @@ import httpx
 import structlog
 
 from dgxdoctor.config import RemediationSettings
+from dgxdoctor.environment import Environment
 from dgxdoctor.remediation.actions import StepResult, VllmTarget, ask_worker, run_argv, verify_vllm, wait_ray
-from dgxdoctor.remediation.audit import AUDIT_FILE, STATE_FILE, AuditLog, StateFile, Throttle, WriteErrors
+from dgxdoctor.remediation.audit import AUDIT_FILE, STATE_FILE, AuditLog, Throttle, WriteErrors, guard_state_file
 from dgxdoctor.remediation.capture import PreActionCapture
 from dgxdoctor.remediation.guard import Decision, Guard, GuardState
 from dgxdoctor.remediation.hardware_gate import HardwareGate, causes
@@ -79,9 +80,11 @@ class Remediator:
         latest: Callable[[], dict[str, CheckResult]],
         xid_resolution: dict[int, str] | None = None,
         clock: Callable[[], float] = time.time,
-        transport: httpx.BaseTransport | None = None,
+        env: Environment | None = None,
     ) -> None:
-        self.transport = transport  # tests inject one; None: real HTTP
+        # HTTP (capped clients, one TLS context) and commands (in /) go through the environment's seams; tests
+        # inject an httpx transport and a runner there.
+        self.env = env if env is not None else Environment(node=node)
         self.settings = settings
         self.pager = pager
         self.node = node
@@ -90,7 +93,7 @@ class Remediator:
         self.xid_resolution = xid_resolution
         self.clock = clock
         self.audit = AuditLog(state_dir)
-        self.state_file = StateFile(state_dir)
+        self.state_file = guard_state_file(state_dir)
         self.write_errors = WriteErrors()
         self.loop_errors = Throttle()
         self.counts: Counter[tuple[str, str]] = Counter()
@@ -363,13 +366,13 @@ class Remediator:
 
     def _execute(self, action: str, action_id: str) -> list[StepResult]:
         cmd, timeout = self.settings.commands, self.settings.command_timeout_s
-        with httpx.Client(transport=self.transport) as client:
+        with self.env.http_client() as client:
             if self.targets.executor == "mp":
                 # Either restart is the whole mp deployment: a head restarted alone leaves the headless workers
                 # in a process group that no longer exists (docs/remediation.md).
                 steps = self._mp_steps(action_id, client)
             elif action == "restart_vllm":
-                steps = [run_argv("restart_vllm", cmd.restart_vllm, timeout)]
+                steps = [run_argv("restart_vllm", cmd.restart_vllm, timeout, self.env.run_command)]
             else:
                 steps = self._cluster_steps(action_id, client)
             if steps and steps[-1].ok:
@@ -379,15 +382,15 @@ class Remediator:
     def _cluster_steps(self, action_id: str, client: httpx.Client) -> list[StepResult]:
         """The runbook's order; stop steps are best effort, a failed start or wait ends the sequence."""
         cmd, timeout, t = self.settings.commands, self.settings.command_timeout_s, self.targets
-        steps = [run_argv("stop_vllm", cmd.stop_vllm, timeout)]
+        steps = [run_argv("stop_vllm", cmd.stop_vllm, timeout, self.env.run_command)]
         steps += [ask_worker(w, "ray_stop", action_id, t.token, timeout, client) for w in t.workers]
-        steps.append(run_argv("stop_ray_head", cmd.ray("stop", "head"), timeout))
+        steps.append(run_argv("stop_ray_head", cmd.ray("stop", "head"), timeout, self.env.run_command))
         ready_s = self.settings.ray_ready_timeout_s
         starts: list[Callable[[], StepResult]] = [
-            partial(run_argv, "start_ray_head", cmd.ray("start", "head"), timeout),
+            partial(run_argv, "start_ray_head", cmd.ray("start", "head"), timeout, self.env.run_command),
             *[partial(ask_worker, w, "ray_start", action_id, t.token, timeout, client) for w in t.workers],
             partial(wait_ray, t.ray_dashboard_url, t.ray_nodes, t.ray_gpus, ready_s, client),
-            partial(run_argv, "start_vllm", cmd.start_vllm, timeout),
+            partial(run_argv, "start_vllm", cmd.start_vllm, timeout, self.env.run_command),
         ]
         for step in starts:
             steps.append(step())
@@ -400,11 +403,11 @@ class Remediator:
         the workers (each waits for the head's master), start the head; stops are best effort, a failed start
         ends the sequence. No Ray step."""
         cmd, timeout, t = self.settings.commands, self.settings.command_timeout_s, self.targets
-        steps = [run_argv("stop_vllm", cmd.stop_vllm, timeout)]
+        steps = [run_argv("stop_vllm", cmd.stop_vllm, timeout, self.env.run_command)]
         steps += [ask_worker(w, "vllm_stop", action_id, t.token, timeout, client) for w in t.workers]
         starts: list[Callable[[], StepResult]] = [
             *[partial(ask_worker, w, "vllm_start", action_id, t.token, timeout, client) for w in t.workers],
-            partial(run_argv, "start_vllm", cmd.start_vllm, timeout),
+            partial(run_argv, "start_vllm", cmd.start_vllm, timeout, self.env.run_command),
         ]
         for step in starts:
             steps.append(step())
@@ -443,6 +446,7 @@ class Remediator:
         self.targets = new.targets
         self.audit = new.audit
         self.state_file = new.state_file
+        self.env = new.env
         self.wake.set()
 
     def metrics(self) -> dict[str, Any]:

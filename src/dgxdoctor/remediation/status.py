@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from dgxdoctor.config import Config
-from dgxdoctor.remediation.audit import AuditLog, StateFile
+from dgxdoctor.remediation.audit import AuditLog, guard_state_file
 from dgxdoctor.remediation.guard import Guard, GuardState
 from dgxdoctor.remediation.policy import printable
 
@@ -20,7 +20,7 @@ HELD_VERDICTS = ("observe", "refuse", "suggest")
 def status_document(config: Config, last: int = 10, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     s = config.remediation
-    state_file = StateFile(config.paths.state_dir)
+    state_file = guard_state_file(config.paths.state_dir)
     with state_file.locked():
         try:
             guard = Guard(s, GuardState.from_doc(state_file.read()))
@@ -86,7 +86,7 @@ def _decision_lines(decisions: list[dict[str, Any]]) -> list[str]:
 def reset(config: Config, now: float | None = None) -> None:
     """Close the breaker. An invalid state file (the one thing that may stop a reset) is set aside first."""
     now = time.time() if now is None else now
-    state_file = StateFile(config.paths.state_dir)
+    state_file = guard_state_file(config.paths.state_dir)
     kept = None
     with state_file.locked():
         try:

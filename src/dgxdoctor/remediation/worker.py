@@ -56,7 +56,7 @@ class WorkerSteps:
                 r.counts[(request.step, "refused")] += 1
                 return 409, {"ok": False, "detail": refused}
             argv = s.commands.worker_argv(request.step)
-            result = await asyncio.to_thread(run_argv, request.step, argv, s.command_timeout_s)
+            result = await asyncio.to_thread(run_argv, request.step, argv, s.command_timeout_s, r.env.run_command)
         outcome = "success" if result.ok else "failed"
         r._audit({**self._record(request, outcome, result.detail), **result.to_doc(), "outcome": outcome})
         r.counts[(request.step, outcome)] += 1

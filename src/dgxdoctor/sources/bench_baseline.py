@@ -9,8 +9,6 @@ serving Python), the running vLLM's command line (from procfs) and each concurre
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -20,6 +18,7 @@ from dgxdoctor.sources.commands import CommandNotFound, CommandRunner, CommandTi
 from dgxdoctor.sources.procfs import iter_processes, runs_package
 from dgxdoctor.sources.redact import redact_argv
 from dgxdoctor.sources.serving_env import PROBE, parse_probe_output
+from dgxdoctor.sources.statefile import atomic_write
 from dgxdoctor.sources.vllm_bench import BenchPoint, BenchResultError, BenchSettings, parse_bench_result
 
 FORMAT = 1
@@ -129,17 +128,9 @@ def load_baseline(path: Path) -> Baseline | None:
 
 
 def save_baseline(path: Path, baseline: Baseline) -> None:
-    """Write atomically: a reader never sees half a baseline."""
+    """Write atomically (``atomic_write``): a reader never sees half a baseline; errors raised."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".bench-baseline-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(baseline.to_dict(), fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, (json.dumps(baseline.to_dict(), indent=2) + "\n").encode("utf-8"))
 
 
 def serving_versions(runner: CommandRunner, python: str) -> dict[str, str]:

@@ -5,6 +5,10 @@ pick up files there: a Python interpreter imports ``platform.py`` from its curre
 or a ``.pth`` in the user's site directory reach it too. So every command runs in ``WORKDIR``, and every Python the
 agent starts goes through ``python_argv`` (isolated mode, ``-I``: no current or script directory on ``sys.path``, no
 ``PYTHON*`` environment variables, no user site directory).
+
+This module is the only one that starts programs (``tests/unit/test_io_kit.py`` holds that): the checks, the
+bundle and remediation's actions reach it through ``Environment.run_command`` / ``Environment.run_command_lines``,
+so a test injects a runner instead of a real program.
 """
 
 from __future__ import annotations
@@ -46,26 +50,53 @@ class CommandRunner(Protocol):
     def __call__(self, argv: Sequence[str], timeout_s: float = ...) -> CommandResult: ...
 
 
-def run_command(argv: Sequence[str], timeout_s: float = 10.0) -> CommandResult:
-    """Run ``argv`` without a shell. Raises CommandNotFound when the program is absent."""
+class LineCommandRunner(Protocol):
+    """A runner that hands every line of stderr to ``on_stderr_line`` as it comes (a long probe's progress)."""
+
+    def __call__(
+        self, argv: Sequence[str], timeout_s: float, on_stderr_line: Callable[[str], None]
+    ) -> CommandResult: ...
+
+
+def _start(argv: Sequence[str]) -> subprocess.Popen[str]:
+    """The one place a program is started: argv (no shell), stdin closed, in ``WORKDIR``, output as text.
+
+    Raises CommandNotFound when the program is absent (and OSError when it cannot be executed)."""
     if not argv:
         raise ValueError("empty argv")
     if shutil.which(argv[0]) is None:
         raise CommandNotFound(f"{argv[0]} not found in PATH")
-    try:
-        done = subprocess.run(
-            list(argv),
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-            stdin=subprocess.DEVNULL,
-            errors="replace",
-            cwd=WORKDIR,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise CommandTimeout(f"{' '.join(argv)} did not finish in {timeout_s:g} s") from exc
-    return CommandResult(tuple(argv), done.returncode, done.stdout, done.stderr)
+    return subprocess.Popen(
+        list(argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        cwd=WORKDIR,
+    )
+
+
+def _timed_out(argv: Sequence[str], timeout_s: float) -> CommandTimeout:
+    return CommandTimeout(f"{' '.join(argv)} did not finish in {timeout_s:g} s")
+
+
+def run_command(argv: Sequence[str], timeout_s: float = 10.0) -> CommandResult:
+    """Run ``argv`` to its end and capture both pipes; past ``timeout_s`` it is killed and CommandTimeout raised.
+    Raises CommandNotFound when the program is absent."""
+    with _start(argv) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            # wait, not communicate (as subprocess.run does): a child it left behind (a daemon it started) may hold
+            # the pipes open for ever.
+            proc.wait()
+            raise _timed_out(argv, timeout_s) from None
+        except BaseException:
+            proc.kill()
+            raise
+    return CommandResult(tuple(argv), proc.returncode, stdout, stderr)
 
 
 def run_command_lines(argv: Sequence[str], timeout_s: float, on_stderr_line: Callable[[str], None]) -> CommandResult:
@@ -73,39 +104,30 @@ def run_command_lines(argv: Sequence[str], timeout_s: float, on_stderr_line: Cal
 
     stdout is drained by a thread so neither pipe fills; past ``timeout_s`` the program is killed and
     CommandTimeout raised, as in ``run_command``."""
-    if not argv:
-        raise ValueError("empty argv")
-    if shutil.which(argv[0]) is None:
-        raise CommandNotFound(f"{argv[0]} not found in PATH")
-    proc = subprocess.Popen(
-        list(argv),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        errors="replace",
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    out: list[str] = []
-    drain = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""), daemon=True)
-    drain.start()
-    expired = threading.Event()
+    with _start(argv) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        out: list[str] = []
+        drain = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""), daemon=True)
+        drain.start()
+        expired = threading.Event()
 
-    def expire() -> None:
-        expired.set()
-        proc.kill()
+        def expire() -> None:
+            expired.set()
+            proc.kill()
 
-    timer = threading.Timer(timeout_s, expire)
-    timer.start()
-    err: list[str] = []
-    try:
-        for line in proc.stderr:
-            err.append(line)
-            on_stderr_line(line.rstrip("\n"))
-        proc.wait()
-        drain.join()
-    finally:
-        timer.cancel()
+        timer = threading.Timer(timeout_s, expire)
+        timer.start()
+        err: list[str] = []
+        try:
+            for line in proc.stderr:
+                err.append(line)
+                on_stderr_line(line.rstrip("\n"))
+            proc.wait()
+            drain.join()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:  # the sink raised: never leave the program running (nor wait for it)
+                proc.kill()
     if expired.is_set():
-        raise CommandTimeout(f"{' '.join(argv)} did not finish in {timeout_s:g} s")
+        raise _timed_out(argv, timeout_s)
     return CommandResult(tuple(argv), proc.returncode, "".join(out), "".join(err))

@@ -1,9 +1,12 @@
-"""Small JSON state files (counter baselines, log offsets) that survive restarts and crashes.
+"""Files that survive restarts and crashes: the one atomic writer and the one state-file class.
 
-Written atomically (temp file, fsync, rename) so a crash leaves the old or the new file, never half of one.
-An unreadable or corrupt file is reported and treated as empty: losing a baseline costs one interval of
-rates, while refusing to start would cost all monitoring. A failed write (disk full, read-only) is logged, counted
-per file in ``WRITE_ERRORS`` (exported as ``dgxdoctor_write_errors_total{file}``) and does not fail the check.
+``atomic_writer`` is the only way dgxdoctor replaces a file (state files, the textfile, the bench baseline, a
+bundle archive, the probe's kept output): temp file, fsync, rename, fsync the directory, so a crash leaves the old
+or the new file, never half of one; and it raises every error. ``StateFile`` is a JSON object in such a file. A
+check reads it leniently: an unreadable or corrupt file is reported and treated as empty (losing a baseline costs
+one interval of rates, while refusing to start would cost all monitoring), and a failed write (disk full, read-only)
+is logged, counted per file in ``WRITE_ERRORS`` (exported as ``dgxdoctor_write_errors_total{file}``) and does not
+fail the check. Remediation reads and writes it strictly: an error stops the action.
 
 The daemon runs as root: a file in ``state_dir`` is opened relative to the directory's descriptor and never through
 a symbolic link (``O_NOFOLLOW``; a link planted there makes root write, append to or chmod what it points at), and
@@ -15,11 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import secrets
 import stat
+import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -127,8 +134,9 @@ def open_in(dir_fd: int, name: str, flags: int, mode: int = 0o600) -> int:
     return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
 
 
-def read_in(directory: Path, name: str) -> bytes:
-    """The whole of a regular file ``directory/name``; OSError (ELOOP for a link, FileNotFoundError) otherwise."""
+def read_in(directory: Path, name: str, max_bytes: int | None = None) -> bytes:
+    """The whole of a regular file ``directory/name`` (its first ``max_bytes`` + 1 bytes when given, so a caller
+    can tell it is too large); OSError (ELOOP for a link, FileNotFoundError) otherwise."""
     dir_fd = open_dir(directory)
     try:
         fd = open_in(dir_fd, name, os.O_RDONLY | os.O_NONBLOCK)
@@ -137,12 +145,16 @@ def read_in(directory: Path, name: str) -> bytes:
     with os.fdopen(fd, "rb") as fh:
         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
             raise OSError(f"{directory / name} is not a regular file")
-        return fh.read()
+        return fh.read() if max_bytes is None else fh.read(max_bytes + 1)
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """The one atomic file writer: a temporary file in the same directory, fsync, ``mode``, rename over ``path``,
-    fsync the directory. A reader (a scrape, a restart after a crash) sees the old file or the new one, never half.
+@contextmanager
+def atomic_writer(path: Path, mode: int = 0o600) -> Iterator[BinaryIO]:
+    """The one atomic file writer: what is written to the yielded file goes to a temporary file in the same
+    directory, fsynced, given ``mode``, renamed over ``path``; then the directory is fsynced. A reader (a scrape, a
+    restart after a crash) sees the old file or the new one, never half. Every error is raised (the temporary file
+    removed, ``path`` untouched); a caller that may go on without the file counts it (``write_failed``).
+
     ``mode`` is set explicitly: the daemon's umask (0027) must not decide who may read a shared file. Every step
     goes through descriptors: the temporary file is created exclusively, its mode set with ``fchmod``, and the
     rename replaces a link at ``path`` rather than writing through it."""
@@ -152,7 +164,7 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
         fd = open_in(dir_fd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
+                yield fh
                 fh.flush()
                 os.fchmod(fh.fileno(), mode)
                 os.fsync(fh.fileno())
@@ -166,38 +178,109 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
         os.close(dir_fd)
 
 
+def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """``data`` as the whole of ``path``, through ``atomic_writer``; raises what the file system refused."""
+    with atomic_writer(path, mode) as fh:
+        fh.write(data)
+
+
+# A state file is a few KiB (every collection in one is bounded); this bounds the read itself.
+MAX_STATE_BYTES = 1 << 20
+
+
 class StateFile:
-    def __init__(self, path: Path) -> None:
+    """One JSON object in one file of the state directory: counter baselines, log offsets, the remediation guard.
+
+    Two ways to read and to write, one for each kind of reader: ``read``/``write`` raise (remediation must never
+    act on a state it could not read or save), ``load``/``save`` carry on (a check loses one interval of rates
+    rather than all monitoring): ``load`` reports and gives {}, ``save`` logs, counts and answers False.
+    ``locked`` holds an exclusive lock on ``lock_path`` (``dgxdoctor remediation reset`` and the daemon).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        lock_path: Path | None = None,
+        mode: int = 0o600,
+        indent: int | None = None,
+        max_bytes: int = MAX_STATE_BYTES,
+    ) -> None:
         self.path = path
+        self.lock_path = lock_path
+        self.mode = mode
+        self.indent = indent
+        self.max_bytes = max_bytes
         note_file(path.name)
 
-    def load(self) -> dict[str, Any]:
+    def read(self) -> dict[str, Any]:
+        """The saved object; {} when there is none. OSError when it cannot be read (a link, a directory, no
+        permission), ValueError naming what is wrong with its content (never silently reset)."""
         try:
-            raw = read_in(self.path.parent, self.path.name)
+            raw = read_in(self.path.parent, self.path.name, self.max_bytes)
         except FileNotFoundError:
             return {}
+        if len(raw) > self.max_bytes:
+            raise ValueError(f"{self.path}: larger than {self.max_bytes} bytes (dgxdoctor writes a few KiB)")
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except RecursionError:
+            raise ValueError(f"{self.path}: nested too deeply") from None
+        except ValueError as exc:  # not UTF-8, not JSON
+            raise ValueError(f"{self.path}: {exc}") from None
+        if not isinstance(doc, dict):
+            raise ValueError(f"{self.path}: not a JSON object")
+        return doc
+
+    def load(self) -> dict[str, Any]:
+        """``read``, but an unreadable or corrupt file is logged and read as {}."""
+        try:
+            return self.read()
         except OSError as exc:
             log.warning("state_unreadable", path=str(self.path), error=str(exc))
-            return {}
-        try:
-            data = json.loads(raw.decode("utf-8"))
-        except (ValueError, RecursionError) as exc:  # not UTF-8 or not JSON; RecursionError: absurdly deep nesting
+        except ValueError as exc:
             log.warning("state_corrupt", path=str(self.path), error=str(exc))
-            return {}
-        if not isinstance(data, dict):
-            log.warning("state_corrupt", path=str(self.path), error="top level is not an object")
-            return {}
-        return data
+        return {}
 
-    def save(self, data: dict[str, Any]) -> bool:
-        """Write atomically; False (logged and counted) when the write failed."""
+    def write(self, doc: dict[str, Any]) -> None:
+        """Replace the file atomically (``atomic_writer``); raises what the file system refused."""
+        self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+        separators = (",", ":") if self.indent is None else None
+        text = json.dumps(doc, separators=separators, indent=self.indent, sort_keys=True)
+        atomic_write(self.path, text.encode("utf-8"), self.mode)
+
+    def save(self, doc: dict[str, Any]) -> bool:
+        """``write``; False (logged and counted in ``WRITE_ERRORS``) when the write failed."""
         try:
-            self._save(data)
+            self.write(doc)
         except OSError as exc:
             write_failed(self.path.name, self.path, exc)
             return False
         return True
 
-    def _save(self, data: dict[str, Any]) -> None:
-        self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-        atomic_write(self.path, json.dumps(data, separators=(",", ":"), sort_keys=True).encode("utf-8"))
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        if self.lock_path is None:
+            raise ValueError(f"{self.path} is written without a lock")
+        self.lock_path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+        dir_fd = open_dir(self.lock_path.parent)
+        try:
+            fd = open_in(dir_fd, self.lock_path.name, os.O_RDWR | os.O_CREAT, 0o640)
+        finally:
+            os.close(dir_fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def set_aside(self, now: float) -> Path:
+        """Rename an invalid file out of the way (kept for the operator); its new path. Call it under the lock."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+        kept = self.path.with_name(f"{self.path.name}.invalid-{stamp}")
+        n = 1
+        while kept.exists():
+            kept = self.path.with_name(f"{self.path.name}.invalid-{stamp}.{n}")
+            n += 1
+        os.replace(self.path, kept)
+        return kept
