@@ -253,7 +253,9 @@ def diagnose(files: tuple[str, ...], kind: str | None, as_json: bool, config_pat
     settings = None
     if config_path is not None:
         config = _load(config_path)
-        settings = {name: config.check_settings(name) for name in ("infiniband", "nccl", "ray")}
+        from dgxdoctor.commands.diagnose import thresholds
+
+        settings = thresholds(config)
 
     inputs = []
     worst = Status.OK

@@ -12,26 +12,30 @@ import socket
 import tomllib
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Any, TypeVar, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, create_model
 
-from dgxdoctor.checks.base import CheckSettings
-from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.environment import Environment, ExecutorKind, Role
-from dgxdoctor.sources.fields import HttpUrl
-from dgxdoctor.sources.http import http_url
-from dgxdoctor.sources.statefile import read_private_file, state_dir_problem
+from dgxdoctor.settings.alerts import AlertsSettings as AlertsSettings
+from dgxdoctor.settings.base import Frozen
+from dgxdoctor.settings.bundle import BundleSettings as BundleSettings
+from dgxdoctor.settings.daemon import DEFAULT_LISTEN as DEFAULT_LISTEN
+from dgxdoctor.settings.daemon import DaemonSettings as DaemonSettings
+from dgxdoctor.settings.daemon import parse_listen as parse_listen
+from dgxdoctor.settings.remediation import RemediationSettings as RemediationSettings
+from dgxdoctor.sources.statefile import state_dir_problem
+
+if TYPE_CHECKING:
+    from dgxdoctor.checks.base import CheckSettings
+
+S = TypeVar("S", bound="CheckSettings")
 
 DEFAULT_CONFIG_PATH = Path("/etc/dgxdoctor/config.toml")
 EX_CONFIG = 78  # sysexits.h EX_CONFIG
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class NodeSettings(_Frozen):
+class NodeSettings(Frozen):
     """What this node is. A declared role states what must be there, and its absence is CRITICAL:
     both roles need the GPUs ([checks.gpu] expected_count, expected_model), the NCCL environment file
     ([checks.nccl_env] env_file) and the RDMA ports ([checks.infiniband] expected_ports, else at least one);
@@ -54,7 +58,7 @@ class NodeSettings(_Frozen):
     )
 
 
-class PathsSettings(_Frozen):
+class PathsSettings(Frozen):
     """Roots of the outside world; tests and containers point these at copies."""
 
     sysfs_root: Path = Field(Path("/sys"), description="where sysfs is mounted")
@@ -70,251 +74,41 @@ class PathsSettings(_Frozen):
     )
 
 
-DEFAULT_PORT = 9835
-DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
+class Sections(Frozen):
+    """The tables every config has. ``checks`` is the registry's: ``config_model`` narrows it to one field per
+    check, each that check's own ``settings_model``."""
 
-
-def parse_listen(value: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:9835`` for IPv6) -> (host, port); ValueError naming what is wrong."""
-    host, sep, port_text = value.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"expected HOST:PORT, got {value!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    # isascii: str.isdigit() accepts "²", which int() refuses; the length keeps int() off huge digit runs
-    if not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5 and 0 < int(port_text) < 65536):
-        raise ValueError(f"port must be 1-65535, got {port_text!r}")
-    return host, int(port_text)
-
-
-# Peers one agent compares with and asks during a cluster restart: the product is two nodes, a large deployment a few
-# dozen; thousands would make every /state and comparison a fan-out the daemon was never sized for.
-MAX_PEERS = 64
-
-# user:password@ in a URL (http://admin:pw@dgx-b:9835): a password in a URL is not repeated in an error.
-_USERINFO = re.compile(r"://[^/@\s'\"]*@")
-
-
-class DaemonSettings(_Frozen):
-    """``dgxdoctor run``: where it listens, who may read its state, which peers it compares with."""
-
-    listen: str = Field(DEFAULT_LISTEN, description="HOST:PORT of /metrics, /healthz and /state")
-    token: str | None = Field(
-        None,
-        min_length=16,
-        description="shared secret peers send as 'Authorization: Bearer ...'; without it /state is loopback-only",
-    )
-    token_file: Path | None = Field(
-        None,
-        description="file holding the token (instead of token): a regular file, not a link, root's (or dgxdoctor's "
-        "user's), mode 0600; anything else is a config error",
-    )
-    peers: tuple[str, ...] = Field(
-        (),
-        max_length=MAX_PEERS,
-        description=f'dgxdoctor on the other nodes, e.g. ["http://dgx-b:9835"]; at most {MAX_PEERS}',
-    )
-    peer_timeout_s: float = Field(3.0, gt=0, le=60, description="seconds to wait for one peer's /state")
-    textfile_path: Path | None = Field(
-        None,
-        description="also write the exposition here for node_exporter's textfile collector (a *.prom file)",
-    )
-    textfile_interval_s: float = Field(15.0, gt=0, description="seconds between textfile writes")
-    max_connections: int = Field(
-        256,
-        ge=8,
-        le=65536,
-        description="client connections held at once (Prometheus, peers, curl); over it the longest-idle one is "
-        "closed. Never more than the open-file limit leaves free for the checks",
-    )
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
-    check_run_min_interval_s: float = Field(
-        2.0, ge=0, le=3600, description="POST /check/run (a peer's `check --cluster`): at most one run per this long"
-    )
-
-    @field_validator("listen")
-    @classmethod
-    def _check_listen(cls, value: str) -> str:
-        parse_listen(value)
-        return value
-
-    @field_validator("peers")
-    @classmethod
-    def _check_peers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        peers = tuple(http_url(peer, path=False) for peer in value)
-        if len(set(peers)) != len(peers):
-            raise ValueError("a peer is listed twice")
-        return peers
-
-    @model_validator(mode="after")
-    def _one_token_source(self) -> DaemonSettings:
-        if self.token is not None and self.token_file is not None:
-            raise ValueError("set token or token_file, not both")
-        return self
-
-    def resolve_token(self) -> str | None:
-        """The token itself, reading ``token_file`` if that is how it is given (OSError/ValueError if bad)."""
-        if self.token_file is None:
-            return self.token
-        text = read_private_file(self.token_file).strip()
-        if len(text) < 16:
-            raise ValueError(f"{self.token_file}: token shorter than 16 characters")
-        return text
-
-
-Argv = tuple[str, ...]
-
-
-def _argv(*parts: str) -> Argv:
-    return tuple(parts)
-
-
-class RemediationCommands(_Frozen):
-    """What each step runs: argv lists (never a shell), defaults for the example units in systemd/.
-
-    ``ray_stop``/``ray_start`` default to ray-head.service on the head and ray-worker.service on a worker.
-    With ``[node] executor = "mp"`` the head's vLLM is ``stop_vllm``/``start_vllm`` (set them to
-    vllm-head-mp.service) and a worker runs ``worker_vllm_stop``/``worker_vllm_start`` when the head asks.
-    """
-
-    restart_vllm: Argv = Field(_argv("systemctl", "restart", "vllm.service"), description="restart vLLM here")
-    stop_vllm: Argv = Field(_argv("systemctl", "stop", "vllm.service"), description="cluster restart: stop vLLM")
-    start_vllm: Argv = Field(_argv("systemctl", "start", "vllm.service"), description="cluster restart: start vLLM")
-    ray_stop: Argv | None = Field(None, description="stop this node's Ray (default: systemctl stop ray-<role>.service)")
-    ray_start: Argv | None = Field(
-        None, description="start this node's Ray (default: systemctl start ray-<role>.service)"
-    )
-    worker_vllm_stop: Argv = Field(
-        _argv("systemctl", "stop", "vllm-worker-mp.service"),
-        description='executor "mp", on a worker: stop its headless vLLM when the head asks',
-    )
-    worker_vllm_start: Argv = Field(
-        _argv("systemctl", "start", "vllm-worker-mp.service"),
-        description='executor "mp", on a worker: start its headless vLLM when the head asks',
-    )
-
-    @field_validator(
-        "restart_vllm", "stop_vllm", "start_vllm", "ray_stop", "ray_start", "worker_vllm_stop", "worker_vllm_start"
-    )
-    @classmethod
-    def _non_empty(cls, value: Argv | None) -> Argv | None:
-        if value is not None and (not value or not value[0]):
-            raise ValueError("an argv list needs at least the program")
-        return value
-
-    def ray(self, verb: Literal["stop", "start"], role: str) -> Argv:
-        given = self.ray_stop if verb == "stop" else self.ray_start
-        return given if given is not None else ("systemctl", verb, f"ray-{role}.service")
-
-    def worker_argv(self, step: str) -> Argv:
-        """What a worker runs for a step the head asks for (the engine's WORKER_STEPS)."""
-        if step == "vllm_stop":
-            return self.worker_vllm_stop
-        if step == "vllm_start":
-            return self.worker_vllm_start
-        return self.ray("stop" if step == "ray_stop" else "start", "worker")
-
-
-RemediationAction = Literal["restart_vllm", "restart_cluster", "page"]
-DEFAULT_COOLDOWNS: dict[RemediationAction, float] = {"restart_vllm": 300.0, "restart_cluster": 900.0, "page": 3600.0}
-
-
-class RemediationSettings(_Frozen):
-    """Remediation: decide on findings and alerts, and in act mode restart vLLM or the Ray cluster, within the
-    guard's limits (docs/remediation.md)."""
-
-    mode: Literal["observe", "act"] = Field(
-        "observe", description="observe: decide, log, export, never run anything; act: run the actions"
-    )
-    role: Literal["head", "worker"] | None = Field(
-        None,
-        description="head: orchestrates cluster restarts (the node running vLLM and the Ray head); worker: runs its "
-        "part only when the head asks over the authenticated API. Default: [node] role; required in act mode",
-    )
-    hold_s: float = Field(30.0, ge=0, description="a condition must hold this long (since it appeared) before acting")
-    vllm_start_grace_s: float = Field(
-        900.0, ge=0, description="no action while the vLLM process is younger than this (it is still loading)"
-    )
-    cooldown_s: dict[RemediationAction, float] = Field(
-        default_factory=lambda: dict(DEFAULT_COOLDOWNS),
-        description="per action: seconds after one before the next of the same kind",
-    )
-    budget: int = Field(3, ge=1, description="actions allowed per budget_window_s; one more opens the breaker")
-    budget_window_s: float = Field(3600.0, gt=0, description="the budget's sliding window, seconds")
-    ladder_window_s: float = Field(
-        3600.0, gt=0, description="a problem back within this after a restart climbs the ladder (vLLM, cluster, page)"
-    )
-    command_timeout_s: float = Field(120.0, gt=0, description="each command's timeout, seconds")
-    ray_ready_timeout_s: float = Field(
-        300.0, gt=0, description="cluster restart: wait this long for all Ray nodes and GPUs"
-    )
-    verify_timeout_s: float = Field(
-        1800.0, gt=0, description="wait this long for vLLM to answer /health, list the model and complete"
-    )
-    commands: RemediationCommands = Field(default_factory=RemediationCommands)
-
-    @model_validator(mode="after")
-    def _role_when_acting(self) -> RemediationSettings:
-        if self.mode == "act" and self.role is None:
-            raise ValueError('mode = "act" needs [node] role = "head" or "worker" (only the head orchestrates)')
-        return self
-
-
-class BundleSettings(_Frozen):
-    """``dgxdoctor bundle`` and the capture before a restart: limits of one evidence archive."""
-
-    size_cap_bytes: int = Field(
-        64 * 2**20, ge=2**16, description="bytes of all files of one node's part; past it files are cut, and it says so"
-    )
-    deadline_s: float = Field(120.0, gt=0, le=3600, description="`dgxdoctor bundle`: the whole collection's deadline")
-    command_timeout_s: float = Field(20.0, gt=0, description="each command of a bundle (nvidia-smi -q, ray status)")
-    bug_report_timeout_s: float = Field(
-        60.0, gt=0, description="nvidia-bug-report.sh --safe-mode, when installed (bundle only, never the capture)"
-    )
-    since_s: float = Field(3600.0, gt=0, description="the default window of kernel and service logs (--since)")
-    capture_before_restart: bool = Field(True, description="act mode: capture a bundle before every restart")
-    capture_deadline_s: float = Field(
-        5.0, gt=0, le=60, description="the capture before a restart never delays it longer than this"
-    )
-    capture_since_s: float = Field(900.0, gt=0, description="the window of logs in a capture before a restart")
-    keep: int = Field(10, ge=1, le=1000, description="captures kept in <state_dir>/bundles (the oldest go first)")
-
-
-class AlertsSettings(_Frozen):
-    """Alerts out: where the daemon posts a page when remediation's ladder ends at "page"."""
-
-    alertmanager_url: HttpUrl | None = Field(
-        None, description="Alertmanager base URL (its v2 API), e.g. http://alertmanager:9093; unset: log pages only"
-    )
-    timeout_s: float = Field(5.0, gt=0, le=60, description="timeout of one post to Alertmanager")
+    # Defaults are instances, not factories: pydantic inspects a factory's signature (for a model class, its whole
+    # __signature__), a cost paid at every start; a frozen table is never changed through a default anyway.
+    node: NodeSettings = NodeSettings()
+    paths: PathsSettings = PathsSettings()
+    daemon: DaemonSettings = DaemonSettings()
+    remediation: RemediationSettings = RemediationSettings()
+    alerts: AlertsSettings = AlertsSettings()
+    bundle: BundleSettings = BundleSettings()
+    checks: BaseModel = Frozen()
 
 
 @cache
 def checks_model() -> type[BaseModel]:
+    """One field per registered check. The registry (every check module) is imported here, when a config is
+    parsed, not when this module is: the layers that only need a settings table import ``dgxdoctor.settings``."""
+    from dgxdoctor.checks.registry import ALL_CHECKS
+
     fields: dict[str, Any] = {
-        factory.name: (factory.settings_model, Field(default_factory=factory.settings_model)) for factory in ALL_CHECKS
+        factory.name: (factory.settings_model, factory.settings_model()) for factory in ALL_CHECKS
     }
-    model: type[BaseModel] = create_model(  # type: ignore[call-overload]
-        "ChecksSettings", __config__=ConfigDict(extra="forbid", frozen=True), **fields
-    )
-    return model
+    return create_model("ChecksSettings", __base__=Frozen, **fields)
 
 
 @cache
-def config_model() -> type[BaseModel]:
+def config_model() -> type[Sections]:
     checks = checks_model()
-    model: type[BaseModel] = create_model(  # type: ignore[call-overload]
-        "Config",
-        __config__=ConfigDict(extra="forbid", frozen=True),
-        node=(NodeSettings, Field(NodeSettings())),
-        paths=(PathsSettings, Field(PathsSettings())),
-        daemon=(DaemonSettings, Field(DaemonSettings())),
-        remediation=(RemediationSettings, Field(RemediationSettings())),
-        alerts=(AlertsSettings, Field(AlertsSettings())),
-        bundle=(BundleSettings, Field(BundleSettings())),
-        checks=(checks, Field(default_factory=checks)),
-    )
-    return model
+    return create_model("Config", __base__=Sections, checks=(checks, checks()))
+
+
+# user:password@ in a URL (http://admin:pw@dgx-b:9835): a password in a URL is not repeated in an error.
+_USERINFO = re.compile(r"://[^/@\s'\"]*@")
 
 
 class ConfigError(Exception):
@@ -331,53 +125,56 @@ class ConfigError(Exception):
 class Config:
     """The validated configuration: a thin, typed face over the frozen pydantic model."""
 
-    def __init__(self, model: BaseModel, source: str) -> None:
+    def __init__(self, model: Sections, source: str) -> None:
         self.model = model
         self.source = source
 
     @property
     def node(self) -> str:
-        node: NodeSettings = self.model.node  # type: ignore[attr-defined]
-        return node.name or socket.gethostname()
+        return self.model.node.name or socket.gethostname()
 
     @property
     def role(self) -> Role | None:
-        node: NodeSettings = self.model.node  # type: ignore[attr-defined]
-        return node.role
+        return self.model.node.role
 
     @property
     def executor(self) -> ExecutorKind | None:
-        node: NodeSettings = self.model.node  # type: ignore[attr-defined]
-        return node.executor
+        return self.model.node.executor
 
     @property
     def paths(self) -> PathsSettings:
-        paths: PathsSettings = self.model.paths  # type: ignore[attr-defined]
-        return paths
+        return self.model.paths
 
     @property
     def daemon(self) -> DaemonSettings:
-        daemon: DaemonSettings = self.model.daemon  # type: ignore[attr-defined]
-        return daemon
+        return self.model.daemon
 
     @property
     def remediation(self) -> RemediationSettings:
-        remediation: RemediationSettings = self.model.remediation  # type: ignore[attr-defined]
-        return remediation
+        return self.model.remediation
 
     @property
     def alerts(self) -> AlertsSettings:
-        alerts: AlertsSettings = self.model.alerts  # type: ignore[attr-defined]
-        return alerts
+        return self.model.alerts
 
     @property
     def bundle(self) -> BundleSettings:
-        bundle: BundleSettings = self.model.bundle  # type: ignore[attr-defined]
-        return bundle
+        return self.model.bundle
 
     def check_settings(self, name: str) -> CheckSettings:
-        settings: CheckSettings = getattr(self.model.checks, name)  # type: ignore[attr-defined]
+        """``[checks.<name>]`` as the check's own model (KeyError for a name the registry does not have)."""
+        from dgxdoctor.checks.base import CheckSettings
+
+        settings = getattr(self.model.checks, name, None)
+        if not isinstance(settings, CheckSettings):
+            raise KeyError(f"no check named {name!r}")
         return settings
+
+    def settings_of(self, name: str, model: type[S]) -> S:
+        """``[checks.<name>]`` typed as ``model`` (its check's ``settings_model``; TypeError otherwise)."""
+        from dgxdoctor.checks.base import own_settings
+
+        return own_settings(name, self.check_settings(name), model)
 
     def environment(self, one_shot: bool = True) -> Environment:
         """The seams for this config; the daemon passes ``one_shot=False`` (checks keep history)."""
@@ -413,7 +210,9 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     acting = _acting_problem(config)
     if acting is not None:
         raise ConfigError(source, [acting])
-    ray_role = getattr(config.check_settings("ray"), "role", "auto")
+    from dgxdoctor.checks.ray import RaySettings
+
+    ray_role = config.settings_of("ray", RaySettings).role
     if config.role is not None and ray_role not in ("auto", config.role):
         problem = f"{ray_role!r} contradicts node.role {config.role!r} (leave it 'auto' to follow the node's role)"
         raise ConfigError(source, [("checks.ray.role", problem)])

@@ -91,7 +91,7 @@ def test_h100_hgx_node_is_healthy_with_default_settings(tmp_path: Path) -> None:
     assert result.status is Status.OK, result.findings
     assert result.facts["gpu_count"] == "8"
     assert result.facts["cuda_driver_version"] == "12.7"
-    assert sample(result, "dgxdoctor_gpu_count") == 8
+    assert sample(result, "dgxdoctor_gpus") == 8
 
 
 # -- count and model

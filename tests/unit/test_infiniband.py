@@ -232,7 +232,8 @@ def test_ibstat_fallback_when_sysfs_has_no_devices(tmp_path: Path) -> None:
     assert "from ibstat" in result.summary
     assert one(result, "dgxdoctor_ib_port_rate_gbps", device="mlx5_0") == 200.0
     assert one(result, "dgxdoctor_ib_port_up", device="mlx5_1") == 0.0
-    assert samples(result, "dgxdoctor_ib_port_counter_total") == {}  # ibstat shows no counters: none exported
+    assert samples(result, "dgxdoctor_ib_port_events_total") == {}  # ibstat shows no counters: none exported
+    assert samples(result, "dgxdoctor_ib_port_rcv_bytes_total") == {}
 
 
 def test_ibstat_failure_raises_for_the_runner(tmp_path: Path) -> None:
@@ -250,7 +251,11 @@ def test_healthy_node_is_ok(tmp_path: Path) -> None:
     assert result.summary == "8/8 RDMA port(s) Active at 400 Gb/s"
     assert len(samples(result, "dgxdoctor_ib_port_rate_gbps")) == 8
     assert set(samples(result, "dgxdoctor_ib_port_up").values()) == {1.0}
-    assert one(result, "dgxdoctor_ib_port_counter_total", device="mlx5_0", counter="symbol_error") == 0.0
+    assert one(result, "dgxdoctor_ib_port_events_total", device="mlx5_0", counter="symbol_error") == 0.0
+    # The data counters count 4-byte words; exported in bytes, in families of their own (node_exporter's units).
+    words = int((tmp_path / "sys/class/infiniband/mlx5_0/ports/1/counters/port_rcv_data").read_text())
+    assert one(result, "dgxdoctor_ib_port_rcv_bytes_total", device="mlx5_0") == words * 4
+    assert samples(result, "dgxdoctor_ib_port_events_total", counter="port_rcv_data") == {}
     info = samples(result, "dgxdoctor_ib_port_info", device="mlx5_3")
     assert list(info) == [("mlx5_3", "1", "InfiniBand", "Active", "LinkUp", "ibp94s0")]
     # First run: a baseline, so no rates yet (absent, not zero).
@@ -275,7 +280,7 @@ def test_degraded_node(tmp_path: Path) -> None:
     assert one(result, "dgxdoctor_ib_port_rate_gbps", device="mlx5_5") is None  # no link: no rate
     assert one(result, "dgxdoctor_ib_port_rate_gbps", device="mlx5_2") == 200.0
     # The unreadable counter is absent, not zero.
-    assert samples(result, "dgxdoctor_ib_port_counter_total", device="mlx5_6", counter="out_of_buffer") == {}
+    assert samples(result, "dgxdoctor_ib_port_events_total", device="mlx5_6", counter="out_of_buffer") == {}
     assert result.action is not None and result.action.kind == "investigate"
 
 
@@ -303,7 +308,7 @@ def test_roce_node_link_layer(tmp_path: Path) -> None:
     assert list(samples(ok, "dgxdoctor_ib_port_info", device="mlx5_1")) == [
         ("mlx5_1", "1", "Ethernet", "Active", "LinkUp", "ens1f1np1")
     ]
-    assert one(ok, "dgxdoctor_ib_port_counter_total", device="mlx5_0", counter="np_cnp_sent") == 1200.0
+    assert one(ok, "dgxdoctor_ib_port_events_total", device="mlx5_0", counter="np_cnp_sent") == 1200.0
     wrong = check(env, link_layer="InfiniBand").run()
     assert wrong.status is Status.WARNING
     assert codes(wrong)["IB_LINK_LAYER_MISMATCH"] == ["mlx5_0/1", "mlx5_1/1"]
@@ -320,9 +325,9 @@ def test_no_pma_port_reports_counters_unavailable_not_zero(tmp_path: Path) -> No
     note = next(f for f in result.findings if f.code == "IB_COUNTERS_UNAVAILABLE")
     assert "N/A (no PMA)" in note.message
     assert "rxe0/1 counters partly unavailable" in result.summary  # said, not a plain OK
-    assert samples(result, "dgxdoctor_ib_port_counter_total", counter="symbol_error") == {}
+    assert samples(result, "dgxdoctor_ib_port_events_total", counter="symbol_error") == {}
     assert samples(result, "dgxdoctor_ib_port_rcv_bytes_per_second") == {}
-    assert one(result, "dgxdoctor_ib_port_counter_total", counter="sent_pkts") == 81240.0
+    assert one(result, "dgxdoctor_ib_port_events_total", counter="sent_pkts") == 81240.0
 
 
 def test_a_port_with_no_readable_counter_is_unknown_not_ok(tmp_path: Path) -> None:

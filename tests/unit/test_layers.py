@@ -19,6 +19,7 @@ LAYERS = {
     "sources": 1,  # read the world: thin readers and pure parse_*(); no verdicts
     "probes": 1,  # run in the serving Python: stdlib only at import
     "environment": 2,
+    "settings": 2,  # the daemon, remediation, alerts and bundle tables: what those layers import, not every check
     "judge": 3,  # verdicts per failure domain, shared by checks and diagnose
     "fleet": 3,  # the results store, peer snapshots, the node comparison
     "checks": 4,

@@ -5,6 +5,7 @@ probe's own stdlib copy of the size parser and defaults agree with them."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import pytest
 
@@ -95,3 +96,96 @@ def test_remediation_targets_are_the_checks_settings() -> None:
     t = targets_for(config, None)
     assert (t.vllm.base_url, t.vllm.request_timeout_s) == ("http://10.0.0.5:8001", 7)
     assert (t.ray_dashboard_url, t.ray_nodes, t.ray_gpus) == ("http://10.0.0.5:8265", 3, 24)
+
+
+@pytest.mark.parametrize("text", ["1", "8m", "8MB", "512k", "16G", "16g", "0", "17G", "16385M", "8X", "-1", " 8M "])
+def test_the_peer_and_the_config_accept_the_same_probe_sizes(text: str) -> None:
+    """One parser and one bound (1 B .. 16G) for the config's sizes and a peer's join request."""
+    request = {"run_id": "0" * 32, "master_addr": "10.0.0.1", "master_port": 29555, "nnodes": 2, "node_rank": 1,
+               "join_timeout_s": 60}  # fmt: skip
+
+    def accepted(make: Callable[[], object]) -> str | None:
+        try:
+            make()
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            return "refused: outside" if "outside 1 B .. 16G" in str(exc) else "refused"
+        return None
+
+    local = accepted(lambda: NcclSettings(min_bytes="1", max_bytes=text))
+    peer = accepted(lambda: JoinRequest.model_validate({**request, "min_bytes": "1", "max_bytes": text}))
+    assert local == peer
+    assert (local is None) == (text.strip().upper() in ("1", "8M", "8MB", "512K", "16G"))
+
+
+def test_one_size_parser() -> None:
+    """checks/nccl.py had its own (size_bytes, check_size_range, SIZE_RE): every size goes through sources.fields."""
+    import re
+    from pathlib import Path
+
+    from dgxdoctor.checks import nccl
+
+    assert not {"size_bytes", "check_size_range", "SIZE_RE", "SIZE_UNITS"} & set(vars(nccl))
+    src = Path(nccl.__file__).parents[1]
+    size_regex = re.compile(r"\[KMG\]")
+    owners = sorted(
+        str(p.relative_to(src)) for p in src.rglob("*.py") if size_regex.search(p.read_text(encoding="utf-8"))
+    )
+    assert owners == ["sources/fields.py"]  # probes/allreduce.py keeps a stdlib copy, held equal above
+
+
+def _settings_fields() -> list[tuple[type, str]]:
+    from pydantic import BaseModel
+
+    from dgxdoctor.config import config_model
+
+    seen: list[tuple[type, str]] = []
+    todo: list[type[BaseModel]] = [config_model()]
+    while todo:
+        model = todo.pop()
+        for name, field in model.model_fields.items():
+            inner = field.annotation
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                todo.append(inner)
+            elif name.endswith(("_url", "_addr")) or name in ("peer", "peers"):
+                seen.append((model, name))
+    return seen
+
+
+@pytest.mark.parametrize(("model", "key"), _settings_fields(), ids=lambda x: getattr(x, "__name__", x))
+def test_every_url_and_host_setting_is_validated(model: type, key: str) -> None:
+    """A URL without a scheme (or a host with a shell in it) is a config error in every table, not a later
+    "not serving" or "unreachable"."""
+    bad = "dgx-b; rm -rf /" if key.endswith("_addr") else "127.0.0.1:8000"
+    value: object = [bad] if key == "peers" else bad
+    with pytest.raises(ValueError, match=key):
+        model(**{key: value})
+
+
+BYTE_COUNTS = [
+    ("bundle", "size_cap_bytes"),
+    ("checks.logs", "max_bytes_per_run"),
+    ("checks.logs", "check_window_bytes"),
+    ("checks.drift", "hash_bytes_per_run"),
+    ("checks.host", "weights_bytes"),
+    ("checks.ras", "max_bytes"),
+]
+
+
+def _table(path: str, key: str, value: object) -> dict[str, object]:
+    doc: dict[str, object] = {key: value}
+    for part in reversed(path.split(".")):
+        doc = {part: doc}
+    return doc
+
+
+@pytest.mark.parametrize(("table", "key"), BYTE_COUNTS)
+def test_every_byte_count_takes_a_size_as_the_probe_does(table: str, key: str) -> None:
+    """One byte-size parser for every setting: "64M" is 64 MiB wherever a number of bytes is asked for."""
+    config = parse_config(_table(table, key, "64M"))
+    section = config.model
+    for part in table.split("."):
+        section = getattr(section, part)
+    assert getattr(section, key) == 64 << 20
+    with pytest.raises(ConfigError) as err:
+        parse_config(_table(table, key, "64X"))
+    assert "not a size" in dict(err.value.problems)[f"{table}.{key}"]

@@ -140,7 +140,9 @@ def infiniband(env: Environment, timeout_s: float) -> Item:
 
 def nccl_environment(config: Config, env: Environment) -> Callable[[float], Output]:
     """The NCCL env file and the environment of the serving processes (redacted with the rest of the part)."""
-    env_file = getattr(config.check_settings("nccl_env"), "env_file", None)
+    from dgxdoctor.checks.nccl_env import NcclEnvSettings  # the checks load when a bundle is built, not imported
+
+    env_file = config.settings_of("nccl_env", NcclEnvSettings).env_file
 
     def produce(_left: float) -> Output:
         out = [f"# {env_file}"]
@@ -224,8 +226,11 @@ def config_dump(config: Config) -> Callable[[float], Output]:
 def node_items(config: Config, env: Environment, src: Sources) -> list[Item]:
     b = config.bundle
     t = b.command_timeout_s
-    ray_cmd = str(getattr(config.check_settings("ray"), "ray_command", "ray"))
-    logs = config.check_settings("logs")
+    from dgxdoctor.checks.logs import LogsSettings
+    from dgxdoctor.checks.ray import RaySettings
+
+    ray_cmd = config.settings_of("ray", RaySettings).ray_command
+    logs = config.settings_of("logs", LogsSettings)
     state_dir = config.paths.state_dir
     items = [
         Item("results.json", "dgxdoctor check --json", _json(src.results)),
@@ -244,8 +249,8 @@ def node_items(config: Config, env: Environment, src: Sources) -> list[Item]:
              _file(state_dir / "remediation-state.json")),
         Item("config.json", f"the configuration in force ({config.source})", config_dump(config)),
     ]  # fmt: skip
-    items += _log_items("vllm", list(getattr(logs, "vllm_paths", [])), src.since_s)
-    items += _log_items("ray", list(getattr(logs, "ray_paths", [])), src.since_s)
+    items += _log_items("vllm", list(logs.vllm_paths), src.since_s)
+    items += _log_items("ray", list(logs.ray_paths), src.since_s)
     if src.bug_report and shutil.which("nvidia-bug-report.sh"):
         items.append(bug_report(env, b.bug_report_timeout_s))
     return items
@@ -256,9 +261,12 @@ def known_secrets(config: Config) -> list[str | None]:
     out: list[str | None] = []
     with contextlib.suppress(OSError, ValueError):
         out.append(config.daemon.resolve_token())
-    key = getattr(config.check_settings("vllm"), "api_key", None)
+    from dgxdoctor.checks.ray import RaySettings
+    from dgxdoctor.checks.vllm import VllmSettings
+
+    key = config.settings_of("vllm", VllmSettings).api_key
     out.append(key.get_secret_value() if key is not None else None)
-    token_file = getattr(config.check_settings("ray"), "auth_token_file", None)
+    token_file = config.settings_of("ray", RaySettings).auth_token_file
     if token_file is not None:
         with contextlib.suppress(OSError):
             out.append(Path(token_file).read_text(errors="replace").strip())

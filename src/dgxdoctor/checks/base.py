@@ -8,10 +8,11 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, cast, get_args, get_origin
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import TypeVar
 
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult
@@ -30,27 +31,46 @@ class CheckSettings(BaseModel):
     timeout_s: float = Field(20.0, gt=0, description="a run that takes longer is UNKNOWN")
 
 
-class Check(Protocol):
+# A check's settings type: bare ``Check`` (the runner's view, any check) means ``Check[CheckSettings]``; covariant,
+# so ``GpuCheck`` (a ``Check[GpuSettings]``) is a ``Check``.
+S_co = TypeVar("S_co", bound=CheckSettings, covariant=True, default=CheckSettings)
+S = TypeVar("S", bound=CheckSettings)
+
+
+class Check(Generic[S_co]):
     """A check has a stable snake_case ``name`` and a blocking ``run`` that may raise.
 
-    Construct with ``(settings, env)`` (``own_settings`` narrows the settings to the check's model). Instances
+    ``class GpuCheck(Check[GpuSettings])``: the type argument is the check's settings model (``settings_model``,
+    its ``[checks.<name>]`` table), and ``self.settings`` is typed as it. Built with ``(settings, env)``: this
+    ``__init__`` is the one place a check takes them (a check with state of its own calls it first). Instances
     live as long as the process, so a check may keep history between runs (rates, windows) on ``self``.
 
     The lifecycle is ``start()``, any number of ``run()``, ``stop()``; ``CheckRunner`` calls start and stop, for
-    ``dgxdoctor check`` as for the daemon (where a reload that replaces a check stops the old instance). Checks
-    subclass this protocol and so inherit the do-nothing ``start``/``stop``; a check that follows an event
-    source or holds a handle (NVML) overrides them.
+    ``dgxdoctor check`` as for the daemon (where a reload that replaces a check stops the old instance). The
+    defaults do nothing; a check that follows an event source or holds a handle (NVML) overrides them.
     """
 
     name: ClassVar[str]
-    settings_model: ClassVar[type[CheckSettings]]
-    settings: CheckSettings
+    settings_model: ClassVar[type[CheckSettings]] = CheckSettings
     # The external probes a run may wait on and report as timed out (``CheckResult.timeouts``): their counters
     # are exported at 0 from the start. ``hang_probe`` is what a whole run that timed out was stuck in.
     probes: ClassVar[tuple[str, ...]] = ()
     hang_probe: ClassVar[str] = "run"
 
-    def run(self) -> CheckResult: ...
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """``settings_model`` from the type argument of ``Check[...]``, so the two can never disagree."""
+        super().__init_subclass__(**kwargs)
+        for base in cls.__dict__.get("__orig_bases__", ()):  # its own bases: a subclass of a check keeps its model
+            args = get_args(base)
+            if get_origin(base) is Check and args and isinstance(args[0], type):
+                cls.settings_model = args[0]
+
+    def __init__(self, settings: CheckSettings, env: Environment) -> None:
+        self.settings: S_co = cast(S_co, own_settings(self.name, settings, self.settings_model))
+        self.env = env
+
+    def run(self) -> CheckResult:
+        raise NotImplementedError
 
     def start(self) -> None:
         """Before the first run: start following event sources (``env.one_shot`` tells the one-shot run)."""
@@ -61,9 +81,6 @@ class Check(Protocol):
         return None
 
 
-S = TypeVar("S", bound=CheckSettings)
-
-
 def capped(settings: S, limit_s: float) -> S:
     """The settings with ``timeout_s`` no longer than ``limit_s`` (a run under a deadline of its own)."""
     if settings.timeout_s <= limit_s:
@@ -72,7 +89,7 @@ def capped(settings: S, limit_s: float) -> S:
 
 
 def own_settings(check: str, settings: CheckSettings, model: type[S]) -> S:
-    """The one way a check takes its settings: ``settings`` as the check's own model, TypeError otherwise."""
+    """``settings`` as the check's own model, TypeError otherwise (a table handed to the wrong check)."""
     if not isinstance(settings, model):
         raise TypeError(f"{check} check needs {model.__name__}, got {type(settings).__name__}")
     return settings

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.checks.nccl_guard import in_window, parse_window
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.bench import Tolerances, compare_to_baseline
@@ -107,25 +107,19 @@ def baseline_path(settings: BenchCheckSettings, env: Environment) -> Path:
     return settings.baseline_path or env.state_dir / "bench-baseline.json"
 
 
-class BenchCheck(Check):
+class BenchCheck(Check[BenchCheckSettings]):
     name: ClassVar[str] = "bench"
-    settings_model: ClassVar[type[CheckSettings]] = BenchCheckSettings
-
-    def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        self.cfg = own_settings(self.name, settings, BenchCheckSettings)
-        self.settings = self.cfg
-        self.env = env
 
     def _reference(self) -> tuple[Baseline, BenchPoint, int] | CheckResult:
         """The baseline, its result at the concurrency to run, and that concurrency; or why there is none."""
-        path = baseline_path(self.cfg, self.env)
+        path = baseline_path(self.settings, self.env)
         try:
             baseline = load_baseline(path)
         except BaselineError as exc:
             return CheckResult.unknown(self.name, str(exc))
         if baseline is None:
             return CheckResult.skipped(self.name, f"no baseline at {path}: run `dgxdoctor bench --save-baseline`")
-        concurrency = self.cfg.concurrency or baseline.knee or max(p.concurrency for p in baseline.points)
+        concurrency = self.settings.concurrency or baseline.knee or max(p.concurrency for p in baseline.points)
         reference = baseline.point_at(concurrency)
         if reference is None:
             return CheckResult.unknown(self.name, f"the baseline has no result at concurrency {concurrency}")
@@ -150,23 +144,23 @@ class BenchCheck(Check):
 
     def _why_not_now(self, last: tuple[float, BenchPoint] | None) -> str | None:
         now = self.env.clock()
-        if last is not None and now - last[0] < self.cfg.period_s:
-            return f"next run due {self.cfg.period_s - (now - last[0]):.0f} s after the last"
-        if not self.cfg.maintenance_windows:
+        if last is not None and now - last[0] < self.settings.period_s:
+            return f"next run due {self.settings.period_s - (now - last[0]):.0f} s after the last"
+        if not self.settings.maintenance_windows:
             return "runs only in a maintenance window: set checks.bench.maintenance_windows"
-        if not in_window(self.cfg.maintenance_windows, now):
-            return f"outside the maintenance windows ({', '.join(self.cfg.maintenance_windows)} UTC)"
+        if not in_window(self.settings.maintenance_windows, now):
+            return f"outside the maintenance windows ({', '.join(self.settings.maintenance_windows)} UTC)"
         return None
 
     def _run_now(self, baseline: Baseline, reference: BenchPoint, concurrency: int) -> CheckResult:
-        python = self.cfg.serving_python
+        python = self.settings.serving_python
         if python is None:
             found = find_serving_python(self.env.proc_root)
             python = found.exe if found else None
         if python is None:
             return CheckResult.skipped(self.name, "no vLLM process found: set checks.bench.serving_python")
-        settings = _with_prompts(baseline, self.cfg.num_prompts)
-        timeout = max(1.0, self.cfg.timeout_s - 5)
+        settings = _with_prompts(baseline, self.settings.num_prompts)
+        timeout = max(1.0, self.settings.timeout_s - 5)
         try:
             with tempfile.TemporaryDirectory(prefix="dgxdoctor-bench-") as tmp:
                 point = run_step(
@@ -176,7 +170,7 @@ class BenchCheck(Check):
                     concurrency,
                     Path(tmp),
                     timeout,
-                    self.cfg.command_prefix,
+                    self.settings.command_prefix,
                 )
         except (BenchRunError, BenchResultError, CommandTimeout, CommandNotFound) as exc:
             return CheckResult.unknown(self.name, str(exc))
@@ -186,7 +180,7 @@ class BenchCheck(Check):
 
     def _judge(self, point: BenchPoint, reference: BenchPoint, finished: float, note: str | None) -> CheckResult:
         b = ResultBuilder(self.name)
-        tol = Tolerances(self.cfg.throughput_tolerance, self.cfg.tpot_tolerance, self.cfg.ttft_tolerance)
+        tol = Tolerances(self.settings.throughput_tolerance, self.settings.tpot_tolerance, self.settings.ttft_tolerance)
         b.add(*compare_to_baseline(point, reference, tol))
         b.sample(OUTPUT_THROUGHPUT, point.output_throughput)
         b.sample(REQUEST_THROUGHPUT, point.request_throughput)

@@ -16,11 +16,12 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.drift import model_dir_missing
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
+from dgxdoctor.sources.fields import ByteCount
 from dgxdoctor.sources.fingerprint import ShardHasher, listing_fingerprint, sample_shards, scan_model_dir
 from dgxdoctor.sources.serving_env import DISTRIBUTIONS, PROBE, find_serving_python, parse_probe_output
 
@@ -56,21 +57,19 @@ class DriftSettings(CheckSettings):
         description="sha256 this many *.safetensors shards (first and last by name, then evenly spaced); "
         "0 = names and sizes only",
     )
-    hash_bytes_per_run: int = Field(
-        256 * 1024 * 1024, gt=0, description="read at most this many shard bytes per run; a hash completes over runs"
+    hash_bytes_per_run: ByteCount = Field(
+        256 * 1024 * 1024,
+        gt=0,
+        description="read at most this many shard bytes per run (a number or a size: 256M); a hash completes over runs",
     )
 
 
-class DriftCheck(Check):
+class DriftCheck(Check[DriftSettings]):
     name: ClassVar[str] = "drift"
-    settings_model: ClassVar[type[CheckSettings]] = DriftSettings
     probes: ClassVar[tuple[str, ...]] = ("version probe",)
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        settings = own_settings(self.name, settings, DriftSettings)
-        self.settings: CheckSettings = settings
-        self._settings = settings
-        self.env = env
+        super().__init__(settings, env)
         self._hasher = ShardHasher()
 
     def run(self) -> CheckResult:
@@ -98,7 +97,7 @@ class DriftCheck(Check):
             return os.uname().release if self.env.proc_root == Path("/proc") else None
 
     def _versions(self, b: ResultBuilder) -> dict[str, str]:
-        s = self._settings
+        s = self.settings
         python = s.serving_python
         if python is None:
             found = find_serving_python(self.env.proc_root)
@@ -137,7 +136,7 @@ class DriftCheck(Check):
             return {}
 
     def _model(self, b: ResultBuilder, facts: dict[str, str]) -> None:
-        s = self._settings
+        s = self.settings
         if s.model_dir is None:
             b.add(Finding("MODEL_DIR_UNKNOWN", Status.OK, "no model_dir configured: model files not fingerprinted"))
             return

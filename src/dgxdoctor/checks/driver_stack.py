@@ -19,8 +19,7 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator
 
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
-from dgxdoctor.environment import Environment
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.judge.driver_stack import (
     StackFacts,
     dcgm_finding,
@@ -66,15 +65,9 @@ class DriverStackSettings(CheckSettings):
         return value
 
 
-class DriverStackCheck(Check):
+class DriverStackCheck(Check[DriverStackSettings]):
     name: ClassVar[str] = "driver_stack"
-    settings_model: ClassVar[type[CheckSettings]] = DriverStackSettings
     probes: ClassVar[tuple[str, ...]] = ("systemctl",)
-
-    def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        self.settings: CheckSettings = settings
-        self.cfg: DriverStackSettings = own_settings(self.name, settings, DriverStackSettings)
-        self.env = env
 
     def _facts(self) -> StackFacts | None:
         devices = read_pci_devices(self.env.sysfs_root)
@@ -121,7 +114,7 @@ class DriverStackCheck(Check):
         if facts is None:
             return CheckResult.skipped(self.name, "no NVIDIA GPU on the PCI bus")
         b = ResultBuilder(self.name)
-        cfg = self.cfg
+        cfg = self.settings
         found = [fabric_manager_finding(facts, self._unit(b, cfg.fabric_manager_unit)) if facts.nvswitches else None]
         if facts.nvswitches:
             found.append(self._fabric_states())

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge import gpu as gpu_judge
 from dgxdoctor.judge.gpu import GpuLimits
@@ -32,7 +32,8 @@ from dgxdoctor.sources.pci import PciDevice, nvidia_gpus, read_pci_devices
 
 GPU_LABELS = ("gpu", "pci_bus_id")
 
-GPU_COUNT = MetricSpec("dgxdoctor_gpu_count", "GPUs NVML reports on this node.")
+# A gauge of things is named for them ("_count" is a summary's or histogram's suffix: promtool check metrics).
+GPU_COUNT = MetricSpec("dgxdoctor_gpus", "GPUs NVML reports on this node.")
 GPU_INFO = MetricSpec(
     "dgxdoctor_gpu_info", "GPU identity: UUID and model name (value 1).", "info", (*GPU_LABELS, "uuid", "model")
 )
@@ -163,24 +164,20 @@ class GpuSettings(CheckSettings):
     )
 
 
-class GpuCheck(Check):
+class GpuCheck(Check[GpuSettings]):
     """GPUs over NVML: count, model, temperature, clock events, ECC, row remapping, NVLink, PCIe, recovery."""
 
     name: ClassVar[str] = "gpu"
-    settings_model: ClassVar[type[CheckSettings]] = GpuSettings
     hang_probe: ClassVar[str] = "nvml"  # a run past its timeout is NVML stuck in the driver (a GPU off the bus)
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        settings = own_settings(self.name, settings, GpuSettings)
-        self.settings: CheckSettings = settings
-        self._settings = settings
-        self._env = env
+        super().__init__(settings, env)
         # NVML is initialised once per instance and kept; a failed init is retried on the next run.
         self._client: NvmlClient | None = None
 
     def _nvml(self) -> NvmlClient:
         if self._client is None:
-            client = self._env.nvml_factory()
+            client = self.env.nvml_factory()
             client.init()
             self._client = client
         return self._client
@@ -192,12 +189,12 @@ class GpuCheck(Check):
             client.shutdown()
 
     def _pci_gpus(self) -> list[PciDevice]:
-        devices = read_pci_devices(self._env.sysfs_root)
+        devices = read_pci_devices(self.env.sysfs_root)
         return nvidia_gpus(devices) if devices is not None else []
 
     def run(self) -> CheckResult:
-        s = self._settings
-        role = self._env.role
+        s = self.settings
+        role = self.env.role
         try:
             client = self._nvml()
         except NvmlError as exc:

@@ -17,11 +17,12 @@ from typing import ClassVar, Protocol
 import psutil
 from pydantic import Field, model_validator
 
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge import host
 from dgxdoctor.judge.host import DiskUsage, gib
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
+from dgxdoctor.sources.fields import ByteCount
 from dgxdoctor.sources.procfs import iter_processes
 
 HOST_MEMORY_TOTAL = MetricSpec("dgxdoctor_host_memory_total_bytes", "Total system memory (RAM)")
@@ -54,8 +55,10 @@ class HostSettings(CheckSettings):
     model_dir: Path | None = Field(
         None, description="directory of the served model's weights (the same path on every node); unset: skipped"
     )
-    weights_bytes: int | None = Field(
-        None, ge=0, description="size of the weights in bytes, instead of summing the files under model_dir"
+    weights_bytes: ByteCount | None = Field(
+        None,
+        ge=0,
+        description="size of the weights in bytes (or a size: 140G), instead of summing the files under model_dir",
     )
     memory_ratio: float = Field(1.5, gt=0, description="system RAM must be at least this many times the weights")
     disk_ratio: float = Field(
@@ -156,19 +159,15 @@ def existing_ancestor(path: Path) -> Path:
     return current
 
 
-class HostCheck(Check):
+class HostCheck(Check[HostSettings]):
     name: ClassVar[str] = "host"
-    settings_model: ClassVar[type[CheckSettings]] = HostSettings
 
     def __init__(self, settings: CheckSettings, env: Environment, probe: HostProbe | None = None) -> None:
-        self.settings: CheckSettings = settings
-        settings = own_settings(self.name, settings, HostSettings)
-        self.cfg: HostSettings = settings
-        self.env = env
+        super().__init__(settings, env)
         self.probe: HostProbe = probe or PsutilProbe()
 
     def run(self) -> CheckResult:
-        s = self.cfg
+        s = self.settings
         b = ResultBuilder(self.name)
         notes: list[str] = []
 
@@ -202,7 +201,7 @@ class HostCheck(Check):
         return b.build(summary)
 
     def _weights(self, b: ResultBuilder, memory_total: int, notes: list[str]) -> None:
-        s = self.cfg
+        s = self.settings
         if s.model_dir is None and s.weights_bytes is None:
             notes.append("model_dir not configured: weights size not checked")
             return
@@ -229,7 +228,7 @@ class HostCheck(Check):
         b.add(*host.weights(weights, memory_total, disk_free, s.memory_ratio, s.disk_ratio, label))
 
     def _processes(self, b: ResultBuilder) -> None:
-        wanted = self.cfg.required_processes
+        wanted = self.settings.required_processes
         if not wanted:
             return
         me = os.getpid()

@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.checks.ib_history import CounterHistory
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.infiniband import (
@@ -80,12 +80,30 @@ PORT_XMIT_BPS = MetricSpec(
     "Bytes transmitted per second on the RDMA port between the last two runs (port_xmit_data x 4).",
     labels=("device", "port"),
 )
-PORT_COUNTER = MetricSpec(
-    "dgxdoctor_ib_port_counter_total",
-    "Raw value of a port counter from counters/ or hw_counters/ (port_*_data in 4-byte words).",
+# The port's counter files in base units, as node_exporter's infiniband collector exports them: the data counters
+# count 4-byte words (port_rcv_data x 4 = bytes) and get byte families of their own; every other file (packets,
+# errors, waits, hw_counters/) is one family labelled with the file's name. A counter's name never says "counter"
+# and a byte count ends in _bytes_total (promtool check metrics).
+PORT_RCV_BYTES = MetricSpec(
+    "dgxdoctor_ib_port_rcv_bytes_total",
+    "Bytes received on the RDMA port since the counter was last reset (counters/port_rcv_data x 4).",
+    type="counter",
+    labels=("device", "port"),
+)
+PORT_XMIT_BYTES = MetricSpec(
+    "dgxdoctor_ib_port_xmit_bytes_total",
+    "Bytes transmitted on the RDMA port since the counter was last reset (counters/port_xmit_data x 4).",
+    type="counter",
+    labels=("device", "port"),
+)
+PORT_EVENTS = MetricSpec(
+    "dgxdoctor_ib_port_events_total",
+    "Value of one of the RDMA port's other counter files (counters/ or hw_counters/, named by the counter label): "
+    "packets, errors, wait ticks.",
     type="counter",
     labels=("device", "port", "counter"),
 )
+DATA_BYTES = {"port_rcv_data": PORT_RCV_BYTES, "port_xmit_data": PORT_XMIT_BYTES}
 PORT_ERRORS_PER_SECOND = MetricSpec(
     "dgxdoctor_ib_port_errors_per_second",
     "Increase per second of an RDMA port error counter between the last two runs.",
@@ -140,22 +158,18 @@ class InfinibandSettings(CheckSettings):
     use_ibstat: bool = Field(True, description="fall back to `ibstat` when sysfs shows no RDMA device")
 
 
-class InfinibandCheck(Check):
+class InfinibandCheck(Check[InfinibandSettings]):
     """RDMA ports (InfiniBand and RoCE). Same data by hand: ``grep -r . /sys/class/infiniband/*/ports/*/`` or
     ``ibstat``; counters via ``perfquery -x``. Reads through ``sources/sysfs_ib.py`` (or ``ibstat``), remembers in
     ``ib_history.py``, judges in ``judge/infiniband.py``."""
 
     name: ClassVar[str] = "infiniband"
-    settings_model: ClassVar[type[CheckSettings]] = InfinibandSettings
     probes: ClassVar[tuple[str, ...]] = ("ibstat",)
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        settings = own_settings(self.name, settings, InfinibandSettings)
-        self.settings: CheckSettings = settings
-        self.cfg = settings
-        self.env = env
-        self.rules: dict[str, CounterThreshold] = {**DEFAULT_THRESHOLDS, **settings.thresholds}
-        self._history = CounterHistory(env.state_dir, self.rules, settings.flap_window_s)
+        super().__init__(settings, env)
+        self.rules: dict[str, CounterThreshold] = {**DEFAULT_THRESHOLDS, **self.settings.thresholds}
+        self._history = CounterHistory(env.state_dir, self.rules, self.settings.flap_window_s)
 
     # -- reading --------------------------------------------------------------------------------------------
 
@@ -166,7 +180,7 @@ class InfinibandCheck(Check):
         if ports:
             return ports, "sysfs"
         where = f"{class_dir} has no RDMA ports" if class_dir.is_dir() else f"no {class_dir}"
-        if not self.cfg.use_ibstat:
+        if not self.settings.use_ibstat:
             return where
         try:
             done = self.env.run_command(["ibstat"], IBSTAT_TIMEOUT_S)
@@ -181,7 +195,7 @@ class InfinibandCheck(Check):
 
     def _selected(self, port: IbPort) -> bool:
         names = (port.device, port.name)
-        inc, exc = self.cfg.devices_include, self.cfg.devices_exclude
+        inc, exc = self.settings.devices_include, self.settings.devices_exclude
         if inc and not any(fnmatch.fnmatchcase(n, pat) for n in names for pat in inc):
             return False
         return not any(fnmatch.fnmatchcase(n, pat) for n in names for pat in exc)
@@ -192,7 +206,7 @@ class InfinibandCheck(Check):
         """No RDMA device: fine only when no Mellanox NIC is on the PCI bus and no role needs the ports."""
         devices = read_pci_devices(self.env.sysfs_root)
         nics = mellanox_nics(devices) if devices is not None else []
-        finding = rdma_absent(nics, self.env.role, self.cfg.expected_ports)
+        finding = rdma_absent(nics, self.env.role, self.settings.expected_ports)
         if finding is None:
             return CheckResult.skipped(self.name, f"{reason}; no Mellanox NIC on the PCI bus")
         b = ResultBuilder(self.name)
@@ -211,7 +225,7 @@ class InfinibandCheck(Check):
             return self._absent(read)
         all_ports, source = read
         ports = [p for p in all_ports if self._selected(p)]
-        s = self.cfg
+        s = self.settings
         if not ports and not s.expected_ports:
             return CheckResult.skipped(
                 self.name, f"{len(all_ports)} RDMA port(s) found, none selected by devices_include/exclude"
@@ -262,7 +276,11 @@ class InfinibandCheck(Check):
             b.sample(PORT_FLAPS, float(len(flaps)), **labels)
             return {"flaps": flaps}
         for name, value in sorted(port.counters.items()):
-            b.sample(PORT_COUNTER, float(value), counter=name, **labels)
+            in_bytes = DATA_BYTES.get(name)
+            if in_bytes is not None:
+                b.sample(in_bytes, float(value * DATA_WORD_BYTES), **labels)
+            else:
+                b.sample(PORT_EVENTS, float(value), counter=name, **labels)
         win = self._history.window(entry, port.counters, now)
         elapsed = win.elapsed
         if elapsed is not None:
@@ -273,7 +291,7 @@ class InfinibandCheck(Check):
                 if name in ERROR_COUNTERS or any((r.counter or n) == name for n, r in self.rules.items()):
                     b.sample(PORT_ERRORS_PER_SECOND, delta / elapsed, counter=name, **labels)
         b.sample(PORT_FLAPS, float(len(win.flaps)), **labels)
-        verdicts += flap_verdict(port.name, len(win.flaps), self.cfg.flap_warn_count, self.cfg.flap_window_s)
+        verdicts += flap_verdict(port.name, len(win.flaps), self.settings.flap_warn_count, self.settings.flap_window_s)
         if win.prev is not None:
             verdicts += counter_verdicts(
                 port.name, self.rules, win.counters, win.deltas, win.prev, win.checkpoints, now

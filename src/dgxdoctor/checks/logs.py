@@ -25,12 +25,13 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.log_files import log_backlog, log_unreadable
 from dgxdoctor.judge.scan import Scanner
 from dgxdoctor.judge.signatures import Catalog, Signature, load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder
+from dgxdoctor.sources.fields import ByteCount
 from dgxdoctor.sources.logtail import LogFollower, expand_paths, read_recent
 from dgxdoctor.sources.statefile import StateFile
 
@@ -63,8 +64,10 @@ class LogsSettings(CheckSettings):
         ],
         description="Ray log files or globs",
     )
-    max_bytes_per_run: int = Field(
-        32 * 1024 * 1024, gt=0, description="read at most this many new bytes per run over all files; rest next run"
+    max_bytes_per_run: ByteCount = Field(
+        32 * 1024 * 1024,
+        gt=0,
+        description="read at most this many new bytes per run over all files (or a size: 32M); rest next run",
     )
     from_start: bool = Field(
         False,
@@ -72,11 +75,11 @@ class LogsSettings(CheckSettings):
         "restart does not report old lines; files appearing later are always read whole)",
     )
     hold_s: float = Field(900.0, gt=0, description="keep reporting a match this many seconds after it was last seen")
-    check_window_bytes: int = Field(
+    check_window_bytes: ByteCount = Field(
         8 * 1024 * 1024,
         gt=0,
-        description="one-shot `dgxdoctor check`: read the last this many bytes of each log file (the recent past; "
-        "the daemon follows files from their end instead)",
+        description="one-shot `dgxdoctor check`: read the last this many bytes (or a size: 8M) of each log file "
+        "(the recent past; the daemon follows files from their end instead)",
     )
     check_window_s: float = Field(
         900.0,
@@ -94,15 +97,11 @@ class _Recent:
     count: int
 
 
-class LogsCheck(Check):
+class LogsCheck(Check[LogsSettings]):
     name: ClassVar[str] = "logs"
-    settings_model: ClassVar[type[CheckSettings]] = LogsSettings
 
     def __init__(self, settings: CheckSettings, env: Environment, catalog: Catalog | None = None) -> None:
-        settings = own_settings(self.name, settings, LogsSettings)
-        self.settings: CheckSettings = settings
-        self._settings = settings
-        self.env = env
+        super().__init__(settings, env)
         self.catalog = catalog or load_catalog()
         self.state = StateFile(env.state_dir / "logs_offsets.json")
         self._follower: LogFollower | None = None
@@ -116,7 +115,7 @@ class LogsCheck(Check):
             saved = self.state.load()
             positions = saved.get("positions", {})
             self._follower = LogFollower(
-                positions if isinstance(positions, dict) else {}, from_start=self._settings.from_start
+                positions if isinstance(positions, dict) else {}, from_start=self.settings.from_start
             )
             self._recent = self._restore_recent(saved.get("recent"))
         return self._follower
@@ -174,7 +173,7 @@ class LogsCheck(Check):
                 self._recent[key] = _Recent(sig, path, match.line, now, seen.count + 1 if seen else 1)
 
     def run(self) -> CheckResult:
-        s = self._settings
+        s = self.settings
         kinds = {path: "ray" for path in expand_paths(s.ray_paths)}
         kinds.update({path: "vllm" for path in expand_paths(s.vllm_paths)})
         if self.env.one_shot:
@@ -224,14 +223,14 @@ class LogsCheck(Check):
     def _summary(self, what: str) -> str:
         codes = sorted({r.signature.code for r in self._recent.values()})
         if codes:
-            return f"{len(codes)} failure signature(s) in the last {self._settings.hold_s:g} s: {', '.join(codes)}"
+            return f"{len(codes)} failure signature(s) in the last {self.settings.hold_s:g} s: {', '.join(codes)}"
         return f"no known failure signature {what}"
 
     def _run_recent(self, kinds: Mapping[str, str]) -> CheckResult:
         """One-shot `dgxdoctor check`: the recent past of each file (``check_window_bytes`` of the files written
         in the last ``check_window_s``), with the daemon's held matches; what was not read is said, a backlog over
         the per-run limit is a WARNING. Nothing is saved: the daemon's positions stay as they are."""
-        s = self._settings
+        s = self.settings
         self._recent = self._restore_recent(self.state.load().get("recent"))
         if not kinds:
             return CheckResult.skipped(self.name, "no vLLM or Ray log files configured or present")

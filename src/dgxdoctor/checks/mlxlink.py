@@ -11,8 +11,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
-from dgxdoctor.environment import Environment
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.judge.infiniband import (
     EFFECTIVE_BER_LIMIT,
     MODULE_TEMP_CRIT_C,
@@ -46,15 +45,9 @@ class MlxlinkSettings(CheckSettings):
     effective_ber_limit: float = Field(EFFECTIVE_BER_LIMIT, gt=0, description="effective BER above this: warning")
 
 
-class MlxlinkCheck(Check):
+class MlxlinkCheck(Check[MlxlinkSettings]):
     name: ClassVar[str] = "mlxlink"
-    settings_model: ClassVar[type[CheckSettings]] = MlxlinkSettings
     probes: ClassVar[tuple[str, ...]] = ("mlxlink",)
-
-    def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        self.settings: CheckSettings = settings
-        self.cfg: MlxlinkSettings = own_settings(self.name, settings, MlxlinkSettings)
-        self.env = env
 
     def run(self) -> CheckResult:
         ports = [p for p in read_ports(self.env.sysfs_root, counters=False) if p.device.startswith("mlx5_")]
@@ -63,7 +56,7 @@ class MlxlinkCheck(Check):
         b = ResultBuilder(self.name)
         for port in ports:
             try:
-                done = self.env.run_command(self._argv(port), self.cfg.command_timeout_s)
+                done = self.env.run_command(self._argv(port), self.settings.command_timeout_s)
             except CommandNotFound:
                 return CheckResult.skipped(
                     self.name, "mlxlink not installed (NVIDIA MFT): module temperature and effective BER not read"
@@ -94,7 +87,7 @@ class MlxlinkCheck(Check):
             return
         b.sample(MODULE_TEMPERATURE, read.module_temperature_c, **labels)
         b.sample(EFFECTIVE_BER, read.effective_ber, **labels)
-        c = self.cfg
+        c = self.settings
         verdicts = [
             module_temperature_verdict(port.name, read.module_temperature_c, c.module_temp_warn_c, c.module_temp_crit_c)
             if read.module_temperature_c is not None else None,

@@ -26,19 +26,25 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.checks.nccl_cross import PeerRefused, run_cross_node
 from dgxdoctor.checks.nccl_guard import in_window, parse_window, serving_reason
-from dgxdoctor.checks.nccl_run import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES
+from dgxdoctor.checks.nccl_run import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, ProbeSize
 from dgxdoctor.checks.nccl_run import EX_PEER_MISSING as EX_PEER_MISSING  # re-exported: daemon and tests
 from dgxdoctor.checks.nccl_run import ProbeRun as ProbeRun
 from dgxdoctor.environment import Environment
-from dgxdoctor.judge.nccl import bandwidth_finding, nccl_tests_findings, peer_probe_failed, probe_failed
+from dgxdoctor.judge.nccl import (
+    DEFAULT_MIN_FRACTION,
+    bandwidth_finding,
+    nccl_tests_findings,
+    peer_probe_failed,
+    probe_failed,
+)
 from dgxdoctor.judge.nccl_transport import describe, spans_nodes, transport_findings
 from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
-from dgxdoctor.sources.fields import ByteSize, Host, OptionalHttpUrl, PeerUrl, parse_byte_size
+from dgxdoctor.sources.fields import Host, OptionalHttpUrl, PeerUrl, sizes_in_order
 from dgxdoctor.sources.nccl_env import read_env_file
 from dgxdoctor.sources.nccl_info import NcclTransport, parse_nccl_info
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
@@ -78,27 +84,6 @@ GB = 1e9
 # NCCL_ALGO / NCCL_PROTO values: names, lists, exclusions ("^NVLS") and per-collective forms ("allreduce:ring").
 NCCL_CHOICE_RE = re.compile(r"^[A-Za-z0-9,^:;_]{0,128}$")
 HCA_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}(?::\d{1,3})?$")
-# Message sizes as nccl-tests' -b/-e take them: "8M", "1G", "512K", "1048576", "8MB".
-SIZE_RE = re.compile(r"^(\d{1,12})([KMG]?)B?$")
-SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-# Every size in 1 B .. 16 GiB (nccl-tests' customary -e is 8G): "0" would never end the doubling loop.
-MAX_PROBE_BYTES = 16 << 30
-
-
-def size_bytes(text: str) -> int:
-    """``8M`` -> 8388608; ValueError naming what is wrong (the bounds included)."""
-    found = SIZE_RE.match(text)
-    if found is None:
-        raise ValueError(f"{text!r} is not a size (e.g. 8M, 1G, 1048576)")
-    size = int(found.group(1)) * SIZE_UNITS[found.group(2)]
-    if not 1 <= size <= MAX_PROBE_BYTES:
-        raise ValueError(f"{text!r} is outside 1 B .. 16G")
-    return size
-
-
-def check_size_range(min_bytes: str, max_bytes: str) -> None:
-    if size_bytes(min_bytes) > size_bytes(max_bytes):
-        raise ValueError(f"min_bytes {min_bytes!r} is above max_bytes {max_bytes!r}")
 
 
 class NcclSettings(CheckSettings):
@@ -120,8 +105,8 @@ class NcclSettings(CheckSettings):
     backend: Literal["nccl", "gloo"] = Field(
         "nccl", description="bundled probe: torch.distributed backend; gloo runs on CPU (no NCCL: tests, rehearsals)"
     )
-    min_bytes: ByteSize = Field(DEFAULT_MIN_BYTES, description="bundled probe: smallest message (8M, 1G, 512K)")
-    max_bytes: ByteSize = Field(DEFAULT_MAX_BYTES, description="bundled probe: largest message")
+    min_bytes: ProbeSize = Field(DEFAULT_MIN_BYTES, description="bundled probe: smallest message (8M, 1G, 512K)")
+    max_bytes: ProbeSize = Field(DEFAULT_MAX_BYTES, description="bundled probe: largest message")
     quick: bool = Field(False, description="bundled probe: 32M-128M, few iterations: an answer within 10 s")
     algo: str = Field("Ring", description="NCCL_ALGO for the probe, pinned so runs compare; empty: NCCL chooses")
     proto: str = Field("Simple", description="NCCL_PROTO for the probe, pinned likewise; empty: NCCL chooses")
@@ -164,13 +149,15 @@ class NcclSettings(CheckSettings):
         "400); unset: only the TCP-fallback floor is judged",
     )
     min_fraction: float = Field(
-        0.7, gt=0, le=1, description="busbw below this fraction of expected_busbw_gbps is critical (the tutorial)"
+        DEFAULT_MIN_FRACTION,
+        gt=0,
+        le=1,
+        description="busbw below this fraction of expected_busbw_gbps is critical (the tutorial)",
     )
 
     @model_validator(mode="after")
     def _sizes_ordered(self) -> NcclSettings:
-        if parse_byte_size(self.min_bytes) > parse_byte_size(self.max_bytes):
-            raise ValueError(f"min_bytes {self.min_bytes} is larger than max_bytes {self.max_bytes}")
+        sizes_in_order(self.min_bytes, self.max_bytes)
         return self
 
     @field_validator("algo", "proto")
@@ -179,17 +166,6 @@ class NcclSettings(CheckSettings):
         if not NCCL_CHOICE_RE.match(value):
             raise ValueError(f"{value!r} is not an NCCL_ALGO/NCCL_PROTO value (e.g. Ring, Simple, ^NVLS)")
         return value
-
-    @field_validator("min_bytes", "max_bytes")
-    @classmethod
-    def _size(cls, value: str) -> str:
-        size_bytes(value)
-        return value
-
-    @model_validator(mode="after")
-    def _size_order(self) -> NcclSettings:
-        check_size_range(self.min_bytes, self.max_bytes)
-        return self
 
     @field_validator("rails")
     @classmethod
@@ -207,16 +183,12 @@ class NcclSettings(CheckSettings):
         return value
 
 
-class NcclCheck(Check):
+class NcclCheck(Check[NcclSettings]):
     name: ClassVar[str] = "nccl"
-    settings_model: ClassVar[type[CheckSettings]] = NcclSettings
     probes: ClassVar[tuple[str, ...]] = ("probe",)
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        settings = own_settings(self.name, settings, NcclSettings)
-        self.settings: CheckSettings = settings
-        self.cfg = settings
-        self.env = env
+        super().__init__(settings, env)
         self._progress: Callable[[str], None] | None = None
 
     def attach_progress(self, sink: Callable[[str], None]) -> None:
@@ -232,7 +204,7 @@ class NcclCheck(Check):
 
     def nccl_env(self, rail: str | None = None) -> dict[str, str]:
         """The probe's environment: the node's NCCL env file, then the pinned choices and INFO logging."""
-        return probe_env(self.cfg, rail, self.env.host_root)
+        return probe_env(self.settings, rail, self.env.host_root)
 
     def argv(self, rail: str | None = None, *, nnodes: int = 1, node_rank: int = 0) -> list[str] | None:
         """``env NAME=VALUE ... PROGRAM ARGS``: argv only, never a shell; None when there is no probe here."""
@@ -242,7 +214,7 @@ class NcclCheck(Check):
         return ["env", *(f"{k}={v}" for k, v in self.nccl_env(rail).items()), *program]
 
     def program(self, *, nnodes: int = 1, node_rank: int = 0) -> list[str] | None:
-        cfg = self.cfg
+        cfg = self.settings
         if cfg.command:
             return list(cfg.command)
         python = cfg.serving_python
@@ -269,7 +241,7 @@ class NcclCheck(Check):
 
     def refusal(self) -> str | None:
         """Why the probe must not run now, or None."""
-        cfg = self.cfg
+        cfg = self.settings
         if not self.env.one_shot and not in_window(cfg.maintenance_windows, self.env.clock()):
             if not cfg.maintenance_windows:
                 return "no maintenance window configured: the daemon never probes; run `dgxdoctor check --only nccl`"
@@ -281,7 +253,7 @@ class NcclCheck(Check):
 
     def join_request(self, run_id: str, rail: str | None) -> dict[str, Any]:
         """What the peer's agent is asked to run (``POST /nccl/join``, validated there by daemon/nccl_join.py)."""
-        cfg = self.cfg
+        cfg = self.settings
         return {
             "run_id": run_id,
             "master_addr": cfg.master_addr or "127.0.0.1",
@@ -308,7 +280,7 @@ class NcclCheck(Check):
                 self.name, "no probe: set checks.nccl.command (nccl-tests) or checks.nccl.serving_python (torch)"
             )
         runs: list[ProbeRun] = []
-        rails: list[str | None] = [*self.cfg.rails] or [None]
+        rails: list[str | None] = [*self.settings.rails] or [None]
         for rail in rails:
             try:
                 runs.append(self.run_once(rail))
@@ -318,15 +290,15 @@ class NcclCheck(Check):
                 return CheckResult.skipped(self.name, str(exc))
             except CommandTimeout as exc:
                 return replace(CheckResult.unknown(self.name, f"the NCCL probe timed out: {exc}"), timeouts=("probe",))
-        if not self.cfg.command and runs[0].returncode == EX_NOT_RUNNABLE:
+        if not self.settings.command and runs[0].returncode == EX_NOT_RUNNABLE:
             return CheckResult.skipped(self.name, runs[0].stderr.strip().lstrip("# ") or "probe cannot run here")
-        return judge_runs(runs, self.cfg, node_has_ib=bool(ports_by_device(self.env.sysfs_root, counters=False)))
+        return judge_runs(runs, self.settings, node_has_ib=bool(ports_by_device(self.env.sysfs_root, counters=False)))
 
     def run_once(self, rail: str | None) -> ProbeRun:
-        if self.cfg.peer:
+        if self.settings.peer:
             argv = self.argv(rail, nnodes=2, node_rank=0)
             return run_cross_node(
-                self.env, self.cfg.peer, self.token, lambda run_id: self.join_request(run_id, rail),
+                self.env, self.settings.peer, self.token, lambda run_id: self.join_request(run_id, rail),
                 lambda: self.run_local(argv, rail), rail,
             )  # fmt: skip
         return self.run_local(self.argv(rail), rail)
@@ -338,7 +310,7 @@ class NcclCheck(Check):
         if shutil.which(program) is None:
             raise CommandNotFound(f"{program} not found")
         # Leave room for the runner's own timeout to report a hang rather than a half-read table.
-        timeout = timeout_s if timeout_s is not None else max(1.0, self.cfg.timeout_s - 5)
+        timeout = timeout_s if timeout_s is not None else max(1.0, self.settings.timeout_s - 5)
         if self._progress is None:
             done = self.env.run_command(argv, timeout_s=timeout)
         else:

@@ -18,7 +18,7 @@ from typing import ClassVar
 import psutil
 from pydantic import Field
 
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.nccl_env import compare_envs, evaluate_nccl_env
 from dgxdoctor.judge.presence import nccl_env_absent
@@ -63,9 +63,8 @@ class NcclEnvSettings(CheckSettings):
     require_nccl_debug: bool = Field(True, description="warn when NCCL_DEBUG is unset (the tutorial keeps WARN on)")
 
 
-class NcclEnvCheck(Check):
+class NcclEnvCheck(Check[NcclEnvSettings]):
     name: ClassVar[str] = "nccl_env"
-    settings_model: ClassVar[type[CheckSettings]] = NcclEnvSettings
 
     def __init__(
         self,
@@ -74,16 +73,13 @@ class NcclEnvCheck(Check):
         addresses: Callable[[], set[str]] | None = None,
         interface_names: Callable[[], Sequence[str]] = kernel_interface_names,
     ) -> None:
-        self.settings: CheckSettings = settings
-        settings = own_settings(self.name, settings, NcclEnvSettings)
-        self.cfg: NcclEnvSettings = settings
-        self.env = env
+        super().__init__(settings, env)
         self.addresses = addresses or local_addresses
         self.interface_names = interface_names
 
     def _file_values(self, b: ResultBuilder, missing: list[str]) -> dict[str, str] | None:
         """The variables env_file sets; its unparsable lines are said (OK: nothing sources them)."""
-        path = self.cfg.env_file
+        path = self.settings.env_file
         if path is None:
             return None
         if not path.is_file():
@@ -96,7 +92,7 @@ class NcclEnvCheck(Check):
 
     def _process_values(self, b: ResultBuilder, missing: list[str]) -> tuple[dict[str, str] | None, str]:
         """(the environment of the oldest process_name process, its label)."""
-        name = self.cfg.process_name
+        name = self.settings.process_name
         if not name:
             return None, ""
         me = os.getpid()
@@ -126,7 +122,7 @@ class NcclEnvCheck(Check):
         return None, label
 
     def run(self) -> CheckResult:
-        s = self.cfg
+        s = self.settings
         b = ResultBuilder(self.name)
         missing: list[str] = []
         file_values = self._file_values(b, missing)

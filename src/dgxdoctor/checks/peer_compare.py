@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator
 
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.compare import RULE_KEYS, compare
 from dgxdoctor.fleet.peers import fetch_all
@@ -64,16 +64,13 @@ class PeerCompareSettings(CheckSettings):
         return value
 
 
-class PeerCompareCheck(Check):
+class PeerCompareCheck(Check[PeerCompareSettings]):
     name: ClassVar[str] = "peer_compare"
-    settings_model: ClassVar[type[CheckSettings]] = PeerCompareSettings
     probes: ClassVar[tuple[str, ...]] = ("peer",)
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        settings = own_settings(self.name, settings, PeerCompareSettings)
-        self.settings: CheckSettings = settings
-        self.tolerances = settings.tolerances
-        self.env = env
+        super().__init__(settings, env)
+        self.tolerances = self.settings.tolerances
 
     def run(self) -> CheckResult:
         fleet = self.env.fleet

@@ -18,10 +18,11 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator
 
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.ras import layout_findings, rank_findings, stuck_processes, unreachable_finding
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
+from dgxdoctor.sources.fields import ByteCount
 from dgxdoctor.sources.nccl_env import parse_environ
 from dgxdoctor.sources.procfs import ProcessInfo, iter_processes, read_process
 from dgxdoctor.sources.ras_client import DEFAULT_HOST, DEFAULT_PORT, RasError, RasReply, parse_ras_addr, query
@@ -66,7 +67,9 @@ class RasSettings(CheckSettings):
         5, ge=1, le=60, description="RAS's wait for other processes, per leg (ncclras -t; NCCL's default is 5)"
     )
     deadline_s: float = Field(15.0, gt=0, description="the whole query's hard deadline, connect to last byte")
-    max_bytes: int = Field(4 << 20, ge=4096, description="a RAS reply larger than this is refused")
+    max_bytes: ByteCount = Field(
+        4 << 20, ge=4096, description="a RAS reply larger than this many bytes (or a size: 4M) is refused"
+    )
     tensor_parallel_size: int = Field(0, ge=0, description="vLLM's TP size; 0: read from vLLM's command line")
     pipeline_parallel_size: int = Field(0, ge=0, description="vLLM's PP size; 0: read from vLLM's command line")
     required: bool = Field(
@@ -99,15 +102,12 @@ def _same_address(a: tuple[str, int], b: tuple[str, int]) -> bool:
     return a[1] == b[1] and (a[0] == b[0] or (a[0] in LOOPBACK and b[0] in LOOPBACK))
 
 
-class RasCheck(Check):
+class RasCheck(Check[RasSettings]):
     name: ClassVar[str] = "ras"
-    settings_model: ClassVar[type[CheckSettings]] = RasSettings
     probes: ClassVar[tuple[str, ...]] = ("ras",)
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        self.cfg = own_settings(self.name, settings, RasSettings)
-        self.settings: CheckSettings = self.cfg
-        self.env = env
+        super().__init__(settings, env)
         self._since: dict[str, float] = {}
         self._local: dict[int, bool] = {}
         # The local ranks of the last report: still exported while this node's RAS is silent (its port is held by
@@ -119,8 +119,8 @@ class RasCheck(Check):
         return min(found, key=lambda p: p.pid, default=None)
 
     def _address(self, proc: ProcessInfo | None) -> tuple[tuple[str, int], str]:
-        if self.cfg.address:
-            return parse_ras_addr(self.cfg.address), "configured"
+        if self.settings.address:
+            return parse_ras_addr(self.settings.address), "configured"
         if proc is not None:
             try:
                 value = parse_environ(proc.environ()).get("NCCL_RAS_ADDR", "")
@@ -132,8 +132,8 @@ class RasCheck(Check):
 
     def _expected_ranks(self, proc: ProcessInfo | None) -> int:
         argv = proc.cmdline if proc is not None else ()
-        tp = self.cfg.tensor_parallel_size or parallel_size(argv, "--tensor-parallel-size", "-tp") or 0
-        pp = self.cfg.pipeline_parallel_size or parallel_size(argv, "--pipeline-parallel-size", "-pp") or 1
+        tp = self.settings.tensor_parallel_size or parallel_size(argv, "--tensor-parallel-size", "-tp") or 0
+        pp = self.settings.pipeline_parallel_size or parallel_size(argv, "--pipeline-parallel-size", "-pp") or 1
         return tp * pp
 
     def _is_local(self, pid: int, addr: tuple[str, int]) -> bool:
@@ -160,12 +160,14 @@ class RasCheck(Check):
         addr, why = self._address(proc)
         where = f"{addr[0]}:{addr[1]} ({why})"
         try:
-            reply = query(*addr, collective_timeout_s=self.cfg.collective_timeout_s, deadline_s=self.cfg.deadline_s,
-                          max_bytes=self.cfg.max_bytes)  # fmt: skip
+            s = self.settings
+            reply = query(
+                *addr, collective_timeout_s=s.collective_timeout_s, deadline_s=s.deadline_s, max_bytes=s.max_bytes
+            )
         except RasError as exc:
             # vLLM on one GPU (or on CPUs) opens no NCCL communicator, so there is no RAS to miss.
             serving = proc is not None and self._expected_ranks(proc) > 1
-            return self._no_answer(b, exc, where, serving=serving or self.cfg.required)
+            return self._no_answer(b, exc, where, serving=serving or self.settings.required)
         b.sample(RAS_UP, 1.0)
         b.sample(RAS_SECONDS, reply.seconds)
         try:

@@ -25,9 +25,9 @@ from typing import ClassVar, Literal
 from urllib.parse import urlsplit
 
 import httpx
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge import ray
 from dgxdoctor.judge.ray import (
@@ -39,7 +39,7 @@ from dgxdoctor.judge.ray import (
 from dgxdoctor.judge.vllm_mp import ray_not_required
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
-from dgxdoctor.sources.http import http_url
+from dgxdoctor.sources.fields import HttpUrl
 from dgxdoctor.sources.procfs import listening_ports, processes_named
 from dgxdoctor.sources.ray_api import (
     CLUSTER_STATUS_PATH,
@@ -78,7 +78,7 @@ PORT_LISTENING = MetricSpec(
 
 
 class RaySettings(CheckSettings):
-    dashboard_url: str = Field(
+    dashboard_url: HttpUrl = Field(
         "http://127.0.0.1:8265", description="Ray dashboard of the head node (started with --dashboard-host)"
     )
     expected_nodes: int = Field(DEFAULT_EXPECTED_NODES, ge=1, description="Ray nodes that must be ALIVE")
@@ -102,11 +102,6 @@ class RaySettings(CheckSettings):
         description="file with the cluster's token when Ray runs with RAY_AUTH_MODE=token (Ray keeps it in "
         "~/.ray/auth_token); sent as 'Authorization: Bearer'",
     )
-
-    @field_validator("dashboard_url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        return http_url(value)
 
 
 def is_loopback_url(url: str) -> bool:
@@ -133,18 +128,14 @@ AUTH_REMEDY = (
 )
 
 
-class RayCheck(Check):
+class RayCheck(Check[RaySettings]):
     """See the module docstring for roles and the commands that show the same by hand."""
 
     name: ClassVar[str] = "ray"
-    settings_model: ClassVar[type[CheckSettings]] = RaySettings
     probes: ClassVar[tuple[str, ...]] = ("dashboard", "ray status")
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        settings = own_settings(self.name, settings, RaySettings)
-        self.settings: CheckSettings = settings
-        self._cfg = settings
-        self.env = env
+        super().__init__(settings, env)
         self._timeouts: list[str] = []  # probes of the current run that timed out
 
     def run(self) -> CheckResult:
@@ -153,7 +144,7 @@ class RayCheck(Check):
         return replace(result, timeouts=(*result.timeouts, *self._timeouts)) if self._timeouts else result
 
     def _run(self) -> CheckResult:
-        s = self._cfg
+        s = self.settings
         not_required = self._not_required()
         if not_required is not None:
             return CheckResult.skipped(self.name, not_required)
@@ -234,17 +225,17 @@ class RayCheck(Check):
     @property
     def _role(self) -> str:
         """checks.ray.role, else the node's declared role ([node] role), else auto."""
-        return self._cfg.role if self._cfg.role != "auto" else (self.env.role or "auto")
+        return self.settings.role if self.settings.role != "auto" else (self.env.role or "auto")
 
     def _is_head(self) -> bool:
-        return self._role == "head" or is_loopback_url(self._cfg.dashboard_url)
+        return self._role == "head" or is_loopback_url(self.settings.dashboard_url)
 
     def _auth_headers(self) -> dict[str, str]:
-        if self._cfg.auth_token_file is None:
+        if self.settings.auth_token_file is None:
             return {}
-        token = self._cfg.auth_token_file.read_text(encoding="utf-8").strip()
+        token = self.settings.auth_token_file.read_text(encoding="utf-8").strip()
         if not token:
-            raise OSError(f"{self._cfg.auth_token_file} is empty")
+            raise OSError(f"{self.settings.auth_token_file} is empty")
         return {"Authorization": f"Bearer {token}"}
 
     def _request(self, client: httpx.Client, path: str, headers: Mapping[str, str]) -> httpx.Response:
@@ -286,14 +277,14 @@ class RayCheck(Check):
                 )
             )
             return
-        for what, port in (("GCS", self._cfg.gcs_port), ("dashboard", self._cfg.dashboard_port)):
+        for what, port in (("GCS", self.settings.gcs_port), ("dashboard", self.settings.dashboard_port)):
             listening = port in ports
             builder.sample(PORT_LISTENING, 1 if listening else 0, port=str(port))
             if not listening:
                 builder.add(ray.port_not_listening(what, port))
 
     def _unreachable(self, error: str) -> CheckResult:
-        s = self._cfg
+        s = self.settings
         procs = [p for p in processes_named(self.env.proc_root, ("raylet", "gcs_server")) if p.alive]
         gcs = [p for p in procs if p.comm == "gcs_server"]
         raylets = [p for p in procs if p.comm == "raylet"]
@@ -323,7 +314,7 @@ class RayCheck(Check):
 
     def _ray_status(self, builder: ResultBuilder) -> ClusterView | None:
         """The GCS still answers `ray status` when the dashboard is down: the cluster verdict from its text."""
-        s = self._cfg
+        s = self.settings
         argv = [s.ray_command, "status", f"--address=127.0.0.1:{s.gcs_port}"]
         if s.auth_token_file is not None:
             argv = ["env", "RAY_AUTH_MODE=token", f"RAY_AUTH_TOKEN_PATH={s.auth_token_file}", *argv]
@@ -359,9 +350,11 @@ class RayCheck(Check):
         raylets = [p for p in processes_named(self.env.proc_root, ("raylet",)) if p.alive]
         if raylets:
             pids = ", ".join(str(p.pid) for p in raylets)
-            how = "" if configured else f" ({self._cfg.dashboard_url} not answering here)"
+            how = "" if configured else f" ({self.settings.dashboard_url} not answering here)"
             return builder.build(f"worker node: raylet running (pid {pids}){how}; cluster checks run on the head")
         if not required:
-            return builder.build(f"no raylet here and the head's dashboard {self._cfg.dashboard_url} does not answer")
+            return builder.build(
+                f"no raylet here and the head's dashboard {self.settings.dashboard_url} does not answer"
+            )
         builder.add(ray.raylet_down())
         return builder.build("worker node: no raylet running")

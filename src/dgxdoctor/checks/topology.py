@@ -9,8 +9,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
-from dgxdoctor.environment import Environment
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.judge.topology import evaluate_topology
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
@@ -36,20 +35,13 @@ class TopologySettings(CheckSettings):
     command_timeout_s: float = Field(15.0, gt=0, description="seconds nvidia-smi topo -m may take")
 
 
-class TopologyCheck(Check):
+class TopologyCheck(Check[TopologySettings]):
     name: ClassVar[str] = "topology"
-    settings_model: ClassVar[type[CheckSettings]] = TopologySettings
     probes: ClassVar[tuple[str, ...]] = ("nvidia-smi",)
-
-    def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        self.settings: CheckSettings = settings
-        settings = own_settings(self.name, settings, TopologySettings)
-        self.cfg: TopologySettings = settings
-        self.env = env
 
     def run(self) -> CheckResult:
         try:
-            done = self.env.run_command(["nvidia-smi", "topo", "-m"], self.cfg.command_timeout_s)
+            done = self.env.run_command(["nvidia-smi", "topo", "-m"], self.settings.command_timeout_s)
         except CommandNotFound:
             return CheckResult.skipped(self.name, "nvidia-smi not installed: no NVIDIA driver here")
         except CommandTimeout as exc:
@@ -64,14 +56,14 @@ class TopologyCheck(Check):
                     "XID 79 in the kernel log; drain the node and reboot it",
                 )
             )
-            return hung.build(f"nvidia-smi topo -m timed out after {self.cfg.command_timeout_s:g} s")
+            return hung.build(f"nvidia-smi topo -m timed out after {self.settings.command_timeout_s:g} s")
         if done.returncode != 0:
             detail = (done.stderr or done.stdout).strip().splitlines()
             raise RuntimeError(f"nvidia-smi topo -m exited {done.returncode}: {detail[-1] if detail else 'no output'}")
         topo = parse_topo_matrix(done.stdout)
         builder = ResultBuilder(self.name)
         for finding in evaluate_topology(
-            topo, expected_gpus=self.cfg.expected_gpus, require_nvlink=self.cfg.require_nvlink
+            topo, expected_gpus=self.settings.expected_gpus, require_nvlink=self.settings.require_nvlink
         ):
             builder.add(finding)
         non_nvlink = sum(1 for f in builder.findings if f.code == "TOPO_GPU_PAIR_NOT_NVLINK")

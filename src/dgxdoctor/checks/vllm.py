@@ -25,9 +25,9 @@ from typing import ClassVar, Literal
 from urllib.parse import urlsplit
 
 import httpx
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr
 
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.checks.vllm_progress import EngineWatch, ProgressFollower
 from dgxdoctor.checks.vllm_window import MetricsWindow
 from dgxdoctor.environment import Environment
@@ -48,7 +48,7 @@ from dgxdoctor.judge.vllm import (
     unreadable,
 )
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
-from dgxdoctor.sources.http import http_url
+from dgxdoctor.sources.fields import HttpUrl
 from dgxdoctor.sources.procfs import CLK_TCK, ProcessInfo
 from dgxdoctor.sources.prom_text import PromTextError
 from dgxdoctor.sources.redact import shown_argv
@@ -125,7 +125,7 @@ VLLM_CANARY_TOKENS = MetricSpec(
 class VllmSettings(CheckSettings):
     timeout_s: float = Field(90.0, gt=0, description="a run that takes longer is UNKNOWN (covers the canary)")
     interval_s: float = Field(15.0, gt=0, description="daemon: seconds between runs")
-    base_url: str = Field("http://127.0.0.1:8000", description="vLLM's OpenAI-compatible server on this node")
+    base_url: HttpUrl = Field("http://127.0.0.1:8000", description="vLLM's OpenAI-compatible server on this node")
     required: bool = Field(
         False,
         description="vLLM must run here: a refused connection is CRITICAL even with no vLLM process on this node "
@@ -200,13 +200,8 @@ class VllmSettings(CheckSettings):
         "below it hung",
     )
 
-    @field_validator("base_url")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        return http_url(value)
 
-
-class VllmCheck(Check):
+class VllmCheck(Check[VllmSettings]):
     """Health, model list, metrics (KV cache, queue, latency, forward progress) and a canary of one vLLM server.
 
     By hand: ``curl -s -m 5 -w '%{http_code}\\n' http://127.0.0.1:8000/health``, ``curl -s .../v1/models``,
@@ -216,22 +211,18 @@ class VllmCheck(Check):
     """
 
     name: ClassVar[str] = "vllm"
-    settings_model: ClassVar[type[CheckSettings]] = VllmSettings
     probes: ClassVar[tuple[str, ...]] = ("health", "models", "metrics", "canary")
 
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        settings = own_settings(self.name, settings, VllmSettings)
-        self.settings: CheckSettings = settings  # the protocol's type: a mutable attribute is invariant
-        self.cfg = settings
-        self.env = env
+        super().__init__(settings, env)
         self._seen_up = False
-        self._window = MetricsWindow(settings.latency_window_s, settings.kv_cache_sustained_s, env.one_shot)
+        self._window = MetricsWindow(self.settings.latency_window_s, self.settings.kv_cache_sustained_s, env.one_shot)
         self._sleep: Callable[[float], None] = time.sleep  # tests advance a fake clock instead
         self._api_server: ProcessInfo | None = None
         self._server_lock = threading.Lock()  # the follower's thread and the runs both look the API server up
         self._engines = EngineWatch(env.proc_root, env.monotonic, self._serving_api_server)
         self._follower: ProgressFollower | None = None
-        s = settings
+        s = self.settings
         self._limits = Limits(
             request_timeout_s=s.request_timeout_s,
             startup_grace_s=s.startup_grace_s,
@@ -246,7 +237,7 @@ class VllmCheck(Check):
 
     def start(self) -> None:
         """The daemon follows forward progress between runs (`dgxdoctor check` reads it within its own run)."""
-        fleet, s = self.env.fleet, self.cfg
+        fleet, s = self.env.fleet, self.settings
         if self.env.one_shot or fleet is None or s.progress_poll_s <= 0 or self._follower is not None:
             return
         client = self.env.http_client(s.base_url, s.request_timeout_s)
@@ -270,19 +261,19 @@ class VllmCheck(Check):
     # ----- the outside world -------------------------------------------------------------------------------
 
     def _headers(self) -> dict[str, str]:
-        key = self.cfg.api_key
+        key = self.settings.api_key
         return {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
 
     def _port(self) -> int:
-        base = self.cfg.base_url
+        base = self.settings.base_url
         return urlsplit(base).port or (443 if base.startswith("https") else 80)
 
     def _serving_api_server(self) -> ProcessInfo | None:
         """The API server whose process tree holds the engines: the pid file's, else the process listening on
         base_url's port, remembered while the same process still listens there (no /proc scan every look)."""
         root = self.env.proc_root
-        if self.cfg.pid_file is not None:
-            return process_from_pid_file(root, self.cfg.pid_file)[0]
+        if self.settings.pid_file is not None:
+            return process_from_pid_file(root, self.settings.pid_file)[0]
         with self._server_lock:
             cached = self._api_server
             if cached is not None:
@@ -296,8 +287,8 @@ class VllmCheck(Check):
     def _find_process(self) -> tuple[ProcessInfo | None, str | None]:
         """The API server process; when nothing listens, a vLLM process found by its command line (loading, or
         dead with processes left), of root or of our user only; and why none, if none."""
-        if self.cfg.pid_file is not None:
-            return process_from_pid_file(self.env.proc_root, self.cfg.pid_file)
+        if self.settings.pid_file is not None:
+            return process_from_pid_file(self.env.proc_root, self.settings.pid_file)
         serving = self._serving_api_server()
         if serving is not None:
             return serving, None
@@ -318,7 +309,7 @@ class VllmCheck(Check):
     # ----- the run -------------------------------------------------------------------------------------------
 
     def run(self) -> CheckResult:
-        s = self.cfg
+        s = self.settings
         b = ResultBuilder(self.name)
         proc, no_proc_reason = self._find_process()
         uptime = None
@@ -355,7 +346,7 @@ class VllmCheck(Check):
         return b.build(down.summary)
 
     def _models(self, client: httpx.Client, b: ResultBuilder, parts: list[str]) -> str | None:
-        s = self.cfg
+        s = self.settings
         try:
             models = get_models(client, self._headers())
         except (httpx.HTTPError, ValueError) as exc:
@@ -370,7 +361,7 @@ class VllmCheck(Check):
 
     def _read_metrics(self, client: httpx.Client) -> None:
         """One reading, or (one-shot) ONESHOT_READINGS spread over oneshot_window_s."""
-        s = self.cfg
+        s = self.settings
         self._window.observe(get_metrics(client, self._headers()), self.env.monotonic())
         if self.env.one_shot and s.oneshot_window_s > 0:
             for _ in range(ONESHOT_READINGS - 1):
@@ -378,7 +369,7 @@ class VllmCheck(Check):
                 self._window.observe(get_metrics(client, self._headers()), self.env.monotonic())
 
     def _metrics(self, client: httpx.Client, b: ResultBuilder, parts: list[str], model: str | None) -> None:
-        s = self.cfg
+        s = self.settings
         try:
             self._read_metrics(client)
         except (httpx.HTTPError, PromTextError, NotVllmMetrics) as exc:
@@ -416,11 +407,11 @@ class VllmCheck(Check):
             b.sample(VLLM_ITL_P99, seen.stats.itl_p99_s, model=model)
 
     def _canary_wanted(self) -> bool:
-        mode = self.cfg.canary
+        mode = self.settings.canary
         return mode == "always" or (mode == "oneshot" and self.env.one_shot)
 
     def _canary(self, client: httpx.Client, b: ResultBuilder, parts: list[str], model: str | None) -> None:
-        s = self.cfg
+        s = self.settings
         outcome = None
         if model is not None:
             headers = self._headers()

@@ -20,8 +20,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
-from dgxdoctor.environment import Environment
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.judge import vllm_mp
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
 from dgxdoctor.sources.procfs import ProcessInfo
@@ -46,16 +45,9 @@ class VllmExecutorSettings(CheckSettings):
     )
 
 
-class VllmExecutorCheck(Check):
+class VllmExecutorCheck(Check[VllmExecutorSettings]):
     name: ClassVar[str] = "vllm_executor"
-    settings_model: ClassVar[type[CheckSettings]] = VllmExecutorSettings
     probes: ClassVar[tuple[str, ...]] = ("master connect",)
-
-    def __init__(self, settings: CheckSettings, env: Environment) -> None:
-        settings = own_settings(self.name, settings, VllmExecutorSettings)
-        self.settings: CheckSettings = settings
-        self._cfg = settings
-        self.env = env
 
     def run(self) -> CheckResult:
         env = self.env
@@ -105,11 +97,11 @@ class VllmExecutorCheck(Check):
 
     def _master(self, b: ResultBuilder, launch: Launch) -> None:
         try:
-            self.env.connect(launch.master_addr, launch.master_port, self._cfg.connect_timeout_s)
+            self.env.connect(launch.master_addr, launch.master_port, self.settings.connect_timeout_s)
         except TimeoutError as exc:
             b.timed_out("master connect")
             b.sample(MASTER_REACHABLE, 0, master=launch.master)
-            b.add(vllm_mp.master_unreachable(launch, f"no answer within {self._cfg.connect_timeout_s:g} s: {exc}"))
+            b.add(vllm_mp.master_unreachable(launch, f"no answer within {self.settings.connect_timeout_s:g} s: {exc}"))
             return
         except OSError as exc:
             b.sample(MASTER_REACHABLE, 0, master=launch.master)

@@ -29,7 +29,7 @@ import structlog
 from pydantic import Field, field_validator
 
 from dgxdoctor.checks import xid_memory
-from dgxdoctor.checks.base import Check, CheckSettings, own_settings
+from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.checks.kernel_events import KERNEL_EVENTS_TOTAL, KernelEventLedger
 from dgxdoctor.checks.xid_events import Key, Tally, XidLedger
 from dgxdoctor.environment import Environment
@@ -157,9 +157,8 @@ class XidSettings(CheckSettings):
         return value
 
 
-class XidCheck(Check):
+class XidCheck(Check[XidSettings]):
     name: ClassVar[str] = "xid"
-    settings_model: ClassVar[type[CheckSettings]] = XidSettings
 
     def __init__(
         self,
@@ -168,21 +167,18 @@ class XidCheck(Check):
         catalog: XidCatalog | None = None,
         nvml_events_factory: Callable[[], XidEventSource] = PynvmlXidEvents,
     ) -> None:
-        settings = own_settings(self.name, settings, XidSettings)
-        self.settings: CheckSettings = settings
-        self.cfg: XidSettings = settings
-        self.env = env
+        super().__init__(settings, env)
         self.catalog = catalog or load_catalog()
         self.reader = KmsgReader(env.kmsg_path)
-        self.ledger = XidLedger(env.clock, env.monotonic, merge_nvml=settings.nvml_events)
+        self.ledger = XidLedger(env.clock, env.monotonic, merge_nvml=self.settings.nvml_events)
         # Faults beyond XIDs from the same records (checks/kernel_events.py), named after this node's devices.
         self.kernel = KernelEventLedger(env.clock, env.monotonic)
         self.policy = XidPolicy(
-            app_level_xids=tuple(settings.app_level_xids),
-            repeat_threshold=settings.repeat_threshold,
-            repeat_window_s=settings.repeat_window_s,
-            clear_after_s=settings.clear_after_s,
-            overrides=dict(settings.overrides),
+            app_level_xids=tuple(self.settings.app_level_xids),
+            repeat_threshold=self.settings.repeat_threshold,
+            repeat_window_s=self.settings.repeat_window_s,
+            clear_after_s=self.settings.clear_after_s,
+            overrides=dict(self.settings.overrides),
         )
         self._follower: KmsgFollower | None = None
         self._nvml_factory = nvml_events_factory
@@ -190,7 +186,7 @@ class XidCheck(Check):
         self._nvml_note: str | None = None
         self._opened = False
         # The daemon remembers its tallies across restarts (checks/xid_memory.py); a look-back window does not.
-        self._persist = not env.one_shot and settings.lookback_s is None
+        self._persist = not env.one_shot and self.settings.lookback_s is None
         self._statefile = StateFile(env.state_dir / xid_memory.STATE_FILE_NAME)
         self._memory: xid_memory.Memory | None = None
         self._saved: tuple[int, int | None, int] | None = None
@@ -211,7 +207,7 @@ class XidCheck(Check):
         """
         if self._follower is not None and self._follower.running:
             return
-        if self.cfg.nvml_events and self._nvml_follower is None:
+        if self.settings.nvml_events and self._nvml_follower is None:
             self._start_nvml()
         self._open()
         self._follower = KmsgFollower(self.reader, self._followed)
@@ -249,8 +245,8 @@ class XidCheck(Check):
         self.reader.open()
         if self._persist:
             self._restore()
-        if self.cfg.lookback_s is not None:
-            self.ledger.min_usec = int((self.env.monotonic() - self.cfg.lookback_s) * 1e6)
+        if self.settings.lookback_s is not None:
+            self.ledger.min_usec = int((self.env.monotonic() - self.settings.lookback_s) * 1e6)
             self.kernel.min_usec = self.ledger.min_usec
         self.kernel.devices = read_device_map(self.env.sysfs_root)
         self._opened = True
@@ -334,8 +330,8 @@ class XidCheck(Check):
         return before == 0, self.ledger.first_wall, before + stats.lost
 
     def _since(self, from_boot: bool, start: float | None) -> str:
-        if self.cfg.lookback_s:
-            return f"in the last {self.cfg.lookback_s:g} s"
+        if self.settings.lookback_s:
+            return f"in the last {self.settings.lookback_s:g} s"
         if from_boot:
             return "since boot"
         if start is None:

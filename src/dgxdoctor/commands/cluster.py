@@ -11,6 +11,7 @@ import asyncio
 import time
 
 from dgxdoctor.checks.base import Check, CheckRunner, capped
+from dgxdoctor.checks.peer_compare import PeerCompareSettings
 from dgxdoctor.config import Config
 from dgxdoctor.fleet.cluster import ClusterView, NodeRun, ask_peers, assemble
 from dgxdoctor.result import ResultsDocument
@@ -29,9 +30,7 @@ def default_deadline(checks: list[Check]) -> float:
 
 
 def tolerances(config: Config) -> dict[str, float]:
-    settings = config.check_settings("peer_compare")
-    found: dict[str, float] = getattr(settings, "tolerances", {})
-    return found
+    return dict(config.settings_of("peer_compare", PeerCompareSettings).tolerances)
 
 
 async def _run(config: Config, checks: list[Check], token: str | None, deadline_s: float, cached: bool) -> ClusterView:

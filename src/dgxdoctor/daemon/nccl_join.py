@@ -25,21 +25,13 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from dgxdoctor.checks.nccl import (
-    HCA_RE,
-    NCCL_CHOICE_RE,
-    NcclCheck,
-    NcclSettings,
-    ProbeRun,
-    check_size_range,
-    size_bytes,
-)
-from dgxdoctor.checks.nccl_run import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES
+from dgxdoctor.checks.nccl import HCA_RE, NCCL_CHOICE_RE, NcclCheck, NcclSettings, ProbeRun
+from dgxdoctor.checks.nccl_run import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, ProbeSize
 from dgxdoctor.environment import Environment
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
-from dgxdoctor.sources.fields import ByteSize, Host
+from dgxdoctor.sources.fields import Host, sizes_in_order
 from dgxdoctor.sources.sysfs_ib import ports_by_device
 
 log = structlog.get_logger(__name__)
@@ -60,21 +52,15 @@ class JoinRequest(BaseModel):
     node_rank: int = Field(ge=1, le=63)
     join_timeout_s: float = Field(gt=0, le=600)
     quick: bool = False
-    min_bytes: ByteSize = DEFAULT_MIN_BYTES
-    max_bytes: ByteSize = DEFAULT_MAX_BYTES
+    min_bytes: ProbeSize = DEFAULT_MIN_BYTES
+    max_bytes: ProbeSize = DEFAULT_MAX_BYTES
     algo: str = Field("Ring", pattern=NCCL_CHOICE_RE.pattern)
     proto: str = Field("Simple", pattern=NCCL_CHOICE_RE.pattern)
     rail: str | None = Field(None, pattern=HCA_RE.pattern)
 
-    @field_validator("min_bytes", "max_bytes")
-    @classmethod
-    def _size(cls, value: str) -> str:
-        size_bytes(value)
-        return value
-
     @model_validator(mode="after")
-    def _size_order(self) -> JoinRequest:
-        check_size_range(self.min_bytes, self.max_bytes)
+    def _sizes_ordered(self) -> JoinRequest:
+        sizes_in_order(self.min_bytes, self.max_bytes)
         return self
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
-from pydantic import BaseModel
-
 from dgxdoctor.diagnose.base import Diagnosis
 from dgxdoctor.judge.infiniband import (
     mixed_firmware_verdict,
@@ -33,12 +31,12 @@ UNNAMED_CA = "unnamed"
 
 
 class IbstatAnalyzer:
-    """``settings``: the infiniband check's (``diagnose --config``), for min_rate_gbps."""
+    """The infiniband check's threshold (``diagnose --config``: [checks.infiniband] min_rate_gbps)."""
 
     kind: ClassVar[str] = "ibstat"
 
-    def __init__(self, settings: BaseModel | None = None) -> None:
-        self._min_rate: float | None = getattr(settings, "min_rate_gbps", None)
+    def __init__(self, min_rate_gbps: float | None = None) -> None:
+        self._min_rate = min_rate_gbps
 
     def detect(self, text: str) -> bool:
         return looks_like_ibstat(text) or ("Physical state:" in text and PORT_FRAGMENT_RE.search(text) is not None)

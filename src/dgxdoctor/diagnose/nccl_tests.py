@@ -10,10 +10,14 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
-from pydantic import BaseModel
-
 from dgxdoctor.diagnose.base import Diagnosis
-from dgxdoctor.judge.nccl import bandwidth_finding, bandwidth_summary, cross_host_finding, nccl_tests_findings
+from dgxdoctor.judge.nccl import (
+    DEFAULT_MIN_FRACTION,
+    bandwidth_finding,
+    bandwidth_summary,
+    cross_host_finding,
+    nccl_tests_findings,
+)
 from dgxdoctor.judge.nccl_transport import socket_finding, spans_nodes
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.nccl_tests import (
@@ -37,13 +41,13 @@ def _looks_like_rows(text: str) -> bool:
 
 
 class NcclTestsAnalyzer:
-    """``settings``: the nccl check's (``diagnose --config``), for expected_busbw_gbps and min_fraction."""
+    """The nccl check's thresholds (``diagnose --config``: [checks.nccl] expected_busbw_gbps, min_fraction)."""
 
     kind: ClassVar[str] = "nccl-tests"
 
-    def __init__(self, settings: BaseModel | None = None) -> None:
-        self._expected: float | None = getattr(settings, "expected_busbw_gbps", None)
-        self._min_fraction: float = getattr(settings, "min_fraction", 0.7)
+    def __init__(self, expected_busbw_gbps: float | None = None, min_fraction: float = DEFAULT_MIN_FRACTION) -> None:
+        self._expected = expected_busbw_gbps
+        self._min_fraction = min_fraction
 
     def detect(self, text: str) -> bool:
         return looks_like_nccl_tests(text) or _looks_like_rows(text)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import BaseModel
-
 from dgxdoctor.diagnose.base import Diagnosis
 from dgxdoctor.judge.ray import DEFAULT_EXPECTED_GPUS, DEFAULT_EXPECTED_NODES, cluster_findings
 from dgxdoctor.result import Finding, Status
@@ -17,13 +15,15 @@ from dgxdoctor.sources.ray_status import RayStatusError, looks_like_ray_status, 
 
 
 class RayStatusAnalyzer:
-    """``settings``: the ray check's (``diagnose --config``), for expected_nodes and expected_gpus."""
+    """The ray check's expectations (``diagnose --config``: [checks.ray] expected_nodes, expected_gpus)."""
 
     kind: ClassVar[str] = "ray-status"
 
-    def __init__(self, settings: BaseModel | None = None) -> None:
-        self._nodes: int = getattr(settings, "expected_nodes", DEFAULT_EXPECTED_NODES)
-        self._gpus: int = getattr(settings, "expected_gpus", DEFAULT_EXPECTED_GPUS)
+    def __init__(
+        self, expected_nodes: int = DEFAULT_EXPECTED_NODES, expected_gpus: int = DEFAULT_EXPECTED_GPUS
+    ) -> None:
+        self._nodes = expected_nodes
+        self._gpus = expected_gpus
 
     def detect(self, text: str) -> bool:
         return looks_like_ray_status(text)

@@ -6,9 +6,8 @@ else any text showing a known failure signature). ``ANALYZERS`` is both, in the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
-from pydantic import BaseModel
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from dgxdoctor.diagnose.base import Analyzer, Diagnosis, diagnose_all, diagnose_text
 from dgxdoctor.diagnose.infiniband import IbstatAnalyzer, PerfqueryAnalyzer
@@ -20,6 +19,8 @@ from dgxdoctor.diagnose.ras import RasAnalyzer
 from dgxdoctor.diagnose.ray_status import RayStatusAnalyzer
 from dgxdoctor.diagnose.topo import TopoAnalyzer
 from dgxdoctor.diagnose.vllm_metrics import VllmMetricsAnalyzer
+from dgxdoctor.judge.nccl import DEFAULT_MIN_FRACTION
+from dgxdoctor.judge.ray import DEFAULT_EXPECTED_GPUS, DEFAULT_EXPECTED_NODES
 from dgxdoctor.result import Finding, Status
 
 # What a compressed paste starts with, and the command that reads it (`zcat FILE | dgxdoctor diagnose -`).
@@ -39,21 +40,32 @@ class CompressedInput(ValueError):
         self.reader = reader
 
 
-def sections(settings: Mapping[str, BaseModel] | None = None) -> tuple[Analyzer, ...]:
-    """The section analyzers, judging with the checks' settings where given (``diagnose --config``): keys are
-    check names (``infiniband``, ``nccl``, ``ray``)."""
-    given = settings or {}
+@dataclass(frozen=True)
+class Thresholds:
+    """What a pasted section is judged against: the checks' own settings with ``diagnose --config``
+    (``commands.diagnose.thresholds``), else their defaults, which live in judge/ beside the verdicts."""
+
+    ib_min_rate_gbps: float | None = None
+    nccl_expected_busbw_gbps: float | None = None
+    nccl_min_fraction: float = DEFAULT_MIN_FRACTION
+    ray_expected_nodes: int = DEFAULT_EXPECTED_NODES
+    ray_expected_gpus: int = DEFAULT_EXPECTED_GPUS
+
+
+def sections(thresholds: Thresholds | None = None) -> tuple[Analyzer, ...]:
+    """The section analyzers, judging with ``thresholds`` (the defaults when None)."""
+    t = thresholds or Thresholds()
     return (
-        IbstatAnalyzer(given.get("infiniband")),
+        IbstatAnalyzer(t.ib_min_rate_gbps),
         PerfqueryAnalyzer(),
         TopoAnalyzer(),
         NvidiaSmiQueryAnalyzer(),
         NvidiaSmiTableAnalyzer(),
         NvlinkStatusAnalyzer(),
-        NcclTestsAnalyzer(given.get("nccl")),
+        NcclTestsAnalyzer(t.nccl_expected_busbw_gbps, t.nccl_min_fraction),
         RasAnalyzer(),
         VllmMetricsAnalyzer(),
-        RayStatusAnalyzer(given.get("ray")),
+        RayStatusAnalyzer(t.ray_expected_nodes, t.ray_expected_gpus),
         KernelLogAnalyzer(),
     )
 
@@ -63,19 +75,15 @@ LINE_READERS: tuple[Analyzer, ...] = (VllmLogAnalyzer(), RayLogAnalyzer(), NcclL
 ANALYZERS: tuple[Analyzer, ...] = SECTIONS + LINE_READERS
 
 
-def diagnose(
-    text: str, kind: str | None = None, settings: Mapping[str, BaseModel] | None = None
-) -> Sequence[Diagnosis]:
+def diagnose(text: str, kind: str | None = None, thresholds: Thresholds | None = None) -> Sequence[Diagnosis]:
     """What ``dgxdoctor diagnose`` reports for one input: every kind in it, or the one ``kind`` forces."""
-    found = sections(settings) if settings else SECTIONS
+    found = sections(thresholds) if thresholds else SECTIONS
     if kind is not None:
         return (diagnose_text(text, found + LINE_READERS, kind),)
     return diagnose_all(text, found, LINE_READERS)
 
 
-def diagnose_bytes(
-    raw: bytes, kind: str | None = None, settings: Mapping[str, BaseModel] | None = None
-) -> Sequence[Diagnosis]:
+def diagnose_bytes(raw: bytes, kind: str | None = None, thresholds: Thresholds | None = None) -> Sequence[Diagnosis]:
     """``diagnose`` of one input as read: a compressed one raises ``CompressedInput``, an empty one is UNKNOWN."""
     for magic, name, reader in COMPRESSED_MAGIC:
         if raw.startswith(magic):
@@ -83,4 +91,4 @@ def diagnose_bytes(
     if not raw.strip():
         empty = Finding("EMPTY_INPUT", Status.UNKNOWN, "empty input: nothing to read")
         return (Diagnosis("empty", (empty,), summary="empty input"),)
-    return diagnose(raw.decode("utf-8", errors="replace"), kind, settings)
+    return diagnose(raw.decode("utf-8", errors="replace"), kind, thresholds)

@@ -8,16 +8,17 @@ over ``MAX_LINE`` bytes is cut there (the catalog reads a line's first 16 KiB) a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, BinaryIO
 
 from dgxdoctor.diagnose.base import Diagnosis, unrecognized
 from dgxdoctor.diagnose.logs import Tally
 from dgxdoctor.judge.scan import Scanner
 from dgxdoctor.judge.signatures import load_catalog
+
+if TYPE_CHECKING:
+    from dgxdoctor.diagnose.registry import Thresholds
 
 BLOCK = 1 << 20
 HEAD_BYTES = 1 << 20
@@ -75,7 +76,7 @@ def _cut_long_lines(data: bytes, stats: StreamStats) -> bytes:
 def diagnose_stream(
     fh: BinaryIO,
     kind: str | None = None,
-    settings: Mapping[str, BaseModel] | None = None,
+    thresholds: Thresholds | None = None,
     stats: StreamStats | None = None,
 ) -> Sequence[Diagnosis]:
     """What ``dgxdoctor diagnose`` reports for one input read from ``fh``."""
@@ -95,10 +96,10 @@ def diagnose_stream(
         tally.add(scanner.feed(block))
     tally.add(scanner.flush())
     if stats.bytes_read <= HEAD_BYTES:
-        return diagnose_bytes(bytes(head), kind, settings)
+        return diagnose_bytes(bytes(head), kind, thresholds)
     text = bytes(head).decode("utf-8", errors="replace")
     # Longer than a paste: the sections from its head, the catalog from every line.
-    found = sections(settings) if settings else sections()
+    found = sections(thresholds)
     if kind is not None:
         chosen = next((a for a in (*found, *LINE_READERS) if a.kind == kind), None)
         if chosen is None:

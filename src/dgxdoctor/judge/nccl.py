@@ -70,6 +70,11 @@ BANDWIDTH_LOW_REMEDY = (
 )
 
 
+# busbw under this fraction of the expected is NCCL_BANDWIDTH_LOW (the tutorial's 70 %): [checks.nccl] min_fraction
+# and `diagnose` of a pasted table without a config.
+DEFAULT_MIN_FRACTION = 0.7
+
+
 def bandwidth_finding(report: NcclTestsReport, expected_gbps: float | None, min_fraction: float) -> Finding | None:
     """NCCL_BANDWIDTH_LOW: busbw at the largest message size under ``min_fraction`` of the expected busbw
     (checks.nccl.expected_busbw_gbps; the tutorial's 70 % of the NICs' nominal rate)."""

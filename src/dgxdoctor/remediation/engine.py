@@ -25,7 +25,6 @@ from typing import Any
 import httpx
 import structlog
 
-from dgxdoctor.config import RemediationSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.remediation.actions import StepResult, VllmTarget, ask_worker, run_argv, verify_vllm, wait_ray
 from dgxdoctor.remediation.audit import AUDIT_FILE, STATE_FILE, AuditLog, Throttle, WriteErrors, guard_state_file
@@ -36,6 +35,7 @@ from dgxdoctor.remediation.intake import AlertIntake, FiringAlert
 from dgxdoctor.remediation.policy import Problem, problems_from_results
 from dgxdoctor.remediation.worker import WorkerSteps
 from dgxdoctor.result import CheckResult
+from dgxdoctor.settings.remediation import RemediationSettings
 
 log = structlog.get_logger(__name__)
 

@@ -11,9 +11,9 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from dgxdoctor.config import RemediationSettings
 from dgxdoctor.remediation.policy import ActionName, Attempt, Problem, escalate
 from dgxdoctor.remediation.state_doc import MAX_ACTIONS, MAX_KEYS, MAX_STEPS, validate_state
+from dgxdoctor.settings.remediation import RemediationSettings
 
 Verdict = Literal["act", "page", "suggest", "observe", "hold", "refuse"]
 

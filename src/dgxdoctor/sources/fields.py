@@ -51,6 +51,32 @@ def byte_size(value: str) -> str:
     return match["number"] + match["unit"].upper()
 
 
+def byte_size_within(value: str, low: int, high: int) -> str:
+    """``value`` (a ``ByteSize``) if it lies in ``low`` .. ``high`` bytes; ValueError naming the bounds."""
+    if not low <= parse_byte_size(value) <= high:
+        raise ValueError(f"{value!r} is outside {_spelled(low)} .. {_spelled(high)}")
+    return value
+
+
+def sizes_in_order(smaller: str, larger: str, names: tuple[str, str] = ("min_bytes", "max_bytes")) -> None:
+    """ValueError when the size meant to be the smaller is the larger (both ``ByteSize``)."""
+    if parse_byte_size(smaller) > parse_byte_size(larger):
+        raise ValueError(f"{names[0]} {smaller} is larger than {names[1]} {larger}")
+
+
+def _spelled(size: int) -> str:
+    """16 GiB -> "16G", 1 -> "1 B": the bound as the operator writes it."""
+    for unit in ("G", "M", "K"):
+        if size >= _UNITS[unit] and size % _UNITS[unit] == 0:
+            return f"{size // _UNITS[unit]}{unit}"
+    return f"{size} B"
+
+
+def _size_text_to_bytes(value: Any) -> Any:
+    """A size written as text (``"64M"``) is its number of bytes; anything else is left for the int check."""
+    return parse_byte_size(value) if isinstance(value, str) else value
+
+
 def _empty_is_none(value: Any) -> Any:
     return None if value == "" else value
 
@@ -59,5 +85,7 @@ HttpUrl = Annotated[str, AfterValidator(http_url)]
 PeerUrl = Annotated[str, AfterValidator(lambda value: http_url(value, path=False))]
 Host = Annotated[str, AfterValidator(host)]
 ByteSize = Annotated[str, AfterValidator(byte_size)]
+# A number of bytes a setting holds: 67108864 or, in ByteSize's units, "64M".
+ByteCount = Annotated[int, BeforeValidator(_size_text_to_bytes)]
 # "" means "none" in a TOML file that cannot write null.
 OptionalHttpUrl = Annotated[HttpUrl | None, BeforeValidator(_empty_is_none)]

@@ -1,0 +1,100 @@
+"""``[daemon]``: where ``dgxdoctor run`` listens, who may read its state, which peers it compares with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from dgxdoctor.settings.base import Frozen
+from dgxdoctor.sources.http import http_url
+from dgxdoctor.sources.statefile import read_private_file
+
+DEFAULT_PORT = 9835
+DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9835`` for IPv6) -> (host, port); ValueError naming what is wrong."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    # isascii: str.isdigit() accepts "²", which int() refuses; the length keeps int() off huge digit runs
+    if not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5 and 0 < int(port_text) < 65536):
+        raise ValueError(f"port must be 1-65535, got {port_text!r}")
+    return host, int(port_text)
+
+
+# Peers one agent compares with and asks during a cluster restart: the product is two nodes, a large deployment a few
+# dozen; thousands would make every /state and comparison a fan-out the daemon was never sized for.
+MAX_PEERS = 64
+
+
+class DaemonSettings(Frozen):
+    """``dgxdoctor run``: where it listens, who may read its state, which peers it compares with."""
+
+    listen: str = Field(DEFAULT_LISTEN, description="HOST:PORT of /metrics, /healthz and /state")
+    token: str | None = Field(
+        None,
+        min_length=16,
+        description="shared secret peers send as 'Authorization: Bearer ...'; without it /state is loopback-only",
+    )
+    token_file: Path | None = Field(
+        None,
+        description="file holding the token (instead of token): a regular file, not a link, root's (or dgxdoctor's "
+        "user's), mode 0600; anything else is a config error",
+    )
+    peers: tuple[str, ...] = Field(
+        (),
+        max_length=MAX_PEERS,
+        description=f'dgxdoctor on the other nodes, e.g. ["http://dgx-b:9835"]; at most {MAX_PEERS}',
+    )
+    peer_timeout_s: float = Field(3.0, gt=0, le=60, description="seconds to wait for one peer's /state")
+    textfile_path: Path | None = Field(
+        None,
+        description="also write the exposition here for node_exporter's textfile collector (a *.prom file)",
+    )
+    textfile_interval_s: float = Field(15.0, gt=0, description="seconds between textfile writes")
+    max_connections: int = Field(
+        256,
+        ge=8,
+        le=65536,
+        description="client connections held at once (Prometheus, peers, curl); over it the longest-idle one is "
+        "closed. Never more than the open-file limit leaves free for the checks",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
+    check_run_min_interval_s: float = Field(
+        2.0, ge=0, le=3600, description="POST /check/run (a peer's `check --cluster`): at most one run per this long"
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        parse_listen(value)
+        return value
+
+    @field_validator("peers")
+    @classmethod
+    def _check_peers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        peers = tuple(http_url(peer, path=False) for peer in value)
+        if len(set(peers)) != len(peers):
+            raise ValueError("a peer is listed twice")
+        return peers
+
+    @model_validator(mode="after")
+    def _one_token_source(self) -> DaemonSettings:
+        if self.token is not None and self.token_file is not None:
+            raise ValueError("set token or token_file, not both")
+        return self
+
+    def resolve_token(self) -> str | None:
+        """The token itself, reading ``token_file`` if that is how it is given (OSError/ValueError if bad)."""
+        if self.token_file is None:
+            return self.token
+        text = read_private_file(self.token_file).strip()
+        if len(text) < 16:
+            raise ValueError(f"{self.token_file}: token shorter than 16 characters")
+        return text
