@@ -3,8 +3,10 @@
     PYTHONPATH=src python benchmarks/log_scan.py [MEGABYTES]
 
 Writes a synthetic vLLM/Ray log of ordinary INFO lines with one real failure line every 10,000 lines, then times
-(1) the catalog's match over every line and (2) a LogFollower poll + match over the whole file, and prints
-lines per second and MB per second for each.
+(1) the catalog's match over every line, (2) a LogFollower poll + that match over the whole file, and (3) what the
+logs check itself does (checks/logs.py): a LogFollower poll, then the new lines fed to a ``judge.scan.Scanner``
+(the block prefilter over them at once, only its hits read line by line), and prints lines per second and MB per
+second for each.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from dgxdoctor.judge.scan import Scanner
 from dgxdoctor.judge.signatures import load_catalog
 from dgxdoctor.sources.logtail import LogFollower
 
@@ -52,10 +55,18 @@ def main() -> None:
         followed = sum(len(catalog.match(line, "vllm")) for _, line in polled.lines)
         poll_s = time.perf_counter() - t0
 
+        follower = LogFollower(from_start=True)
+        t0 = time.perf_counter()
+        polled = follower.poll([str(log)], int(size) + 1)
+        scanner = Scanner(catalog, "vllm", trusted_only=True)  # as checks/logs.py feeds each file's new lines
+        scanned = [*scanner.feed("\n".join(line for _, line in polled.lines)), *scanner.flush()]
+        check_s = time.perf_counter() - t0
+
     print(f"log: {size / 1e6:.1f} MB, {len(lines)} lines, {matches} failure lines")
     print(f"match only:    {match_s:.2f} s, {len(lines) / match_s:,.0f} lines/s, {size / 1e6 / match_s:.1f} MB/s")
     print(f"poll + match:  {poll_s:.2f} s, {len(lines) / poll_s:,.0f} lines/s, {size / 1e6 / poll_s:.1f} MB/s")
-    assert followed == matches
+    print(f"poll + scan:   {check_s:.2f} s, {len(lines) / check_s:,.0f} lines/s, {size / 1e6 / check_s:.1f} MB/s")
+    assert followed == matches == len(scanned)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,12 @@ def run_cli(*args: str, stdin: str | None = None, env: dict[str, str] | None = N
         check=False,
     )
     return CliRun(done.returncode, done.stdout, done.stderr)
+
+
+def run_clis(calls: Sequence[Sequence[str]], timeout: float = 120) -> list[CliRun]:
+    """``run_cli`` for each argument list, in order, one process per core at once: the test only waits on them."""
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        return list(pool.map(lambda args: run_cli(*args, timeout=timeout), calls))
 
 
 @pytest.fixture

@@ -155,3 +155,39 @@ def test_bad_listen_flag_is_a_usage_error() -> None:
 
     done = run_cli("run", "--listen", "9835", timeout=60)
     assert done.returncode == 64 and "--listen" in done.stderr and "HOST:PORT" in done.stderr
+
+
+def test_a_stop_during_an_action_ends_it_interrupted_and_exits_cleanly(tmp_path: Path) -> None:
+    """SIGTERM while a restart waits for vLLM (its verification polls ``/health`` up to ``verify_timeout_s``): the
+    daemon ends the action there, audits it "interrupted" with nothing left in flight, and exits 0. Its thread used
+    to outlive the stop: the daemon exited with the action still in flight and its end unaudited, said only at the
+    next start (if there is one)."""
+    from daemonproc import DaemonProc
+    from dgxdoctor.checks.registry import ALL_CHECKS
+
+    restarted = tmp_path / "restarted"
+    quiet = "".join(f"[checks.{f.name}]\nenabled = false\n" for f in ALL_CHECKS if f.name != "vllm")
+    body = (f'node = "dgx-a"\n[paths]\nstate_dir = "{tmp_path / "state"}"\n[daemon]\nlisten = "@LISTEN@"\n'
+            f'token = "{TOKEN}"\n[bundle]\ncapture_before_restart = false\n'
+            f'[remediation]\nmode = "act"\nrole = "head"\nhold_s = 0\nvllm_start_grace_s = 0\n'
+            f'verify_timeout_s = 600\n[remediation.commands]\nrestart_vllm = ["touch", "{restarted}"]\n'
+            f'[checks.vllm]\nenabled = false\nbase_url = "http://127.0.0.1:{free_port()}"\n{quiet}')  # fmt: skip
+    proc = DaemonProc(tmp_path, body, token=TOKEN).start()
+    try:
+        proc.wait_healthy()
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        labels = {"alertname": "DgxdoctorVllmDown", "node": "dgx-a", "dgxdoctor_action": "restart_vllm"}
+        alert = {"status": "firing", "fingerprint": "f1", "startsAt": now, "labels": labels}
+        answer = httpx.post(f"{proc.url}/alertmanager", json={"version": "4", "alerts": [alert]},
+                            headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        proc.wait_for(restarted.exists, 30, "restart_vllm run")  # now verifying: nothing answers /health
+        code, _ = proc.stop(limit_s=30)
+    finally:
+        proc.kill()
+    assert code == 0, proc.log_tail()
+    assert "stop_overdue" not in proc.log_text()
+    audit = [json.loads(line) for line in (tmp_path / "state" / "remediation.jsonl").read_text().splitlines()]
+    assert (audit[-1]["event"], audit[-1]["action"], audit[-1]["outcome"]) == ("action", "restart_vllm", "interrupted")
+    assert [s["step"] for s in audit[-1]["steps"]] == ["restart_vllm", "interrupted"]  # cut while verifying
+    assert json.loads((tmp_path / "state" / "remediation-state.json").read_text())["in_flight"] is None

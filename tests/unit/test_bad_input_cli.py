@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, run_clis
 
 EX_USAGE = 64
 EX_CONFIG = 78
@@ -39,8 +39,8 @@ def test_diagnose_garbage_forced_to_every_kind(tmp_path: Path) -> None:
     garbage.write_bytes(b"\0\0\xffGPU0\tX\nCA '\nPort 1:\n" + b"A" * 100_000 + b"\n=== Autoscaler status: x ===\n")
     from dgxdoctor.diagnose.registry import ANALYZERS
 
-    for analyzer in ANALYZERS:
-        done = run_cli("diagnose", "--kind", analyzer.kind, "--json", str(garbage))
+    runs = run_clis([("diagnose", "--kind", analyzer.kind, "--json", str(garbage)) for analyzer in ANALYZERS])
+    for analyzer, done in zip(ANALYZERS, runs, strict=True):
         assert done.returncode in (0, 1, 2, 3), (analyzer.kind, done.stderr)
         assert "Traceback" not in done.stderr, (analyzer.kind, done.stderr)
         assert json.loads(done.stdout)["inputs"][0]["kind"]
@@ -62,10 +62,11 @@ def test_diagnose_missing_file_or_directory_is_a_usage_error(tmp_path: Path, mak
 
 
 def test_config_malformed_toml(tmp_path: Path) -> None:
-    for text in ("[daemon\n", "x = [\n", "a = 1\na = 2\n", "\xff\xfe", 'k = "unterminated\n'):
-        bad = tmp_path / "config.toml"
+    texts = ("[daemon\n", "x = [\n", "a = 1\na = 2\n", "\xff\xfe", 'k = "unterminated\n')
+    configs = [tmp_path / f"config-{i}.toml" for i in range(len(texts))]
+    for text, bad in zip(texts, configs, strict=True):
         bad.write_bytes(text.encode("latin-1"))
-        done = run_cli("check", "--config", str(bad))
+    for text, bad, done in zip(texts, configs, run_clis([("check", "--config", str(c)) for c in configs]), strict=True):
         assert done.returncode == EX_CONFIG, (text, done.stderr)
         assert str(bad) in done.stderr and "Traceback" not in done.stderr
 
@@ -123,8 +124,7 @@ def test_config_is_a_directory(tmp_path: Path) -> None:
 def test_only_with_shell_metacharacters_is_a_usage_error_and_runs_nothing(tmp_path: Path, names: str) -> None:
     sentinel = tmp_path / "executed"
     value = names.format(s=sentinel)
-    for option in ("--only", "--skip"):
-        done = run_cli("check", option, value)
+    for done in run_clis([("check", "--only", value), ("check", "--skip", value)]):
         assert done.returncode == EX_USAGE, done.stderr
         assert "unknown check" in done.stderr
         assert not sentinel.exists(), "a name reached a shell"

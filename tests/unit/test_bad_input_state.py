@@ -4,7 +4,7 @@ cannot read) instead of failing every run from then on."""
 from __future__ import annotations
 
 import json
-import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,8 @@ CORRUPT_BYTES = st.one_of(st.binary(max_size=200), json_values.map(lambda v: jso
 
 
 @pytest.fixture(scope="module")
-def ib_seed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    """A sysfs tree and the state file one infiniband run leaves behind."""
+def ib_seed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict[str, Any]]:
+    """A sysfs tree, and the name and content of the state file one infiniband run leaves behind."""
     root = tmp_path_factory.mktemp("ib")
     clock = Clock()
     ib = check(make_env(root, "dgx_ndr_degraded.txt", clock), expected_ports=8, min_rate_gbps=400)
@@ -31,22 +31,21 @@ def ib_seed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, A
     clock.t += 30
     ib.run()
     (state_file,) = (root / "state").iterdir()
-    return root, json.loads(state_file.read_text())
+    return root, state_file.name, json.loads(state_file.read_text())
 
 
 @FUZZ
 @given(data=st.data())
 def test_infiniband_runs_on_a_corrupt_state_file(
-    ib_seed: tuple[Path, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+    ib_seed: tuple[Path, str, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
 ) -> None:
-    seed_root, state = ib_seed
-    root = tmp_path_factory.mktemp("ib-run")
-    shutil.copytree(seed_root, root, dirs_exist_ok=True)
-    (state_file,) = (root / "state").iterdir()
+    seed_root, name, state = ib_seed
+    state_dir = tmp_path_factory.mktemp("ib-state")  # the sysfs and proc trees are only read: shared, not copied
     raw = data.draw(st.one_of(json_mutants([state]).map(lambda d: json.dumps(d).encode()), CORRUPT_BYTES))
-    state_file.write_bytes(raw)
+    (state_dir / name).write_bytes(raw)
     clock = Clock(1_764_460_800.0 + 60)
-    ib = check(make_env(root, None, clock), expected_ports=8, min_rate_gbps=400)
+    env = replace(make_env(seed_root, None, clock), state_dir=state_dir)
+    ib = check(env, expected_ports=8, min_rate_gbps=400)
     first = ib.run()
     assert first.status is not Status.UNKNOWN, first.findings
     clock.t += 30

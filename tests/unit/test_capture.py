@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import tarfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -70,8 +71,10 @@ async def test_the_restart_runs_after_the_capture_and_both_audit_lines_name_it(t
 
 
 async def test_a_slow_capture_never_delays_the_restart_past_its_deadline(tmp_path: Path) -> None:
+    released = threading.Event()  # the capture is still writing until the restart has ended
+
     def slow(path: Path, action: str, collect_s: float) -> dict[str, Any]:
-        time.sleep(3)
+        released.wait(30)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"late")
         return {"failures": []}
@@ -85,6 +88,7 @@ async def test_a_slow_capture_never_delays_the_restart_past_its_deadline(tmp_pat
     done = events(state)[-1]
     assert done["outcome"] == "success" and "the restart did not wait" in done["capture"]
     assert done["capture_s"] < 2.0 and took < 3.0
+    released.set()
     for task in list(r.capture.pending):
         await task  # the archive is still finished, after the restart
     assert Path(done["bundle"]).read_bytes() == b"late"

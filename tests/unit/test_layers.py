@@ -7,6 +7,7 @@ import is still a dependency. A new top-level module or package needs a line in 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "dgxdoctor"
@@ -49,8 +50,9 @@ def _module_name(path: Path) -> str:
     return ".".join(rel.parts).removesuffix(".__init__")
 
 
+@functools.cache
 def imports() -> dict[tuple[str, str], set[str]]:
-    """(importing unit, imported unit) -> the importing modules."""
+    """(importing unit, imported unit) -> the importing modules (parsed once for the module's tests; read only)."""
     edges: dict[tuple[str, str], set[str]] = {}
     for path in PACKAGE.rglob("*.py"):
         module = _module_name(path)

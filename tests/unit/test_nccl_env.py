@@ -78,6 +78,13 @@ def test_env_file_lines_that_are_not_assignments_are_never_run() -> None:
     assert lines == [2, 3, 4, 6, 7, 8]
 
 
+def test_an_overlong_line_is_a_problem_and_the_rest_is_read() -> None:
+    parsed = parse_env_file("export NCCL_X=" + "x" * 70_000 + "\nexport NCCL_IB_HCA=mlx5_0\n")
+    assert parsed.values == {"NCCL_IB_HCA": "mlx5_0"}
+    assert [line for line, _ in parsed.problems] == [1]
+    assert "70014 characters long" in parsed.problems[0][1]
+
+
 def test_environ() -> None:
     raw = b"PATH=/usr/bin\0NCCL_IB_HCA=mlx5_0:1\0EMPTY=\0NOEQUALS\0X=a=b\0"
     assert parse_environ(raw) == {"PATH": "/usr/bin", "NCCL_IB_HCA": "mlx5_0:1", "EMPTY": "", "X": "a=b"}

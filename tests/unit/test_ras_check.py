@@ -36,7 +36,8 @@ def nccl_proc(root: Path, pid: int, ras_addr: str | None = None) -> None:
 def run(tmp_path: Path, port: int | None, **settings: Any) -> CheckResult:
     if port is not None:
         settings.setdefault("address", f"127.0.0.1:{port}")
-    check = RasCheck(RasSettings(deadline_s=3, **settings), Environment(node="dgx-a", proc_root=tmp_path))
+    settings.setdefault("deadline_s", 3)
+    check = RasCheck(RasSettings(**settings), Environment(node="dgx-a", proc_root=tmp_path))
     return check.run()
 
 
@@ -104,7 +105,7 @@ def test_ras_that_accepts_but_never_answers(tmp_path: Path) -> None:
         time.sleep(4)
 
     with scripted([stopped]) as server:
-        result = run(tmp_path, server.port)
+        result = run(tmp_path, server.port, deadline_s=1)  # silent: the whole deadline is waited
     assert [(f.code, f.status) for f in result.findings] == [("RAS_SILENT", Status.CRITICAL)]
 
 
@@ -248,7 +249,7 @@ def test_the_node_whose_own_ras_went_silent_is_the_owner(tmp_path: Path) -> None
         time.sleep(4)
 
     with scripted([stopped]) as server:
-        ras_b = run(tmp_path, server.port)
+        ras_b = run(tmp_path, server.port, deadline_s=1)
     a = ResultsDocument.of("dgx-a", [ras_a]).state()
     b = validate_state(ResultsDocument.of("dgx-b", [ras_b]).state())
     msg = next(f.message for f in compare([a, b]).findings if f.code == "PEER_TP_RANK_STUCK")

@@ -178,6 +178,8 @@ def test_a_refining_signature_replaces_its_base_on_the_same_line() -> None:
         ({"refines": "NOPE"}, "refines unknown signature"),
         ({"patterns": ["(?s)xxxx"]}, "leading (?i)"),
         ({"patterns": ["a.b\\d+"]}, "4+ literal characters"),
+        # The prefilters look for one anchor per pattern: a line matching only the other branch would be dropped.
+        ({"patterns": ["NCCL WARN foo|Gloo connectFullMesh failed"]}, "top-level |"),
     ],
 )
 def test_catalog_rejects_bad_refines_and_flags(entry: dict[str, object], message: str) -> None:

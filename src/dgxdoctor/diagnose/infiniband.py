@@ -39,7 +39,7 @@ class IbstatAnalyzer:
         self._min_rate = min_rate_gbps
 
     def detect(self, text: str) -> bool:
-        return looks_like_ibstat(text) or PORT_FRAGMENT_RE.search(text) is not None
+        return looks_like_ibstat(text) or ("Physical state:" in text and PORT_FRAGMENT_RE.search(text) is not None)
 
     def analyze(self, text: str) -> Diagnosis:
         if not looks_like_ibstat(text) and PORT_FRAGMENT_RE.search(text):

@@ -10,7 +10,7 @@ from dgxdoctor.judge.kernel import RECOVERS, KernelTally, tally_finding
 from dgxdoctor.judge.xid import DEFAULT_APP_LEVEL_XIDS, assess_sxid, assess_xid, escalate
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.device_map import DeviceMap
-from dgxdoctor.sources.kernel_events import RECOVERY_KINDS, scan_kernel_lines
+from dgxdoctor.sources.kernel_events import RECOVERY_KINDS, may_hold_events, scan_kernel_lines
 from dgxdoctor.sources.xid import SxidEvent, XidEvent, load_catalog, scan_text
 
 # Repeats in a pasted log have no reliable clock; the same XID on the same GPU this often escalates.
@@ -23,6 +23,8 @@ class KernelLogAnalyzer:
     def detect(self, text: str) -> bool:
         if "NVRM: Xid" in text or "SXid (" in text or ("NVRM:" in text and "fallen off the bus" in text):
             return True
+        if not may_hold_events(text):
+            return False
         return any(event.kind not in RECOVERY_KINDS for event in scan_kernel_lines(text.splitlines()))
 
     def analyze(self, text: str) -> Diagnosis:

@@ -35,6 +35,8 @@ ROW_FRAGMENT_RE = re.compile(
 
 
 def _looks_like_rows(text: str) -> bool:
+    if not any(t in text for t in ("float", "half", "double", "int8", "int32", "int64", "fp8_")):
+        return False  # no data type of the table: the regex, tried at every line start, cannot match
     return sum(1 for _ in zip(range(2), ROW_FRAGMENT_RE.finditer(text), strict=False)) == 2
 
 

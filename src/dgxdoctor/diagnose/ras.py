@@ -29,7 +29,9 @@ class RasAnalyzer:
         head = text[:200_000]
         if JSON_RE.match(head.lstrip()):
             return True
-        return bool(HEADER_RE.search(head) and BODY_RE.search(head)) or bool(FRAGMENT_RE.search(head))
+        # The literal texts first: each regex is tried at every line start of up to 200 KB.
+        header = "compiled with CUDA" in head and HEADER_RE.search(head) and BODY_RE.search(head)
+        return bool(header) or (" on node " in head and bool(FRAGMENT_RE.search(head)))
 
     def analyze(self, text: str) -> Diagnosis:
         try:

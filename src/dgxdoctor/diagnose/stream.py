@@ -47,9 +47,11 @@ def blocks(fh: BinaryIO, stats: StreamStats, size: int = BLOCK) -> Iterator[byte
             if end == -1:
                 continue
             chunk, skipping = chunk[end + 1 :], False
-        data = carry + chunk
-        end = data.rfind(b"\n")
-        whole, carry = (data[: end + 1], data[end + 1 :]) if end != -1 else (b"", data)
+        end = chunk.rfind(b"\n")  # the carry holds no line break
+        if end == -1:
+            whole, carry = b"", carry + chunk
+        else:  # one copy of the block, not two
+            whole, carry = b"".join((carry, memoryview(chunk)[: end + 1])), chunk[end + 1 :]
         if len(carry) > MAX_LINE:
             whole, carry, skipping = whole + carry[:MAX_LINE] + b"\n", b"", True
             stats.lines_cut += 1

@@ -39,7 +39,7 @@ class VllmMetricsAnalyzer:
     kind: ClassVar[str] = "vllm-metrics"
 
     def detect(self, text: str) -> bool:
-        return VLLM_SAMPLE_RE.search(text) is not None
+        return "vllm:" in text and VLLM_SAMPLE_RE.search(text) is not None
 
     def analyze(self, text: str) -> Diagnosis:
         try:

@@ -36,6 +36,17 @@ class _Block:
     first: int  # 0-based number of its first line in the whole input
     lines: int
     hits: list[int] = field(default_factory=list)  # byte offsets in data of the lines the prefilter hit, sorted
+    hit_lines: list[int] = field(default_factory=list)  # their 0-based line numbers in data
+
+
+def _counted(data: bytes, hits: list[int]) -> tuple[int, list[int]]:
+    """The lines of ``data`` and the line number of each hit, from one count of its line breaks."""
+    numbers, line, pos = [], 0, 0
+    for hit in hits:
+        line += data.count(b"\n", pos, hit)
+        numbers.append(line)
+        pos = hit
+    return line + data.count(b"\n", pos), numbers
 
 
 class Scanner:
@@ -61,7 +72,9 @@ class Scanner:
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if data and not data.endswith(b"\n"):
             data += b"\n"
-        block = _Block(data, self.lines_read, data.count(b"\n"), self._hits(data))
+        hits = self._hits(data)
+        lines, hit_lines = _counted(data, hits)
+        block = _Block(data, self.lines_read, lines, hits, hit_lines)
         self.lines_read += block.lines
         out = self._settle(data)
         self._pending = block
@@ -100,36 +113,33 @@ class Scanner:
         return out
 
     def _read_hits(self, block: _Block, ahead: bytes) -> Iterator[Match]:
-        """Decode only the lines around the hits: LOOK_BACK before the first, LOOK_AHEAD after the last."""
-        # The lines before the first hit come from the block alone when it holds enough of them.
-        back = _line_start_before(block.data, block.hits[0], LOOK_BACK)
-        tail = self._tail if back == 0 else b""
-        buffer = tail + block.data + _first_lines(ahead, LOOK_AHEAD)
-        base = len(tail)
-        start = _line_start_before(buffer, base + block.hits[0], LOOK_BACK)
-        stop = _line_end_after(buffer, base + block.hits[-1], LOOK_AHEAD)
-        window = buffer[start:stop].decode("utf-8", errors="replace").split("\n")
-        # The line number (0-based, in the whole input) of the window's first line, from the first hit's.
-        first_hit = block.first + block.data.count(b"\n", 0, block.hits[0])
-        first = first_hit - buffer.count(b"\n", start, base + block.hits[0])
-        first_in_block = block.first - first
-        indexes, pos, line = [], start, 0
-        for hit in block.hits:
-            line += buffer.count(b"\n", pos, base + hit)
-            pos = base + hit
-            indexes.append(line)
-        yield from self._read_block(window, first, indexes, first_in_block, block)
+        """Decode only the lines around the hits: LOOK_BACK before and LOOK_AHEAD after each run of hits that
+        lie closer together than that (the logs check feeds what a poll read as one block: a 16 MB block with
+        a hit near each end decodes two windows, not 16 MB)."""
+        buffer = self._tail + block.data + _first_lines(ahead, LOOK_AHEAD)
+        base = len(self._tail)
+        done: set[tuple[int, str]] = set()  # (line number in the input, code): each once, whichever hit found it
+        for hits, hit_lines in _runs(block.hits, block.hit_lines):
+            start = _line_start_before(buffer, base + hits[0], LOOK_BACK)
+            stop = _line_end_after(buffer, base + hits[-1], LOOK_AHEAD)
+            window = buffer[start:stop].decode("utf-8", errors="replace").split("\n")
+            # The line number (0-based, in the whole input) of the window's first line, from the first hit's.
+            first = block.first + hit_lines[0] - buffer.count(b"\n", start, base + hits[0])
+            first_in_block = block.first - first
+            indexes = [first_in_block + n for n in hit_lines]
+            yield from self._read_block(window, first, indexes, first_in_block, block, done)
 
-    def _read_block(self, window: list[str], first: int, indexes: list[int], lo: int, block: _Block) -> Iterator[Match]:
+    def _read_block(
+        self, window: list[str], first: int, indexes: list[int], lo: int, block: _Block, done: set[tuple[int, str]]
+    ) -> Iterator[Match]:
         """The matches of the hit lines ``indexes`` of ``window``; only lines of the block (``lo`` on) count."""
         reading_ = _Reading(self, window)
         hi = lo + block.lines
-        done: set[tuple[int, str]] = set()
         for hit in indexes:
             for index, sig, line, trust in reading_.candidates(hit):
-                if not lo <= index < hi or (index, sig.code) in done:
+                if not lo <= index < hi or (first + index, sig.code) in done:
                     continue
-                done.add((index, sig.code))
+                done.add((first + index, sig.code))
                 if trust is Trust.CLIENT and self.trusted_only:
                     continue
                 read: Signature | None = sig
@@ -137,6 +147,16 @@ class Scanner:
                     read = reading(sig, window, index, self._signatures)
                 if read is not None:
                     yield Match(read, line, trust is Trust.TRUSTED, first + index + 1)
+
+
+def _runs(hits: list[int], lines: list[int]) -> Iterator[tuple[list[int], list[int]]]:
+    """The hits (offsets, line numbers) in runs: a run ends where the next hit is more than the lines a window
+    holds around a hit away (every reading looks at most LOOK_BACK lines back and LOOK_AHEAD ahead)."""
+    begin = 0
+    for n in range(1, len(hits) + 1):
+        if n == len(hits) or lines[n] - lines[n - 1] > LOOK_BACK + LOOK_AHEAD:
+            yield hits[begin:n], lines[begin:n]
+            begin = n
 
 
 def _last_lines(data: bytes, n: int) -> bytes:
@@ -148,23 +168,41 @@ def _first_lines(data: bytes, n: int) -> bytes:
     return data[: _line_end_after(data, 0, n - 1)] if data else b""
 
 
+# Bytes per line first guessed when looking for the n-th line break before or after a place (grown as needed).
+_GUESS_LINE_BYTES = 160
+
+
 def _line_start_before(data: bytes, pos: int, n: int) -> int:
-    """The start of the line ``n`` lines before the one that starts at ``pos``."""
-    for _ in range(n):
-        if pos <= 0:
+    """The start of the line ``n`` lines before the one that starts at ``pos`` (0 when there are fewer): the
+    ``n``-th line break before the one that ends the line above, found by one ``rsplit`` over a stretch of bytes
+    that holds it rather than by ``n`` searches."""
+    if n <= 0:
+        return pos
+    end = pos - 1  # the line break that ends the line above is not counted
+    if end <= 0:
+        return 0
+    span = n * _GUESS_LINE_BYTES
+    while True:
+        lo = max(0, end - span)
+        parts = data[lo:end].rsplit(b"\n", n)
+        if len(parts) > n:
+            return lo + len(parts[0]) + 1
+        if lo == 0:
             return 0
-        pos = data.rfind(b"\n", 0, pos - 1) + 1
-    return pos
+        span *= 4
 
 
 def _line_end_after(data: bytes, pos: int, n: int) -> int:
     """The end (without its newline) of the line ``n`` lines after the one holding ``pos``."""
-    for _ in range(n + 1):
-        end = data.find(b"\n", pos)
-        if end == -1:
+    span = (n + 1) * _GUESS_LINE_BYTES
+    while True:
+        hi = min(len(data), pos + span)
+        parts = data[pos:hi].split(b"\n", n + 1)
+        if len(parts) > n + 1:
+            return hi - len(parts[-1]) - 1
+        if hi == len(data):
             return len(data)
-        pos = end + 1
-    return pos - 1
+        span *= 4
 
 
 class _Reading:
@@ -181,7 +219,7 @@ class _Reading:
             own = self._owners.shape(index)
             found: list[Signature] = []
             if own.trust is not Trust.DENIED:
-                text = clean(self.window[index])
+                text = self._owners.cleaned(index)
                 found = self.catalog.find(text, self.kind, start=own.message, quoted=own.trust is not Trust.CLIENT)
             self._alone[index] = found
         return self._alone[index]
@@ -211,11 +249,11 @@ class _Reading:
         head = self._owners.shape(first)
         if head.trust is Trust.DENIED:
             return None
-        one, two = clean(window[first]), window[first + 1]
+        one, two = self._owners.cleaned(first), window[first + 1]
         if len(one) < WRAP_MIN or not two or two[:1].isspace():
             return None
-        rest = clean(two)
-        if not rest or shape(rest).head:
+        rest = self._owners.cleaned(first + 1)
+        if not rest or self._owners.own(first + 1).head:
             return None
         one = one[head.message :]
         # Both joins: a terminal cuts inside a word ("colle" / "ctive"), a mail client drops the space it broke at.
@@ -229,18 +267,26 @@ class _Owners:
     def __init__(self, window: list[str]) -> None:
         self.window = window
         self._shapes: dict[int, Shape] = {}
+        self._cleaned: dict[int, str] = {}
 
-    def _own(self, index: int) -> Shape:
+    def cleaned(self, index: int) -> str:
+        """``clean`` of line ``index``, once per window (a hit's lines are read alone, joined and as owners)."""
+        if index not in self._cleaned:
+            self._cleaned[index] = clean(self.window[index])
+        return self._cleaned[index]
+
+    def own(self, index: int) -> Shape:
+        """The shape of line ``index`` on its own (``records.shape`` of it cleaned), once per window."""
         if index not in self._shapes:
-            self._shapes[index] = shape(clean(self.window[index]))
+            self._shapes[index] = shape(self.cleaned(index))
         return self._shapes[index]
 
     def shape(self, index: int) -> Shape:
-        own = self._own(index)
+        own = self.own(index)
         if own.head:
             return own
         for back in range(index - 1, max(-1, index - OWNER_LOOK_BACK - 1), -1):
-            head = self._own(back)
+            head = self.own(back)
             if head.head:
                 if head.trust is Trust.CLIENT:
                     return Shape(Trust.CLIENT, own.message, False)

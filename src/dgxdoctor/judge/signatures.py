@@ -22,7 +22,7 @@ import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from typing import Any, Protocol, cast
 
@@ -186,6 +186,25 @@ def _gap_pieces(source: str) -> list[str]:
     return [flag + p for p in pieces if p]
 
 
+def _top_level_alternation(source: str) -> bool:
+    body = source.removeprefix("(?i)")
+    depth = i = 0
+    while i < len(body):
+        ch = body[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch == "[":
+            close = body.find("]", i + 2)
+            i = close + 1 if close != -1 else len(body)
+            continue
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and ch == "|":
+            return True
+        i += 1
+    return False
+
+
 class _Searcher:
     """One catalog pattern, searched in linear time (see ``_gap_pieces``)."""
 
@@ -238,15 +257,67 @@ class Match:
 
 
 class Catalog:
+    """The signatures and what searches them; each search structure is built on first use (``diagnose`` of a
+    big log needs the block prefilter at once, the per-line one only on the lines it hits)."""
+
     def __init__(self, signatures: Iterable[Signature]) -> None:
         self.signatures: tuple[Signature, ...] = tuple(signatures)
-        # The cheap first pass: any pattern's anchor, longest first.
-        forms = {form for sig in self.signatures for p in sig.patterns for form in _anchor_forms(p.pattern)}
-        self.prefilter = re.compile(_trie_regex(forms)) if forms else None
-        # The same over a block of raw bytes (judge.scan): RE2's automaton where installed, linear and several
-        # times faster than Python's engine over a long text; Python's otherwise.
-        self.block_prefilter = _block_regex(_trie_regex(forms, gaps=True) if forms else "(?!)")
-        self._searchers = {p.pattern: _Searcher(p) for sig in self.signatures for p in sig.patterns}
+
+    @cached_property
+    def _forms(self) -> set[str]:
+        return {form for sig in self.signatures for p in sig.patterns for form in _anchor_forms(p.pattern)}
+
+    @cached_property
+    def prefilter(self) -> re.Pattern[str] | None:
+        """The cheap first pass over one line: any pattern's anchor, as a prefix tree."""
+        return re.compile(_trie_regex(self._forms)) if self._forms else None
+
+    @cached_property
+    def block_prefilter(self) -> _BytesSearch:
+        """The same over a block of raw bytes (judge.scan): RE2's automaton where installed, linear and several
+        times faster than Python's engine over a long text; Python's otherwise."""
+        return _block_regex(_trie_regex(self._forms, gaps=True) if self._forms else "(?!)")
+
+    @cached_property
+    def _searchers(self) -> dict[str, _Searcher]:
+        return {p.pattern: _Searcher(p) for sig in self.signatures for p in sig.patterns}
+
+    @cached_property
+    def _anchors(self) -> tuple[dict[str, frozenset[int]], tuple[tuple[str, int], ...]]:
+        """Where the patterns' anchors lead: for each prefilter form, the signatures (indexes) whose case-sensitive
+        patterns are anchored on it or on a form it starts with; and each (?i) pattern's anchor lower-cased with
+        its signature ("" where the anchor is not ASCII: always a candidate)."""
+        plain: dict[str, set[int]] = {}
+        folded = []
+        for n, sig in enumerate(self.signatures):
+            for p in sig.patterns:
+                text = anchor(p.pattern)
+                if p.pattern.startswith("(?i)"):
+                    folded.append((text.lower() if text.isascii() else "", n))
+                else:
+                    plain.setdefault(text, set()).add(n)
+        by_form = {f: frozenset(n for a, ns in plain.items() if f.startswith(a) for n in ns) for f in self._forms}
+        return by_form, tuple(folded)
+
+    def _candidates(self, text: str, first: re.Match[str]) -> list[int]:
+        """The signatures (indexes, in order) one of whose patterns' anchors occurs in ``text``: no other can
+        match. ``first`` is the prefilter's first hit; it is searched again from each hit's next character, and
+        a hit is the longest form at its place, so every place where a form starts is seen, with every shorter
+        form there (the ones it starts with). A (?i) anchor is looked for in the lower-cased text, which is exact
+        for ASCII text; in other text (Unicode case folding pairs "s" with U+017F) each (?i) pattern is tried."""
+        by_form, folded = self._anchors
+        hits: set[int] = set()
+        prefilter = self.prefilter
+        m: re.Match[str] | None = first
+        while m is not None and prefilter is not None:
+            hits.update(by_form[m.group()])
+            m = prefilter.search(text, m.start() + 1)
+        if text.isascii():
+            lowered = text.lower()
+            hits.update(n for literal, n in folded if literal in lowered)
+        else:
+            hits.update(n for _, n in folded)
+        return sorted(hits)
 
     def by_code(self) -> dict[str, Signature]:
         return {s.code: s for s in self.signatures}
@@ -257,14 +328,16 @@ class Catalog:
         from dgxdoctor.judge.records import inside_quotes
 
         text = text[:MAX_MATCH_CHARS]
-        if self.prefilter is None or self.prefilter.search(text, start) is None:
+        if self.prefilter is None or (first := self.prefilter.search(text, start)) is None:
             return []
+        body = text[start:]
         found = []
-        for sig in self.signatures:
+        for n in self._candidates(text, first):
+            sig = self.signatures[n]
             if kind is not None and kind not in sig.kinds:
                 continue
             for p in sig.patterns:
-                span = self._searchers[p.pattern].span(text[start:])
+                span = self._searchers[p.pattern].span(body)
                 if span is not None and (quoted or not inside_quotes(text, span[0] + start, span[1] + start)):
                     found.append(sig)
                     break
@@ -274,8 +347,12 @@ class Catalog:
     def match(self, line: str, kind: str | None = None) -> list[Match]:
         """Signatures one line shows on its own, read as the record it is (``judge.records``): nothing from a
         request or access-log record, nothing from quoted text of a client record."""
-        from dgxdoctor.judge.records import Trust, clean, shape
+        from dgxdoctor.judge.records import Trust, clean, may_hold_colour, shape
 
+        if self.prefilter is None:
+            return []
+        if "\r" not in line and not may_hold_colour(line) and self.prefilter.search(line) is None:
+            return []  # cleaning only cuts a prefix off this line: no anchor in it, none in what is left
         text = clean(line)
         found = shape(text)
         if found.trust is Trust.DENIED:
@@ -354,6 +431,9 @@ def _compile(raw: object, where: str) -> re.Pattern[str]:
         raise CatalogError(f"{where}: pattern {raw!r} must not use named groups")
     if pattern.flags & ~(re.UNICODE | re.IGNORECASE) or raw.find("(?i)") > 0:
         raise CatalogError(f"{where}: pattern {raw!r} may use no inline flag but a leading (?i)")
+    if _top_level_alternation(raw):
+        # The anchor of one branch is not in a line the other matches: the prefilters would drop that line.
+        raise CatalogError(f"{where}: pattern {raw!r} has a top-level |: put the alternatives in a group (?:...|...)")
     if len(anchor(raw)) < MIN_ANCHOR:
         # The prefilter looks for this literal text; without it every line would need the regex.
         raise CatalogError(f"{where}: pattern {raw!r} needs {MIN_ANCHOR}+ literal characters outside groups")

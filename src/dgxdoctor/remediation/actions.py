@@ -108,8 +108,12 @@ class Deadline:
         return self.seconds - (self.clock() - self.start)
 
 
-def verify_vllm(target: VllmTarget, timeout_s: float, client: httpx.Client) -> StepResult:
-    """``/health`` 200 (polled until the deadline), the model in ``/v1/models``, a chat completion with tokens."""
+def verify_vllm(
+    target: VllmTarget, timeout_s: float, client: httpx.Client, sleep: Callable[[float], None] = time.sleep
+) -> StepResult:
+    """``/health`` 200 (polled until the deadline), the model in ``/v1/models``, a chat completion with tokens.
+
+    ``sleep`` waits between polls; the engine's raises when the agent stops, so a stop never waits out the deadline."""
     started = time.monotonic()
     deadline = Deadline(timeout_s)
     headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
@@ -126,7 +130,7 @@ def verify_vllm(target: VllmTarget, timeout_s: float, client: httpx.Client) -> S
         if deadline.left <= 0:
             why = f"not healthy within {timeout_s:g} s ({last})"
             return StepResult("verify", False, why, time.monotonic() - started)
-        time.sleep(min(POLL_S, max(deadline.left, 0)))
+        sleep(min(POLL_S, max(deadline.left, 0)))
     try:
         detail = _models_and_completion(client, base, headers, target)
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
@@ -156,8 +160,15 @@ def _models_and_completion(client: httpx.Client, base: str, headers: dict[str, s
     return None
 
 
-def wait_ray(dashboard_url: str, nodes: int, gpus: int, timeout_s: float, client: httpx.Client) -> StepResult:
-    """Poll the dashboard until ``nodes`` are ALIVE holding ``gpus`` GPUs together."""
+def wait_ray(
+    dashboard_url: str,
+    nodes: int,
+    gpus: int,
+    timeout_s: float,
+    client: httpx.Client,
+    sleep: Callable[[float], None] = time.sleep,
+) -> StepResult:
+    """Poll the dashboard until ``nodes`` are ALIVE holding ``gpus`` GPUs together (``sleep`` as in verify_vllm)."""
     started = time.monotonic()
     deadline = Deadline(timeout_s)
     url = f"{dashboard_url.rstrip('/')}/api/v0/nodes?detail=1"
@@ -174,7 +185,7 @@ def wait_ray(dashboard_url: str, nodes: int, gpus: int, timeout_s: float, client
             last = f"{type(exc).__name__}: {exc}"[:200]
         if deadline.left <= 0:
             return StepResult("wait_ray", False, f"not ready in {timeout_s:g} s: {last}", time.monotonic() - started)
-        time.sleep(min(POLL_S * 2, max(deadline.left, 0)))
+        sleep(min(POLL_S * 2, max(deadline.left, 0)))
 
 
 def ask_worker(

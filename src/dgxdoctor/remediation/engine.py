@@ -3,7 +3,8 @@
 Findings come from the result store (the checks' latest results), alerts from the webhook (queued, deduplicated
 per fingerprint). A loop re-evaluates every ``TICK_S`` and at once when something arrives. Decisions are audited
 when they change; an action runs in a worker thread, one at a time, its start and end both written to the audit
-and the guard's state before and after. A worker's agent runs its part of a cluster restart only when the head
+and the guard's state before and after. When the agent stops, an action running ends at its next step or poll
+and is audited "interrupted" (``stop``). A worker's agent runs its part of a cluster restart only when the head
 asks (``run_step``).
 """
 
@@ -13,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import re
+import threading
 import time
 import uuid
 from collections import Counter
@@ -40,11 +42,17 @@ from dgxdoctor.settings.remediation import RemediationSettings
 log = eventlog.get_logger(__name__)
 
 TICK_S = 1.0
+# At stop, how long an action running is given to end at its next step or poll (the daemon exits within 10 s);
+# one still inside a command then is left in flight, and recorded as interrupted at the next start (``recover``).
+STOP_WAIT_S = 5.0
+INTERRUPTED = "interrupted"  # the step that ends an action the agent's stop cut short
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 UPTIME_METRIC = "dgxdoctor_vllm_process_uptime_seconds"
 __all__ = ["FiringAlert", "Remediator", "Targets"]
 
 
+# One step of an action, its arguments bound; blocks (run in the action's thread).
+StepCall = Callable[[], StepResult]
 # (node, problem, suggested action, reason, now) -> what happened; raises when the page could not be delivered.
 Pager = Callable[[str, str, str, str, float], str]
 
@@ -60,6 +68,14 @@ class Targets:
     workers: tuple[str, ...]
     token: str | None
     executor: str | None = None  # [node] executor: "mp" restarts in the mp order, else the Ray order
+
+
+class Interrupted(Exception):
+    """The agent is stopping: the action ends where it is, with the steps it ran."""
+
+    def __init__(self, steps: list[StepResult]) -> None:
+        super().__init__("the agent stopped")
+        self.steps = steps
 
 
 def vllm_uptime(results: dict[str, CheckResult]) -> float | None:
@@ -111,6 +127,8 @@ class Remediator:
         self.wake = asyncio.Event()
         self.busy = asyncio.Lock()
         self.task: asyncio.Task[None] | None = None
+        self.acting: asyncio.Task[None] | None = None  # the action running, if any (``stop`` ends it)
+        self.stopping = threading.Event()  # set by ``stop``: seen by the action's thread between steps and polls
         self.capture: PreActionCapture | None = None  # act mode: the evidence, taken before a restart runs
         self.planned_bundles: dict[str, Path] = {}  # action id -> where its capture goes (named before it runs)
         self.gate = HardwareGate()  # no restart while a hardware cause is active (remediation/hardware_gate.py)
@@ -223,13 +241,24 @@ class Remediator:
         except OSError as exc:  # an unwritable or unreadable state_dir: say so, keep serving
             self.disabled = self.disabled or f"state unusable: {type(exc).__name__}: {exc}"[:300]
             log.error("remediation_state_unreadable", error=f"{type(exc).__name__}: {exc}")
+        self.stopping.clear()
         self.task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
+        """No new action; the one running ends at its next step or poll, audited "interrupted", nothing left in
+        flight, so the audit says at once how it ended. Its thread is not left running for an event loop that closes
+        after this (``asyncio.run`` joins it) to wait on for the rest of the action (Ray's readiness: 300 s)."""
+        self.stopping.set()
         if self.task is not None:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
+        acting = self.acting
+        if acting is not None and not acting.done():
+            await asyncio.wait({acting}, timeout=STOP_WAIT_S)
+            if not acting.done():
+                why = "a command still runs: left in flight, recorded as interrupted at the next start"
+                log.warning("remediation_stop_action_running", wait_s=STOP_WAIT_S, detail=why)
 
     async def _loop(self) -> None:
         while True:
@@ -284,7 +313,7 @@ class Remediator:
             if saved and self.pending_finish is not None and guard.state.in_flight is None:
                 self.pending_finish = None
         if acting and saved and chosen is not None:
-            asyncio.get_running_loop().create_task(self._act(chosen, action_id, now))
+            self.acting = asyncio.get_running_loop().create_task(self._act(chosen, action_id, now))
         elif acting and chosen is not None:
             self._audit(self._not_started_record(chosen, action_id, now))
         elif chosen is not None and chosen.verdict == "page" and saved:
@@ -335,7 +364,11 @@ class Remediator:
             evidence = await self.capture.before(decision.action, action_id, planned) if self.capture else {}
             steps = await asyncio.to_thread(self._execute, decision.action, action_id)
             ok = all(s.ok for s in steps if not s.step.startswith("stop")) and bool(steps)
-            outcome = "success" if ok else "failed"
+            interrupted = bool(steps) and steps[-1].step == INTERRUPTED
+            outcome = "interrupted" if interrupted else "success" if ok else "failed"
+            if interrupted:
+                evidence = {**evidence, "detail": "the agent stopped while it ran; not repeated: the condition must "
+                            "hold again, the cooldown and the ladder apply"}  # fmt: skip
             verification = next((s.to_doc() for s in steps if s.step == "verify"), None)
             end = self.clock()
             self._audit(
@@ -365,55 +398,78 @@ class Remediator:
         self.pending_finish = None
 
     def _execute(self, action: str, action_id: str) -> list[StepResult]:
+        """The action's steps; when the agent's stop ended them early, the last is ``INTERRUPTED``."""
         cmd, timeout = self.settings.commands, self.settings.command_timeout_s
         with self.env.http_client() as client:
-            if self.targets.executor == "mp":
-                # Either restart is the whole mp deployment: a head restarted alone leaves the headless workers
-                # in a process group that no longer exists (docs/remediation.md).
-                steps = self._mp_steps(action_id, client)
-            elif action == "restart_vllm":
-                steps = [run_argv("restart_vllm", cmd.restart_vllm, timeout, self.env.run_command)]
-            else:
-                steps = self._cluster_steps(action_id, client)
-            if steps and steps[-1].ok:
-                steps.append(verify_vllm(self.targets.vllm, self.settings.verify_timeout_s, client))
+            verify = partial(verify_vllm, self.targets.vllm, self.settings.verify_timeout_s, client, self._pause)
+            try:
+                if self.targets.executor == "mp":
+                    # Either restart is the whole mp deployment: a head restarted alone leaves the headless workers
+                    # in a process group that no longer exists (docs/remediation.md).
+                    return self._mp_steps(action_id, client, verify)
+                if action == "restart_vllm":
+                    restart = partial(run_argv, "restart_vllm", cmd.restart_vllm, timeout, self.env.run_command)
+                    return self._run_steps([], [restart, verify])
+                return self._cluster_steps(action_id, client, verify)
+            except Interrupted as stopped:
+                return [*stopped.steps, StepResult(INTERRUPTED, False, "the agent stopped: the action ended here", 0.0)]
+
+    def _run_steps(self, stops: list[StepCall], starts: list[StepCall]) -> list[StepResult]:
+        """Stops are best effort; starts run in order until one fails (the verification is the last). A stopping
+        agent ends the sequence before the next step or at a step's next poll: ``Interrupted``, the steps so far."""
+        steps: list[StepResult] = []
+        try:
+            for stop in stops:
+                self._pause(0)
+                steps.append(_best_effort(stop()))
+            for start in starts:
+                self._pause(0)
+                steps.append(start())
+                if not steps[-1].ok:
+                    break
+        except Interrupted:
+            raise Interrupted(steps) from None
         return steps
 
-    def _cluster_steps(self, action_id: str, client: httpx.Client) -> list[StepResult]:
+    def _pause(self, seconds: float) -> None:
+        """A step's wait between polls, and the check between steps: raises ``Interrupted`` once the agent stops."""
+        if self.stopping.wait(seconds):
+            raise Interrupted([])
+
+    def _cluster_steps(self, action_id: str, client: httpx.Client, verify: StepCall) -> list[StepResult]:
         """The runbook's order; stop steps are best effort, a failed start or wait ends the sequence."""
         cmd, timeout, t = self.settings.commands, self.settings.command_timeout_s, self.targets
-        steps = [run_argv("stop_vllm", cmd.stop_vllm, timeout, self.env.run_command)]
-        steps += [ask_worker(w, "ray_stop", action_id, t.token, timeout, client) for w in t.workers]
-        steps.append(run_argv("stop_ray_head", cmd.ray("stop", "head"), timeout, self.env.run_command))
-        ready_s = self.settings.ray_ready_timeout_s
-        starts: list[Callable[[], StepResult]] = [
-            partial(run_argv, "start_ray_head", cmd.ray("start", "head"), timeout, self.env.run_command),
-            *[partial(ask_worker, w, "ray_start", action_id, t.token, timeout, client) for w in t.workers],
-            partial(wait_ray, t.ray_dashboard_url, t.ray_nodes, t.ray_gpus, ready_s, client),
-            partial(run_argv, "start_vllm", cmd.start_vllm, timeout, self.env.run_command),
+        run = self.env.run_command
+        stops: list[StepCall] = [
+            partial(run_argv, "stop_vllm", cmd.stop_vllm, timeout, run),
+            *[partial(ask_worker, w, "ray_stop", action_id, t.token, timeout, client) for w in t.workers],
+            partial(run_argv, "stop_ray_head", cmd.ray("stop", "head"), timeout, run),
         ]
-        for step in starts:
-            steps.append(step())
-            if not steps[-1].ok:
-                break
-        return [s if not s.step.startswith(("stop_", "ray_stop")) else _best_effort(s) for s in steps]
+        ready_s = self.settings.ray_ready_timeout_s
+        starts: list[StepCall] = [
+            partial(run_argv, "start_ray_head", cmd.ray("start", "head"), timeout, run),
+            *[partial(ask_worker, w, "ray_start", action_id, t.token, timeout, client) for w in t.workers],
+            partial(wait_ray, t.ray_dashboard_url, t.ray_nodes, t.ray_gpus, ready_s, client, self._pause),
+            partial(run_argv, "start_vllm", cmd.start_vllm, timeout, run),
+            verify,
+        ]
+        return self._run_steps(stops, starts)
 
-    def _mp_steps(self, action_id: str, client: httpx.Client) -> list[StepResult]:
+    def _mp_steps(self, action_id: str, client: httpx.Client, verify: StepCall) -> list[StepResult]:
         """vLLM's multiprocessing executor across nodes: stop the head's vLLM, stop the headless workers, start
         the workers (each waits for the head's master), start the head; stops are best effort, a failed start
         ends the sequence. No Ray step."""
         cmd, timeout, t = self.settings.commands, self.settings.command_timeout_s, self.targets
-        steps = [run_argv("stop_vllm", cmd.stop_vllm, timeout, self.env.run_command)]
-        steps += [ask_worker(w, "vllm_stop", action_id, t.token, timeout, client) for w in t.workers]
-        starts: list[Callable[[], StepResult]] = [
+        stops: list[StepCall] = [
+            partial(run_argv, "stop_vllm", cmd.stop_vllm, timeout, self.env.run_command),
+            *[partial(ask_worker, w, "vllm_stop", action_id, t.token, timeout, client) for w in t.workers],
+        ]
+        starts: list[StepCall] = [
             *[partial(ask_worker, w, "vllm_start", action_id, t.token, timeout, client) for w in t.workers],
             partial(run_argv, "start_vllm", cmd.start_vllm, timeout, self.env.run_command),
+            verify,
         ]
-        for step in starts:
-            steps.append(step())
-            if not steps[-1].ok:
-                break
-        return [s if not s.step.startswith(("stop_", "vllm_stop")) else _best_effort(s) for s in steps]
+        return self._run_steps(stops, starts)
 
     async def _page(self, decision: Decision, now: float) -> None:
         detail = "no [alerts] alertmanager_url: logged only"

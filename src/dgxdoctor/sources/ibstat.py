@@ -91,8 +91,10 @@ class IbstatPort:
 
 def looks_like_ibstat(text: str) -> bool:
     """Cheap and conservative: a ``CA '...'`` line and a ``Port N:`` line with ``State:`` somewhere."""
+    if "State:" not in text or "CA" not in text:  # before splitting the 1 MB head of a big log into lines
+        return False
     has_ca = any(CA_RE.match(line) for line in text.splitlines()[:50])
-    return has_ca and bool(re.search(r"^\s+Port\s+\d+:\s*$", text, re.M)) and "State:" in text
+    return has_ca and bool(re.search(r"^\s+Port\s+\d+:\s*$", text, re.M))
 
 
 def parse_ibstat(text: str) -> list[IbstatPort]:

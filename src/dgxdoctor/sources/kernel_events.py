@@ -277,6 +277,12 @@ def parse_kernel_event(line: str) -> KernelEvent | None:
     return None
 
 
+def may_hold_events(text: str) -> bool:
+    """False when no line of ``text`` can hold a fault or recovery: none of the routes' substrings occurs (a test
+    over the whole text instead of one per line, for the head of a big log that ``diagnose`` reads)."""
+    return any(hint in text for hint, _ in _ROUTES)
+
+
 def scan_kernel_lines(lines: Iterable[str]) -> Iterator[KernelEvent]:
     for line in lines:
         event = parse_kernel_event(line)

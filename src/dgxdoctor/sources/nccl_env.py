@@ -44,6 +44,8 @@ SOURCE_COMMANDS = frozenset({".", "source"})
 MAX_SOURCE_DEPTH = 4
 # Files bigger than this are not an environment file.
 MAX_ENV_FILE_BYTES = 1 << 20
+# Longer than any real assignment (a long LD_LIBRARY_PATH is a few KiB); shlex spends seconds on a 200 KB line.
+MAX_ENV_LINE_CHARS = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,9 @@ def parse_env_file(text: str, include: Include | None = None) -> EnvFile:
     for number, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
+            continue
+        if len(stripped) > MAX_ENV_LINE_CHARS:
+            problems.append((number, f"{len(stripped)} characters long (over {MAX_ENV_LINE_CHARS}), ignored"))
             continue
         try:
             words = shlex.split(stripped, comments=True, posix=True)

@@ -90,7 +90,7 @@ class _Node:
 
 def looks_like_query(text: str) -> bool:
     return "==============NVSMI LOG==============" in text or (
-        Q_GPU_RE.search(text) is not None and "Product Name" in text
+        "Product Name" in text and Q_GPU_RE.search(text) is not None
     )
 
 
@@ -99,7 +99,7 @@ def looks_like_table(text: str) -> bool:
 
 
 def looks_like_nvlink_status(text: str) -> bool:
-    return NVLINK_GPU_RE.search(text) is not None and "Link 0:" in text
+    return "Link 0:" in text and NVLINK_GPU_RE.search(text) is not None
 
 
 def _tree(lines: list[str]) -> _Node:

@@ -68,18 +68,27 @@ _CONTENT: dict[str, re.Pattern[str]] = {
 #    0.0/16.0 GPU
 #   Pending Demands:
 #    {'GPU': 32.0}: 1+ pending tasks/actors
+# Each after literal texts one of which every match contains, tested first: the regexes are tried at every line
+# start, 80 ms over the 1 MB head of a big log that holds none of them (diagnose.stream).
 _FRAGMENT_RES = (
-    re.compile(r"^[ \t]*(?:Node status|Resources)[ \t]*\r?\n[ \t]*-{8,}[ \t]*\r?$", re.M),
-    re.compile(
-        r"^[ \t]*(?:Total )?Usage:[ \t]*\r?\n[ \t]*\d+(?:\.\d+)?[A-Za-z]*/\d+(?:\.\d+)? ?[A-Za-z]*[ \t]+\S+[ \t]*\r?$",
-        re.M,
+    (("--------",), re.compile(r"^[ \t]*(?:Node status|Resources)[ \t]*\r?\n[ \t]*-{8,}[ \t]*\r?$", re.M)),
+    (
+        ("Usage:",),
+        re.compile(
+            r"^[ \t]*(?:Total )?Usage:[ \t]*\r?\n"
+            r"[ \t]*\d+(?:\.\d+)?[A-Za-z]*/\d+(?:\.\d+)? ?[A-Za-z]*[ \t]+\S+[ \t]*\r?$",
+            re.M,
+        ),
     ),
-    re.compile(r"^[ \t]*(?:Active|Healthy|Idle):[ \t]*\r?\n[ \t]*\d{1,18} [ \t]*node_[0-9a-f]{8}", re.M),
-    re.compile(
-        r"^[ \t]*(?:(?:Total |Pending )?Demands|From request_resources):[ \t]*\r?\n[ \t]*"
-        r"(?:\((?:no resource demands|none)\)|\{[^\n]{0,4000}\}[^\n]{0,4000}"
-        r"(?:pending tasks/actors|pending placement groups|from request_resources\(\)))",
-        re.M,
+    (("node_",), re.compile(r"^[ \t]*(?:Active|Healthy|Idle):[ \t]*\r?\n[ \t]*\d{1,18} [ \t]*node_[0-9a-f]{8}", re.M)),
+    (
+        ("Demands:", "From request_resources:"),
+        re.compile(
+            r"^[ \t]*(?:(?:Total |Pending )?Demands|From request_resources):[ \t]*\r?\n[ \t]*"
+            r"(?:\((?:no resource demands|none)\)|\{[^\n]{0,4000}\}[^\n]{0,4000}"
+            r"(?:pending tasks/actors|pending placement groups|from request_resources\(\)))",
+            re.M,
+        ),
     ),
 )
 
@@ -134,7 +143,7 @@ def looks_like_ray_status(text: str) -> bool:
     node heading followed by a line of its kind (anywhere: a log may embed the output)."""
     if " status: " in text and any(HEADER_RE.match(line.strip()) for line in text.splitlines()):
         return True
-    return any(r.search(text) is not None for r in _FRAGMENT_RES)
+    return any(any(t in text for t in literals) and r.search(text) is not None for literals, r in _FRAGMENT_RES)
 
 
 def parse_ray_status(text: str) -> RayStatusReport:
