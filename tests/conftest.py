@@ -51,6 +51,21 @@ def run_clis(calls: Sequence[Sequence[str]], timeout: float = 120) -> list[CliRu
         return list(pool.map(lambda args: run_cli(*args, timeout=timeout), calls))
 
 
+def fresh_python(code: str) -> str:
+    """Run ``code`` in a fresh interpreter that sees only this checkout's src; its stdout (fails on a non-zero exit).
+
+    What a module imports is only visible in an interpreter that has loaded nothing else."""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": str(REPO / "src")},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return done.stdout
+
+
 @pytest.fixture
 def fixtures() -> Path:
     return FIXTURES

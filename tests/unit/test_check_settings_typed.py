@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import get_args
 
 import pytest
 
+from conftest import fresh_python
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import parse_config
@@ -123,10 +123,7 @@ def test_remediation_imports_no_check() -> None:
         "import dgxdoctor.config, dgxdoctor.settings.daemon, dgxdoctor.settings.alerts\n"
         "print(sorted(m for m in sys.modules if m.startswith('dgxdoctor.checks')))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PYTHONPATH": str(SRC.parent)}
-    )
-    assert done.stdout.strip() == "[]"
+    assert fresh_python(code).strip() == "[]"
 
 
 def test_the_type_argument_is_the_settings_model() -> None:

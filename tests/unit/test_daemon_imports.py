@@ -5,13 +5,10 @@ used) stay out of it. See benchmarks/README.md for the memory this keeps off."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[2] / "src"
+from conftest import fresh_python
 
 NOT_IN_DAEMON = (
     "dgxdoctor.diagnose.registry",
@@ -50,10 +47,8 @@ def test_daemon_imports_no_one_shot_code() -> None:
         "from dgxdoctor.checks.registry import ALL_CHECKS\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], env={"PYTHONPATH": str(SRC)}, capture_output=True, text=True, check=True
-    )
-    loaded = set(json.loads(done.stdout))
+    out = fresh_python(code)
+    loaded = set(json.loads(out))
     assert "dgxdoctor.daemon.service" in loaded
     assert sorted(loaded.intersection(NOT_IN_DAEMON)) == []
 
@@ -71,12 +66,10 @@ def test_no_nvml_library_means_no_pynvml_import() -> None:
         "    print(exc)\n"
         "print('pynvml' in sys.modules)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], env={"PYTHONPATH": str(SRC)}, capture_output=True, text=True, check=True
-    )
-    if done.stdout.startswith("present"):
+    out = fresh_python(code)
+    if out.startswith("present"):
         pytest.skip("libnvidia-ml.so.1 loads on this machine: pynvml is rightly imported here")
-    assert done.stdout.splitlines() == ["NVML library not found (libnvidia-ml.so.1 did not load)", "False"]
+    assert out.splitlines() == ["NVML library not found (libnvidia-ml.so.1 did not load)", "False"]
 
 
 def test_malloc_arena_cap_defers_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,7 +86,5 @@ def test_release_freed_memory_freezes_start_up_objects() -> None:
         "trimmed = release_freed_memory(freeze=True)\n"
         "print(gc.get_freeze_count() > 0, trimmed == (platform.libc_ver()[0] == 'glibc'))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], env={"PYTHONPATH": str(SRC)}, capture_output=True, text=True, check=True
-    )
-    assert done.stdout.split() == ["True", "True"]
+    out = fresh_python(code)
+    assert out.split() == ["True", "True"]
