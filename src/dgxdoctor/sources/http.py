@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 from collections.abc import AsyncIterator, Iterator
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -139,22 +138,3 @@ class CappedTransport(httpx.BaseTransport):
 
     def close(self) -> None:
         self._inner.close()
-
-
-def http_url(value: str, *, path: bool = True) -> str:
-    """The one check of a configured URL: http(s) with a host and a valid port, no query, fragment or user name;
-    ``path=False`` also refuses a path (a peer is scheme, host and port). Returns it without a trailing ``/``;
-    ValueError naming what is wrong."""
-    parts = urlsplit(value)
-    shape = "http(s)://HOST:PORT" + ("[/PATH]" if path else "")
-    try:
-        parts.port  # noqa: B018 - urlsplit checks the port only when asked
-    except ValueError as exc:
-        raise ValueError(f"{value!r} is not an {shape} URL: {exc}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{value!r} is not an {shape} URL")
-    if parts.query or parts.fragment or parts.username:
-        raise ValueError(f"{value!r}: give no query, fragment or user name ({shape})")
-    if not path and parts.path not in ("", "/"):
-        raise ValueError(f"{value!r}: give only scheme, host and port")
-    return value.rstrip("/")
