@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import socket
-import tomllib
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, get_args, get_origin
@@ -307,6 +306,8 @@ def _read_config(path: Path | None) -> Config:
         if explicit:
             raise ConfigError(str(path), [("(file)", "no such file")])
         return parse_config({}, "<defaults>")
+    import tomllib  # only for a file: the defaults load no TOML parser (benchmarks/startup.py)
+
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:

@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import httpx
-
 from dgxdoctor.environment import Environment
 from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.sources.procfs import iter_processes, runs_package
@@ -73,6 +71,8 @@ def vllm_pids(env: Environment) -> list[int]:
 
 def running_requests(env: Environment, url: str, timeout_s: float = 2.0) -> float | None:
     """``vllm:num_requests_running`` from ``url/metrics``; None when nothing answers there (not serving)."""
+    import httpx
+
     try:
         with env.http_client(timeout_s=timeout_s) as client:
             response = client.get(f"{url.rstrip('/')}/metrics")

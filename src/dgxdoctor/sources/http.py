@@ -9,35 +9,15 @@ a transport failure.
 
 from __future__ import annotations
 
-import errno
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
 
+from dgxdoctor.sources.exhaustion import AgentExhausted as AgentExhausted
+from dgxdoctor.sources.exhaustion import own_exhaustion
+
 # vLLM's /metrics with many engines and buckets is a few hundred KiB; Ray's node list for a big cluster some MiB.
 MAX_RESPONSE_BYTES = 32 * 2**20
-
-
-# The agent's own process (or the whole system) is out of descriptors: no socket can be opened to anything. That is
-# dgxdoctor's own problem, never a finding about the service it tried to reach.
-OWN_EXHAUSTION = {errno.EMFILE: "open files (RLIMIT_NOFILE)", errno.ENFILE: "open files of the whole system"}
-
-
-class AgentExhausted(Exception):
-    """dgxdoctor itself could not open a connection for lack of descriptors (not an ``httpx.HTTPError``: a check
-    must not judge the remote service on it; the runner turns it into UNKNOWN with this text)."""
-
-
-def own_exhaustion(exc: BaseException) -> str | None:
-    """What ran out, when ``exc`` (or what caused it) is EMFILE/ENFILE; else None."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in OWN_EXHAUSTION:
-            return OWN_EXHAUSTION[current.errno]
-        current = current.__cause__ or current.__context__
-    return None
 
 
 class _CappedStream(httpx.SyncByteStream):
