@@ -87,3 +87,12 @@ def test_check_loads_no_http_client_or_document_model_where_nothing_answers(tmp_
 def test_check_json_builds_the_results_document_and_defaults_read_no_toml() -> None:
     assert "tomllib" not in modules_after("check", "--only", "host")
     assert "dgxdoctor.documents" in modules_after("check", "--only", "host", "--json")
+
+
+def test_diagnose_of_a_kernel_line_loads_no_settings_models(tmp_path: Path) -> None:
+    """The IB verdicts hold the infiniband check's rule model: pydantic loads once a paste is ibstat or perfquery."""
+    paste = tmp_path / "paste.txt"
+    paste.write_text("NVRM: Xid (PCI:0000:18:00): 79, pid=1234, GPU has fallen off the bus.\n")
+    modules = modules_after("diagnose", str(paste))
+    assert "dgxdoctor.diagnose.kernel_log" in modules
+    assert loaded(modules, "pydantic", "dgxdoctor.judge.infiniband", "httpx") == []
