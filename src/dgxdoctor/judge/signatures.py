@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache, cached_property
 from importlib import resources
@@ -154,40 +154,8 @@ def _anchor_forms(source: str) -> set[str]:
     return {low, low[:1].upper() + low[1:], text.upper(), (first.upper() + " " + rest.lower()).strip()}
 
 
-def _gap_pieces(source: str) -> list[str]:
-    """The pattern cut at each top-level ``.*``: searched piece after piece, a line costs linear time.
-
-    ``A.*B`` as one regex retries ``.*`` from every place ``A`` occurs (a 16 KiB line of repeated ``NCCL WARN``
-    took 147 ms); ``A`` then ``B`` after it gives the same answer for the catalog's patterns, whose pieces are
-    literal text. A pattern with a top-level alternation is kept whole.
-    """
-    flag, body = ("(?i)", source[4:]) if source.startswith("(?i)") else ("", source)
-    pieces: list[str] = []
-    depth = last = i = 0
-    while i < len(body):
-        ch = body[i]
-        if ch == "\\":
-            i += 2
-            continue
-        if ch == "[":
-            close = body.find("]", i + 2)
-            i = close + 1 if close != -1 else len(body)
-            continue
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth == 0 and ch == "|":
-            return [source]
-        if depth == 0 and body.startswith(".*", i):
-            pieces.append(body[last:i])
-            i += 3 if body.startswith(".*?", i) else 2
-            last = i
-            continue
-        i += 1
-    pieces.append(body[last:])
-    return [flag + p for p in pieces if p]
-
-
-def _top_level_alternation(source: str) -> bool:
-    body = source.removeprefix("(?i)")
+def _top_level(body: str) -> Iterator[int]:
+    """The positions of ``body`` outside escapes, character classes and groups: where ``|`` and ``.*`` split."""
     depth = i = 0
     while i < len(body):
         ch = body[i]
@@ -199,10 +167,36 @@ def _top_level_alternation(source: str) -> bool:
             i = close + 1 if close != -1 else len(body)
             continue
         depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth == 0 and ch == "|":
-            return True
+        if depth == 0:
+            yield i
         i += 1
-    return False
+
+
+def _gap_pieces(source: str) -> list[str]:
+    """The pattern cut at each top-level ``.*``: searched piece after piece, a line costs linear time.
+
+    ``A.*B`` as one regex retries ``.*`` from every place ``A`` occurs (a 16 KiB line of repeated ``NCCL WARN``
+    took 147 ms); ``A`` then ``B`` after it gives the same answer for the catalog's patterns, whose pieces are
+    literal text. A pattern with a top-level alternation is kept whole.
+    """
+    flag, body = ("(?i)", source[4:]) if source.startswith("(?i)") else ("", source)
+    if _top_level_alternation(source):
+        return [source]
+    pieces: list[str] = []
+    last = 0
+    for i in _top_level(body):
+        if i < last:
+            continue  # inside the ``.*`` (or ``.*?``) just cut
+        if body.startswith(".*", i):
+            pieces.append(body[last:i])
+            last = i + (3 if body.startswith(".*?", i) else 2)
+    pieces.append(body[last:])
+    return [flag + p for p in pieces if p]
+
+
+def _top_level_alternation(source: str) -> bool:
+    body = source.removeprefix("(?i)")
+    return any(body[i] == "|" for i in _top_level(body))
 
 
 class _Searcher:
