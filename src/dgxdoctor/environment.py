@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import ssl
 import time
@@ -33,6 +34,15 @@ def tcp_connect(host: str, port: int, timeout_s: float) -> None:
     """Open and close one TCP connection; raises OSError (refused, unreachable, timed out)."""
     with socket.create_connection((host, port), timeout=timeout_s):
         pass
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name
+        return False
 
 
 def _default_nvml() -> NvmlClient:
@@ -178,19 +188,21 @@ class Environment:
     token: Callable[[], str | None] = _no_token
 
     def refused(self, url: str, timeout_s: float) -> ConnectionRefusedError | None:
-        """One-shot, on the real network: the refusal of a TCP connect to ``url``'s host and port, which is what an
-        HTTP request there would meet, found without loading httpx and its transport (~0.13 s of CPU of every
-        `dgxdoctor check` on a node without vLLM or Ray, benchmarks/startup.py). None when something listens, the
-        connect fails otherwise, in the daemon (its clients are loaded anyway) or with an injected transport: the
-        request then tells."""
+        """One-shot, on the real network, for a loopback URL (vLLM's and Ray's defaults): the refusal of a TCP
+        connect to its port, which is what an HTTP request there would meet, found without loading httpx and its
+        transport (~0.13 s of CPU of every `dgxdoctor check` on a node without vLLM or Ray, benchmarks/startup.py).
+        None when something listens, the connect fails otherwise, for another host (a connect that hangs would be
+        waited on twice), in the daemon (its clients are loaded anyway) or with an injected transport: the request
+        then tells."""
         if not self.one_shot or self.http_transport is not None:
             return None
         parts = urlsplit(url)
         try:
             port = parts.port or (443 if parts.scheme == "https" else 80)
-            if parts.hostname is None:
+            host = parts.hostname
+            if host is None or not _is_loopback(host):
                 return None
-            self.connect(parts.hostname, port, timeout_s)
+            self.connect(host, port, timeout_s)
         except ConnectionRefusedError as exc:
             return exc
         except (OSError, ValueError):
