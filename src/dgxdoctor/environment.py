@@ -190,7 +190,7 @@ class Environment:
     def refused(self, url: str, timeout_s: float) -> ConnectionRefusedError | None:
         """One-shot, on the real network, for a loopback URL (vLLM's and Ray's defaults): the refusal of a TCP
         connect to its port, which is what an HTTP request there would meet, found without loading httpx and its
-        transport (~0.13 s of CPU of every `dgxdoctor check` on a node without vLLM or Ray, benchmarks/startup.py).
+        transport (~0.1 s of CPU of every `dgxdoctor check` on a node without vLLM or Ray, benchmarks/startup.py).
         None when something listens, the connect fails otherwise, for another host (a connect that hangs would be
         waited on twice), in the daemon (its clients are loaded anyway) or with an injected transport: the request
         then tells."""

@@ -1,7 +1,7 @@
 """A regular expression compiled at its first use, not when its module is imported.
 
-The readers hold a few hundred patterns; compiling them all cost ~80 ms of every start of `dgxdoctor check`, most
-for sources this node does not have (benchmarks/startup.py). ``lazy_compile`` takes ``re.compile``'s place at module
+The readers hold a few hundred patterns; compiling them all at import cost tens of milliseconds of every start of
+`dgxdoctor check` and `diagnose`, most for sources and formats that run does not read (benchmarks/README.md). ``lazy_compile`` takes ``re.compile``'s place at module
 level and answers the same methods. Two threads racing to the first use compile it twice, harmlessly.
 """
 
