@@ -1,8 +1,9 @@
 """A regular expression compiled at its first use, not when its module is imported.
 
 The readers hold a few hundred patterns; compiling them all at import cost tens of milliseconds of every start of
-`dgxdoctor check` and `diagnose`, most for sources and formats that run does not read (benchmarks/README.md). ``lazy_compile`` takes ``re.compile``'s place at module
-level and answers the same methods. Two threads racing to the first use compile it twice, harmlessly.
+`dgxdoctor check` and `diagnose`, most for sources and formats that run does not read (benchmarks/README.md).
+``lazy_compile`` takes ``re.compile``'s place at module level and answers the same methods. Two threads racing to
+the first use compile it twice, harmlessly.
 """
 
 from __future__ import annotations
