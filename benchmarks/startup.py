@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import shlex
 import statistics
 import subprocess
@@ -41,12 +42,18 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _wall(argv: list[str], runs: int) -> list[float]:
+def _wall(argv: list[str], runs: int, cpu: list[float] | None = None) -> list[float]:
+    """Wall seconds of each run; ``cpu`` gets each run's CPU seconds (user + sys), which a loaded machine barely
+    moves."""
     times = []
     for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(), check=False)
         times.append(time.perf_counter() - t0)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if cpu is not None:
+            cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     return times
 
 
@@ -75,11 +82,15 @@ def _imports(args: list[str]) -> tuple[float, list[tuple[float, str]], set[str]]
 
 def _report(name: str, argv: list[str], runs: int, target: float | None, forbidden: tuple[str, ...]) -> bool:
     _wall([sys.executable, "-m", "dgxdoctor", *argv], 1)  # writes the bytecode caches
-    times = _wall([sys.executable, "-m", "dgxdoctor", *argv], runs)
+    cpu: list[float] = []
+    times = _wall([sys.executable, "-m", "dgxdoctor", *argv], runs, cpu)
     total, heaviest, modules = _imports(argv)
     median = statistics.median(times)
     verdict = "" if target is None else (" PASS" if median <= target else " FAIL") + f" (target {target:g} s)"
-    print(f"\n{name}: median {median:.3f} s, max {max(times):.3f} s over {runs} runs{verdict}")
+    print(
+        f"\n{name}: median {median:.3f} s, max {max(times):.3f} s over {runs} runs{verdict}; "
+        f"CPU (user + sys) median {statistics.median(cpu):.3f} s, min {min(cpu):.3f} s"
+    )
     print(f"  imports: {total:.3f} s cumulative; heaviest: " + ", ".join(f"{m} {t * 1000:.0f} ms" for t, m in heaviest))
     loaded = sorted(f for f in forbidden if any(mod == f or mod.startswith(f + ".") for mod in modules))
     print("  needless imports: " + (", ".join(loaded) if loaded else "none"))

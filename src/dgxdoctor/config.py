@@ -7,9 +7,7 @@ assembled from the explicit registry, so a check's keys live beside its code.
 from __future__ import annotations
 
 import json
-import re
 import socket
-import tomllib
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, get_args, get_origin
@@ -17,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, get_args, get_origin
 from pydantic import BaseModel, Field, ValidationError, create_model
 
 from dgxdoctor.environment import Environment, ExecutorKind, Role
+from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.settings.alerts import AlertsSettings as AlertsSettings
 from dgxdoctor.settings.base import Frozen
 from dgxdoctor.settings.bundle import BundleSettings as BundleSettings
@@ -108,7 +107,7 @@ def config_model() -> type[Sections]:
 
 
 # user:password@ in a URL (http://admin:pw@dgx-b:9835): a password in a URL is not repeated in an error.
-_USERINFO = re.compile(r"://[^/@\s'\"]*@")
+_USERINFO = lazy_compile(r"://[^/@\s'\"]*@")
 
 
 class ConfigError(Exception):
@@ -307,6 +306,8 @@ def _read_config(path: Path | None) -> Config:
         if explicit:
             raise ConfigError(str(path), [("(file)", "no such file")])
         return parse_config({}, "<defaults>")
+    import tomllib  # only for a file: the defaults load no TOML parser (benchmarks/startup.py)
+
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import ssl
 import time
@@ -10,12 +11,13 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
-
-import httpx
+from urllib.parse import urlsplit
 
 from dgxdoctor.sources.commands import CommandRunner, LineCommandRunner, run_command, run_command_lines
 
 if TYPE_CHECKING:
+    import httpx
+
     from dgxdoctor.sources.nvml import NvmlClient
 
 
@@ -34,6 +36,15 @@ def tcp_connect(host: str, port: int, timeout_s: float) -> None:
         pass
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name
+        return False
+
+
 def _default_nvml() -> NvmlClient:
     from dgxdoctor.sources.nvml import PynvmlClient
 
@@ -48,6 +59,8 @@ def tls_context() -> ssl.SSLContext:
     peer_compare checks each, which alone was half the daemon's idle CPU. The context is safe to share between
     threads.
     """
+    import httpx
+
     return httpx.create_ssl_context()
 
 
@@ -58,46 +71,59 @@ def plain_context() -> ssl.SSLContext:
     return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 
 
-class ByScheme(httpx.BaseTransport):
-    """``http://`` through a transport that never loads the CA bundle; ``https://`` through one made at the first
-    such request, with ``tls_context()``. The vllm and ray checks speak plain HTTP to loopback: a daemon that never
-    speaks TLS never holds the parsed bundle (~1.5 MiB resident, benchmarks/README.md)."""
-
-    def __init__(self) -> None:
-        self._plain = httpx.HTTPTransport(verify=plain_context())
-        self._tls: httpx.HTTPTransport | None = None
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        if request.url.scheme != "https":
-            return self._plain.handle_request(request)
-        if self._tls is None:
-            self._tls = httpx.HTTPTransport(verify=tls_context())
-        return self._tls.handle_request(request)
-
-    def close(self) -> None:
-        self._plain.close()
-        if self._tls is not None:
-            self._tls.close()
+def __getattr__(name: str) -> Any:
+    """``ByScheme`` and ``AsyncByScheme`` subclass httpx's transports: they are made at first use, so importing the
+    seams loads no httpx (~60 ms of CPU at every `dgxdoctor check`, benchmarks/startup.py)."""
+    if name in ("ByScheme", "AsyncByScheme"):
+        return dict(zip(("ByScheme", "AsyncByScheme"), _transports(), strict=True))[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class AsyncByScheme(httpx.AsyncBaseTransport):
-    """``ByScheme`` for an ``httpx.AsyncClient`` (the peer fetch)."""
+@cache
+def _transports() -> tuple[type[httpx.BaseTransport], type[httpx.AsyncBaseTransport]]:
+    import httpx
 
-    def __init__(self) -> None:
-        self._plain = httpx.AsyncHTTPTransport(verify=plain_context())
-        self._tls: httpx.AsyncHTTPTransport | None = None
+    class ByScheme(httpx.BaseTransport):
+        """``http://`` through a transport that never loads the CA bundle; ``https://`` through one made at the first
+        such request, with ``tls_context()``. The vllm and ray checks speak plain HTTP to loopback: a daemon that never
+        speaks TLS never holds the parsed bundle (~1.5 MiB resident, benchmarks/README.md)."""
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if request.url.scheme != "https":
-            return await self._plain.handle_async_request(request)
-        if self._tls is None:
-            self._tls = httpx.AsyncHTTPTransport(verify=tls_context())
-        return await self._tls.handle_async_request(request)
+        def __init__(self) -> None:
+            self._plain = httpx.HTTPTransport(verify=plain_context())
+            self._tls: httpx.HTTPTransport | None = None
 
-    async def aclose(self) -> None:
-        await self._plain.aclose()
-        if self._tls is not None:
-            await self._tls.aclose()
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            if request.url.scheme != "https":
+                return self._plain.handle_request(request)
+            if self._tls is None:
+                self._tls = httpx.HTTPTransport(verify=tls_context())
+            return self._tls.handle_request(request)
+
+        def close(self) -> None:
+            self._plain.close()
+            if self._tls is not None:
+                self._tls.close()
+
+    class AsyncByScheme(httpx.AsyncBaseTransport):
+        """``ByScheme`` for an ``httpx.AsyncClient`` (the peer fetch)."""
+
+        def __init__(self) -> None:
+            self._plain = httpx.AsyncHTTPTransport(verify=plain_context())
+            self._tls: httpx.AsyncHTTPTransport | None = None
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            if request.url.scheme != "https":
+                return await self._plain.handle_async_request(request)
+            if self._tls is None:
+                self._tls = httpx.AsyncHTTPTransport(verify=tls_context())
+            return await self._tls.handle_async_request(request)
+
+        async def aclose(self) -> None:
+            await self._plain.aclose()
+            if self._tls is not None:
+                await self._tls.aclose()
+
+    return ByScheme, AsyncByScheme
 
 
 def _no_token() -> str | None:
@@ -161,20 +187,46 @@ class Environment:
     # daemon's answers with the token in force after a reload. Raises OSError/ValueError for a bad token_file.
     token: Callable[[], str | None] = _no_token
 
+    def refused(self, url: str, timeout_s: float) -> ConnectionRefusedError | None:
+        """One-shot, on the real network, for a loopback URL (vLLM's and Ray's defaults): the refusal of a TCP
+        connect to its port, which is what an HTTP request there would meet, found without loading httpx and its
+        transport (~0.1 s of CPU of every `dgxdoctor check` on a node without vLLM or Ray, benchmarks/startup.py).
+        None when something listens, the connect fails otherwise, for another host (a connect that hangs would be
+        waited on twice), in the daemon (its clients are loaded anyway) or with an injected transport: the request
+        then tells."""
+        if not self.one_shot or self.http_transport is not None:
+            return None
+        parts = urlsplit(url)
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            host = parts.hostname
+            if host is None or not _is_loopback(host):
+                return None
+            self.connect(host, port, timeout_s)
+        except ConnectionRefusedError as exc:
+            return exc
+        except (OSError, ValueError):
+            return None
+        return None
+
     def http_client(self, base_url: str = "", timeout_s: float = 5.0) -> httpx.Client:
         """An httpx client whose responses are size-capped (``sources.http``); TLS context shared, and loaded only
         for an https URL (``ByScheme``)."""
+        import httpx
+
         from dgxdoctor.sources.http import CappedTransport
 
-        inner = self.http_transport or ByScheme()
+        inner = self.http_transport or _transports()[0]()
         return httpx.Client(base_url=base_url, timeout=timeout_s, transport=CappedTransport(inner))
 
     def async_http_client(self, timeout_s: float = 5.0) -> httpx.AsyncClient:
         """The same for asyncio (a transport injected for tests must also be an ``httpx.AsyncBaseTransport``)."""
+        import httpx
+
         from dgxdoctor.sources.http import AsyncCappedTransport
 
         injected = self.http_transport
         if injected is not None and not isinstance(injected, httpx.AsyncBaseTransport):
             raise TypeError(f"{type(injected).__name__} cannot serve an async client")
-        inner = injected if injected is not None else AsyncByScheme()
+        inner = injected if injected is not None else _transports()[1]()
         return httpx.AsyncClient(timeout=timeout_s, transport=AsyncCappedTransport(inner))

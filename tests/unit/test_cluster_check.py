@@ -18,12 +18,13 @@ from dgxdoctor.checks.base import Check, capped
 from dgxdoctor.daemon import checknow
 from dgxdoctor.daemon.app import AppState, make_app
 from dgxdoctor.daemon.checknow import CheckNow, parse_deadline
+from dgxdoctor.documents import ResultsDocument
 from dgxdoctor.environment import Environment
 from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.fleet.cluster import NodeRun, ask_peers, assemble, clock_offset, cluster_document
 from dgxdoctor.fleet.cluster_table import cluster_table
 from dgxdoctor.fleet.store import ResultStore
-from dgxdoctor.result import CheckResult, Finding, ResultsDocument, Status
+from dgxdoctor.result import CheckResult, Finding, Status
 from fakechecks import FakeSettings, StaticCheck
 from webtest import TestServer
 

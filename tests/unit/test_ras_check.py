@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from dgxdoctor.checks.ras import RasCheck, RasSettings, parallel_size
+from dgxdoctor.documents import CheckDoc
 from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.compare import compare
 from dgxdoctor.fleet.peers import validate_state
-from dgxdoctor.result import CheckDoc, CheckResult, Status
+from dgxdoctor.result import CheckResult, Status
 from proctree import write_process
 from ras_standin import CLOSE, scripted
 
@@ -239,7 +240,7 @@ def test_recorded_healthy_job_exported_and_checked_against_the_layout(tmp_path: 
 
 def test_the_node_whose_own_ras_went_silent_is_the_owner(tmp_path: Path) -> None:
     """The peer's /state as the head receives it (findings are not sent): its ras check critical, RAS down."""
-    from dgxdoctor.result import ResultsDocument
+    from dgxdoctor.documents import ResultsDocument
 
     vllm_proc(tmp_path)
     with scripted(report("stall_rank11.txt")) as server:

@@ -14,10 +14,11 @@ from prometheus_client import generate_latest
 
 from dgxdoctor.checks.nccl_env import NcclEnvCheck, NcclEnvSettings
 from dgxdoctor.checks.vllm import VllmCheck, VllmSettings
+from dgxdoctor.documents import ResultsDocument
 from dgxdoctor.environment import Environment
 from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.fleet.store import ResultStore
-from dgxdoctor.result import CheckResult, ResultsDocument, Status
+from dgxdoctor.result import CheckResult, Status
 from dgxdoctor.sources import nccl_env
 from dgxdoctor.sources.serving_env import pick_serving_python
 

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import dgxdoctor.diagnose
 import dgxdoctor.sources
+from dgxdoctor.lazy_re import LazyPattern
 from fuzzing import FIXTURES, FUZZ
 
 SHORT, LONG = 1024, 8 * 1024
@@ -37,6 +38,8 @@ def parser_regexes() -> tuple[tuple[str, re.Pattern[str]], ...]:
         for info in pkgutil.iter_modules(package.__path__):
             module = importlib.import_module(f"{package.__name__}.{info.name}")
             for name, value in vars(module).items():
+                if isinstance(value, LazyPattern):  # compiled at first use (dgxdoctor.lazy_re)
+                    value = value.compiled
                 if isinstance(value, re.Pattern) and isinstance(value.pattern, str):
                     found.append((f"{module.__name__}.{name}", value))
     assert len(found) > 50

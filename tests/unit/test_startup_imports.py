@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +60,39 @@ def test_check_loads_only_what_this_node_needs() -> None:
     modules = modules_after("check")
     assert "dgxdoctor.checks.logs" in modules and "dgxdoctor.checks.host" in modules
     assert loaded(modules, "prometheus_client", "re2", "psutil", "structlog", "dgxdoctor.daemon.web") == []
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed once the block ends: nothing listens there
+
+
+def test_check_loads_no_http_client_or_document_model_where_nothing_answers(tmp_path: Path) -> None:
+    """Nothing listens at vLLM's or Ray's URL: a refused connect says so without httpx and its transport (httpcore,
+    h11, anyio), the results document's models are built only for ``--json`` and peer_compare's fetch only in the
+    daemon."""
+    config = tmp_path / "config.toml"
+    port = _closed_port()
+    config.write_text(
+        f'[checks.vllm]\nbase_url = "http://127.0.0.1:{port}"\n[checks.ray]\ndashboard_url = "http://127.0.0.1:{port}"\n'
+    )
+    modules = modules_after("check", "--config", str(config), "--only", "vllm,ray,peer_compare")
+    assert "dgxdoctor.checks.vllm" in modules and "dgxdoctor.checks.ray" in modules
+    needless = ("httpx", "httpcore", "h11", "anyio", "dgxdoctor.documents", "dgxdoctor.fleet.peers",
+                "dgxdoctor.sources.http")  # fmt: skip
+    assert loaded(modules, *needless) == []
+
+
+def test_check_json_builds_the_results_document_and_defaults_read_no_toml() -> None:
+    assert "tomllib" not in modules_after("check", "--only", "host")
+    assert "dgxdoctor.documents" in modules_after("check", "--only", "host", "--json")
+
+
+def test_diagnose_of_a_kernel_line_loads_no_settings_models(tmp_path: Path) -> None:
+    """The IB verdicts hold the infiniband check's rule model: pydantic loads once a paste is ibstat or perfquery."""
+    paste = tmp_path / "paste.txt"
+    paste.write_text("NVRM: Xid (PCI:0000:18:00): 79, pid=1234, GPU has fallen off the bus.\n")
+    modules = modules_after("diagnose", str(paste))
+    assert "dgxdoctor.diagnose.kernel_log" in modules
+    assert loaded(modules, "pydantic", "dgxdoctor.judge.infiniband", "httpx") == []

@@ -10,10 +10,11 @@ from typing import Any
 
 from dgxdoctor.daemon.app import AppState, make_app
 from dgxdoctor.daemon.page import render_page
+from dgxdoctor.documents import ResultsDocument
 from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.fleet.cluster import NodeRun, assemble
 from dgxdoctor.fleet.store import ResultStore
-from dgxdoctor.result import Action, CheckResult, Finding, ResultsDocument, Status
+from dgxdoctor.result import Action, CheckResult, Finding, Status
 from webtest import TestClient, TestServer
 
 TOKEN = "page-test-token-0123456789"

@@ -16,7 +16,7 @@ from typing_extensions import TypeVar
 from dgxdoctor import eventlog
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult
-from dgxdoctor.sources.http import AgentExhausted, own_exhaustion
+from dgxdoctor.sources.exhaustion import AgentExhausted, own_exhaustion
 
 log = eventlog.get_logger(__name__)
 

@@ -17,7 +17,6 @@ authenticated API to start its ranks (``checks.nccl_cross``). With ``rails``, on
 
 from __future__ import annotations
 
-import re
 import shutil
 from collections.abc import Callable
 from dataclasses import replace
@@ -41,6 +40,7 @@ from dgxdoctor.judge.nccl import (
     probe_failed,
 )
 from dgxdoctor.judge.nccl_transport import describe, spans_nodes, transport_findings
+from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
 from dgxdoctor.sources.fields import Host, OptionalHttpUrl, PeerUrl, sizes_in_order
@@ -81,8 +81,8 @@ EXPECTED_BUSBW = MetricSpec(
 
 GB = 1e9
 # NCCL_ALGO / NCCL_PROTO values: names, lists, exclusions ("^NVLS") and per-collective forms ("allreduce:ring").
-NCCL_CHOICE_RE = re.compile(r"^[A-Za-z0-9,^:;_]{0,128}$")
-HCA_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}(?::\d{1,3})?$")
+NCCL_CHOICE_RE = lazy_compile(r"^[A-Za-z0-9,^:;_]{0,128}$")
+HCA_RE = lazy_compile(r"^[A-Za-z0-9_.-]{1,64}(?::\d{1,3})?$")
 
 
 class NcclSettings(CheckSettings):

@@ -16,12 +16,13 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from dgxdoctor.checks.nccl_run import EX_PEER_MISSING, ProbeRun
 from dgxdoctor.environment import Environment
+
+if TYPE_CHECKING:
+    import httpx
 
 # What a peer's answer may carry back: the probe's output is a table and NCCL's INFO lines.
 MAX_OUTPUT_CHARS = 1 << 20
@@ -44,6 +45,8 @@ def run_cross_node(
     rail: str | None,
 ) -> ProbeRun:
     """Ask ``peer``'s agent to join (``request(run_id)`` is the join request), run this node's ranks, fetch its side."""
+    import httpx
+
     peer = peer.rstrip("/")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     run_id = secrets.token_hex(16)
@@ -71,6 +74,7 @@ def fetch_result(
     client: httpx.Client, peer: str, run_id: str, headers: dict[str, str], deadline: float, rail: str | None
 ) -> tuple[ProbeRun | None, str | None]:
     """Poll ``GET /nccl/join/<id>`` until the peer's probe is done or the deadline passes."""
+    import httpx
 
     while True:
         error: str | None = None

@@ -9,19 +9,17 @@ By hand: ``pgrep -af vllm``; ``curl -s localhost:8000/metrics | grep num_request
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import httpx
-
 from dgxdoctor.environment import Environment
+from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.sources.procfs import iter_processes, runs_package
 from dgxdoctor.sources.prom_text import PromTextError
 from dgxdoctor.sources.vllm_metrics import NotVllmMetrics, parse_vllm_metrics
 
 # "Sat 02:00-04:00", "02:00-04:00" (every day), "Mon-Fri 23:00-01:00" (over midnight); times in UTC.
-WINDOW_RE = re.compile(
+WINDOW_RE = lazy_compile(
     r"^(?:(?P<d1>Mon|Tue|Wed|Thu|Fri|Sat|Sun)(?:-(?P<d2>Mon|Tue|Wed|Thu|Fri|Sat|Sun))? )?"
     r"(?P<h1>[01]\d|2[0-3]):(?P<m1>[0-5]\d)-(?P<h2>[01]\d|2[0-4]):(?P<m2>[0-5]\d)$"
 )
@@ -73,6 +71,8 @@ def vllm_pids(env: Environment) -> list[int]:
 
 def running_requests(env: Environment, url: str, timeout_s: float = 2.0) -> float | None:
     """``vllm:num_requests_running`` from ``url/metrics``; None when nothing answers there (not serving)."""
+    import httpx
+
     try:
         with env.http_client(timeout_s=timeout_s) as client:
             response = client.get(f"{url.rstrip('/')}/metrics")

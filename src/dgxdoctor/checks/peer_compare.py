@@ -18,9 +18,6 @@ from pydantic import Field, field_validator
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.compare import RULE_KEYS, compare
-from dgxdoctor.fleet.peers import fetch_all
-from dgxdoctor.judge.hardware_cause import peer_cause_findings
-from dgxdoctor.judge.peers import peer_name_clash, peer_unreachable
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample
 
 PEER_UP = MetricSpec(
@@ -76,6 +73,11 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
         fleet = self.env.fleet
         if fleet is None:
             return CheckResult.skipped(self.name, "compares nodes inside the daemon (dgxdoctor run) only")
+        # The fetch (httpx) and the peer verdicts load with the daemon's first comparison, not with `check`.
+        from dgxdoctor.fleet.peers import fetch_all
+        from dgxdoctor.judge.hardware_cause import peer_cause_findings
+        from dgxdoctor.judge.peers import peer_name_clash, peer_unreachable
+
         peers = fleet.peers()
         if not peers.urls:
             return CheckResult.skipped(self.name, "no peers configured ([daemon] peers)")

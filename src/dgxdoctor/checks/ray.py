@@ -21,10 +21,9 @@ import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 from urllib.parse import urlsplit
 
-import httpx
 from pydantic import Field
 
 from dgxdoctor.checks.base import Check, CheckSettings
@@ -57,6 +56,9 @@ from dgxdoctor.sources.ray_api import (
 )
 from dgxdoctor.sources.ray_status import RayStatusError, parse_ray_status
 from dgxdoctor.sources.vllm_launch import LaunchError, parse_launch, serving_process
+
+if TYPE_CHECKING:
+    import httpx
 
 NODES_ALIVE = MetricSpec("dgxdoctor_ray_nodes_alive", "Ray nodes in state ALIVE, as the head's GCS reports them")
 NODES_DEAD = MetricSpec(
@@ -156,6 +158,9 @@ class RayCheck(Check[RaySettings]):
             bad = ResultBuilder(self.name)
             bad.add(Finding("RAY_AUTH_TOKEN_UNREADABLE", Status.UNKNOWN, f"cannot read auth_token_file: {exc}"))
             return bad.build(f"Ray token unreadable: {exc}")
+        refused = self.env.refused(s.dashboard_url, s.request_timeout_s)
+        if refused is not None:  # what the request would say (_request), without loading httpx
+            return self._unreachable(f"ConnectError: {refused}")
         builder = ResultBuilder(self.name)
         with self.env.http_client(s.dashboard_url, s.request_timeout_s) as client:
             try:
@@ -239,6 +244,8 @@ class RayCheck(Check[RaySettings]):
         return {"Authorization": f"Bearer {token}"}
 
     def _request(self, client: httpx.Client, path: str, headers: Mapping[str, str]) -> httpx.Response:
+        import httpx
+
         try:
             response = client.get(path, headers=headers)
         except httpx.TimeoutException as exc:

@@ -20,11 +20,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 from urllib.parse import urlsplit
 
-import httpx
 from pydantic import Field, SecretStr
 
 from dgxdoctor.checks.base import Check, CheckSettings
@@ -66,6 +66,9 @@ from dgxdoctor.sources.vllm_api import (
     vllm_by_command_line,
 )
 from dgxdoctor.sources.vllm_metrics import NotVllmMetrics
+
+if TYPE_CHECKING:
+    import httpx
 
 # `dgxdoctor check` reads /metrics this many times across oneshot_window_s: the KV cache of a saturated server
 # oscillates (blocks freed and taken every step), so "sustained" is judged on the mean of several readings.
@@ -294,12 +297,15 @@ class VllmCheck(Check[VllmSettings]):
             return serving, None
         return vllm_by_command_line(self.env.proc_root, self._port())
 
-    def _health(self, client: httpx.Client, proc: ProcessInfo | None) -> tuple[Health, float | None, str | None]:
-        """/health, with the share of a CPU the API server used meanwhile and its state after."""
+    def _health(
+        self, client: httpx.Client | None, proc: ProcessInfo | None, refused: OSError | None = None
+    ) -> tuple[Health, float | None, str | None]:
+        """/health, with the share of a CPU the API server used meanwhile and its state after; ``refused``: the
+        connect was refused already (``Environment.refused``), so no client was made."""
         root = self.env.proc_root
         before = cpu_ticks(root, proc.pid) if proc else None
         t0 = time.monotonic()
-        health = get_health(client, self._headers())
+        health = get_health(client, self._headers()) if client is not None else Health("refused", str(refused))
         after = cpu_ticks(root, proc.pid) if proc else None
         ratio = None
         if before and after:
@@ -316,8 +322,9 @@ class VllmCheck(Check[VllmSettings]):
         if proc is not None and proc.start_time is not None:
             uptime = max(0.0, self.env.clock() - proc.start_time)
         b.sample(VLLM_PROCESS_UPTIME, uptime)
-        with self.env.http_client(s.base_url, s.request_timeout_s) as client:
-            health, cpu_ratio, state = self._health(client, proc)
+        refused = self.env.refused(s.base_url, s.request_timeout_s)
+        with nullcontext(None) if refused else self.env.http_client(s.base_url, s.request_timeout_s) as client:
+            health, cpu_ratio, state = self._health(client, proc, refused)
             if health.outcome == "timeout":
                 b.timed_out("health")
             if health.outcome != "up":
@@ -327,6 +334,7 @@ class VllmCheck(Check[VllmSettings]):
                 expected = proc is not None or s.required or s.pid_file is not None or self._seen_up or head
                 server = Server(s.base_url, process, no_proc_reason, uptime, expected, cpu_ratio, state, head)
                 return self._down(b, not_up(health, server, self._limits))
+            assert client is not None  # /health answered
             self._seen_up = True
             b.sample(VLLM_UP, 1)
             b.sample(VLLM_HEALTH_LATENCY, health.latency_s)
@@ -346,6 +354,8 @@ class VllmCheck(Check[VllmSettings]):
         return b.build(down.summary)
 
     def _models(self, client: httpx.Client, b: ResultBuilder, parts: list[str]) -> str | None:
+        import httpx
+
         s = self.settings
         try:
             models = get_models(client, self._headers())
@@ -369,6 +379,8 @@ class VllmCheck(Check[VllmSettings]):
                 self._window.observe(get_metrics(client, self._headers()), self.env.monotonic())
 
     def _metrics(self, client: httpx.Client, b: ResultBuilder, parts: list[str], model: str | None) -> None:
+        import httpx
+
         s = self.settings
         try:
             self._read_metrics(client)

@@ -13,7 +13,7 @@ from dgxdoctor.bundle.items import Sources
 from dgxdoctor.checks.base import CheckRunner, capped
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import Config, parse_listen
-from dgxdoctor.result import ResultsDocument
+from dgxdoctor.documents import ResultsDocument
 
 # 90s, 15m, 2h, 1d, 1h30m (as journalctl --since and Prometheus durations spell them)
 DURATION = re.compile(r"\A(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s?)?\Z")

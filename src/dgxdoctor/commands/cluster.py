@@ -13,8 +13,8 @@ import time
 from dgxdoctor.checks.base import Check, CheckRunner, capped
 from dgxdoctor.checks.peer_compare import PeerCompareSettings
 from dgxdoctor.config import Config
+from dgxdoctor.documents import ResultsDocument
 from dgxdoctor.fleet.cluster import ClusterView, NodeRun, ask_peers, assemble
-from dgxdoctor.result import ResultsDocument
 
 # Past the slowest check's own timeout: time for the peer to answer and the results to travel.
 DEADLINE_MARGIN_S = 5.0

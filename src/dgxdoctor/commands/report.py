@@ -1,4 +1,4 @@
-"""Render a set of check results: the one-shot table and the ``--json`` document (result.ResultsDocument)."""
+"""Render a set of check results: the one-shot table and the ``--json`` document (documents.ResultsDocument)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from dgxdoctor.result import CheckResult, ResultsDocument, Status, exit_code, overall_status
+from dgxdoctor.result import CheckResult, Status, exit_code, overall_status
 
 
 def role_note(role: str | None, results: Sequence[CheckResult]) -> str:
@@ -19,7 +19,9 @@ def role_note(role: str | None, results: Sequence[CheckResult]) -> str:
 
 
 def report_dict(node: str, results: Sequence[CheckResult], role: str | None = None) -> dict[str, Any]:
-    """``dgxdoctor check --json`` (result.ResultsDocument)."""
+    """``dgxdoctor check --json`` (documents.ResultsDocument: its models are built only for a JSON report)."""
+    from dgxdoctor.documents import ResultsDocument
+
     return ResultsDocument.of(node, results).report(role)
 
 

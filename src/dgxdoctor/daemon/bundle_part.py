@@ -43,7 +43,7 @@ def parse_request(raw: bytes, config: Config) -> tuple[float, float]:
 def daemon_sources(store: ResultStore, role: str | None, since_s: float, bug_report: bool) -> Sources:
     """The daemon's own view: its latest results (as ``check --json`` shows them) and its ``/state``."""
     from dgxdoctor.bundle.items import Sources
-    from dgxdoctor.result import ResultsDocument
+    from dgxdoctor.documents import ResultsDocument
 
     def results() -> dict[str, Any]:
         return ResultsDocument.model_validate(store.snapshot()).report(role)

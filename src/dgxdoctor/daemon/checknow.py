@@ -20,8 +20,8 @@ from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner, capped
 from dgxdoctor.config import Config
 from dgxdoctor.daemon import web
 from dgxdoctor.daemon.gated import RunGate, seconds_body
+from dgxdoctor.documents import ResultsDocument
 from dgxdoctor.environment import Environment
-from dgxdoctor.result import ResultsDocument
 
 log = eventlog.get_logger(__name__)
 

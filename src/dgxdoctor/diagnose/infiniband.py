@@ -6,15 +6,6 @@ import re
 from typing import Any, ClassVar
 
 from dgxdoctor.diagnose.base import Diagnosis
-from dgxdoctor.judge.infiniband import (
-    mixed_firmware_verdict,
-    mixed_rates_verdict,
-    port_rate_verdict,
-    port_state_verdict,
-    saturated_counters,
-    saturation_verdict,
-    snapshot_counter_finding,
-)
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.ibstat import IbstatFormatError, IbstatPort, looks_like_ibstat, parse_ibstat
 from dgxdoctor.sources.perfquery import FIELD_TO_COUNTER, PerfqueryFormatError, looks_like_perfquery, parse_perfquery
@@ -64,6 +55,10 @@ class IbstatAnalyzer:
         return Diagnosis(self.kind, tuple(findings), data)
 
     def _port_findings(self, ports: list[IbstatPort], lines: list[str]) -> list[Finding]:
+        # The verdicts' module holds the check's rule model (pydantic): loaded once a paste is ibstat, not for
+        # every paste's detection (benchmarks/startup.py).
+        from dgxdoctor.judge.infiniband import port_rate_verdict, port_state_verdict
+
         findings: list[Finding] = []
         for p in ports:
             subject = f"{p.ca}/{p.port}"
@@ -78,6 +73,8 @@ class IbstatAnalyzer:
 
 
 def _node_findings(ports: list[IbstatPort]) -> list[Finding]:
+    from dgxdoctor.judge.infiniband import mixed_firmware_verdict, mixed_rates_verdict
+
     """What only the node's ports together show: Active ports at different rates, HCAs on different firmware."""
     rates = {f"{p.ca}/{p.port}": p.rate_gbps for p in ports if p.state == "Active" and p.rate_gbps is not None}
     firmware: dict[str, str] = {}
@@ -120,6 +117,8 @@ class PerfqueryAnalyzer:
         return looks_like_perfquery(text)
 
     def analyze(self, text: str) -> Diagnosis:
+        from dgxdoctor.judge.infiniband import saturated_counters, saturation_verdict, snapshot_counter_finding
+
         try:
             blocks = parse_perfquery(text)
         except PerfqueryFormatError as exc:

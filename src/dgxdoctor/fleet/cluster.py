@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from dgxdoctor.documents import FindingDoc, ResultsDocument
 from dgxdoctor.fleet.compare import Comparison, compare
 from dgxdoctor.fleet.peers import (
     MAX_PARALLEL_FETCHES,
@@ -29,7 +30,7 @@ from dgxdoctor.fleet.peers import (
     response_json,
     validated_document,
 )
-from dgxdoctor.result import FindingDoc, ResultsDocument, Status
+from dgxdoctor.result import Status
 
 RUN_PATH = "/check/run"
 # The peer needs a moment to answer after its checks' own deadline: asked to finish this much earlier.

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import ValidationError
 
-from dgxdoctor.result import ResultsDocument
+from dgxdoctor.documents import ResultsDocument
 
 MAX_STATE_BYTES = 4 * 2**20
 MAX_PARALLEL_FETCHES = 8

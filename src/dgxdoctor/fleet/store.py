@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dgxdoctor.result import CheckResult, ResultsDocument, Status, merged_facts
+from dgxdoctor.result import CheckResult, Status, merged_facts
 
 # Fact keys that differ between nodes by design; peers never compare them and /state still shows them.
 NODE_LOCAL_FACTS = frozenset({"host_ip", "hostname", "node", "boot_id", "machine_id", "ip_address"})
@@ -91,4 +91,6 @@ class ResultStore:
     def snapshot(self, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
         """The ``/state`` document. ``exclude`` leaves checks out (the peer comparison leaves itself out)."""
         results = [r for name, r in self.latest().items() if name not in exclude]
+        from dgxdoctor.documents import ResultsDocument  # models built at the first /state, not at import
+
         return ResultsDocument.of(self.node, results, self._clock()).state()

@@ -12,17 +12,18 @@ reader's (XID_79 with its GPU); GPU_LOST names the same fault only where an appl
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
+
+from dgxdoctor.lazy_re import lazy_compile
 
 # gpu5:35917:35994 [0] NCCL INFO NET/IB : No device found.            (NVIDIA/nccl#226)
 # dtrifiro-gpu:150030:150215 [0] NCCL INFO Failed to open libibverbs.so[.1]   (vllm-project/vllm#5360)
-NCCL_FALLBACK_INFO = re.compile(r"NCCL INFO (?:NET/IB ?: ?No device found|Failed to open libibverbs)")
+NCCL_FALLBACK_INFO = lazy_compile(r"NCCL INFO (?:NET/IB ?: ?No device found|Failed to open libibverbs)")
 
 # May 18 19:02:39 kernel: NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.
 # May 18 19:02:39 kernel: NVRM: GPU 0000:2b:00.0: GPU has fallen off the bus.
 #   (NVIDIA/open-gpu-kernel-modules#1151: tests/fixtures/kernel_log/open_gpu_1151_journal_xid79.txt)
-KERNEL_XID79 = re.compile(r"NVRM: (?:Xid \(|GPU \S+: GPU has fallen off the bus)")
+KERNEL_XID79 = lazy_compile(r"NVRM: (?:Xid \(|GPU \S+: GPU has fallen off the bus)")
 
 # Classes whose line says the GPU side failed: beside one of them NCCL's fallback notice is not the cause.
 CUDA_SIDE = frozenset(

@@ -12,10 +12,10 @@ mlx5 command timeout and health-poll failures as fatal too.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from dgxdoctor.judge.xid import ago
+from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.device_map import Device
 from dgxdoctor.sources.kernel_events import KernelEvent
@@ -26,7 +26,7 @@ GROUP_ROLES = frozenset({"gpu", "nvswitch", "hca"})
 # The processes of serving: vLLM (its API server, engine core and workers; "VLLM::EngineCor" is the 15-character
 # comm of the title "VLLM::EngineCore"), Ray's workers and daemons (comm "ray::RayWorkerW" of
 # ray::RayWorkerWrapper), and torch's main thread name.
-SERVING_PROCESS_RE = re.compile(r"(?i)^(?:vllm|ray::|raylet|gcs_server|VllmWorker|EngineCore|pt_main_thread)")
+SERVING_PROCESS_RE = lazy_compile(r"(?i)^(?:vllm|ray::|raylet|gcs_server|VllmWorker|EngineCore|pt_main_thread)")
 
 
 @dataclass(frozen=True)

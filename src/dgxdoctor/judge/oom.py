@@ -9,9 +9,10 @@ nearest start-up or serving marker, looking first at the line itself, then back,
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Literal
+
+from dgxdoctor.lazy_re import lazy_compile
 
 Phase = Literal["startup", "serving"]
 
@@ -19,7 +20,7 @@ Phase = Literal["startup", "serving"]
 #   File ".../vllm/worker/worker.py", line 179, in determine_num_available_blocks       (vllm-project/vllm#7854)
 #   INFO 10-23 19:55:16 model_runner.py:1067] Loading model weights took 19.8557 GB     (vllm-project/vllm#9630)
 #   (VllmWorkerProcess pid=195297) ERROR ... Exception in worker VllmWorkerProcess while processing method load_model.
-STARTUP_MARKERS = re.compile(
+STARTUP_MARKERS = lazy_compile(
     r"\b(?:load_model|load_weights|_initialize_model|profile_run|_dummy_run|_dummy_sampler_run"
     r"|determine_num_available_blocks|determine_available_memory|initialize_cache|_initialize_kv_caches"
     r"|capture_model|init_device|compile_or_warm_up_model|load_single_module)\b"
@@ -29,7 +30,7 @@ STARTUP_MARKERS = re.compile(
 # Lines printed only once vLLM serves: request logs, throughput lines, the engine loop's frames, e.g.
 #   INFO 02-14 08:44:26 engine.py:275] Added request chatcmpl-4fb99a59-...                (vllm-project/vllm#13252)
 #   (EngineCore pid=104)   File ".../vllm/v1/engine/core.py", line 1170, in run_busy_loop   (noonghunna/club-3090#58)
-SERVING_MARKERS = re.compile(
+SERVING_MARKERS = lazy_compile(
     r"Avg prompt throughput|\"POST /v1/|Application startup complete|Uvicorn running on|Received request"
     r"|Added request|serving_chat|serving_completion|\[serving\.py|\brun_engine_loop\b|\bengine_step\b"
     r"|\bstep_async\b|\b_process_request\b|\brun_asgi\b|\brun_busy_loop\b|\b_process_engine_step\b"

@@ -8,12 +8,13 @@ with a clean stop must not read as an engine that died.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
+
+from dgxdoctor.lazy_re import lazy_compile
 
 # (EngineCore pid=16702) INFO 11-30 16:11:51 [core.py:1454] [shutdown] EngineCore: trigger received signal=SIGINT
 # (APIServer pid=16074) INFO 11-30 16:11:51 [launcher.py:254] [shutdown] API server: shutdown triggered
-SHUTDOWN_STARTED = re.compile(
+SHUTDOWN_STARTED = lazy_compile(
     r"\[shutdown\] (?:EngineCore: trigger received signal=SIG(?:INT|TERM)|API server: shutdown)"
 )
 LOOK_BACK = 60

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import httpx
-
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.vllm_api import Completion, Health
 from dgxdoctor.sources.vllm_metrics import VllmMetrics, WindowStats
@@ -220,6 +218,8 @@ def models_verdict(models: list[str], wanted: str | None, url: str) -> tuple[lis
 
 def unreadable(code: str, what: str, error: BaseException, url: str) -> Finding:
     """``/v1/models`` or ``/metrics`` could not be read (a WARNING: /health said the server is up)."""
+    import httpx
+
     detail = "timed out" if isinstance(error, httpx.TimeoutException) and code == "METRICS_UNREADABLE" else f"{error}"
     return Finding(code, Status.WARNING, f"{what}: {type(error).__name__}: {detail}", url, remedy=REMEDIES[code])
 

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from dgxdoctor.settings.base import Frozen
-from dgxdoctor.sources.http import http_url
+from dgxdoctor.sources.fields import http_url
 from dgxdoctor.sources.statefile import read_private_file
 
 DEFAULT_PORT = 9835

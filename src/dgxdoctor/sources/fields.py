@@ -10,15 +10,16 @@ from __future__ import annotations
 import ipaddress
 import re
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BeforeValidator
 
-from dgxdoctor.sources.http import http_url
+from dgxdoctor.lazy_re import lazy_compile
 
 # One DNS label (RFC 1123): letters, digits, inner hyphens; a host name is dot-separated labels, 253 at most.
-_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+_LABEL = lazy_compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 # A message size as nccl-tests and the bundled probe take it: 8M, 1G, 512K, 1048576, 8MB (any case).
-_BYTE_SIZE = re.compile(r"^(?P<number>[0-9]{1,12})(?P<unit>[KMG]?)B?$", re.IGNORECASE)
+_BYTE_SIZE = lazy_compile(r"^(?P<number>[0-9]{1,12})(?P<unit>[KMG]?)B?$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -79,6 +80,25 @@ def _size_text_to_bytes(value: Any) -> Any:
 
 def _empty_is_none(value: Any) -> Any:
     return None if value == "" else value
+
+
+def http_url(value: str, *, path: bool = True) -> str:
+    """The one check of a configured URL: http(s) with a host and a valid port, no query, fragment or user name;
+    ``path=False`` also refuses a path (a peer is scheme, host and port). Returns it without a trailing ``/``;
+    ValueError naming what is wrong."""
+    parts = urlsplit(value)
+    shape = "http(s)://HOST:PORT" + ("[/PATH]" if path else "")
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port only when asked
+    except ValueError as exc:
+        raise ValueError(f"{value!r} is not an {shape} URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{value!r} is not an {shape} URL")
+    if parts.query or parts.fragment or parts.username:
+        raise ValueError(f"{value!r}: give no query, fragment or user name ({shape})")
+    if not path and parts.path not in ("", "/"):
+        raise ValueError(f"{value!r}: give only scheme, host and port")
+    return value.rstrip("/")
 
 
 HttpUrl = Annotated[str, AfterValidator(http_url)]

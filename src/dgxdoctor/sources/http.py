@@ -9,36 +9,15 @@ a transport failure.
 
 from __future__ import annotations
 
-import errno
 from collections.abc import AsyncIterator, Iterator
-from urllib.parse import urlsplit
 
 import httpx
 
+from dgxdoctor.sources.exhaustion import AgentExhausted as AgentExhausted
+from dgxdoctor.sources.exhaustion import own_exhaustion
+
 # vLLM's /metrics with many engines and buckets is a few hundred KiB; Ray's node list for a big cluster some MiB.
 MAX_RESPONSE_BYTES = 32 * 2**20
-
-
-# The agent's own process (or the whole system) is out of descriptors: no socket can be opened to anything. That is
-# dgxdoctor's own problem, never a finding about the service it tried to reach.
-OWN_EXHAUSTION = {errno.EMFILE: "open files (RLIMIT_NOFILE)", errno.ENFILE: "open files of the whole system"}
-
-
-class AgentExhausted(Exception):
-    """dgxdoctor itself could not open a connection for lack of descriptors (not an ``httpx.HTTPError``: a check
-    must not judge the remote service on it; the runner turns it into UNKNOWN with this text)."""
-
-
-def own_exhaustion(exc: BaseException) -> str | None:
-    """What ran out, when ``exc`` (or what caused it) is EMFILE/ENFILE; else None."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in OWN_EXHAUSTION:
-            return OWN_EXHAUSTION[current.errno]
-        current = current.__cause__ or current.__context__
-    return None
 
 
 class _CappedStream(httpx.SyncByteStream):
@@ -139,22 +118,3 @@ class CappedTransport(httpx.BaseTransport):
 
     def close(self) -> None:
         self._inner.close()
-
-
-def http_url(value: str, *, path: bool = True) -> str:
-    """The one check of a configured URL: http(s) with a host and a valid port, no query, fragment or user name;
-    ``path=False`` also refuses a path (a peer is scheme, host and port). Returns it without a trailing ``/``;
-    ValueError naming what is wrong."""
-    parts = urlsplit(value)
-    shape = "http(s)://HOST:PORT" + ("[/PATH]" if path else "")
-    try:
-        parts.port  # noqa: B018 - urlsplit checks the port only when asked
-    except ValueError as exc:
-        raise ValueError(f"{value!r} is not an {shape} URL: {exc}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{value!r} is not an {shape} URL")
-    if parts.query or parts.fragment or parts.username:
-        raise ValueError(f"{value!r}: give no query, fragment or user name ({shape})")
-    if not path and parts.path not in ("", "/"):
-        raise ValueError(f"{value!r}: give only scheme, host and port")
-    return value.rstrip("/")

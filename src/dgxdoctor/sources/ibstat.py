@@ -30,18 +30,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.sources.sysfs_ib import IbPort, normalize_phys_state, normalize_state
 
 # CA 'mlx5_0'
-CA_RE = re.compile(r"^CA\s+'(?P<ca>[^']+)'\s*$")
+CA_RE = lazy_compile(r"^CA\s+'(?P<ca>[^']+)'\s*$")
 # \tPort 1:
-PORT_RE = re.compile(r"^\s+Port\s+(?P<port>\d{1,9}):\s*$")
+PORT_RE = lazy_compile(r"^\s+Port\s+(?P<port>\d{1,9}):\s*$")
 # \t\tState: Active   /   \t\tPhysical state: LinkUp   /   \t\tRate: 400   /   \t\tLink layer: Ethernet
 # The value is taken whole and stripped in code: a lazy value before ``\s*$`` cost quadratic time on a long run of
 # spaces (100 KB of ibstat took 42.9 s).
-FIELD_RE = re.compile(r"^\s+(?P<key>[A-Za-z][A-Za-z ]*?):(?P<value>.*)$")
+FIELD_RE = lazy_compile(r"^\s+(?P<key>[A-Za-z][A-Za-z ]*?):(?P<value>.*)$")
 # Rate: 400   /   Rate: 2.5   /   Rate: 400 Gb/sec (4X NDR)  (hand-edited copies carry a unit)
-RATE_VALUE_RE = re.compile(r"^(?P<gbps>\d+(?:\.\d+)?)")
+RATE_VALUE_RE = lazy_compile(r"^(?P<gbps>\d+(?:\.\d+)?)")
 
 
 class IbstatFormatError(ValueError):

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from dgxdoctor.lazy_re import lazy_compile
+
 Kind = Literal[
     "mlx5_cmd_timeout",
     "mlx5_health",
@@ -47,32 +49,32 @@ _PCI = r"(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])"
 
 # mlx5_core prints "<driver> <pci>[ <netdev>]: [<func>:<line>:(pid N): ]message" (mlx5_core_err, netdev_info).
 #   mlx5_core 0000:01:00.0 enp1s0f0: Link up            (the netdev after the address)
-MLX5_PREFIX_RE = re.compile(r"\bmlx5_core " + _PCI + r"(?: (?P<netdev>[A-Za-z0-9_.\-]{1,15}))?: ")
+MLX5_PREFIX_RE = lazy_compile(r"\bmlx5_core " + _PCI + r"(?: (?P<netdev>[A-Za-z0-9_.\-]{1,15}))?: ")
 
 # cmd.c, a firmware command that never completed (NVSentinel's NIC syslog detection: "timeout. Will cause a leak of
 # a command resource" means the driver lost its firmware):
 #   mlx5_core 0000:3b:00.0: wait_func:1120:(pid 48213): CREATE_MKEY(0x200) timeout. Will cause a leak of a command
 #   resource                                                                       (one line in the log)
-MLX5_CMD_TIMEOUT_RE = re.compile(r"(?P<cmd>[A-Z][A-Z0-9_]{2,40})\(0x[0-9a-f]{1,4}\) timeout\. Will cause a leak")
+MLX5_CMD_TIMEOUT_RE = lazy_compile(r"(?P<cmd>[A-Z][A-Z0-9_]{2,40})\(0x[0-9a-f]{1,4}\) timeout\. Will cause a leak")
 
 # health.c poll_health (the FreeBSD and Linux drivers print the same words):
 #   mlx5_core 0000:5e:00.0: poll_health:800:(pid 0): device's health compromised - reached miss count
 #   mlx5_core 0000:5e:00.0: poll_health:815:(pid 0): Fatal error 1 detected
 #   mlx5_core 0000:5e:00.0: mlx5_health_try_recover:327:(pid 1187): health recovery flow aborted, PCI reads still
 #   not working                                                                    (one line in the log)
-MLX5_HEALTH_RE = re.compile(r"health compromised|health recovery flow aborted|FW is unable to respond")
-MLX5_FATAL_RE = re.compile(r"\bFatal error (?P<code>\d{1,10}) detected|\bsystem error event triggered|unrecoverable")
+MLX5_HEALTH_RE = lazy_compile(r"health compromised|health recovery flow aborted|FW is unable to respond")
+MLX5_FATAL_RE = lazy_compile(r"\bFatal error (?P<code>\d{1,10}) detected|\bsystem error event triggered|unrecoverable")
 
 # en_main.c mlx5e_update_carrier, and the IPoIB netdev of an InfiniBand rail alike:
 #   mlx5_core 0000:01:00.0 enp1s0f0: Link up        (jishuzhan.net/article/1911252493641777153, a plugged cable)
 #   mlx5_core 0000:1a:00.0 ibp26s0: Link down
-MLX5_LINK_RE = re.compile(r": Link (?P<state>up|down)\s*$")
+MLX5_LINK_RE = lazy_compile(r": Link (?P<state>up|down)\s*$")
 
 # events.c port_module_event:
 #   mlx5_core 0000:01:00.0: Port module event: module 0, Cable plugged        (info: a look-alike, not a fault)
 #   mlx5_core 0000:1a:00.0: Port module event: module 0, Cable unplugged
 #   mlx5_core 0000:1a:00.0: Port module event[error]: module 0, Cable error, High Temperature
-MODULE_EVENT_RE = re.compile(
+MODULE_EVENT_RE = lazy_compile(
     r"Port module event(?P<error>\[error\])?: module (?P<module>\d{1,3}), (?P<status>Cable (?:plugged|unplugged|error)"
     r"|[A-Za-z ]{3,40}?)(?:, (?P<why>.{1,80}))?\s*$"
 )
@@ -84,7 +86,7 @@ MODULE_EVENT_RE = re.compile(
 #   pcieport 0000:80:1b.4: PCIe Bus Error: severity=Uncorrectable (Non-Fatal), type=Transaction Layer, (Receiver ID)
 #   nvidia 0000:3b:00.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)
 # Look-alike: "pcieport 0000:00:01.0: AER: enabled with IRQ 24" (boot) has no "PCIe Bus Error".
-AER_RE = re.compile(
+AER_RE = lazy_compile(
     r"(?P<driver>[A-Za-z0-9_\-]{1,32}) " + _PCI + r":(?: AER:)? PCIe Bus Error: severity=(?P<sev>Correct(?:ed|able)"
     r"|Uncorrect(?:ed|able) \((?P<fatal>Non-Fatal|Fatal)\))"
 )
@@ -93,22 +95,22 @@ AER_RE = re.compile(
 # the panic path's "Machine check: Processor context corrupt":
 #   mce: [Hardware Error]: Machine check events logged                    (radiasoft/devops#134)
 #   mce: [Hardware Error]: CPU 1: Machine Check: 0 Bank 11: 8c00004f000800c2
-MCE_RE = re.compile(r"mce: \[Hardware Error\]: (?:CPU (?P<cpu>\d{1,5}): Machine Check|Machine check)")
+MCE_RE = lazy_compile(r"mce: \[Hardware Error\]: (?:CPU (?P<cpu>\d{1,5}): Machine Check|Machine check)")
 
 # drivers/edac/edac_mc.c edac_mc_handle_error:
 #   EDAC MC1: 1 CE memory scrubbing error on CPU_SrcID#1_Ha#0_Chan#0_DIMM#0 (channel:0 slot:0 page:0xee30a0 ...)
 #   EDAC MC0: 4 CE error on CPU#0Channel#2_DIMM#0 (channel:2 slot:0 page:0x0 offset:0x0 grain:8 syndrome:0x0)
 #   EDAC MC0: 1 UE memory read error on CPU_SrcID#0_MC#0_Chan#0_DIMM#0 (channel:0 slot:0 page:0xe16677 ...)
-EDAC_RE = re.compile(r"EDAC (?P<mc>MC\d{1,3}): (?P<count>\d{1,10}) (?P<type>CE|UE) .{0,80}?\bon (?P<dimm>\S{1,80})")
+EDAC_RE = lazy_compile(r"EDAC (?P<mc>MC\d{1,3}): (?P<count>\d{1,10}) (?P<type>CE|UE) .{0,80}?\bon (?P<dimm>\S{1,80})")
 
 # kernel/hung_task.c:
 #   INFO: task python3:48213 blocked for more than 120 seconds.
-HUNG_TASK_RE = re.compile(r"INFO: task (?P<comm>.{1,16}):(?P<pid>\d{1,10}) blocked for more than (?P<secs>\d{1,7}) s")
+HUNG_TASK_RE = lazy_compile(r"INFO: task (?P<comm>.{1,16}):(?P<pid>\d{1,10}) blocked for more than (?P<secs>\d{1,7}) s")
 
 # kernel/watchdog.c:
 #   watchdog: BUG: soft lockup - CPU#7 stuck for 23s! [pytest:25222]        (deepspeedai/DeepSpeed#925)
 #   NMI watchdog: BUG: soft lockup - CPU#2 stuck for 22s! [SimpleCacheWork:8140]
-SOFT_LOCKUP_RE = re.compile(
+SOFT_LOCKUP_RE = lazy_compile(
     r"BUG: soft lockup - CPU#(?P<cpu>\d{1,5}) stuck for (?P<secs>\d{1,7})s! \[(?P<comm>.{1,16}):(?P<pid>\d{1,10})\]"
 )
 
@@ -116,7 +118,7 @@ SOFT_LOCKUP_RE = re.compile(
 #   Out of memory: Killed process 48213 (ray::RayWorkerW) total-vm:98765432kB, anon-rss:45678901kB, ...
 #   Memory cgroup out of memory: Killed process 3302 (python3) total-vm:2052448kB, anon-rss:1048576kB, ...
 #   Killed process 1234 (java) total-vm:4194304kB, anon-rss:2097152kB, file-rss:0kB          (3.x: no prefix)
-OOM_KILL_RE = re.compile(
+OOM_KILL_RE = lazy_compile(
     r"(?:out of memory: )?Killed process (?P<pid>\d{1,10}) \((?P<comm>.{1,16}?)\)(?: total-vm|,|$)"
 )
 
@@ -124,26 +126,26 @@ OOM_KILL_RE = re.compile(
 #   nfs: server 100.73.159.36 not responding, still trying       (nfs-ganesha/nfs-ganesha#1295)
 #   nfs: server thinkcentre not responding, timed out
 #   nfs: server thinkcentre OK                                   (linux-surface/linux-surface#1494: a look-alike)
-NFS_RE = re.compile(r"\bnfs: server (?P<server>\S{1,255}) (?P<what>not responding|OK)\b")
+NFS_RE = lazy_compile(r"\bnfs: server (?P<server>\S{1,255}) (?P<what>not responding|OK)\b")
 
 # NVIDIA driver faults without an Xid:
 #   NVRM: GPU 0000:98:00.0: RmInitAdapter failed! (0x62:0x65:1792)     (NVIDIA/open-gpu-kernel-modules#789)
 #   NVRM: RmInitAdapter failed! (0x22:0x56:667)                       (older drivers name no GPU)
-NVRM_INIT_RE = re.compile(r"NVRM: (?:GPU " + _PCI + r": )?RmInitAdapter failed! \((?P<code>[0-9a-fx:]{1,40})\)")
+NVRM_INIT_RE = lazy_compile(r"NVRM: (?:GPU " + _PCI + r": )?RmInitAdapter failed! \((?P<code>[0-9a-fx:]{1,40})\)")
 #   NVRM: API mismatch: the client has the version 535.54.03, but   (stackhpc/ansible-slurm-appliance#287)
 #   NVRM: API mismatch: the client 'kwin_wayland' (pid 1005)         (595 drivers; the versions follow on the next line)
-NVRM_API_RE = re.compile(
+NVRM_API_RE = lazy_compile(
     r"NVRM: API mismatch: the client (?:has the version (?P<client>[0-9.]{1,20})|'(?P<comm>[^']{1,64})')"
 )
 # nvidia-nvswitch, the driver failing a switch outside an SXid (the SXid lines themselves are sources/xid.py's):
 #   nvidia-nvswitch2: NVSwitch fatal error: ...  /  nvidia-nvswitch: Probing device 0000:07:00.0 failed
-NVSWITCH_FATAL_RE = re.compile(
+NVSWITCH_FATAL_RE = lazy_compile(
     r"(?P<dev>nvidia-nvswitch\d{0,3}): (?:.*\bfatal error\b|Probing device " + _PCI + r" failed)", re.I
 )
 # nvidia_peermem against an ib_core without the peer-memory API (inbox rdma-core, a MOFED rebuilt under it):
 #   nvidia_peermem: Unknown symbol ib_register_peer_memory_client (err -22)     (NVIDIA/gpu-operator#2868)
 #   nvidia_peermem: disagrees about version of symbol ib_register_peer_memory_client
-PEERMEM_RE = re.compile(
+PEERMEM_RE = lazy_compile(
     r"\b(?P<mod>nvidia_peermem|nv_peer_mem): (?:Unknown symbol|disagrees about version of symbol) (?P<sym>\w{1,64})"
 )
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import select
 import stat
 import threading
@@ -37,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dgxdoctor import eventlog
+from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.sources.follower import Follower
 
 log = eventlog.get_logger(__name__)
@@ -47,10 +47,10 @@ POLL_INTERVAL_S = 0.2
 
 # 6,1234,5678901234,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.
 # 12,1301,97612345678,-,caller=T4242;NVRM: Xid (PCI:0000:3b:00): 13, ...   (extra fields after flags, 5.10+)
-KMSG_HEADER_RE = re.compile(r"^(?P<prio>\d{1,20}),(?P<seq>\d{1,20}),(?P<usec>\d{1,20}),(?P<flags>[^,;]*)(?:,[^;]*)?;")
+KMSG_HEADER_RE = lazy_compile(r"^(?P<prio>\d{1,20}),(?P<seq>\d{1,20}),(?P<usec>\d{1,20}),(?P<flags>[^,;]*)(?:,[^;]*)?;")
 
 # NVRM: The NVIDIA GPU 0000:b3:00.0\x0aNVRM: (PCI ID: 10de:26b5) installed ...   (an escaped newline)
-KMSG_ESCAPE_RE = re.compile(r"\\x([0-9a-fA-F]{2})")
+KMSG_ESCAPE_RE = lazy_compile(r"\\x([0-9a-fA-F]{2})")
 
 
 class KmsgFormatError(ValueError):

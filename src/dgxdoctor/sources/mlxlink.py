@@ -25,13 +25,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from dgxdoctor.lazy_re import lazy_compile
+
 # Effective Physical BER          : 15E-255
-EFFECTIVE_BER_RE = re.compile(
+EFFECTIVE_BER_RE = lazy_compile(
     r"^\s*Effective Physical BER\s*:\s*(?P<mant>\d{1,4}(?:\.\d{1,6})?)E(?P<exp>[-+]?\d{1,4})\s*$", re.M
 )
 # Temperature [C]                 : 45 [-5..75]        (the module's; the ASIC's is under "Device Info")
-MODULE_TEMP_RE = re.compile(r"^\s*Temperature \[C\]\s*:\s*(?P<temp>-?\d{1,4}(?:\.\d{1,3})?)\b", re.M)
-SECTION_RE = re.compile(r"^(?P<name>[A-Z][A-Za-z ]{2,60}?)\s*\n-{4,}\s*$", re.M)
+MODULE_TEMP_RE = lazy_compile(r"^\s*Temperature \[C\]\s*:\s*(?P<temp>-?\d{1,4}(?:\.\d{1,3})?)\b", re.M)
+SECTION_RE = lazy_compile(r"^(?P<name>[A-Z][A-Za-z ]{2,60}?)\s*\n-{4,}\s*$", re.M)
 
 
 class MlxlinkFormatError(ValueError):

@@ -15,17 +15,17 @@ References:
 from __future__ import annotations
 
 import ipaddress
-import re
 import shlex
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.sources.redact import REDACTED, secret_name
 
 # A shell variable name: "NCCL_IB_HCA" in "export NCCL_IB_HCA=mlx5_0,mlx5_1".
-VAR_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+VAR_NAME_RE = lazy_compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Variables whose values are node facts (compared across nodes) and whose drift between file and process matters.
 WATCHED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_")

@@ -12,18 +12,19 @@ By hand: ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET all_reduce_perf -b 8M -e 8
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from dgxdoctor.lazy_re import lazy_compile
+
 # [1,0]<stdout>:host:1:1 [0] NCCL INFO ...  (Open MPI's --tag-output prefix, aws/aws-k8s-tester#503)
-MPI_PREFIX = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
+MPI_PREFIX = lazy_compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
 # kolyoz1:27225:27907 [3] NCCL INFO Channel 03/0 : 7[3] -> 3[3] [receive] via NET/IBext_v8/3/GDRDMA
 #   (NVIDIA/nccl-tests#252)
 # hostname-test:985:1263 [5] NCCL INFO Channel 00/0 : 37[5] -> 36[4] via P2P/CUMEM   (NVIDIA/nccl#1814)
 # swat1-04:2017630:2017697 [7] NCCL INFO Channel 00/0 : 7[7] -> 6[6] via P2P/direct pointer/read  (NVIDIA/nccl#1412)
 # sh-01:98911:98923 [3] NCCL INFO Ring 00 : 3[b01000] -> 4[201000] [send] via NET/Socket/0   (NVIDIA/nccl#278, 2.5)
-CHANNEL = re.compile(
+CHANNEL = lazy_compile(
     r"NCCL INFO (?:Channel|Ring) (\d{1,3})(?:/\d{1,3})? : "
     r"(\d{1,7})\[[0-9a-fA-F]{1,16}\] -> (\d{1,7})\[[0-9a-fA-F]{1,16}\]"
     r"(?: \[(send|receive)\])? via (\S+(?: [^/\s]+)?(?:/\S+)?)"
@@ -32,26 +33,26 @@ CHANNEL = re.compile(
 #   (NVIDIA/nccl-tests#228)
 # axa:3048391:3048566 [0] NCCL INFO NET/Socket : Using [0]lo:127.0.0.1<0>   (NVIDIA/nccl#1053)
 # NET/IB : Using [0]ibp0:1/IB/SHARP [1]ibp1:1/IB/SHARP [RO]; OOB eth0:10.7.147.73<0>   (NVIDIA/nccl#1584)
-NET_USING = re.compile(r"NCCL INFO NET/(\w{1,32}) ?: ?Using (.{1,4000})$")
+NET_USING = lazy_compile(r"NCCL INFO NET/(\w{1,32}) ?: ?Using (.{1,4000})$")
 # One device in a NET/... Using list: "[0]mlx5_0:1/IB", "[1]eth0:172.27.213.95<0>", "[0]ibp0:1/IB/SHARP".
-NET_DEVICE = re.compile(r"\[(\d{1,3})\](\S{1,200})")
+NET_DEVICE = lazy_compile(r"\[(\d{1,3})\](\S{1,200})")
 # "; OOB ibs85f0:192.168.1.10<0>" -- the out-of-band (bootstrap) interface of the IB plugin
-OOB = re.compile(r"OOB (\S{1,200})")
+OOB = lazy_compile(r"OOB (\S{1,200})")
 # axa:3048391:3048566 [0] NCCL INFO Using network Socket   (NVIDIA/nccl#1053)
 # Using network IBext_v8   (NVIDIA/nccl#1584)
-USING_NETWORK = re.compile(r"NCCL INFO Using network (\w{1,32})")
+USING_NETWORK = lazy_compile(r"NCCL INFO Using network (\w{1,32})")
 # ip-172-31-0-11:45384:45384 [0] NCCL INFO NET/IB : No device found.   (NVIDIA/nccl#226)
-NO_IB_DEVICE = re.compile(r"NCCL INFO NET/IB ?: ?No device found")
+NO_IB_DEVICE = lazy_compile(r"NCCL INFO NET/IB ?: ?No device found")
 # job-...-worker-0:5668:5722 [5] NCCL INFO NVLS multicast support is available on dev 5   (NVIDIA/nccl#1538)
 # algo-1:18062:18131 [5] NCCL INFO NVLS multicast support is not available on dev 5   (aws/aws-ofi-nccl#715)
-NVLS_SUPPORT = re.compile(r"NCCL INFO NVLS multicast support is (not )?available")
+NVLS_SUPPORT = lazy_compile(r"NCCL INFO NVLS multicast support is (not )?available")
 # comm 0x596c4b4edb80 rank 0 nRanks 8 nNodes 1 localRanks 8 localRank 0 MNNVL 0   (NVIDIA/nccl#1584)
-COMM = re.compile(r"NCCL INFO comm 0x[0-9a-f]{1,16} rank (\d{1,7}) nRanks (\d{1,7}) nNodes (\d{1,7})")
+COMM = lazy_compile(r"NCCL INFO comm 0x[0-9a-f]{1,16} rank (\d{1,7}) nRanks (\d{1,7}) nNodes (\d{1,7})")
 # user:5183:5236 [4] NCCL INFO NCCL_IB_HCA set to mlx5_2:1,mlx5_0:1   (NVIDIA/nccl-tests#228)
 # axa:3048391:3048566 [0] NCCL INFO NCCL_IB_DISABLE set by environment to 1.   (NVIDIA/nccl#1053)
-ENV_SET = re.compile(r"NCCL INFO (NCCL_[A-Z0-9_]{1,64}) set (?:by environment )?to (\S{0,400}?)\.?$")
+ENV_SET = lazy_compile(r"NCCL INFO (NCCL_[A-Z0-9_]{1,64}) set (?:by environment )?to (\S{0,400}?)\.?$")
 # NCCL version 2.24.3+cuda12.2   (NVIDIA/nccl#1584; nccl-tests prints it too, NVIDIA/nccl-tests#293)
-VERSION = re.compile(r"NCCL version (?P<version>\d+\.\d+\.\d+)(?P<build>\S*)")
+VERSION = lazy_compile(r"NCCL version (?P<version>\d+\.\d+\.\d+)(?P<build>\S*)")
 
 
 def transport_kind(via: str) -> str:

@@ -19,30 +19,30 @@ from its end: the last eight values are time, algbw, busbw, error for out-of-pla
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.sources.nccl_info import VERSION, NcclTransport, parse_nccl_info, strip_prefix
 
 # # Avg bus bandwidth    : 95.3009
 #   (NVIDIA/nccl-tests#252; printed as "# %-20s : %g" by src/common.cu writeResultFooter)
-AVG_BUSBW = re.compile(r"Avg bus bandwidth\s*:\s*(\S+)")
+AVG_BUSBW = lazy_compile(r"Avg bus bandwidth\s*:\s*(\S+)")
 # # Out of bounds values : 0 OK
 #   (NVIDIA/nccl-tests#252)
-OUT_OF_BOUNDS = re.compile(r"Out of bounds values\s*:\s*(\d{1,18})\b")
+OUT_OF_BOUNDS = lazy_compile(r"Out of bounds values\s*:\s*(\d{1,18})\b")
 # # nThread 1 nGpus 1 minBytes 8 maxBytes 1073741824 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 ...
 #   (NVIDIA/nccl-tests#293)
-NGPUS = re.compile(r"nThread\s+(\d{1,9})\s+nGpus\s+(\d{1,9})\b")
+NGPUS = lazy_compile(r"nThread\s+(\d{1,9})\s+nGpus\s+(\d{1,9})\b")
 # # nccl-tests version 2.18.0 nccl-headers=22907 nccl-library=22907
 #   (nccl-tests 2.18 header, as pasted in public benchmark notes)
-TESTS_VERSION = re.compile(r"nccl-tests version (\S+)")
+TESTS_VERSION = lazy_compile(r"nccl-tests version (\S+)")
 # # Collective test starting: all_gather_perf_mpi
 #   (nccl-tests 2.18 header)
-COLLECTIVE = re.compile(r"Collective test starting:\s*(\S+)")
+COLLECTIVE = lazy_compile(r"Collective test starting:\s*(\S+)")
 # #  Rank  0 Group  0 Pid   3595 on      test1 device  0 [0x81] NVIDIA A100-PCIE-40GB
 #   (NVIDIA/nccl-tests#293; 2.x before groups: "#   Rank  0 Pid   1320 on ip-172-31-20-228 device  0 ...", #107)
-RANK_HOST = re.compile(r"Rank\s+\d+\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device")
+RANK_HOST = lazy_compile(r"Rank\s+\d+\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device")
 MIB = 1024 * 1024
 
 _ALIASES = {"bytes": "size", "n": "count", "op": "redop", "#wrong": "wrong", "error": "wrong", "res": "wrong"}

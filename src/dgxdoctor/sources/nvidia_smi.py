@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.sources.nvml import (
     RECOVERY_ACTIONS,
     GpuSnapshot,
@@ -26,24 +27,24 @@ from dgxdoctor.sources.nvml import (
 )
 
 # "GPU 00000000:00:06.0" at the start of a line: one GPU's block of `nvidia-smi -q`.
-Q_GPU_RE = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$", re.M)
+Q_GPU_RE = lazy_compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$", re.M)
 # "    Product Name                                       : NVIDIA H200"
-Q_LINE_RE = re.compile(r"^( *)([^:]*?[^\s:])\s*(?::\s?(.*))?$")
+Q_LINE_RE = lazy_compile(r"^( *)([^:]*?[^\s:])\s*(?::\s?(.*))?$")
 # "|   0  NVIDIA H200                    On  |   00000000:00:06.0 Off |                    0 |"
-TABLE_GPU_RE = re.compile(
+TABLE_GPU_RE = lazy_compile(
     r"^\s*\|\s+(\d+)\s+(.+?)\s+(On|Off)\s+\|\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s+\S+\s+\|"
     r"\s*(\S+)\s*\|",
     re.M,
 )
 # "| N/A   36C    P0             80W /  700W |       0MiB / 143771MiB |      0%      Default |"
-TABLE_VALUES_RE = re.compile(
+TABLE_VALUES_RE = lazy_compile(
     r"^\|\s*(\S+)\s+(\S+?)C?\s+(P\d+|ERR!|N/A)\s+(\S+?)W?\s*/\s*(\S+?)W?\s+\|\s*(\S+?)(?:MiB)?\s*/\s*(\S+?)(?:MiB)?\s+"
     r"\|\s*(\S+?)%?\s+"
 )
 # "GPU 0: NVIDIA H200 (UUID: GPU-7b512bdd-0fae-0dae-54a8-4e95615233cd)"
-NVLINK_GPU_RE = re.compile(r"^GPU (\d+): (.*?)(?: \(UUID: (GPU-[0-9a-fA-F-]+)\))?\s*$", re.M)
+NVLINK_GPU_RE = lazy_compile(r"^GPU (\d+): (.*?)(?: \(UUID: (GPU-[0-9a-fA-F-]+)\))?\s*$", re.M)
 # "\t Link 0: 26.562 GB/s" or "\t Link 3: <inactive>"
-NVLINK_LINK_RE = re.compile(r"^\s+Link (\d+): (.+?)\s*$")
+NVLINK_LINK_RE = lazy_compile(r"^\s+Link (\d+): (.+?)\s*$")
 
 # nvidia-smi's clock event names -> NVML's bits (nvml.h nvmlClocksEventReason*).
 CLOCK_EVENT_NAMES = {

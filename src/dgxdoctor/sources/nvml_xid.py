@@ -10,11 +10,11 @@ NVML_ERROR_TIMEOUT (seen on the H200 test machine with a 1 s timeout).
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from dgxdoctor import eventlog
+from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.sources.follower import Follower
 
 log = eventlog.get_logger(__name__)
@@ -22,7 +22,9 @@ log = eventlog.get_logger(__name__)
 WAIT_MS = 500  # the follower's wait; also how long stop() may take
 
 # nvmlPciInfo_t.busId: "00000000:3B:00.0" (8-digit domain, upper case) -> the kernel log's "0000:3b:00".
-NVML_BUS_ID_RE = re.compile(r"^(?P<domain>[0-9A-Fa-f]{4,8}):(?P<bus>[0-9A-Fa-f]{2}):(?P<dev>[0-9A-Fa-f]{2})(?:\.\d)?$")
+NVML_BUS_ID_RE = lazy_compile(
+    r"^(?P<domain>[0-9A-Fa-f]{4,8}):(?P<bus>[0-9A-Fa-f]{2}):(?P<dev>[0-9A-Fa-f]{2})(?:\.\d)?$"
+)
 
 
 class NvmlEventsUnavailable(Exception):

@@ -33,15 +33,17 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from dgxdoctor.lazy_re import lazy_compile
+
 # # Port counters: Lid 1 port 1 (CapMask: 0x1600)
 # # Port extended counters: Lid 1719 port 1 (CapMask: 0x5300 CapMask2: 0x0000002)
-HEADER_RE = re.compile(
+HEADER_RE = lazy_compile(
     r"^#\s*Port\s+(?P<extended>extended\s+)?counters:\s*Lid\s+(?P<lid>\d{1,9})\s+port\s+(?P<port>\d{1,9})\b", re.I
 )
 # SymbolErrorCounter:..............0        (dots pad the name to a column)
 # The dots are possessive (``\.*+``): the value's ``\S+`` also matches a dot, and giving dots back one at a time to
 # it cost quadratic time (100 KB of dots ran past 90 s).
-FIELD_RE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9]*):\.*+\s*(?P<value>\S+)\s*$")
+FIELD_RE = lazy_compile(r"^(?P<name>[A-Za-z][A-Za-z0-9]*):\.*+\s*(?P<value>\S+)\s*$")
 
 # perfquery field -> sysfs counters/ file name (drivers/infiniband/core/sysfs.c).
 FIELD_TO_COUNTER: Mapping[str, str] = {

@@ -36,44 +36,46 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from dgxdoctor.lazy_re import lazy_compile
+
 # Clock ticks per second for the stat fields (sysconf(_SC_CLK_TCK); 100 on every Linux this runs on).
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 # /proc/stat, from a Debian 12 host:
 # btime 1796003545
-BTIME_RE = re.compile(r"^btime\s+(\d+)\s*$", re.MULTILINE)
+BTIME_RE = lazy_compile(r"^btime\s+(\d+)\s*$", re.MULTILINE)
 
 # /proc/<pid>/stat of a vLLM engine process, whose parent (field 4) is the API server 7538 (the comm may itself
 # contain spaces and parentheses, so the fields are taken after the LAST ')'):
 # 7573 (VLLM::EngineCor) S 7538 7538 7538 0 -1 4194304 163112 488 0 0 644 105 0 0 20 0 15 0 177676 2451329024 ...
-STAT_RE = re.compile(r"^(\d+) \((.*)\) (.*)$", re.DOTALL)
+STAT_RE = lazy_compile(r"^(\d+) \((.*)\) (.*)$", re.DOTALL)
 
 # /proc/<pid>/status, the uid line (real, effective, saved set, filesystem; tab-separated), of a root shell on the
 # development host (kernel 6.x):
 # Uid:	0	0	0	0
-STATUS_UID_RE = re.compile(r"^Uid:\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$", re.MULTILINE)
+STATUS_UID_RE = lazy_compile(r"^Uid:\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$", re.MULTILINE)
 
 # readlink /proc/<pid>/ns/net on the development host (4026531840 is the usual inode of the initial namespace):
 # net:[4026531833]
-NETNS_LINK_RE = re.compile(r"^net:\[(\d+)\]$")
+NETNS_LINK_RE = lazy_compile(r"^net:\[(\d+)\]$")
 
 # /proc/net/tcp and /proc/net/tcp6 of a Ray head (tests/fixtures/ray/head-proc-net-tcp*.txt):
 #    5: 00000000:2049 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 12267 1 ...
 #    2: 00000000000000000000000000000000:18EB 00000000000000000000000000000000:0000 0A 00000000:00000000 ...
 # after the state: tx:rx queues, timer, retransmits, then uid, timeout and inode (``0        0 12267``); uid and
 # inode bounded (32 and 64 bits), so another writer's absurd digits never reach int().
-PROC_NET_TCP_RE = re.compile(
+PROC_NET_TCP_RE = lazy_compile(
     r"^\s*\d+:\s+(?P<local_addr>[0-9A-Fa-f]+):(?P<local_port>[0-9A-Fa-f]{4})\s+"
     r"[0-9A-Fa-f]+:[0-9A-Fa-f]{4}\s+(?P<state>[0-9A-Fa-f]{2})\s"
     r"(?:\s*[0-9A-Fa-f]+:[0-9A-Fa-f]+\s+[0-9A-Fa-f]+:[0-9A-Fa-f]+\s+[0-9A-Fa-f]+\s+(?P<uid>\d{1,10})\s+\d+\s+(?P<inode>\d{1,20})\b)?"
 )
 # readlink /proc/<pid>/fd/3 of a listening Python process on the development host:
 # socket:[13024]
-SOCKET_LINK_RE = re.compile(r"^socket:\[(\d+)\]$")
+SOCKET_LINK_RE = lazy_compile(r"^socket:\[(\d+)\]$")
 TCP_LISTEN = "0A"
 
 # "/usr/bin/python3.11", "python": an interpreter running a script or module named on its command line.
-PYTHON_RE = re.compile(r"^python[0-9.]*$")
+PYTHON_RE = lazy_compile(r"^python[0-9.]*$")
 # Interpreter flags that may stand between ``python`` and ``-m module`` or the script.
 PYTHON_FLAGS = ("-u", "-O", "-B", "-E", "-s", "-I")
 
@@ -130,7 +132,7 @@ def parse_proc_stat(text: str) -> ProcStat:
 # /proc/meminfo (proc(5)), values in KiB but for the HugePages_* counts:
 #   MemTotal:       24683584 kB
 #   MemAvailable:   21250108 kB
-MEMINFO_RE = re.compile(r"^(?P<key>[A-Za-z0-9_()]+):\s+(?P<value>\d+)(?: kB)?$", re.MULTILINE)
+MEMINFO_RE = lazy_compile(r"^(?P<key>[A-Za-z0-9_()]+):\s+(?P<value>\d+)(?: kB)?$", re.MULTILINE)
 
 
 def parse_meminfo(text: str) -> dict[str, int]:

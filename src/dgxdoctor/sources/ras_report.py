@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from dgxdoctor.lazy_re import lazy_compile
+
 IssueKind = Literal["unresponsive", "dead", "nocomm", "error", "status", "behind"]
 
 
@@ -182,7 +184,7 @@ def _json_comm(obj: Any, index: int) -> tuple[Communicator, list[RankIssue]]:
 
 # 2.28's missing-rank object lacks a comma: '"nvml_dev": 3\n          "status": {' (client_support.cc:1963 at
 # v2.28.9-1, fixed by 2.29.2-1 :2010), so its JSON is invalid exactly when a rank is missing. Only this gap is mended.
-MISSING_COMMA_RE = re.compile(r'("nvml_dev": -?\d+)(\n {10}"status": \{)')
+MISSING_COMMA_RE = lazy_compile(r'("nvml_dev": -?\d+)(\n {10}"status": \{)')
 
 
 def _load_json(text: str) -> Any:
@@ -229,36 +231,36 @@ def parse_json_report(text: str) -> RasReport:
 # ---------------------------------------------------------------------------------------------------- text
 
 # "NCCL version 2.28.9 compiled with CUDA 13.0" (client_support.cc:542)
-VERSION_RE = re.compile(r"^NCCL version (\S+) compiled with CUDA \S+$")
+VERSION_RE = lazy_compile(r"^NCCL version (\S+) compiled with CUDA \S+$")
 # "CUDA runtime version 13000, driver version 13000" (client_support.cc:544)
-CUDA_RE = re.compile(r"^CUDA runtime version (-?\d+), driver version (-?\d+)$")
+CUDA_RE = lazy_compile(r"^CUDA runtime version (-?\d+), driver version (-?\d+)$")
 # "      2          8            1         16       16" under "(total)   per node  per process    (total)  (total)"
 # (client_support.cc:603-606, the consistent case: nodes, processes per node, GPUs per process, processes, GPUs);
 # the inconsistent case ends with "%7d  %9d  %11d" (nodes, processes, GPUs) under "(total)    (total)      (total)"
 # (client_support.cc:725-729).
-JOB_RE = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)(?:\s+(\d+)\s+(\d+))?\s*$")
+JOB_RE = lazy_compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)(?:\s+(\d+)\s+(\d+))?\s*$")
 # "    0         1         2         8        16        16   RUNNING      OK" (client_support.cc:1213,
 # "%5d  %8d  %8d  %8s  %8d  %8d  %8s  %6s": group, comms, nodes, ranks per node ("8" or "1-2"), ranks per comm,
 # ranks in group, status, errors)
-GROUP_RE = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)(?:-(\d+))?\s+(\d+)\s+(\d+)\s+([A-Z]+)\s+([A-Z,]+)\s*$")
+GROUP_RE = lazy_compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)(?:-(\d+))?\s+(\d+)\s+(\d+)\s+([A-Z]+)\s+([A-Z,]+)\s*$")
 # "Communicators... (0.014s)" (client_support.cc:778 then 1020; "%.2fs" before 2.28, 2.24.3-1 :880)
-COMMS_TIME_RE = re.compile(r"^Communicators\.\.\. \((\d+(?:\.\d+)?)s\)$")
+COMMS_TIME_RE = lazy_compile(r"^Communicators\.\.\. \((\d+(?:\.\d+)?)s\)$")
 # "#0-0 (7f3a9e0c21d4b6a1) INCOMPLETE" (client_support.cc:1336, 1365, 1413: "#%d-%d (%016lx) KIND")
-COMM_HEAD_RE = re.compile(r"^#(\d+-\d+) \(([0-9a-f]+)\) (INCOMPLETE|ERROR|MISMATCH)$")
+COMM_HEAD_RE = lazy_compile(r"^#(\d+-\d+) \(([0-9a-f]+)\) (INCOMPLETE|ERROR|MISMATCH)$")
 # "  Process 12345 on node 10.0.0.2 managing GPU 3" / "managing GPUs 0,1 (NVML 2,3)" (client_support.cc:1280, 1313)
-PROCESS_RE = re.compile(r"^  Process (\d+) on node (\S+) managing GPUs? ([\d,]*)(?: \(NVML ([\d,]*)\))?$")
+PROCESS_RE = lazy_compile(r"^  Process (\d+) on node (\S+) managing GPUs? ([\d,]*)(?: \(NVML ([\d,]*)\))?$")
 # "  Rank 11 -- GPU 3 managed by process 12345 on node 10.0.0.2" (client_support.cc:1348), with the 2.26+ variants
 # "  Rank 1 has status INIT -- GPU ..." (:1485), "  Rank 1 has launched up to operation 9 -- GPU ..." (:1595),
 # "  Rank 1 has not launched any operations -- GPU ..." (:1601), "  Rank 1 reported Remote process error -- GPU ..."
 # (:1682), and "  Rank 1 -- [process information not found]" (:1354)
-RANK_RE = re.compile(
+RANK_RE = lazy_compile(
     r"^  Rank (\d+)(?: (has status \S+|has launched up to operation \d+|has not launched any operations|reported .+?))?"
     r" -- (?:GPU (\d+)(?: \(NVML (\d+)\))? managed by process (\d+) on node (\S+)|\[process information not found\])$"
 )
 # "  The missing ranks: 3,11" (2.24.3-1 client_support.cc:1172, before ranks were listed one per line)
-MISSING_RANKS_RE = re.compile(r"^  The missing ranks?: ([\d,]+)$")
+MISSING_RANKS_RE = lazy_compile(r"^  The missing ranks?: ([\d,]+)$")
 # "  Encountered 2 communication timeouts while gathering communicator data" (client_support.cc:1401)
-TIMEOUT_RE = re.compile(r"^  Encountered (\d+) communication timeouts? while gathering communicator data$")
+TIMEOUT_RE = lazy_compile(r"^  Encountered (\d+) communication timeouts? while gathering communicator data$")
 
 _SECTION_KIND: dict[str, IssueKind] = {"INCOMPLETE": "unresponsive", "DEAD": "dead"}
 

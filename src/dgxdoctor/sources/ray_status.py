@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from dgxdoctor.lazy_re import LazyPattern, lazy_compile
 from dgxdoctor.sources.ray_api import ClusterView, Demand, DemandKind
 
 
@@ -21,28 +22,28 @@ class RayStatusError(ValueError):
 
 # ======== Autoscaler status: 2026-11-30 01:59:21.820618 ========
 # ======== Cluster status: 2021-08-17 01:15:02.033448 ========          (Ray 1.6, ray-project/ray#17892)
-HEADER_RE = re.compile(r"^=+ (?:Autoscaler|Cluster) status: (?P<ts>.+?) =+$")
+HEADER_RE = lazy_compile(r"^=+ (?:Autoscaler|Cluster) status: (?P<ts>.+?) =+$")
 # Ray 1.6 listed nodes under "Node status" with no Healthy:/Active: heading:
 #  1 node(s) with resources: {'node:192.168.86.195': 1.0, 'CPU': 16.0, ...}
-NODE_WITH_RESOURCES_RE = re.compile(r"^\s*(?P<count>\d{1,18}) node\(s\) with resources: (?P<name>\{.*\})\s*$")
+NODE_WITH_RESOURCES_RE = lazy_compile(r"^\s*(?P<count>\d{1,18}) node\(s\) with resources: (?P<name>\{.*\})\s*$")
 # " 1 node_7cf0e4d13538d46a83b175ecc2c9162830812885b35ce9a2a1d7170c" (under Active:, Healthy: or Idle:)
-NODE_COUNT_RE = re.compile(r"^\s*(?P<count>\d{1,18}) (?P<name>\S.*)$")
+NODE_COUNT_RE = lazy_compile(r"^\s*(?P<count>\d{1,18}) (?P<name>\S.*)$")
 # " 0.0/16.0 GPU", " 2/2 GPU", " 0B/31.36GiB memory", " 0.00/19.915 GiB memory", " 1/2 AcceleratorType:V100"
-USAGE_RE = re.compile(
+USAGE_RE = lazy_compile(
     r"^\s*(?P<used>\d+(?:\.\d+)?)(?P<used_unit>[A-Za-z]*)/(?P<total>\d+(?:\.\d+)?)\s?(?P<total_unit>[A-Za-z]*)"
     r"\s+(?P<resource>\S+)$"
 )
 # " {'GPU': 32.0}: 1+ pending tasks/actors"
 # " {'CPU': 0.001, 'GPU': 8.0} * 2, {'GPU': 8.0} * 1 (STRICT_SPREAD): 1+ pending placement groups"
 # " {'CPU': 16}: 100+ from request_resources()"
-DEMAND_RE = re.compile(
+DEMAND_RE = lazy_compile(
     r"^\s*(?P<shape>\{.*\S)\s*:\s*(?P<count>\d{1,18})\+?\s+"
     r"(?P<what>pending tasks/actors|pending placement groups|from request_resources\(\))\s*$"
 )
 # "{'CPU': 0.001, 'GPU': 8.0} * 2" inside a demand's shape
-BUNDLE_RE = re.compile(r"\{(?P<resources>[^{}]*)\}(?:\s*\*\s*(?P<n>\d{1,18})\b)?")
+BUNDLE_RE = lazy_compile(r"\{(?P<resources>[^{}]*)\}(?:\s*\*\s*(?P<n>\d{1,18})\b)?")
 # "'GPU': 8.0" inside a bundle
-GPU_IN_BUNDLE_RE = re.compile(r"'GPU':\s*(?P<gpus>\d+(?:\.\d+)?)")
+GPU_IN_BUNDLE_RE = lazy_compile(r"'GPU':\s*(?P<gpus>\d+(?:\.\d+)?)")
 
 _KINDS: dict[str, DemandKind] = {
     "pending tasks/actors": "tasks",
@@ -55,7 +56,7 @@ _DEMAND_SECTIONS = {"Total Demands:", "Demands:", "Pending Demands:", "From requ
 _TITLES = {"Node status", "Resources"}
 _ALL_SECTIONS = _NODE_SECTIONS | _USAGE_SECTIONS | _DEMAND_SECTIONS | _TITLES | {"Pending:", "Recent failures:"}
 # What an unindented line under each section may be (a paste that lost its indentation); anything else is a title.
-_CONTENT: dict[str, re.Pattern[str]] = {
+_CONTENT: dict[str, LazyPattern] = {
     **dict.fromkeys(_NODE_SECTIONS, NODE_COUNT_RE),
     **dict.fromkeys(_USAGE_SECTIONS, USAGE_RE),
     **dict.fromkeys(_DEMAND_SECTIONS, DEMAND_RE),

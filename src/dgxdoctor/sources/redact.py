@@ -8,15 +8,16 @@ the open ``/metrics``. A value is secret when its name says so: the name's words
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
+
+from dgxdoctor.lazy_re import lazy_compile
 
 REDACTED = "<redacted>"
 SECRET_WORDS = frozenset(
     {"key", "apikey", "token", "secret", "password", "passwd", "pass", "pwd", "credential", "credentials", "auth"}
 )
 # "--api-key", "HF_TOKEN", "aws.secret_access_key": the words of a flag or variable name.
-NAME_SPLIT_RE = re.compile(r"[-_.]+")
+NAME_SPLIT_RE = lazy_compile(r"[-_.]+")
 
 
 def secret_name(name: str) -> bool:

@@ -24,18 +24,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from dgxdoctor.lazy_re import lazy_compile
+
 T = TypeVar("T")
 
 # `state`, e.g. "4: ACTIVE" (kernel: "%d: %s" over ib_port_state; names NOP, DOWN, INIT, ARMED, ACTIVE,
 # ACTIVE_DEFER). `phys_state`, e.g. "5: LinkUp" (names Sleep, Polling, Disabled, PortConfigurationTraining,
 # LinkUp, LinkErrorRecovery, Phy Test). Both: "<code>: <name>". The name is taken whole and stripped in code: a lazy
 # name before ``\s*$`` cost quadratic time on a long run of spaces (a 100 KB line, seconds).
-STATE_RE = re.compile(r"^\s*(?P<code>\d{1,9})\s*:(?P<name>.*)$")
+STATE_RE = lazy_compile(r"^\s*(?P<code>\d{1,9})\s*:(?P<name>.*)$")
 
 # `rate`, e.g. "400 Gb/sec (4X NDR)", "200 Gb/sec (4X HDR)", "2.5 Gb/sec (1X SDR)", "25 Gb/sec (1X EDR)"
 # on a RoCE port (kernel: "%d%s Gb/sec (%dX%s)"). Older kernels print "40 Gb/sec (4X QDR)"; the
 # parenthesis is absent when the width is unknown.
-RATE_RE = re.compile(r"^\s*(?P<gbps>\d+(?:\.\d+)?)\s*Gb/sec(?:\s*\((?P<width>\d+)X(?P<speed>[^)]*)\))?")
+RATE_RE = lazy_compile(r"^\s*(?P<gbps>\d+(?:\.\d+)?)\s*Gb/sec(?:\s*\((?P<width>\d+)X(?P<speed>[^)]*)\))?")
 
 # What the kernel prints instead of a value when the device has no Performance Management Agent.
 NO_PMA = "N/A (no PMA)"

@@ -14,17 +14,17 @@ The argv goes through the injected command runner (never a shell); tests stand r
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.sources.commands import CommandNotFound, CommandRunner, CommandTimeout
 
 SHOW_PROPERTIES = "LoadState,ActiveState,SubState,Result"
 SYSTEMCTL_TIMEOUT_S = 5.0
 # systemd.unit(5): unit names are ASCII letters, digits, ":-_.\" and "@" for instances.
-UNIT_NAME_RE = re.compile(r"^[A-Za-z0-9:_.@\\-]{1,255}$")
+UNIT_NAME_RE = lazy_compile(r"^[A-Za-z0-9:_.@\\-]{1,255}$")
 # ActiveState=active
-PROPERTY_RE = re.compile(r"^(?P<key>[A-Za-z]{1,40})=(?P<value>.{0,200})$")
+PROPERTY_RE = lazy_compile(r"^(?P<key>[A-Za-z]{1,40})=(?P<value>.{0,200})$")
 
 
 @dataclass(frozen=True)

@@ -13,29 +13,30 @@ The format is not documented as a machine interface; the legend it prints is the
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from dgxdoctor.lazy_re import lazy_compile
+
 # Driver 580 prints the header as "\t\x1b[4mGPU0\tGPU1\tCPU Affinity\t...\x1b[0m" (ECMA-48 SGR sequences).
-ANSI_ESCAPE_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+ANSI_ESCAPE_RE = lazy_compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 # "GPU0\t X \tNV18\t0-31\t0\t\tN/A": the first token of a GPU row or column.
-GPU_NAME_RE = re.compile(r"^GPU(\d+)$")
+GPU_NAME_RE = lazy_compile(r"^GPU(\d+)$")
 
 # "NV18" = "Connection traversing a bonded set of # NVLinks" (the legend's "NV#").
-NVLINK_RE = re.compile(r"^NV(\d{1,4})$")
+NVLINK_RE = lazy_compile(r"^NV(\d{1,4})$")
 
 # Any cell of the device part of the matrix: "X" (self), "NV12", "SYS", "NODE", "PHB", "PXB", "PIX",
 # "SOC" (the name of SYS before driver 384), "N/A". Unknown upper-case codes are kept, not rejected:
 # a newer driver may add one, and it is still "not NVLink".
-LINK_CELL_RE = re.compile(r"^(X|NV\d{1,4}|[A-Z][A-Z0-9/]{1,7})$")
+LINK_CELL_RE = lazy_compile(r"^(X|NV\d{1,4}|[A-Z][A-Z0-9/]{1,7})$")
 
 # "  NIC0: mlx5_0" in the "NIC Legend:" block.
-NIC_LEGEND_RE = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+NIC_LEGEND_RE = lazy_compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 
 # Affinity headers as printed, matched in a space-separated header ("CPU Affinity    NUMA Affinity   GPU NUMA ID").
-AFFINITY_HEADER_RE = re.compile(r"CPU Affinity|NUMA Affinity|GPU NUMA ID|\S+")
+AFFINITY_HEADER_RE = lazy_compile(r"CPU Affinity|NUMA Affinity|GPU NUMA ID|\S+")
 
 # PCIe levels, nearest first, as the legend defines them.
 PCIE_NEAR = ("PIX", "PXB")

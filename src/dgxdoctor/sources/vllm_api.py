@@ -20,9 +20,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import httpx
+from typing import TYPE_CHECKING, Any, Literal
 
 from dgxdoctor.sources.procfs import (
     ProcessInfo,
@@ -34,6 +32,9 @@ from dgxdoctor.sources.procfs import (
     trusted_process,
 )
 from dgxdoctor.sources.vllm_metrics import VllmMetrics, parse_vllm_metrics
+
+if TYPE_CHECKING:
+    import httpx
 
 MAX_BODY_CHARS = 300  # of an error body quoted in a finding
 
@@ -175,6 +176,8 @@ def body_excerpt(response: httpx.Response) -> str:
 
 def get_health(client: httpx.Client, headers: Mapping[str, str]) -> Health:
     """``GET /health``: never raises; how it failed is the outcome."""
+    import httpx
+
     t0 = time.monotonic()
     try:
         response = client.get("/health", headers=headers)
@@ -241,6 +244,8 @@ def post_completion(
     client: httpx.Client, headers: Mapping[str, str], model: str, prompt: str, max_tokens: int, timeout_s: float
 ) -> Completion:
     """``POST /v1/chat/completions`` with one user message at temperature 0; never raises."""
+    import httpx
+
     body = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],

@@ -17,6 +17,8 @@ from functools import cache
 from importlib import resources
 from typing import Any, Literal
 
+from dgxdoctor.lazy_re import lazy_compile
+
 # A PCI address as the driver prints it: domain:bus:device, sometimes .function.
 _BUS = r"(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?P<fn>\.[0-7])?"
 
@@ -29,7 +31,7 @@ _BUS = r"(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?P<fn>\.[0-7])?
 #   NVRM: Xid (PCI:0018:01:00): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 13 (0x0409a0c2 0x00000008 ...)   (NVLink5)
 #   NVRM: Xid (PCI:...): 145, RLW_RXPIPE Nonfatal XC0 i0 Link 11 (...)          (address redacted in a paste,
 #   NVIDIA/nccl#2241: still an XID 145 event, on a GPU the paste does not name)
-XID_RE = re.compile(
+XID_RE = lazy_compile(
     r"NVRM: Xid \((?:PCI:)?(?:" + _BUS + r"|(?P<redacted>\.{3}|x{2,4}(?::x{2}){2}))\):\s*(?P<xid>\d{1,9})\b,?\s*"
     r"(?P<rest>.*)$"
 )
@@ -37,16 +39,16 @@ XID_RE = re.compile(
 REDACTED_BUS = "unknown (redacted)"
 
 # The header cut by a wrapped terminal or mail client: "... NVRM: Xid (PCI:0000:3b:00):" then "79, pid=...".
-XID_HEADER_ONLY_RE = re.compile(r"NVRM: Xid(?: \((?:PCI:)?[0-9A-Fa-f:.]*\)?:?)?\s*$")
+XID_HEADER_ONLY_RE = lazy_compile(r"NVRM: Xid(?: \((?:PCI:)?[0-9A-Fa-f:.]*\)?:?)?\s*$")
 
 #   pid=1101234, name=nvc:[driver], GPU has fallen off the bus.
 #   pid='<unknown>', name=<unknown>, Graphics SM Warp Exception ...
-XID_PID_RE = re.compile(r"^pid=(?P<pid>'?<unknown>'?|\d{1,10}),\s*(?:name=(?P<name>[^,]*),\s*)?")
+XID_PID_RE = lazy_compile(r"^pid=(?P<pid>'?<unknown>'?|\d{1,10}),\s*(?:name=(?P<name>[^,]*),\s*)?")
 
 # NVLink5 sub-code form (Blackwell, XIDs 144-150), documented under WORKFLOW_NVLINK5_ERR in the XID catalog:
 #   149, NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)
 #   144, SAW_MVB Nonfatal XC0 i0 Link 0 (0x00000001 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)
-NVLINK5_RE = re.compile(
+NVLINK5_RE = lazy_compile(
     r"^(?P<unit>[A-Z][A-Z0-9_]*) (?P<sev>Fatal|Nonfatal) XC(?P<xc>\d{1,9}) i(?P<inst>\d{1,9}) "
     r"Link (?P<link>-?\d{1,9})\b"
     r"(?: \((?P<regs>[0-9a-fx ]*)\))?"
@@ -55,14 +57,14 @@ NVLINK5_RE = re.compile(
 # XID 154 names the recovery the driver now requires:
 #   NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)
 # (The action is bounded: unbounded, a long line of " to (" without ")" took quadratic time.)
-XID154_RE = re.compile(r"recovery action changed from .*? to (?:0x[0-9a-fA-F]+ )?\((?P<action>[^)]{0,200})\)")
+XID154_RE = lazy_compile(r"recovery action changed from .*? to (?:0x[0-9a-fA-F]+ )?\((?P<action>[^)]{0,200})\)")
 
 # The three lines NVSwitch prints per error; only the one with Fatal/Non-fatal is counted, the other two
 # (Severity/Data) repeat the same SXid with register detail:
 #   nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 Minion Link DLREQ interrupt
 #   nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Severity 0 Engine instance 44 Sub-engine instance 00
 #   nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Data {0x0000002c, 0x0000002c, 0x00000000, ...}
-SXID_RE = re.compile(
+SXID_RE = lazy_compile(
     r"(?P<device>nvidia-nvswitch\d+): SXid \((?:PCI:)?" + _BUS + r"\):\s*(?P<sxid>\d{1,9}),\s*"
     r"(?P<sev>Fatal|Non-fatal),\s*(?P<rest>.*)$"
 )
@@ -70,23 +72,23 @@ SXID_RE = re.compile(
 # paste, or one line copied from a report); the device prefix may be cut too:
 #   nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Data {0x0000002c, 0x0000002c, 0x00000000, ...}
 #   SXid (PCI:0000:04:00.0): 22013, Severity 0 Engine instance 44 Sub-engine instance 00
-SXID_DETAIL_RE = re.compile(
+SXID_DETAIL_RE = lazy_compile(
     r"(?:(?P<device>nvidia-nvswitch\d+): )?SXid \((?:PCI:)?" + _BUS + r"\):\s*(?P<sxid>\d{1,9}),\s*"
     r"(?P<rest>(?:Severity|Data)\b.*)$"
 )
-SXID_LINK_RE = re.compile(r"\bLink (?P<link>\d{1,9})\b")
+SXID_LINK_RE = lazy_compile(r"\bLink (?P<link>\d{1,9})\b")
 
 # "Fallen off the bus" without an Xid line (counted as XID 79):
 #   NVRM: GPU at 0000:01:00.0 has fallen off the bus.                       (older drivers)
 #   NVRM: GPU 0000:2b:00.0: GPU has fallen off the bus.                     (printed beside Xid 79)
-FALLEN_OFF_RE = re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?" + _BUS + r":? (?:GPU )?has fallen off the bus")
+FALLEN_OFF_RE = lazy_compile(r"NVRM: GPU (?:at )?(?:PCI:)?" + _BUS + r":? (?:GPU )?has fallen off the bus")
 
 # Open kernel modules 570+, one printk over three lines (dmesg indents the continuation lines):
 #   NVRM: The NVIDIA GPU 0000:b3:00.0
 #                  NVRM: (PCI ID: 10de:26b5) installed in this system has
 #                  NVRM: fallen off the bus and is not responding to commands.
-FALLEN_OFF_HEAD_RE = re.compile(r"NVRM: The NVIDIA GPU (?:PCI:)?" + _BUS + r"\b")
-FALLEN_OFF_TAIL_RE = re.compile(r"NVRM: .*fallen off the bus")
+FALLEN_OFF_HEAD_RE = lazy_compile(r"NVRM: The NVIDIA GPU (?:PCI:)?" + _BUS + r"\b")
+FALLEN_OFF_TAIL_RE = lazy_compile(r"NVRM: .*fallen off the bus")
 FALLEN_OFF_LOOKAHEAD = 3  # lines from the "The NVIDIA GPU" head to its "fallen off the bus" tail
 # The bus id of a fallen-off event whose "The NVIDIA GPU <address>" line is not in the paste.
 UNNAMED_BUS = "unknown (not in the paste)"
