@@ -4,7 +4,7 @@
 # `nvidia-smi -L`, then the daemon's resident memory after 45 s with every default check. OUT: the results folder.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 -m pip install -q --no-index --find-links .whl --target /tmp/site .whl/*.whl > "$OUT/pip.txt" 2>&1
+python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > "$OUT/pip.txt" 2>&1
 export PYTHONPATH="$PWD/src:/tmp/site"
 cfg=docs/h200/h200-config.toml
 {
@@ -19,5 +19,8 @@ python3 -m dgxdoctor run --config /tmp/idle.toml > "$OUT/daemon.log" 2>&1 &
 pid=$!
 sleep 45
 grep -E 'VmRSS|VmHWM|RssAnon|RssFile' /proc/$pid/status > "$OUT/daemon-memory.txt"
+# where it goes: the largest mappings (anonymous, heap, each .so), as benchmarks/daemon_memory.py prints them here
+python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from daemon_memory import print_mappings; print_mappings($pid)" \
+    >> "$OUT/daemon-memory.txt" 2>&1
 kill -TERM $pid; wait $pid; echo "daemon exit $?" >> "$OUT/daemon-memory.txt"
 cat "$OUT/startup.txt" "$OUT/daemon-memory.txt"

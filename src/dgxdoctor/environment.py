@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import ssl
 import time
@@ -11,7 +10,6 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import urlsplit
 
 from dgxdoctor.sources.commands import CommandRunner, LineCommandRunner, run_command, run_command_lines
 
@@ -34,15 +32,6 @@ def tcp_connect(host: str, port: int, timeout_s: float) -> None:
     """Open and close one TCP connection; raises OSError (refused, unreachable, timed out)."""
     with socket.create_connection((host, port), timeout=timeout_s):
         pass
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a name
-        return False
 
 
 def _default_nvml() -> NvmlClient:
@@ -186,28 +175,6 @@ class Environment:
     # The [daemon] table's shared secret, read when a check asks a peer's agent (the nccl cross-node probe); the
     # daemon's answers with the token in force after a reload. Raises OSError/ValueError for a bad token_file.
     token: Callable[[], str | None] = _no_token
-
-    def refused(self, url: str, timeout_s: float) -> ConnectionRefusedError | None:
-        """One-shot, on the real network, for a loopback URL (vLLM's and Ray's defaults): the refusal of a TCP
-        connect to its port, which is what an HTTP request there would meet, found without loading httpx and its
-        transport (~0.1 s of CPU of every `dgxdoctor check` on a node without vLLM or Ray, benchmarks/startup.py).
-        None when something listens, the connect fails otherwise, for another host (a connect that hangs would be
-        waited on twice), in the daemon (its clients are loaded anyway) or with an injected transport: the request
-        then tells."""
-        if not self.one_shot or self.http_transport is not None:
-            return None
-        parts = urlsplit(url)
-        try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
-            host = parts.hostname
-            if host is None or not _is_loopback(host):
-                return None
-            self.connect(host, port, timeout_s)
-        except ConnectionRefusedError as exc:
-            return exc
-        except (OSError, ValueError):
-            return None
-        return None
 
     def http_client(self, base_url: str = "", timeout_s: float = 5.0) -> httpx.Client:
         """An httpx client whose responses are size-capped (``sources.http``); TLS context shared, and loaded only

@@ -78,27 +78,3 @@ def test_plain_http_never_loads_the_ca_bundle_and_https_still_verifies() -> None
         with pytest.raises(httpx.ConnectError):
             client.get(f"https://127.0.0.1:{port}/health")
         assert transport._tls is not None and tls_context().verify_mode is ssl.CERT_REQUIRED
-
-
-def test_refused_connect_is_asked_only_of_loopback_in_a_one_shot_run() -> None:
-    """`dgxdoctor check` learns "nothing listens" from one TCP connect, without httpx; never for another host (a
-    dropped connect would be waited on twice), in the daemon or with an injected transport."""
-    import httpx
-
-    from dgxdoctor.environment import Environment
-
-    asked: list[tuple[str, int]] = []
-
-    def refuse(host: str, port: int, timeout_s: float) -> None:
-        asked.append((host, port))
-        raise ConnectionRefusedError(111, "Connection refused")
-
-    env = Environment(connect=refuse)
-    assert str(env.refused("http://127.0.0.1:8000", 1.0)) == "[Errno 111] Connection refused"
-    assert isinstance(env.refused("http://localhost", 1.0), ConnectionRefusedError)
-    assert env.refused("http://10.0.0.2:8265", 1.0) is None
-    assert env.refused("http://head.example:8265", 1.0) is None
-    assert Environment(connect=refuse, one_shot=False).refused("http://127.0.0.1:8000", 1.0) is None
-    mocked = httpx.MockTransport(lambda request: httpx.Response(200))
-    assert Environment(connect=refuse, http_transport=mocked).refused("http://127.0.0.1:8000", 1.0) is None
-    assert asked == [("127.0.0.1", 8000), ("localhost", 80)]

@@ -20,7 +20,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 from urllib.parse import urlsplit
@@ -297,15 +296,12 @@ class VllmCheck(Check[VllmSettings]):
             return serving, None
         return vllm_by_command_line(self.env.proc_root, self._port())
 
-    def _health(
-        self, client: httpx.Client | None, proc: ProcessInfo | None, refused: OSError | None = None
-    ) -> tuple[Health, float | None, str | None]:
-        """/health, with the share of a CPU the API server used meanwhile and its state after; ``refused``: the
-        connect was refused already (``Environment.refused``), so no client was made."""
+    def _health(self, client: httpx.Client, proc: ProcessInfo | None) -> tuple[Health, float | None, str | None]:
+        """/health, with the share of a CPU the API server used meanwhile and its state after."""
         root = self.env.proc_root
         before = cpu_ticks(root, proc.pid) if proc else None
         t0 = time.monotonic()
-        health = get_health(client, self._headers()) if client is not None else Health("refused", str(refused))
+        health = get_health(client, self._headers())
         after = cpu_ticks(root, proc.pid) if proc else None
         ratio = None
         if before and after:
@@ -322,9 +318,8 @@ class VllmCheck(Check[VllmSettings]):
         if proc is not None and proc.start_time is not None:
             uptime = max(0.0, self.env.clock() - proc.start_time)
         b.sample(VLLM_PROCESS_UPTIME, uptime)
-        refused = self.env.refused(s.base_url, s.request_timeout_s)
-        with nullcontext(None) if refused else self.env.http_client(s.base_url, s.request_timeout_s) as client:
-            health, cpu_ratio, state = self._health(client, proc, refused)
+        with self.env.http_client(s.base_url, s.request_timeout_s) as client:
+            health, cpu_ratio, state = self._health(client, proc)
             if health.outcome == "timeout":
                 b.timed_out("health")
             if health.outcome != "up":
@@ -334,7 +329,6 @@ class VllmCheck(Check[VllmSettings]):
                 expected = proc is not None or s.required or s.pid_file is not None or self._seen_up or head
                 server = Server(s.base_url, process, no_proc_reason, uptime, expected, cpu_ratio, state, head)
                 return self._down(b, not_up(health, server, self._limits))
-            assert client is not None  # /health answered
             self._seen_up = True
             b.sample(VLLM_UP, 1)
             b.sample(VLLM_HEALTH_LATENCY, health.latency_s)
