@@ -2,8 +2,12 @@
 """Where the idle daemon's memory goes, and whether it grows: `dgxdoctor run` with every default check beside
 Prometheus's node_exporter.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/daemon_memory.py               # 10 minutes of scrapes
-    PYTHONPATH=src .venv/bin/python benchmarks/daemon_memory.py --minutes 1   # a short run
+    .venv/bin/python benchmarks/daemon_memory.py               # 10 minutes of scrapes
+    .venv/bin/python benchmarks/daemon_memory.py --minutes 1   # a short run
+    .venv/bin/python benchmarks/daemon_memory.py --python .venv/bin/python   # the test venv, src on PYTHONPATH
+
+The daemon measured is dgxdoctor as the README installs it (benchmarks/installed.py: a cached ``python3 -m venv``
++ ``pip install .`` of this checkout, its ``dgxdoctor run``) unless ``--python PATH`` names another interpreter.
 
 Prints, in order: tracemalloc's top 25 allocations by file (the daemon run in-process by
 benchmarks/traced_daemon.py for --trace-s seconds; tracing costs memory itself, so that daemon's RSS is not the
@@ -22,13 +26,13 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import httpx
+from installed import Product, add_argument, resolve
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -105,11 +109,11 @@ def print_mappings(pid: int, top: int = 20) -> None:
     print(f"  totals: anonymous/heap/stack {anon / 1024:.1f} MiB, shared objects {libs / 1024:.1f} MiB")
 
 
-def traced(seconds: float, env: dict[str, str], config: Path) -> None:
+def traced(seconds: float, product: Product, config: Path) -> None:
     port = free_port()
-    argv = [sys.executable, str(REPO / "benchmarks" / "traced_daemon.py"), str(seconds), "--", "run"]
+    argv = [str(product.python), str(REPO / "benchmarks" / "traced_daemon.py"), str(seconds), "--", "run"]
     argv += ["--config", str(config), "--listen", f"127.0.0.1:{port}"]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=seconds + 120)
+    done = subprocess.run(argv, env=product.env(), capture_output=True, text=True, timeout=seconds + 120)
     print(f"\ntracemalloc, daemon in-process for {seconds:g} s, top 25 by file")
     for line in done.stdout.splitlines():
         if line.startswith("TRACEMALLOC "):
@@ -151,6 +155,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--warmup-min", type=float, default=1.0, help="minutes left out of the slope (default 1)")
     ap.add_argument("--idle-s", type=float, default=20.0, help="seconds after start before the idle figures")
     ap.add_argument("--trace-s", type=float, default=20.0, help="seconds of the tracemalloc run; 0 skips it")
+    add_argument(ap)
     return ap.parse_args()
 
 
@@ -162,13 +167,14 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="dgxd-mem-"))
     config = tmp / "config.toml"
     config.write_text(f'[paths]\nstate_dir = "{tmp / "state"}"\n')
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    product = resolve(args.python)
+    print(product.describe())
     if args.trace_s > 0:
-        traced(args.trace_s, env, config)
+        traced(args.trace_s, product, config)
     ne_port, dd_port = free_port(), free_port()
     ne = subprocess.Popen([node_exporter, f"--web.listen-address=127.0.0.1:{ne_port}"], stderr=subprocess.DEVNULL)
-    dd_argv = [sys.executable, "-m", "dgxdoctor", "run", "--config", str(config), "--listen", f"127.0.0.1:{dd_port}"]
-    dd = subprocess.Popen(dd_argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    dd_argv = product.command("run", "--config", str(config), "--listen", f"127.0.0.1:{dd_port}")
+    dd = subprocess.Popen(dd_argv, env=product.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_ready(f"http://127.0.0.1:{ne_port}/metrics", ne, "node_exporter")
         wait_ready(f"http://127.0.0.1:{dd_port}/metrics", dd, "dgxdoctor")
@@ -186,14 +192,15 @@ def main() -> int:
         stop(dd)
         stop(ne)
         shutil.rmtree(tmp, ignore_errors=True)
-    return verdict(idle, ne_idle, last, ne_last, slope)
+    return verdict(idle, ne_idle, last, ne_last, slope, product)
 
 
-def verdict(idle: float, ne_idle: float, last: float, ne_last: float, slope: float) -> int:
+def verdict(idle: float, ne_idle: float, last: float, ne_last: float, slope: float, product: Product) -> int:
     ok_idle = idle <= IDLE_TARGET_MIB
     ok_growth = slope <= GROWTH_TARGET_MIB or slope != slope  # nan: --minutes 0 measured no growth
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    print(f"\n{stamp}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
+    how = "installed (README)" if product.installed else "src on PYTHONPATH"
+    print(f"\n{stamp}, {os.cpu_count()} CPUs, Python {product.version()}, {product.python} ({how})")
     print(f"{'':34} {'dgxdoctor':>10} {'node_exporter':>14} {'ratio':>6}  {'target':<16} result")
     print(
         f"{'resident, idle (MiB)':34} {idle:10.1f} {ne_idle:14.1f} {idle / ne_idle:6.2f}  "

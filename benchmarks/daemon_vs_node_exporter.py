@@ -7,6 +7,9 @@ scrape p99 no worse than node_exporter's). Exits 0 when every target passes, 1 o
     /work/main/.venv/bin/python benchmarks/daemon_vs_node_exporter.py            # ~2.5 min
     /work/main/.venv/bin/python benchmarks/daemon_vs_node_exporter.py --quick    # ~45 s, coarser figures
 
+The daemon is dgxdoctor as the README installs it (benchmarks/installed.py: a cached ``python3 -m venv`` + ``pip
+install .`` of this checkout, its ``dgxdoctor run``); ``--python PATH`` runs PATH with the checkout's src instead.
+
 node_exporter is the Debian binary ``prometheus-node-exporter`` (package prometheus-node-exporter). Both listen
 on loopback only. The daemon runs the checks registered in this checkout at their default intervals.
 """
@@ -19,7 +22,6 @@ import shutil
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,8 +30,8 @@ from pathlib import Path
 
 import httpx
 import psutil
+from installed import add_argument, resolve
 
-REPO = Path(__file__).resolve().parents[1]
 MIB = 2**20
 
 
@@ -179,7 +181,10 @@ def main() -> int:
     ap.add_argument(
         "--quick", action="store_true", help="20 s idle, 5 s settling, 400 scrapes: a smoke run, not figures to quote"
     )
+    add_argument(ap)
     args = ap.parse_args()
+    product = resolve(args.python)
+    print(product.describe())
     quick_run = {"idle_s": 20.0, "scrapes": 400, "warmup_s": 5.0}
     full_run = {"idle_s": 60.0, "scrapes": 2000, "warmup_s": 10.0}
     for key, value in (quick_run if args.quick else full_run).items():
@@ -201,9 +206,9 @@ def main() -> int:
         ),
         Target(
             "dgxdoctor",
-            [sys.executable, "-m", "dgxdoctor", "run", "--config", str(config), "--listen", f"127.0.0.1:{dd_port}"],
+            product.command("run", "--config", str(config), "--listen", f"127.0.0.1:{dd_port}"),
             f"http://127.0.0.1:{dd_port}/metrics",
-            {**os.environ, "PYTHONPATH": str(REPO / "src")},
+            product.env(),
         ),
     ]
     results: dict[str, dict[str, float]] = {}
@@ -247,7 +252,8 @@ def main() -> int:
     ne, dd = results["node_exporter"], results["dgxdoctor"]
     print(
         f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, Python "
-        f"{sys.version.split()[0]}; {args.idle_s:g} s idle, {int(dd['n'])} scrapes per target from {args.threads} "
+        f"{product.version()} ({product.python}, {'installed' if product.installed else 'src on PYTHONPATH'}); "
+        f"{args.idle_s:g} s idle, {int(dd['n'])} scrapes per target from {args.threads} "
         "concurrent scrapers; CPU figures have the kernel's 10 ms tick resolution\n"
     )
     rows = table(dd, ne)

@@ -1,11 +1,17 @@
 """Start-up of the commands an operator types: wall time and what each imports, beside a peer in the same run.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/startup.py [--runs 7] [--peer "nvidia-smi -L"]
+    .venv/bin/python benchmarks/startup.py [--runs 7] [--peer "nvidia-smi -L"] [--python PATH]
+
+By default dgxdoctor as the README installs it (``benchmarks/installed.py``: a cached ``python3 -m venv`` + ``pip
+install .`` of this checkout, its ``dgxdoctor`` console script); ``--python PATH`` runs PATH with the checkout's src
+on PYTHONPATH instead (the test venv, or a machine's own ``python3``).
 
 Per command (``--help``, ``check``, ``diagnose`` of a small paste), the median and max wall time of ``--runs`` runs,
 the ``python -X importtime`` cumulative total and the ten heaviest top-level imports, and whether the heavy modules
 a command does not need were imported (the HTTP server, the scheduler, dashboards, plan and bench code). The peer is
-a bare ``python -I -c pass`` (the interpreter's own start) and, with ``--peer``, any command (``nvidia-smi -L`` on a
+a bare ``python -I -c pass`` (the interpreter's own start), the library floor (the same interpreter importing only
+the libraries of ``LIBRARY_FLOOR`` that a real ``check`` imported: what any ``check`` built on them would pay; runs
+interleaved with check's, check's ratio to it printed) and, with ``--peer``, any command (``nvidia-smi -L`` on a
 GPU machine). Targets (issue: fast and small): ``--help`` <= 0.12 s and ``check`` <= 0.45 s here; ``--check-target``
 sets the check target (0.6 s on the H200 with real NVML). Exit 1 on a miss.
 """
@@ -22,46 +28,47 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
+from dataclasses import dataclass, field
 
-REPO = Path(__file__).resolve().parents[1]
+from installed import Product, add_argument, resolve
+
 # Modules a command must not import unless it serves, schedules, draws, plans or benchmarks.
 NOT_FOR_CHECK = ("aiohttp", "apscheduler", "dgxdoctor.daemon.app", "dgxdoctor.dashboards", "dgxdoctor.judge.plan",
                  "dgxdoctor.commands.bench", "matplotlib")  # fmt: skip
 NOT_FOR_HELP = (*NOT_FOR_CHECK, "httpx", "pydantic", "dgxdoctor.checks.registry", "asyncio")
+# The libraries `check` cannot do without: its command line, config models, HTTP client and event loop (the floor
+# imports those of them that the real check run imported, as -X importtime shows).
+LIBRARY_FLOOR = ("click", "pydantic", "httpx", "asyncio")
 # "import time:       565 |      97687 |     pydantic"
 IMPORTTIME_RE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)$")
 
 
-def _env() -> dict[str, str]:
-    """As installed: bytecode cached (pip compiles at install; PYTHONDONTWRITEBYTECODE would recompile every
-    module at every start, ~10x the import time), the checkout's src first."""
-    path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    return env
+def _once(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds user + sys, which a loaded machine barely moves) of one run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=False)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 
 
-def _wall(argv: list[str], runs: int, cpu: list[float] | None = None) -> list[float]:
-    """Wall seconds of each run; ``cpu`` gets each run's CPU seconds (user + sys), which a loaded machine barely
-    moves."""
+def _wall(argv: list[str], runs: int, env: dict[str, str], cpu: list[float] | None = None) -> list[float]:
+    """Wall seconds of each run; ``cpu`` gets each run's CPU seconds."""
     times = []
     for _ in range(runs):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t0 = time.perf_counter()
-        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(), check=False)
-        times.append(time.perf_counter() - t0)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wall, used = _once(argv, env)
+        times.append(wall)
         if cpu is not None:
-            cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+            cpu.append(used)
     return times
 
 
-def _imports(args: list[str]) -> tuple[float, list[tuple[float, str]], set[str]]:
+def _imports(product: Product, args: list[str]) -> tuple[float, list[tuple[float, str]], set[str]]:
     """(total seconds, the ten heaviest top-level imports, every module imported) of one run."""
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "dgxdoctor", *args],
-        capture_output=True, text=True, env=_env(), check=False,
+        product.command(*args, flags=["-X", "importtime"]),
+        capture_output=True, text=True, env=product.env(), check=False,
     )  # fmt: skip
     top: list[tuple[float, str]] = []
     modules: set[str] = set()
@@ -80,17 +87,54 @@ def _imports(args: list[str]) -> tuple[float, list[tuple[float, str]], set[str]]
     return total, heaviest, modules
 
 
-def _report(name: str, argv: list[str], runs: int, target: float | None, forbidden: tuple[str, ...]) -> bool:
-    _wall([sys.executable, "-m", "dgxdoctor", *argv], 1)  # writes the bytecode caches
-    cpu: list[float] = []
-    times = _wall([sys.executable, "-m", "dgxdoctor", *argv], runs, cpu)
-    total, heaviest, modules = _imports(argv)
-    median = statistics.median(times)
+@dataclass
+class Measured:
+    """A command's runs: wall and CPU seconds of each."""
+
+    argv: list[str]
+    walls: list[float] = field(default_factory=list)
+    cpus: list[float] = field(default_factory=list)
+
+    def run(self, env: dict[str, str]) -> None:
+        wall, cpu = _once(self.argv, env)
+        self.walls.append(wall)
+        self.cpus.append(cpu)
+
+    def line(self) -> str:
+        return (
+            f"median {statistics.median(self.walls):.3f} s, min {min(self.walls):.3f} s, max {max(self.walls):.3f} s; "
+            f"CPU (user + sys) median {statistics.median(self.cpus):.3f} s, min {min(self.cpus):.3f} s"
+        )
+
+
+def _floor(product: Product, modules: set[str]) -> Measured | None:
+    """The library floor: this interpreter importing the LIBRARY_FLOOR libraries the real command imported."""
+    libs = [lib for lib in LIBRARY_FLOOR if lib in modules]
+    return Measured([str(product.python), "-c", f"import {', '.join(libs)}"]) if libs else None
+
+
+def _report(product: Product, name: str, argv: list[str], runs: int, target: float | None,
+            forbidden: tuple[str, ...], with_floor: bool = False) -> bool:  # fmt: skip
+    env = product.env()
+    _once(product.command(*argv), env)  # writes the bytecode caches (a README install has them already)
+    total, heaviest, modules = _imports(product, argv)
+    command = Measured(product.command(*argv))
+    floor = _floor(product, modules) if with_floor else None
+    for _ in range(runs):  # the floor's runs interleaved with the command's: the same load for both
+        if floor is not None:
+            floor.run(env)
+        command.run(env)
+    median = statistics.median(command.walls)
     verdict = "" if target is None else (" PASS" if median <= target else " FAIL") + f" (target {target:g} s)"
-    print(
-        f"\n{name}: median {median:.3f} s, max {max(times):.3f} s over {runs} runs{verdict}; "
-        f"CPU (user + sys) median {statistics.median(cpu):.3f} s, min {min(cpu):.3f} s"
-    )
+    print(f"\n{name}: {command.line()} over {runs} runs{verdict}")
+    if floor is not None:
+        own = median - statistics.median(floor.walls)
+        print(f"  library floor `{' '.join(floor.argv[1:])}`: {floor.line()}")
+        print(
+            f"  ratio {name} / library floor: {median / statistics.median(floor.walls):.2f} wall, "
+            f"{statistics.median(command.cpus) / statistics.median(floor.cpus):.2f} CPU; "
+            f"dgxdoctor's own share {own:.3f} s of {median:.3f} s ({own / median:.0%})"
+        )
     print(f"  imports: {total:.3f} s cumulative; heaviest: " + ", ".join(f"{m} {t * 1000:.0f} ms" for t, m in heaviest))
     loaded = sorted(f for f in forbidden if any(mod == f or mod.startswith(f + ".") for mod in modules))
     print("  needless imports: " + (", ".join(loaded) if loaded else "none"))
@@ -105,25 +149,29 @@ def main() -> int:
     parser.add_argument("--check-target", type=float, default=0.45)
     parser.add_argument("--config", help="config for `check` (default: built-in defaults)")
     parser.add_argument("--check-arg", action="append", default=[], help="one more argument for `check` (repeat)")
+    add_argument(parser)
     args = parser.parse_args()
+    product = resolve(args.python)
+    print(product.describe())
+    env = product.env()
 
-    bare = statistics.median(_wall([sys.executable, "-I", "-c", "pass"], args.runs))
+    bare = statistics.median(_wall([str(product.python), "-I", "-c", "pass"], args.runs, env))
     print(f"peer: python -I -c pass: median {bare:.3f} s")
     if args.peer:
-        peer = statistics.median(_wall(shlex.split(args.peer), args.runs))
+        peer = statistics.median(_wall(shlex.split(args.peer), args.runs, env))
         print(f"peer: {args.peer}: median {peer:.3f} s")
     check = ["check", *(["--config", args.config] if args.config else []), *args.check_arg]
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as paste:
         paste.write("NVRM: Xid (PCI:0000:18:00): 79, pid=1234, GPU has fallen off the bus.\n")
     try:
         ok = [
-            _report("dgxdoctor --help", ["--help"], args.runs, args.help_target, NOT_FOR_HELP),
-            _report("dgxdoctor check", check, args.runs, args.check_target, NOT_FOR_CHECK),
-            _report("dgxdoctor diagnose", ["diagnose", paste.name], args.runs, None, NOT_FOR_CHECK),
+            _report(product, "dgxdoctor --help", ["--help"], args.runs, args.help_target, NOT_FOR_HELP),
+            _report(product, "dgxdoctor check", check, args.runs, args.check_target, NOT_FOR_CHECK, with_floor=True),
+            _report(product, "dgxdoctor diagnose", ["diagnose", paste.name], args.runs, None, NOT_FOR_CHECK),
         ]
     finally:
         os.unlink(paste.name)
-    helped = statistics.median(_wall([sys.executable, "-m", "dgxdoctor", "--help"], args.runs))
+    helped = statistics.median(_wall(product.command("--help"), args.runs, env))
     print(f"\nratio dgxdoctor --help / bare python: {helped / bare:.1f}")
     return 0 if all(ok) else 1
 

@@ -2,6 +2,8 @@
 # Start-up and resident memory on the one-GPU H200 test machine (kind nvidia-h200), in one call: the dependency
 # wheels the machine lacks (carried in .whl/) into /tmp/site, then benchmarks/startup.py with real NVML beside
 # `nvidia-smi -L`, then the daemon's resident memory after 45 s with every default check. OUT: the results folder.
+# startup.py gets `--python python3`: this machine's own interpreter with src and /tmp/site on PYTHONPATH (it has
+# no network to build the installed venv that startup.py measures by default).
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > "$OUT/pip.txt" 2>&1
@@ -9,7 +11,7 @@ export PYTHONPATH="$PWD/src:/tmp/site"
 cfg=docs/h200/h200-config.toml
 {
     date -u; nvidia-smi -L; python3 --version
-    python3 benchmarks/startup.py --runs 9 --peer "nvidia-smi -L" --check-target 0.6 --config "$cfg" \
+    python3 benchmarks/startup.py --python python3 --runs 9 --peer "nvidia-smi -L" --check-target 0.6 --config "$cfg" \
         --check-arg=--skip --check-arg=nccl
     echo "startup exit $?"
 } > "$OUT/startup.txt" 2>&1
