@@ -105,14 +105,15 @@ def add_argument(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def resolve(choice: str, reachable: Callable[[], str | None] | None = None) -> Product:
-    """The Product for ``--python CHOICE``; ``reachable`` returns None when pip's index answers, else why not."""
+def resolve(choice: str, reachable: Callable[[], str | None] | None = None, venv: Path | None = None) -> Product:
+    """The Product for ``--python CHOICE``; ``reachable`` returns None when pip's index answers, else why not;
+    ``venv`` the cached install (default: this checkout's under .cache/installed-venv)."""
     if choice != INSTALLED:
         python = Path(shutil.which(choice) or choice)
         if not python.exists():
             raise SystemExit(f"--python {choice}: no such interpreter")
         return Product(python, installed=False)
-    venv = venv_dir()
+    venv = venv or venv_dir()
     with _locked(venv.parent / f"{venv.name}.lock"):
         if _fresh(venv):
             return Product(venv / "bin" / "python", installed=True)
