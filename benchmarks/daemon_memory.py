@@ -13,9 +13,11 @@ Prints, in order: tracemalloc's top 25 allocations by file (the daemon run in-pr
 benchmarks/traced_daemon.py for --trace-s seconds; tracing costs memory itself, so that daemon's RSS is not the
 one judged); then, for a plain `dgxdoctor run`, /proc/PID/smaps_rollup and the largest mappings of
 /proc/PID/smaps grouped as anonymous, heap, stack and each file (.so); the idle RSS beside node_exporter's with the
-ratio; then --minutes of one /metrics and one /state scrape per second, RSS every 30 s and the slope after
---warmup-min (least squares, MiB per 10 minutes). Targets: idle RSS <= 48 MiB, growth <= 1 MiB per 10 minutes
-after warm-up. Exit 1 on a miss. node_exporter is the Debian package prometheus-node-exporter.
+ratio, and each one's private anonymous memory (pages no other process shares, so what else runs from the same
+files does not move it); then --minutes of one /metrics and one /state scrape per second, RSS every 30 s and the
+slope after --warmup-min (least squares, MiB per 10 minutes; none when --minutes <= --warmup-min). Targets: idle
+RSS <= 48 MiB, growth <= 1 MiB per 10 minutes after warm-up. Exit 1 on a miss. node_exporter is the Debian
+package prometheus-node-exporter.
 """
 
 from __future__ import annotations
@@ -84,6 +86,15 @@ def smaps_rollup(pid: int) -> str:
     keep = ("Rss", "Pss", "Pss_Anon", "Pss_File", "Shared_Clean", "Private_Clean", "Private_Dirty", "Anonymous")
     lines = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]
     return "\n".join(f"  {line}" for line in lines if line.split(":")[0] in keep)
+
+
+def anonymous_mib(pid: int) -> float:
+    """The process's own anonymous memory (smaps_rollup's Anonymous): no page shared with another process, so
+    the figure does not move with what else runs from the same files."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Anonymous:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def smaps_by_mapping(pid: int) -> dict[str, int]:
@@ -182,6 +193,7 @@ def main() -> int:
         print(f"\n/proc/{dd.pid}/smaps_rollup (dgxdoctor, idle {args.idle_s:g} s)\n{smaps_rollup(dd.pid)}")
         print_mappings(dd.pid)
         idle, ne_idle = rss_mib(dd.pid), rss_mib(ne.pid)
+        anon, ne_anon = anonymous_mib(dd.pid), anonymous_mib(ne.pid)
         print(
             f"\nresident, idle: dgxdoctor {idle:.1f} MiB, node_exporter {ne_idle:.1f} MiB, ratio {idle / ne_idle:.2f}"
         )
@@ -192,12 +204,16 @@ def main() -> int:
         stop(dd)
         stop(ne)
         shutil.rmtree(tmp, ignore_errors=True)
-    return verdict(idle, ne_idle, last, ne_last, slope, product)
+    return verdict(idle, ne_idle, last, ne_last, slope, product, (anon, ne_anon))
 
 
-def verdict(idle: float, ne_idle: float, last: float, ne_last: float, slope: float, product: Product) -> int:
+def verdict(
+    idle: float, ne_idle: float, last: float, ne_last: float, slope: float, product: Product,
+    anon: tuple[float, float],
+) -> int:  # fmt: skip
     ok_idle = idle <= IDLE_TARGET_MIB
-    ok_growth = slope <= GROWTH_TARGET_MIB or slope != slope  # nan: --minutes 0 measured no growth
+    measured = slope == slope  # nan: no scrape after the warm-up (--minutes <= --warmup-min), no growth figure
+    ok_growth = slope <= GROWTH_TARGET_MIB or not measured
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     how = "installed (README)" if product.installed else "src on PYTHONPATH"
     print(f"\n{stamp}, {os.cpu_count()} CPUs, Python {product.version()}, {product.python} ({how})")
@@ -207,9 +223,11 @@ def verdict(idle: float, ne_idle: float, last: float, ne_last: float, slope: flo
         f"{f'<= {IDLE_TARGET_MIB:g} MiB':<16} {'PASS' if ok_idle else 'FAIL'}"
     )
     print(f"{'resident, after scrapes (MiB)':34} {last:10.1f} {ne_last:14.1f} {last / ne_last:6.2f}")
+    print(f"{'anonymous (private), idle (MiB)':34} {anon[0]:10.1f} {anon[1]:14.1f} {anon[0] / anon[1]:6.2f}")
     print(
         f"{'growth after warm-up (MiB/10 min)':34} {slope:10.2f} {'':14} {'':6}  "
-        f"{f'<= {GROWTH_TARGET_MIB:g} MiB':<16} {'PASS' if ok_growth else 'FAIL'}"
+        f"{f'<= {GROWTH_TARGET_MIB:g} MiB':<16} "
+        + (("PASS" if ok_growth else "FAIL") if measured else "not measured (--minutes <= --warmup-min)")
     )
     return 0 if ok_idle and ok_growth else 1
 
