@@ -23,7 +23,8 @@ log = eventlog.get_logger(__name__)
 class CheckSettings(BaseModel):
     """Keys every ``[checks.<name>]`` table has. Subclasses add their own and may change the defaults."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # defer_build: as settings.base.Frozen, the schema of a check's table is built only when a config names it.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     enabled: bool = Field(True, description="run this check")
     interval_s: float = Field(30.0, gt=0, description="daemon: seconds between runs")
