@@ -115,7 +115,8 @@ async def test_runner_records_duration_and_start() -> None:
 
 def test_the_blocking_one_shot_gives_what_the_loop_gives() -> None:
     """``dgxdoctor check`` waits on its own thread (no asyncio): an exception and a hang are UNKNOWN as on the loop,
-    each run has its own timeout from the common start, and a hung check is never run twice."""
+    each run has its own timeout from the common start and its own duration (not the time until it was looked at,
+    after a slower one), and a hung check is never run twice."""
     release = threading.Event()
     calls: list[int] = []
 
@@ -134,6 +135,7 @@ def test_the_blocking_one_shot_gives_what_the_loop_gives() -> None:
     try:
         first = runner.run_once_blocking([broken, stuck, fine])
         assert [r.check for r in first] == ["probe", "hang", "probe"]
+        assert first[1].duration_s >= 0.05 > first[2].duration_s
         assert first[0].status is Status.UNKNOWN and first[0].error == "RuntimeError: NVML exploded"
         assert first[1].status is Status.UNKNOWN and "did not answer in 0.05 s" in (first[1].error or "")
         assert first[1].timeouts == ("run",)

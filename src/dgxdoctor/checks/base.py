@@ -115,6 +115,7 @@ class _Run:
     def __init__(self, check: Check, notify: Callable[[], object] | None = None) -> None:
         self.outcome: CheckResult | None = None
         self.error: BaseException | None = None
+        self.finished = 0.0  # time.monotonic() when it returned
         self.done = threading.Event()
         self._check = check
         self._notify = notify
@@ -126,6 +127,7 @@ class _Run:
             self.outcome = self._check.run()
         except BaseException as exc:  # every failure becomes UNKNOWN
             self.error = exc
+        self.finished = time.monotonic()
         self.done.set()
         if self._notify is not None:
             # A run that returns after its timeout may find the loop gone (one-shot `check` has exited).
@@ -177,7 +179,8 @@ class CheckRunner:
             result = run.outcome
         if result.check != name:
             result = replace(result, check=name)
-        return replace(result, started_at=started_at, duration_s=time.monotonic() - t0)
+        end = run.finished if run.done.is_set() else time.monotonic()
+        return replace(result, started_at=started_at, duration_s=end - t0)
 
     async def run(self, check: Check) -> CheckResult:
         import asyncio
