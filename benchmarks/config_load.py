@@ -3,13 +3,14 @@
     PYTHONPATH=src .venv/bin/python benchmarks/config_load.py [--runs 7]
 
 Per step, the median over ``--runs`` fresh interpreters: ``import dgxdoctor.config`` (and whether it loaded any
-check: it must not, since the registry is imported when a config is parsed), importing every check (their settings
-models are built as their classes are), building the root model, validating the defaults and
-``docs/config.example.toml``. The peer is ``import pydantic`` and a one-field model (pydantic loads its schema
-machinery at the first), the floor of any pydantic config. ``--defer-build`` repeats the run with pydantic's
-``defer_build=True`` on every settings model: it moves each model's schema work into the first validation, where
-the root model builds it again for all of them at once; on 2026-12-01 here it cost 35-95 ms more CPU in total
-than building each model with its class, so it is not used.
+check: it must not, since the registry is imported when a config is parsed), importing every check, building the
+root model, validating the defaults and ``docs/config.example.toml``. The peer is ``import pydantic`` and a
+one-field model (pydantic loads its schema machinery at the first), the floor of any pydantic config. The settings
+models are deferred as shipped (``defer_build=True`` on settings.base.Frozen and CheckSettings) and
+``parse_config`` validates each table a config names by its own model, the others being constructed defaults: a
+config builds the schemas of the tables it names only, so ``defaults`` builds none and ``example`` (which names
+nearly every table) carries the schema work that ``checks`` had while each model built its schema with its class.
+``--defer-build`` repeats the run with ``defer_build=True`` on every pydantic model.
 """
 
 from __future__ import annotations

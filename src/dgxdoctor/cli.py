@@ -153,8 +153,6 @@ def check(
     deadline_s: float | None,
 ) -> None:
     """Run every enabled check once, in parallel. Exit 0 ok, 1 warning, 2 critical, 3 unknown."""
-    import asyncio
-
     from dgxdoctor.checks.base import CheckRunner
     from dgxdoctor.commands.report import report_dict, report_table
     from dgxdoctor.result import exit_code, overall_status
@@ -166,7 +164,7 @@ def check(
         sys.exit(_check_cluster(config, checks, as_json, verbose, cached, deadline_s))
     if cached or deadline_s is not None:
         raise click.UsageError("--cached and --deadline go with --cluster")
-    results = asyncio.run(CheckRunner(env).run_once(checks))
+    results = CheckRunner(env).run_once_blocking(checks)
     if as_json:
         click.echo(json.dumps(report_dict(env.node, results, env.role), indent=2))
     else:

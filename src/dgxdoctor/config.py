@@ -1,7 +1,9 @@
 """TOML config -> validated, frozen Config. Every error is reported at once, each with its key path.
 
 The ``[checks.<name>]`` tables are validated by each check's own ``settings_model``; the root model is
-assembled from the explicit registry, so a check's keys live beside its code.
+assembled from the explicit registry, so a check's keys live beside its code. Each table a config names is validated
+by its own model and the root built from the parts; a table it does not name is its model's constructed default,
+so a start builds the schemas (pydantic-core's validators and serializers) of those tables only.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import json
 import socket
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, get_args, get_origin
+from typing import TYPE_CHECKING, Any, TypeVar, cast, get_args, get_origin
 
 from pydantic import BaseModel, Field, ValidationError, create_model
 
@@ -78,32 +80,45 @@ class Sections(Frozen):
     check, each that check's own ``settings_model``."""
 
     # Defaults are instances, not factories: pydantic inspects a factory's signature (for a model class, its whole
-    # __signature__), a cost paid at every start; a frozen table is never changed through a default anyway.
-    node: NodeSettings = NodeSettings()
-    paths: PathsSettings = PathsSettings()
-    daemon: DaemonSettings = DaemonSettings()
-    remediation: RemediationSettings = RemediationSettings()
-    alerts: AlertsSettings = AlertsSettings()
-    bundle: BundleSettings = BundleSettings()
-    checks: BaseModel = Frozen()
+    # __signature__), a cost paid at every start; a frozen table is never changed through a default anyway. They
+    # are constructed, not validated: validating builds a model's schema, and a table a config does not name never
+    # needs one (tests/unit/test_config_sections.py holds every constructed default equal to the validated one).
+    node: NodeSettings = NodeSettings.model_construct()
+    paths: PathsSettings = PathsSettings.model_construct()
+    daemon: DaemonSettings = DaemonSettings.model_construct()
+    remediation: RemediationSettings = RemediationSettings.model_construct()
+    alerts: AlertsSettings = AlertsSettings.model_construct()
+    bundle: BundleSettings = BundleSettings.model_construct()
+    checks: BaseModel = Frozen.model_construct()
+
+
+@cache
+def section_models() -> dict[str, type[BaseModel]]:
+    """The top-level tables but ``checks``, in the order a config's problems are reported."""
+    return {name: cast(type[BaseModel], f.annotation) for name, f in Sections.model_fields.items() if name != "checks"}
+
+
+@cache
+def check_models() -> dict[str, type[CheckSettings]]:
+    """``[checks.<name>]`` -> the check's ``settings_model``, in the registry's order. The registry (every check
+    module) is imported here, when a config is parsed, not when this module is: the layers that only need a
+    settings table import ``dgxdoctor.settings``."""
+    from dgxdoctor.checks.registry import ALL_CHECKS
+
+    return {factory.name: factory.settings_model for factory in ALL_CHECKS}
 
 
 @cache
 def checks_model() -> type[BaseModel]:
-    """One field per registered check. The registry (every check module) is imported here, when a config is
-    parsed, not when this module is: the layers that only need a settings table import ``dgxdoctor.settings``."""
-    from dgxdoctor.checks.registry import ALL_CHECKS
-
-    fields: dict[str, Any] = {
-        factory.name: (factory.settings_model, factory.settings_model()) for factory in ALL_CHECKS
-    }
+    """One field per registered check (the shape of ``config.model.checks``; no schema is built for it)."""
+    fields: dict[str, Any] = {name: (model, model.model_construct()) for name, model in check_models().items()}
     return create_model("ChecksSettings", __base__=Frozen, **fields)
 
 
 @cache
 def config_model() -> type[Sections]:
     checks = checks_model()
-    return create_model("Config", __base__=Sections, checks=(checks, checks()))
+    return create_model("Config", __base__=Sections, checks=(checks, checks.model_construct()))
 
 
 # user:password@ in a URL (http://admin:pw@dgx-b:9835): a password in a URL is not repeated in an error.
@@ -196,15 +211,17 @@ def _key_path(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(part) for part in loc) or "(top level)"
 
 
+Problems = list[tuple[str, str]]
+
+
 def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     if isinstance(data.get("node"), str):  # `node = "dgx-a"`, the form before [node] had a role
         data = {**data, "node": {"name": data["node"]}}
     data = _one_role(data, source)
-    try:
-        model = config_model().model_validate(data)
-    except ValidationError as exc:
-        problems = [(_key_path(err["loc"]), _reason(err)) for err in exc.errors(include_url=False)]
-        raise ConfigError(source, problems) from None
+    problems: Problems = []
+    model = _validated_config(data, problems)
+    if model is None:
+        raise ConfigError(source, problems)
     config = Config(model, source)
     acting = _acting_problem(config)
     if acting is not None:
@@ -216,6 +233,60 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
         problem = f"{ray_role!r} contradicts node.role {config.role!r} (leave it 'auto' to follow the node's role)"
         raise ConfigError(source, [("checks.ray.role", problem)])
     return config
+
+
+def _validated_config(data: dict[str, Any], problems: Problems) -> Sections | None:
+    """Each table ``data`` names validated by its own model, every other one its constructed default: a config
+    builds the schemas of the tables it names, not of all of them. Problems in the order one root model reported
+    them: the tables in order, then unknown keys."""
+    tables = {name: _validated(model, data[name], (name,), problems) for name, model in _present(data)}
+    checks = _validated_checks(data["checks"], problems) if "checks" in data else None
+    problems += [_unknown((key,), data[key]) for key in data if key not in Sections.model_fields]
+    if problems:
+        return None
+    root = config_model()
+    values: dict[str, Any] = {name: _or_default(tables.get(name), model) for name, model in section_models().items()}
+    values["checks"] = _or_default(checks, checks_model())
+    return root.model_construct(_fields_set=set(data) & set(root.model_fields), **values)
+
+
+def _present(data: dict[str, Any]) -> list[tuple[str, type[BaseModel]]]:
+    return [(name, model) for name, model in section_models().items() if name in data]
+
+
+def _validated_checks(value: object, problems: Problems) -> BaseModel | None:
+    """``[checks]``: each named check's table by its own ``settings_model``; an unknown name is an unknown key."""
+    if not isinstance(value, dict):
+        msg = "Input should be a valid dictionary or instance of ChecksSettings"
+        problems.append(("checks", _reason({"type": "model_type", "loc": ("checks",), "msg": msg, "input": value})))
+        return None
+    models = check_models()
+    present = [(name, model) for name, model in models.items() if name in value]
+    tables = {name: _validated(model, value[name], ("checks", name), problems) for name, model in present}
+    problems += [_unknown(("checks", name), value[name]) for name in value if name not in models]
+    if problems:
+        return None
+    values = {name: _or_default(tables.get(name), model) for name, model in models.items()}
+    return checks_model().model_construct(_fields_set=set(tables), **values)
+
+
+def _validated(model: type[BaseModel], value: object, loc: tuple[str, ...], problems: Problems) -> BaseModel | None:
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            full_loc = (*loc, *err["loc"])
+            problems.append((_key_path(full_loc), _reason({**err, "loc": full_loc})))
+        return None
+
+
+def _or_default(table: BaseModel | None, model: type[BaseModel]) -> BaseModel:
+    return model.model_construct() if table is None else table
+
+
+def _unknown(loc: tuple[str, ...], value: object) -> tuple[str, str]:
+    err = {"type": "extra_forbidden", "loc": loc, "msg": "Extra inputs are not permitted", "input": value}
+    return (_key_path(loc), _reason(err))
 
 
 def _acting_problem(config: Config) -> tuple[str, str] | None:

@@ -32,6 +32,12 @@ class _FnCheck:
     def run(self) -> CheckResult:
         return self.fn()  # type: ignore[no-any-return]
 
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
 
 def test_worst_status_ranks_faults_over_unknown_over_ok() -> None:
     assert Status.worst([Status.OK, Status.SKIPPED]) is Status.OK
@@ -105,6 +111,40 @@ async def test_runner_records_duration_and_start() -> None:
     result = await CheckRunner(env).run(_FnCheck(lambda: CheckResult("probe", Status.OK, "fine")))
     assert result.started_at == 1234.5
     assert result.duration_s >= 0
+
+
+def test_the_blocking_one_shot_gives_what_the_loop_gives() -> None:
+    """``dgxdoctor check`` waits on its own thread (no asyncio): an exception and a hang are UNKNOWN as on the loop,
+    each run has its own timeout from the common start and its own duration (not the time until it was looked at,
+    after a slower one), and a hung check is never run twice."""
+    release = threading.Event()
+    calls: list[int] = []
+
+    def boom() -> CheckResult:
+        raise RuntimeError("NVML exploded")
+
+    def hang() -> CheckResult:
+        calls.append(1)
+        release.wait(10)
+        return CheckResult("hang", Status.OK, "late")
+
+    fine = _FnCheck(lambda: CheckResult("other", Status.OK, "fine"))
+    broken, stuck = _FnCheck(boom), _FnCheck(hang, timeout_s=0.05)
+    stuck.name = "hang"  # type: ignore[misc]
+    runner = CheckRunner(Environment(clock=lambda: 1234.5))
+    try:
+        first = runner.run_once_blocking([broken, stuck, fine])
+        assert [r.check for r in first] == ["probe", "hang", "probe"]
+        assert first[1].duration_s >= 0.05 > first[2].duration_s
+        assert first[0].status is Status.UNKNOWN and first[0].error == "RuntimeError: NVML exploded"
+        assert first[1].status is Status.UNKNOWN and "did not answer in 0.05 s" in (first[1].error or "")
+        assert first[1].timeouts == ("run",)
+        assert first[2].status is Status.OK and first[2].summary == "fine" and first[2].started_at == 1234.5
+        again = runner.run_once_blocking([stuck])
+        assert "hung" in (again[0].error or "") and len(calls) == 1
+        assert runner.timeouts_total == {"hang": 1}
+    finally:
+        release.set()
 
 
 def test_config_reports_every_bad_key_with_its_path() -> None:

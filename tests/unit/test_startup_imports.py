@@ -62,10 +62,11 @@ def test_check_loads_only_what_this_node_needs() -> None:
 
 
 def test_check_builds_no_document_model_or_peer_fetch_for_its_table() -> None:
-    """The results document's models are built only for ``--json``, peer_compare's fetch only in the daemon."""
+    """The results document's models are built only for ``--json``, peer_compare's fetch only in the daemon, and
+    the one-shot run waits on its own thread: no event loop."""
     modules = modules_after("check", "--only", "host,peer_compare")
     assert "dgxdoctor.checks.peer_compare" in modules
-    assert loaded(modules, "dgxdoctor.documents", "dgxdoctor.fleet.peers") == []
+    assert loaded(modules, "dgxdoctor.documents", "dgxdoctor.fleet.peers", "asyncio") == []
 
 
 def test_check_json_builds_the_results_document_and_defaults_read_no_toml() -> None:

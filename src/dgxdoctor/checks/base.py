@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, ClassVar, Generic, Protocol, cast, get_args, get_origin
 
@@ -24,7 +23,8 @@ log = eventlog.get_logger(__name__)
 class CheckSettings(BaseModel):
     """Keys every ``[checks.<name>]`` table has. Subclasses add their own and may change the defaults."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # defer_build: as settings.base.Frozen, the schema of a check's table is built only when a config names it.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     enabled: bool = Field(True, description="run this check")
     interval_s: float = Field(30.0, gt=0, description="daemon: seconds between runs")
@@ -107,11 +107,41 @@ class CheckFactory(Protocol):
     def __call__(self, settings: CheckSettings, env: Environment) -> Check: ...
 
 
+class _Run:
+    """One run of one check on a daemon thread of its own (not a pool: a hung call must not eat a shared worker
+    forever). ``done`` is set when ``check.run`` returns or raises; ``notify``, when given, is called then too (from
+    that thread: the daemon's loop wakes through ``call_soon_threadsafe``)."""
+
+    def __init__(self, check: Check, notify: Callable[[], object] | None = None) -> None:
+        self.outcome: CheckResult | None = None
+        self.error: BaseException | None = None
+        self.finished = 0.0  # time.monotonic() when it returned
+        self.done = threading.Event()
+        self._check = check
+        self._notify = notify
+        self.thread = threading.Thread(target=self._work, name=f"check-{check.name}", daemon=True)
+        self.thread.start()
+
+    def _work(self) -> None:
+        try:
+            self.outcome = self._check.run()
+        except BaseException as exc:  # every failure becomes UNKNOWN
+            self.error = exc
+        self.finished = time.monotonic()
+        self.done.set()
+        if self._notify is not None:
+            # A run that returns after its timeout may find the loop gone (one-shot `check` has exited).
+            with contextlib.suppress(RuntimeError):
+                self._notify()
+
+
 class CheckRunner:
-    """Runs checks off the event loop with a timeout; any exception or timeout becomes UNKNOWN.
+    """Runs checks off the caller's thread with a timeout; any exception or timeout becomes UNKNOWN.
 
     A thread stuck in a hung call (NVML when a GPU fell off the bus) cannot be killed. The runner
     remembers it and does not start a second one; later runs report the hang until it returns.
+    The daemon awaits runs on its event loop (``run``, ``run_all``); ``dgxdoctor check`` waits for them on its
+    own thread (``run_once_blocking``) and so never loads asyncio.
     """
 
     def __init__(self, env: Environment) -> None:
@@ -119,62 +149,86 @@ class CheckRunner:
         self._hung: dict[str, threading.Thread] = {}
         self.timeouts_total: dict[str, int] = {}
 
-    async def run(self, check: Check) -> CheckResult:
-        name = check.name
-        started_at = self._env.clock()
-        t0 = time.monotonic()
-        stuck = self._hung.get(name)
+    def _hung_result(self, check: Check) -> CheckResult | None:
+        """The UNKNOWN of a check whose previous run has not returned yet; None when it may run."""
+        stuck = self._hung.get(check.name)
         if stuck is not None and stuck.is_alive():
-            return replace(
-                CheckResult.unknown(name, f"previous run has not returned after timing out ({name} is hung)"),
-                started_at=started_at,
+            return CheckResult.unknown(
+                check.name, f"previous run has not returned after timing out ({check.name} is hung)"
             )
-        self._hung.pop(name, None)
+        self._hung.pop(check.name, None)
+        return None
 
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[CheckResult] = loop.create_future()
-
-        def work() -> None:
-            outcome: CheckResult | None = None
-            error: BaseException | None = None
-            try:
-                outcome = check.run()
-            except BaseException as exc:  # every failure becomes UNKNOWN
-                error = exc
-            # A run that returns after its timeout may find the loop gone (one-shot `check` has exited).
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_settle, future, outcome, error)
-
-        # A daemon thread per run (not a pool): a hung call must not eat a shared worker forever.
-        thread = threading.Thread(target=work, name=f"check-{name}", daemon=True)
-        thread.start()
-        timeout = check.settings.timeout_s
-        try:
-            result = await asyncio.wait_for(asyncio.shield(future), timeout)
-        except TimeoutError:
-            self._hung[name] = thread
+    def _settled(self, check: Check, run: _Run, started_at: float, t0: float) -> CheckResult:
+        """The result of a run that returned (``run.done``) or timed out (not done)."""
+        name = check.name
+        if not run.done.is_set():
+            self._hung[name] = run.thread
             self.timeouts_total[name] = self.timeouts_total.get(name, 0) + 1
             probe = getattr(check, "hang_probe", "run")
+            timeout = check.settings.timeout_s
             hung = f"{name} did not answer in {timeout:g} s" + ("" if probe == "run" else f" ({probe} hung)")
             result = replace(CheckResult.unknown(name, hung), timeouts=(probe,))
-        except Exception as exc:
+        elif run.error is not None or run.outcome is None:
+            exc = run.error if isinstance(run.error, Exception) else RuntimeError(repr(run.error))
             what = own_exhaustion(exc)
             if what is not None and not isinstance(exc, AgentExhausted):
                 exc = AgentExhausted(f"dgxdoctor itself is out of {what} ({exc})")
             result = CheckResult.unknown(name, f"{type(exc).__name__}: {exc}")
+        else:
+            result = run.outcome
         if result.check != name:
             result = replace(result, check=name)
-        return replace(result, started_at=started_at, duration_s=time.monotonic() - t0)
+        end = run.finished if run.done.is_set() else time.monotonic()
+        return replace(result, started_at=started_at, duration_s=end - t0)
+
+    async def run(self, check: Check) -> CheckResult:
+        import asyncio
+
+        started_at, t0 = self._env.clock(), time.monotonic()
+        hung = self._hung_result(check)
+        if hung is not None:
+            return replace(hung, started_at=started_at)
+        loop = asyncio.get_running_loop()
+        returned = asyncio.Event()
+        run = _Run(check, lambda: loop.call_soon_threadsafe(returned.set))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(returned.wait(), check.settings.timeout_s)
+        return self._settled(check, run, started_at, t0)
 
     async def run_all(self, checks: list[Check]) -> list[CheckResult]:
+        import asyncio
+
         return list(await asyncio.gather(*(self.run(c) for c in checks)))
 
     async def run_once(self, checks: list[Check]) -> list[CheckResult]:
-        """``dgxdoctor check``: start every check, run them all in parallel, stop them."""
+        """Start every check, run them all in parallel, stop them (the daemon's `POST /check/run`)."""
         for check in checks:
             self.start(check)
         try:
             return await self.run_all(checks)
+        finally:
+            self.stop_all(checks)
+
+    def run_once_blocking(self, checks: list[Check]) -> list[CheckResult]:
+        """``dgxdoctor check``: ``run_once`` on the caller's thread. Every run starts at once; each is waited for
+        until its own timeout from that start, as on the loop."""
+        for check in checks:
+            self.start(check)
+        try:
+            started_at, t0 = self._env.clock(), time.monotonic()
+            runs: list[tuple[Check, _Run | CheckResult]] = []
+            for check in checks:
+                hung = self._hung_result(check)
+                runs.append((check, replace(hung, started_at=started_at) if hung is not None else _Run(check)))
+            results = []
+            for check, run in runs:
+                if isinstance(run, _Run):
+                    run.done.wait(max(0.0, t0 + check.settings.timeout_s - time.monotonic()))
+                    results.append(self._settled(check, run, started_at, t0))
+                else:
+                    results.append(run)
+            return results
         finally:
             self.stop_all(checks)
 
@@ -206,13 +260,3 @@ def probe_labels(check: Check) -> tuple[str, ...]:
     hang = getattr(check, "hang_probe", "run")
     probes: tuple[str, ...] = getattr(check, "probes", ())
     return (*probes, *(() if hang in probes else (hang,)))
-
-
-def _settle(future: asyncio.Future[CheckResult], result: CheckResult | None, exc: BaseException | None) -> None:
-    if future.done():
-        return
-    if exc is not None:
-        future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
-    else:
-        assert result is not None
-        future.set_result(result)

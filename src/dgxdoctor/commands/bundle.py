@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from pathlib import Path
@@ -56,7 +55,7 @@ def cli_sources(config: Config, since_s: float, deadline_s: float) -> Sources:
             for f in ALL_CHECKS
             if config.check_settings(f.name).enabled and f.name != "peer_compare"
         ]
-        done = asyncio.run(CheckRunner(env).run_once(checks))
+        done = CheckRunner(env).run_once_blocking(checks)
         return ResultsDocument.of(env.node, done, time.time()).report(role)
 
     def state() -> dict[str, Any]:

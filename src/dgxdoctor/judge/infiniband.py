@@ -100,7 +100,8 @@ class CounterThreshold(BaseModel):
     """One rule over one counter: any increase above ``limit`` between runs, or a rate above ``limit`` per
     ``per``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # defer_build and constructed defaults (``_rule``): the schema is built only when a config names a rule.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     counter: str = Field("", description="sysfs counter name (counters/ or hw_counters/); empty: the rule's name")
     kind: Literal["increase", "rate"] = Field(
@@ -113,7 +114,8 @@ class CounterThreshold(BaseModel):
 
 
 def _rule(kind: Literal["increase", "rate"], limit: float, severity: Literal["warning", "critical"], **kw: Any) -> Any:
-    return CounterThreshold(kind=kind, limit=limit, severity=severity, **kw)
+    """A built-in rule, constructed: equal to the validated one (tests/unit/test_config_sections.py)."""
+    return CounterThreshold.model_construct(kind=kind, limit=float(limit), severity=severity, **kw)
 
 
 # NVIDIA NIC health monitor defaults (see the module docstring for the source).

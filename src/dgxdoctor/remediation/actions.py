@@ -38,9 +38,10 @@ def step_mac(token: str, step: str, action_id: str, sent_at: float) -> str:
 
 
 class StepRequest(BaseModel):
-    """``POST /remediation/step``'s body, exactly."""
+    """``POST /remediation/step``'s body, exactly. Its schema is built at the first request (only a worker in act
+    mode gets any), not in every daemon at import."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True, defer_build=True)
 
     step: Step
     id: str = Field(pattern=r"^[0-9a-f]{12,64}$")

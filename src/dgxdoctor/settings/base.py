@@ -6,4 +6,6 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # defer_build: a table's schema (validator and serializer, in pydantic-core's heap) is built at its first
+    # validation or dump, so the tables a config does not name never build one (config.parse_config).
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)

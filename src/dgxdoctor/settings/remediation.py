@@ -97,7 +97,7 @@ class RemediationSettings(Frozen):
     verify_timeout_s: float = Field(
         1800.0, gt=0, description="wait this long for vLLM to answer /health, list the model and complete"
     )
-    commands: RemediationCommands = RemediationCommands()
+    commands: RemediationCommands = RemediationCommands.model_construct()  # no schema unless named: config.py
 
     @model_validator(mode="after")
     def _role_when_acting(self) -> RemediationSettings:
