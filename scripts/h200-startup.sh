@@ -25,8 +25,8 @@ cfg=docs/h200/h200-config.toml
     date -u; nvidia-smi -L; "$venv/bin/python" --version
     # --python: that interpreter with this checkout's src first on the path, the same code as the wheel installed
     # from it (the machine has no network to build the cached venv that startup.py measures by default)
-    "$venv/bin/python" benchmarks/startup.py --python "$venv/bin/python" --runs 9 --peer "nvidia-smi -L" --check-target 0.6 --config "$cfg" \
-        --check-arg=--skip --check-arg=nccl
+    "$venv/bin/python" benchmarks/startup.py --runs 9 --peer "nvidia-smi -L" --check-target 0.6 --config "$cfg" \
+        --python "$venv/bin/python" --check-arg=--skip --check-arg=nccl
     echo "startup exit $?"
     echo; echo "dgxdoctor check, the installed command, once (per-check times):"
     "$venv/bin/dgxdoctor" check --config "$cfg" --skip nccl
