@@ -88,6 +88,7 @@ def test_full_kv_cache_and_waiting_queue(vllm_server: Server) -> None:
     # preemption frees a third of this tiny cache, so its usage swings between ~0.5 and 1.0 (on a GPU server with
     # hundreds of sequences it sits near 1.0): the test's threshold is lowered to 0.6, and preemptions are
     # accepted as the other sign of a full cache.
+    preempted_before = vllm_server.metrics().get("num_preemptions_total", 0.0)
     load = Load(vllm_server.url, n=12, max_tokens=400, sustained=True)
     peak = {"kv": 0.0}
     stop = threading.Event()
@@ -122,7 +123,10 @@ def test_full_kv_cache_and_waiting_queue(vllm_server: Server) -> None:
     for run in runs:
         if m := re.search(r"KV cache (\d+)%", run["summary"]):
             peak["kv"] = max(peak["kv"], int(m.group(1)) / 100)
-    assert peak["kv"] >= 0.9, f"the KV cache never filled: peak usage {peak['kv']}"
+    # vLLM preempts only when a sequence cannot get a block: a preemption is proof the cache was full even when every
+    # reading fell in one of the troughs after it.
+    preempted = vllm_server.metrics().get("num_preemptions_total", 0.0) - preempted_before
+    assert peak["kv"] >= 0.9 or preempted > 0, f"the KV cache never filled: peak usage {peak['kv']}, no preemption"
 
 
 def test_hung_engine_behind_a_healthy_api(vllm_server: Server) -> None:

@@ -65,7 +65,12 @@ class Server:
         text = httpx.get(f"{self.url}/metrics", timeout=10).text
         out: dict[str, float] = {}
         for line in text.splitlines():
-            for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+            for name in (
+                "vllm:num_requests_waiting",
+                "vllm:num_requests_running",
+                "vllm:kv_cache_usage_perc",
+                "vllm:num_preemptions_total",
+            ):
                 if line.startswith(name + "{"):
                     out[name.split(":")[1]] = float(line.rsplit(" ", 1)[1])
         return out
