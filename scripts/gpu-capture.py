@@ -19,7 +19,7 @@ Needs only the standard library, ``pynvml`` (package nvidia-ml-py) and this repo
 from __future__ import annotations
 
 import argparse
-import dataclasses
+from dgxdoctor.records import asdict
 import json
 import platform
 import sys
@@ -147,7 +147,7 @@ def capture(repeat: int, wait_ms: int) -> dict[str, Any]:
             per_gpu.append(round(time.perf_counter() - t1, 6))
         timing["first_read_per_gpu_s"] = per_gpu
         doc["gpus"] = gpus
-        doc["snapshots"] = [dataclasses.asdict(GpuSnapshot.from_raw(i, raw)) for i, raw in enumerate(gpus)]
+        doc["snapshots"] = [asdict(GpuSnapshot.from_raw(i, raw)) for i, raw in enumerate(gpus)]
 
         sweeps = []
         for _ in range(repeat):

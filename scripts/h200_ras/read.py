@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import base64
-import dataclasses
+from dgxdoctor.records import asdict
 import json
 import sys
 import time
@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     }
     out["report_text"] = reply.report
     try:
-        out["parsed"] = dataclasses.asdict(parse_report(reply.report))
+        out["parsed"] = asdict(parse_report(reply.report))
     except RasReportError as exc:
         out["parse_error"] = str(exc)
     print(json.dumps(out, indent=1))

@@ -6,10 +6,11 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+
+from msgspec import Struct, field
 
 from dgxdoctor.sources.commands import CommandRunner, LineCommandRunner, run_command, run_command_lines
 
@@ -119,8 +120,7 @@ def _no_token() -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class Peers:
+class Peers(Struct, frozen=True):
     """The other nodes' dgxdoctor and how to ask them (the ``[daemon]`` table's peers, token, peer_timeout_s)."""
 
     urls: tuple[str, ...]
@@ -128,8 +128,7 @@ class Peers:
     timeout_s: float
 
 
-@dataclass(frozen=True)
-class Fleet:
+class Fleet(Struct, frozen=True):
     """What the daemon knows beyond this node; ``Environment.fleet`` is None outside the daemon.
 
     ``local_state(check)`` is this node's ``/state`` document without that check's own result (the peer
@@ -144,8 +143,7 @@ class Fleet:
     wake: Callable[[str], None] = lambda name: None
 
 
-@dataclass(frozen=True)
-class Environment:
+class Environment(Struct, frozen=True):
     """Where the outside world is. Every path is a root so a test can lay out a copy of the real tree."""
 
     node: str = field(default_factory=socket.gethostname)

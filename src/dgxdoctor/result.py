@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from msgspec import Struct, field
 
 
 class Status(enum.Enum):
@@ -60,8 +61,7 @@ def exit_code(status: Status) -> int:
 MetricType = Literal["gauge", "counter", "info", "histogram"]
 
 
-@dataclass(frozen=True)
-class MetricSpec:
+class MetricSpec(Struct, frozen=True):
     """One exported metric family: its full name, HELP text, type and label names.
 
     Counters are named with ``_total``; info metrics with ``_info`` and value 1.
@@ -73,8 +73,7 @@ class MetricSpec:
     labels: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class Sample:
+class Sample(Struct, frozen=True):
     """One value of a metric family, with its labels (the ``node`` label is added by the exporter)."""
 
     metric: MetricSpec
@@ -91,8 +90,7 @@ class Sample:
             )
 
 
-@dataclass(frozen=True)
-class Finding:
+class Finding(Struct, frozen=True):
     """One observation: what (code), about what (subject: a GPU, a port, a node), how bad, and why."""
 
     code: str
@@ -109,8 +107,7 @@ class Finding:
                 "evidence": self.evidence, "remedy": self.remedy}  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Action:
+class Action(Struct, frozen=True):
     """A suggested remedy. ``kind`` names what remediation could do (``restart_vllm``, ``reset_gpu``,
     ``investigate``, ...); ``remedy`` is the operator-facing text."""
 
@@ -118,8 +115,7 @@ class Action:
     remedy: str
 
 
-@dataclass(frozen=True)
-class CheckResult:
+class CheckResult(Struct, frozen=True):
     check: str
     status: Status
     summary: str

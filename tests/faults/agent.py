@@ -7,7 +7,7 @@ Usage: ``python agent.py CONFIG`` with ``tests`` and this checkout's ``src`` on 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+from msgspec.structs import replace
 import os
 import sys
 import time
@@ -34,7 +34,7 @@ def main(config_path: Path) -> None:
     config = load_config(config_path)
     logconfig.configure(config.daemon.log_level)
     daemon = Daemon(config, config_path)
-    daemon.env = dataclasses.replace(daemon.env, nvml_factory=lambda: SwitchedNvml(CAPTURE))
+    daemon.env = replace(daemon.env, nvml_factory=lambda: SwitchedNvml(CAPTURE))
     loop = asyncio.new_event_loop()
     code = loop.run_until_complete(daemon.serve())
     sys.stdout.flush()

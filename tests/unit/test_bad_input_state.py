@@ -4,7 +4,7 @@ cannot read) instead of failing every run from then on."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from msgspec.structs import replace
 from pathlib import Path
 from typing import Any
 

@@ -13,7 +13,7 @@ import socket
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import replace
+from msgspec.structs import replace
 from datetime import UTC, datetime
 from pathlib import Path
 

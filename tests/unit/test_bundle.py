@@ -9,7 +9,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from msgspec.structs import replace
 from pathlib import Path
 from typing import Any
 

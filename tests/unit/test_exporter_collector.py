@@ -10,7 +10,7 @@ times are pinned. Rewrite it after an intended change:
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from msgspec.structs import replace
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -35,12 +35,12 @@ def populated_store() -> ResultStore:
     """A fixed set of results covering every kind of family the collector emits."""
     store = ResultStore("dgx-a")
     gpu = gpu_result(util=0.75)
-    store.put(CheckResult(**{**gpu.__dict__, "started_at": 1_700_000_000.0, "duration_s": 0.012}))
+    store.put(replace(gpu, started_at=1_700_000_000.0, duration_s=0.012))
     ib = ResultBuilder("infiniband")
     ib.sample(IB_ERRORS, 0.5, device="mlx5_0", port="1", counter="symbol_error")
     ib.add(Finding("IB_SYMBOL_ERROR", Status.WARNING, "0.5/s symbol errors", "mlx5_0/1"))
     ib_result = ib.build("1 port degraded")
-    store.put(CheckResult(**{**ib_result.__dict__, "started_at": 1_700_000_001.0, "duration_s": 0.003}))
+    store.put(replace(ib_result, started_at=1_700_000_001.0, duration_s=0.003))
     xid = CheckResult(
         "xid",
         Status.CRITICAL,
@@ -71,7 +71,7 @@ def populated_store() -> ResultStore:
     store.declare("infiniband", ("ibstat",))
     store.declare("zz_never_ran", ("nvidia-smi", "run"))
     hung = CheckResult.unknown("zz_timeout", "zz_timeout did not answer in 20 s (nvml hung)")
-    store.put(CheckResult(**{**hung.__dict__, "timeouts": ("nvml",)}))
+    store.put(replace(hung, timeouts=("nvml",)))
     return store
 
 

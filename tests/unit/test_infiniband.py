@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Sequence
-from dataclasses import replace
+from msgspec.structs import replace
 from pathlib import Path
 from typing import Any
 

@@ -17,6 +17,7 @@ LAYERS = {
     "dgxdoctor": 0,  # the package itself: __version__
     "result": 0,
     "codes": 0,  # the finding codes other layers key on (one name per contract)
+    "records": 0,  # asdict for the msgspec Struct records every layer defines
     "lazy_re": 0,  # a pattern compiled at its first use (module-level patterns of sources, judge, checks)
     "eventlog": 0,  # structured event lines (JSON for the daemon), from every layer
     "documents": 1,  # the results document (pydantic), built only when JSON is rendered or validated

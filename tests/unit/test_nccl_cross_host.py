@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 
 from conftest import FIXTURES, run_cli
 from dgxdoctor.judge.nccl import CROSS_HOST_WARNING_GBPS, bandwidth_summary, cross_host_finding

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shutil
-from dataclasses import replace
+from msgspec.structs import replace
 from pathlib import Path
 
 import httpx

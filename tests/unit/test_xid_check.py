@@ -255,7 +255,8 @@ def test_bad_overrides_name_the_key(overrides: dict[str, str], message: str) -> 
 
 async def test_start_follows_the_log_in_the_daemon_only(tmp_path: Path) -> None:
     import asyncio
-    import dataclasses
+
+    from msgspec.structs import replace
 
     path = tmp_path / "kern.log"
     path.write_text(XID_79 + "\n")
@@ -263,7 +264,7 @@ async def test_start_follows_the_log_in_the_daemon_only(tmp_path: Path) -> None:
     one_shot.start()
     assert not one_shot.following
     check = _check(path)
-    check.env = dataclasses.replace(check.env, one_shot=False)
+    check.env = replace(check.env, one_shot=False)
     check.start()
     assert check.following
     try:

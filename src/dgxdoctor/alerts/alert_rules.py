@@ -15,7 +15,8 @@ import json
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from dgxdoctor.alerts.peer_rules import rule_names
 from dgxdoctor.checks import xid as checks_xid
@@ -36,8 +37,7 @@ XID_LAST_SEEN = checks_xid.XID_LAST_SEEN.name
 _PER_SECONDS = {"second": 1.0, "minute": 60.0, "hour": 3600.0}
 
 
-@dataclass(frozen=True)
-class Alert:
+class Alert(Struct, frozen=True):
     name: str
     expr: str
     for_: str

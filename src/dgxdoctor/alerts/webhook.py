@@ -9,9 +9,10 @@ The shape (Alertmanager's ``notify/webhook`` package): ``{"version": "4", "group
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+from msgspec import Struct
 
 MAX_ALERTS = 1000
 
@@ -20,8 +21,7 @@ class PayloadError(ValueError):
     """The body is not an Alertmanager version 4 webhook payload; the message names what is wrong."""
 
 
-@dataclass(frozen=True)
-class IncomingAlert:
+class IncomingAlert(Struct, frozen=True):
     status: str  # firing | resolved
     labels: dict[str, str]
     fingerprint: str

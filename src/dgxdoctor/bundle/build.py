@@ -7,11 +7,11 @@ import asyncio
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+from msgspec import Struct
 
 from dgxdoctor.bundle.archive import BadPart, prune, read_part, write_bundle
 from dgxdoctor.bundle.collect import Part, collect
@@ -29,8 +29,7 @@ PART_SLACK_BYTES = 2**20
 PEER_MARGIN_S = 1.0
 
 
-@dataclass(frozen=True)
-class PeerPart:
+class PeerPart(Struct, frozen=True):
     url: str
     part: Part | None
     error: str | None

@@ -12,8 +12,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any
+
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from dgxdoctor.bundle.redact import Redactor
 from dgxdoctor.sources.commands import CommandNotFound, CommandRunner, CommandTimeout
@@ -24,8 +26,7 @@ WORKERS = 4
 KEEP_TAIL = (".log", ".jsonl")
 
 
-@dataclass(frozen=True)
-class Output:
+class Output(Struct, frozen=True):
     """What one item produced. ``status``: ok, failed (ran, non-zero exit or unreadable), missing (the tool or
     file is not here), timeout (its own timeout or the bundle's deadline), skipped (not applicable)."""
 
@@ -36,15 +37,13 @@ class Output:
     error: str | None = None
 
 
-@dataclass(frozen=True)
-class Item:
+class Item(Struct, frozen=True):
     name: str  # path inside the node's folder of the archive
     source: str  # what an operator would run or read by hand
     produce: Callable[[float], Output]  # seconds left -> output
 
 
-@dataclass
-class Part:
+class Part(Struct):
     """One node's files and its manifest."""
 
     node: str

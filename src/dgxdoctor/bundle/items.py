@@ -18,9 +18,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from msgspec import Struct
 
 from dgxdoctor import __version__
 from dgxdoctor.bundle.collect import Item, Output, command_item
@@ -40,8 +41,7 @@ SERVING_COMMS = ("raylet", "ray::", "vllm")
 Provider = Callable[[], dict[str, Any]]
 
 
-@dataclass(frozen=True)
-class Sources:
+class Sources(Struct, frozen=True):
     """What the part reads that only its caller knows: the results document and /state (the daemon's store, or a
     fresh run and the local daemon's answer for `dgxdoctor bundle`)."""
 

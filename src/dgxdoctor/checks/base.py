@@ -6,9 +6,9 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from typing import Any, ClassVar, Generic, Protocol, cast, get_args, get_origin
 
+from msgspec.structs import replace
 from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import TypeVar
 

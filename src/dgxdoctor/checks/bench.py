@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
+from msgspec.structs import replace
 from pydantic import Field, field_validator
 
 from dgxdoctor.checks.base import Check, CheckSettings

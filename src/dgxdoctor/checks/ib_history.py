@@ -10,9 +10,10 @@ decides what the deltas mean.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from msgspec import Struct, field
 
 from dgxdoctor.judge.infiniband import PER_SECONDS, CounterThreshold
 from dgxdoctor.sources.statefile import StateFile
@@ -25,8 +26,7 @@ MAX_FLAPS_PER_RUN = 100
 Checkpoints = list[tuple[float, dict[str, int]]]
 
 
-@dataclass
-class PortWindow:
+class PortWindow(Struct):
     """One port's counters now and what came before: the baseline, the deltas since, the flap times."""
 
     now: float

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, fields, replace
 from typing import Any
 
+from msgspec.structs import fields, replace
+
 from dgxdoctor.judge.kernel import RECOVERS, KernelTally, tally_finding
+from dgxdoctor.records import asdict
 from dgxdoctor.result import MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.device_map import Device, DeviceMap
 from dgxdoctor.sources.kernel_events import RECOVERY_KINDS, KernelEvent, parse_kernel_event

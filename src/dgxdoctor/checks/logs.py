@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from msgspec import Struct
 from pydantic import Field
 
 from dgxdoctor.checks.base import Check, CheckSettings
@@ -90,8 +90,7 @@ class LogsSettings(CheckSettings):
     )
 
 
-@dataclass
-class _Recent:
+class _Recent(Struct):
     signature: Signature
     path: str
     line: str

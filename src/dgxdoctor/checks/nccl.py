@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from msgspec.structs import replace
 from pydantic import Field, field_validator, model_validator
 
 from dgxdoctor.checks.base import Check, CheckSettings

@@ -15,8 +15,9 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+
+from msgspec.structs import replace
 
 from dgxdoctor.checks.nccl_run import EX_PEER_MISSING, ProbeRun
 from dgxdoctor.environment import Environment

@@ -9,8 +9,9 @@ By hand: ``pgrep -af vllm``; ``curl -s localhost:8000/metrics | grep num_request
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime
+
+from msgspec import Struct
 
 from dgxdoctor.environment import Environment
 from dgxdoctor.lazy_re import lazy_compile
@@ -26,8 +27,7 @@ WINDOW_RE = lazy_compile(
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 
 
-@dataclass(frozen=True)
-class Window:
+class Window(Struct, frozen=True):
     days: frozenset[int]  # 0 = Monday; the day the window starts
     start_min: int
     end_min: int

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated
 
+from msgspec import Struct
 from pydantic import AfterValidator
 
 from dgxdoctor.sources.fields import ByteSize, byte_size_within
@@ -21,8 +21,7 @@ MAX_PROBE_BYTES = 16 << 30
 ProbeSize = Annotated[ByteSize, AfterValidator(lambda value: byte_size_within(value, 1, MAX_PROBE_BYTES))]
 
 
-@dataclass(frozen=True)
-class ProbeRun:
+class ProbeRun(Struct, frozen=True):
     """One probe's raw outcome on this node, and the peer's when the run spanned two nodes."""
 
     returncode: int

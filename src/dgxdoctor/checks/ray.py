@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 from urllib.parse import urlsplit
 
+from msgspec.structs import replace
 from pydantic import Field
 
 from dgxdoctor.checks.base import Check, CheckSettings

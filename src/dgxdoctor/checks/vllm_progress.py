@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+
+from msgspec import Struct
 
 from dgxdoctor.sources.follower import Follower
 from dgxdoctor.sources.procfs import CLK_TCK, ProcessInfo
@@ -80,8 +81,7 @@ class ProgressClock:
             return self._last_t - self._progress_t
 
 
-@dataclass(frozen=True)
-class EngineProcess:
+class EngineProcess(Struct, frozen=True):
     """One of vLLM's model-running processes as ``/proc`` shows it; ``cpu_ratio`` is the share of one CPU used
     since the previous look (None on the first)."""
 

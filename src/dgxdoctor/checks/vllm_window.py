@@ -5,15 +5,15 @@ queue has waited, when tokens last advanced. State only: ``judge/vllm.py`` decid
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from dgxdoctor.checks.vllm_progress import STOPPED_STATES, EngineProcess, ProgressClock
 from dgxdoctor.judge.vllm import Observed
 from dgxdoctor.sources.vllm_metrics import VllmMetrics, window_stats
 
 
-@dataclass(frozen=True)
-class Reading:
+class Reading(Struct, frozen=True):
     t: float  # env.monotonic()
     metrics: VllmMetrics
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from dgxdoctor.sources.kmsg import KmsgRecord, records_since
 from dgxdoctor.sources.xid import FallenOffMerge, KernelLogScanner, SxidEvent, XidEvent
@@ -22,8 +23,7 @@ MAX_TIMES_KEPT = 1024
 Key = tuple[str, int]  # (PCI bus id, XID or SXID code)
 
 
-@dataclass
-class Tally:
+class Tally(Struct):
     """Events of one (device, code): count since start, times for the repeat window, the latest line."""
 
     count: int

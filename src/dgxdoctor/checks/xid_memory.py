@@ -18,10 +18,13 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeGuard
 
+from msgspec import Struct, field
+from msgspec.structs import fields
+
 from dgxdoctor.checks.xid_events import MAX_TIMES_KEPT, Key, Tally
+from dgxdoctor.records import asdict
 from dgxdoctor.sources.statefile import StateFile
 from dgxdoctor.sources.xid import SxidEvent, XidEvent
 
@@ -30,8 +33,7 @@ VERSION = 1
 MAX_ENTRIES = 4096
 
 
-@dataclass
-class Memory:
+class Memory(Struct):
     """The state of one boot: tallies, the last record read, the window's start, records lost."""
 
     boot_id: str | None

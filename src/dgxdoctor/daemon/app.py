@@ -16,9 +16,9 @@ import hmac
 import ipaddress
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+from msgspec import Struct, field
 from prometheus_client import CollectorRegistry, generate_latest
 
 from dgxdoctor import __version__
@@ -41,8 +41,7 @@ Handler = Callable[[web.Request], Awaitable[web.Response]]
 STEP_BODY = '{"step": "ray_stop"|"ray_start"|"vllm_stop"|"vllm_start", "id": "...", "ts": ..., "mac": "..."}'
 
 
-@dataclass
-class AppState:
+class AppState(Struct):
     store: ResultStore
     registry: CollectorRegistry
     health: Callable[[], dict[str, Any]]

@@ -31,8 +31,9 @@ import resource
 import socket
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct
 
 from dgxdoctor.daemon import web
 
@@ -44,8 +45,7 @@ RESERVED_FDS = 256
 Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(Struct, frozen=True):
     max_connections: int = 256
     header_timeout_s: float = 10.0
     idle_timeout_s: float = 15.0
@@ -251,8 +251,7 @@ def listen_backlog(limits: Limits) -> int:
     return max(MIN_BACKLOG, limits.max_connections)
 
 
-@dataclass(frozen=True)
-class Runner:
+class Runner(Struct, frozen=True):
     """What each connection serves: the app, and where malformed requests and handler errors are counted."""
 
     app: web.Application

@@ -20,9 +20,10 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from typing import Any
 
+from msgspec import Struct, field
+from msgspec.structs import replace
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dgxdoctor import eventlog
@@ -66,8 +67,7 @@ class JoinRequest(BaseModel):
         return self
 
 
-@dataclass
-class Job:
+class Job(Struct):
     request: JoinRequest
     started: float
     result: ProbeRun | None = None

@@ -24,8 +24,9 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct
 
 from dgxdoctor import eventlog
 from dgxdoctor.checks.base import Check, CheckRunner, probe_labels
@@ -54,8 +55,7 @@ def next_fire(base: float, interval_s: float, now: float) -> float:
     return base + (math.floor((now - base) / interval_s) + 1) * interval_s
 
 
-@dataclass
-class Job:
+class Job(Struct):
     """A periodic job: ``func`` runs on the loop (awaited if it returns an awaitable), or in a thread."""
 
     func: Callable[[], Any]

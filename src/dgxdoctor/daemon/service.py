@@ -13,10 +13,10 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from msgspec.structs import replace
 from pydantic import BaseModel
 
 from dgxdoctor import __version__, eventlog

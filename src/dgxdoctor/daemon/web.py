@@ -18,10 +18,10 @@ import json
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import h11
+from msgspec import Struct, field
 
 T = TypeVar("T")
 
@@ -53,8 +53,7 @@ class AppKey(Generic[T]):
         self.kind = kind
 
 
-@dataclass
-class Response:
+class Response(Struct):
     status: int = 200
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)

@@ -10,7 +10,6 @@ is ``.+``). Rates use ``$__rate_interval``, which Grafana sets to at least four 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from grafana_foundation_sdk.builders import common as common_b
 from grafana_foundation_sdk.builders import dashboard as dash_b
@@ -23,6 +22,7 @@ from grafana_foundation_sdk.cog import builder as cog_builder
 from grafana_foundation_sdk.cog.variants import Dataquery
 from grafana_foundation_sdk.models import common, prometheus
 from grafana_foundation_sdk.models import dashboard as dash
+from msgspec import Struct
 
 DATASOURCE = dash.DataSourceRef(type_val="prometheus", uid="${datasource}")
 NODE = 'node=~"$node"'
@@ -50,8 +50,7 @@ UP_MAPPINGS: list[dash.ValueMapping] = [
 ]
 
 
-@dataclass(frozen=True)
-class Q:
+class Q(Struct, frozen=True):
     """One PromQL query of a panel: the expression, its legend, and whether it is an instant (table) query."""
 
     expr: str

@@ -11,14 +11,14 @@ lines with the failure-signature catalog, so a known failure in any text is name
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
+
+from msgspec import Struct, field
 
 from dgxdoctor.result import Finding, Status
 
 
-@dataclass(frozen=True)
-class Diagnosis:
+class Diagnosis(Struct, frozen=True):
     kind: str
     findings: tuple[Finding, ...] = ()
     data: dict[str, Any] = field(default_factory=dict)

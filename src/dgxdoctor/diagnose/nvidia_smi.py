@@ -5,11 +5,13 @@ the NVLink count) are not applied to a paste."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
 from typing import Any, ClassVar
+
+from msgspec.structs import replace
 
 from dgxdoctor.diagnose.base import Diagnosis
 from dgxdoctor.judge.gpu import GpuLimits, gpu_findings, smi_errors, summary
+from dgxdoctor.records import asdict
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.nvidia_smi import (
     looks_like_nvlink_status,

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import ClassVar
 
 from dgxdoctor.diagnose.base import Diagnosis
 from dgxdoctor.judge.ras import layout_findings, rank_findings
+from dgxdoctor.records import asdict
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.ras_report import RasReportError, parse_report
 
@@ -51,6 +51,6 @@ class RasAnalyzer:
             else None
         )
         data = {"format": report.format, "nccl_version": report.nccl_version, "timeouts": report.timeouts,
-                "communicators": [dataclasses.asdict(c) | {"ranks": len(c.ranks)} for c in report.communicators],
-                "issues": [dataclasses.asdict(i) for i in report.issues]}  # fmt: skip
+                "communicators": [asdict(c) | {"ranks": len(c.ranks)} for c in report.communicators],
+                "issues": [asdict(i) for i in report.issues]}  # fmt: skip
         return Diagnosis(self.kind, tuple(findings), data, summary)

@@ -7,7 +7,8 @@ else any text showing a known failure signature). ``ANALYZERS`` is both, in the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from dgxdoctor.diagnose.base import Analyzer, Diagnosis, diagnose_all, diagnose_text
 from dgxdoctor.diagnose.infiniband import IbstatAnalyzer, PerfqueryAnalyzer
@@ -40,8 +41,7 @@ class CompressedInput(ValueError):
         self.reader = reader
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(Struct, frozen=True):
     """What a pasted section is judged against: the checks' own settings with ``diagnose --config``
     (``commands.diagnose.thresholds``), else their defaults, which live in judge/ beside the verdicts."""
 

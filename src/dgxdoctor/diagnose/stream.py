@@ -9,8 +9,9 @@ over ``MAX_LINE`` bytes is cut there (the catalog reads a line's first 16 KiB) a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO
+
+from msgspec import Struct
 
 from dgxdoctor.diagnose.base import Diagnosis, unrecognized
 from dgxdoctor.diagnose.logs import Tally
@@ -25,13 +26,12 @@ HEAD_BYTES = 1 << 20
 MAX_LINE = 64 << 10
 
 
-@dataclass
-class StreamStats:
+class StreamStats(Struct):
     """What was read: bytes, lines cut at ``MAX_LINE``; ``progress`` is called with the bytes read so far."""
 
     bytes_read: int = 0
     lines_cut: int = 0
-    progress: Callable[[int], None] | None = field(default=None, repr=False)
+    progress: Callable[[int], None] | None = None
 
 
 def blocks(fh: BinaryIO, stats: StreamStats, size: int = BLOCK) -> Iterator[bytes]:

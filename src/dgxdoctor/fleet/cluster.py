@@ -13,10 +13,10 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from msgspec import Struct, field
 
 from dgxdoctor.documents import FindingDoc, ResultsDocument
 from dgxdoctor.fleet.compare import Comparison, compare
@@ -37,8 +37,7 @@ RUN_PATH = "/check/run"
 PEER_MARGIN_S = 1.0
 
 
-@dataclass(frozen=True)
-class NodeRun:
+class NodeRun(Struct, frozen=True):
     """One node's part of a cluster run: its results document, or why there is none."""
 
     node: str
@@ -60,8 +59,7 @@ class NodeRun:
             return Status.UNKNOWN
 
 
-@dataclass(frozen=True)
-class ClusterView:
+class ClusterView(Struct, frozen=True):
     nodes: tuple[NodeRun, ...]
     comparison: Comparison = field(default_factory=Comparison)
     deadline_s: float | None = None

@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from msgspec import Struct, field
 
 from dgxdoctor import codes
 from dgxdoctor.fleet.store import NODE_LOCAL_FACTS
@@ -26,8 +27,7 @@ from dgxdoctor.result import Finding, Status
 Aggregate = Literal["sum", "mean", "max"]
 
 
-@dataclass(frozen=True)
-class Rule:
+class Rule(Struct, frozen=True):
     """How one sample family is compared between nodes.
 
     ``per_rail`` compares each ``device/port`` separately (IB rails) instead of one value per node;
@@ -248,8 +248,7 @@ IGNORED_FACTS = NODE_LOCAL_FACTS | {"nccl_env.VLLM_HOST_IP", "nccl_env.NCCL_HOST
 UNSET = "(unset)"
 
 
-@dataclass(frozen=True)
-class Imbalance:
+class Imbalance(Struct, frozen=True):
     """The imbalance of one compared metric (``rail`` empty for node-wide metrics)."""
 
     key: str
@@ -258,16 +257,14 @@ class Imbalance:
     values: Mapping[str, float]
 
 
-@dataclass(frozen=True)
-class Comparison:
+class Comparison(Struct, frozen=True):
     findings: tuple[Finding, ...] = ()
     imbalances: tuple[Imbalance, ...] = ()
     nodes: tuple[str, ...] = ()
     compared_facts: int = 0
 
 
-@dataclass
-class _NodeView:
+class _NodeView(Struct):
     values: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(list))
     facts: dict[str, str] = field(default_factory=dict)
     engine_stalled: bool = False  # its vllm check sees requests in flight and no engine step

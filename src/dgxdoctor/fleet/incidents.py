@@ -16,10 +16,13 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from msgspec import Struct
+from msgspec.structs import replace
+
+from dgxdoctor.records import asdict
 from dgxdoctor.result import CheckResult, Status
 
 INCIDENTS_FILE = "incidents.jsonl"
@@ -32,8 +35,7 @@ BUCKETS = (15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0
 ActionsBetween = Callable[[float, float], list[str]]
 
 
-@dataclass(frozen=True)
-class Incident:
+class Incident(Struct, frozen=True):
     detected_at: float
     problem: str  # "<check>: <first critical finding code>"
     recovered_at: float | None = None

@@ -10,11 +10,11 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
+from msgspec import Struct
 from pydantic import ValidationError
 
 from dgxdoctor.documents import ResultsDocument
@@ -30,8 +30,7 @@ class BadAnswer(ValueError):
     document (its ``/state``, or ``/check/run``'s answer)."""
 
 
-@dataclass(frozen=True)
-class PeerFetch:
+class PeerFetch(Struct, frozen=True):
     url: str
     label: str
     state: dict[str, Any] | None

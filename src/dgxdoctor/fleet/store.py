@@ -9,8 +9,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct
 
 from dgxdoctor.result import CheckResult, Status, merged_facts
 
@@ -18,8 +19,7 @@ from dgxdoctor.result import CheckResult, Status, merged_facts
 NODE_LOCAL_FACTS = frozenset({"host_ip", "hostname", "node", "boot_id", "machine_id", "ip_address"})
 
 
-@dataclass(frozen=True)
-class Transition:
+class Transition(Struct, frozen=True):
     check: str
     old: Status | None
     new: Status

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from dgxdoctor.result import Finding, Status
 
@@ -39,8 +40,7 @@ REMEDY = (
 )
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(Struct, frozen=True):
     kind: str
     rank: str
     host: str
@@ -51,8 +51,7 @@ class Problem:
     reporter: str
 
 
-@dataclass
-class NodeSignals:
+class NodeSignals(Struct):
     problems: list[Problem] = field(default_factory=list)
     local: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)  # (host, pid) -> labels
     gpus: dict[str, dict[str, float]] = field(default_factory=dict)  # NVML index -> util / mem / power

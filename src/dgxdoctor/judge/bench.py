@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.vllm_bench import BenchPoint
@@ -24,8 +25,7 @@ DEFAULT_MIN_GAIN = 0.10
 DEFAULT_MAX_TPOT_GROWTH = 0.20
 
 
-@dataclass(frozen=True)
-class Knee:
+class Knee(Struct, frozen=True):
     concurrency: int
     found: bool  # False: throughput still grew at the largest concurrency tried
     reason: str
@@ -70,8 +70,7 @@ def find_knee(
     )
 
 
-@dataclass(frozen=True)
-class Tolerances:
+class Tolerances(Struct, frozen=True):
     throughput: float = 0.10
     tpot: float = 0.20
     ttft: float = 0.50

@@ -10,14 +10,13 @@ A state that could not be read is UNKNOWN, never OK.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.systemd import UnitState
 
 
-@dataclass(frozen=True)
-class StackFacts:
+class StackFacts(Struct, frozen=True):
     """What was read: NVIDIA GPUs and NVSwitches on the PCI bus, Mellanox NICs, the modules loaded."""
 
     gpus: int

@@ -14,10 +14,11 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
+
+from msgspec import Struct
 
 from dgxdoctor.judge.signatures import CatalogError, Signature, load_catalog
 from dgxdoctor.result import Finding, Status
@@ -29,8 +30,7 @@ from dgxdoctor.result import Finding, Status
 FRAME = re.compile(r'File "(?P<path>[^"\n]+)", line \d+,? in (?P<func>[\w<>.]+)')
 
 
-@dataclass(frozen=True)
-class FrameRule:
+class FrameRule(Struct, frozen=True):
     """The code a traceback stands for when its frames pass through ``steps`` in order (``path:function`` or
     ``function``; a path matches by its ending, so ``channel/common.py:read`` is Ray's channel read)."""
 

@@ -8,7 +8,8 @@ of the GPU domain is decided here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from dgxdoctor.judge.presence import gpus_missing_from_nvml
 from dgxdoctor.result import Action, Finding, Status
@@ -24,8 +25,7 @@ from dgxdoctor.sources.nvml import (
 from dgxdoctor.sources.pci import PciDevice
 
 
-@dataclass(frozen=True)
-class GpuLimits:
+class GpuLimits(Struct, frozen=True):
     """The ``[checks.gpu]`` keys the verdicts read (GpuSettings documents each one)."""
 
     expected_count: int = 8

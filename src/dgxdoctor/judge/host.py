@@ -9,7 +9,8 @@ running is CRITICAL. ``checks/host.py`` reads the values; the statuses are decid
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from dgxdoctor.result import Finding, Status
 
@@ -25,8 +26,7 @@ REMEDY_DISK_FULL = (
 REMEDY_PROCESS = "Start it again (systemctl start <unit>, or the Ray/vLLM start script) and read its last log lines."
 
 
-@dataclass(frozen=True)
-class DiskUsage:
+class DiskUsage(Struct, frozen=True):
     total: int
     free: int
 

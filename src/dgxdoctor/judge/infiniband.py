@@ -7,9 +7,9 @@ Shared by ``checks/infiniband.py`` (sysfs, rates between runs) and ``diagnose`` 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
+from msgspec import Struct
 from pydantic import BaseModel, ConfigDict, Field
 
 from dgxdoctor.result import Finding, Status
@@ -156,8 +156,7 @@ REMEDIES: Mapping[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class StateVerdict:
+class StateVerdict(Struct, frozen=True):
     code: str
     status: Status
     message: str

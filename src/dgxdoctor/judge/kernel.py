@@ -12,7 +12,7 @@ mlx5 command timeout and health-poll failures as fatal too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 from dgxdoctor.judge.xid import ago
 from dgxdoctor.lazy_re import lazy_compile
@@ -29,8 +29,7 @@ GROUP_ROLES = frozenset({"gpu", "nvswitch", "hca"})
 SERVING_PROCESS_RE = lazy_compile(r"(?i)^(?:vllm|ray::|raylet|gcs_server|VllmWorker|EngineCore|pt_main_thread)")
 
 
-@dataclass(frozen=True)
-class KernelRule:
+class KernelRule(Struct, frozen=True):
     code: str
     title: str
     status: Status
@@ -118,8 +117,7 @@ RULES: dict[str, KernelRule] = {
 }  # fmt: skip
 
 
-@dataclass(frozen=True)
-class KernelVerdict:
+class KernelVerdict(Struct, frozen=True):
     code: str
     status: Status
     title: str
@@ -157,8 +155,7 @@ def kernel_finding(verdict: KernelVerdict, subject: str | None, where: str, coun
 RECOVERS = {"link_up": "link_down", "nfs_ok": "nfs_not_responding"}
 
 
-@dataclass
-class KernelTally:
+class KernelTally(Struct):
     count: int
     last_seen: float
     event: KernelEvent

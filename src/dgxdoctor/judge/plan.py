@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from dgxdoctor.sources.hf_model import QUANT_WEIGHT_BYTES, ModelShape
 
@@ -43,8 +44,7 @@ FEW_SEQUENCES = 8  # fewer full-length sequences than this in the KV cache: say 
 CAPACITY_GAIN = 1.5
 
 
-@dataclass(frozen=True)
-class PlanSettings:
+class PlanSettings(Struct, frozen=True):
     """The cluster and the serving flags a plan is made for."""
 
     gpu_memory_bytes: int
@@ -76,8 +76,7 @@ class PlanSettings:
         return self.nodes * self.gpus_per_node
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(Struct, frozen=True):
     """Why vLLM refuses a layout: a code, vLLM's own words, and where vLLM checks it."""
 
     code: str
@@ -88,8 +87,7 @@ class Problem:
         return {"code": self.code, "message": self.message, "where": self.where}
 
 
-@dataclass(frozen=True)
-class Stage:
+class Stage(Struct, frozen=True):
     """One pipeline stage, as seen by each of its TP GPUs."""
 
     index: int
@@ -100,8 +98,7 @@ class Stage:
     kv_tokens: int
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(Struct, frozen=True):
     tp: int
     pp: int
     problems: tuple[Problem, ...]
@@ -162,8 +159,7 @@ MEMORY_CODES = frozenset({"NO_KV_CACHE_MEMORY", "KV_CACHE_TOO_SMALL"})
 NOT_SHAPE_CODES = MEMORY_CODES | {"MAX_MODEL_LEN_TOO_LONG"}
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(Struct, frozen=True):
     shape: ModelShape
     model_path: str
     settings: PlanSettings

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.ras_report import RankIssue, RasReport
@@ -49,8 +50,7 @@ _WORDS = {"unresponsive": "unresponsive to NCCL's RAS", "dead": "considered dead
           "nocomm": "no longer a member"}  # fmt: skip
 
 
-@dataclass(frozen=True)
-class StuckProcess:
+class StuckProcess(Struct, frozen=True):
     """One NCCL process RAS reports, with every rank line about it (a process has one rank per communicator)."""
 
     kind: str

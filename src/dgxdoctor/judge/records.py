@@ -26,8 +26,9 @@ writes prompts with ``%r`` (one line, quotes escaped), which is what makes the r
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from enum import Enum
+
+from msgspec import Struct
 
 MAX_PREFIXES = 8
 
@@ -131,8 +132,7 @@ def may_hold_colour(text: str) -> bool:
     return "\x1b" in text or ANSI_HINT.search(text) is not None
 
 
-@dataclass(frozen=True)
-class Shape:
+class Shape(Struct, frozen=True):
     """Who printed a cleaned line: ``message`` is where its text starts, ``head`` whether it opens a record."""
 
     trust: Trust

@@ -15,7 +15,8 @@ the lines after a match (an OOM's phase) are there when it is read; ``flush`` re
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from dgxdoctor.judge.context import reading
 from dgxdoctor.judge.records import Shape, Trust, clean, shape
@@ -30,8 +31,7 @@ OWNER_LOOK_BACK = 200
 WRAP_MIN = 40
 
 
-@dataclass
-class _Block:
+class _Block(Struct):
     data: bytes  # whole lines, each ending in b"\n"
     first: int  # 0-based number of its first line in the whole input
     lines: int

@@ -21,10 +21,11 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from functools import cache, cached_property
 from importlib import resources
 from typing import Any, Protocol, cast
+
+from msgspec import Struct
 
 from dgxdoctor.result import Status
 
@@ -40,8 +41,7 @@ class CatalogError(ValueError):
     """The signature data is malformed; the message names the signature and key."""
 
 
-@dataclass(frozen=True)
-class Signature:
+class Signature(Struct, frozen=True):
     code: str
     severity: Status
     kinds: tuple[str, ...]
@@ -235,8 +235,7 @@ def _block_regex(source: str) -> _BytesSearch:
         return re.compile(pattern)
 
 
-@dataclass(frozen=True)
-class Match:
+class Match(Struct, frozen=True):
     signature: Signature
     # The line as it was read (evidence keeps what the operator pasted); two lines when a wrapped record was joined.
     line: str

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.vllm_api import Completion, Health
@@ -84,8 +85,7 @@ REMEDIES: Mapping[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(Struct, frozen=True):
     """The thresholds of ``[checks.vllm]`` the verdicts read (see VllmSettings for each one's meaning)."""
 
     request_timeout_s: float
@@ -99,8 +99,7 @@ class Limits:
     itl_p99_max_s: float | None
 
 
-@dataclass(frozen=True)
-class Server:
+class Server(Struct, frozen=True):
     """What is known of a server whose /health did not answer 200."""
 
     url: str
@@ -113,8 +112,7 @@ class Server:
     head: bool = False  # the node's declared role is head: vLLM must be served here
 
 
-@dataclass(frozen=True)
-class Observed:
+class Observed(Struct, frozen=True):
     """What the /metrics window shows at its latest reading (``checks/vllm_window.py`` keeps the window)."""
 
     metrics: VllmMetrics  # the latest reading
@@ -127,8 +125,7 @@ class Observed:
     engine_stopped: bool = False  # one of them is stopped (SIGSTOP, a debugger): it cannot resume by itself
 
 
-@dataclass(frozen=True)
-class Down:
+class Down(Struct, frozen=True):
     """The verdict on a server that did not answer: findings and summary, or the reason to skip."""
 
     findings: tuple[Finding, ...] = ()

@@ -6,8 +6,9 @@ Shared by ``checks/xid.py`` (the followed kernel log and NVML events) and ``diag
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Literal
+
+from msgspec import Struct, field
 
 from dgxdoctor.result import Action, Finding, Status
 from dgxdoctor.sources.xid import CatalogEntry, SxidEvent, XidEvent
@@ -23,8 +24,7 @@ ACTION_RANK = {"none": 0, "restart_app": 1, "contact_support": 2, "reset_gpu": 3
 PERSON_ACTIONS = frozenset({"reset_gpu", "reboot_node", "contact_support"})
 
 
-@dataclass(frozen=True)
-class XidClass:
+class XidClass(Struct, frozen=True):
     """What one resolution class means here: the check's verdict, the alert rule, and (derived) the page.
 
     ``remedy`` may name ``{bus}`` and ``{xid}``; ``alert`` is the rule that carries the class ("" none).
@@ -146,8 +146,7 @@ def page_resolutions() -> frozenset[str]:
     return frozenset(r for r, c in RESOLUTION_CLASSES.items() if c.pages)
 
 
-@dataclass(frozen=True)
-class Assessment:
+class Assessment(Struct, frozen=True):
     status: Status
     action: ActionKind
     remedy: str
@@ -245,8 +244,7 @@ def worst_action(assessments: Iterable[Assessment]) -> Action | None:
 # ---- the live check's verdicts over tallies since the agent started ----
 
 
-@dataclass(frozen=True)
-class XidPolicy:
+class XidPolicy(Struct, frozen=True):
     """The ``[checks.xid]`` keys the verdict reads (see XidSettings for each one's meaning)."""
 
     app_level_xids: tuple[int, ...] = DEFAULT_APP_LEVEL_XIDS

@@ -34,8 +34,9 @@ import socket
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct
 
 # Exit status for "this machine cannot run the probe" (no torch, fewer than 2 ranks): not a fault.
 EX_NOT_RUNNABLE = 3
@@ -96,8 +97,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(Struct, frozen=True):
     gpus: int
     nnodes: int
     node_rank: int

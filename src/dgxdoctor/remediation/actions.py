@@ -13,10 +13,10 @@ import hashlib
 import hmac
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from msgspec import Struct
 from pydantic import BaseModel, ConfigDict, Field
 
 from dgxdoctor.remediation.state_doc import Step
@@ -52,8 +52,7 @@ class StepRequest(BaseModel):
         return hmac.compare_digest(self.mac, step_mac(token, self.step, self.id, self.ts))
 
 
-@dataclass(frozen=True)
-class StepResult:
+class StepResult(Struct, frozen=True):
     step: str
     ok: bool
     detail: str
@@ -87,22 +86,20 @@ def run_argv(step: str, argv: Sequence[str], timeout_s: float, runner: CommandRu
     return StepResult(step, done.returncode == 0, detail, time.monotonic() - started, tuple(argv), done.returncode)
 
 
-@dataclass(frozen=True)
-class VllmTarget:
+class VllmTarget(Struct, frozen=True):
     base_url: str
     model: str | None
     api_key: str | None = None
     request_timeout_s: float = 10.0
 
 
-@dataclass
 class Deadline:
-    seconds: float
-    clock: Callable[[], float] = time.monotonic
-    start: float = field(init=False)
+    """``seconds`` from now, by ``clock``."""
 
-    def __post_init__(self) -> None:
-        self.start = self.clock()
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds = seconds
+        self.clock = clock
+        self.start = clock()
 
     @property
     def left(self) -> float:

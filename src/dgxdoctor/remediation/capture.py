@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from msgspec import Struct
 
 from dgxdoctor import eventlog
 
@@ -29,8 +30,7 @@ WRITE_MARGIN_S = 0.75
 Writer = Callable[[Path, str, float], dict[str, Any]]
 
 
-@dataclass(frozen=True)
-class CaptureSettings:
+class CaptureSettings(Struct, frozen=True):
     enabled: bool
     deadline_s: float
     keep: int

@@ -19,12 +19,13 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
+from msgspec import Struct
+from msgspec.structs import replace
 
 from dgxdoctor import eventlog
 from dgxdoctor.environment import Environment
@@ -57,8 +58,7 @@ StepCall = Callable[[], StepResult]
 Pager = Callable[[str, str, str, str, float], str]
 
 
-@dataclass(frozen=True)
-class Targets:
+class Targets(Struct, frozen=True):
     """What the actions work on, from the vllm and ray checks' settings and the daemon's peers and token."""
 
     vllm: VllmTarget

@@ -8,8 +8,9 @@ state, the settings and the time. The engine persists the state after every chan
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from msgspec import Struct, field, structs
 
 from dgxdoctor.remediation.policy import ActionName, Attempt, Problem, escalate
 from dgxdoctor.remediation.state_doc import MAX_ACTIONS, MAX_KEYS, MAX_STEPS, validate_state
@@ -18,16 +19,14 @@ from dgxdoctor.settings.remediation import RemediationSettings
 Verdict = Literal["act", "page", "suggest", "observe", "hold", "refuse"]
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(Struct, frozen=True):
     verdict: Verdict
     action: ActionName
     reason: str
     problem: Problem
 
 
-@dataclass
-class InFlight:
+class InFlight(Struct):
     id: str
     action: ActionName
     key: str
@@ -35,11 +34,10 @@ class InFlight:
     pid: int
 
     def to_doc(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return structs.asdict(self)
 
 
-@dataclass
-class GuardState:
+class GuardState(Struct):
     breaker_open: bool = False
     breaker_reason: str | None = None
     breaker_opened_at: float | None = None

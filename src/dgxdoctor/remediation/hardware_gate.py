@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+
+from msgspec import Struct
+from msgspec.structs import replace
 
 from dgxdoctor.judge.hardware_cause import is_hardware_cause
 from dgxdoctor.remediation.guard import Decision
@@ -37,8 +39,7 @@ SYMPTOMS = {
 }
 
 
-@dataclass(frozen=True)
-class HardwareCause:
+class HardwareCause(Struct, frozen=True):
     """``text``: "XID 79 on GPU 3 of dgx-a at 12:03 UTC"; ``key`` identifies it while it lasts."""
 
     key: str

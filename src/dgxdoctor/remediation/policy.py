@@ -10,8 +10,9 @@ human, never acted on. The ladder: when ``restart_vllm`` did not cure a problem,
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Literal
+
+from msgspec import Struct
 
 from dgxdoctor import codes
 from dgxdoctor.judge.xid import page_resolutions
@@ -84,8 +85,7 @@ def action_for_code(code: str, xid_resolution: str | None = None) -> ActionName 
     return None
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(Struct, frozen=True):
     """A condition remediation may answer. ``key`` identifies it across runs (same key, same problem)."""
 
     key: str
@@ -145,8 +145,7 @@ def _escape(code: int) -> str:
     return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
-@dataclass(frozen=True)
-class Attempt:
+class Attempt(Struct, frozen=True):
     """An earlier action against the same problem, as the guard remembers it."""
 
     action: ActionName

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from msgspec import Struct, field
+from msgspec.structs import fields
 
 from dgxdoctor.sources.commands import CommandNotFound, CommandRunner, CommandTimeout
 from dgxdoctor.sources.procfs import iter_processes, runs_package
@@ -25,8 +27,7 @@ FORMAT = 1
 MAX_BASELINE_BYTES = 4 * 1024 * 1024
 
 
-@dataclass(frozen=True)
-class Baseline:
+class Baseline(Struct, frozen=True):
     saved_at: str
     settings: BenchSettings
     points: tuple[BenchPoint, ...]

@@ -17,12 +17,12 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
+from msgspec import Struct
 
-@dataclass(frozen=True)
-class CommandResult:
+
+class CommandResult(Struct, frozen=True):
     argv: tuple[str, ...]
     returncode: int
     stdout: str

@@ -7,8 +7,9 @@ run from ``<sysfs_root>/bus/pci/devices`` and ``<sysfs_root>/class/infiniband/*/
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from msgspec import Struct, field
 
 from dgxdoctor.sources.pci import VENDOR_NVIDIA, PciDevice, mellanox_nics, nvidia_gpus, read_pci_devices
 from dgxdoctor.sources.sysfs_ib import ib_class_dir, netdev_map
@@ -16,8 +17,7 @@ from dgxdoctor.sources.sysfs_ib import ib_class_dir, netdev_map
 CLASS_BRIDGE_OTHER = 0x0680  # an NVSwitch's class (PCI Code and ID Assignment: other bridge)
 
 
-@dataclass(frozen=True)
-class Device:
+class Device(Struct, frozen=True):
     """``label``: the metric label and finding subject; ``role``: gpu, nvswitch, hca, or pci; ``text``: for people."""
 
     label: str
@@ -25,8 +25,7 @@ class Device:
     text: str
 
 
-@dataclass
-class DeviceMap:
+class DeviceMap(Struct):
     by_pci: dict[str, Device] = field(default_factory=dict)
     by_netdev: dict[str, Device] = field(default_factory=dict)
 

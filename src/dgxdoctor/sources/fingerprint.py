@@ -12,15 +12,15 @@ import hashlib
 import os
 import stat
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from msgspec import Struct, field
 
 SHARD_SUFFIX = ".safetensors"
 READ_CHUNK = 4 * 1024 * 1024
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(Struct, frozen=True):
     name: str  # relative to the model directory, "/" separated
     size: int
 
@@ -78,8 +78,7 @@ def sample_shards(entries: Sequence[Entry], count: int) -> list[Entry]:
     return [shards[i] for i in picked]
 
 
-@dataclass
-class _Progress:
+class _Progress(Struct):
     size: int
     mtime_ns: int
     offset: int = 0

@@ -12,9 +12,10 @@ model_arch_config_convertor.py`` in vllm 0.32: ``get_total_num_kv_heads``, ``get
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from msgspec import Struct, field
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024  # a config.json is a few KiB; a 4 MiB one is not a config
 MAX_INDEX_BYTES = 64 * 1024 * 1024  # DeepSeek-V3's index (91k tensors) is ~9 MiB
@@ -74,8 +75,7 @@ class ModelConfigError(ValueError):
     """A config.json (or its index) that cannot be used, with what is wrong in the message."""
 
 
-@dataclass(frozen=True)
-class ModelShape:
+class ModelShape(Struct, frozen=True):
     """What a layout plan needs from ``config.json``, in vLLM's terms."""
 
     architectures: tuple[str, ...]
@@ -129,8 +129,7 @@ class ModelShape:
 WeightSource = Literal["index", "files", "estimate"]
 
 
-@dataclass(frozen=True)
-class ModelFiles:
+class ModelFiles(Struct, frozen=True):
     """A model as read from disk: its shape, and the weights' size with where that figure came from."""
 
     path: Path

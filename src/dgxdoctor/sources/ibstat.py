@@ -28,7 +28,8 @@ devices prints nothing and exits 0.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.sources.sysfs_ib import IbPort, normalize_phys_state, normalize_state
@@ -49,8 +50,7 @@ class IbstatFormatError(ValueError):
     """Text that claims to be ibstat output but has a block in the wrong place."""
 
 
-@dataclass(frozen=True)
-class IbstatPort:
+class IbstatPort(Struct, frozen=True):
     ca: str
     port: int
     state: str | None = None

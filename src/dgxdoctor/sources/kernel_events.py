@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Literal
+
+from msgspec import Struct
 
 from dgxdoctor.lazy_re import lazy_compile
 
@@ -150,8 +151,7 @@ PEERMEM_RE = lazy_compile(
 )
 
 
-@dataclass(frozen=True)
-class KernelEvent:
+class KernelEvent(Struct, frozen=True):
     """One fault line: what kind, the device it names in its own words, and the line.
 
     ``pci`` is a full PCI address (``0000:3b:00.0``), ``netdev`` an interface name; ``other`` names what is not a

@@ -32,8 +32,9 @@ import select
 import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from msgspec import Struct, field
 
 from dgxdoctor import eventlog
 from dgxdoctor.lazy_re import lazy_compile
@@ -57,8 +58,7 @@ class KmsgFormatError(ValueError):
     """A record that is not ``prio,seq,usec,flags;message``."""
 
 
-@dataclass(frozen=True)
-class KmsgRecord:
+class KmsgRecord(Struct, frozen=True):
     """One kernel log record. ``seq`` and ``usec`` are None for lines read from a text log."""
 
     message: str
@@ -106,8 +106,7 @@ def text_records(text: str) -> Iterator[KmsgRecord]:
             yield KmsgRecord(message=line)
 
 
-@dataclass
-class ReadStats:
+class ReadStats(Struct):
     """Counters since this reader was opened."""
 
     records: int = 0

@@ -24,16 +24,16 @@ import glob
 import hashlib
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from msgspec import Struct, field
 
 ROTATED_SUFFIX = ".1"
 HEAD_BYTES = 128
 
 
-@dataclass(frozen=True)
-class Position:
+class Position(Struct, frozen=True):
     dev: int
     ino: int
     offset: int
@@ -66,8 +66,7 @@ def _head(path: str, length: int) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-@dataclass
-class PollResult:
+class PollResult(Struct):
     # (path the line was read from, the line without its newline), in file order.
     lines: list[tuple[str, str]] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
@@ -193,8 +192,7 @@ def _read_lines(path: str, offset: int, budget: int, *, final: bool) -> tuple[li
     return text.splitlines(), len(whole), full
 
 
-@dataclass
-class RecentRead:
+class RecentRead(Struct):
     """What ``read_recent`` read: the lines, and what it left unread and why."""
 
     lines: list[tuple[str, str]] = field(default_factory=list)

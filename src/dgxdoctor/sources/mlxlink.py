@@ -23,7 +23,8 @@ is ``N/A``: absent here, never zero.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from dgxdoctor.lazy_re import lazy_compile
 
@@ -40,8 +41,7 @@ class MlxlinkFormatError(ValueError):
     """Output without any section mlxlink prints."""
 
 
-@dataclass(frozen=True)
-class MlxlinkPort:
+class MlxlinkPort(Struct, frozen=True):
     effective_ber: float | None
     module_temperature_c: float | None
 

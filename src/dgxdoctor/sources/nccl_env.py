@@ -18,8 +18,9 @@ import ipaddress
 import shlex
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+
+from msgspec import Struct
 
 from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.sources.redact import REDACTED, secret_name
@@ -48,8 +49,7 @@ MAX_ENV_FILE_BYTES = 1 << 20
 MAX_ENV_LINE_CHARS = 64 * 1024
 
 
-@dataclass(frozen=True)
-class EnvFile:
+class EnvFile(Struct, frozen=True):
     values: dict[str, str]
     # (line number, what is wrong) for lines that are not plain assignments; they are ignored, never run. What is
     # wrong is a kind, never the line's text: such a line may carry a secret (`[ -f x ] && export HF_TOKEN=...`),
@@ -192,8 +192,7 @@ def watched(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(WATCHED_PREFIXES) or k == HOST_IP_VAR}
 
 
-@dataclass(frozen=True)
-class NameSpec:
+class NameSpec(Struct, frozen=True):
     """A parsed NCCL_SOCKET_IFNAME / NCCL_IB_HCA value."""
 
     exclude: bool
@@ -241,8 +240,7 @@ def parse_name_spec(value: str, *, allow_port: bool) -> NameSpec:
     return NameSpec(exclude, exact, tuple(entries))
 
 
-@dataclass(frozen=True)
-class NetInterface:
+class NetInterface(Struct, frozen=True):
     """One interface; ``type``, ``flags`` and ``operstate`` are None where only its name is known."""
 
     name: str

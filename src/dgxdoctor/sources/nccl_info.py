@@ -12,8 +12,9 @@ By hand: ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET all_reduce_perf -b 8M -e 8
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from dgxdoctor.lazy_re import lazy_compile
 
@@ -71,8 +72,7 @@ def _net_kind(name: str) -> str:
     return "IB" if name.startswith("IB") else name
 
 
-@dataclass
-class NcclTransport:
+class NcclTransport(Struct):
     """What NCCL reported about how it connected its ranks. Empty when there were no INFO lines."""
 
     # Channel connections per transport family ("NET/IB": 16, "P2P/CUMEM": 24, ...), in first-seen order.

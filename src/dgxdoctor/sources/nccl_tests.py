@@ -19,10 +19,12 @@ from its end: the last eight values are time, algbw, busbw, error for out-of-pla
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from msgspec import Struct, field
+
 from dgxdoctor.lazy_re import lazy_compile
+from dgxdoctor.records import asdict
 from dgxdoctor.sources.nccl_info import VERSION, NcclTransport, parse_nccl_info, strip_prefix
 
 # # Avg bus bandwidth    : 95.3009
@@ -48,8 +50,7 @@ MIB = 1024 * 1024
 _ALIASES = {"bytes": "size", "n": "count", "op": "redop", "#wrong": "wrong", "error": "wrong", "res": "wrong"}
 
 
-@dataclass(frozen=True)
-class Measurement:
+class Measurement(Struct, frozen=True):
     time_us: float | None
     algbw_gbps: float | None
     busbw_gbps: float | None
@@ -57,8 +58,7 @@ class Measurement:
     wrong: float | None
 
 
-@dataclass(frozen=True)
-class Row:
+class Row(Struct, frozen=True):
     size_bytes: int
     count: int | None
     type: str | None
@@ -73,8 +73,7 @@ class Row:
         return max(values) if values else None
 
 
-@dataclass(frozen=True)
-class NcclTestsReport:
+class NcclTestsReport(Struct, frozen=True):
     rows: tuple[Row, ...]
     avg_busbw_gbps: float | None
     out_of_bounds: int | None = None
@@ -200,8 +199,7 @@ def _row_from_end(tokens: list[str], time_scale: float) -> Row | None:
     )
 
 
-@dataclass
-class _Scan:
+class _Scan(Struct):
     """What parse_nccl_tests has gathered so far, line by line."""
 
     header: list[str] | None = None

@@ -17,7 +17,9 @@ driver 580.159.04) and from the key names of older drivers in NVIDIA's nvidia-sm
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+
+from msgspec import Struct, field
+from msgspec.structs import replace
 
 from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.sources.nvml import (
@@ -71,8 +73,7 @@ RECOVERY_NAMES = {
 assert set(RECOVERY_NAMES.values()) <= set(RECOVERY_ACTIONS)
 
 
-@dataclass
-class _Node:
+class _Node(Struct):
     value: str | None = None
     children: dict[str, _Node] = field(default_factory=dict)
 
@@ -284,8 +285,7 @@ def _with_ecc(g: GpuSnapshot, ecc: _Node | None) -> GpuSnapshot:
     )
 
 
-@dataclass(frozen=True)
-class TableGpu:
+class TableGpu(Struct, frozen=True):
     """One GPU of the default ``nvidia-smi`` table; ``errors`` names the fields that read ``ERR!``."""
 
     snapshot: GpuSnapshot

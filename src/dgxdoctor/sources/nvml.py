@@ -14,8 +14,9 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+from msgspec import Struct, field
 
 # ---------------------------------------------------------------------------------------------------------
 # Errors: what the check must tell apart.
@@ -123,8 +124,7 @@ EccCounter = Literal["volatile", "aggregate"]
 PcieWhich = Literal["current", "max"]
 
 
-@dataclass(frozen=True)
-class RemappedRows:
+class RemappedRows(Struct, frozen=True):
     """``nvmlDeviceGetRemappedRows``: rows remapped for corrected / uncorrected errors, pending, failure."""
 
     corrected: int
@@ -560,8 +560,7 @@ def _str(value: RawValue) -> str | None:
     return str(value)
 
 
-@dataclass(frozen=True)
-class GpuSnapshot:
+class GpuSnapshot(Struct, frozen=True):
     """One GPU as NVML reported it in one sweep. ``None`` means not available here (absent, not zero)."""
 
     index: int
@@ -698,8 +697,7 @@ def _nvlink_states(raw_links: RawValue | None) -> dict[int, bool]:
     return links
 
 
-@dataclass(frozen=True)
-class NvmlSweep:
+class NvmlSweep(Struct, frozen=True):
     """Everything one pass over NVML saw."""
 
     driver_version: str | None

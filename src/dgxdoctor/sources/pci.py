@@ -15,8 +15,9 @@ mlx5 has an ``infiniband/<mlx5_N>`` directory.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
+
+from msgspec import Struct
 
 VENDOR_NVIDIA = 0x10DE
 VENDOR_MELLANOX = 0x15B3  # ConnectX and BlueField, Mellanox's and NVIDIA's alike
@@ -33,8 +34,7 @@ PASSTHROUGH_DRIVERS = frozenset({"vfio-pci", "pci-stub"})
 PCI_DEVICES = "bus/pci/devices"
 
 
-@dataclass(frozen=True)
-class PciDevice:
+class PciDevice(Struct, frozen=True):
     address: str  # 0000:17:00.0, lower case as sysfs names it
     vendor: int
     device: int | None

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from dgxdoctor.lazy_re import lazy_compile
 
@@ -78,8 +79,7 @@ class PerfqueryFormatError(ValueError):
     """A counter line whose value is not a number."""
 
 
-@dataclass(frozen=True)
-class PerfqueryBlock:
+class PerfqueryBlock(Struct, frozen=True):
     lid: int
     port: int
     extended: bool

@@ -32,9 +32,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+
+from msgspec import Struct
 
 from dgxdoctor.lazy_re import lazy_compile
 
@@ -87,8 +88,7 @@ class ProcFormatError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
-class ProcStat:
+class ProcStat(Struct, frozen=True):
     state: str  # R running, S sleeping, D disk sleep, T stopped, t traced, Z zombie
     ppid: int  # the parent's pid (field 4)
     utime: int  # clock ticks in user mode
@@ -100,8 +100,7 @@ class ProcStat:
         return self.utime + self.stime
 
 
-@dataclass(frozen=True)
-class Socket:
+class Socket(Struct, frozen=True):
     local_addr: str
     port: int
     state: str

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 # A payload larger than this is not a metrics page (vLLM's is ~30 KiB; a DP=8 server a few hundred KiB).
 MAX_PROM_TEXT_CHARS = 16 * 1024 * 1024
@@ -22,15 +23,13 @@ class PromTextError(ValueError):
     """The payload is not Prometheus text exposition; the message says what is wrong and where."""
 
 
-@dataclass(frozen=True)
-class PromSample:
+class PromSample(Struct, frozen=True):
     name: str
     labels: Labels
     value: float
 
 
-@dataclass(frozen=True)
-class Histogram:
+class Histogram(Struct, frozen=True):
     """One histogram, summed over the label sets that matched: cumulative counts by upper bound ``le``.
 
     ``buckets`` is sorted by bound and ends with ``+Inf`` (whose count is the total number of observations).
@@ -51,8 +50,7 @@ def _matches(labels: Labels, match: Labels | None) -> bool:
     return match is None or all(labels.get(k) == v for k, v in match.items())
 
 
-@dataclass(frozen=True)
-class PromSnapshot:
+class PromSnapshot(Struct, frozen=True):
     """Every sample of one scrape, indexed by sample name (``foo_total``, ``foo_bucket``, ``foo``)."""
 
     samples: Mapping[str, tuple[PromSample, ...]]

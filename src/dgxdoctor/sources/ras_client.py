@@ -24,7 +24,8 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 CLIENT_PROTOCOL = 2
 DEFAULT_PORT = 28028
@@ -44,8 +45,7 @@ class RasError(Exception):
         self.kind = kind
 
 
-@dataclass(frozen=True)
-class Exchange:
+class Exchange(Struct, frozen=True):
     """One command and its reply, byte for byte, with the seconds from sending it to the last byte read."""
 
     sent: bytes
@@ -53,8 +53,7 @@ class Exchange:
     seconds: float
 
 
-@dataclass(frozen=True)
-class RasReply:
+class RasReply(Struct, frozen=True):
     host: str
     port: int
     server_protocol: int | None

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from msgspec import Struct, field
 
 from dgxdoctor.lazy_re import lazy_compile
 
 IssueKind = Literal["unresponsive", "dead", "nocomm", "error", "status", "behind"]
 
 
-@dataclass(frozen=True)
-class RankIssue:
+class RankIssue(Struct, frozen=True):
     """A rank or process RAS reports as not well, with NCCL's own lines about it as ``evidence``.
 
     unresponsive: RAS got no data from its process; dead: RAS considers the process dead ("unreachable via the
@@ -37,8 +37,7 @@ class RankIssue:
     nvml_gpus: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
-class RankInfo:
+class RankInfo(Struct, frozen=True):
     rank: int
     host: str
     pid: int
@@ -47,8 +46,7 @@ class RankInfo:
     collective_counts: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Communicator:
+class Communicator(Struct, frozen=True):
     """One communicator (JSON) or one group of alike communicators (text: ``count`` of them).
 
     ``size`` is commNRanks; ``nodes`` and ``ranks_per_node`` count the distinct RAS hosts of its ranks.
@@ -65,8 +63,7 @@ class Communicator:
     missing: int = 0
 
 
-@dataclass(frozen=True)
-class RasReport:
+class RasReport(Struct, frozen=True):
     format: str
     nccl_version: str | None = None
     cuda_runtime: int | None = None
@@ -269,8 +266,7 @@ def _gpus(text: str | None) -> tuple[int, ...]:
     return tuple(int(g) for g in (text or "").split(",") if g.isdigit())
 
 
-@dataclass
-class _TextState:
+class _TextState(Struct):
     section: str = ""  # "INCOMPLETE" / "DEAD" (job level) or "#0-0 (hash) KIND"
     comm: str = ""
     comm_kind: str = ""

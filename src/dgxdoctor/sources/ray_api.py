@@ -20,8 +20,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
+
+from msgspec import Struct
 
 NODES_DETAIL_PATH = "/api/v0/nodes?detail=1"
 CLUSTER_STATUS_PATH = "/api/cluster_status"
@@ -36,8 +37,7 @@ class RayApiError(ValueError):
     """A dashboard payload that is not valid JSON, reports failure, or lacks what Ray always sends."""
 
 
-@dataclass(frozen=True)
-class RayNode:
+class RayNode(Struct, frozen=True):
     node_id: str
     node_ip: str
     state: str
@@ -54,8 +54,7 @@ class RayNode:
 DemandKind = Literal["tasks", "placement_group", "request_resources"]
 
 
-@dataclass(frozen=True)
-class Demand:
+class Demand(Struct, frozen=True):
     """Resources that something waits for: ``shape`` printed as ``ray status`` prints it, ``count`` of them.
 
     ``gpus`` is what one of them needs: one task's GPUs, or all the bundles of one placement group.
@@ -69,8 +68,7 @@ class Demand:
     line: str | None = None
 
 
-@dataclass(frozen=True)
-class ClusterStatus:
+class ClusterStatus(Struct, frozen=True):
     """What the autoscaler report says: GPU usage and what is waiting for resources."""
 
     gpus_used: float | None = None
@@ -78,8 +76,7 @@ class ClusterStatus:
     demands: tuple[Demand, ...] = ()
 
 
-@dataclass(frozen=True)
-class ClusterView:
+class ClusterView(Struct, frozen=True):
     """One picture of the cluster, from the API or from ``ray status`` text. ``None`` means not known."""
 
     nodes: tuple[RayNode, ...] = ()

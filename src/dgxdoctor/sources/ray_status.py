@@ -10,7 +10,8 @@ The layout is produced by ``ray.autoscaler._private.util.format_info_string``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from dgxdoctor.lazy_re import LazyPattern, lazy_compile
 from dgxdoctor.sources.ray_api import ClusterView, Demand, DemandKind
@@ -94,15 +95,13 @@ _FRAGMENT_RES = (
 )
 
 
-@dataclass(frozen=True)
-class Usage:
+class Usage(Struct, frozen=True):
     used: float
     total: float
     line: str
 
 
-@dataclass(frozen=True)
-class RayStatusReport:
+class RayStatusReport(Struct, frozen=True):
     timestamp: str | None
     nodes: tuple[tuple[int, str], ...]
     pending_nodes: tuple[str, ...]
@@ -195,8 +194,7 @@ def _is_heading(line: str, stripped: str, section: str) -> bool:
     return content is None or content.match(line) is None
 
 
-@dataclass
-class _State:
+class _State(Struct):
     timestamp: str | None = None
     section: str = ""
     seen: set[str] = field(default_factory=set)

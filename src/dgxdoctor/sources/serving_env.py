@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from msgspec import Struct
 
 from dgxdoctor.sources.procfs import iter_processes, runs_package
 from dgxdoctor.sources.procfs import trusted_process as trusted_process  # its home is procfs
@@ -94,8 +95,7 @@ def serving_candidates(proc_root: Path, agent_uid: int | None = None) -> Iterato
             yield _interpreter(exe, argv), argv
 
 
-@dataclass(frozen=True)
-class FoundPython:
+class FoundPython(Struct, frozen=True):
     exe: str
     why: str
 

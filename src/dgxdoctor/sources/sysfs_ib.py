@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
+
+from msgspec import Struct, field
 
 from dgxdoctor.lazy_re import lazy_compile
 
@@ -80,8 +81,7 @@ class SysfsFormatError(ValueError):
     """A sysfs value that does not have the documented shape."""
 
 
-@dataclass(frozen=True)
-class IbPort:
+class IbPort(Struct, frozen=True):
     """One port as read at one instant. ``None`` means the value could not be read, never a default."""
 
     device: str
@@ -345,8 +345,7 @@ def read_ports(sysfs_root: Path, *, counters: bool = True, gids: bool = False) -
     return ports
 
 
-@dataclass(frozen=True)
-class IbDeviceInfo:
+class IbDeviceInfo(Struct, frozen=True):
     """Device-level files: ``fw_ver`` ("28.39.1002"), ``hca_type`` ("MT4129"), ``board_id`` ("MT_0000000838");
     None where unreadable (soft-RoCE has no fw_ver)."""
 

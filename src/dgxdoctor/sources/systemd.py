@@ -14,7 +14,7 @@ The argv goes through the injected command runner (never a shell); tests stand r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.sources.commands import CommandNotFound, CommandRunner, CommandTimeout
@@ -27,8 +27,7 @@ UNIT_NAME_RE = lazy_compile(r"^[A-Za-z0-9:_.@\\-]{1,255}$")
 PROPERTY_RE = lazy_compile(r"^(?P<key>[A-Za-z]{1,40})=(?P<value>.{0,200})$")
 
 
-@dataclass(frozen=True)
-class UnitState:
+class UnitState(Struct, frozen=True):
     unit: str
     load_state: str | None
     active_state: str | None

@@ -13,8 +13,9 @@ The format is not documented as a machine interface; the legend it prints is the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from dgxdoctor.lazy_re import lazy_compile
 
@@ -48,8 +49,7 @@ class TopoParseError(ValueError):
     """The text is not an ``nvidia-smi topo -m`` matrix, or a line of it is malformed."""
 
 
-@dataclass(frozen=True)
-class TopoMatrix:
+class TopoMatrix(Struct, frozen=True):
     gpus: tuple[str, ...]
     # Non-GPU columns: "NIC0".. or, in older outputs, the RDMA device names themselves ("mlx5_0").
     nics: tuple[str, ...]

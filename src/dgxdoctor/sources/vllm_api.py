@@ -18,9 +18,10 @@ import itertools
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+
+from msgspec import Struct
 
 from dgxdoctor.sources.procfs import (
     ProcessInfo,
@@ -150,8 +151,7 @@ def cpu_ticks(proc_root: Path, pid: int) -> tuple[int, str] | None:
 HealthOutcome = Literal["up", "refused", "unreachable", "timeout", "http", "error"]
 
 
-@dataclass(frozen=True)
-class Health:
+class Health(Struct, frozen=True):
     outcome: HealthOutcome
     detail: str
     latency_s: float | None = None
@@ -230,8 +230,7 @@ def parse_completion_tokens(payload: Any) -> int:
     return tokens
 
 
-@dataclass(frozen=True)
-class Completion:
+class Completion(Struct, frozen=True):
     """A chat completion's outcome: its tokens when it answered 200 with usage, else what went wrong."""
 
     tokens: int | None

@@ -17,17 +17,18 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from msgspec import Struct
+
+from dgxdoctor.records import asdict
 from dgxdoctor.sources.commands import CommandRunner
 
 MAX_RESULT_BYTES = 64 * 1024 * 1024  # --save-detailed files hold every request's timings; a plain one is ~2 KiB
 
 
-@dataclass(frozen=True)
-class BenchSettings:
+class BenchSettings(Struct, frozen=True):
     """One sweep's settings: what ``vllm bench serve`` is told, apart from the concurrency."""
 
     base_url: str
@@ -50,8 +51,7 @@ class BenchSettings:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class BenchPoint:
+class BenchPoint(Struct, frozen=True):
     """One concurrency's result, in vLLM's units (milliseconds, tokens/s, requests/s)."""
 
     concurrency: int

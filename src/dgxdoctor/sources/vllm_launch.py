@@ -23,9 +23,10 @@ options; they are then not seen here, and the layout says so (``from_config_file
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from msgspec import Struct
 
 from dgxdoctor.sources.procfs import ProcessInfo, iter_processes
 from dgxdoctor.sources.vllm_api import VLLM_TITLE_PREFIX, is_vllm_api_server
@@ -56,8 +57,7 @@ class LaunchError(ValueError):
     """An argv whose parallel flags vLLM itself would refuse (not a number, out of range)."""
 
 
-@dataclass(frozen=True)
-class Launch:
+class Launch(Struct, frozen=True):
     """The parallel layout one vLLM process was started with."""
 
     pid: int

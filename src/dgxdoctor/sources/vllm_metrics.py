@@ -19,7 +19,7 @@ histogram ``vllm:time_per_output_token_seconds``; both generations are read, the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 from dgxdoctor.sources.prom_text import (
     Histogram,
@@ -55,8 +55,7 @@ class NotVllmMetrics(ValueError):
     """Valid Prometheus text, but none of vLLM's metrics in it (wrong port, another exporter)."""
 
 
-@dataclass(frozen=True)
-class VllmMetrics:
+class VllmMetrics(Struct, frozen=True):
     """One scrape. A value missing from the page is None (absent, never zero)."""
 
     kv_cache_usage: float | None  # 0..1, the fullest engine's
@@ -124,8 +123,7 @@ def parse_vllm_metrics(text: str) -> VllmMetrics:
     return vllm_metrics_from_snapshot(parse_prom_text(text))
 
 
-@dataclass(frozen=True)
-class WindowStats:
+class WindowStats(Struct, frozen=True):
     """What happened between two scrapes: percentiles from bucket deltas, counter increases."""
 
     span_s: float

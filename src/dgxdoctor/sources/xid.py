@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any, Literal
+
+from msgspec import Struct
 
 from dgxdoctor.lazy_re import lazy_compile
 
@@ -94,8 +95,7 @@ FALLEN_OFF_LOOKAHEAD = 3  # lines from the "The NVIDIA GPU" head to its "fallen 
 UNNAMED_BUS = "unknown (not in the paste)"
 
 
-@dataclass(frozen=True)
-class XidEvent:
+class XidEvent(Struct, frozen=True):
     pci_bus_id: str
     xid: int
     line: str
@@ -112,8 +112,7 @@ class XidEvent:
     synthesized: bool = False
 
 
-@dataclass(frozen=True)
-class SxidEvent:
+class SxidEvent(Struct, frozen=True):
     pci_bus_id: str
     sxid: int
     line: str
@@ -355,8 +354,7 @@ def scan_text(text: str) -> list[XidEvent | SxidEvent]:
 UNKNOWN_XID_RESOLUTION = "CONTACT_SUPPORT"
 
 
-@dataclass(frozen=True)
-class CatalogEntry:
+class CatalogEntry(Struct, frozen=True):
     code: int
     mnemonic: str
     name: str
@@ -365,8 +363,7 @@ class CatalogEntry:
     unused: bool = False
 
 
-@dataclass(frozen=True)
-class XidCatalog:
+class XidCatalog(Struct, frozen=True):
     xids: dict[int, CatalogEntry]
     sxids: dict[int, CatalogEntry]
     source: dict[str, str]
