@@ -89,6 +89,7 @@ def adversarial(draw: st.DrawFn) -> tuple[str, str, str]:
 @example(("SymbolErrorCounter:", ".", " b c"))  # perfquery's dot padding
 @example(("\t\tState: x", " ", "!"))  # ibstat, a run of spaces in a value
 @example(("1: a", " ", "\x01"))  # sysfs state
+@example(("", " ", ""))  # nvidia-smi -q, a line of spaces
 def test_every_parser_regex_costs_linear_time_per_kib(case: tuple[str, str, str]) -> None:
     prefix, unit, tail = case
     short, long = line_of(prefix, unit, tail, SHORT), line_of(prefix, unit, tail, LONG)

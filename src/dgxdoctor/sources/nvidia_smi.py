@@ -31,7 +31,9 @@ from dgxdoctor.sources.nvml import (
 # "GPU 00000000:00:06.0" at the start of a line: one GPU's block of `nvidia-smi -q`.
 Q_GPU_RE = lazy_compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$", re.M)
 # "    Product Name                                       : NVIDIA H200"
-Q_LINE_RE = lazy_compile(r"^( *)([^:]*?[^\s:])\s*(?::\s?(.*))?$")
+# The key starts at its first non-space and ends at its last before the colon: one way to split the line (a lazy key
+# after the indent took 1.9 s on 8 KiB of spaces).
+Q_LINE_RE = lazy_compile(r"^( *)([^ :](?:[^:]*[^\s:])?)\s*(?::\s?(.*))?$")
 # "|   0  NVIDIA H200                    On  |   00000000:00:06.0 Off |                    0 |"
 TABLE_GPU_RE = lazy_compile(
     r"^\s*\|\s+(\d+)\s+(.+?)\s+(On|Off)\s+\|\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s+\S+\s+\|"
