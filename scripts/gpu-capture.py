@@ -19,13 +19,14 @@ Needs only the standard library, ``pynvml`` (package nvidia-ml-py) and this repo
 from __future__ import annotations
 
 import argparse
-from dgxdoctor.records import asdict
 import json
 import platform
 import sys
 import time
 import traceback
 from typing import Any
+
+from dgxdoctor.records import asdict
 
 
 def _module_version(module: Any) -> str | None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 import base64
-from dgxdoctor.records import asdict
 import json
 import sys
 import time
 
+from dgxdoctor.records import asdict
 from dgxdoctor.sources.ras_client import RasError, query
 from dgxdoctor.sources.ras_report import RasReportError, parse_report
 

@@ -7,12 +7,13 @@ Usage: ``python agent.py CONFIG`` with ``tests`` and this checkout's ``src`` on 
 from __future__ import annotations
 
 import asyncio
-from msgspec.structs import replace
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from msgspec.structs import replace
 
 from dgxdoctor.config import load_config
 from dgxdoctor.daemon import logconfig

@@ -4,13 +4,13 @@ cannot read) instead of failing every run from then on."""
 from __future__ import annotations
 
 import json
-from msgspec.structs import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from msgspec.structs import replace
 from test_infiniband import Clock, check, make_env
 
 from dgxdoctor.checks.logs import LogsCheck, LogsSettings

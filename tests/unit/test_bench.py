@@ -13,11 +13,11 @@ import socket
 import sys
 import threading
 from collections.abc import Sequence
-from msgspec.structs import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from conftest import FIXTURES, run_cli
 from dgxdoctor.checks.bench import BenchCheck, BenchCheckSettings, vllm_launcher

@@ -9,11 +9,11 @@ import tarfile
 import threading
 import time
 from collections.abc import Sequence
-from msgspec.structs import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from msgspec.structs import replace
 
 from dgxdoctor.bundle.archive import BadPart, part_bytes, read_part
 from dgxdoctor.bundle.build import build_bundle

@@ -10,9 +10,9 @@ times are pinned. Rewrite it after an intended change:
 from __future__ import annotations
 
 import os
-from msgspec.structs import replace
 from pathlib import Path
 
+from msgspec.structs import replace
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import FIXTURES

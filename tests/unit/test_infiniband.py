@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Sequence
-from msgspec.structs import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from msgspec.structs import replace
 
 from dgxdoctor.checks.infiniband import InfinibandCheck, InfinibandSettings
 from dgxdoctor.config import parse_config

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import shutil
-from msgspec.structs import replace
 from pathlib import Path
 
 import httpx
 import pytest
+from msgspec.structs import replace
 
 from dgxdoctor.checks.vllm import VllmCheck, VllmSettings
 from dgxdoctor.checks.vllm_progress import EngineWatch, ProgressClock, ProgressFollower
