@@ -9,9 +9,10 @@ on PYTHONPATH instead (the test venv, or a machine's own ``python3``).
 Per command (``--help``, ``check``, ``diagnose`` of a small paste), the median and max wall time of ``--runs`` runs,
 the ``python -X importtime`` cumulative total and the ten heaviest top-level imports, and whether the heavy modules
 a command does not need were imported (the HTTP server, the scheduler, dashboards, plan and bench code). The peer is
-a bare ``python -I -c pass`` (the interpreter's own start), the library floor (the same interpreter importing only
-the libraries of ``LIBRARY_FLOOR`` that a real ``check`` imported: what any ``check`` built on them would pay; runs
-interleaved with check's, check's ratio to it printed) and, with ``--peer``, any command (``nvidia-smi -L`` on a
+a bare ``python -I -c pass`` (the interpreter's own start), the library floor (the same interpreter using only the
+libraries of ``LIBRARY_FLOOR`` that a real ``check`` loaded, as little as a command can: a pydantic model class,
+validated if check validated one, an httpx client if check made one; what any ``check`` built on them would pay;
+runs interleaved with check's, check's ratio to it printed) and, with ``--peer``, any command (``nvidia-smi -L`` on a
 GPU machine). Targets (issue: fast and small): ``--help`` <= 0.12 s and ``check`` <= 0.45 s here; ``--check-target``
 sets the check target (0.6 s on the H200 with real NVML). Exit 1 on a miss.
 """
@@ -36,9 +37,19 @@ from installed import Product, add_argument, resolve
 NOT_FOR_CHECK = ("aiohttp", "apscheduler", "dgxdoctor.daemon.app", "dgxdoctor.dashboards", "dgxdoctor.judge.plan",
                  "dgxdoctor.commands.bench", "matplotlib")  # fmt: skip
 NOT_FOR_HELP = (*NOT_FOR_CHECK, "httpx", "pydantic", "dgxdoctor.checks.registry", "asyncio")
-# The libraries `check` cannot do without: its command line, config models, HTTP client and event loop (the floor
-# imports those of them that the real check run imported, as -X importtime shows).
-LIBRARY_FLOOR = ("click", "pydantic", "httpx", "asyncio")
+# The libraries `check` cannot do without (its command line, config models, HTTP client and event loop), used as
+# little as a command built on them can: each step runs when the real command loaded the module beside it, as
+# -X importtime shows. Importing is not enough: `import pydantic` and `import httpx` defer their machinery to the
+# first model class (a validated one builds its schema) and the first client (httpcore and h11 come with it).
+LIBRARY_FLOOR = (
+    ("click", "import click"),
+    ("pydantic", "import pydantic"),
+    ("pydantic._internal._model_construction", "class M(pydantic.BaseModel, defer_build=True):\n    x: int = 0"),
+    ("pydantic._internal._generate_schema", "M.model_validate({'x': 1})"),
+    ("httpx", "import httpx"),
+    ("httpcore", "httpx.Client().close()"),
+    ("asyncio", "import asyncio"),
+)
 # "import time:       565 |      97687 |     pydantic"
 IMPORTTIME_RE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)$")
 
@@ -108,9 +119,9 @@ class Measured:
 
 
 def _floor(product: Product, modules: set[str]) -> Measured | None:
-    """The library floor: this interpreter importing the LIBRARY_FLOOR libraries the real command imported."""
-    libs = [lib for lib in LIBRARY_FLOOR if lib in modules]
-    return Measured([str(product.python), "-c", f"import {', '.join(libs)}"]) if libs else None
+    """The library floor: this interpreter taking the LIBRARY_FLOOR steps whose module the real command loaded."""
+    steps = [step for module, step in LIBRARY_FLOOR if module in modules]
+    return Measured([str(product.python), "-c", "\n".join(steps)]) if steps else None
 
 
 def _report(product: Product, name: str, argv: list[str], runs: int, target: float | None,
@@ -129,7 +140,8 @@ def _report(product: Product, name: str, argv: list[str], runs: int, target: flo
     print(f"\n{name}: {command.line()} over {runs} runs{verdict}")
     if floor is not None:
         own = median - statistics.median(floor.walls)
-        print(f"  library floor `{' '.join(floor.argv[1:])}`: {floor.line()}")
+        code = floor.argv[2].replace("\n    ", " ").replace("\n", "; ")
+        print(f"  library floor `{code}`: {floor.line()}")
         print(
             f"  ratio {name} / library floor: {median / statistics.median(floor.walls):.2f} wall, "
             f"{statistics.median(command.cpus) / statistics.median(floor.cpus):.2f} CPU; "
