@@ -11,10 +11,10 @@ the ``python -X importtime`` cumulative total and the ten heaviest top-level imp
 a command does not need were imported (the HTTP server, the scheduler, dashboards, plan and bench code). The peer is
 a bare ``python -I -c pass`` (the interpreter's own start), the library floor (the same interpreter using only the
 libraries of ``LIBRARY_FLOOR`` that a real ``check`` loaded, as little as a command can: a pydantic model class,
-validated if check validated one, an httpx client if check made one; what any ``check`` built on them would pay;
-runs interleaved with check's, check's ratio to it printed) and, with ``--peer``, any command (``nvidia-smi -L`` on a
-GPU machine). Targets (issue: fast and small): ``--help`` <= 0.12 s and ``check`` <= 0.45 s here; ``--check-target``
-sets the check target (0.6 s on the H200 with real NVML). Exit 1 on a miss.
+validated if check validated one, an httpx client for an http:// URL if check made one; what any ``check`` built on
+them would pay; runs interleaved with check's, check's ratio to it printed) and, with ``--peer``, any command
+(``nvidia-smi -L`` on a GPU machine). Targets (issue: fast and small): ``--help`` <= 0.12 s and ``check`` <= 0.45 s
+here; ``--check-target`` sets the check target (0.6 s on the H200 with real NVML). Exit 1 on a miss.
 """
 
 from __future__ import annotations
@@ -47,7 +47,12 @@ LIBRARY_FLOOR = (
     ("pydantic._internal._model_construction", "class M(pydantic.BaseModel, defer_build=True):\n    x: int = 0"),
     ("pydantic._internal._generate_schema", "M.model_validate({'x': 1})"),
     ("httpx", "import httpx"),
-    ("httpcore", "httpx.Client().close()"),
+    # a client for an http:// URL: no CA bundle (dgxdoctor loads one for an https:// URL only)
+    (
+        "httpcore",
+        "import ssl\nplain = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)\n"
+        "httpx.Client(transport=httpx.HTTPTransport(verify=plain)).close()",
+    ),
     ("asyncio", "import asyncio"),
 )
 # "import time:       565 |      97687 |     pydantic"
