@@ -154,40 +154,27 @@ def check(
     deadline_s: float | None,
 ) -> None:
     """Run every enabled check once, in parallel. Exit 0 ok, 1 warning, 2 critical, 3 unknown."""
-    # A one-shot run: the collections that importing every check triggers free nothing (6% of its start-up).
-    gc.disable()
-    try:
-        _check(config_path, as_json, only, skip, verbose, cluster, cached, deadline_s)
-    finally:
-        gc.enable()
-
-
-def _check(
-    config_path: Path | None,
-    as_json: bool,
-    only: str | None,
-    skip: str | None,
-    verbose: bool,
-    cluster: bool,
-    cached: bool,
-    deadline_s: float | None,
-) -> None:
     from dgxdoctor.checks.base import CheckRunner
     from dgxdoctor.commands.report import report_dict, report_table
     from dgxdoctor.result import exit_code, overall_status
 
-    config = _load(config_path)
-    env = config.environment()
-    checks = build_checks(config, env, _names(only, "--only"), _names(skip, "--skip"))
-    if cluster:
-        sys.exit(_check_cluster(config, checks, as_json, verbose, cached, deadline_s))
-    if cached or deadline_s is not None:
-        raise click.UsageError("--cached and --deadline go with --cluster")
-    results = CheckRunner(env).run_once_blocking(checks)
-    if as_json:
-        click.echo(json.dumps(report_dict(env.node, results, env.role), indent=2))
-    else:
-        click.echo(report_table(env.node, results, verbose, env.role))
+    # A one-shot run: the collections that importing every check triggers free nothing (6% of its start-up).
+    gc.disable()
+    try:
+        config = _load(config_path)
+        env = config.environment()
+        checks = build_checks(config, env, _names(only, "--only"), _names(skip, "--skip"))
+        if cluster:
+            sys.exit(_check_cluster(config, checks, as_json, verbose, cached, deadline_s))
+        if cached or deadline_s is not None:
+            raise click.UsageError("--cached and --deadline go with --cluster")
+        results = CheckRunner(env).run_once_blocking(checks)
+        if as_json:
+            click.echo(json.dumps(report_dict(env.node, results, env.role), indent=2))
+        else:
+            click.echo(report_table(env.node, results, verbose, env.role))
+    finally:
+        gc.enable()
     sys.exit(exit_code(overall_status(results)))
 
 
