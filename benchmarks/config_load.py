@@ -4,13 +4,9 @@
 
 Per step, the median over ``--runs`` fresh interpreters: ``import dgxdoctor.config`` (and whether it loaded any
 check: it must not, since the registry is imported when a config is parsed), importing every check, building the
-root model, validating the defaults and ``docs/config.example.toml``. The peer is ``import pydantic`` and a
-one-field model (pydantic loads its schema machinery at the first), the floor of any pydantic config. The settings
-models are deferred as shipped (``defer_build=True`` on settings.base.Frozen and CheckSettings) and
-``parse_config`` validates each table a config names by its own model, the others being constructed defaults: a
-config builds the schemas of the tables it names only, so ``defaults`` builds none and ``example`` (which names
-nearly every table) carries the schema work that ``checks`` had while each model built its schema with its class.
-``--defer-build`` repeats the run with ``defer_build=True`` on every pydantic model.
+root model, validating the defaults and ``docs/config.example.toml``. The peer is ``import msgspec`` and a
+one-field Struct validated once, the floor of any msgspec config. ``parse_config`` validates each table a config
+names by its own model (``dgxdoctor.validation``); the others are their defaults, constructed.
 """
 
 from __future__ import annotations
@@ -24,20 +20,18 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = ("pydantic", "config", "checks", "root", "defaults", "example")
+STEPS = ("msgspec", "config", "checks", "root", "defaults", "example")
 
 PROBE = """
 import json, sys, time, tomllib
 clock = time.process_time
 out = {}
 t = clock()
-import pydantic, dgxdoctor.environment
-class Peer(pydantic.BaseModel):  # pydantic loads its schema machinery at the first model
+import msgspec, dgxdoctor.environment
+class Peer(msgspec.Struct):
     x: int = 0
-out["pydantic"] = clock() - t
-if DEFER:
-    from pydantic import BaseModel
-    BaseModel.model_config["defer_build"] = True  # the subclasses' configs merge this default
+msgspec.convert({"x": 1}, Peer)
+out["msgspec"] = clock() - t
 t = clock(); import dgxdoctor.config as c; out["config"] = clock() - t
 out["checks_at_import"] = sorted(m for m in sys.modules if m.startswith("dgxdoctor.checks."))
 t = clock(); import dgxdoctor.checks.registry; out["checks"] = clock() - t
@@ -49,8 +43,8 @@ print(json.dumps(out))
 """
 
 
-def _one(defer: bool) -> dict[str, object]:
-    code = PROBE.replace("DEFER", repr(defer)).replace("EXAMPLE", repr(str(REPO / "docs" / "config.example.toml")))
+def _one() -> dict[str, object]:
+    code = PROBE.replace("EXAMPLE", repr(str(REPO / "docs" / "config.example.toml")))
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: bytecode cached
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
@@ -58,27 +52,23 @@ def _one(defer: bool) -> dict[str, object]:
     return result
 
 
-def report(runs: int, defer: bool) -> None:
-    _one(defer)  # writes the bytecode caches
-    samples = [_one(defer) for _ in range(runs)]
-    label = "defer_build=True" if defer else "as shipped"
-    print(f"\n{label}: CPU ms, median of {runs}")
+def report(runs: int) -> None:
+    _one()  # writes the bytecode caches
+    samples = [_one() for _ in range(runs)]
+    print(f"\nCPU ms, median of {runs}")
     medians = {step: statistics.median(float(str(s[step])) for s in samples) * 1000 for step in STEPS}
     for step in STEPS:
         print(f"  {step:<9} {medians[step]:7.1f}")
-    total = sum(v for k, v in medians.items() if k != "pydantic")
-    print(f"  total     {total:7.1f} (beyond the peer, pydantic and one model: {medians['pydantic']:.1f})")
+    total = sum(v for k, v in medians.items() if k != "msgspec")
+    print(f"  total     {total:7.1f} (beyond the peer, msgspec and one Struct: {medians['msgspec']:.1f})")
     print(f"  checks loaded by `import dgxdoctor.config`: {samples[0]['checks_at_import'] or 'none'}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7)
-    parser.add_argument("--defer-build", action="store_true", help="also measure pydantic's defer_build=True")
     args = parser.parse_args()
-    report(args.runs, defer=False)
-    if args.defer_build:
-        report(args.runs, defer=True)
+    report(args.runs)
     return 0
 
 

@@ -10,9 +10,9 @@ Per command (``--help``, ``check``, ``diagnose`` of a small paste), the median a
 the ``python -X importtime`` cumulative total and the ten heaviest top-level imports, and whether the heavy modules
 a command does not need were imported (the HTTP server, the scheduler, dashboards, plan and bench code). The peer is
 a bare ``python -I -c pass`` (the interpreter's own start), the library floor (the same interpreter using only the
-libraries of ``LIBRARY_FLOOR`` that a real ``check`` loaded, as little as a command can: a pydantic model class,
-validated if check validated one, an httpx client for an http:// URL if check made one; what any ``check`` built on
-them would pay; runs interleaved with check's, check's ratio to it printed) and, with ``--peer``, any command
+libraries of ``LIBRARY_FLOOR`` that a real ``check`` loaded, as little as a command can: a msgspec Struct validated
+once, an httpx client for an http:// URL if check made one; what any ``check`` built on them would pay; runs
+interleaved with check's, check's ratio to it printed) and, with ``--peer``, any command
 (``nvidia-smi -L`` on a GPU machine). Targets (issue: fast and small): ``--help`` <= 0.12 s and ``check`` <= 0.45 s
 here; ``--check-target`` sets the check target (0.6 s on the H200 with real NVML). Exit 1 on a miss.
 """
@@ -36,16 +36,14 @@ from installed import Product, add_argument, resolve
 # Modules a command must not import unless it serves, schedules, draws, plans or benchmarks.
 NOT_FOR_CHECK = ("aiohttp", "apscheduler", "dgxdoctor.daemon.app", "dgxdoctor.dashboards", "dgxdoctor.judge.plan",
                  "dgxdoctor.commands.bench", "matplotlib")  # fmt: skip
-NOT_FOR_HELP = (*NOT_FOR_CHECK, "httpx", "pydantic", "dgxdoctor.checks.registry", "asyncio")
-# The libraries `check` cannot do without (its command line, config models, HTTP client and event loop), used as
-# little as a command built on them can: each step runs when the real command loaded the module beside it, as
-# -X importtime shows. Importing is not enough: `import pydantic` and `import httpx` defer their machinery to the
-# first model class (a validated one builds its schema) and the first client (httpcore and h11 come with it).
+NOT_FOR_HELP = (*NOT_FOR_CHECK, "httpx", "dgxdoctor.checks.registry", "asyncio")
+# The libraries `check` cannot do without (its command line, records and config validation, HTTP client and event
+# loop), used as little as a command built on them can: each step runs when the real command loaded the module
+# beside it, as -X importtime shows. Importing is not enough: `import httpx` defers its machinery to the first
+# client (httpcore and h11 come with it).
 LIBRARY_FLOOR = (
     ("click", "import click"),
-    ("pydantic", "import pydantic"),
-    ("pydantic._internal._model_construction", "class M(pydantic.BaseModel, defer_build=True):\n    x: int = 0"),
-    ("pydantic._internal._generate_schema", "M.model_validate({'x': 1})"),
+    ("msgspec", "import msgspec\nclass M(msgspec.Struct):\n    x: int = 0\nmsgspec.convert({'x': 1}, M)"),
     ("httpx", "import httpx"),
     # a client for an http:// URL: no CA bundle (dgxdoctor loads one for an https:// URL only)
     (
@@ -55,7 +53,7 @@ LIBRARY_FLOOR = (
     ),
     ("asyncio", "import asyncio"),
 )
-# "import time:       565 |      97687 |     pydantic"
+# "import time:       565 |      97687 |     httpx"
 IMPORTTIME_RE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)$")
 
 

@@ -6,8 +6,6 @@ import asyncio
 import threading
 from typing import Any, ClassVar
 
-from pydantic import Field
-
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Status
@@ -23,8 +21,8 @@ FAKE_INFO = MetricSpec("dgxdoctor_fake_build_info", "a fake info family", "info"
 
 
 class FakeSettings(CheckSettings):
-    interval_s: float = Field(0.05, gt=0, description="daemon: seconds between runs")
-    timeout_s: float = Field(5.0, gt=0, description="a run that takes longer is UNKNOWN")
+    interval_s: float = 0.05
+    timeout_s: float = 5.0
 
 
 class StaticCheck(Check):

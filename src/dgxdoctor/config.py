@@ -2,8 +2,8 @@
 
 The ``[checks.<name>]`` tables are validated by each check's own ``settings_model``; the root model is
 assembled from the explicit registry, so a check's keys live beside its code. Each table a config names is validated
-by its own model and the root built from the parts; a table it does not name is its model's constructed default,
-so a start builds the schemas (pydantic-core's validators and serializers) of those tables only.
+by its own model (``dgxdoctor.validation``) and the root built from the parts; a table it does not name is its
+model's default.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import json
 import socket
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast, get_args, get_origin, get_type_hints
 
-from pydantic import BaseModel, Field, ValidationError, create_model
+from msgspec import UNSET, Meta, Struct, defstruct
 
 from dgxdoctor.environment import Environment, ExecutorKind, Role
 from dgxdoctor.lazy_re import lazy_compile
@@ -26,6 +26,7 @@ from dgxdoctor.settings.daemon import DaemonSettings as DaemonSettings
 from dgxdoctor.settings.daemon import parse_listen as parse_listen
 from dgxdoctor.settings.remediation import RemediationSettings as RemediationSettings
 from dgxdoctor.sources.statefile import state_dir_problem
+from dgxdoctor.validation import Invalid, Problem, bare_type, validate
 
 if TYPE_CHECKING:
     from dgxdoctor.checks.base import CheckSettings
@@ -36,7 +37,7 @@ DEFAULT_CONFIG_PATH = Path("/etc/dgxdoctor/config.toml")
 EX_CONFIG = 78  # sysexits.h EX_CONFIG
 
 
-class NodeSettings(Frozen):
+class NodeSettings(Frozen, frozen=True):
     """What this node is. A declared role states what must be there, and its absence is CRITICAL:
     both roles need the GPUs ([checks.gpu] expected_count, expected_model), the NCCL environment file
     ([checks.nccl_env] env_file) and the RDMA ports ([checks.infiniband] expected_ports, else at least one);
@@ -46,56 +47,59 @@ class NodeSettings(Frozen):
     `dgxdoctor check` says that nothing was required.
     """
 
-    name: str | None = Field(None, description="node name in labels and peer reports; default hostname")
-    role: Role | None = Field(
-        None,
-        description='"head" (Ray head and vLLM API server) or "worker" (a raylet); unset: nothing required',
-        examples=["head"],
-    )
-    executor: ExecutorKind | None = Field(
-        None,
-        description='"ray" (vLLM\'s Ray executor) or "mp" (its multiprocessing executor across nodes: --nnodes, '
-        "--headless on the workers; no Ray); unset: read from the running vLLM's command line",
-    )
+    name: Annotated[str | None, Meta(description="node name in labels and peer reports; default hostname")] = None
+    role: Annotated[
+        Role | None,
+        Meta(
+            description='"head" (Ray head and vLLM API server) or "worker" (a raylet); unset: nothing required',
+            examples=["head"],
+        ),
+    ] = None
+    executor: Annotated[
+        ExecutorKind | None,
+        Meta(
+            description='"ray" (vLLM\'s Ray executor) or "mp" (its multiprocessing executor across nodes: --nnodes, '
+            "--headless on the workers; no Ray); unset: read from the running vLLM's command line"
+        ),
+    ] = None
 
 
-class PathsSettings(Frozen):
+class PathsSettings(Frozen, frozen=True):
     """Roots of the outside world; tests and containers point these at copies."""
 
-    sysfs_root: Path = Field(Path("/sys"), description="where sysfs is mounted")
-    proc_root: Path = Field(Path("/proc"), description="where procfs is mounted")
-    kmsg_path: Path = Field(Path("/dev/kmsg"), description="kernel log device")
-    host_root: Path = Field(
-        Path("/"), description="the host's /: absolute paths named inside files (nccl.sh's `. /etc/nccl.env`)"
-    )
-    state_dir: Path = Field(
-        Path("/var/lib/dgxdoctor"),
-        description="small state files (counter baselines, log offsets); must be root's (or dgxdoctor's user's) and "
-        "not writable by its group or others",
-    )
+    sysfs_root: Annotated[Path, Meta(description="where sysfs is mounted")] = Path("/sys")
+    proc_root: Annotated[Path, Meta(description="where procfs is mounted")] = Path("/proc")
+    kmsg_path: Annotated[Path, Meta(description="kernel log device")] = Path("/dev/kmsg")
+    host_root: Annotated[
+        Path, Meta(description="the host's /: absolute paths named inside files (nccl.sh's `. /etc/nccl.env`)")
+    ] = Path("/")
+    state_dir: Annotated[
+        Path,
+        Meta(
+            description="small state files (counter baselines, log offsets); must be root's "
+            "(or dgxdoctor's user's) and not writable by its group or others"
+        ),
+    ] = Path("/var/lib/dgxdoctor")
 
 
-class Sections(Frozen):
+class Sections(Frozen, frozen=True):
     """The tables every config has. ``checks`` is the registry's: ``config_model`` narrows it to one field per
     check, each that check's own ``settings_model``."""
 
-    # Defaults are instances, not factories: pydantic inspects a factory's signature (for a model class, its whole
-    # __signature__), a cost paid at every start; a frozen table is never changed through a default anyway. They
-    # are constructed, not validated: validating builds a model's schema, and a table a config does not name never
-    # needs one (tests/unit/test_config_sections.py holds every constructed default equal to the validated one).
-    node: NodeSettings = NodeSettings.model_construct()
-    paths: PathsSettings = PathsSettings.model_construct()
-    daemon: DaemonSettings = DaemonSettings.model_construct()
-    remediation: RemediationSettings = RemediationSettings.model_construct()
-    alerts: AlertsSettings = AlertsSettings.model_construct()
-    bundle: BundleSettings = BundleSettings.model_construct()
-    checks: BaseModel = Frozen.model_construct()
+    node: NodeSettings = NodeSettings()
+    paths: PathsSettings = PathsSettings()
+    daemon: DaemonSettings = DaemonSettings()
+    remediation: RemediationSettings = RemediationSettings()
+    alerts: AlertsSettings = AlertsSettings()
+    bundle: BundleSettings = BundleSettings()
+    checks: Frozen = Frozen()
 
 
 @cache
-def section_models() -> dict[str, type[BaseModel]]:
+def section_models() -> dict[str, type[Frozen]]:
     """The top-level tables but ``checks``, in the order a config's problems are reported."""
-    return {name: cast(type[BaseModel], f.annotation) for name, f in Sections.model_fields.items() if name != "checks"}
+    defaults = dict(zip(Sections.__struct_fields__, Sections.__struct_defaults__, strict=True))
+    return {name: type(default) for name, default in defaults.items() if name != "checks"}
 
 
 @cache
@@ -109,20 +113,23 @@ def check_models() -> dict[str, type[CheckSettings]]:
 
 
 @cache
-def checks_model() -> type[BaseModel]:
-    """One field per registered check (the shape of ``config.model.checks``; no schema is built for it)."""
-    fields: dict[str, Any] = {name: (model, model.model_construct()) for name, model in check_models().items()}
-    return create_model("ChecksSettings", __base__=Frozen, **fields)
+def checks_model() -> type[Frozen]:
+    """One field per registered check (the shape of ``config.model.checks``)."""
+    fields = [(name, model, model()) for name, model in check_models().items()]
+    return cast(type[Frozen], defstruct("ChecksSettings", fields, bases=(Frozen,), module=__name__, frozen=True))
 
 
 @cache
 def config_model() -> type[Sections]:
     checks = checks_model()
-    return create_model("Config", __base__=Sections, checks=(checks, checks.model_construct()))
+    root = defstruct("Config", [("checks", checks, checks())], bases=(Sections,), module=__name__, frozen=True)
+    return cast(type[Sections], root)
 
 
 # user:password@ in a URL (http://admin:pw@dgx-b:9835): a password in a URL is not repeated in an error.
 _USERINFO = lazy_compile(r"://[^/@\s'\"]*@")
+# validation's "expected float, got str": the value follows the type's name.
+_GOT_TYPE = lazy_compile(r"^expected .*, got \w+$")
 
 
 class ConfigError(Exception):
@@ -137,7 +144,7 @@ class ConfigError(Exception):
 
 
 class Config:
-    """The validated configuration: a thin, typed face over the frozen pydantic model."""
+    """The validated configuration: a thin, typed face over the frozen, validated tables."""
 
     def __init__(self, model: Sections, source: str) -> None:
         self.model = model
@@ -236,29 +243,26 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
 
 
 def _validated_config(data: dict[str, Any], problems: Problems) -> Sections | None:
-    """Each table ``data`` names validated by its own model, every other one its constructed default: a config
-    builds the schemas of the tables it names, not of all of them. Problems in the order one root model reported
-    them: the tables in order, then unknown keys."""
+    """Each table ``data`` names validated by its own model, every other one its default. Problems in the order
+    of the tables, then unknown keys."""
     tables = {name: _validated(model, data[name], (name,), problems) for name, model in _present(data)}
     checks = _validated_checks(data["checks"], problems) if "checks" in data else None
-    problems += [_unknown((key,), data[key]) for key in data if key not in Sections.model_fields]
+    problems += [_unknown((key,), data[key]) for key in data if key not in Sections.__struct_fields__]
     if problems:
         return None
-    root = config_model()
-    values: dict[str, Any] = {name: _or_default(tables.get(name), model) for name, model in section_models().items()}
-    values["checks"] = _or_default(checks, checks_model())
-    return root.model_construct(_fields_set=set(data) & set(root.model_fields), **values)
+    values: dict[str, Any] = {name: tables.get(name) or model() for name, model in section_models().items()}
+    values["checks"] = checks or checks_model()()
+    return config_model()(**values)
 
 
-def _present(data: dict[str, Any]) -> list[tuple[str, type[BaseModel]]]:
+def _present(data: dict[str, Any]) -> list[tuple[str, type[Frozen]]]:
     return [(name, model) for name, model in section_models().items() if name in data]
 
 
-def _validated_checks(value: object, problems: Problems) -> BaseModel | None:
+def _validated_checks(value: object, problems: Problems) -> Frozen | None:
     """``[checks]``: each named check's table by its own ``settings_model``; an unknown name is an unknown key."""
     if not isinstance(value, dict):
-        msg = "Input should be a valid dictionary or instance of ChecksSettings"
-        problems.append(("checks", _reason({"type": "model_type", "loc": ("checks",), "msg": msg, "input": value})))
+        problems.append(("checks", _reason(Problem(("checks",), "expected a table", value), ("checks",))))
         return None
     models = check_models()
     present = [(name, model) for name, model in models.items() if name in value]
@@ -266,27 +270,21 @@ def _validated_checks(value: object, problems: Problems) -> BaseModel | None:
     problems += [_unknown(("checks", name), value[name]) for name in value if name not in models]
     if problems:
         return None
-    values = {name: _or_default(tables.get(name), model) for name, model in models.items()}
-    return checks_model().model_construct(_fields_set=set(tables), **values)
+    return checks_model()(**{name: tables.get(name) or model() for name, model in models.items()})
 
 
-def _validated(model: type[BaseModel], value: object, loc: tuple[str, ...], problems: Problems) -> BaseModel | None:
+def _validated(model: type[Frozen], value: object, loc: tuple[str, ...], problems: Problems) -> Frozen | None:
     try:
-        return model.model_validate(value)
-    except ValidationError as exc:
-        for err in exc.errors(include_url=False):
-            full_loc = (*loc, *err["loc"])
-            problems.append((_key_path(full_loc), _reason({**err, "loc": full_loc})))
+        return validate(model, value)
+    except Invalid as exc:
+        for problem in exc.problems:
+            full_loc = (*loc, *problem.path)
+            problems.append((_key_path(full_loc), _reason(problem, full_loc)))
         return None
 
 
-def _or_default(table: BaseModel | None, model: type[BaseModel]) -> BaseModel:
-    return model.model_construct() if table is None else table
-
-
 def _unknown(loc: tuple[str, ...], value: object) -> tuple[str, str]:
-    err = {"type": "extra_forbidden", "loc": loc, "msg": "Extra inputs are not permitted", "input": value}
-    return (_key_path(loc), _reason(err))
+    return (_key_path(loc), _reason(Problem(loc, "unknown key", value, unknown_key=True), loc))
 
 
 def _acting_problem(config: Config) -> tuple[str, str] | None:
@@ -321,16 +319,12 @@ def _keys_at(loc: tuple[int | str, ...]) -> list[str]:
         if get_origin(model) is dict:  # a table of tables, e.g. [checks.infiniband.thresholds.<rule>]
             model = get_args(model)[1]
             continue
-        field = model.model_fields.get(str(part)) if isinstance(model, type) and issubclass(model, BaseModel) else None
-        if field is None:
+        if not (isinstance(model, type) and issubclass(model, Struct)) or part not in model.__struct_fields__:
             return []
-        model = field.annotation
-    if isinstance(model, type) and issubclass(model, BaseModel):
-        return list(model.model_fields)
+        model = bare_type(get_type_hints(model)[str(part)])
+    if isinstance(model, type) and issubclass(model, Struct):
+        return list(model.__struct_fields__)
     return []
-
-
-_ARRAY_ERRORS = frozenset({"tuple_type", "list_type", "set_type", "frozen_set_type"})
 
 
 # Keys whose value is a secret: an error names the key and what is wrong, never the value (logs, /reload answers
@@ -342,21 +336,23 @@ def _is_secret(loc: tuple[int | str, ...]) -> bool:
     return any(isinstance(part, str) and part in SECRET_KEYS for part in loc)
 
 
-def _reason(err: Any) -> str:
-    loc = tuple(err["loc"])
-    if err["type"] == "extra_forbidden":
+def _reason(problem: Problem, loc: tuple[int | str, ...]) -> str:
+    if problem.unknown_key:
         import difflib  # only for a config with a typo: the daemon does not keep it loaded
 
         close = difflib.get_close_matches(str(loc[-1]), _keys_at(loc[:-1]), n=1, cutoff=0.6)
         return f"unknown key (did you mean {close[0]!r}?)" if close else "unknown key"
-    value = err.get("input")
-    msg = str(err["msg"]).removeprefix("Value error, ")
-    if _is_secret(tuple(err["loc"])):
+    value, msg = problem.value, problem.reason
+    if _is_secret(loc):
         return f"{msg} (value not shown: a secret)"
-    if err["type"] in _ARRAY_ERRORS:
+    if msg.startswith("expected object"):  # JSON's word: a TOML table
+        msg = msg.replace("expected object", "expected a table", 1)
+    if msg.startswith("expected array"):
         hint = f", e.g. [{json.dumps(value)}]" if isinstance(value, str) else ""
         return _USERINFO.sub("://***@", f"expected a TOML array{hint}, got {type(value).__name__} {value!r}")
-    shown = "" if isinstance(value, dict) or repr(value) in msg else f" (got {value!r})"
+    if value is UNSET or isinstance(value, dict) or repr(value) in msg:
+        return _USERINFO.sub("://***@", msg)
+    shown = f" {value!r}" if _GOT_TYPE.match(msg) else f" (got {value!r})"  # "expected float, got str 'a'"
     return _USERINFO.sub("://***@", f"{msg}{shown}")
 
 

@@ -1,7 +1,6 @@
-"""The results document: one pydantic model for every JSON rendering of results. `dgxdoctor check --json` and the
+"""The results document: one set of records for every JSON rendering of results. `dgxdoctor check --json` and the
 daemon's /state write it, and a peer's /state is validated by it (everything a peer sends is untrusted: sizes are
-bounded). Apart from ``result.py`` so the check path (plain dataclasses) builds no model: the models are built when
-a document is first rendered or validated (benchmarks/startup.py)."""
+bounded). Apart from ``result.py``: the check path that prints a table imports none of it."""
 
 from __future__ import annotations
 
@@ -9,28 +8,40 @@ import math
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator, model_validator
+import msgspec
+from msgspec import Meta, Struct, field
 
 from dgxdoctor.result import CheckResult, Finding, merged_facts, overall_status
+from dgxdoctor.validation import record_rule, rule
 
 MAX_CHECKS = 200
 MAX_SAMPLES = 20_000
 MAX_FACTS = 2_000
 MAX_TEXT = 4_096
 
-Text = Annotated[str, StringConstraints(max_length=MAX_TEXT)]
+Text = Annotated[str, Meta(max_length=MAX_TEXT)]
 # A status as another node wrote it: kept as text (at most 32 characters), never trusted to be one of ours.
-LooseStatus = Annotated[str, BeforeValidator(lambda value: str(value)[:32])]
+LooseStatus = Annotated[str, rule(lambda value: value[:32])]
 # The checks' part of the per-check document in `check --json` (the rest is /state's).
-REPORT_CHECK_KEYS = {"name", "status", "summary", "findings", "action", "duration_s", "error"}
-COMPARED_CHECK_KEYS = {"name", "status", "samples"}
+REPORT_CHECK_KEYS = ("name", "status", "summary", "findings", "action", "duration_s", "error")
+COMPARED_CHECK_KEYS = ("name", "status", "samples")
 
 
-class _Doc(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+def _finite(value: float) -> float | None:
+    """JSON has no NaN or infinity: a non-finite value travels as null (absent)."""
+    return value if math.isfinite(value) else None
 
 
-class FindingDoc(_Doc):
+class _Doc(Struct, frozen=True, kw_only=True):
+    """Keys a document does not know are ignored: a newer peer may send more."""
+
+    def dumped(self, keys: Sequence[str] | None = None) -> dict[str, Any]:
+        """The document as JSON-ready builtins; only ``keys`` when given."""
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        return out if keys is None else {key: out[key] for key in keys}
+
+
+class FindingDoc(_Doc, frozen=True):
     code: str
     status: LooseStatus
     subject: str | None = None
@@ -41,37 +52,32 @@ class FindingDoc(_Doc):
         return cls(code=finding.code, status=finding.status.value, subject=finding.subject, message=finding.message)
 
 
-class ActionDoc(_Doc):
+class ActionDoc(_Doc, frozen=True):
     kind: str
     remedy: str
 
 
-class SampleDoc(_Doc):
+class SampleDoc(_Doc, frozen=True):
     name: str
-    labels: dict[str, Text] = Field(default_factory=dict)
-    value: float | None = None  # JSON has no NaN or infinity: a non-finite value travels as null (absent)
+    labels: dict[str, Text] = field(default_factory=dict)
+    value: Annotated[float | None, rule(_finite)] = None
 
-    @field_validator("value", mode="before")
     @classmethod
-    def _number(cls, value: Any) -> float | None:
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError("not a number")
-        return float(value) if math.isfinite(value) else None
+    def of_value(cls, name: str, labels: dict[str, str], value: float | None) -> SampleDoc:
+        return cls(name=name, labels=labels, value=None if value is None else _finite(value))
 
 
-class CheckDoc(_Doc):
+class CheckDoc(_Doc, frozen=True):
     name: str
     status: LooseStatus = "unknown"
     summary: str = ""
-    findings: list[FindingDoc] = Field(default_factory=list)
+    findings: list[FindingDoc] = field(default_factory=list)
     action: ActionDoc | None = None
     duration_s: float = 0.0
     error: str | None = None
     started_at: float = 0.0
-    samples: list[SampleDoc] = Field(default_factory=list)
-    facts: dict[str, str] = Field(default_factory=dict)
+    samples: list[SampleDoc] = field(default_factory=list)
+    facts: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, r: CheckResult) -> CheckDoc:
@@ -84,27 +90,26 @@ class CheckDoc(_Doc):
             duration_s=round(r.duration_s, 6),
             error=r.error,
             started_at=round(r.started_at, 3),
-            samples=[SampleDoc(name=s.metric.name, labels=dict(s.labels), value=s.value) for s in r.samples],
+            samples=[SampleDoc.of_value(s.metric.name, dict(s.labels), s.value) for s in r.samples],
             facts=dict(r.facts),
         )
 
 
-class ResultsDocument(_Doc):
+class ResultsDocument(_Doc, kw_only=True, frozen=True):
     """A node's results: ``report()`` is `check --json`, ``state()`` is /state, ``compared()`` what peers compare."""
 
-    node: str = Field(min_length=1, max_length=253)
+    node: Annotated[str, Meta(min_length=1, max_length=253)]
     status: LooseStatus = "unknown"
     generated_at: float | None = None
-    checks: list[CheckDoc] = Field(max_length=MAX_CHECKS)
-    facts: dict[Annotated[str, StringConstraints(max_length=256)], Text] = Field(
-        default_factory=dict, max_length=MAX_FACTS
+    checks: Annotated[list[CheckDoc], Meta(max_length=MAX_CHECKS)]
+    facts: Annotated[dict[Annotated[str, Meta(max_length=256)], Text], Meta(max_length=MAX_FACTS)] = field(
+        default_factory=dict
     )
 
-    @model_validator(mode="after")
-    def _bounded(self) -> ResultsDocument:
+    @record_rule
+    def _bounded(self) -> None:
         if sum(len(c.samples) for c in self.checks) > MAX_SAMPLES:
             raise ValueError(f"more than {MAX_SAMPLES} samples")
-        return self
 
     @classmethod
     def of(cls, node: str, results: Sequence[CheckResult], generated_at: float | None = None) -> ResultsDocument:
@@ -123,19 +128,19 @@ class ResultsDocument(_Doc):
             "role": role,
             "required": role is not None,
             "status": self.status,
-            "checks": [c.model_dump(include=REPORT_CHECK_KEYS) for c in self.checks],
+            "checks": [c.dumped(REPORT_CHECK_KEYS) for c in self.checks],
             "facts": dict(self.facts),
         }
 
     def state(self) -> dict[str, Any]:
         """The shape of the daemon's ``/state``."""
-        return self.model_dump()
+        return self.dumped()
 
     def compared(self) -> dict[str, Any]:
         """What the node comparison reads of a peer's /state (fleet.compare)."""
         return {
             "node": self.node,
             "status": self.status,
-            "checks": [c.model_dump(include=COMPARED_CHECK_KEYS) for c in self.checks],
+            "checks": [c.dumped(COMPARED_CHECK_KEYS) for c in self.checks],
             "facts": dict(self.facts),
         }

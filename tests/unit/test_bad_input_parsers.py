@@ -393,7 +393,7 @@ def _tables() -> st.SearchStrategy[dict[str, Any]]:
     from dgxdoctor.config import DaemonSettings, PathsSettings
 
     def table(model: Any) -> st.SearchStrategy[dict[str, Any]]:
-        names = sorted(model.model_fields)
+        names = sorted(model.__struct_fields__)
         value = st.one_of(json_values, st.lists(st.text(max_size=30), max_size=3))
         return st.dictionaries(st.sampled_from([*names, "no_such_key"]), value, max_size=4)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from msgspec.structs import replace
 from test_remediation_engine import DEAD, events, remediator, settle, vllm_app
 
 from dgxdoctor.config import Config, parse_config
@@ -65,7 +66,7 @@ async def test_the_restart_runs_after_the_capture_and_both_audit_lines_name_it(t
     assert results["checks"][0]["status"] == "critical"  # the daemon's results as they were before the restart
     assert b"fallen off the bus" in kernel
     # `dgxdoctor remediation status` and the status page (which reads the same document) name it too.
-    status = status_document(config.__class__(config.model.model_copy(update={"remediation": r.settings}), "x"))
+    status = status_document(config.__class__(replace(config.model, remediation=r.settings), "x"))
     assert status["last_actions"][-1]["bundle"] == done["bundle"]
     assert f"evidence: {done['bundle']}" in render_status(status)
 

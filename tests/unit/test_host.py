@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
 from dgxdoctor.checks.host import HostCheck, HostSettings, existing_ancestor, weights_size
 from dgxdoctor.environment import Environment
@@ -15,6 +14,7 @@ from dgxdoctor.judge.host import DiskUsage
 from dgxdoctor.judge.host import free_space as evaluate_free_space
 from dgxdoctor.judge.host import weights as evaluate_weights
 from dgxdoctor.result import Status
+from dgxdoctor.validation import Invalid, validate
 from proctree import write_process
 
 GiB = 2**30
@@ -182,10 +182,10 @@ def test_required_processes(tmp_path: Path) -> None:
 
 
 def test_settings_are_validated() -> None:
-    with pytest.raises(ValidationError, match="disk_critical_free_percent must not exceed"):
-        HostSettings(disk_warn_free_percent=5, disk_critical_free_percent=10)
-    with pytest.raises(ValidationError, match="must not be empty"):
-        HostSettings(required_processes=[" "])
+    with pytest.raises(Invalid, match="disk_critical_free_percent must not exceed"):
+        validate(HostSettings, {"disk_warn_free_percent": 5, "disk_critical_free_percent": 10})
+    with pytest.raises(Invalid, match="must not be empty"):
+        validate(HostSettings, {"required_processes": [" "]})
 
 
 def test_real_psutil_probe_runs(tmp_path: Path) -> None:

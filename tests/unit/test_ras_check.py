@@ -156,7 +156,7 @@ def node(name: str, *checks: dict[str, Any]) -> dict[str, Any]:
 
 
 def doc(result: CheckResult) -> dict[str, Any]:
-    return CheckDoc.of(result).model_dump()
+    return CheckDoc.of(result).dumped()
 
 
 def ib_down(device: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from dgxdoctor.judge.ray import cluster_findings
 from dgxdoctor.result import CheckResult, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandResult, CommandRunner
 from dgxdoctor.sources.ray_api import ClusterView, Demand
+from dgxdoctor.validation import validate
 from proctree import stat_line
 
 RAY = Path(__file__).resolve().parents[1] / "fixtures" / "ray"
@@ -111,7 +112,7 @@ def run_check(
         run_command=runner,
     )
     settings.setdefault("dashboard_url", REMOTE)
-    return RayCheck(RaySettings.model_validate(settings), env).run()
+    return RayCheck(validate(RaySettings, settings), env).run()
 
 
 def codes(result: CheckResult) -> dict[str, Status]:

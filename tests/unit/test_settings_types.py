@@ -16,6 +16,7 @@ from dgxdoctor.daemon.nccl_join import JoinRequest
 from dgxdoctor.environment import Environment
 from dgxdoctor.probes import allreduce
 from dgxdoctor.sources.fields import parse_byte_size
+from dgxdoctor.validation import validate
 
 
 def problems(**nccl: object) -> dict[str, str]:
@@ -54,7 +55,7 @@ def test_the_peer_accepts_the_join_request_the_local_check_builds() -> None:
     """A lower-case size the local check accepted was refused by the peer and read as NCCL_PEER_NOT_JOINED."""
     settings = NcclSettings(peer="http://dgx-b:9835", master_addr="dgx-a.lab", min_bytes="512k", max_bytes="8m")
     check = NcclCheck(settings, Environment(node="dgx-a"))
-    request = JoinRequest.model_validate(check.join_request("0" * 32, None))
+    request = validate(JoinRequest, check.join_request("0" * 32, None))
     assert (request.min_bytes, request.max_bytes, request.master_addr) == ("512K", "8M", "dgx-a.lab")
 
 
@@ -75,7 +76,12 @@ def test_the_probe_sizes_are_one_default() -> None:
     args = allreduce._parser().parse_args([])
     assert (args.min_bytes, args.max_bytes) == (parse_byte_size(DEFAULT_MIN_BYTES), parse_byte_size(DEFAULT_MAX_BYTES))
     assert (NcclSettings().min_bytes, NcclSettings().max_bytes) == (DEFAULT_MIN_BYTES, DEFAULT_MAX_BYTES)
-    assert JoinRequest.model_fields["min_bytes"].default == DEFAULT_MIN_BYTES
+    assert (
+        JoinRequest.__struct_defaults__[
+            JoinRequest.__struct_fields__.index("min_bytes") - len(JoinRequest.__struct_fields__)
+        ]
+        == DEFAULT_MIN_BYTES
+    )
 
 
 def test_remediation_targets_are_the_checks_settings() -> None:
@@ -107,12 +113,12 @@ def test_the_peer_and_the_config_accept_the_same_probe_sizes(text: str) -> None:
     def accepted(make: Callable[[], object]) -> str | None:
         try:
             make()
-        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        except ValueError as exc:  # validation's Invalid is a ValueError
             return "refused: outside" if "outside 1 B .. 16G" in str(exc) else "refused"
         return None
 
-    local = accepted(lambda: NcclSettings(min_bytes="1", max_bytes=text))
-    peer = accepted(lambda: JoinRequest.model_validate({**request, "min_bytes": "1", "max_bytes": text}))
+    local = accepted(lambda: validate(NcclSettings, {"min_bytes": "1", "max_bytes": text}))
+    peer = accepted(lambda: validate(JoinRequest, {**request, "min_bytes": "1", "max_bytes": text}))
     assert local == peer
     assert (local is None) == (text.strip().upper() in ("1", "8M", "8MB", "512K", "16G"))
 
@@ -134,17 +140,19 @@ def test_one_size_parser() -> None:
 
 
 def _settings_fields() -> list[tuple[type, str]]:
-    from pydantic import BaseModel
+    from msgspec import Struct
+    from msgspec.structs import fields
 
     from dgxdoctor.config import config_model
+    from dgxdoctor.validation import bare_type
 
     seen: list[tuple[type, str]] = []
-    todo: list[type[BaseModel]] = [config_model()]
+    todo: list[type[Struct]] = [config_model()]
     while todo:
         model = todo.pop()
-        for name, field in model.model_fields.items():
-            inner = field.annotation
-            if isinstance(inner, type) and issubclass(inner, BaseModel):
+        for field in fields(model):
+            name, inner = field.name, bare_type(field.type)
+            if isinstance(inner, type) and issubclass(inner, Struct):
                 todo.append(inner)
             elif name.endswith(("_url", "_addr")) or name in ("peer", "peers"):
                 seen.append((model, name))

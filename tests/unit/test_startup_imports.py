@@ -43,7 +43,8 @@ def loaded(modules: set[str], *names: str) -> list[str]:
 
 
 def test_help_loads_click_alone() -> None:
-    assert loaded(modules_after("--help"), "pydantic", "httpx", "asyncio", "structlog", "dgxdoctor.checks") == []
+    unwanted = ("dgxdoctor.validation", "httpx", "asyncio", "structlog", "dgxdoctor.checks")
+    assert loaded(modules_after("--help"), *unwanted) == []
 
 
 @pytest.mark.parametrize("command", [("check", "--only", "host"), ("diagnose", "-")])
@@ -75,9 +76,10 @@ def test_check_json_builds_the_results_document_and_defaults_read_no_toml() -> N
 
 
 def test_diagnose_of_a_kernel_line_loads_no_settings_models(tmp_path: Path) -> None:
-    """The IB verdicts hold the infiniband check's rule model: pydantic loads once a paste is ibstat or perfquery."""
+    """The IB verdicts hold the infiniband check's rule table: the settings load once a paste is ibstat or
+    perfquery."""
     paste = tmp_path / "paste.txt"
     paste.write_text("NVRM: Xid (PCI:0000:18:00): 79, pid=1234, GPU has fallen off the bus.\n")
     modules = modules_after("diagnose", str(paste))
     assert "dgxdoctor.diagnose.kernel_log" in modules
-    assert loaded(modules, "pydantic", "dgxdoctor.judge.infiniband", "httpx") == []
+    assert loaded(modules, "dgxdoctor.validation", "dgxdoctor.judge.infiniband", "httpx") == []

@@ -7,13 +7,13 @@ import time
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
 from dgxdoctor.checks.xid import XidCheck, XidSettings
 from dgxdoctor.config import ConfigError, parse_config
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, Status
 from dgxdoctor.sources.kmsg import KmsgRecord
+from dgxdoctor.validation import Invalid, validate
 
 KERNEL_LOG = Path(__file__).resolve().parents[1] / "fixtures" / "kernel_log"
 XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1101234, name=nvc:[driver], GPU has fallen off the bus."
@@ -246,8 +246,8 @@ def test_unreadable_log_is_a_clear_error(tmp_path: Path) -> None:
     [({"thirteen": "critical"}, "XID numbers"), ({"13": "fatal"}, "'ok', 'warning' or 'critical'")],
 )
 def test_bad_overrides_name_the_key(overrides: dict[str, str], message: str) -> None:
-    with pytest.raises(ValidationError, match=message):
-        XidSettings(overrides=overrides)  # type: ignore[arg-type]
+    with pytest.raises(Invalid, match=message):
+        validate(XidSettings, {"overrides": overrides})
     with pytest.raises(ConfigError) as err:
         parse_config({"checks": {"xid": {"overrides": overrides}}})
     assert "checks.xid.overrides" in str(err.value)

@@ -30,6 +30,7 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.sources.kmsg import KmsgReader
 from dgxdoctor.sources.logtail import expand_paths
 from dgxdoctor.sources.procfs import ProcessInfo, iter_processes, runs_package
+from dgxdoctor.validation import dump
 
 # The tail kept of one service log file; the size cap bounds them all together.
 LOG_TAIL_BYTES = 4 * 2**20
@@ -213,10 +214,10 @@ def bug_report(env: Environment, timeout_s: float) -> Item:
 
 
 def config_dump(config: Config) -> Callable[[float], Output]:
-    """The configuration in force, as JSON (secrets masked by pydantic and redacted again)."""
+    """The configuration in force, as JSON (secrets masked by the dump and redacted again)."""
 
     def produce(_left: float) -> Output:
-        doc = config.model.model_dump(mode="json")
+        doc = dump(config.model)
         doc["source"] = config.source
         return Output(json.dumps(doc, indent=1, sort_keys=True).encode())
 

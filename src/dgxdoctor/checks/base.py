@@ -6,29 +6,27 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, Generic, Protocol, cast, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Generic, Protocol, cast, get_args, get_origin
 
+from msgspec import Meta
 from msgspec.structs import replace
-from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import TypeVar
 
 from dgxdoctor import eventlog
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult
+from dgxdoctor.settings.base import Frozen
 from dgxdoctor.sources.exhaustion import AgentExhausted, own_exhaustion
 
 log = eventlog.get_logger(__name__)
 
 
-class CheckSettings(BaseModel):
+class CheckSettings(Frozen, frozen=True):
     """Keys every ``[checks.<name>]`` table has. Subclasses add their own and may change the defaults."""
 
-    # defer_build: as settings.base.Frozen, the schema of a check's table is built only when a config names it.
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
-
-    enabled: bool = Field(True, description="run this check")
-    interval_s: float = Field(30.0, gt=0, description="daemon: seconds between runs")
-    timeout_s: float = Field(20.0, gt=0, description="a run that takes longer is UNKNOWN")
+    enabled: Annotated[bool, Meta(description="run this check")] = True
+    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs")] = 30.0
+    timeout_s: Annotated[float, Meta(gt=0, description="a run that takes longer is UNKNOWN")] = 20.0
 
 
 # A check's settings type: bare ``Check`` (the runner's view, any check) means ``Check[CheckSettings]``; covariant,
@@ -85,7 +83,7 @@ def capped(settings: S, limit_s: float) -> S:
     """The settings with ``timeout_s`` no longer than ``limit_s`` (a run under a deadline of its own)."""
     if settings.timeout_s <= limit_s:
         return settings
-    return settings.model_copy(update={"timeout_s": limit_s})
+    return replace(settings, timeout_s=limit_s)
 
 
 def own_settings(check: str, settings: CheckSettings, model: type[S]) -> S:

@@ -17,10 +17,10 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
+from msgspec import Meta, field
 from msgspec.structs import replace
-from pydantic import Field, field_validator
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.checks.nccl_guard import in_window, parse_window
@@ -39,6 +39,7 @@ from dgxdoctor.sources.vllm_bench import (
     parse_bench_result,
     run_step,
 )
+from dgxdoctor.validation import field_rule
 
 OUTPUT_THROUGHPUT = MetricSpec(
     "dgxdoctor_bench_output_throughput_tokens_per_second",
@@ -63,32 +64,41 @@ LAST_RUN = MetricSpec("dgxdoctor_bench_last_run_timestamp_seconds", "Unix time t
 STATE_FILE = "bench-last.json"
 
 
-class BenchCheckSettings(CheckSettings):
+class BenchCheckSettings(CheckSettings, frozen=True):
     """The weekly benchmark against the saved baseline (runs only once a baseline exists)."""
 
-    interval_s: float = Field(3600.0, gt=0, description="daemon: seconds between looks whether a run is due")
-    timeout_s: float = Field(1800.0, gt=0, description="a benchmark that takes longer is UNKNOWN")
-    period_s: float = Field(7 * 86400.0, gt=0, description="daemon: at most one benchmark per this many seconds")
-    maintenance_windows: list[str] = Field(
-        default_factory=list,
-        description='daemon: UTC windows the benchmark may run in, e.g. ["Sat 02:00-04:00"]; none: never scheduled',
+    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between looks whether a run is due")] = 3600.0
+    timeout_s: Annotated[float, Meta(gt=0, description="a benchmark that takes longer is UNKNOWN")] = 1800.0
+    period_s: Annotated[float, Meta(gt=0, description="daemon: at most one benchmark per this many seconds")] = (
+        7 * 86400.0
     )
-    num_prompts: int = Field(100, ge=1, le=100000, description="requests per run (the runbook: 100)")
-    concurrency: int | None = Field(
-        None, ge=1, description="max concurrency; default the baseline's knee (or its highest concurrency)"
-    )
-    baseline_path: Path | None = Field(None, description="default <state_dir>/bench-baseline.json")
-    serving_python: str | None = Field(None, description="Python with vLLM; default: that of the running vLLM process")
-    command_prefix: list[str] = Field(
-        default_factory=list,
-        description="argv put before the benchmark client, e.g. to run it outside the daemon's own memory and CPU "
-        'limits: ["systemd-run", "--scope", "--quiet", "--"]',
-    )
-    throughput_tolerance: float = Field(0.10, gt=0, lt=1, description="a drop beyond this fraction warns")
-    tpot_tolerance: float = Field(0.20, gt=0, description="a P99 TPOT rise beyond this fraction warns")
-    ttft_tolerance: float = Field(0.50, gt=0, description="a P99 TTFT rise beyond this fraction warns")
+    maintenance_windows: Annotated[
+        list[str],
+        Meta(
+            description='daemon: UTC windows the benchmark may run in, e.g. ["Sat 02:00-04:00"]; none: never scheduled'
+        ),
+    ] = field(default_factory=list)
+    num_prompts: Annotated[int, Meta(ge=1, le=100000, description="requests per run (the runbook: 100)")] = 100
+    concurrency: Annotated[
+        Annotated[int, Meta(ge=1)] | None,
+        Meta(description="max concurrency; default the baseline's knee (or its highest concurrency)"),
+    ] = None
+    baseline_path: Annotated[Path | None, Meta(description="default <state_dir>/bench-baseline.json")] = None
+    serving_python: Annotated[
+        str | None, Meta(description="Python with vLLM; default: that of the running vLLM process")
+    ] = None
+    command_prefix: Annotated[
+        list[str],
+        Meta(
+            description="argv put before the benchmark client, e.g. to run it outside the daemon's own memory and CPU "
+            'limits: ["systemd-run", "--scope", "--quiet", "--"]'
+        ),
+    ] = field(default_factory=list)
+    throughput_tolerance: Annotated[float, Meta(gt=0, lt=1, description="a drop beyond this fraction warns")] = 0.10
+    tpot_tolerance: Annotated[float, Meta(gt=0, description="a P99 TPOT rise beyond this fraction warns")] = 0.20
+    ttft_tolerance: Annotated[float, Meta(gt=0, description="a P99 TTFT rise beyond this fraction warns")] = 0.50
 
-    @field_validator("maintenance_windows")
+    @field_rule("maintenance_windows")
     @classmethod
     def _windows(cls, value: list[str]) -> list[str]:
         for window in value:

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import Field
+from msgspec import Meta
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.drift import model_dir_missing
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
-from dgxdoctor.sources.fields import ByteCount
+from dgxdoctor.sources.fields import ByteCount, at_least
 from dgxdoctor.sources.fingerprint import ShardHasher, listing_fingerprint, sample_shards, scan_model_dir
 from dgxdoctor.sources.serving_env import DISTRIBUTIONS, PROBE, find_serving_python, parse_probe_output
 
@@ -40,28 +40,39 @@ MODEL_INFO = MetricSpec(
 VERSION_KEYS = ("kernel_release", *DISTRIBUTIONS, "python_version")
 
 
-class DriftSettings(CheckSettings):
+class DriftSettings(CheckSettings, frozen=True):
     """The drift check: versions and model files to compare between the nodes."""
 
-    interval_s: float = Field(300.0, gt=0, description="daemon: seconds between runs")
-    serving_python: str | None = Field(
-        None,
-        description="Python interpreter of the vLLM/Ray install (e.g. /opt/vllm/.venv/bin/python); "
-        "default: the executable of a running vLLM or Ray Python process",
+    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs")] = 300.0
+    serving_python: Annotated[
+        str | None,
+        Meta(
+            description="Python interpreter of the vLLM/Ray install (e.g. /opt/vllm/.venv/bin/python); "
+            "default: the executable of a running vLLM or Ray Python process"
+        ),
+    ] = None
+    probe_timeout_s: Annotated[
+        float, Meta(gt=0, description="seconds allowed for the serving python's version probe")
+    ] = 10.0
+    model_dir: Annotated[Path | None, Meta(description="model directory to fingerprint (same path on every node)")] = (
+        None
     )
-    probe_timeout_s: float = Field(10.0, gt=0, description="seconds allowed for the serving python's version probe")
-    model_dir: Path | None = Field(None, description="model directory to fingerprint (same path on every node)")
-    sample_shards: int = Field(
-        0,
-        ge=0,
-        description="sha256 this many *.safetensors shards (first and last by name, then evenly spaced); "
-        "0 = names and sizes only",
-    )
-    hash_bytes_per_run: ByteCount = Field(
-        256 * 1024 * 1024,
-        gt=0,
-        description="read at most this many shard bytes per run (a number or a size: 256M); a hash completes over runs",
-    )
+    sample_shards: Annotated[
+        int,
+        Meta(
+            ge=0,
+            description="sha256 this many *.safetensors shards (first and last by name, then evenly spaced); "
+            "0 = names and sizes only",
+        ),
+    ] = 0
+    hash_bytes_per_run: Annotated[
+        ByteCount,
+        at_least(1),
+        Meta(
+            description="read at most this many shard bytes per run (a number or a size: 256M); "
+            "a hash completes over runs"
+        ),
+    ] = ByteCount(256 * 1024 * 1024)
 
 
 class DriftCheck(Check[DriftSettings]):

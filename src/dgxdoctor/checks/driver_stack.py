@@ -15,9 +15,9 @@ state from NVML (``nvmlDeviceGetGpuFabricInfo``, where the driver reports it). V
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import Field, field_validator
+from msgspec import Meta
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.judge.driver_stack import (
@@ -33,6 +33,7 @@ from dgxdoctor.sources.device_map import CLASS_BRIDGE_OTHER
 from dgxdoctor.sources.nvml import NvmlError, NvmlNotSupported
 from dgxdoctor.sources.pci import VENDOR_NVIDIA, mellanox_nics, nvidia_gpus, read_pci_devices
 from dgxdoctor.sources.systemd import UNIT_NAME_RE, UnitState, read_unit
+from dgxdoctor.validation import field_rule
 
 UNIT_ACTIVE = MetricSpec(
     "dgxdoctor_driver_unit_active",
@@ -50,14 +51,14 @@ MODULE_LOADED = MetricSpec(
 OPEN_KERNEL_MODULE = "Open Kernel Module"
 
 
-class DriverStackSettings(CheckSettings):
-    interval_s: float = Field(60.0, gt=0, description="daemon: seconds between runs")
-    fabric_manager_unit: str = Field("nvidia-fabricmanager.service", description="the fabric manager's unit")
-    persistenced_unit: str = Field("nvidia-persistenced.service", description="the persistence daemon's unit")
-    dcgm: bool = Field(False, description="the DCGM host engine is part of this node's setup: check its unit")
-    dcgm_unit: str = Field("nvidia-dcgm.service", description="the DCGM host engine's unit")
+class DriverStackSettings(CheckSettings, frozen=True):
+    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs")] = 60.0
+    fabric_manager_unit: Annotated[str, Meta(description="the fabric manager's unit")] = "nvidia-fabricmanager.service"
+    persistenced_unit: Annotated[str, Meta(description="the persistence daemon's unit")] = "nvidia-persistenced.service"
+    dcgm: Annotated[bool, Meta(description="the DCGM host engine is part of this node's setup: check its unit")] = False
+    dcgm_unit: Annotated[str, Meta(description="the DCGM host engine's unit")] = "nvidia-dcgm.service"
 
-    @field_validator("fabric_manager_unit", "persistenced_unit", "dcgm_unit")
+    @field_rule("fabric_manager_unit", "persistenced_unit", "dcgm_unit")
     @classmethod
     def _unit_name(cls, value: str) -> str:
         if not UNIT_NAME_RE.match(value):

@@ -7,9 +7,9 @@ By hand: ``nvidia-smi -q`` (temperatures and thresholds, "Clocks Event Reasons",
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import Field
+from msgspec import Meta
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
@@ -123,45 +123,58 @@ RECOVERY_ACTION = MetricSpec(
 )
 
 
-class GpuSettings(CheckSettings):
-    interval_s: float = Field(15.0, gt=0, description="daemon: seconds between runs")
+class GpuSettings(CheckSettings, frozen=True):
+    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs")] = 15.0
     # A full NVML sweep took 25 ms per GPU the first time and 7 ms for 2 GPUs after (H200 test machine); a
     # call that takes seconds means a GPU fell off the bus and NVML is stuck in the driver (the runner then
     # reports it hung). Without nvidia-persistenced the first nvmlInit can take seconds per GPU: a first run
     # that times out finishes in the background, and later runs use the initialised client.
-    timeout_s: float = Field(10.0, gt=0, description="a run that takes longer is UNKNOWN (NVML hung in the driver)")
-    expected_count: int = Field(8, ge=0, description="GPUs this node must have (8 on a DGX); 0 = do not check")
-    expected_model: str = Field(
-        "", description="substring every GPU name must contain, e.g. 'H200' (empty = any model, but all alike)"
-    )
-    temperature_margin_c: int = Field(
-        5,
-        ge=0,
-        description="warn when a GPU is within this many degrees of its maximum operating (T.Limit) or "
-        "slowdown temperature",
-    )
-    slowdown_c_if_unknown: int = Field(
-        90, gt=0, description="slowdown temperature assumed where NVML does not report one, Celsius"
-    )
-    power_warn_fraction: float | None = Field(
-        None,
-        gt=0,
-        description="warn when power draw reaches this fraction of the enforced limit (unset: inference at full "
-        "load sits at the cap by design)",
-    )
-    power_limit_reduced_fraction: float = Field(
-        0.9, gt=0, le=1, description="warn when the enforced power limit is below this fraction of the default limit"
-    )
-    expected_nvlinks: int = Field(
-        0, ge=0, description="active NVLinks each GPU must have (18 on HGX H100/H200); 0 = judge only reported links"
-    )
-    pcie_gen_min_utilization: float = Field(
-        0.5,
-        ge=0,
-        le=1,
-        description="compare PCIe generation with its maximum only while GPU utilization is at least this "
-        "(links train down to a low generation at idle to save power); width is always compared",
-    )
+    timeout_s: Annotated[
+        float, Meta(gt=0, description="a run that takes longer is UNKNOWN (NVML hung in the driver)")
+    ] = 10.0
+    expected_count: Annotated[
+        int, Meta(ge=0, description="GPUs this node must have (8 on a DGX); 0 = do not check")
+    ] = 8
+    expected_model: Annotated[
+        str, Meta(description="substring every GPU name must contain, e.g. 'H200' (empty = any model, but all alike)")
+    ] = ""
+    temperature_margin_c: Annotated[
+        int,
+        Meta(
+            ge=0,
+            description="warn when a GPU is within this many degrees of its maximum operating (T.Limit) or "
+            "slowdown temperature",
+        ),
+    ] = 5
+    slowdown_c_if_unknown: Annotated[
+        int, Meta(gt=0, description="slowdown temperature assumed where NVML does not report one, Celsius")
+    ] = 90
+    power_warn_fraction: Annotated[
+        Annotated[float, Meta(gt=0)] | None,
+        Meta(
+            description="warn when power draw reaches this fraction of the enforced limit (unset: inference at full "
+            "load sits at the cap by design)"
+        ),
+    ] = None
+    power_limit_reduced_fraction: Annotated[
+        float,
+        Meta(gt=0, le=1, description="warn when the enforced power limit is below this fraction of the default limit"),
+    ] = 0.9
+    expected_nvlinks: Annotated[
+        int,
+        Meta(
+            ge=0, description="active NVLinks each GPU must have (18 on HGX H100/H200); 0 = judge only reported links"
+        ),
+    ] = 0
+    pcie_gen_min_utilization: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=1,
+            description="compare PCIe generation with its maximum only while GPU utilization is at least this "
+            "(links train down to a low generation at idle to save power); width is always compared",
+        ),
+    ] = 0.5
 
 
 class GpuCheck(Check[GpuSettings]):

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import Annotated, ClassVar, Protocol
 
-from pydantic import Field, model_validator
+from msgspec import Meta, field
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge import host
 from dgxdoctor.judge.host import DiskUsage, gib
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
-from dgxdoctor.sources.fields import ByteCount
+from dgxdoctor.sources.fields import ByteCount, at_least
 from dgxdoctor.sources.procfs import iter_processes, parse_meminfo
+from dgxdoctor.validation import record_rule
 
 HOST_MEMORY_TOTAL = MetricSpec("dgxdoctor_host_memory_total_bytes", "Total system memory (RAM)")
 HOST_MEMORY_AVAILABLE = MetricSpec(
@@ -49,41 +50,50 @@ HOST_MODEL_WEIGHTS = MetricSpec(
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 
 
-class HostSettings(CheckSettings):
-    interval_s: float = Field(60.0, gt=0, description="daemon: seconds between runs")
-    model_dir: Path | None = Field(
-        None, description="directory of the served model's weights (the same path on every node); unset: skipped"
+class HostSettings(CheckSettings, frozen=True):
+    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs")] = 60.0
+    model_dir: Annotated[
+        Path | None,
+        Meta(description="directory of the served model's weights (the same path on every node); unset: skipped"),
+    ] = None
+    weights_bytes: Annotated[
+        Annotated[ByteCount, at_least(0)] | None,
+        Meta(
+            description="size of the weights in bytes (or a size: 140G), instead of summing the files under model_dir"
+        ),
+    ] = None
+    memory_ratio: Annotated[
+        float, Meta(gt=0, description="system RAM must be at least this many times the weights")
+    ] = 1.5
+    disk_ratio: Annotated[
+        float,
+        Meta(gt=0, description="free space on the model's filesystem must be at least this many times the weights"),
+    ] = 2.0
+    ray_log_dir: Annotated[Path, Meta(description="Ray's temp and log directory (ray start --temp-dir)")] = Path(
+        "/tmp/ray"
     )
-    weights_bytes: ByteCount | None = Field(
-        None,
-        ge=0,
-        description="size of the weights in bytes (or a size: 140G), instead of summing the files under model_dir",
+    root_path: Annotated[Path, Meta(description="the root filesystem's mount point")] = Path("/")
+    extra_paths: Annotated[list[Path], Meta(description="more paths whose filesystem's free space is watched")] = field(
+        default_factory=list
     )
-    memory_ratio: float = Field(1.5, gt=0, description="system RAM must be at least this many times the weights")
-    disk_ratio: float = Field(
-        2.0, gt=0, description="free space on the model's filesystem must be at least this many times the weights"
-    )
-    ray_log_dir: Path = Field(Path("/tmp/ray"), description="Ray's temp and log directory (ray start --temp-dir)")
-    root_path: Path = Field(Path("/"), description="the root filesystem's mount point")
-    extra_paths: list[Path] = Field(
-        default_factory=list, description="more paths whose filesystem's free space is watched"
-    )
-    disk_warn_free_percent: float = Field(
-        10.0, ge=0, le=100, description="warn when a watched filesystem has less than this percent free"
-    )
-    disk_critical_free_percent: float = Field(
-        3.0, ge=0, le=100, description="critical when a watched filesystem has less than this percent free"
-    )
-    memory_available_warn_percent: float = Field(
-        5.0, ge=0, le=100, description="warn when less than this percent of RAM is available"
-    )
-    required_processes: list[str] = Field(
-        default_factory=list,
-        description="processes that must be running, matched against process name and command line, e.g. "
-        '["raylet", "vllm"]; a missing one is critical',
-    )
+    disk_warn_free_percent: Annotated[
+        float, Meta(ge=0, le=100, description="warn when a watched filesystem has less than this percent free")
+    ] = 10.0
+    disk_critical_free_percent: Annotated[
+        float, Meta(ge=0, le=100, description="critical when a watched filesystem has less than this percent free")
+    ] = 3.0
+    memory_available_warn_percent: Annotated[
+        float, Meta(ge=0, le=100, description="warn when less than this percent of RAM is available")
+    ] = 5.0
+    required_processes: Annotated[
+        list[str],
+        Meta(
+            description="processes that must be running, matched against process name and command line, e.g. "
+            '["raylet", "vllm"]; a missing one is critical'
+        ),
+    ] = field(default_factory=list)
 
-    @model_validator(mode="after")
+    @record_rule
     def _thresholds_ordered(self) -> HostSettings:
         if self.disk_critical_free_percent > self.disk_warn_free_percent:
             raise ValueError("disk_critical_free_percent must not exceed disk_warn_free_percent")
@@ -229,6 +239,7 @@ class HostCheck(Check[HostSettings]):
             disk_free = usage.free
             b.sample(HOST_FS_FREE, usage.free, path=str(s.model_dir))
             b.sample(HOST_FS_SIZE, usage.total, path=str(s.model_dir))
+        weights: int
         if s.weights_bytes is not None:
             weights = s.weights_bytes
         else:

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field
+from msgspec import Meta, field
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.checks.ib_history import CounterHistory
@@ -128,34 +128,39 @@ PORT_INFO = MetricSpec(
 )
 
 
-class InfinibandSettings(CheckSettings):
-    expected_ports: int | None = Field(
-        None, ge=0, description="number of RDMA ports this node must have (after include/exclude); unset: no check"
-    )
-    min_rate_gbps: float | None = Field(
-        None, gt=0, description="lowest acceptable negotiated rate per port in Gb/s, e.g. 400 for NDR; unset: no check"
-    )
-    link_layer: Literal["InfiniBand", "Ethernet", "any"] = Field(
-        "any", description="link layer every port must have: InfiniBand, Ethernet (RoCE) or any"
-    )
-    devices_include: list[str] = Field(
-        default_factory=list,
-        description="only these devices or ports (glob patterns on 'mlx5_0' or 'mlx5_0/1'); empty: all",
-    )
-    devices_exclude: list[str] = Field(
-        default_factory=list,
-        description="skip these devices or ports (glob patterns), e.g. storage or management NICs",
-    )
-    thresholds: dict[str, CounterThreshold] = Field(
-        default_factory=lambda: dict(DEFAULT_THRESHOLDS),
-        description="counter rules by name (defaults: NVIDIA's NIC health monitor); a rule named here replaces "
-        "the built-in rule of that name, rules not named keep their defaults. Keys of a rule: counter (default "
-        "the rule name), kind ('increase' since the last run, or 'rate'), limit, per (second/minute/hour), "
-        "severity (warning/critical), enabled",
-    )
-    flap_window_s: float = Field(86400.0, gt=0, description="how far back link flaps are remembered, seconds")
-    flap_warn_count: int = Field(2, ge=1, description="this many flaps of one port within the window is a warning")
-    use_ibstat: bool = Field(True, description="fall back to `ibstat` when sysfs shows no RDMA device")
+class InfinibandSettings(CheckSettings, frozen=True):
+    expected_ports: Annotated[
+        Annotated[int, Meta(ge=0)] | None,
+        Meta(description="number of RDMA ports this node must have (after include/exclude); unset: no check"),
+    ] = None
+    min_rate_gbps: Annotated[
+        Annotated[float, Meta(gt=0)] | None,
+        Meta(description="lowest acceptable negotiated rate per port in Gb/s, e.g. 400 for NDR; unset: no check"),
+    ] = None
+    link_layer: Annotated[
+        Literal["InfiniBand", "Ethernet", "any"],
+        Meta(description="link layer every port must have: InfiniBand, Ethernet (RoCE) or any"),
+    ] = "any"
+    devices_include: Annotated[
+        list[str], Meta(description="only these devices or ports (glob patterns on 'mlx5_0' or 'mlx5_0/1'); empty: all")
+    ] = field(default_factory=list)
+    devices_exclude: Annotated[
+        list[str], Meta(description="skip these devices or ports (glob patterns), e.g. storage or management NICs")
+    ] = field(default_factory=list)
+    thresholds: Annotated[
+        dict[str, CounterThreshold],
+        Meta(
+            description="counter rules by name (defaults: NVIDIA's NIC health monitor); a rule named here replaces "
+            "the built-in rule of that name, rules not named keep their defaults. Keys of a rule: counter (default "
+            "the rule name), kind ('increase' since the last run, or 'rate'), limit, per (second/minute/hour), "
+            "severity (warning/critical), enabled"
+        ),
+    ] = field(default_factory=lambda: dict(DEFAULT_THRESHOLDS))
+    flap_window_s: Annotated[float, Meta(gt=0, description="how far back link flaps are remembered, seconds")] = 86400.0
+    flap_warn_count: Annotated[
+        int, Meta(ge=1, description="this many flaps of one port within the window is a warning")
+    ] = 2
+    use_ibstat: Annotated[bool, Meta(description="fall back to `ibstat` when sysfs shows no RDMA device")] = True
 
 
 class InfinibandCheck(Check[InfinibandSettings]):

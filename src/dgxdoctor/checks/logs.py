@@ -20,16 +20,15 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Annotated, ClassVar
 
-from msgspec import Struct
-from pydantic import Field
+from msgspec import Meta, Struct, field
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.log_files import log_backlog, log_unreadable
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder
-from dgxdoctor.sources.fields import ByteCount
+from dgxdoctor.sources.fields import ByteCount, at_least
 from dgxdoctor.sources.logtail import LogFollower, expand_paths, read_recent
 from dgxdoctor.sources.statefile import StateFile
 
@@ -50,44 +49,47 @@ FILES_FOLLOWED = MetricSpec(
 EVIDENCE_MAX = 500
 
 
-class LogsSettings(CheckSettings):
+class LogsSettings(CheckSettings, frozen=True):
     """The logs check: vLLM and Ray log files followed for known failure signatures."""
 
-    interval_s: float = Field(10.0, gt=0, description="daemon: seconds between runs")
-    vllm_paths: list[str] = Field(
-        default_factory=list,
-        description="vLLM log files or globs (e.g. /var/log/vllm/vllm.log); empty: none",
-    )
-    ray_paths: list[str] = Field(
+    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs")] = 10.0
+    vllm_paths: Annotated[
+        list[str], Meta(description="vLLM log files or globs (e.g. /var/log/vllm/vllm.log); empty: none")
+    ] = field(default_factory=list)
+    ray_paths: Annotated[list[str], Meta(description="Ray log files or globs")] = field(
         default_factory=lambda: [
             "/tmp/ray/session_latest/logs/*.log",
             "/tmp/ray/session_latest/logs/*.err",
             "/tmp/ray/session_latest/logs/*.out",
-        ],
-        description="Ray log files or globs",
+        ]
     )
-    max_bytes_per_run: ByteCount = Field(
-        32 * 1024 * 1024,
-        gt=0,
-        description="read at most this many new bytes per run over all files (or a size: 32M); rest next run",
-    )
-    from_start: bool = Field(
-        False,
-        description="read files present when the agent starts from their start (default: from their end, so a "
-        "restart does not report old lines; files appearing later are always read whole)",
-    )
-    hold_s: float = Field(900.0, gt=0, description="keep reporting a match this many seconds after it was last seen")
-    check_window_bytes: ByteCount = Field(
-        8 * 1024 * 1024,
-        gt=0,
-        description="one-shot `dgxdoctor check`: read the last this many bytes (or a size: 8M) of each log file "
-        "(the recent past; the daemon follows files from their end instead)",
-    )
-    check_window_s: float = Field(
-        900.0,
-        gt=0,
-        description="one-shot `dgxdoctor check`: a log file not written for this many seconds is not read",
-    )
+    max_bytes_per_run: Annotated[
+        ByteCount,
+        at_least(1),
+        Meta(description="read at most this many new bytes per run over all files (or a size: 32M); rest next run"),
+    ] = ByteCount(32 * 1024 * 1024)
+    from_start: Annotated[
+        bool,
+        Meta(
+            description="read files present when the agent starts from their start (default: from their end, so a "
+            "restart does not report old lines; files appearing later are always read whole)"
+        ),
+    ] = False
+    hold_s: Annotated[
+        float, Meta(gt=0, description="keep reporting a match this many seconds after it was last seen")
+    ] = 900.0
+    check_window_bytes: Annotated[
+        ByteCount,
+        at_least(1),
+        Meta(
+            description="one-shot `dgxdoctor check`: read the last this many bytes (or a size: 8M) of each log file "
+            "(the recent past; the daemon follows files from their end instead)"
+        ),
+    ] = ByteCount(8 * 1024 * 1024)
+    check_window_s: Annotated[
+        float,
+        Meta(gt=0, description="one-shot `dgxdoctor check`: a log file not written for this many seconds is not read"),
+    ] = 900.0
 
 
 class _Recent(Struct):

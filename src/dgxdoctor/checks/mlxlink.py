@@ -7,9 +7,9 @@ argv through the command runner. Verdicts: judge/infiniband.py.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import Field
+from msgspec import Meta
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.judge.infiniband import (
@@ -36,13 +36,21 @@ EFFECTIVE_BER = MetricSpec(
 )
 
 
-class MlxlinkSettings(CheckSettings):
-    interval_s: float = Field(300.0, gt=0, description="daemon: seconds between runs (one mlxlink call per port)")
-    timeout_s: float = Field(120.0, gt=0, description="a run that takes longer is UNKNOWN")
-    command_timeout_s: float = Field(15.0, gt=0, description="seconds one mlxlink call may take")
-    module_temp_warn_c: float = Field(MODULE_TEMP_WARN_C, description="module temperature above this is a warning")
-    module_temp_crit_c: float = Field(MODULE_TEMP_CRIT_C, description="module temperature above this is critical")
-    effective_ber_limit: float = Field(EFFECTIVE_BER_LIMIT, gt=0, description="effective BER above this: warning")
+class MlxlinkSettings(CheckSettings, frozen=True):
+    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs (one mlxlink call per port)")] = (
+        300.0
+    )
+    timeout_s: Annotated[float, Meta(gt=0, description="a run that takes longer is UNKNOWN")] = 120.0
+    command_timeout_s: Annotated[float, Meta(gt=0, description="seconds one mlxlink call may take")] = 15.0
+    module_temp_warn_c: Annotated[float, Meta(description="module temperature above this is a warning")] = (
+        MODULE_TEMP_WARN_C
+    )
+    module_temp_crit_c: Annotated[float, Meta(description="module temperature above this is critical")] = (
+        MODULE_TEMP_CRIT_C
+    )
+    effective_ber_limit: Annotated[float, Meta(gt=0, description="effective BER above this: warning")] = (
+        EFFECTIVE_BER_LIMIT
+    )
 
 
 class MlxlinkCheck(Check[MlxlinkSettings]):

@@ -20,10 +20,10 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
+from msgspec import Meta, field
 from msgspec.structs import replace
-from pydantic import Field, field_validator, model_validator
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.checks.nccl_cross import PeerRefused, run_cross_node
@@ -50,6 +50,7 @@ from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
 from dgxdoctor.sources.serving_env import find_serving_python
 from dgxdoctor.sources.statefile import atomic_write, write_failed
 from dgxdoctor.sources.sysfs_ib import ports_by_device
+from dgxdoctor.validation import field_rule, record_rule
 
 # The probe's exit statuses, repeated from ``dgxdoctor.probes.allreduce`` so the daemon does not import the probe
 # (argparse and all) to compare numbers; a test holds them equal.
@@ -85,88 +86,105 @@ NCCL_CHOICE_RE = lazy_compile(r"^[A-Za-z0-9,^:;_]{0,128}$")
 HCA_RE = lazy_compile(r"^[A-Za-z0-9_.-]{1,64}(?::\d{1,3})?$")
 
 
-class NcclSettings(CheckSettings):
+class NcclSettings(CheckSettings, frozen=True):
     """The NCCL all-reduce bandwidth probe (off by default: it uses the GPUs and the fabric)."""
 
-    enabled: bool = Field(False, description="run this check (it occupies the GPUs while it runs)")
-    interval_s: float = Field(3600.0, gt=0, description="daemon: seconds between attempts (runs only in a window)")
-    timeout_s: float = Field(600.0, gt=0, description="a probe that takes longer is UNKNOWN")
-    command: list[str] = Field(
-        default_factory=list,
-        description='argv of the probe, e.g. ["/opt/nccl-tests/build/all_reduce_perf", "-b", "8M", "-e", '
-        '"8G", "-f", "2", "-g", "8"]; empty: the bundled torch.distributed probe',
+    enabled: Annotated[bool, Meta(description="run this check (it occupies the GPUs while it runs)")] = False
+    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between attempts (runs only in a window)")] = (
+        3600.0
     )
-    serving_python: str | None = Field(
-        None,
-        description="Python with torch for the bundled probe; default: that of a running vLLM or Ray process",
+    timeout_s: Annotated[float, Meta(gt=0, description="a probe that takes longer is UNKNOWN")] = 600.0
+    command: Annotated[
+        list[str],
+        Meta(
+            description='argv of the probe, e.g. ["/opt/nccl-tests/build/all_reduce_perf", "-b", "8M", "-e", '
+            '"8G", "-f", "2", "-g", "8"]; empty: the bundled torch.distributed probe'
+        ),
+    ] = field(default_factory=list)
+    serving_python: Annotated[
+        str | None,
+        Meta(description="Python with torch for the bundled probe; default: that of a running vLLM or Ray process"),
+    ] = None
+    gpus: Annotated[int, Meta(ge=0, description="bundled probe: GPUs to use on this node (0 = all visible)")] = 0
+    backend: Annotated[
+        Literal["nccl", "gloo"],
+        Meta(description="bundled probe: torch.distributed backend; gloo runs on CPU (no NCCL: tests, rehearsals)"),
+    ] = "nccl"
+    min_bytes: Annotated[ProbeSize, Meta(description="bundled probe: smallest message (8M, 1G, 512K)")] = (
+        DEFAULT_MIN_BYTES
     )
-    gpus: int = Field(0, ge=0, description="bundled probe: GPUs to use on this node (0 = all visible)")
-    backend: Literal["nccl", "gloo"] = Field(
-        "nccl", description="bundled probe: torch.distributed backend; gloo runs on CPU (no NCCL: tests, rehearsals)"
+    max_bytes: Annotated[ProbeSize, Meta(description="bundled probe: largest message")] = DEFAULT_MAX_BYTES
+    quick: Annotated[bool, Meta(description="bundled probe: 32M-128M, few iterations: an answer within 10 s")] = False
+    algo: Annotated[str, Meta(description="NCCL_ALGO for the probe, pinned so runs compare; empty: NCCL chooses")] = (
+        "Ring"
     )
-    min_bytes: ProbeSize = Field(DEFAULT_MIN_BYTES, description="bundled probe: smallest message (8M, 1G, 512K)")
-    max_bytes: ProbeSize = Field(DEFAULT_MAX_BYTES, description="bundled probe: largest message")
-    quick: bool = Field(False, description="bundled probe: 32M-128M, few iterations: an answer within 10 s")
-    algo: str = Field("Ring", description="NCCL_ALGO for the probe, pinned so runs compare; empty: NCCL chooses")
-    proto: str = Field("Simple", description="NCCL_PROTO for the probe, pinned likewise; empty: NCCL chooses")
-    env_file: Path | None = Field(
-        Path("/etc/profile.d/nccl.sh"),
-        description="the node's NCCL env file (read as data): the probe runs with exactly what vLLM gets",
-    )
-    force: bool = Field(
-        False,
-        description="run even while vLLM serves on this node (disturbs serving); "
-        "this node's own setting: a peer's join request never carries it",
-    )
-    vllm_url: OptionalHttpUrl = Field(
-        "http://127.0.0.1:8000", description="vLLM whose running requests make the probe refuse; empty: none"
-    )
-    maintenance_windows: list[str] = Field(
-        default_factory=list,
-        description='daemon: run only inside these UTC windows, e.g. ["Sat 02:00-04:00"]; none: the daemon never '
-        "runs the probe, `dgxdoctor check --only nccl` runs it on demand",
-    )
-    peer: PeerUrl | None = Field(
-        None, description="cross-node: the peer's dgxdoctor URL (http://dgx-b:9835); it is asked to join over its API"
-    )
-    master_addr: Host | None = Field(
-        None, description="cross-node: this node's address the peer's ranks reach for the rendezvous"
-    )
-    master_port: int = Field(29555, ge=1, le=65535, description="cross-node: rendezvous port on this node")
-    join_timeout_s: float = Field(60.0, gt=0, le=600, description="cross-node: a peer not joined by then is UNKNOWN")
-    rails: list[str] = Field(
-        default_factory=list,
-        description='per-rail runs: one probe per HCA with NCCL_IB_HCA set to it alone, e.g. ["mlx5_0", "mlx5_1"]',
-    )
-    rail_min_fraction: float = Field(
-        0.8, gt=0, le=1, description="a rail below this fraction of the median rail is named as degraded"
-    )
-    expected_busbw_gbps: float | None = Field(
-        None,
-        gt=0,
-        description="bus bandwidth this fabric should give at the largest message, GB/s (e.g. 8 x 400 Gb/s NICs: "
-        "400); unset: only the TCP-fallback floor is judged",
-    )
-    min_fraction: float = Field(
-        DEFAULT_MIN_FRACTION,
-        gt=0,
-        le=1,
-        description="busbw below this fraction of expected_busbw_gbps is critical (the tutorial)",
-    )
+    proto: Annotated[str, Meta(description="NCCL_PROTO for the probe, pinned likewise; empty: NCCL chooses")] = "Simple"
+    env_file: Annotated[
+        Path | None,
+        Meta(description="the node's NCCL env file (read as data): the probe runs with exactly what vLLM gets"),
+    ] = Path("/etc/profile.d/nccl.sh")
+    force: Annotated[
+        bool,
+        Meta(
+            description="run even while vLLM serves on this node (disturbs serving); "
+            "this node's own setting: a peer's join request never carries it"
+        ),
+    ] = False
+    vllm_url: Annotated[
+        OptionalHttpUrl, Meta(description="vLLM whose running requests make the probe refuse; empty: none")
+    ] = "http://127.0.0.1:8000"
+    maintenance_windows: Annotated[
+        list[str],
+        Meta(
+            description='daemon: run only inside these UTC windows, e.g. ["Sat 02:00-04:00"]; none: the daemon never '
+            "runs the probe, `dgxdoctor check --only nccl` runs it on demand"
+        ),
+    ] = field(default_factory=list)
+    peer: Annotated[
+        PeerUrl | None,
+        Meta(description="cross-node: the peer's dgxdoctor URL (http://dgx-b:9835); it is asked to join over its API"),
+    ] = None
+    master_addr: Annotated[
+        Host | None, Meta(description="cross-node: this node's address the peer's ranks reach for the rendezvous")
+    ] = None
+    master_port: Annotated[int, Meta(ge=1, le=65535, description="cross-node: rendezvous port on this node")] = 29555
+    join_timeout_s: Annotated[
+        float, Meta(gt=0, le=600, description="cross-node: a peer not joined by then is UNKNOWN")
+    ] = 60.0
+    rails: Annotated[
+        list[str],
+        Meta(
+            description='per-rail runs: one probe per HCA with NCCL_IB_HCA set to it alone, e.g. ["mlx5_0", "mlx5_1"]'
+        ),
+    ] = field(default_factory=list)
+    rail_min_fraction: Annotated[
+        float, Meta(gt=0, le=1, description="a rail below this fraction of the median rail is named as degraded")
+    ] = 0.8
+    expected_busbw_gbps: Annotated[
+        Annotated[float, Meta(gt=0)] | None,
+        Meta(
+            description="bus bandwidth this fabric should give at the largest message, GB/s (e.g. 8 x 400 Gb/s NICs: "
+            "400); unset: only the TCP-fallback floor is judged"
+        ),
+    ] = None
+    min_fraction: Annotated[
+        float,
+        Meta(gt=0, le=1, description="busbw below this fraction of expected_busbw_gbps is critical (the tutorial)"),
+    ] = DEFAULT_MIN_FRACTION
 
-    @model_validator(mode="after")
+    @record_rule
     def _sizes_ordered(self) -> NcclSettings:
         sizes_in_order(self.min_bytes, self.max_bytes)
         return self
 
-    @field_validator("algo", "proto")
+    @field_rule("algo", "proto")
     @classmethod
     def _nccl_choice(cls, value: str) -> str:
         if not NCCL_CHOICE_RE.match(value):
             raise ValueError(f"{value!r} is not an NCCL_ALGO/NCCL_PROTO value (e.g. Ring, Simple, ^NVLS)")
         return value
 
-    @field_validator("rails")
+    @field_rule("rails")
     @classmethod
     def _rails(cls, value: list[str]) -> list[str]:
         bad = [r for r in value if not HCA_RE.match(r)]
@@ -174,7 +192,7 @@ class NcclSettings(CheckSettings):
             raise ValueError(f"not HCA names (mlx5_0 or mlx5_0:1): {bad}")
         return value
 
-    @field_validator("maintenance_windows")
+    @field_rule("maintenance_windows")
     @classmethod
     def _windows(cls, value: list[str]) -> list[str]:
         for window in value:

@@ -13,9 +13,9 @@ import os
 import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import Field
+from msgspec import Meta
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
@@ -51,18 +51,22 @@ def local_addresses() -> set[str]:
     return found
 
 
-class NcclEnvSettings(CheckSettings):
-    interval_s: float = Field(120.0, gt=0, description="daemon: seconds between runs")
-    env_file: Path | None = Field(
-        Path("/etc/profile.d/nccl.sh"),
-        description="the NCCL environment file, read as data with the files it sources (`. FILE`); never run",
-    )
-    process_name: str | None = Field(
-        None,
-        description='a running process whose environment is checked and compared with env_file, e.g. "raylet" '
-        'or "vllm"; unset: only the file',
-    )
-    require_nccl_debug: bool = Field(True, description="warn when NCCL_DEBUG is unset (the tutorial keeps WARN on)")
+class NcclEnvSettings(CheckSettings, frozen=True):
+    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs")] = 120.0
+    env_file: Annotated[
+        Path | None,
+        Meta(description="the NCCL environment file, read as data with the files it sources (`. FILE`); never run"),
+    ] = Path("/etc/profile.d/nccl.sh")
+    process_name: Annotated[
+        str | None,
+        Meta(
+            description='a running process whose environment is checked and compared with env_file, e.g. "raylet" '
+            'or "vllm"; unset: only the file'
+        ),
+    ] = None
+    require_nccl_debug: Annotated[
+        bool, Meta(description="warn when NCCL_DEBUG is unset (the tutorial keeps WARN on)")
+    ] = True
 
 
 class NcclEnvCheck(Check[NcclEnvSettings]):

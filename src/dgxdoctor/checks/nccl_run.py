@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 from msgspec import Struct
-from pydantic import AfterValidator
 
 from dgxdoctor.sources.fields import ByteSize, byte_size_within
+from dgxdoctor.validation import rule
 
 # The bundled probe's exit status when a node did not join in time (``probes.allreduce.EX_PEER_MISSING``).
 EX_PEER_MISSING = 4
@@ -18,7 +18,7 @@ DEFAULT_MAX_BYTES = "1G"
 # Every size in 1 B .. 16 GiB (nccl-tests' customary -e is 8G): "0" would never end the doubling loop.
 MAX_PROBE_BYTES = 16 << 30
 # A probe's message size, in the config ([checks.nccl] min_bytes/max_bytes) and in a peer's join request alike.
-ProbeSize = Annotated[ByteSize, AfterValidator(lambda value: byte_size_within(value, 1, MAX_PROBE_BYTES))]
+ProbeSize = Annotated[ByteSize, rule(lambda value: byte_size_within(value, 1, MAX_PROBE_BYTES))]
 
 
 class ProbeRun(Struct, frozen=True):

@@ -11,14 +11,15 @@ of the ``[daemon]`` table. Outside the daemon (``dgxdoctor check``) there is no 
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import Field, field_validator
+from msgspec import Meta, field
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.compare import RULE_KEYS, compare
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample
+from dgxdoctor.validation import field_rule
 
 PEER_UP = MetricSpec(
     "dgxdoctor_peer_up",
@@ -38,18 +39,20 @@ PEER_IMBALANCE = MetricSpec(
 )
 
 
-class PeerCompareSettings(CheckSettings):
-    interval_s: float = Field(15.0, gt=0, description="daemon: seconds between comparisons")
-    timeout_s: float = Field(
-        30.0, gt=0, description="a comparison that takes longer is UNKNOWN (peers are fetched 8 at a time)"
-    )
-    tolerances: dict[str, float] = Field(
-        default_factory=dict,
-        description="imbalance tolerated per compared metric before a finding, e.g. {gpu_utilization = 0.3}; "
-        f"keys: {', '.join(sorted(RULE_KEYS))}",
-    )
+class PeerCompareSettings(CheckSettings, frozen=True):
+    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between comparisons")] = 15.0
+    timeout_s: Annotated[
+        float, Meta(gt=0, description="a comparison that takes longer is UNKNOWN (peers are fetched 8 at a time)")
+    ] = 30.0
+    tolerances: Annotated[
+        dict[str, float],
+        Meta(
+            description="imbalance tolerated per compared metric before a finding, e.g. {gpu_utilization = 0.3}; "
+            f"keys: {', '.join(sorted(RULE_KEYS))}"
+        ),
+    ] = field(default_factory=dict)
 
-    @field_validator("tolerances")
+    @field_rule("tolerances")
     @classmethod
     def _known_keys(cls, value: dict[str, float]) -> dict[str, float]:
         unknown = sorted(set(value) - RULE_KEYS)

@@ -14,20 +14,21 @@ from __future__ import annotations
 
 import os
 import time
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import Field, field_validator
+from msgspec import Meta
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.ras import layout_findings, rank_findings, stuck_processes, unreachable_finding
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
-from dgxdoctor.sources.fields import ByteCount
+from dgxdoctor.sources.fields import ByteCount, at_least
 from dgxdoctor.sources.nccl_env import parse_environ
 from dgxdoctor.sources.procfs import ProcessInfo, iter_processes, read_process
 from dgxdoctor.sources.ras_client import DEFAULT_HOST, DEFAULT_PORT, RasError, RasReply, parse_ras_addr, query
 from dgxdoctor.sources.ras_report import RasReport, RasReportError, parse_report
 from dgxdoctor.sources.vllm_api import is_vllm_process
+from dgxdoctor.validation import field_rule
 
 RAS_UP = MetricSpec("dgxdoctor_ras_up", "1 if NCCL's RAS answered a status query in the last run, else 0")
 RAS_SECONDS = MetricSpec(
@@ -55,28 +56,34 @@ LOCAL_RANK = MetricSpec(
 LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "ip6-localhost"})
 
 
-class RasSettings(CheckSettings):
-    interval_s: float = Field(10.0, gt=0, description="daemon: seconds between RAS queries")
-    timeout_s: float = Field(30.0, gt=0, description="a run that takes longer is UNKNOWN")
-    address: str = Field(
-        "",
-        description="host:port of NCCL's RAS client socket; empty: NCCL_RAS_ADDR from a running vLLM process's "
-        "environment, else localhost:28028 (NCCL's default)",
-    )
-    collective_timeout_s: int = Field(
-        5, ge=1, le=60, description="RAS's wait for other processes, per leg (ncclras -t; NCCL's default is 5)"
-    )
-    deadline_s: float = Field(15.0, gt=0, description="the whole query's hard deadline, connect to last byte")
-    max_bytes: ByteCount = Field(
-        4 << 20, ge=4096, description="a RAS reply larger than this many bytes (or a size: 4M) is refused"
-    )
-    tensor_parallel_size: int = Field(0, ge=0, description="vLLM's TP size; 0: read from vLLM's command line")
-    pipeline_parallel_size: int = Field(0, ge=0, description="vLLM's PP size; 0: read from vLLM's command line")
-    required: bool = Field(
-        False, description="RAS must answer even without a vLLM process (an NCCL job other than vLLM serves)"
-    )
+class RasSettings(CheckSettings, frozen=True):
+    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between RAS queries")] = 10.0
+    timeout_s: Annotated[float, Meta(gt=0, description="a run that takes longer is UNKNOWN")] = 30.0
+    address: Annotated[
+        str,
+        Meta(
+            description="host:port of NCCL's RAS client socket; empty: NCCL_RAS_ADDR from a running vLLM process's "
+            "environment, else localhost:28028 (NCCL's default)"
+        ),
+    ] = ""
+    collective_timeout_s: Annotated[
+        int, Meta(ge=1, le=60, description="RAS's wait for other processes, per leg (ncclras -t; NCCL's default is 5)")
+    ] = 5
+    deadline_s: Annotated[float, Meta(gt=0, description="the whole query's hard deadline, connect to last byte")] = 15.0
+    max_bytes: Annotated[
+        ByteCount,
+        at_least(4096),
+        Meta(description="a RAS reply larger than this many bytes (or a size: 4M) is refused"),
+    ] = ByteCount(4 << 20)
+    tensor_parallel_size: Annotated[int, Meta(ge=0, description="vLLM's TP size; 0: read from vLLM's command line")] = 0
+    pipeline_parallel_size: Annotated[
+        int, Meta(ge=0, description="vLLM's PP size; 0: read from vLLM's command line")
+    ] = 0
+    required: Annotated[
+        bool, Meta(description="RAS must answer even without a vLLM process (an NCCL job other than vLLM serves)")
+    ] = False
 
-    @field_validator("address")
+    @field_rule("address")
     @classmethod
     def _address(cls, value: str) -> str:
         if value:

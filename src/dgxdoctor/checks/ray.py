@@ -20,11 +20,11 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 from urllib.parse import urlsplit
 
+from msgspec import Meta
 from msgspec.structs import replace
-from pydantic import Field
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
@@ -79,31 +79,43 @@ PORT_LISTENING = MetricSpec(
 )
 
 
-class RaySettings(CheckSettings):
-    dashboard_url: HttpUrl = Field(
-        "http://127.0.0.1:8265", description="Ray dashboard of the head node (started with --dashboard-host)"
+class RaySettings(CheckSettings, frozen=True):
+    dashboard_url: Annotated[
+        HttpUrl, Meta(description="Ray dashboard of the head node (started with --dashboard-host)")
+    ] = "http://127.0.0.1:8265"
+    expected_nodes: Annotated[int, Meta(ge=1, description="Ray nodes that must be ALIVE")] = DEFAULT_EXPECTED_NODES
+    expected_gpus: Annotated[int, Meta(ge=0, description="GPUs that Ray must see in the cluster")] = (
+        DEFAULT_EXPECTED_GPUS
     )
-    expected_nodes: int = Field(DEFAULT_EXPECTED_NODES, ge=1, description="Ray nodes that must be ALIVE")
-    expected_gpus: int = Field(DEFAULT_EXPECTED_GPUS, ge=0, description="GPUs that Ray must see in the cluster")
-    role: Literal["auto", "head", "worker"] = Field(
-        "auto",
-        description="auto, head or worker. head: cluster verdict and GCS/dashboard ports; worker: raylet only; "
-        "auto: the [node] role if declared, else head if the dashboard answers on a loopback URL, worker if it is "
-        "refused and a raylet runs here",
+    role: Annotated[
+        Literal["auto", "head", "worker"],
+        Meta(
+            description="auto, head or worker. head: cluster verdict and GCS/dashboard ports; worker: raylet only; "
+            "auto: the [node] role if declared, else head if the dashboard answers on a loopback URL, worker if it is "
+            "refused and a raylet runs here"
+        ),
+    ] = "auto"
+    gcs_port: Annotated[
+        int, Meta(ge=1, le=65535, description="GCS port that must listen on the head (ray start --port)")
+    ] = 6379
+    dashboard_port: Annotated[int, Meta(ge=1, le=65535, description="dashboard port that must listen on the head")] = (
+        8265
     )
-    gcs_port: int = Field(6379, ge=1, le=65535, description="GCS port that must listen on the head (ray start --port)")
-    dashboard_port: int = Field(8265, ge=1, le=65535, description="dashboard port that must listen on the head")
-    request_timeout_s: float = Field(5.0, gt=0, description="timeout of each dashboard request")
-    ray_command: str = Field(
-        "ray",
-        description="the ray CLI (name in PATH or full path): `ray status` when the head's dashboard is down; the "
-        "example units in systemd/ run /opt/vllm/bin/ray, so set that path there (the service has no such PATH)",
-    )
-    auth_token_file: Path | None = Field(
-        None,
-        description="file with the cluster's token when Ray runs with RAY_AUTH_MODE=token (Ray keeps it in "
-        "~/.ray/auth_token); sent as 'Authorization: Bearer'",
-    )
+    request_timeout_s: Annotated[float, Meta(gt=0, description="timeout of each dashboard request")] = 5.0
+    ray_command: Annotated[
+        str,
+        Meta(
+            description="the ray CLI (name in PATH or full path): `ray status` when the head's dashboard is down; the "
+            "example units in systemd/ run /opt/vllm/bin/ray, so set that path there (the service has no such PATH)"
+        ),
+    ] = "ray"
+    auth_token_file: Annotated[
+        Path | None,
+        Meta(
+            description="file with the cluster's token when Ray runs with RAY_AUTH_MODE=token (Ray keeps it in "
+            "~/.ray/auth_token); sent as 'Authorization: Bearer'"
+        ),
+    ] = None
 
 
 def is_loopback_url(url: str) -> bool:

@@ -5,9 +5,9 @@ By hand: ``nvidia-smi topo -m`` (the tutorial's step 2: GPUs must show NV#, not 
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import Field
+from msgspec import Meta
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.judge.topology import evaluate_topology
@@ -22,17 +22,22 @@ TOPOLOGY_NON_NVLINK_PAIRS = MetricSpec(
 )
 
 
-class TopologySettings(CheckSettings):
-    interval_s: float = Field(300.0, gt=0, description="daemon: seconds between runs (topology rarely changes)")
-    expected_gpus: int | None = Field(
-        None, ge=1, description="GPUs this node must show (8 on a DGX); unset: not compared"
+class TopologySettings(CheckSettings, frozen=True):
+    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs (topology rarely changes)")] = (
+        300.0
     )
-    require_nvlink: bool = Field(
-        True,
-        description="every GPU pair must be NVLink (DGX/HGX with NVSwitch): a non-NVLink pair is critical; "
-        "false for PCIe servers, where it is a warning",
-    )
-    command_timeout_s: float = Field(15.0, gt=0, description="seconds nvidia-smi topo -m may take")
+    expected_gpus: Annotated[
+        Annotated[int, Meta(ge=1)] | None,
+        Meta(description="GPUs this node must show (8 on a DGX); unset: not compared"),
+    ] = None
+    require_nvlink: Annotated[
+        bool,
+        Meta(
+            description="every GPU pair must be NVLink (DGX/HGX with NVSwitch): a non-NVLink pair is critical; "
+            "false for PCIe servers, where it is a warning"
+        ),
+    ] = True
+    command_timeout_s: Annotated[float, Meta(gt=0, description="seconds nvidia-smi topo -m may take")] = 15.0
 
 
 class TopologyCheck(Check[TopologySettings]):

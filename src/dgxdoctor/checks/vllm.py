@@ -21,10 +21,10 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr
+from msgspec import Meta
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.checks.vllm_progress import EngineWatch, ProgressFollower
@@ -65,6 +65,7 @@ from dgxdoctor.sources.vllm_api import (
     vllm_by_command_line,
 )
 from dgxdoctor.sources.vllm_metrics import NotVllmMetrics
+from dgxdoctor.validation import Secret
 
 if TYPE_CHECKING:
     import httpx
@@ -124,83 +125,104 @@ VLLM_CANARY_TOKENS = MetricSpec(
 )
 
 
-class VllmSettings(CheckSettings):
-    timeout_s: float = Field(90.0, gt=0, description="a run that takes longer is UNKNOWN (covers the canary)")
-    interval_s: float = Field(15.0, gt=0, description="daemon: seconds between runs")
-    base_url: HttpUrl = Field("http://127.0.0.1:8000", description="vLLM's OpenAI-compatible server on this node")
-    required: bool = Field(
-        False,
-        description="vLLM must run here: a refused connection is CRITICAL even with no vLLM process on this node "
-        "(otherwise it is SKIPPED as 'no vLLM here'); [node] role = \"head\" implies it",
+class VllmSettings(CheckSettings, frozen=True):
+    timeout_s: Annotated[float, Meta(gt=0, description="a run that takes longer is UNKNOWN (covers the canary)")] = 90.0
+    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs")] = 15.0
+    base_url: Annotated[HttpUrl, Meta(description="vLLM's OpenAI-compatible server on this node")] = (
+        "http://127.0.0.1:8000"
     )
-    pid_file: Path | None = Field(
-        None, description="pid file of the vLLM API server (default: find it by its command line in /proc)"
+    required: Annotated[
+        bool,
+        Meta(
+            description="vLLM must run here: a refused connection is CRITICAL even with no vLLM process on this node "
+            "(otherwise it is SKIPPED as 'no vLLM here'); [node] role = \"head\" implies it"
+        ),
+    ] = False
+    pid_file: Annotated[
+        Path | None, Meta(description="pid file of the vLLM API server (default: find it by its command line in /proc)")
+    ] = None
+    served_model_name: Annotated[
+        str | None, Meta(description="the --served-model-name that /v1/models must list (default: any model)")
+    ] = None
+    api_key: Annotated[Secret | None, Meta(description="vLLM's --api-key, sent as a Bearer token")] = None
+    request_timeout_s: Annotated[
+        float, Meta(gt=0, description="timeout of /health, /v1/models and /metrics; a /health timeout is a verdict")
+    ] = 5.0
+    startup_grace_s: Annotated[
+        float,
+        Meta(
+            ge=0,
+            description="a vLLM process younger than this is loading (weights, profiling): not answering is OK then",
+        ),
+    ] = 900.0
+    canary: Annotated[
+        Literal["always", "never", "oneshot"],
+        Meta(
+            description="send a canary chat completion: always, never, or oneshot (in `dgxdoctor check`, not in the "
+            "daemon's loop)"
+        ),
+    ] = "oneshot"
+    canary_prompt: Annotated[str, Meta(min_length=1, description="the canary's user message")] = (
+        "Reply with the word OK."
     )
-    served_model_name: str | None = Field(
-        None, description="the --served-model-name that /v1/models must list (default: any model)"
-    )
-    api_key: SecretStr | None = Field(None, description="vLLM's --api-key, sent as a Bearer token")
-    request_timeout_s: float = Field(
-        5.0, gt=0, description="timeout of /health, /v1/models and /metrics; a /health timeout is a verdict"
-    )
-    startup_grace_s: float = Field(
-        900.0,
-        ge=0,
-        description="a vLLM process younger than this is loading (weights, profiling): not answering is OK then",
-    )
-    canary: Literal["always", "never", "oneshot"] = Field(
-        "oneshot",
-        description="send a canary chat completion: always, never, or oneshot (in `dgxdoctor check`, not in the "
-        "daemon's loop)",
-    )
-    canary_prompt: str = Field("Reply with the word OK.", min_length=1, description="the canary's user message")
-    canary_max_tokens: int = Field(8, ge=1, le=4096, description="max_tokens of the canary")
-    canary_timeout_s: float = Field(30.0, gt=0, description="the canary must complete within this")
-    oneshot_window_s: float = Field(
-        2.0,
-        ge=0,
-        le=30,
-        description="`dgxdoctor check`: seconds over which it reads /metrics 5 times (KV mean, forward progress, "
-        "rates)",
-    )
-    kv_cache_warn: float = Field(
-        DEFAULT_KV_CACHE_WARN, gt=0, le=1, description="KV cache usage (0..1) that, as a mean, is a WARNING"
-    )
-    kv_cache_sustained_s: float = Field(
-        120.0, ge=0, description="daemon: period over which the mean KV cache usage must reach kv_cache_warn"
-    )
-    waiting_sustained_s: float = Field(
-        120.0, ge=0, description="daemon: how long the waiting queue must stay non-zero to be a WARNING"
-    )
-    latency_window_s: float = Field(300.0, gt=0, description="daemon: window of the TTFT and ITL percentiles")
-    latency_min_requests: int = Field(
-        20, ge=1, description="requests needed in the window before the TTFT P99 is compared with its baseline"
-    )
-    ttft_p99_jump_factor: float = Field(
-        3.0, gt=1, description="WARNING when the window's TTFT P99 exceeds this many times the P99 before it"
-    )
-    ttft_p99_max_s: float | None = Field(None, gt=0, description="WARNING when the TTFT P99 exceeds this (seconds)")
-    itl_p99_max_s: float | None = Field(
-        None, gt=0, description="WARNING when the inter-token latency P99 exceeds this (seconds)"
-    )
-    stall_s: float = Field(
-        DEFAULT_STALL_S,
-        gt=0,
-        description="requests running or waiting while no engine step or token is counted for this long: CRITICAL "
-        "hung engine (docs/checks/vllm.md says why 15 s)",
-    )
-    progress_poll_s: float = Field(
-        2.0,
-        ge=0,
-        description="daemon: seconds between reads of vLLM's counters while requests are in flight, so a stall is "
-        "judged the moment it crosses stall_s; 0 reads them only at the check's interval",
-    )
-    busy_cpu_ratio: float = Field(
-        0.25,
-        gt=0,
-        description="a /health timeout while the API server used at least this share of a CPU means saturated, "
-        "below it hung",
-    )
+    canary_max_tokens: Annotated[int, Meta(ge=1, le=4096, description="max_tokens of the canary")] = 8
+    canary_timeout_s: Annotated[float, Meta(gt=0, description="the canary must complete within this")] = 30.0
+    oneshot_window_s: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=30,
+            description="`dgxdoctor check`: seconds over which it reads /metrics 5 times (KV mean, forward progress, "
+            "rates)",
+        ),
+    ] = 2.0
+    kv_cache_warn: Annotated[
+        float, Meta(gt=0, le=1, description="KV cache usage (0..1) that, as a mean, is a WARNING")
+    ] = DEFAULT_KV_CACHE_WARN
+    kv_cache_sustained_s: Annotated[
+        float, Meta(ge=0, description="daemon: period over which the mean KV cache usage must reach kv_cache_warn")
+    ] = 120.0
+    waiting_sustained_s: Annotated[
+        float, Meta(ge=0, description="daemon: how long the waiting queue must stay non-zero to be a WARNING")
+    ] = 120.0
+    latency_window_s: Annotated[float, Meta(gt=0, description="daemon: window of the TTFT and ITL percentiles")] = 300.0
+    latency_min_requests: Annotated[
+        int, Meta(ge=1, description="requests needed in the window before the TTFT P99 is compared with its baseline")
+    ] = 20
+    ttft_p99_jump_factor: Annotated[
+        float, Meta(gt=1, description="WARNING when the window's TTFT P99 exceeds this many times the P99 before it")
+    ] = 3.0
+    ttft_p99_max_s: Annotated[
+        Annotated[float, Meta(gt=0)] | None, Meta(description="WARNING when the TTFT P99 exceeds this (seconds)")
+    ] = None
+    itl_p99_max_s: Annotated[
+        Annotated[float, Meta(gt=0)] | None,
+        Meta(description="WARNING when the inter-token latency P99 exceeds this (seconds)"),
+    ] = None
+    stall_s: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="requests running or waiting while no engine step or token is counted for this long: CRITICAL "
+            "hung engine (docs/checks/vllm.md says why 15 s)",
+        ),
+    ] = DEFAULT_STALL_S
+    progress_poll_s: Annotated[
+        float,
+        Meta(
+            ge=0,
+            description="daemon: seconds between reads of vLLM's counters while requests are in flight, so a stall is "
+            "judged the moment it crosses stall_s; 0 reads them only at the check's interval",
+        ),
+    ] = 2.0
+    busy_cpu_ratio: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="a /health timeout while the API server used at least this share of a CPU means saturated, "
+            "below it hung",
+        ),
+    ] = 0.25
 
 
 class VllmCheck(Check[VllmSettings]):

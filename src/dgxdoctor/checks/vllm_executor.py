@@ -16,9 +16,9 @@ drift check's ``vllm_version``.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import Field
+from msgspec import Meta
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.judge import vllm_mp
@@ -39,10 +39,10 @@ MASTER_REACHABLE = MetricSpec(
 )
 
 
-class VllmExecutorSettings(CheckSettings):
-    connect_timeout_s: float = Field(
-        3.0, gt=0, le=30, description="deadline of the TCP connect from a worker to the head's master address"
-    )
+class VllmExecutorSettings(CheckSettings, frozen=True):
+    connect_timeout_s: Annotated[
+        float, Meta(gt=0, le=30, description="deadline of the TCP connect from a worker to the head's master address")
+    ] = 3.0
 
 
 class VllmExecutorCheck(Check[VllmExecutorSettings]):

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from msgspec import Meta, field
 
 from dgxdoctor import eventlog
 from dgxdoctor.checks import xid_memory
@@ -50,6 +50,7 @@ from dgxdoctor.sources.kmsg import KmsgFollower, KmsgReader, KmsgRecord
 from dgxdoctor.sources.nvml_xid import NvmlEventsUnavailable, NvmlXidFollower, PynvmlXidEvents, XidEventSource
 from dgxdoctor.sources.statefile import StateFile, boot_id
 from dgxdoctor.sources.xid import SxidEvent, XidCatalog, XidEvent, load_catalog
+from dgxdoctor.validation import field_rule
 
 XID_ERRORS_TOTAL = MetricSpec(
     "dgxdoctor_xid_errors_total",
@@ -106,41 +107,43 @@ METRICS_ALSO = (KERNEL_EVENTS_TOTAL,)
 log = eventlog.get_logger(__name__)
 
 
-class XidSettings(CheckSettings):
-    interval_s: float = Field(
-        10.0, gt=0, description="daemon: seconds between reports (events are followed, not polled)"
-    )
-    lookback_s: float | None = Field(
-        None,
-        gt=0,
-        description="only kernel log records newer than this many seconds; unset: the whole buffer since boot",
-    )
-    app_level_xids: list[int] = Field(
-        list(DEFAULT_APP_LEVEL_XIDS),
-        description="XIDs caused by the application, WARNING unless repeated (NVIDIA: 13, 31, 43, 45)",
-    )
-    repeat_threshold: int = Field(
-        3,
-        ge=2,
-        description="this many of the same XID on the same GPU within repeat_window_s escalates a warning to critical",
-    )
-    repeat_window_s: float = Field(3600.0, gt=0, description="window in seconds for repeat_threshold")
-    clear_after_s: float | None = Field(
-        None,
-        gt=0,
-        description="events older than this no longer set the status (they stay counted); unset: until reboot",
-    )
-    nvml_events: bool = Field(
-        False,
-        description="daemon: also follow NVML's XID events (the kernel log stays primary; "
-        "an event both report is counted once)",
-    )
-    overrides: dict[str, Literal["ok", "warning", "critical"]] = Field(
-        default_factory=dict,
-        description='status per XID code, overriding the catalog, e.g. {"13" = "critical", "63" = "ok"}',
-    )
+class XidSettings(CheckSettings, frozen=True):
+    interval_s: Annotated[
+        float, Meta(gt=0, description="daemon: seconds between reports (events are followed, not polled)")
+    ] = 10.0
+    lookback_s: Annotated[
+        Annotated[float, Meta(gt=0)] | None,
+        Meta(description="only kernel log records newer than this many seconds; unset: the whole buffer since boot"),
+    ] = None
+    app_level_xids: Annotated[
+        list[int], Meta(description="XIDs caused by the application, WARNING unless repeated (NVIDIA: 13, 31, 43, 45)")
+    ] = field(default_factory=lambda: list(DEFAULT_APP_LEVEL_XIDS))
+    repeat_threshold: Annotated[
+        int,
+        Meta(
+            ge=2,
+            description="this many of the same XID on the same GPU within repeat_window_s "
+            "escalates a warning to critical",
+        ),
+    ] = 3
+    repeat_window_s: Annotated[float, Meta(gt=0, description="window in seconds for repeat_threshold")] = 3600.0
+    clear_after_s: Annotated[
+        Annotated[float, Meta(gt=0)] | None,
+        Meta(description="events older than this no longer set the status (they stay counted); unset: until reboot"),
+    ] = None
+    nvml_events: Annotated[
+        bool,
+        Meta(
+            description="daemon: also follow NVML's XID events (the kernel log stays primary; "
+            "an event both report is counted once)"
+        ),
+    ] = False
+    overrides: Annotated[
+        dict[str, Literal["ok", "warning", "critical"]],
+        Meta(description='status per XID code, overriding the catalog, e.g. {"13" = "critical", "63" = "ok"}'),
+    ] = field(default_factory=dict)
 
-    @field_validator("overrides")
+    @field_rule("overrides")
     @classmethod
     def _xid_keys(cls, value: dict[str, str]) -> dict[str, str]:
         bad = [k for k in value if not (k.isascii() and k.isdigit() and len(k) <= 3 and 0 < int(k) < 1000)]
@@ -148,7 +151,7 @@ class XidSettings(CheckSettings):
             raise ValueError(f"keys must be XID numbers 1..999 as strings, got {', '.join(repr(k) for k in bad)}")
         return value
 
-    @field_validator("app_level_xids")
+    @field_rule("app_level_xids")
     @classmethod
     def _xid_range(cls, value: list[int]) -> list[int]:
         bad = [x for x in value if not 0 < x < 1000]

@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from msgspec.structs import replace
+
 from dgxdoctor.bundle.build import build_bundle, bundle_name
 from dgxdoctor.bundle.items import Sources
 from dgxdoctor.checks.base import CheckRunner, capped
@@ -39,8 +41,8 @@ def with_limits(config: Config, size_cap: int | None, deadline_s: float | None) 
         update["deadline_s"] = deadline_s
     if not update:
         return config
-    bundle = config.bundle.model_copy(update=update)
-    return Config(config.model.model_copy(update={"bundle": bundle}), config.source)
+    bundle = replace(config.bundle, **update)
+    return Config(replace(config.model, bundle=bundle), config.source)
 
 
 def cli_sources(config: Config, since_s: float, deadline_s: float) -> Sources:

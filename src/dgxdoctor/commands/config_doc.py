@@ -9,11 +9,11 @@ from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel
-from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
+from msgspec import NODEFAULT, Meta, Struct
+from msgspec.structs import FieldInfo, fields
 
 from dgxdoctor.config import config_model
+from dgxdoctor.validation import Secret, bare_type, dump
 
 WIDTH = 118  # comment lines wrap here
 
@@ -44,8 +44,8 @@ def toml_value(value: Any) -> str:
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{toml_key(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, BaseModel):
-        return toml_value(value.model_dump(mode="json"))
+    if isinstance(value, Struct | Secret):
+        return toml_value(dump(value))
     raise TypeError(f"cannot write {type(value).__name__} as TOML")
 
 
@@ -64,14 +64,24 @@ def type_text(annotation: Any) -> str:
         return f"array of {type_text(args[0])}" if args else "array"
     if origin is dict:
         return f"table of {type_text(args[1])}" if len(args) == 2 else "table"
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        keys = ", ".join(annotation.model_fields)
+    if isinstance(annotation, type) and issubclass(annotation, Struct):
+        keys = ", ".join(annotation.__struct_fields__)
         return f"table ({keys})"
-    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+    # a class of its own (ByteCount, Secret) names what TOML holds for it
+    named = getattr(annotation, "toml_type", None) or getattr(annotation, "__name__", None)
+    return named or str(annotation).replace("typing.", "")
 
 
 def _type_name(field: FieldInfo) -> str:
-    return type_text(field.annotation)
+    return type_text(field.type)
+
+
+def _meta(field: FieldInfo, key: str) -> Any:
+    """``description`` or ``examples`` from the ``Meta`` of the field's own ``Annotated`` (not of its parts)."""
+    if get_origin(field.type) is not Annotated:
+        return None
+    found = [getattr(m, key) for m in field.type.__metadata__ if isinstance(m, Meta) and getattr(m, key) is not None]
+    return found[-1] if found else None
 
 
 def _comment(text: str) -> list[str]:
@@ -80,7 +90,7 @@ def _comment(text: str) -> list[str]:
 
 def _assignment(key: str, value: Any) -> list[str]:
     """``key = value``; a table of tables one entry per line (dotted keys), so no line runs on."""
-    if isinstance(value, dict) and value and all(isinstance(v, BaseModel | dict) for v in value.values()):
+    if isinstance(value, dict) and value and all(isinstance(v, Struct | dict) for v in value.values()):
         return [f"{key}.{toml_key(str(k))} = {toml_value(v)}" for k, v in value.items()]
     line = f"{key} = {toml_value(value)}"
     if len(line) > WIDTH and isinstance(value, list | tuple) and value:  # a long array, one item per line
@@ -89,29 +99,29 @@ def _assignment(key: str, value: Any) -> list[str]:
 
 
 def _default(field: FieldInfo) -> Any:
-    if field.default_factory is not None:
-        return field.default_factory()  # type: ignore[call-arg]
-    return None if field.default is PydanticUndefined else field.default
+    if field.default_factory is not NODEFAULT:
+        return field.default_factory()
+    return None if field.default is NODEFAULT else field.default
 
 
-def _is_table(field: FieldInfo) -> bool:
-    annotation = field.annotation
-    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+def _table(field: FieldInfo) -> type[Struct] | None:
+    kind = bare_type(field.type)
+    return kind if isinstance(kind, type) and issubclass(kind, Struct) else None
 
 
-def _emit(model: type[BaseModel], prefix: str, out: list[str]) -> None:
+def _emit(model: type[Struct], prefix: str, out: list[str]) -> None:
     if model.__doc__ and prefix:
         out.extend(f"# {line.strip()}" if line.strip() else "#" for line in model.__doc__.strip().splitlines())
-    tables: list[tuple[str, type[BaseModel]]] = []
-    for key, field in model.model_fields.items():
-        if _is_table(field):
-            assert isinstance(field.annotation, type)
-            tables.append((key, field.annotation))
+    tables: list[tuple[str, type[Struct]]] = []
+    for field in fields(model):
+        key, table = field.name, _table(field)
+        if table is not None:
+            tables.append((key, table))
             continue
         default = _default(field)
-        out.extend(_comment(field.description or key))
+        out.extend(_comment(_meta(field, "description") or key))
         out.extend(_comment(f"type: {_type_name(field)}"))
-        example = (field.examples or [None])[0]
+        example = (_meta(field, "examples") or [None])[0]
         if default is None and example is not None:
             out.append(f"{key} = {toml_value(example)}   # no default: set it on every node")
         elif default is None:
@@ -121,7 +131,7 @@ def _emit(model: type[BaseModel], prefix: str, out: list[str]) -> None:
         out.append("")
     for key, sub in tables:
         name = f"{prefix}.{key}" if prefix else key
-        if any(not _is_table(f) for f in sub.model_fields.values()):
+        if any(_table(f) is None for f in fields(sub)):
             out.append(f"[{name}]")
         _emit(sub, name, out)
 

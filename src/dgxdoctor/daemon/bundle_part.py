@@ -44,9 +44,10 @@ def daemon_sources(store: ResultStore, role: str | None, since_s: float, bug_rep
     """The daemon's own view: its latest results (as ``check --json`` shows them) and its ``/state``."""
     from dgxdoctor.bundle.items import Sources
     from dgxdoctor.documents import ResultsDocument
+    from dgxdoctor.validation import validate
 
     def results() -> dict[str, Any]:
-        return ResultsDocument.model_validate(store.snapshot()).report(role)
+        return validate(ResultsDocument, store.snapshot()).report(role)
 
     return Sources(results, store.snapshot, since_s, bug_report)
 

@@ -20,20 +20,21 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
-from msgspec import Struct, field
+from msgspec import Meta, Struct, field
 from msgspec.structs import replace
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dgxdoctor import eventlog
 from dgxdoctor.checks.nccl import HCA_RE, NCCL_CHOICE_RE, NcclCheck, NcclSettings, ProbeRun
 from dgxdoctor.checks.nccl_run import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, ProbeSize
 from dgxdoctor.daemon import web
 from dgxdoctor.environment import Environment
+from dgxdoctor.settings.base import Frozen
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.fields import Host, sizes_in_order
 from dgxdoctor.sources.sysfs_ib import ports_by_device
+from dgxdoctor.validation import Invalid, key_path, record_rule, validate
 
 log = eventlog.get_logger(__name__)
 
@@ -41,27 +42,23 @@ log = eventlog.get_logger(__name__)
 KEEP_RUNS = 8
 
 
-class JoinRequest(BaseModel):
-    """What the head may ask for: the same field types as ``NcclSettings`` (``sources.fields``).
+class JoinRequest(Frozen, frozen=True):
+    """What the head may ask for: the same field types as ``NcclSettings`` (``sources.fields``)."""
 
-    Its validator is built at the first join request (``defer_build``): ~0.4 MiB an idle daemon never uses."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
-
-    run_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    run_id: Annotated[str, Meta(pattern=r"^[0-9a-f]{32}$")]
     master_addr: Host
-    master_port: int = Field(ge=1, le=65535)
-    nnodes: int = Field(ge=2, le=64)
-    node_rank: int = Field(ge=1, le=63)
-    join_timeout_s: float = Field(gt=0, le=600)
+    master_port: Annotated[int, Meta(ge=1, le=65535)]
+    nnodes: Annotated[int, Meta(ge=2, le=64)]
+    node_rank: Annotated[int, Meta(ge=1, le=63)]
+    join_timeout_s: Annotated[float, Meta(gt=0, le=600)]
     quick: bool = False
     min_bytes: ProbeSize = DEFAULT_MIN_BYTES
     max_bytes: ProbeSize = DEFAULT_MAX_BYTES
-    algo: str = Field("Ring", pattern=NCCL_CHOICE_RE.pattern)
-    proto: str = Field("Simple", pattern=NCCL_CHOICE_RE.pattern)
-    rail: str | None = Field(None, pattern=HCA_RE.pattern)
+    algo: Annotated[str, Meta(pattern=NCCL_CHOICE_RE.pattern)] = "Ring"
+    proto: Annotated[str, Meta(pattern=NCCL_CHOICE_RE.pattern)] = "Simple"
+    rail: Annotated[str, Meta(pattern=HCA_RE.pattern)] | None = None
 
-    @model_validator(mode="after")
+    @record_rule
     def _sizes_ordered(self) -> JoinRequest:
         sizes_in_order(self.min_bytes, self.max_bytes)
         return self
@@ -107,11 +104,11 @@ class NcclJoinService:
 
     def parse(self, doc: Any) -> JoinRequest:
         try:
-            request = JoinRequest.model_validate(doc)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "(body)"
-            raise Refused(400, f"{where}: {first['msg']}") from None
+            request = validate(JoinRequest, doc)
+        except Invalid as exc:
+            first = exc.problems[0]
+            where = key_path(first.path) or "(body)"
+            raise Refused(400, f"{where}: {first.reason}") from None
         if request.node_rank >= request.nnodes:
             raise Refused(400, "node_rank must be below nnodes")
         return request
@@ -121,19 +118,18 @@ class NcclJoinService:
         own = self._settings()
         if not own.enabled:
             raise Refused(409, "refused: [checks.nccl] enabled = false on this node")
-        settings = own.model_copy(
-            update={
-                "quick": request.quick,
-                "min_bytes": request.min_bytes,
-                "max_bytes": request.max_bytes,
-                "algo": request.algo,
-                "proto": request.proto,
-                "master_addr": request.master_addr,
-                "master_port": request.master_port,
-                "join_timeout_s": request.join_timeout_s,
-                "peer": None,
-                "rails": [],
-            }
+        settings = replace(
+            own,
+            quick=request.quick,
+            min_bytes=request.min_bytes,
+            max_bytes=request.max_bytes,
+            algo=request.algo,
+            proto=request.proto,
+            master_addr=request.master_addr,
+            master_port=request.master_port,
+            join_timeout_s=request.join_timeout_s,
+            peer=None,
+            rails=[],
         )
         check = NcclCheck(settings, replace(env, one_shot=False))  # a join is the daemon's: its windows apply
         with self._lock:

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from msgspec import Struct
 from msgspec.structs import replace
-from pydantic import BaseModel
 
 from dgxdoctor import __version__, eventlog
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner
@@ -69,10 +69,10 @@ def config_changes(old: Config, new: Config, token_changed: bool) -> list[str]:
         before, after = getattr(old.model, section, None), getattr(new.model, section, None)
         if before == after:
             continue
-        if isinstance(before, BaseModel) and isinstance(after, BaseModel):
+        if isinstance(before, Struct) and isinstance(after, Struct):
             changed += [
                 f"{section}.{key}"
-                for key in type(after).model_fields
+                for key in after.__struct_fields__
                 if getattr(before, key, None) != getattr(after, key, None) and f"{section}.{key}" not in changed
             ]
         else:

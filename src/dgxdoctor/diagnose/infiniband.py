@@ -55,7 +55,7 @@ class IbstatAnalyzer:
         return Diagnosis(self.kind, tuple(findings), data)
 
     def _port_findings(self, ports: list[IbstatPort], lines: list[str]) -> list[Finding]:
-        # The verdicts' module holds the check's rule model (pydantic): loaded once a paste is ibstat, not for
+        # The verdicts' module holds the check's rule model: loaded once a paste is ibstat, not for
         # every paste's detection (benchmarks/startup.py).
         from dgxdoctor.judge.infiniband import port_rate_verdict, port_state_verdict
 

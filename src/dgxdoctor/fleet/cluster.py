@@ -31,6 +31,7 @@ from dgxdoctor.fleet.peers import (
     validated_document,
 )
 from dgxdoctor.result import Status
+from dgxdoctor.validation import validate
 
 RUN_PATH = "/check/run"
 # The peer needs a moment to answer after its checks' own deadline: asked to finish this much earlier.
@@ -154,7 +155,7 @@ def assemble(local: NodeRun, peers: Sequence[NodeRun], tolerances: Mapping[str, 
                           run.clock_offset_s, run.rtt_s, run.cached)  # fmt: skip
         seen.add(run.node)
         nodes.append(run)
-    snapshots = [ResultsDocument.model_validate(n.doc).compared() | {"node": n.node} for n in nodes if n.doc]
+    snapshots = [validate(ResultsDocument, n.doc).compared() | {"node": n.node} for n in nodes if n.doc]
     outcome = compare(snapshots, tolerances, local=local.node)
     return ClusterView(tuple(nodes), outcome, deadline_s)
 
@@ -186,7 +187,7 @@ def cluster_document(view: ClusterView) -> dict[str, Any]:
         "comparison": {
             "nodes": list(view.comparison.nodes),
             "compared_facts": view.comparison.compared_facts,
-            "findings": [{**FindingDoc.of(f).model_dump(), "remedy": f.remedy} for f in view.comparison.findings],
+            "findings": [{**FindingDoc.of(f).dumped(), "remedy": f.remedy} for f in view.comparison.findings],
             "imbalances": [
                 {"metric": i.key, "rail": i.rail, "ratio": round(i.ratio, 6), "values": dict(i.values)}
                 for i in view.comparison.imbalances

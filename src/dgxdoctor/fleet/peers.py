@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 
 import httpx
 from msgspec import Struct
-from pydantic import ValidationError
 
 from dgxdoctor.documents import ResultsDocument
+from dgxdoctor.validation import Invalid, validate
 
 MAX_STATE_BYTES = 4 * 2**20
 MAX_PARALLEL_FETCHES = 8
@@ -152,10 +152,10 @@ def validated_document(doc: Any) -> ResultsDocument:
     """A peer's results document through the results model (sizes bounded); BadAnswer naming the first bad
     part (``checks[0].samples[2].value``)."""
     try:
-        return ResultsDocument.model_validate(doc)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise BadAnswer(f"{_where(first['loc'])}: {first['msg']}") from None
+        return validate(ResultsDocument, doc)
+    except Invalid as exc:
+        first = exc.problems[0]
+        raise BadAnswer(f"{_where(first.path)}: {first.reason}") from None
     except RecursionError:  # nesting deeper than the validator's stack
         raise BadAnswer("nested too deeply") from None
 

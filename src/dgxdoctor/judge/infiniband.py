@@ -7,12 +7,12 @@ Shared by ``checks/infiniband.py`` (sysfs, rates between runs) and ``diagnose`` 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from msgspec import Struct
-from pydantic import BaseModel, ConfigDict, Field
+from msgspec import Meta, Struct
 
 from dgxdoctor.result import Finding, Status
+from dgxdoctor.settings.base import Frozen
 from dgxdoctor.sources.sysfs_ib import IbPort
 
 PER_SECONDS = {"second": 1.0, "minute": 60.0, "hour": 3600.0}
@@ -96,26 +96,26 @@ def saturation_verdict(where: str, saturated: Mapping[str, int]) -> StateVerdict
     )
 
 
-class CounterThreshold(BaseModel):
+class CounterThreshold(Frozen, frozen=True):
     """One rule over one counter: any increase above ``limit`` between runs, or a rate above ``limit`` per
     ``per``."""
 
-    # defer_build and constructed defaults (``_rule``): the schema is built only when a config names a rule.
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
-
-    counter: str = Field("", description="sysfs counter name (counters/ or hw_counters/); empty: the rule's name")
-    kind: Literal["increase", "rate"] = Field(
-        "rate", description="'increase': change since the last run above limit; 'rate': events per `per` above limit"
-    )
-    limit: float = Field(0.0, ge=0, description="breach when the increase or the rate is above this")
-    per: Literal["second", "minute", "hour"] = Field("second", description="time unit of a rate limit")
-    severity: Literal["warning", "critical"] = Field("warning", description="status of a breach")
-    enabled: bool = Field(True, description="false switches this rule off")
+    counter: Annotated[
+        str, Meta(description="sysfs counter name (counters/ or hw_counters/); empty: the rule's name")
+    ] = ""
+    kind: Annotated[
+        Literal["increase", "rate"],
+        Meta(description="'increase': change since the last run above limit; 'rate': events per `per` above limit"),
+    ] = "rate"
+    limit: Annotated[float, Meta(ge=0, description="breach when the increase or the rate is above this")] = 0.0
+    per: Annotated[Literal["second", "minute", "hour"], Meta(description="time unit of a rate limit")] = "second"
+    severity: Annotated[Literal["warning", "critical"], Meta(description="status of a breach")] = "warning"
+    enabled: Annotated[bool, Meta(description="false switches this rule off")] = True
 
 
 def _rule(kind: Literal["increase", "rate"], limit: float, severity: Literal["warning", "critical"], **kw: Any) -> Any:
     """A built-in rule, constructed: equal to the validated one (tests/unit/test_config_sections.py)."""
-    return CounterThreshold.model_construct(kind=kind, limit=float(limit), severity=severity, **kw)
+    return CounterThreshold(kind=kind, limit=float(limit), severity=severity, **kw)
 
 
 # NVIDIA NIC health monitor defaults (see the module docstring for the source).

@@ -13,13 +13,12 @@ import hashlib
 import hmac
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
-from msgspec import Struct
-from pydantic import BaseModel, ConfigDict, Field
+from msgspec import Meta, Struct
 
-from dgxdoctor.remediation.state_doc import Step
+from dgxdoctor.remediation.state_doc import Finite, Step
 from dgxdoctor.sources.commands import CommandNotFound, CommandRunner, CommandTimeout
 from dgxdoctor.sources.ray_api import RayApiError, parse_nodes_detail
 
@@ -37,16 +36,13 @@ def step_mac(token: str, step: str, action_id: str, sent_at: float) -> str:
     return hmac.new(token.encode("utf-8"), message, hashlib.sha256).hexdigest()
 
 
-class StepRequest(BaseModel):
-    """``POST /remediation/step``'s body, exactly. Its schema is built at the first request (only a worker in act
-    mode gets any), not in every daemon at import."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True, defer_build=True)
+class StepRequest(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """``POST /remediation/step``'s body, exactly."""
 
     step: Step
-    id: str = Field(pattern=r"^[0-9a-f]{12,64}$")
-    ts: float
-    mac: str = Field(pattern=r"^[0-9a-f]{64}$")
+    id: Annotated[str, Meta(pattern=r"^[0-9a-f]{12,64}$")]
+    ts: Finite
+    mac: Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
 
     def signed_by(self, token: str) -> bool:
         return hmac.compare_digest(self.mac, step_mac(token, self.step, self.id, self.ts))

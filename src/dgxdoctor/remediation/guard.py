@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from msgspec import Struct, field, structs
 
+from dgxdoctor.records import asdict
 from dgxdoctor.remediation.policy import ActionName, Attempt, Problem, escalate
 from dgxdoctor.remediation.state_doc import MAX_ACTIONS, MAX_KEYS, MAX_STEPS, validate_state
 from dgxdoctor.settings.remediation import RemediationSettings
@@ -81,13 +82,13 @@ class GuardState(Struct):
             breaker_open=d.breaker.open,
             breaker_reason=d.breaker.reason,
             breaker_opened_at=d.breaker.opened_at,
-            actions=[a.model_dump() for a in d.actions],
+            actions=[asdict(a) for a in d.actions],
             last=dict(d.last),
-            attempts={k: [a.model_dump() for a in v] for k, v in d.attempts.items()},
+            attempts={k: [asdict(a) for a in v] for k, v in d.attempts.items()},
             onset=dict(d.onset),
             in_flight=InFlight(flight.id, flight.action, flight.key, flight.started_at, flight.pid) if flight else None,
             finished_at=d.finished_at,
-            steps=[s.model_dump() for s in d.steps],
+            steps=[asdict(s) for s in d.steps],
         )
 
     @classmethod

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from msgspec import Meta, Struct, field
+
+from dgxdoctor.validation import Invalid, key_path, rule, validate
 
 STATE_VERSION: Literal[1] = 1
 MAX_ACTIONS = 1000  # the budget's window: far above any budget an operator sets
@@ -20,62 +22,72 @@ MAX_TEXT = 512
 
 Action = Literal["restart_vllm", "restart_cluster", "page"]
 Step = Literal["ray_stop", "ray_start", "vllm_stop", "vllm_start"]
-Key = Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
+Key = Annotated[str, Meta(min_length=1, max_length=MAX_TEXT)]
+
+
+def finite(value: float) -> float:
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"expected a finite number, got {value}")
+    return value
+
+
+# A time or a count in the file: a finite number (JSON's NaN and Infinity extensions refused).
+Finite = Annotated[float, rule(finite)]
 
 
 class StateDocError(ValueError):
     """The state file is not a valid remediation state; the message names where."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+class _Strict(Struct, forbid_unknown_fields=True, kw_only=True):
+    """Exactly the keys the daemon writes."""
 
 
 class BreakerDoc(_Strict):
     open: bool = False
-    reason: str | None = Field(None, max_length=MAX_TEXT)
-    opened_at: float | None = None
+    reason: Annotated[str, Meta(max_length=MAX_TEXT)] | None = None
+    opened_at: Finite | None = None
 
 
 class StampDoc(_Strict):
     action: Action
-    at: float
+    at: Finite
 
 
 class InFlightDoc(_Strict):
-    id: str = Field(pattern=r"^[0-9a-f]{1,64}$")
+    id: Annotated[str, Meta(pattern=r"^[0-9a-f]{1,64}$")]
     action: Action
-    key: str = Field(min_length=1, max_length=MAX_TEXT)
-    started_at: float
-    pid: int = Field(ge=0)
+    key: Annotated[str, Meta(min_length=1, max_length=MAX_TEXT)]
+    started_at: Finite
+    pid: Annotated[int, Meta(ge=0)]
 
 
 class StepDoc(_Strict):
     """A step request a worker ran (or refused as a replay): its id, step and the head's timestamp."""
 
-    id: str = Field(pattern=r"^[0-9a-f]{12,64}$")
+    id: Annotated[str, Meta(pattern=r"^[0-9a-f]{12,64}$")]
     step: Step
-    at: float
+    at: Finite
 
 
 class StateDoc(_Strict):
     version: Literal[1] = STATE_VERSION
-    breaker: BreakerDoc = Field(default_factory=BreakerDoc)
-    actions: list[StampDoc] = Field(default_factory=list, max_length=MAX_ACTIONS)
-    last: dict[Key, float] = Field(default_factory=dict, max_length=MAX_KEYS)
-    attempts: dict[Action, Annotated[list[StampDoc], Field(max_length=MAX_ACTIONS)]] = Field(default_factory=dict)
-    onset: dict[Key, float] = Field(default_factory=dict, max_length=MAX_KEYS)
+    breaker: BreakerDoc = field(default_factory=BreakerDoc)
+    actions: Annotated[list[StampDoc], Meta(max_length=MAX_ACTIONS)] = field(default_factory=list)
+    last: Annotated[dict[Key, Finite], Meta(max_length=MAX_KEYS)] = field(default_factory=dict)
+    attempts: dict[Action, Annotated[list[StampDoc], Meta(max_length=MAX_ACTIONS)]] = field(default_factory=dict)
+    onset: Annotated[dict[Key, Finite], Meta(max_length=MAX_KEYS)] = field(default_factory=dict)
     in_flight: InFlightDoc | None = None
-    finished_at: float | None = None
-    steps: list[StepDoc] = Field(default_factory=list, max_length=MAX_STEPS)
+    finished_at: Finite | None = None
+    steps: Annotated[list[StepDoc], Meta(max_length=MAX_STEPS)] = field(default_factory=list)
 
 
 def validate_state(doc: Any) -> StateDoc:
     """The validated document; StateDocError naming the first problem."""
     try:
-        return StateDoc.model_validate(doc)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise StateDocError(f"{where}: {first['msg']}{more}") from None
+        return validate(StateDoc, doc)
+    except Invalid as exc:
+        first = exc.problems[0]
+        where = key_path(first.path) or "(top level)"
+        more = f" (and {len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
+        raise StateDocError(f"{where}: {first.reason}{more}") from None

@@ -13,9 +13,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
 from dgxdoctor.remediation.actions import STEP_WINDOW_S, StepRequest, run_argv
+from dgxdoctor.validation import Invalid, key_path, validate
 
 if TYPE_CHECKING:
     from dgxdoctor.remediation.engine import Remediator
@@ -33,11 +32,11 @@ class WorkerSteps:
         """(HTTP status, answer) for one step request."""
         r, s = self.owner, self.owner.settings
         try:
-            request = StepRequest.model_validate(doc)
-        except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            where = ".".join(str(p) for p in first["loc"]) or "(body)"
-            return 400, {"ok": False, "detail": f"{where}: {first['msg']}"[:300]}
+            request = validate(StepRequest, doc)
+        except Invalid as exc:
+            first = exc.problems[0]
+            where = key_path(first.path) or "(body)"
+            return 400, {"ok": False, "detail": f"{where}: {first.reason}"[:300]}
         if s.mode != "act" or s.role != "worker":
             return 409, {"ok": False, "detail": f"this agent is mode={s.mode}, role={s.role}: it runs no steps"}
         if r.targets.token is None or not request.signed_by(r.targets.token):

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from msgspec import Struct
 
 
-class Frozen(BaseModel):
-    # defer_build: a table's schema (validator and serializer, in pydantic-core's heap) is built at its first
-    # validation or dump, so the tables a config does not name never build one (config.parse_config).
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+class Frozen(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A settings table: ``validation.validate`` builds it from a config (every problem with its key path); built
+    in code (the defaults), it validates nothing."""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from msgspec import Meta
 
 from dgxdoctor.settings.base import Frozen
 from dgxdoctor.sources.fields import http_url
 from dgxdoctor.sources.statefile import read_private_file
+from dgxdoctor.validation import field_rule, record_rule
 
 DEFAULT_PORT = 9835
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
@@ -33,50 +34,56 @@ def parse_listen(value: str) -> tuple[str, int]:
 MAX_PEERS = 64
 
 
-class DaemonSettings(Frozen):
+class DaemonSettings(Frozen, frozen=True):
     """``dgxdoctor run``: where it listens, who may read its state, which peers it compares with."""
 
-    listen: str = Field(DEFAULT_LISTEN, description="HOST:PORT of /metrics, /healthz and /state")
-    token: str | None = Field(
-        None,
-        min_length=16,
-        description="shared secret peers send as 'Authorization: Bearer ...'; without it /state is loopback-only",
-    )
-    token_file: Path | None = Field(
-        None,
-        description="file holding the token (instead of token): a regular file, not a link, root's (or dgxdoctor's "
-        "user's), mode 0600; anything else is a config error",
-    )
-    peers: tuple[str, ...] = Field(
-        (),
-        max_length=MAX_PEERS,
-        description=f'dgxdoctor on the other nodes, e.g. ["http://dgx-b:9835"]; at most {MAX_PEERS}',
-    )
-    peer_timeout_s: float = Field(3.0, gt=0, le=60, description="seconds to wait for one peer's /state")
-    textfile_path: Path | None = Field(
-        None,
-        description="also write the exposition here for node_exporter's textfile collector (a *.prom file)",
-    )
-    textfile_interval_s: float = Field(15.0, gt=0, description="seconds between textfile writes")
-    max_connections: int = Field(
-        256,
-        ge=8,
-        le=65536,
-        description="client connections held at once (Prometheus, peers, curl); over it the longest-idle one is "
-        "closed. Never more than the open-file limit leaves free for the checks",
-    )
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
-    check_run_min_interval_s: float = Field(
-        2.0, ge=0, le=3600, description="POST /check/run (a peer's `check --cluster`): at most one run per this long"
-    )
+    listen: Annotated[str, Meta(description="HOST:PORT of /metrics, /healthz and /state")] = DEFAULT_LISTEN
+    token: Annotated[
+        Annotated[str, Meta(min_length=16)] | None,
+        Meta(description="shared secret peers send as 'Authorization: Bearer ...'; without it /state is loopback-only"),
+    ] = None
+    token_file: Annotated[
+        Path | None,
+        Meta(
+            description="file holding the token (instead of token): a regular file, not a link, root's (or dgxdoctor's "
+            "user's), mode 0600; anything else is a config error"
+        ),
+    ] = None
+    peers: Annotated[
+        tuple[str, ...],
+        Meta(
+            max_length=MAX_PEERS,
+            description=f'dgxdoctor on the other nodes, e.g. ["http://dgx-b:9835"]; at most {MAX_PEERS}',
+        ),
+    ] = ()
+    peer_timeout_s: Annotated[float, Meta(gt=0, le=60, description="seconds to wait for one peer's /state")] = 3.0
+    textfile_path: Annotated[
+        Path | None,
+        Meta(description="also write the exposition here for node_exporter's textfile collector (a *.prom file)"),
+    ] = None
+    textfile_interval_s: Annotated[float, Meta(gt=0, description="seconds between textfile writes")] = 15.0
+    max_connections: Annotated[
+        int,
+        Meta(
+            ge=8,
+            le=65536,
+            description="client connections held at once (Prometheus, peers, curl); over it the longest-idle one is "
+            "closed. Never more than the open-file limit leaves free for the checks",
+        ),
+    ] = 256
+    log_level: Annotated[Literal["debug", "info", "warning", "error"], Meta(description="log level")] = "info"
+    check_run_min_interval_s: Annotated[
+        float,
+        Meta(ge=0, le=3600, description="POST /check/run (a peer's `check --cluster`): at most one run per this long"),
+    ] = 2.0
 
-    @field_validator("listen")
+    @field_rule("listen")
     @classmethod
     def _check_listen(cls, value: str) -> str:
         parse_listen(value)
         return value
 
-    @field_validator("peers")
+    @field_rule("peers")
     @classmethod
     def _check_peers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         peers = tuple(http_url(peer, path=False) for peer in value)
@@ -84,7 +91,7 @@ class DaemonSettings(Frozen):
             raise ValueError("a peer is listed twice")
         return peers
 
-    @model_validator(mode="after")
+    @record_rule
     def _one_token_source(self) -> DaemonSettings:
         if self.token is not None and self.token_file is not None:
             raise ValueError("set token or token_file, not both")

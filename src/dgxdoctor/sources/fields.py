@@ -2,19 +2,20 @@
 
 One definition each, so a value the local config accepts is one a peer accepts too (a join request with
 ``min_bytes = "8m"`` used to be refused by the peer that the local check had let through). Each raises a
-ValueError that names what is wrong; pydantic reports it with the key path.
+ValueError that names what is wrong; ``validation`` reports it with the key path.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Any
+from typing import Annotated, ClassVar
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BeforeValidator
+from msgspec import Meta
 
 from dgxdoctor.lazy_re import lazy_compile
+from dgxdoctor.validation import rule
 
 # One DNS label (RFC 1123): letters, digits, inner hyphens; a host name is dot-separated labels, 253 at most.
 _LABEL = lazy_compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
@@ -73,13 +74,29 @@ def _spelled(size: int) -> str:
     return f"{size} B"
 
 
-def _size_text_to_bytes(value: Any) -> Any:
-    """A size written as text (``"64M"``) is its number of bytes; anything else is left for the int check."""
-    return parse_byte_size(value) if isinstance(value, str) else value
+class ByteCount(int):
+    """A number of bytes a setting holds: 67108864 or, in ``ByteSize``'s units, ``"64M"``."""
+
+    toml_type: ClassVar[str] = "int"
+
+    @classmethod
+    def decode(cls, value: object) -> ByteCount:
+        if isinstance(value, str):
+            return cls(parse_byte_size(value))
+        if isinstance(value, int) and not isinstance(value, bool):
+            return cls(value)
+        raise TypeError(f"expected a number of bytes or a size such as 64M, got {type(value).__name__}")
 
 
-def _empty_is_none(value: Any) -> Any:
-    return None if value == "" else value
+def at_least(low: int) -> Meta:
+    """The rule of a ``ByteCount`` of at least ``low`` bytes."""
+
+    def check(value: int) -> int:
+        if value < low:
+            raise ValueError(f"expected at least {low} bytes ({_spelled(low)}), got {value}")
+        return value
+
+    return rule(check)
 
 
 def http_url(value: str, *, path: bool = True) -> str:
@@ -101,11 +118,18 @@ def http_url(value: str, *, path: bool = True) -> str:
     return value.rstrip("/")
 
 
-HttpUrl = Annotated[str, AfterValidator(http_url)]
-PeerUrl = Annotated[str, AfterValidator(lambda value: http_url(value, path=False))]
-Host = Annotated[str, AfterValidator(host)]
-ByteSize = Annotated[str, AfterValidator(byte_size)]
-# A number of bytes a setting holds: 67108864 or, in ByteSize's units, "64M".
-ByteCount = Annotated[int, BeforeValidator(_size_text_to_bytes)]
+def peer_url(value: str) -> str:
+    return http_url(value, path=False)
+
+
+def empty_or_url(value: str) -> str | None:
+    """An http(s) URL, or None for ``""`` (a key written to say "none")."""
+    return None if value == "" else http_url(value)
+
+
+HttpUrl = Annotated[str, rule(http_url)]
+PeerUrl = Annotated[str, rule(peer_url)]
+Host = Annotated[str, rule(host)]
+ByteSize = Annotated[str, rule(byte_size)]
 # "" means "none" in a TOML file that cannot write null.
-OptionalHttpUrl = Annotated[HttpUrl | None, BeforeValidator(_empty_is_none)]
+OptionalHttpUrl = Annotated[str | None, rule(empty_or_url)]
