@@ -95,6 +95,8 @@ class Secret:
 def decode_hook(kind: type, value: Any) -> Any:
     """msgspec's ``dec_hook``: ``Path`` from a string, other classes by their ``decode`` classmethod."""
     if kind is Path or kind is PurePath:
+        if isinstance(value, PurePath):
+            return Path(value)
         if not isinstance(value, str):
             raise TypeError(f"expected a path (string), got {type(value).__name__}")
         if "\x00" in value:
@@ -139,12 +141,16 @@ def validate(model: type[T], data: Any) -> T:
 
 def _converted(model: type[T], data: Any, problems: list[Problem]) -> T | None:
     """msgspec's conversion, again without each bad value until it passes (or nothing more can be left out)."""
+    left_out: set[KeyPath] = set()
     while True:
         try:
             return msgspec.convert(data, model, dec_hook=decode_hook)
         except msgspec.ValidationError as exc:
             problem = _problem(exc, model, data)
+            if problem.path in left_out:  # a required key left out for its bad value: already reported
+                return None
             problems.append(problem)
+            left_out.add(_holder(problem.path))
             data = _without(data, problem.path)
             if data is None or len(problems) >= MAX_PROBLEMS:
                 return None
@@ -170,7 +176,29 @@ def _problem(exc: msgspec.ValidationError, model: Any, data: Any) -> Problem:
     missing = _MISSING.match(message)
     if missing:
         return Problem((*path, missing["key"]), "required, missing")
-    return Problem(path, _lower_first(message.replace("`", "")), _at(data, path))
+    reason = _plain_words(message)
+    if message.startswith("Invalid enum value"):
+        choices = [repr(c) for c in get_args(bare_type(_type_at(model, path))) if isinstance(c, str | int)]
+        if choices:
+            reason += (
+                " (expected "
+                + (" or ".join([", ".join(choices[:-1]), choices[-1]]) if len(choices) > 1 else choices[0])
+                + ")"
+            )
+    return Problem(path, reason, _at(data, path))
+
+
+def _type_at(model: Any, path: KeyPath) -> Any:
+    """The declared type of the value at ``path`` below ``model`` (Any where it cannot be told)."""
+    for part in path:
+        hint = bare_type(model)
+        if isinstance(hint, type) and issubclass(hint, Struct) and part in hint.__struct_fields__:
+            model = get_type_hints(hint, include_extras=True)[str(part)]
+        elif get_origin(hint) in (dict, list, tuple) and get_args(hint):
+            model = get_args(hint)[-1] if get_origin(hint) is dict else get_args(hint)[0]
+        else:
+            return Any
+    return model
 
 
 def _order(model: Any, data: Any, path: KeyPath) -> tuple[int, ...]:
@@ -248,6 +276,18 @@ def bare_type(hint: Any) -> Any:
     return hint
 
 
+# "Expected `str` of length >= 16": a reader of a config file counts characters
+_LENGTH = re.compile(r"^Expected `str` of length (>=|<=) (\d+)$")
+
+
+def _plain_words(message: str) -> str:
+    length = _LENGTH.match(message)
+    if length:
+        bound = "at least" if length[1] == ">=" else "at most"
+        return f"expected a string of {bound} {length[2]} characters"
+    return _lower_first(message.replace("`", ""))
+
+
 def _lower_first(text: str) -> str:
     return text[:1].lower() + text[1:] if text[:2] != text[:2].upper() else text
 
@@ -262,10 +302,15 @@ def _at(data: Any, path: KeyPath) -> Any:
     return data
 
 
+def _holder(path: KeyPath) -> KeyPath:
+    """The key ``_without`` leaves out for a problem at ``path``: the whole list for a bad item."""
+    return path[: next((i for i, part in enumerate(path) if isinstance(part, int)), len(path))]
+
+
 def _without(data: Any, path: KeyPath) -> Any:
-    """``data`` less the key that holds the bad value (the whole list for a bad item); None when there is no such
-    key (the problem is the value as a whole)."""
-    keys = path[: next((i for i, part in enumerate(path) if isinstance(part, int)), len(path))]
+    """``data`` less the key that holds the bad value (``_holder``); None when there is no such key (the problem is
+    the value as a whole)."""
+    keys = _holder(path)
     if not keys or not isinstance(data, dict):
         return None
     head, rest = keys[0], keys[1:]
@@ -312,7 +357,12 @@ def _check_record(record: Struct, path: KeyPath, problems: list[Problem]) -> Non
         try:
             if current is None:
                 continue
-            checked: Any = type(current)(check(item) for item in current) if per_item else check(current)
+            if not per_item:
+                checked: Any = check(current)
+            elif isinstance(current, dict):
+                checked = {key: check(item) for key, item in current.items()}
+            else:
+                checked = type(current)(check(item) for item in current)
         except ValueError as exc:
             problems.append(Problem((*path, name), str(exc), current))
             continue
@@ -365,7 +415,8 @@ def _marked(model: type, mark: str) -> list[tuple[str, Any]]:
 
 
 def _rules_of(hint: Any, per_item: bool = False) -> list[tuple[Callable[[Any], Any], bool]]:
-    """The rules on a field's type: on it, inside ``X | None``, or on the items of a list or tuple."""
+    """The rules on a field's type: on it, inside ``X | None``, or on the items of a list or tuple (a dict's
+    values)."""
     origin, args = get_origin(hint), get_args(hint)
     if origin is Annotated:
         extras = [m.extra for m in hint.__metadata__ if isinstance(m, Meta) and m.extra and RULE in m.extra]
@@ -374,4 +425,6 @@ def _rules_of(hint: Any, per_item: bool = False) -> list[tuple[Callable[[Any], A
         return [found for arg in args for found in _rules_of(arg, per_item)]
     if origin in (list, tuple, set, frozenset) and not per_item:
         return [found for arg in args if arg is not Ellipsis for found in _rules_of(arg, True)]
+    if origin is dict and args and not per_item:  # the values' rules
+        return _rules_of(args[1], True)
     return []

@@ -10,6 +10,7 @@ from dgxdoctor.checks.peer_compare import PeerCompareCheck, PeerCompareSettings
 from dgxdoctor.environment import Environment, Fleet, Peers
 from dgxdoctor.fleet.peers import BadAnswer, PeerFetch, fetch_all, validate_state
 from dgxdoctor.result import Status
+from dgxdoctor.validation import validate
 
 TOKEN = "s3cret-token-0123456789"
 
@@ -43,7 +44,7 @@ def peer_state(node: str = "dgx-b", util: float = 0.9) -> dict[str, Any]:
         ({"checks": []}, "'node'"),
         ({"node": "b", "checks": {}}, "'checks'"),
         ({"node": "b", "checks": [{"samples": []}]}, r"checks\[0\]"),
-        ({"node": "b", "checks": [{"name": "g", "samples": [{"name": "m", "value": "1"}]}]}, "not a number"),
+        ({"node": "b", "checks": [{"name": "g", "samples": [{"name": "m", "value": "1"}]}]}, r"samples\[0\]\.value"),
         ({"node": "b", "checks": [{"name": "g", "samples": [{"name": "m", "labels": {"a": 1}}]}]}, "labels"),
         ({"node": "b", "checks": [], "facts": {"k": 1}}, "facts"),
     ],
@@ -102,7 +103,7 @@ def make_check(handler: Any, peers: tuple[str, ...] = ("http://dgx-b:9835",), **
     local = peer_state("dgx-a", util=0.95)
     fleet = Fleet(lambda check: json.loads(json.dumps(local)), lambda: Peers(peers, TOKEN, 1.0))
     env = Environment(node="dgx-a", http_transport=transport(handler), fleet=fleet)
-    check = PeerCompareCheck(PeerCompareSettings(**settings), env)
+    check = PeerCompareCheck(validate(PeerCompareSettings, settings), env)
     return check
 
 
@@ -143,6 +144,6 @@ def test_skipped_outside_the_daemon_and_without_peers() -> None:
 
 def test_tolerance_keys_are_validated() -> None:
     with pytest.raises(ValueError, match="unknown metric"):
-        PeerCompareSettings(tolerances={"gpu_utilisation": 0.3})
+        validate(PeerCompareSettings, {"tolerances": {"gpu_utilisation": 0.3}})
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
-        PeerCompareSettings(tolerances={"gpu_utilization": 3})
+        validate(PeerCompareSettings, {"tolerances": {"gpu_utilization": 3}})

@@ -12,6 +12,7 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandResult
 from dgxdoctor.sources.systemd import parse_systemctl_show
+from dgxdoctor.validation import validate
 from pcitree import build_pci_tree
 
 # `systemctl show -p LoadState,ActiveState,SubState,Result UNIT`, as systemd 252 (Debian 12) prints it.
@@ -40,7 +41,7 @@ def run_check(tmp_path: Path, pci: str, units: dict[str, str], peermem: bool = T
         (proc / "driver" / "nvidia").mkdir(parents=True)
         (proc / "driver" / "nvidia" / "version").write_text(version)
     env = Environment(sysfs_root=sysfs, proc_root=proc, run_command=recorded(units))
-    return DriverStackCheck(DriverStackSettings(**settings), env).run()  # type: ignore[arg-type]
+    return DriverStackCheck(validate(DriverStackSettings, settings), env).run()  # type: ignore[arg-type]
 
 
 HEALTHY = {"nvidia-fabricmanager.service": RUNNING, "nvidia-persistenced.service": RUNNING}
@@ -116,7 +117,7 @@ def test_no_gpu_on_the_bus_is_skipped(tmp_path: Path) -> None:
 
 def test_bad_unit_names_and_output_are_refused() -> None:
     with pytest.raises(ValueError, match="not a systemd unit name"):
-        DriverStackSettings(fabric_manager_unit="fm; rm -rf /")
+        validate(DriverStackSettings, {"fabric_manager_unit": "fm; rm -rf /"})
     with pytest.raises(ValueError, match="no ActiveState"):
         parse_systemctl_show("System has not been booted with systemd as init system (PID 1).", "x.service")
 

@@ -24,6 +24,7 @@ from dgxdoctor.sources.nvml import (
     error_for_code,
     normalize_pci_bus_id,
 )
+from dgxdoctor.validation import validate
 from fake_nvml import NO_LIBRARY, FakeNvml, load_capture, lost, not_supported
 
 H200 = "h200-2gpu-580.159.04.json"
@@ -35,7 +36,7 @@ H200_SETTINGS: dict[str, Any] = {"expected_count": 2, "expected_model": "H200", 
 def make(fake: FakeNvml, tmp_path: Path, **settings: Any) -> GpuCheck:
     # An empty sysfs: no PCI tree to compare with (tests/unit/test_presence.py lays one out).
     env = Environment(node="test", state_dir=tmp_path, sysfs_root=tmp_path / "sys", nvml_factory=lambda: fake)
-    return GpuCheck(GpuSettings(**settings), env)
+    return GpuCheck(validate(GpuSettings, settings), env)
 
 
 def h200(tmp_path: Path, **settings: Any) -> tuple[FakeNvml, GpuCheck]:
@@ -390,7 +391,7 @@ async def test_hung_nvml_is_unknown_through_the_runner(tmp_path: Path) -> None:
     release = threading.Event()
     fake = FakeNvml(load_capture(H200), hang=release)
     env = Environment(node="test", state_dir=tmp_path, nvml_factory=lambda: fake)
-    check = GpuCheck(GpuSettings(**H200_SETTINGS, timeout_s=0.2), env)
+    check = GpuCheck(validate(GpuSettings, {**H200_SETTINGS, "timeout_s": 0.2}), env)
     runner = CheckRunner(env)
     try:
         result = await runner.run(check)

@@ -49,7 +49,7 @@ def run(tmp_path: Path, probe: FakeProbe, **settings: object) -> HostCheck:
     settings.setdefault("ray_log_dir", tmp_path / "ray")
     settings.setdefault("root_path", tmp_path)
     env = Environment(node="n1", state_dir=tmp_path, proc_root=tmp_path / "proc")
-    return HostCheck(HostSettings(**settings), env, probe)  # type: ignore[arg-type]
+    return HostCheck(validate(HostSettings, settings), env, probe)  # type: ignore[arg-type]
 
 
 def model_dir(tmp_path: Path, sizes: dict[str, int]) -> Path:

@@ -26,6 +26,7 @@ from dgxdoctor.sources.sysfs_ib import (
     parse_state,
     read_ports,
 )
+from dgxdoctor.validation import validate
 from sysfstree import build_sysfs_tree
 
 IB_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ib"
@@ -99,7 +100,7 @@ def set_boot(tmp_path: Path, boot: str) -> None:
 
 
 def check(env: Environment, **settings: Any) -> InfinibandCheck:
-    return InfinibandCheck(InfinibandSettings(**settings), env)
+    return InfinibandCheck(validate(InfinibandSettings, settings), env)
 
 
 def codes(result: CheckResult) -> dict[str, list[str | None]]:

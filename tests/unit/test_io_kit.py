@@ -31,6 +31,7 @@ from dgxdoctor.remediation.engine import Remediator, Targets
 from dgxdoctor.sources.commands import CommandResult
 from dgxdoctor.sources.http import MAX_RESPONSE_BYTES
 from dgxdoctor.sources.statefile import WRITE_ERRORS, StateFile, atomic_writer
+from dgxdoctor.validation import validate
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "dgxdoctor"
 
@@ -115,7 +116,10 @@ def true_runner(argv: object, timeout_s: float = 10.0) -> CommandResult:
 def test_remediation_refuses_an_oversized_models_body(tmp_path: Path, oversized_vllm: str) -> None:
     """The restart's verification reads an untrusted ``/v1/models`` through the capped client: a clear error, and
     the agent holds at most the cap (the old bare client read all 96 MiB, twice over)."""
-    settings = RemediationSettings(mode="act", role="head", verify_timeout_s=5, commands={"restart_vllm": ["true"]})
+    settings = validate(
+        RemediationSettings,
+        {"mode": "act", "role": "head", "verify_timeout_s": 5, "commands": {"restart_vllm": ["true"]}},
+    )
     targets = Targets(VllmTarget(oversized_vllm, "tiny"), "http://127.0.0.1:1", 1, 0, (), None)
     env = Environment(node="dgx-a", run_command=true_runner)
     r = Remediator(settings, None, "dgx-a", tmp_path, targets, dict, env=env)

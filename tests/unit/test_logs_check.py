@@ -12,6 +12,7 @@ import pytest
 from dgxdoctor.checks.logs import LogsCheck, LogsSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import Status
+from dgxdoctor.validation import validate
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 CODES = sorted(p.stem.upper() for p in LOGS.glob("*.log") if p.stem != "lookalikes")
@@ -36,7 +37,7 @@ def make(tmp_path: Path, clock: Clock, **settings: object) -> tuple[LogsCheck, P
         "ray_paths": [str(ray_dir / "*.err"), str(ray_dir / "*.out")],
     }
     env = Environment(state_dir=tmp_path / "state", clock=clock, one_shot=False)
-    check = LogsCheck(LogsSettings(**{**defaults, **settings}), env)
+    check = LogsCheck(validate(LogsSettings, {**defaults, **settings}), env)
     return check, vllm_log, ray_dir
 
 

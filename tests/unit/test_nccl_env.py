@@ -23,6 +23,7 @@ from dgxdoctor.sources.nccl_env import (
 )
 from dgxdoctor.sources.procfs import command_matches
 from dgxdoctor.sources.sysfs_ib import gid_is_zero, ports_by_device
+from dgxdoctor.validation import validate
 
 NCCL = FIXTURES / "nccl_env"
 SYSFS = NCCL / "sysfs"
@@ -337,7 +338,7 @@ def fake_proc(root: Path, pid: int, comm: str, cmdline: list[str], environ: dict
 def make(tmp_path: Path, **settings: object) -> NcclEnvCheck:
     env = Environment(node="n1", sysfs_root=SYSFS, proc_root=tmp_path / "proc", state_dir=tmp_path)
     (tmp_path / "proc").mkdir(exist_ok=True)
-    return NcclEnvCheck(NcclEnvSettings(**settings), env, addresses=lambda: HERE)  # type: ignore[arg-type]
+    return NcclEnvCheck(validate(NcclEnvSettings, settings), env, addresses=lambda: HERE)  # type: ignore[arg-type]
 
 
 def test_check_file_only(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 from dgxdoctor.checks.nccl import NcclSettings
 from dgxdoctor.daemon.nccl_join import NcclJoinService, Refused
 from dgxdoctor.environment import Environment
+from dgxdoctor.validation import validate
 from proctree import write_process
 
 GOOD: dict[str, Any] = {
@@ -130,7 +131,7 @@ def test_the_serving_guard_is_this_nodes_own_never_the_requests(tmp_path: Path) 
 @pytest.mark.parametrize(("key", "value"), [("min_bytes", "0"), ("max_bytes", "32G"), ("min_bytes", "2G")])
 def test_the_local_probe_sizes_are_bounded_too(key: str, value: str) -> None:
     with pytest.raises(ValueError, match=key):
-        NcclSettings(**{key: value})
+        validate(NcclSettings, {key: value})
 
 
 async def test_a_node_without_a_token_refuses_every_join_even_from_loopback(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from dgxdoctor.result import CheckResult, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandResult
 from dgxdoctor.sources.nvml import NVML_ERROR_DRIVER_NOT_LOADED, NvmlError, NvmlLibraryNotFound, error_for_code
 from dgxdoctor.sources.pci import mellanox_nics, nvidia_gpus, read_pci_devices
+from dgxdoctor.validation import validate
 from fake_nvml import NO_LIBRARY, FakeNvml, load_capture
 from pcitree import build_pci_tree
 
@@ -165,7 +166,7 @@ def test_every_gpu_on_the_bus_seen_by_nvml_is_healthy(tmp_path: Path) -> None:
 
 
 def ib(tmp_path: Path, role: Role | None = None, pci: str | None = None, **settings: Any) -> CheckResult:
-    return InfinibandCheck(InfinibandSettings(**settings), env(tmp_path, role=role, pci=pci)).run()
+    return InfinibandCheck(validate(InfinibandSettings, settings), env(tmp_path, role=role, pci=pci)).run()
 
 
 def test_mellanox_nics_without_rdma_device_are_critical(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.compare import compare
 from dgxdoctor.fleet.peers import validate_state
 from dgxdoctor.result import CheckResult, Status
+from dgxdoctor.validation import validate
 from proctree import write_process
 from ras_standin import CLOSE, scripted
 
@@ -38,7 +39,7 @@ def run(tmp_path: Path, port: int | None, **settings: Any) -> CheckResult:
     if port is not None:
         settings.setdefault("address", f"127.0.0.1:{port}")
     settings.setdefault("deadline_s", 3)
-    check = RasCheck(RasSettings(**settings), Environment(node="dgx-a", proc_root=tmp_path))
+    check = RasCheck(validate(RasSettings, settings), Environment(node="dgx-a", proc_root=tmp_path))
     return check.run()
 
 
@@ -120,7 +121,7 @@ def test_nccl_ras_addr_of_the_serving_process_is_honoured(tmp_path: Path) -> Non
 
 def test_bad_address_in_config_is_named() -> None:
     try:
-        RasSettings(address="dgx-a:99999")
+        validate(RasSettings, {"address": "dgx-a:99999"})
     except ValueError as exc:
         assert "port '99999' is not a TCP port" in str(exc)
     else:

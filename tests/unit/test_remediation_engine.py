@@ -20,6 +20,7 @@ from dgxdoctor.remediation.actions import VllmTarget, step_mac
 from dgxdoctor.remediation.audit import AuditLog, guard_state_file
 from dgxdoctor.remediation.engine import Remediator, Targets
 from dgxdoctor.result import CheckResult, Finding, Status
+from dgxdoctor.validation import validate
 
 DEAD = CheckResult("vllm", Status.CRITICAL, "dead", (Finding("VLLM_DEAD", Status.CRITICAL, "refused"),))
 
@@ -57,7 +58,7 @@ def remediator(
 ) -> Remediator:
     cfg: dict[str, Any] = {"mode": "act", "role": "head", "hold_s": 0, "vllm_start_grace_s": 0, "verify_timeout_s": 1}
     cfg["commands"] = {"restart_vllm": ["true"], **kw.pop("commands", {})}
-    settings = RemediationSettings(**{**cfg, **kw})
+    settings = validate(RemediationSettings, {**cfg, **kw})
     targets = Targets(VllmTarget("http://vllm:8000", "tiny"), "http://ray:8265", 2, 16, (), "t" * 16)
     env = Environment(node="dgx-a", http_transport=transport)
     pager = make_pager(AlertsSettings(alertmanager_url="http://am:9093"), env)

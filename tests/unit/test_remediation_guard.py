@@ -7,6 +7,7 @@ from typing import Any
 from dgxdoctor.config import RemediationSettings
 from dgxdoctor.remediation.guard import Guard, GuardState
 from dgxdoctor.remediation.policy import Problem
+from dgxdoctor.validation import validate
 
 VLLM = Problem("check:vllm:restart_vllm", "restart_vllm", "check", "VLLM_DEAD: refused")
 RAY = Problem("check:ray:restart_cluster", "restart_cluster", "check", "RAY_NODE_DEAD")
@@ -14,7 +15,7 @@ RAY = Problem("check:ray:restart_cluster", "restart_cluster", "check", "RAY_NODE
 
 def guard(**kw: Any) -> Guard:
     base: dict[str, Any] = {"mode": "act", "role": "head", "hold_s": 10, "vllm_start_grace_s": 60, "budget": 2}
-    return Guard(RemediationSettings(**{**base, **kw}))
+    return Guard(validate(RemediationSettings, {**base, **kw}))
 
 
 def seen(g: Guard, problem: Problem, at: float) -> None:

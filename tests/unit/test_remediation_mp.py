@@ -28,6 +28,7 @@ from dgxdoctor.remediation.actions import VllmTarget
 from dgxdoctor.remediation.audit import AuditLog, guard_state_file
 from dgxdoctor.remediation.engine import Remediator, Targets
 from dgxdoctor.result import CheckResult, Finding, Status
+from dgxdoctor.validation import validate
 
 WORKER_URL = "http://dgx-b:9100"
 HEADLESS = ["serve", "/models/glm", "--tensor-parallel-size", "16", "--nnodes", "2", "--node-rank", "1",
@@ -80,8 +81,8 @@ def signed(step: str, action_id: str) -> dict[str, Any]:
 def settings(role: str, **kw: Any) -> RemediationSettings:
     commands = {"stop_vllm": ["systemctl", "stop", "vllm-head-mp.service"],
                 "start_vllm": ["systemctl", "start", "vllm-head-mp.service"]}  # fmt: skip
-    return RemediationSettings(mode="act", role=role, hold_s=0, vllm_start_grace_s=0, verify_timeout_s=1,
-                               commands=commands, **kw)  # fmt: skip
+    base = {"mode": "act", "role": role, "hold_s": 0, "vllm_start_grace_s": 0, "verify_timeout_s": 1}
+    return validate(RemediationSettings, {**base, "commands": commands, **kw})
 
 
 def pair(tmp: Path, seen: list[str], executor: str | None = "mp") -> tuple[Remediator, Remediator]:

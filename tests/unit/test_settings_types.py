@@ -47,7 +47,10 @@ def test_sizes_in_order() -> None:
 
 
 def test_empty_vllm_url_means_none_and_good_values_pass() -> None:
-    s = NcclSettings(vllm_url="", peer="http://dgx-b:9835", master_addr="fe80::1", min_bytes="8m", max_bytes="1g")
+    s = validate(
+        NcclSettings,
+        {"vllm_url": "", "peer": "http://dgx-b:9835", "master_addr": "fe80::1", "min_bytes": "8m", "max_bytes": "1g"},
+    )
     assert s.vllm_url is None and s.min_bytes == "8M" and s.max_bytes == "1G"
 
 
@@ -166,7 +169,7 @@ def test_every_url_and_host_setting_is_validated(model: type, key: str) -> None:
     bad = "dgx-b; rm -rf /" if key.endswith("_addr") else "127.0.0.1:8000"
     value: object = [bad] if key == "peers" else bad
     with pytest.raises(ValueError, match=key):
-        model(**{key: value})
+        validate(model, {key: value})
 
 
 BYTE_COUNTS = [

@@ -18,6 +18,7 @@ from dgxdoctor.judge.topology import evaluate_topology
 from dgxdoctor.result import Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandResult
 from dgxdoctor.sources.topo import TopoParseError, gpu_link_summary, parse_topo_matrix
+from dgxdoctor.validation import validate
 
 TOPO = FIXTURES / "topo"
 
@@ -191,7 +192,7 @@ class FakeRunner:
 
 def make_check(runner: FakeRunner, tmp_path: Path, **settings: object) -> TopologyCheck:
     env = Environment(node="n1", state_dir=tmp_path, run_command=runner)
-    return TopologyCheck(TopologySettings(**settings), env)  # type: ignore[arg-type]
+    return TopologyCheck(validate(TopologySettings, settings), env)  # type: ignore[arg-type]
 
 
 def test_check_ok_on_h200(tmp_path: Path) -> None:

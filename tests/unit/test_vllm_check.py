@@ -24,6 +24,7 @@ from dgxdoctor.config import ConfigError, parse_config
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, Status
 from dgxdoctor.sources.vllm_api import cmdline_port, is_vllm_api_server, is_vllm_process
+from dgxdoctor.validation import validate
 
 API_PID, ENGINE_PID = 7538, 7573
 BTIME = 1796003545
@@ -115,7 +116,7 @@ def make(
         one_shot=one_shot,
     )
     settings.setdefault("base_url", "http://127.0.0.1:18765")
-    check = VllmCheck(VllmSettings(**settings), env)
+    check = VllmCheck(validate(VllmSettings, settings), env)
     check._sleep = clock.sleep
     return check
 

@@ -39,7 +39,7 @@ class FakeClock:
 def _check(path: Path, clock: FakeClock | None = None, **settings: object) -> XidCheck:
     clock = clock or FakeClock()
     env = Environment(node="n1", kmsg_path=path, clock=clock.wall, monotonic=clock.mono)
-    return XidCheck(XidSettings(**settings), env)  # type: ignore[arg-type]
+    return XidCheck(validate(XidSettings, settings), env)  # type: ignore[arg-type]
 
 
 def _log(tmp_path: Path, *fixtures: str) -> Path:
