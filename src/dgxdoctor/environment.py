@@ -9,6 +9,7 @@ from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
 
 from msgspec import Struct, field
 
@@ -173,6 +174,28 @@ class Environment(Struct, frozen=True):
     # The [daemon] table's shared secret, read when a check asks a peer's agent (the nccl cross-node probe); the
     # daemon's answers with the token in force after a reload. Raises OSError/ValueError for a bad token_file.
     token: Callable[[], str | None] = _no_token
+
+    def refusal(self, url: str, timeout_s: float) -> str | None:
+        """Why nothing listens at a plain-HTTP ``url`` (``[Errno 111] Connection refused``), from one TCP connect
+        and no HTTP library; None when something may answer (or the URL is https, or a transport is injected), and
+        the HTTP client finds out. Nothing listening is a worker node's usual answer for vLLM's API server and the
+        Ray dashboard, and `dgxdoctor check` then loads no HTTP client (~0.1 s, benchmarks/startup.py)."""
+        if self.http_transport is not None:
+            return None
+        parts = urlsplit(url)
+        try:
+            port = parts.port or 80
+        except ValueError:
+            return None
+        if parts.scheme != "http" or not parts.hostname:
+            return None
+        try:
+            self.connect(parts.hostname, port, timeout_s)
+        except ConnectionRefusedError as exc:
+            return str(exc)
+        except OSError:
+            return None
+        return None
 
     def http_client(self, base_url: str = "", timeout_s: float = 5.0) -> httpx.Client:
         """An httpx client whose responses are size-capped (``sources.http``); TLS context shared, and loaded only

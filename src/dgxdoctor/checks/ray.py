@@ -170,6 +170,9 @@ class RayCheck(Check[RaySettings]):
             bad = ResultBuilder(self.name)
             bad.add(Finding("RAY_AUTH_TOKEN_UNREADABLE", Status.UNKNOWN, f"cannot read auth_token_file: {exc}"))
             return bad.build(f"Ray token unreadable: {exc}")
+        refused = self.env.refusal(s.dashboard_url, s.request_timeout_s)
+        if refused is not None:  # the client's words for it: "ConnectError: [Errno 111] Connection refused"
+            return self._unreachable(f"ConnectError: {refused}")
         builder = ResultBuilder(self.name)
         with self.env.http_client(s.dashboard_url, s.request_timeout_s) as client:
             try:

@@ -340,17 +340,18 @@ class VllmCheck(Check[VllmSettings]):
         if proc is not None and proc.start_time is not None:
             uptime = max(0.0, self.env.clock() - proc.start_time)
         b.sample(VLLM_PROCESS_UPTIME, uptime)
+        refused = self.env.refusal(s.base_url, s.request_timeout_s)
+        if refused is not None:
+            ticks = cpu_ticks(self.env.proc_root, proc.pid) if proc else None
+            return self._not_up(
+                b, Health("refused", refused), proc, no_proc_reason, uptime, None, ticks[1] if ticks else None
+            )
         with self.env.http_client(s.base_url, s.request_timeout_s) as client:
             health, cpu_ratio, state = self._health(client, proc)
             if health.outcome == "timeout":
                 b.timed_out("health")
             if health.outcome != "up":
-                b.sample(VLLM_UP, 0)
-                process = f"process {proc.pid} ({shown_argv(proc.cmdline, 80)})" if proc else None
-                head = self.env.role == "head"
-                expected = proc is not None or s.required or s.pid_file is not None or self._seen_up or head
-                server = Server(s.base_url, process, no_proc_reason, uptime, expected, cpu_ratio, state, head)
-                return self._down(b, not_up(health, server, self._limits))
+                return self._not_up(b, health, proc, no_proc_reason, uptime, cpu_ratio, state)
             self._seen_up = True
             b.sample(VLLM_UP, 1)
             b.sample(VLLM_HEALTH_LATENCY, health.latency_s)
@@ -360,6 +361,24 @@ class VllmCheck(Check[VllmSettings]):
             if self._canary_wanted():
                 self._canary(client, b, parts, model)
         return b.build("; ".join(parts))
+
+    def _not_up(
+        self,
+        b: ResultBuilder,
+        health: Health,
+        proc: ProcessInfo | None,
+        no_proc_reason: str | None,
+        uptime: float | None,
+        cpu_ratio: float | None,
+        state: str | None,
+    ) -> CheckResult:
+        s = self.settings
+        b.sample(VLLM_UP, 0)
+        process = f"process {proc.pid} ({shown_argv(proc.cmdline, 80)})" if proc else None
+        head = self.env.role == "head"
+        expected = proc is not None or s.required or s.pid_file is not None or self._seen_up or head
+        server = Server(s.base_url, process, no_proc_reason, uptime, expected, cpu_ratio, state, head)
+        return self._down(b, not_up(health, server, self._limits))
 
     def _down(self, b: ResultBuilder, down: Down) -> CheckResult:
         if not down.loading:
