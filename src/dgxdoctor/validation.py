@@ -131,7 +131,7 @@ def validate(model: type[T], data: Any) -> T:
     problems: list[Problem] = []
     value = _converted(model, data, problems)
     if value is not None:
-        _check_rules(value, (), problems)
+        _check_rules(value, (), problems, cross=not problems)
     if problems:
         problems.sort(key=lambda problem: _order(model, data, problem.path))
         raise Invalid(problems[:MAX_PROBLEMS])
@@ -339,38 +339,44 @@ def record_rule(method: D) -> D:
     return method
 
 
-def _check_rules(value: Any, path: KeyPath, problems: list[Problem]) -> None:
+def _check_rules(value: Any, path: KeyPath, problems: list[Problem], cross: bool) -> None:
+    """Every rule below ``value``; the cross-field ones (``cross``) only where no value had a problem: they would
+    read the default that stands in for a bad value."""
     if isinstance(value, Struct):
-        _check_record(value, path, problems)
+        _check_record(value, path, problems, cross)
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            _check_rules(item, (*path, index), problems)
+            _check_rules(item, (*path, index), problems, cross)
     elif isinstance(value, dict):
         for key, item in value.items():
-            _check_rules(item, (*path, key), problems)
+            _check_rules(item, (*path, key), problems, cross)
 
 
-def _check_record(record: Struct, path: KeyPath, problems: list[Problem]) -> None:
+def _checked(check: Callable[[Any], Any], value: Any, per_item: bool, path: KeyPath, problems: list[Problem]) -> Any:
+    """``check`` over the value (or each item, each dict value); a ValueError is a problem at its path."""
+    if not per_item:
+        try:
+            return check(value)
+        except ValueError as exc:
+            problems.append(Problem(path, str(exc), value))
+            return value
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    done = {key: _checked(check, item, False, (*path, key), problems) for key, item in items}
+    return done if isinstance(value, dict) else type(value)(done.values())
+
+
+def _check_record(record: Struct, path: KeyPath, problems: list[Problem], cross: bool) -> None:
     before = len(problems)
     for name, check, per_item in _rules(type(record)):
         current = getattr(record, name)
-        try:
-            if current is None:
-                continue
-            if not per_item:
-                checked: Any = check(current)
-            elif isinstance(current, dict):
-                checked = {key: check(item) for key, item in current.items()}
-            else:
-                checked = type(current)(check(item) for item in current)
-        except ValueError as exc:
-            problems.append(Problem((*path, name), str(exc), current))
+        if current is None:
             continue
+        checked = _checked(check, current, per_item, (*path, name), problems)
         if checked is not current:
             force_setattr(record, name, checked)
     for name in record.__struct_fields__:
-        _check_rules(getattr(record, name), (*path, name), problems)
-    if len(problems) > before:  # a cross-field rule reads fields that passed their own
+        _check_rules(getattr(record, name), (*path, name), problems, cross)
+    if not cross or len(problems) > before:  # a cross-field rule reads fields that passed their own
         return
     for name in _record_rules(type(record)):
         try:

@@ -54,6 +54,11 @@ def service(tmp_path: Path, **settings: Any) -> NcclJoinService:
         ({"max_bytes": "999999999999G"}, "max_bytes"),
         ({"min_bytes": "1G", "max_bytes": "8M"}, "min_bytes"),
         ({"force": True}, "force"),
+        # a line break after a valid value ($ matches before one): never into NCCL's environment or argv
+        ({"run_id": "0123456789abcdef0123456789abcdef\n"}, "run_id"),
+        ({"algo": "Ring\n"}, "algo"),
+        ({"rail": "mlx5_0\n"}, "rail"),
+        ({"master_addr": "dgx-a\n"}, "master_addr"),
     ],
 )
 def test_bad_requests_name_the_field(tmp_path: Path, change: dict[str, Any], where: str) -> None:

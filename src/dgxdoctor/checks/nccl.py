@@ -82,8 +82,8 @@ EXPECTED_BUSBW = MetricSpec(
 
 GB = 1e9
 # NCCL_ALGO / NCCL_PROTO values: names, lists, exclusions ("^NVLS") and per-collective forms ("allreduce:ring").
-NCCL_CHOICE_RE = lazy_compile(r"^[A-Za-z0-9,^:;_]{0,128}$")
-HCA_RE = lazy_compile(r"^[A-Za-z0-9_.-]{1,64}(?::\d{1,3})?$")
+NCCL_CHOICE_RE = lazy_compile(r"^[A-Za-z0-9,^:;_]{0,128}\Z")
+HCA_RE = lazy_compile(r"^[A-Za-z0-9_.-]{1,64}(?::\d{1,3})?\Z")
 
 
 class NcclSettings(CheckSettings, frozen=True):

@@ -45,7 +45,7 @@ KEEP_RUNS = 8
 class JoinRequest(Frozen, frozen=True):
     """What the head may ask for: the same field types as ``NcclSettings`` (``sources.fields``)."""
 
-    run_id: Annotated[str, Meta(pattern=r"^[0-9a-f]{32}$")]
+    run_id: Annotated[str, Meta(pattern=r"^[0-9a-f]{32}\Z")]
     master_addr: Host
     master_port: Annotated[int, Meta(ge=1, le=65535)]
     nnodes: Annotated[int, Meta(ge=2, le=64)]

@@ -40,9 +40,9 @@ class StepRequest(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True)
     """``POST /remediation/step``'s body, exactly."""
 
     step: Step
-    id: Annotated[str, Meta(pattern=r"^[0-9a-f]{12,64}$")]
+    id: Annotated[str, Meta(pattern=r"^[0-9a-f]{12,64}\Z")]
     ts: Finite
-    mac: Annotated[str, Meta(pattern=r"^[0-9a-f]{64}$")]
+    mac: Annotated[str, Meta(pattern=r"^[0-9a-f]{64}\Z")]
 
     def signed_by(self, token: str) -> bool:
         return hmac.compare_digest(self.mac, step_mac(token, self.step, self.id, self.ts))

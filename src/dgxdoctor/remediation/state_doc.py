@@ -55,7 +55,7 @@ class StampDoc(_Strict):
 
 
 class InFlightDoc(_Strict):
-    id: Annotated[str, Meta(pattern=r"^[0-9a-f]{1,64}$")]
+    id: Annotated[str, Meta(pattern=r"^[0-9a-f]{1,64}\Z")]
     action: Action
     key: Annotated[str, Meta(min_length=1, max_length=MAX_TEXT)]
     started_at: Finite
@@ -65,7 +65,7 @@ class InFlightDoc(_Strict):
 class StepDoc(_Strict):
     """A step request a worker ran (or refused as a replay): its id, step and the head's timestamp."""
 
-    id: Annotated[str, Meta(pattern=r"^[0-9a-f]{12,64}$")]
+    id: Annotated[str, Meta(pattern=r"^[0-9a-f]{12,64}\Z")]
     step: Step
     at: Finite
 

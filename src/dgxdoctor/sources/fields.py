@@ -18,7 +18,7 @@ from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.validation import rule
 
 # One DNS label (RFC 1123): letters, digits, inner hyphens; a host name is dot-separated labels, 253 at most.
-_LABEL = lazy_compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+_LABEL = lazy_compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)\Z")
 # A message size as nccl-tests and the bundled probe take it: 8M, 1G, 512K, 1048576, 8MB (any case).
 _BYTE_SIZE = lazy_compile(r"^(?P<number>[0-9]{1,12})(?P<unit>[KMG]?)B?$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
