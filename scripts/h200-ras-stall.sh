@@ -10,8 +10,8 @@
 #    GPU samples of both GPUs every 0.5 s, both agents' /state polled every 0.5 s with timestamps; the time from
 #    the stop until the head's agent names the stopped rank (its GPU and "node"); SIGCONT, the time until the
 #    finding clears; the agents run in observe mode, nothing is restarted (the remediation audit is kept).
-# Expects in $D (default .dev/ras): wheels/ with the dependency wheels the machine lacks (pydantic, structlog,
-# APScheduler ... as for scripts/h200-run.sh; a dgxdoctor wheel there is shadowed by the tree's src/)
+# Expects in $D (default .dev/ras): wheels/ with the dependency wheels the machine lacks (msgspec, google-re2,
+# typing-extensions ... as for scripts/h200-run.sh; a dgxdoctor wheel there is shadowed by the tree's src/)
 # (as scripts/h200-nccl.sh). OUT: the results folder. Results in /tmp/rs, tarred into $OUT/ras-stall.tgz;
 # $OUT/summary.txt and $OUT/timings.txt beside it.
 set -u

@@ -176,11 +176,12 @@ class Environment(Struct, frozen=True):
     token: Callable[[], str | None] = _no_token
 
     def refusal(self, url: str, timeout_s: float) -> str | None:
-        """Why nothing listens at a plain-HTTP ``url`` (``[Errno 111] Connection refused``), from one TCP connect
-        and no HTTP library; None when something may answer (or the URL is https, or a transport is injected), and
-        the HTTP client finds out. Nothing listening is a worker node's usual answer for vLLM's API server and the
-        Ray dashboard, and `dgxdoctor check` then loads no HTTP client (~0.1 s, benchmarks/startup.py)."""
-        if self.http_transport is not None:
+        """In the one-shot run: why nothing listens at a plain-HTTP ``url`` (``[Errno 111] Connection refused``),
+        from one TCP connect and no HTTP library; None when something may answer (or the URL is https, a transport
+        is injected, or this is the daemon, whose client is loaded anyway), and the HTTP client finds out. Nothing
+        listening is a worker node's usual answer for vLLM's API server and the Ray dashboard, and
+        `dgxdoctor check` then loads no HTTP client (~0.1 s, benchmarks/startup.py)."""
+        if self.http_transport is not None or not self.one_shot:
             return None
         parts = urlsplit(url)
         try:

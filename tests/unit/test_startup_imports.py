@@ -83,3 +83,34 @@ def test_diagnose_of_a_kernel_line_loads_no_settings_models(tmp_path: Path) -> N
     modules = modules_after("diagnose", str(paste))
     assert "dgxdoctor.diagnose.kernel_log" in modules
     assert loaded(modules, "dgxdoctor.validation", "dgxdoctor.judge.infiniband", "httpx") == []
+
+
+def _config(tmp_path: Path, port: int) -> str:
+    path = tmp_path / "config.toml"
+    path.write_text(
+        f'[checks.vllm]\nbase_url = "http://127.0.0.1:{port}"\n[checks.ray]\ndashboard_url = "http://127.0.0.1:{port}"\n'
+        f'[paths]\nstate_dir = "{tmp_path}"\n'
+    )
+    return str(path)
+
+
+def test_a_refused_vllm_or_ray_port_loads_no_http_client(tmp_path: Path) -> None:
+    """Nothing listening (a worker's usual answer for vLLM's API server and the Ray dashboard) is known from one
+    TCP connect; where something listens, the HTTP client asks it."""
+    import http.server
+    import socket
+    import threading
+
+    with socket.socket() as closed:  # a port nothing listens on: bound, then closed
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    refused = modules_after("check", "--config", _config(tmp_path, port), "--only", "vllm,ray")
+    assert "dgxdoctor.checks.vllm" in refused and loaded(refused, "httpx") == []
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        answering = modules_after("check", "--config", _config(tmp_path, server.server_address[1]), "--only", "vllm")
+    finally:
+        server.shutdown()
+    assert loaded(answering, "httpx") == ["httpx"]
