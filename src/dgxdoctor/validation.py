@@ -126,20 +126,21 @@ def dump(record: Any) -> Any:
     return msgspec.to_builtins(record, enc_hook=encode_hook)
 
 
-def validate(model: type[T], data: Any) -> T:
-    """``data`` as ``model``; ``Invalid`` with every problem found otherwise."""
+def validate(model: type[T], data: Any, limit: int = MAX_PROBLEMS) -> T:
+    """``data`` as ``model``; ``Invalid`` with every problem found otherwise, at most ``limit`` of them (each one
+    more is another conversion of the whole: a peer's document is refused at its first)."""
     problems: list[Problem] = []
-    value = _converted(model, data, problems)
-    if value is not None:
+    value = _converted(model, data, problems, limit)
+    if value is not None and len(problems) < limit:
         _check_rules(value, (), problems, cross=not problems)
     if problems:
         problems.sort(key=lambda problem: _order(model, data, problem.path))
-        raise Invalid(problems[:MAX_PROBLEMS])
+        raise Invalid(problems[:limit])
     assert value is not None
     return value
 
 
-def _converted(model: type[T], data: Any, problems: list[Problem]) -> T | None:
+def _converted(model: type[T], data: Any, problems: list[Problem], limit: int) -> T | None:
     """msgspec's conversion, again without each bad value until it passes (or nothing more can be left out)."""
     left_out: set[KeyPath] = set()
     while True:
@@ -152,7 +153,7 @@ def _converted(model: type[T], data: Any, problems: list[Problem]) -> T | None:
             problems.append(problem)
             left_out.add(_holder(problem.path))
             data = _without(data, problem.path)
-            if data is None or len(problems) >= MAX_PROBLEMS:
+            if data is None or len(problems) >= limit:
                 return None
 
 

@@ -104,7 +104,7 @@ class NcclJoinService:
 
     def parse(self, doc: Any) -> JoinRequest:
         try:
-            request = validate(JoinRequest, doc)
+            request = validate(JoinRequest, doc, limit=1)
         except Invalid as exc:
             first = exc.problems[0]
             where = key_path(first.path) or "(body)"

@@ -152,7 +152,7 @@ def validated_document(doc: Any) -> ResultsDocument:
     """A peer's results document through the results model (sizes bounded); BadAnswer naming the first bad
     part (``checks[0].samples[2].value``)."""
     try:
-        return validate(ResultsDocument, doc)
+        return validate(ResultsDocument, doc, limit=1)
     except Invalid as exc:
         first = exc.problems[0]
         raise BadAnswer(f"{_where(first.path)}: {first.reason}") from None

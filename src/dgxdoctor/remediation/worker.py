@@ -32,7 +32,7 @@ class WorkerSteps:
         """(HTTP status, answer) for one step request."""
         r, s = self.owner, self.owner.settings
         try:
-            request = validate(StepRequest, doc)
+            request = validate(StepRequest, doc, limit=1)
         except Invalid as exc:
             first = exc.problems[0]
             where = key_path(first.path) or "(body)"
