@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta, Struct, field
+from msgspec.structs import force_setattr
 
 from dgxdoctor.result import CheckResult, Finding, merged_facts, overall_status
 from dgxdoctor.validation import record_rule, rule
@@ -60,7 +61,7 @@ class ActionDoc(_Doc, frozen=True):
 class SampleDoc(_Doc, frozen=True):
     name: str
     labels: dict[str, Text] = field(default_factory=dict)
-    value: Annotated[float | None, rule(_finite)] = None
+    value: float | None = None  # a non-finite one is made absent by ResultsDocument._bounded
 
     @classmethod
     def of_value(cls, name: str, labels: dict[str, str], value: float | None) -> SampleDoc:
@@ -108,8 +109,14 @@ class ResultsDocument(_Doc, kw_only=True, frozen=True):
 
     @record_rule
     def _bounded(self) -> None:
+        """At most MAX_SAMPLES samples; a non-finite value (Python's JSON reads NaN and Infinity) made absent.
+        One loop here, not a rule on every sample: a document holds up to 20,000."""
         if sum(len(c.samples) for c in self.checks) > MAX_SAMPLES:
             raise ValueError(f"more than {MAX_SAMPLES} samples")
+        for check in self.checks:
+            for sample in check.samples:
+                if sample.value is not None and not math.isfinite(sample.value):
+                    force_setattr(sample, "value", None)
 
     @classmethod
     def of(cls, node: str, results: Sequence[CheckResult], generated_at: float | None = None) -> ResultsDocument:

@@ -346,6 +346,9 @@ def _check_rules(value: Any, path: KeyPath, problems: list[Problem], cross: bool
     if isinstance(value, Struct):
         _check_record(value, path, problems, cross)
     elif isinstance(value, (list, tuple)):
+        kind: type = type(value[0]) if value else type(None)
+        if value and _inert(kind) and all(type(item) is kind for item in value):
+            return  # records with no rule anywhere (a document's thousands of samples)
         for index, item in enumerate(value):
             _check_rules(item, (*path, index), problems, cross)
     elif isinstance(value, dict):
@@ -375,7 +378,7 @@ def _check_record(record: Struct, path: KeyPath, problems: list[Problem], cross:
         checked = _checked(check, current, per_item, (*path, name), problems)
         if checked is not current:
             force_setattr(record, name, checked)
-    for name in record.__struct_fields__:
+    for name in _nested(type(record)):
         _check_rules(getattr(record, name), (*path, name), problems, cross)
     if not cross or len(problems) > before:  # a cross-field rule reads fields that passed their own
         return
@@ -403,6 +406,27 @@ def _rules(model: type[Struct]) -> tuple[Rule, ...]:
             *((getattr(model, method), False) for method, fields in methods if name in fields),
         ]
     )
+
+
+@cache
+def _inert(kind: type) -> bool:
+    """A record type with no rule of any kind, nor records inside: nothing to check below it."""
+    if not issubclass(kind, Struct):
+        return not issubclass(kind, (list, tuple, dict))
+    return not (_rules(kind) or _nested(kind) or _record_rules(kind))
+
+
+@cache
+def _nested(model: type[Struct]) -> tuple[str, ...]:
+    """The fields whose values may hold records (their rules are checked in turn); the others are leaves."""
+    hints = get_type_hints(model, include_extras=True)
+    return tuple(name for name in model.__struct_fields__ if _holds_record(hints[name]))
+
+
+def _holds_record(hint: Any) -> bool:
+    if isinstance(hint, type):
+        return issubclass(hint, Struct)
+    return hint is Any or any(_holds_record(arg) for arg in get_args(hint) if arg is not Ellipsis)
 
 
 @cache

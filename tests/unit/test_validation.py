@@ -112,3 +112,16 @@ def test_not_a_table_at_all() -> None:
 
 def test_code_built_records_are_trusted_and_equal_the_validated_defaults() -> None:
     assert Table() == validate(Table, {})
+
+
+def test_a_peers_non_finite_sample_is_absent_and_the_rest_kept() -> None:
+    """Python's JSON reads NaN and Infinity; JSON itself has no such number: the document keeps the sample, valueless."""
+    import json
+
+    from dgxdoctor.documents import ResultsDocument
+
+    body = (
+        '{"node": "b", "checks": [{"name": "g", "samples": [{"name": "m", "value": NaN}, {"name": "m", "value": 2}]}]}'
+    )
+    doc = validate(ResultsDocument, json.loads(body))
+    assert [s.value for s in doc.checks[0].samples] == [None, 2.0]
