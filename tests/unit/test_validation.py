@@ -115,7 +115,7 @@ def test_code_built_records_are_trusted_and_equal_the_validated_defaults() -> No
 
 
 def test_a_peers_non_finite_sample_is_absent_and_the_rest_kept() -> None:
-    """Python's JSON reads NaN and Infinity; JSON itself has no such number: the document keeps the sample, valueless."""
+    """Python's JSON reads NaN and Infinity, which JSON itself has not: the sample is kept, valueless."""
     import json
 
     from dgxdoctor.documents import ResultsDocument
