@@ -170,7 +170,7 @@ class Guard:
         ``escalate`` compare with is here, whichever problem it belongs to: a later evaluation is due by then."""
         s, st = self.settings, self.state
         times = [at + s.hold_s for at in st.onset.values()]
-        cooldowns: dict[str, float] = dict(s.cooldown_s)
+        cooldowns: dict[str, float] = {str(action): s_ for action, s_ in s.cooldown_s.items()}
         times += [at + cooldowns.get(action, 0.0) for action, at in st.last.items()]
         times += [float(a["at"]) + s.budget_window_s for a in st.actions]
         times += [float(a["at"]) + s.ladder_window_s for kept in st.attempts.values() for a in kept]
