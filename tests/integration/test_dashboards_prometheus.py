@@ -128,12 +128,13 @@ class Setup:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
 
-    def query(self, expr: str, instant: bool = True) -> dict[str, Any]:
-        """Prometheus's answer to ``expr``: instant at now, or a range over the last 2 minutes in 2 s steps."""
+    def query(self, expr: str, instant: bool = True, at: float | None = None) -> dict[str, Any]:
+        """Prometheus's answer to ``expr``: instant at ``at`` (default now), or a range over the 2 minutes before
+        it in 2 s steps."""
+        now = time.time() if at is None else at
         if instant:
-            r = httpx.get(f"{self.prometheus}/api/v1/query", params={"query": expr}, timeout=30)
+            r = httpx.get(f"{self.prometheus}/api/v1/query", params={"query": expr, "time": now}, timeout=30)
         else:
-            now = time.time()
             params = {"query": expr, "start": now - 120, "end": now, "step": 2}
             r = httpx.get(f"{self.prometheus}/api/v1/query_range", params=params, timeout=30)
         doc: dict[str, Any] = r.json()
@@ -371,6 +372,30 @@ class Evaluation:
     produced: set[str]  # every name the scrapes and the loaded rules produce
 
 
+# Both agents up at their last scrape and dgx-b's XID and SXID counters there: a scrape that failed under load (1 s
+# timeout) marks every series of that agent stale until the next one, and an instant query then finds none.
+FRESH = [
+    'count(up{job="dgxdoctor"} == 1) == 2',
+    'max(dgxdoctor_xid_errors_total{node="dgx-b"})',
+    'max(dgxdoctor_nvswitch_sxid_errors_total{node="dgx-b"})',
+]
+
+
+def _freshly_scraped(setup: Setup) -> float:
+    """A moment at which every ``FRESH`` query had a series: the dashboards are evaluated at that instant."""
+    moment: list[float] = []
+
+    def fresh() -> bool:
+        at = time.time()
+        if all(_has_series(setup.query(expr, at=at)) for expr in FRESH):
+            moment.append(at)
+            return True
+        return False
+
+    _wait(fresh, 60, f"both agents freshly scraped ({', '.join(FRESH)})", interval=1.0)
+    return moment[0]
+
+
 @pytest.fixture(scope="module")
 def evaluation(setup: Setup) -> Evaluation:
     """Every dashboard query, substituted as Grafana sends it, answered by Prometheus (range queries as ranges)."""
@@ -379,11 +404,12 @@ def evaluation(setup: Setup) -> Evaluation:
     rules = [r for g in groups for r in g["rules"]]
     recorded = {r["name"] for r in rules if r["type"] == "recording"}
     alerts = {"ALERTS"} if any(r["type"] == "alerting" for r in rules) else set()
+    at = _freshly_scraped(setup)
     answers, names = {}, {}
     for queries in panels_with_queries().values():
         for q in queries:
             expr = substitute(q.expr, RATE_INTERVAL)
-            answers[q.where] = setup.query(expr, instant=q.instant)
+            answers[q.where] = setup.query(expr, instant=q.instant, at=at)
             names[q.where] = metric_names(expr)
     return Evaluation(answers, names, set(scraped) | recorded | alerts)
 

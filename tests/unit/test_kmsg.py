@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import errno
+import os
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from dgxdoctor.sources.kmsg import KmsgFormatError, KmsgReader, parse_kmsg_record, records_since, text_records
+from dgxdoctor.sources.kmsg import (
+    KmsgFollower,
+    KmsgFormatError,
+    KmsgReader,
+    parse_kmsg_record,
+    records_since,
+    text_records,
+)
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "kernel_log" / "kmsg_records_debian12_vm.txt"
 
@@ -147,3 +157,32 @@ def test_reopened_device_does_not_return_records_twice(tmp_path: Path) -> None:
     reader.close()
     _, reader._read = _fake_device([b"6,1,1,-;one\n", b"6,2,2,-;two\n", b"6,3,3,-;three\n"])  # type: ignore[assignment]
     assert [r.message for r in reader.read_available()] == ["three"]
+
+
+def test_an_idle_follower_waits_in_poll_until_a_record_or_stop(tmp_path: Path) -> None:
+    """A followed device is read when poll says a record arrived, not on a timer; stop ends the wait (its pipe)."""
+    fifo = tmp_path / "kmsg"
+    os.mkfifo(fifo)
+    reads: list[int] = []
+
+    def read(fd: int, n: int) -> bytes:
+        reads.append(n)
+        return os.read(fd, n)
+
+    arrived = threading.Event()
+    got: list[str] = []
+    follower = KmsgFollower(KmsgReader(fifo, read=read, device=True), lambda b: (got.extend(r.message for r in b),
+                            arrived.set()))  # fmt: skip
+    follower.start()
+    writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        os.write(writer, b"6,1,1,-;hello\n")
+        assert arrived.wait(10) and got == ["hello"]
+        seen = len(reads)
+        time.sleep(0.6)  # three of the 0.2 s timer's reads, had it been one
+        assert len(reads) == seen
+        follower.stop()
+        assert not follower.running
+    finally:
+        follower.stop()
+        os.close(writer)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import re
 import threading
@@ -32,13 +33,15 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.remediation.actions import StepResult, VllmTarget, ask_worker, run_argv, verify_vllm, wait_ray
 from dgxdoctor.remediation.audit import AUDIT_FILE, STATE_FILE, AuditLog, Throttle, WriteErrors, guard_state_file
 from dgxdoctor.remediation.capture import PreActionCapture
-from dgxdoctor.remediation.guard import Decision, Guard, GuardState
+from dgxdoctor.remediation.guard import Decision, Guard, GuardState, in_start_grace
 from dgxdoctor.remediation.hardware_gate import HardwareGate, causes
 from dgxdoctor.remediation.intake import AlertIntake, FiringAlert
 from dgxdoctor.remediation.policy import Problem, problems_from_results
+from dgxdoctor.remediation.settled import Moment, Settled, View, file_stamp
 from dgxdoctor.remediation.worker import WorkerSteps
 from dgxdoctor.result import CheckResult
 from dgxdoctor.settings.remediation import RemediationSettings
+from dgxdoctor.sources.statefile import StateFile
 
 log = eventlog.get_logger(__name__)
 
@@ -97,6 +100,7 @@ class Remediator:
         xid_resolution: dict[int, str] | None = None,
         clock: Callable[[], float] = time.time,
         env: Environment | None = None,
+        state_file: StateFile | None = None,
     ) -> None:
         # HTTP (capped clients, one TLS context) and commands (in /) go through the environment's seams; tests
         # inject an httpx transport and a runner there.
@@ -109,7 +113,7 @@ class Remediator:
         self.xid_resolution = xid_resolution
         self.clock = clock
         self.audit = AuditLog(state_dir)
-        self.state_file = guard_state_file(state_dir)
+        self.state_file = state_file if state_file is not None else guard_state_file(state_dir)
         self.write_errors = WriteErrors()
         self.loop_errors = Throttle()
         self.counts: Counter[tuple[str, str]] = Counter()
@@ -132,6 +136,7 @@ class Remediator:
         self.capture: PreActionCapture | None = None  # act mode: the evidence, taken before a restart runs
         self.planned_bundles: dict[str, Path] = {}  # action id -> where its capture goes (named before it runs)
         self.gate = HardwareGate()  # no restart while a hardware cause is active (remediation/hardware_gate.py)
+        self.settled: Settled | None = None  # what the last evaluation that changed nothing saw (settled.py)
 
     @property
     def firing(self) -> dict[str, Problem]:
@@ -279,12 +284,45 @@ class Remediator:
         fresh = [r for r in latest.values() if self.finished_at is None or r.started_at > self.finished_at]
         return problems_from_results(fresh, self.xid_resolution), alerts
 
+    def _moment(self) -> Moment:
+        return Moment(dict(self.firing), file_stamp(self.state_file.path), self.finished_at, self.pending_finish,
+                      self.idle, self.breaker_open, self.busy.locked(), self.settings, self.node)  # fmt: skip
+
+    def _view(self, latest: dict[str, CheckResult]) -> View:
+        checks, _ = self._problems(latest)
+        uptime = vllm_uptime(latest)
+        grace = in_start_grace(self.settings, uptime) if uptime is not None else None
+        return View(tuple(checks), tuple(causes(latest, self.node)), grace)
+
+    def _unchanged(self, latest: dict[str, CheckResult], now: float, moment: Moment) -> bool:
+        """Whether this evaluation would decide what the last settled one did (settled.py): then it is skipped."""
+        settled = self.settled
+        if settled is None or not settled.holds(now, moment):
+            return False
+        if not settled.same_results(latest):
+            if self._view(latest) != settled.view:
+                return False
+            settled.results = dict(latest)  # new runs saying the same: not looked into again
+        return True
+
+    def _settle(self, latest: dict[str, CheckResult], before: Moment, until: float) -> None:
+        """Keep what this evaluation saw when it wrote nothing (the state file is the one it read): the next ones
+        are skipped while it all holds. Called under the state file's lock."""
+        after = self._moment()
+        if after.stamp == before.stamp:
+            self.settled = Settled(latest, self._view(latest), after, until)
+
     async def evaluate(self) -> None:
         now = self.clock()
         latest = self.latest()
+        moment = self._moment()
+        if self._unchanged(latest, now, moment):
+            return
+        self.settled = None
         checks, alerts = self._problems(latest)
         quiet = self.idle and not self.breaker_open and self.pending_finish is None
         if not checks and not alerts and quiet:
+            self.settled = Settled(latest, self._view(latest), moment, math.inf)
             return  # nothing seen now or at the last evaluation: no state to touch
         with self.state_file.locked():
             guard = self._load()
@@ -312,6 +350,8 @@ class Remediator:
             saved = self._store(guard, before)
             if saved and self.pending_finish is not None and guard.state.in_flight is None:
                 self.pending_finish = None
+            if saved and chosen is None and not pages and guard.state.in_flight is None and not self.busy.locked():
+                self._settle(latest, moment, guard.next_change(now))
         if acting and saved and chosen is not None:
             self.acting = asyncio.get_running_loop().create_task(self._act(chosen, action_id, now))
         elif acting and chosen is not None:
@@ -503,6 +543,7 @@ class Remediator:
         self.audit = new.audit
         self.state_file = new.state_file
         self.env = new.env
+        self.settled = None
         self.wake.set()
 
     def metrics(self) -> dict[str, Any]:

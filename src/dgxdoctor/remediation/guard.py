@@ -8,6 +8,7 @@ state, the settings and the time. The engine persists the state after every chan
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any, Literal
 
 from msgspec import Struct, field, structs
@@ -97,6 +98,11 @@ class GuardState(Struct):
         return cls(breaker_open=True, breaker_reason=reason[:500], breaker_opened_at=now)
 
 
+def in_start_grace(settings: RemediationSettings, vllm_uptime_s: float | None) -> bool:
+    """vLLM started less than ``vllm_start_grace_s`` ago (by the vllm check's uptime): no restart yet."""
+    return vllm_uptime_s is not None and vllm_uptime_s < settings.vllm_start_grace_s
+
+
 class Guard:
     def __init__(self, settings: RemediationSettings, state: GuardState | None = None) -> None:
         self.settings = settings
@@ -148,7 +154,7 @@ class Guard:
         held = now - self.state.onset.get(problem.key, now)
         if held < s.hold_s:
             return out("hold", f"condition held {held:.0f} s of hold_s {s.hold_s:g} s")
-        if vllm_uptime_s is not None and vllm_uptime_s < s.vllm_start_grace_s:
+        if in_start_grace(s, vllm_uptime_s):
             return out("hold", f"vLLM started {vllm_uptime_s:.0f} s ago: within the {s.vllm_start_grace_s:g} s grace")
         since_last = now - self.state.last.get(action, float("-inf"))
         cooldown = s.cooldown_s.get(action, 0.0)
@@ -158,6 +164,18 @@ class Guard:
             self.open_breaker(f"budget of {s.budget} actions per {s.budget_window_s:g} s spent", now)
             return out("refuse", f"breaker opened: {self.state.breaker_reason}")
         return out("act", f"{problem.reason} held {held:.0f} s")
+
+    def next_change(self, now: float) -> float:
+        """The earliest time, from ``now`` on, at which a decision over this state may change with time alone: a
+        hold, a cooldown, the budget's or the ladder's window running out (inf: none). Every time ``decide`` and
+        ``escalate`` compare with is here, whichever problem it belongs to: a later evaluation is due by then."""
+        s, st = self.settings, self.state
+        times = [at + s.hold_s for at in st.onset.values()]
+        cooldowns: dict[str, float] = {str(action): s_ for action, s_ in s.cooldown_s.items()}
+        times += [at + cooldowns.get(action, 0.0) for action, at in st.last.items()]
+        times += [float(a["at"]) + s.budget_window_s for a in st.actions]
+        times += [float(a["at"]) + s.ladder_window_s for kept in st.attempts.values() for a in kept]
+        return min((t for t in times if t >= now), default=math.inf)
 
     # -- bookkeeping -----------------------------------------------------------------------------------
 

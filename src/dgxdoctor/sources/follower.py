@@ -56,6 +56,9 @@ class Follower(Generic[T]):
         """Wait that long unless stopped meanwhile (for a ``wait`` that has nothing to block on)."""
         self._stop.wait(seconds)
 
+    def interrupt(self) -> None:
+        """Ends a ``wait`` blocked on something other than ``sleep`` (a subclass's descriptor) at ``stop``."""
+
     def start(self) -> None:
         if self.running:
             return
@@ -65,6 +68,7 @@ class Follower(Generic[T]):
 
     def stop(self, timeout_s: float = 2.0) -> None:
         self._stop.set()
+        self.interrupt()
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None

@@ -16,8 +16,9 @@ A reader that falls behind the ring buffer gets ``EPIPE`` once; the next read re
 record still held. The records skipped are counted from the gap in sequence numbers.
 
 Following: a :class:`KmsgFollower` runs one daemon thread that ``poll()``s a non-blocking descriptor
-(0.2 s timeout, so ``stop()`` returns promptly) and hands each new record to a callback. A blocking
-``read()`` on ``/dev/kmsg`` cannot be interrupted from another thread, hence the poll. The thread never
+and hands each new record to a callback. A blocking ``read()`` on ``/dev/kmsg`` cannot be interrupted from another
+thread, hence the poll; it also watches a pipe that ``stop()`` writes to, so it needs no short timeout to stop
+promptly (an idle follower wakes every ``POLL_INTERVAL_S``, not five times a second). The thread never
 touches the event loop: the daemon is never blocked, and a callback that raises is logged, not fatal.
 
 A path that is a regular file (dmesg, ``journalctl -k`` or syslog output) is read as text lines,
@@ -26,6 +27,7 @@ one record per line, without sequence or timestamp; a followed file is re-read f
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
@@ -44,7 +46,8 @@ log = eventlog.get_logger(__name__)
 
 # The kernel caps a record at 1 KiB of text plus metadata; 16 KiB is what util-linux dmesg reads with.
 READ_SIZE = 16384
-POLL_INTERVAL_S = 0.2
+POLL_INTERVAL_S = 0.2  # a file's re-read, and the bound of a device's poll (with the stop pipe: DEVICE_POLL_S)
+DEVICE_POLL_S = 30.0
 
 # 6,1234,5678901234,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.
 # 12,1301,97612345678,-,caller=T4242;NVRM: Xid (PCI:0000:3b:00): 13, ...   (extra fields after flags, 5.10+)
@@ -258,20 +261,42 @@ class KmsgFollower(Follower[KmsgRecord]):
         self.reader = reader
         self.poll_interval_s = poll_interval_s
         self._poller: select.poll | None = None
+        self._stop_pipe: tuple[int, int] | None = None  # (read, write): a byte written ends the poll at stop
 
     def start(self) -> None:
         if self.running:
             return
         self.reader.open()  # fail here, in the caller, if the path is missing or unreadable
         self._poller = None
+        self._close_pipe()
         if self.reader.is_device:
+            self._stop_pipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
             self._poller = select.poll()
             self._poller.register(self.reader.fileno(), select.POLLIN | select.POLLPRI)
+            self._poller.register(self._stop_pipe[0], select.POLLIN)
         super().start()
+
+    def interrupt(self) -> None:
+        if self._stop_pipe is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._stop_pipe[1], b"x")
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        super().stop(timeout_s)
+        if not self.running:
+            self._close_pipe()
+
+    def _close_pipe(self) -> None:
+        pipe, self._stop_pipe = self._stop_pipe, None
+        for fd in pipe or ():
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _next(self) -> list[KmsgRecord]:
         if self._poller is not None:
-            self._poller.poll(self.poll_interval_s * 1000)
+            self._poller.poll(DEVICE_POLL_S * 1000)
+            if self.stopping:
+                return []
         else:
             self.sleep(self.poll_interval_s)
         return self.reader.read_available()
