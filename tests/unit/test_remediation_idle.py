@@ -16,6 +16,7 @@ from dgxdoctor.remediation.audit import AuditLog, guard_state_file
 from dgxdoctor.remediation.engine import Remediator, Targets
 from dgxdoctor.result import CheckResult, Finding, Status
 from dgxdoctor.sources.statefile import StateFile
+from dgxdoctor.validation import validate
 
 T0 = 1_000_000.0
 IB_DOWN = (Finding("IB_PORT_DOWN", Status.CRITICAL, "mlx5_0/1 down"),)
@@ -49,7 +50,7 @@ class Clock:
 
 def remediator(tmp_path: Path, results: dict[str, CheckResult], clock: Clock, **kw: Any) -> Remediator:
     cfg: dict[str, Any] = {"mode": "act", "role": "head", "hold_s": 0, "vllm_start_grace_s": 0, "verify_timeout_s": 1}
-    settings = RemediationSettings(**{**cfg, "commands": {"restart_vllm": ["true"]}, **kw})
+    settings = validate(RemediationSettings, {**cfg, "commands": {"restart_vllm": ["true"]}, **kw})
     targets = Targets(VllmTarget("http://vllm:8000", "tiny"), "http://ray:8265", 2, 16, (), "t" * 16)
     env = Environment(node="dgx-a")
     state = CountedStateFile(tmp_path)
