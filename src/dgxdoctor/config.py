@@ -12,7 +12,7 @@ import json
 import socket
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
 from msgspec import UNSET, Meta, Struct, defstruct
 
@@ -26,7 +26,7 @@ from dgxdoctor.settings.daemon import DaemonSettings as DaemonSettings
 from dgxdoctor.settings.daemon import parse_listen as parse_listen
 from dgxdoctor.settings.remediation import RemediationSettings as RemediationSettings
 from dgxdoctor.sources.statefile import state_dir_problem
-from dgxdoctor.validation import Invalid, Problem, bare_type, validate
+from dgxdoctor.validation import Invalid, Problem, bare_type, child_type, validate
 
 if TYPE_CHECKING:
     from dgxdoctor.checks.base import CheckSettings
@@ -316,15 +316,9 @@ def _keys_at(loc: tuple[int | str, ...]) -> list[str]:
     """The keys the table at ``loc`` accepts (for "did you mean"); empty where it is not a settings table."""
     model: Any = config_model()
     for part in loc:
-        if get_origin(model) is dict:  # a table of tables, e.g. [checks.infiniband.thresholds.<rule>]
-            model = get_args(model)[1]
-            continue
-        if not (isinstance(model, type) and issubclass(model, Struct)) or part not in model.__struct_fields__:
-            return []
-        model = bare_type(get_type_hints(model)[str(part)])
-    if isinstance(model, type) and issubclass(model, Struct):
-        return list(model.__struct_fields__)
-    return []
+        model = child_type(model, part)
+    kind = bare_type(model)
+    return list(kind.__struct_fields__) if isinstance(kind, type) and issubclass(kind, Struct) else []
 
 
 # Keys whose value is a secret: an error names the key and what is wrong, never the value (logs, /reload answers

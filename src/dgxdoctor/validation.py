@@ -181,24 +181,27 @@ def _problem(exc: msgspec.ValidationError, model: Any, data: Any) -> Problem:
     if message.startswith("Invalid enum value"):
         choices = [repr(c) for c in get_args(bare_type(_type_at(model, path))) if isinstance(c, str | int)]
         if choices:
-            reason += (
-                " (expected "
-                + (" or ".join([", ".join(choices[:-1]), choices[-1]]) if len(choices) > 1 else choices[0])
-                + ")"
-            )
+            reason += f" (expected {' or '.join(filter(None, [', '.join(choices[:-1]), choices[-1]]))})"
     return Problem(path, reason, _at(data, path))
 
 
+def child_type(model: Any, part: str | int) -> Any:
+    """The declared type one step below ``model``: a record's field, a dict's value, a list's item; Any where it
+    cannot be told."""
+    hint = bare_type(model)
+    if isinstance(hint, type) and issubclass(hint, Struct):
+        return get_type_hints(hint, include_extras=True)[part] if part in hint.__struct_fields__ else Any
+    args = get_args(hint)
+    if get_origin(hint) is dict and len(args) == 2:
+        return args[1]
+    if get_origin(hint) in (list, tuple, set, frozenset) and args:
+        return args[0]
+    return Any
+
+
 def _type_at(model: Any, path: KeyPath) -> Any:
-    """The declared type of the value at ``path`` below ``model`` (Any where it cannot be told)."""
     for part in path:
-        hint = bare_type(model)
-        if isinstance(hint, type) and issubclass(hint, Struct) and part in hint.__struct_fields__:
-            model = get_type_hints(hint, include_extras=True)[str(part)]
-        elif get_origin(hint) in (dict, list, tuple) and get_args(hint):
-            model = get_args(hint)[-1] if get_origin(hint) is dict else get_args(hint)[0]
-        else:
-            return Any
+        model = child_type(model, part)
     return model
 
 
@@ -208,18 +211,12 @@ def _order(model: Any, data: Any, path: KeyPath) -> tuple[int, ...]:
     key: list[int] = []
     for part in path:
         hint = bare_type(model)
-        if isinstance(hint, type) and issubclass(hint, Struct):
-            fields = hint.__struct_fields__
-            if part in fields:
-                key.append(fields.index(str(part)))
-                model = get_type_hints(hint, include_extras=True)[str(part)]
-            else:
-                key.append(len(fields) + _index(data, part))
-                model = Any
+        fields = hint.__struct_fields__ if isinstance(hint, type) and issubclass(hint, Struct) else None
+        if fields is not None and part in fields:
+            key.append(fields.index(str(part)))
         else:
-            key.append(_index(data, part))
-            model = get_args(hint)[-1] if get_origin(hint) in (dict, list, tuple) and get_args(hint) else Any
-        data = _at(data, (part,))
+            key.append((len(fields) if fields is not None else 0) + _index(data, part))
+        model, data = child_type(model, part), _at(data, (part,))
     return tuple(key)
 
 
@@ -239,21 +236,13 @@ def _keyed(model: Any, data: Any, parts: tuple[str | int | EllipsisType, ...], m
     against the dict's value type, the first key that raises ``message``."""
     path: list[str | int] = []
     for index, part in enumerate(parts):
-        hint = bare_type(model)
         if part is ...:
-            value_type = get_args(hint)[1] if get_origin(hint) is dict else Any
-            key = _failing_key(value_type, data, message) if isinstance(data, dict) else None
+            key = _failing_key(child_type(model, ""), data, message) if isinstance(data, dict) else None
             if key is None:
                 return (*path, *(p for p in parts[index:] if p is not ...))  # type: ignore[misc]
-            part, model = key, value_type
-        elif isinstance(hint, type) and issubclass(hint, Struct) and part in hint.__struct_fields__:
-            model = get_type_hints(hint, include_extras=True)[part]
-        elif get_origin(hint) in (list, tuple):
-            model = get_args(hint)[0]
-        else:
-            model = Any
+            part = key
         path.append(part)
-        data = _at(data, (part,))
+        model, data = child_type(model, part), _at(data, (part,))
     return tuple(path)
 
 
