@@ -21,10 +21,11 @@ from dgxdoctor.checks.vllm import (
     VllmSettings,
 )
 from dgxdoctor.config import ConfigError, parse_config
-from dgxdoctor.environment import Environment
+from dgxdoctor.environment import Environment, Role
 from dgxdoctor.result import CheckResult, Status
 from dgxdoctor.sources.vllm_api import cmdline_port, is_vllm_api_server, is_vllm_process
 from dgxdoctor.validation import validate
+from proctree import write_process
 
 API_PID, ENGINE_PID = 7538, 7573
 BTIME = 1796003545
@@ -105,10 +106,12 @@ def make(
     *,
     uptime: float = 3600.0,
     one_shot: bool = True,
+    role: Role | None = None,
     **settings: Any,
 ) -> VllmCheck:
     env = Environment(
         node="n1",
+        role=role,
         proc_root=proc,
         http_transport=httpx.MockTransport(fake),
         clock=lambda: API_START + uptime,
@@ -441,3 +444,64 @@ def test_the_api_server_is_remembered_until_it_restarts(fixtures: Path, proc_roo
     stat.write_text(stat.read_text().replace(" 177008 ", " 999999 "))
     (proc_root / str(API_PID) / "cmdline").write_bytes(b"sleep\0infinity\0")
     assert "process 7573" in check.run().findings[0].message
+
+
+# ----- a headless worker of vLLM's multiprocessing executor across nodes ---------------------------------------
+
+# vLLM 0.32.0's worker node of `--nnodes 2`: `vllm serve ... --node-rank 1 --headless` (vllm/entrypoints/cli/serve.py,
+# run_headless) starts the ranks and no API server: nothing ever listens at base_url there.
+MP_COMMON = ("/opt/vllm/bin/python3", "/opt/vllm/bin/vllm", "serve", "/models/glm", "--tensor-parallel-size", "16",
+             "--nnodes", "2", "--master-addr", "10.0.0.1", "--master-port", "29501")  # fmt: skip
+HEADLESS = (*MP_COMMON, "--node-rank", "1", "--headless")
+HEADLESS_REASON = "headless mp worker (node rank 1 of 2): serves no API; its health is the vllm_executor check"
+
+
+def node_running(root: Path, argv: tuple[str, ...]) -> Path:
+    """``root`` (its /proc/stat: btime) with one vLLM process started at API_START (uptime = make's ``uptime``)."""
+    write_process(root, 4100, "python3", argv, start_ticks=177008)
+    return root
+
+
+@pytest.mark.parametrize("role", ["worker", None])
+def test_a_headless_worker_past_the_start_grace_is_not_a_dead_server(empty_proc: Path, role: Role | None) -> None:
+    root = node_running(empty_proc, HEADLESS)
+    runs = ((3600, True, False), (3600, False, False), (45, True, False), (3600, True, True))
+    for uptime, one_shot, required in runs:
+        fake = FakeVllm([""])
+        fake.health = "refused"
+        result = make(fake, root, Clock(), uptime=uptime, one_shot=one_shot, role=role, required=required).run()
+        assert (result.status, result.summary) == (Status.SKIPPED, HEADLESS_REASON), (uptime, one_shot, required)
+        assert result.findings == () and fake.requests == []  # no API to ask: nothing asked
+
+
+def test_a_python_m_headless_launch_with_flags_vllm_refuses(empty_proc: Path) -> None:
+    argv = ("python3", "-m", "vllm.entrypoints.cli.main", "serve", "m", "--nnodes", "two", "--headless")
+    fake = FakeVllm([""])
+    fake.health = "refused"
+    result = make(fake, node_running(empty_proc, argv), Clock(), role="worker").run()
+    assert result.status is Status.SKIPPED
+    assert result.summary.startswith("headless vLLM (its parallel flags unreadable: --nnodes 'two'")
+
+
+def test_a_headless_vllm_on_the_head_is_judged_as_ever(empty_proc: Path) -> None:
+    """The head must serve the API: a headless vLLM there is dead as an API server (and a role mismatch)."""
+    fake = FakeVllm([""])
+    fake.health = "refused"
+    result = make(fake, node_running(empty_proc, HEADLESS), Clock(), role="head").run()
+    assert result.status is Status.CRITICAL and codes(result) == {"VLLM_DEAD"}
+    assert "process 4100" in result.findings[0].message and "does not listen" in result.findings[0].message
+
+
+def test_a_worker_node_that_is_not_headless_keeps_its_verdicts(empty_proc: Path, tmp_path: Path) -> None:
+    """A Ray worker node runs no vLLM API server (its ranks are Ray actors): SKIPPED as before. A worker whose
+    `vllm serve` has no --headless is an API server that does not listen: loading, then dead, as before."""
+    fake = FakeVllm([""])
+    fake.health = "refused"
+    write_process(empty_proc, 4300, "ray::RayWorkerW", ("ray::RayWorkerWrapper",))
+    ray_worker = make(fake, empty_proc, Clock(), role="worker").run()
+    assert ray_worker.status is Status.SKIPPED and ray_worker.summary.startswith("no vLLM here")
+    root = node_running(empty_proc, (*MP_COMMON, "--node-rank", "1"))
+    loading = make(fake, root, Clock(), uptime=45, role="worker").run()
+    assert codes(loading) == {"VLLM_LOADING"} and loading.status is Status.OK
+    dead = make(fake, root, Clock(), uptime=3600, role="worker").run()
+    assert dead.status is Status.CRITICAL and codes(dead) == {"VLLM_DEAD"}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,11 +26,13 @@ import pytest
 
 from conftest import run_cli
 from dgxdoctor.checks.ray import RayCheck, RaySettings
+from dgxdoctor.checks.vllm import VllmCheck, VllmSettings
 from dgxdoctor.checks.vllm_executor import VllmExecutorCheck, VllmExecutorSettings
 from dgxdoctor.environment import Environment, ExecutorKind, Role
 from dgxdoctor.fleet.compare import compare
 from dgxdoctor.result import CheckResult, Status
 from dgxdoctor.sources.vllm_launch import LaunchError, parse_launch
+from dgxdoctor.validation import validate
 from proctree import write_process
 
 PY = "/opt/vllm/bin/python3"
@@ -156,6 +159,32 @@ def test_headless_gone_on_a_declared_mp_worker_is_critical(tmp_path: Path) -> No
 
 def test_no_vllm_and_nothing_declared_is_skipped(tmp_path: Path) -> None:
     assert run(tree(tmp_path / "proc", None, ranks=range(0))).status is Status.SKIPPED
+
+
+@pytest.mark.parametrize("role", ["worker", None])
+def test_a_headless_worker_seen_then_gone_is_critical_with_nothing_declared(tmp_path: Path, role: Role | None) -> None:
+    """The daemon's check keeps the headless worker it saw: gone (no argv left to read) is never SKIPPED or OK."""
+    root = tree(tmp_path / "proc", WORKER)
+    env = Environment(node="dgx-b", role=role, proc_root=root, connect=Connects())
+    check = VllmExecutorCheck(VllmExecutorSettings(), env)
+    assert check.run().status is Status.OK
+    shutil.rmtree(root / "4100")
+    gone = check.run()
+    assert codes(gone) == {"VLLM_MP_HEADLESS_MISSING": Status.CRITICAL}
+    assert "pid 4100, node rank 1 of 2, is gone" in gone.findings[0].message
+
+
+@pytest.mark.parametrize(("role", "executor"), [("head", None), (None, "ray")])
+def test_a_headless_argv_on_a_head_or_ray_node_is_not_kept(tmp_path: Path, role: Role | None,
+                                                           executor: ExecutorKind | None) -> None:  # fmt: skip
+    """There it is a mismatch (or anyone's process), not the node's worker: gone, nothing is required."""
+    root = tree(tmp_path / "proc", WORKER, ranks=range(0))
+    env = Environment(node="dgx-b", role=role, executor=executor, proc_root=root, connect=Connects())
+    check = VllmExecutorCheck(VllmExecutorSettings(), env)
+    first = check.run()  # head: VLLM_MP_ROLE_MISMATCH; ray: VLLM_EXECUTOR_MISMATCH
+    assert first.status is (Status.CRITICAL if role == "head" else Status.WARNING), first.findings
+    shutil.rmtree(root / "4100")
+    assert check.run().status is Status.SKIPPED
 
 
 def test_master_refused_is_critical(tmp_path: Path) -> None:
@@ -319,3 +348,50 @@ def test_check_on_an_mp_worker_reports_the_executor_and_no_ray(tmp_path: Path) -
     assert checks["ray"]["status"] == "skipped" and "Ray not required" in checks["ray"]["summary"]
     assert {f["code"] for f in checks["vllm_executor"]["findings"]} == {"VLLM_MP_HEADLESS_STOPPED"}
     assert doc["facts"]["vllm_mp.master"] == f"127.0.0.1:{port}" and done.returncode == 2
+
+
+def test_check_on_a_headless_worker_past_the_start_grace_is_healthy(tmp_path: Path) -> None:
+    """`dgxdoctor check` through the config file, as on the worker node: nothing listens at base_url (a real
+    refused connect), the headless vLLM started hours ago. The vllm check says why it does not apply (it was
+    VLLM_DEAD "process exists but does not listen" after the 900 s grace); vllm_executor judges the node."""
+    master = socket.create_server(("127.0.0.1", 0))
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        api_port = closed.getsockname()[1]
+    argv = (*WORKER[:10], "--master-addr", "127.0.0.1", "--master-port", str(master.getsockname()[1]),
+            "--node-rank", "1", "--headless")  # fmt: skip
+    proc = tree(tmp_path / "proc", argv)
+    (proc / "stat").write_text("btime 1000\n")  # booted long ago: the headless vLLM is far past the start grace
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[node]\nname = "dgx-b"\nrole = "worker"\nexecutor = "mp"\n[paths]\nproc_root = "{proc}"\n'
+                   f'state_dir = "{tmp_path / "state"}"\n[checks.vllm]\nbase_url = "http://127.0.0.1:{api_port}"\n'
+                   "required = true\n")  # fmt: skip
+    with master:
+        done = run_cli("check", "--config", str(cfg), "--only", "vllm,vllm_executor", "--json")
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    assert checks["vllm"]["status"] == "skipped", checks["vllm"]
+    assert checks["vllm"]["summary"] == (
+        "headless mp worker (node rank 1 of 2): serves no API; its health is the vllm_executor check"
+    )
+    assert checks["vllm_executor"]["status"] == "ok", checks["vllm_executor"]
+    assert done.returncode == 0, done.stdout
+
+
+def test_a_real_headless_process_killed_is_critical_while_vllm_defers(
+    tmp_path: Path, stand_in: subprocess.Popen[bytes]
+) -> None:
+    """The daemon's two checks (one instance each, nothing declared) on the stand-in's own /proc entry: running,
+    vllm defers to vllm_executor; SIGKILLed, vllm_executor is CRITICAL and vllm is not OK."""
+    root = tmp_path / "proc"
+    root.mkdir()
+    (root / str(stand_in.pid)).symlink_to(f"/proc/{stand_in.pid}")
+    (root / "stat").symlink_to("/proc/stat")
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        api = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    env = Environment(node="dgx-b", proc_root=root, connect=Connects(), one_shot=False)
+    vllm = VllmCheck(validate(VllmSettings, {"base_url": api}), env)
+    executor = VllmExecutorCheck(VllmExecutorSettings(), env)
+    assert vllm.run().status is Status.SKIPPED and executor.run().status is Status.OK
+    stand_in.kill()
+    stand_in.wait()
+    assert codes(executor.run()) == {"VLLM_MP_HEADLESS_MISSING": Status.CRITICAL}
+    assert vllm.run().status is not Status.OK

@@ -12,7 +12,8 @@ Verdicts: a refused connection means dead; a /health timeout means saturated (th
 is stopped or idle); /health 200 with requests running or waiting while no token counter advances means a hung
 engine. Thresholds follow the operator tutorial's maintenance section: KV cache usage above 0.9 sustained, a
 waiting queue non-zero for long, a jump of the TTFT P99. A server still loading (process younger than the start-up
-grace) is never judged.
+grace) is never judged. A headless vLLM (``vllm serve ... --headless``, a worker node of the multiprocessing executor
+across nodes) serves no API by design: the check is SKIPPED there, and the vllm_executor check judges that node.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from dgxdoctor.judge.vllm import (
     canary_findings,
     fmt_n,
     fmt_pct,
+    headless,
     latency_findings,
     models_verdict,
     not_up,
@@ -64,6 +66,7 @@ from dgxdoctor.sources.vllm_api import (
     user_process,
     vllm_by_command_line,
 )
+from dgxdoctor.sources.vllm_launch import LaunchError, is_headless_server, parse_launch
 from dgxdoctor.sources.vllm_metrics import NotVllmMetrics
 from dgxdoctor.validation import Secret
 
@@ -318,6 +321,15 @@ class VllmCheck(Check[VllmSettings]):
             return serving, None
         return vllm_by_command_line(self.env.proc_root, self._port())
 
+    def _headless(self, proc: ProcessInfo | None) -> str | None:
+        """Why there is no API to ask: the process found (nothing listens on base_url) is a headless vLLM."""
+        if proc is None or not is_headless_server(proc.cmdline):
+            return None
+        try:
+            return headless(self.env.role, parse_launch(proc.pid, proc.cmdline))
+        except LaunchError as exc:
+            return headless(self.env.role, None, str(exc))
+
     def _health(self, client: httpx.Client, proc: ProcessInfo | None) -> tuple[Health, float | None, str | None]:
         """/health, with the share of a CPU the API server used meanwhile and its state after."""
         root = self.env.proc_root
@@ -336,6 +348,10 @@ class VllmCheck(Check[VllmSettings]):
         s = self.settings
         b = ResultBuilder(self.name)
         proc, no_proc_reason = self._find_process()
+        not_served = self._headless(proc)
+        if not_served is not None:
+            self._window.reset()
+            return CheckResult.skipped(self.name, not_served)
         uptime = None
         if proc is not None and proc.start_time is not None:
             uptime = max(0.0, self.env.clock() - proc.start_time)

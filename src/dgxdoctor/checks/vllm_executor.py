@@ -21,6 +21,7 @@ from typing import Annotated, ClassVar
 from msgspec import Meta
 
 from dgxdoctor.checks.base import Check, CheckSettings
+from dgxdoctor.environment import Environment
 from dgxdoctor.judge import vllm_mp
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
 from dgxdoctor.sources.procfs import ProcessInfo
@@ -49,11 +50,19 @@ class VllmExecutorCheck(Check[VllmExecutorSettings]):
     name: ClassVar[str] = "vllm_executor"
     probes: ClassVar[tuple[str, ...]] = ("master connect",)
 
+    def __init__(self, settings: CheckSettings, env: Environment) -> None:
+        super().__init__(settings, env)
+        self._headless: Launch | None = None  # this node's headless mp worker, last seen running
+
     def run(self) -> CheckResult:
         env = self.env
         b = ResultBuilder(self.name)
         proc, workers = node_processes(env.proc_root)
         if proc is None:
+            gone = self._headless
+            if gone is not None:
+                b.add(vllm_mp.headless_missing(f"pid {gone.pid}, node rank {gone.node_rank} of {gone.nnodes}, is gone"))
+                return b.build("worker node: its headless vLLM is gone")
             if env.role == "worker" and env.executor == "mp":
                 b.add(vllm_mp.headless_missing("[node] role worker, executor mp"))
                 return b.build("worker node: no headless vLLM process")
@@ -63,6 +72,7 @@ class VllmExecutorCheck(Check[VllmExecutorSettings]):
         except LaunchError as exc:
             b.add(vllm_mp.unreadable_layout(proc.pid, str(exc)))
             return b.build(f"vLLM pid {proc.pid}: layout unreadable")
+        self._remember(launch)
         mismatch = vllm_mp.executor_mismatch(env.executor, launch)
         if mismatch is not None:
             b.add(mismatch)
@@ -73,6 +83,14 @@ class VllmExecutorCheck(Check[VllmExecutorSettings]):
             return b.build(f"vLLM pid {proc.pid}: {launch.executor} executor, {launch.nnodes} node(s)")
         self._mp(b, launch, proc, workers)
         return b.build(_summary(launch))
+
+    def _remember(self, launch: Launch) -> None:
+        """A headless worker of an mp deployment, once seen, is this node's to keep: when its process is gone (a
+        dead process leaves no argv), it is VLLM_MP_HEADLESS_MISSING even with no [node] role or executor declared.
+        Not on a node declared head or ray: there a headless argv is a mismatch, or anyone's process."""
+        env = self.env
+        keep = launch.headless and launch.multi_node_mp and env.role != "head" and env.executor != "ray"
+        self._headless = launch if keep else None
 
     def _mp(self, b: ResultBuilder, launch: Launch, proc: ProcessInfo, workers: list[ProcessInfo]) -> None:
         b.facts.update(

@@ -6,8 +6,10 @@ from collections.abc import Mapping
 
 from msgspec import Struct
 
+from dgxdoctor.environment import Role
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.vllm_api import Completion, Health
+from dgxdoctor.sources.vllm_launch import Launch
 from dgxdoctor.sources.vllm_metrics import VllmMetrics, WindowStats
 
 # The tutorial's maintenance section: "KV Cache 使用率持续 > 0.9 就该扩容或降并发".
@@ -165,6 +167,24 @@ def _saturated_or_hung(server: Server, limits: Limits) -> tuple[str, Status]:
     if ratio is not None:
         return f"hung: the API server was idle ({ratio * 100:.0f}% of a CPU) meanwhile", Status.CRITICAL
     return f"cannot tell which: {server.no_process_reason or 'process unreadable'}", Status.CRITICAL
+
+
+def headless(role: Role | None, launch: Launch | None, unreadable: str = "") -> str | None:
+    """Why the check does not apply to this node's headless vLLM (``vllm serve ... --headless``: a worker node of
+    the multiprocessing executor across nodes), whose ``launch`` is None when its flags are ``unreadable``.
+
+    It serves no API by design: nothing answering at base_url is no verdict, at any age. Its process, ranks and
+    the head's master are the vllm_executor check's, which also says when it is gone; the engine's progress is the
+    head's vllm check's. None on a node declared head: the head must serve the API, so a headless vLLM there is
+    judged as ever (vllm_executor's VLLM_MP_ROLE_MISMATCH names it).
+    """
+    if role == "head":
+        return None
+    if launch is None:
+        what = f"headless vLLM (its parallel flags unreadable: {unreadable})"
+    else:
+        what = f"headless {launch.executor} worker (node rank {launch.node_rank} of {launch.nnodes})"
+    return f"{what}: serves no API; its health is the vllm_executor check"
 
 
 def not_up(health: Health, server: Server, limits: Limits) -> Down:
