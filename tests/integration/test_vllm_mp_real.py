@@ -2,10 +2,12 @@
 on loopback (gloo), the head ``--node-rank 0`` with the API server, the worker ``--node-rank 1 --headless``.
 
 ``dgxdoctor check`` from the worker's side (both processes share this host's /proc; the headless one is the
-serving process) reports the mp layout OK with the head's master reachable and no Ray finding; after SIGSTOP of
-the worker's ``VLLM::Worker_TP1`` it is critical and names that rank. The console script fails in this wheel (it
-asks for the version of distribution "vllm", shared/notes/real-components.md), so a script named ``vllm`` answers
-``<version>+cpu`` for that name and runs ``vllm.entrypoints.cli.main``: the argv is the console script's shape.
+serving process) reports the mp layout OK with the head's master reachable and no Ray finding, and its vllm check
+says the headless worker serves no API (nothing listens at its base_url; the start grace set to 0, so the worker is
+past it); after SIGSTOP of the worker's ``VLLM::Worker_TP1`` it is critical and names that rank. The console
+script fails in this wheel (it asks for the version of distribution "vllm", shared/notes/real-components.md), so a
+script named ``vllm`` answers ``<version>+cpu`` for that name and runs ``vllm.entrypoints.cli.main``: the argv is
+the console script's shape.
 """
 
 from __future__ import annotations
@@ -91,10 +93,15 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path,
                 os.killpg(p.pid, signal.SIGKILL)
 
 
+HEADLESS_REASON = "headless mp worker (node rank 1 of 2): serves no API; its health is the vllm_executor check"
+
+
 def check(tmp: Path) -> dict[str, dict[str, object]]:
     cfg = tmp / "config.toml"
-    cfg.write_text(f'[node]\nname = "w"\nrole = "worker"\nexecutor = "mp"\n[paths]\nstate_dir = "{tmp / "state"}"\n')
-    done = run_cli("check", "--config", str(cfg), "--only", "vllm_executor,ray", "--json")
+    node = f'[node]\nname = "w"\nrole = "worker"\nexecutor = "mp"\n[paths]\nstate_dir = "{tmp / "state"}"\n'
+    # the worker's own base_url: a port nothing listens on (the head's API server listens elsewhere)
+    cfg.write_text(f'{node}[checks.vllm]\nbase_url = "http://127.0.0.1:{_free_port()}"\nstartup_grace_s = 0\n')
+    done = run_cli("check", "--config", str(cfg), "--only", "vllm,vllm_executor,ray", "--json")
     return {c["name"]: c for c in json.loads(done.stdout)["checks"]}
 
 
@@ -104,6 +111,8 @@ def test_real_mp_worker_is_ok_then_a_stopped_rank_is_critical(deployment: tuple[
     assert up["vllm_executor"]["status"] == "ok", up["vllm_executor"]
     assert f"master 127.0.0.1:{master}" in str(up["vllm_executor"]["summary"])
     assert up["ray"]["status"] == "skipped"
+    assert up["vllm"]["status"] not in ("warning", "critical"), up["vllm"]
+    assert (up["vllm"]["status"], up["vllm"]["summary"]) == ("skipped", HEADLESS_REASON)
     children = psutil.Process(headless).children(recursive=True)
     (rank,) = [c.pid for c in children if c.cmdline()[:1] and c.cmdline()[0].startswith("VLLM::Worker_TP")]
     os.kill(rank, signal.SIGSTOP)
