@@ -138,7 +138,8 @@ class VllmSettings(CheckSettings, frozen=True):
         bool,
         Meta(
             description="vLLM must run here: a refused connection is CRITICAL even with no vLLM process on this node "
-            "(otherwise it is SKIPPED as 'no vLLM here'); [node] role = \"head\" implies it"
+            "(otherwise it is SKIPPED as 'no vLLM here'); [node] role = \"head\" implies it. A headless vLLM (a "
+            "worker of the mp executor across nodes) serves no API: SKIPPED either way"
         ),
     ] = False
     pid_file: Annotated[
