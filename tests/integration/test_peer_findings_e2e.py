@@ -7,8 +7,10 @@ vLLM process) gives ``VLLM_MP_HEADLESS_MISSING``, its kernel log (a private file
 worker's ``/state`` over HTTP, validates it (fleet/peers.py) and compares: ``PEER_MP_WORKER_DOWN`` becomes the mp
 cluster restart docs/remediation.md promises (head stop, worker stop and start through the step API, head start,
 verification against a vLLM stand-in); with the XID, ``PEER_HARDWARE_FAULT`` makes the hardware gate refuse that
-restart naming the worker's XID, and nothing runs. Before the fix (issue 34) the head saw "1/1 peer(s) answered ...
-0 difference(s)" and did nothing. A few seconds each, no root needed.
+restart naming the worker's XID, and nothing runs. With the GPUs through NVML's seam (tests/faults/agent.py, the
+H200 capture at a set utilisation) and the worker's vllm check watching a stalled vLLM stand-in, the head names the
+worker's rank as stopped (``PEER_TP_RANK_STOPPED``). Before the fix (issue 34) the head saw "1/1 peer(s) answered
+... 0 difference(s)" and did nothing. 5-15 s each, no root needed.
 """
 
 from __future__ import annotations
@@ -32,6 +34,16 @@ pytestmark = pytest.mark.integration
 TOKEN = "peer-findings-e2e-token-0123456789"
 BUS = "0000:3b:00"
 XID_79 = f"NVRM: Xid (PCI:{BUS}): 79, pid=1101234, name=nvc:[driver], GPU has fallen off the bus."
+# Requests in flight and no counter moving: the engine makes no step (what a stopped rank does to every rank).
+STALLED_METRICS = (
+    "# TYPE vllm:num_requests_running gauge\n"
+    'vllm:num_requests_running{engine="0",model_name="tiny"} 4.0\n'
+    "# TYPE vllm:num_requests_waiting gauge\n"
+    'vllm:num_requests_waiting{engine="0",model_name="tiny"} 2.0\n'
+    "# TYPE vllm:generation_tokens_total counter\n"
+    'vllm:generation_tokens_total{engine="0",model_name="tiny"} 1200.0\n'
+)
+AGENT = Path(__file__).resolve().parents[1] / "faults" / "agent.py"  # the daemon with the NVML capture
 MP_RESTART = [
     "stop vllm-head-mp.service",
     "stop vllm-worker-mp.service",
@@ -48,6 +60,8 @@ class VllmStandIn(http.server.BaseHTTPRequestHandler):
             self._send({})
         elif self.path == "/v1/models":
             self._send({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+        elif self.path == "/metrics":
+            self._send_text(STALLED_METRICS)
         else:
             self.send_error(404)
 
@@ -59,9 +73,12 @@ class VllmStandIn(http.server.BaseHTTPRequestHandler):
             self.send_error(404)
 
     def _send(self, doc: dict[str, Any]) -> None:
-        body = json.dumps(doc).encode()
+        self._send_text(json.dumps(doc), "application/json")
+
+    def _send_text(self, text: str, kind: str = "text/plain; version=0.0.4") -> None:
+        body = text.encode()
         self.send_response(200)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -111,29 +128,39 @@ class Pair:
         self.path = {"PATH": f"{fake_systemctl(root)}:{os.environ['PATH']}"}
         self.procs: list[DaemonProc] = []
 
-    def worker(self, kernel_lines: tuple[str, ...] = ()) -> DaemonProc:
-        """dgx-b: an mp worker with no headless vLLM (its proc root is empty), its kernel log holding ``lines``."""
+    def worker(self, kernel_lines: tuple[str, ...] = (), gpu_util: int | None = None) -> DaemonProc:
+        """dgx-b: an mp worker with no headless vLLM (its proc root is empty), its kernel log holding ``lines``.
+        With ``gpu_util``: its GPUs (the NVML capture) at that utilisation, and its vllm check watching the head's
+        API server (the stand-in, stalled)."""
         work = self.root / "dgx-b"
         (work / "proc").mkdir(parents=True)
         kmsg = work / "kmsg"
         kmsg.write_text("".join(f"{line}\n" for line in kernel_lines))
+        if gpu_util is None:
+            checks = "[checks.vllm_executor]\ninterval_s = 1.0\n[checks.xid]\ninterval_s = 1.0\n"
+            keep: tuple[str, ...] = ("vllm_executor", "xid")
+        else:
+            checks = (f'[checks.gpu]\ninterval_s = 1.0\n[checks.vllm]\ninterval_s = 1.0\nbase_url = "{self.vllm_url}"\n'
+                      'canary = "never"\nprogress_poll_s = 0.5\n')  # fmt: skip
+            keep = ("gpu", "vllm")
         body = (
             f'[node]\nname = "dgx-b"\nrole = "worker"\nexecutor = "mp"\n'
             f'[paths]\nstate_dir = "{work / "state"}"\nproc_root = "{work / "proc"}"\nkmsg_path = "{kmsg}"\n'
             f'[daemon]\nlisten = "@LISTEN@"\ntoken = "{TOKEN}"\n'
             f'[remediation]\nmode = "act"\nhold_s = 0\nvllm_start_grace_s = 0\n'
-            f"[checks.vllm_executor]\ninterval_s = 1.0\n[checks.xid]\ninterval_s = 1.0\n"
-            f"{quiet('vllm_executor', 'xid')}"
+            f"{checks}{quiet(*keep)}"
         )
-        return self._start(DaemonProc(work, body, token=TOKEN, env=self.path))
+        return self._start(DaemonProc(work, body, token=TOKEN, env=self.path), gpu_util)
 
-    def head(self, worker: DaemonProc) -> DaemonProc:
-        """dgx-a: the mp head in act mode, its peer the worker; only its peer comparison runs."""
+    def head(self, worker: DaemonProc, gpu_util: int | None = None) -> DaemonProc:
+        """dgx-a: the mp head in act mode, its peer the worker; its peer comparison runs (and its GPU check, at
+        ``gpu_util``, when given)."""
         work = self.root / "dgx-a"
         kmsg = work / "kmsg"
         work.mkdir(parents=True)
         kmsg.write_text("")
         argv = {verb: ["systemctl", verb, "vllm-head-mp.service"] for verb in ("stop", "start")}
+        gpu = "[checks.gpu]\ninterval_s = 1.0\n" if gpu_util is not None else ""
         body = (
             f'[node]\nname = "dgx-a"\nrole = "head"\nexecutor = "mp"\n'
             f'[paths]\nstate_dir = "{work / "state"}"\nkmsg_path = "{kmsg}"\n'
@@ -142,13 +169,17 @@ class Pair:
             f"cooldown_s = {{restart_vllm = 3600.0, restart_cluster = 3600.0, page = 0.0}}\n"
             f"[remediation.commands]\nstop_vllm = {json.dumps(argv['stop'])}\n"
             f"start_vllm = {json.dumps(argv['start'])}\n"
-            f"[checks.peer_compare]\ninterval_s = 1.0\n"
+            f"[checks.peer_compare]\ninterval_s = 1.0\n{gpu}"
             f'[checks.vllm]\nenabled = false\nbase_url = "{self.vllm_url}"\nserved_model_name = "tiny"\n'
-            f"{quiet('peer_compare', 'vllm')}"
+            f"{quiet('peer_compare', 'vllm', *(('gpu',) if gpu else ()))}"
         )
-        return self._start(DaemonProc(work, body, token=TOKEN, env=self.path))
+        return self._start(DaemonProc(work, body, token=TOKEN, env=self.path), gpu_util)
 
-    def _start(self, proc: DaemonProc) -> DaemonProc:
+    def _start(self, proc: DaemonProc, gpu_util: int | None) -> DaemonProc:
+        if gpu_util is not None:  # the GPUs through NVML's seam: the H200 capture at that utilisation
+            proc.program = (str(AGENT),)
+            proc.env = {**proc.env, "PYTHONPATH": f"{AGENT.parents[1]}:{AGENT.parents[2] / 'src'}",
+                        "DGXDOCTOR_NVML_UTIL": str(gpu_util)}  # fmt: skip
         self.procs.append(proc)
         proc.start().wait_healthy()
         return proc
@@ -212,3 +243,16 @@ def test_a_workers_xid_79_refuses_the_restart_naming_it(pair: Pair) -> None:
     time.sleep(3)  # more evaluations: still nothing runs
     assert calls(pair.root) == []
     assert not [r for r in audit(head) if r["event"] in ("action_started", "action")]
+
+
+def test_a_worker_rank_stopped_under_a_stalled_engine_arrives_at_the_head(pair: Pair) -> None:
+    """The worker's vllm check sees the head's engine stalled and its own GPUs idle while the head's spin in the
+    collective: the head names the worker's rank as the stopped one (no action: it is a pointer for a person)."""
+    worker = pair.worker(gpu_util=0)
+    worker.wait_for(lambda: codes(worker, "vllm") & {"ENGINE_NO_PROGRESS", "ENGINE_HUNG"}, 30, "the stall")
+    head = pair.head(worker, gpu_util=100)
+    head.wait_for(lambda: "PEER_TP_RANK_STOPPED" in codes(head, "peer_compare"), 30, "PEER_TP_RANK_STOPPED")
+    stopped = next(f for f in check(head, "peer_compare")["findings"] if f["code"] == "PEER_TP_RANK_STOPPED")
+    assert stopped["status"] == "critical" and stopped["subject"] == "dgx-b", stopped
+    assert "vLLM's engine is stalled (dgx-b): dgx-b's GPUs are idle (0%) while dgx-a 100% spin" in stopped["message"]
+    assert calls(pair.root) == []
