@@ -130,21 +130,23 @@ class Pair:
 
     def worker(self, kernel_lines: tuple[str, ...] = (), gpu_util: int | None = None) -> DaemonProc:
         """dgx-b: an mp worker with no headless vLLM (its proc root is empty), its kernel log holding ``lines``.
-        With ``gpu_util``: its GPUs (the NVML capture) at that utilisation, and its vllm check watching the head's
-        API server (the stand-in, stalled)."""
+        With ``gpu_util``, a worker of any executor (none declared): its GPUs (the NVML capture) at that
+        utilisation, and its vllm check watching the head's API server (the stand-in, stalled)."""
         work = self.root / "dgx-b"
         (work / "proc").mkdir(parents=True)
         kmsg = work / "kmsg"
         kmsg.write_text("".join(f"{line}\n" for line in kernel_lines))
+        executor = 'executor = "mp"\n'  # the tensor-parallel stall below is any executor's: none declared there
         if gpu_util is None:
             checks = "[checks.vllm_executor]\ninterval_s = 1.0\n[checks.xid]\ninterval_s = 1.0\n"
             keep: tuple[str, ...] = ("vllm_executor", "xid")
         else:
+            executor = ""
             checks = (f'[checks.gpu]\ninterval_s = 1.0\n[checks.vllm]\ninterval_s = 1.0\nbase_url = "{self.vllm_url}"\n'
                       'canary = "never"\nprogress_poll_s = 0.5\n')  # fmt: skip
             keep = ("gpu", "vllm")
         body = (
-            f'[node]\nname = "dgx-b"\nrole = "worker"\nexecutor = "mp"\n'
+            f'[node]\nname = "dgx-b"\nrole = "worker"\n{executor}'
             f'[paths]\nstate_dir = "{work / "state"}"\nproc_root = "{work / "proc"}"\nkmsg_path = "{kmsg}"\n'
             f'[daemon]\nlisten = "@LISTEN@"\ntoken = "{TOKEN}"\n'
             f'[remediation]\nmode = "act"\nhold_s = 0\nvllm_start_grace_s = 0\n'
