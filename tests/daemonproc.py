@@ -61,6 +61,7 @@ class DaemonProc:
     nofile: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     prefix: Sequence[str] = ()  # e.g. ("ip", "netns", "exec", NS)
+    program: Sequence[str] = ("-m", "dgxdoctor", "run", "--config")  # run by this Python, the config path after it
     port: int = 0
     host: str = "127.0.0.1"
     token: str | None = None
@@ -88,7 +89,7 @@ class DaemonProc:
         env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **self.env}
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [*self.prefix, sys.executable, "-m", "dgxdoctor", "run", "--config", str(config)],
+                [*self.prefix, sys.executable, *self.program, str(config)],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -17,15 +17,23 @@ from dgxdoctor.validation import record_rule, rule
 
 MAX_CHECKS = 200
 MAX_SAMPLES = 20_000
+MAX_FINDINGS = 2_000
 MAX_FACTS = 2_000
 MAX_TEXT = 4_096
+MAX_NAME = 256
 
 Text = Annotated[str, Meta(max_length=MAX_TEXT)]
 # A status as another node wrote it: kept as text (at most 32 characters), never trusted to be one of ours.
 LooseStatus = Annotated[str, rule(lambda value: value[:32])]
+# A finding's words as another node wrote them: cut to a bound rather than refused, so one long log line in a
+# peer's evidence does not cost the whole peer (the body itself is read up to MAX_STATE_BYTES).
+ClippedName = Annotated[str, rule(lambda value: value[:MAX_NAME])]
+ClippedText = Annotated[str, rule(lambda value: value[:MAX_TEXT])]
 # The checks' part of the per-check document in `check --json` (the rest is /state's).
 REPORT_CHECK_KEYS = ("name", "status", "summary", "findings", "action", "duration_s", "error")
-COMPARED_CHECK_KEYS = ("name", "status", "samples")
+# What the node comparison reads of each check (fleet/compare.py, fleet/stuck_rank.py, judge/hardware_cause.py):
+# the peer's findings are its verdicts (a headless worker down, an engine stalled, an XID with its kernel line).
+COMPARED_CHECK_KEYS = ("name", "status", "findings", "samples")
 
 
 def _finite(value: float) -> float | None:
@@ -43,14 +51,26 @@ class _Doc(Struct, frozen=True, kw_only=True):
 
 
 class FindingDoc(_Doc, frozen=True):
-    code: str
+    """A finding whole: a peer's findings decide this node's actions (the hardware gate reads ``evidence``, the
+    kernel's XID/SXID line). A new field of ``Finding`` gets a field here and a line in ``of``."""
+
+    code: ClippedName
     status: LooseStatus
-    subject: str | None = None
-    message: str = ""
+    subject: ClippedName | None = None
+    message: ClippedText = ""
+    evidence: ClippedText | None = None
+    remedy: ClippedText | None = None
 
     @classmethod
     def of(cls, finding: Finding) -> FindingDoc:
-        return cls(code=finding.code, status=finding.status.value, subject=finding.subject, message=finding.message)
+        return cls(
+            code=finding.code,
+            status=finding.status.value,
+            subject=finding.subject,
+            message=finding.message,
+            evidence=finding.evidence,
+            remedy=finding.remedy,
+        )
 
 
 class ActionDoc(_Doc, frozen=True):
@@ -109,10 +129,12 @@ class ResultsDocument(_Doc, kw_only=True, frozen=True):
 
     @record_rule
     def _bounded(self) -> None:
-        """At most MAX_SAMPLES samples; a non-finite value (Python's JSON reads NaN and Infinity) made absent.
-        One loop here, not a rule on every sample: a document holds up to 20,000."""
+        """At most MAX_SAMPLES samples and MAX_FINDINGS findings; a non-finite value (Python's JSON reads NaN and
+        Infinity) made absent. One loop here, not a rule on every sample: a document holds up to 20,000."""
         if sum(len(c.samples) for c in self.checks) > MAX_SAMPLES:
             raise ValueError(f"more than {MAX_SAMPLES} samples")
+        if sum(len(c.findings) for c in self.checks) > MAX_FINDINGS:
+            raise ValueError(f"more than {MAX_FINDINGS} findings")
         for check in self.checks:
             for sample in check.samples:
                 if sample.value is not None and not math.isfinite(sample.value):

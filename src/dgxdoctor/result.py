@@ -101,8 +101,7 @@ class Finding(Struct, frozen=True):
     remedy: str | None = None
 
     def to_diagnose_dict(self) -> dict[str, Any]:
-        """``dgxdoctor diagnose --json``: the results document's finding (documents.FindingDoc's keys) with its
-        evidence and remedy."""
+        """``dgxdoctor diagnose --json``: the results document's finding (documents.FindingDoc's keys)."""
         return {"code": self.code, "status": self.status.value, "subject": self.subject, "message": self.message,
                 "evidence": self.evidence, "remedy": self.remedy}  # fmt: skip
 

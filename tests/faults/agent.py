@@ -1,5 +1,6 @@
 """``dgxdoctor run`` for the fault matrix, with the NVML seam filled: the H200 capture (tests/fixtures/nvml), whose
 every read blocks while the file named by ``DGXDOCTOR_NVML_HANG`` exists, as NVML does when a GPU falls off the bus.
+``DGXDOCTOR_NVML_UTIL`` (a percent) sets every GPU's utilisation (a rank spinning in a collective, or one stopped).
 
 Usage: ``python agent.py CONFIG`` with ``tests`` and this checkout's ``src`` on PYTHONPATH.
 """
@@ -22,6 +23,9 @@ from fake_nvml import FakeNvml, load_capture
 
 HANG = Path(os.environ.get("DGXDOCTOR_NVML_HANG", "/nonexistent"))
 CAPTURE = load_capture("h200-2gpu-580.159.04.json")
+if "DGXDOCTOR_NVML_UTIL" in os.environ:
+    for _gpu in CAPTURE["gpus"]:
+        _gpu["utilization_gpu_percent"] = int(os.environ["DGXDOCTOR_NVML_UTIL"])
 
 
 class SwitchedNvml(FakeNvml):

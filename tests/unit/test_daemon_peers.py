@@ -57,8 +57,13 @@ def test_invalid_state_names_the_problem(doc: Any, problem: str) -> None:
 def test_valid_state_keeps_only_what_is_compared() -> None:
     doc = peer_state()
     doc["checks"][0]["extra"] = "x" * 10
+    doc["checks"][0]["summary"] = "1 GPU"
+    doc["checks"][0]["findings"] = [{"code": "XID_79", "status": "critical", "subject": "p", "evidence": "NVRM: ..."}]
     clean = validate_state(doc)
-    assert clean["checks"][0] == {"name": "gpu", "status": "ok", "samples": doc["checks"][0]["samples"]}
+    finding = {"code": "XID_79", "status": "critical", "subject": "p", "message": "", "evidence": "NVRM: ...",
+               "remedy": None}  # fmt: skip
+    assert clean["checks"][0] == {"name": "gpu", "status": "ok", "findings": [finding],
+                                  "samples": doc["checks"][0]["samples"]}  # fmt: skip
 
 
 def transport(handler: Any) -> httpx.MockTransport:

@@ -175,7 +175,7 @@ def stall_snapshots(tmp_path: Path, b_gpu3: dict[str, float]) -> list[dict[str, 
         "rank": "11", "host": "10.0.0.2", "pid": "48213", "gpu": "3", "nvml_gpu": "3"}}], "findings": []}  # fmt: skip
     gpus_b = {i: (b_gpu3 if i == 3 else waiting) for i in range(8)}
     peer = node("dgx-b", ras_b, gpu_check(gpus_b), ib_down("mlx5_3"))
-    # dgx-b as the head receives it: what /state sends peers (status and samples)
+    # dgx-b as the head receives it: its /state validated as fleet/peers.py does
     return [node("dgx-a", doc(ras_a), gpu_check(dict.fromkeys(range(8), waiting))), validate_state(peer)]
 
 
@@ -240,7 +240,7 @@ def test_recorded_healthy_job_exported_and_checked_against_the_layout(tmp_path: 
 
 
 def test_the_node_whose_own_ras_went_silent_is_the_owner(tmp_path: Path) -> None:
-    """The peer's /state as the head receives it (findings are not sent): its ras check critical, RAS down."""
+    """The peer's /state as the head receives it (validated): its ras check critical, RAS down."""
     from dgxdoctor.documents import ResultsDocument
 
     vllm_proc(tmp_path)

@@ -187,7 +187,7 @@ def cluster_document(view: ClusterView) -> dict[str, Any]:
         "comparison": {
             "nodes": list(view.comparison.nodes),
             "compared_facts": view.comparison.compared_facts,
-            "findings": [{**FindingDoc.of(f).dumped(), "remedy": f.remedy} for f in view.comparison.findings],
+            "findings": [FindingDoc.of(f).dumped() for f in view.comparison.findings],
             "imbalances": [
                 {"metric": i.key, "rail": i.rail, "ratio": round(i.ratio, 6), "values": dict(i.values)}
                 for i in view.comparison.imbalances

@@ -93,10 +93,10 @@ def signals(snapshot: Mapping[str, Any]) -> NodeSignals:
         if check.get("name") == "infiniband":  # when: on the local snapshot only (peers send no started_at)
             out.rails_seen_at = float(check.get("started_at") or 0.0)
         if check.get("name") == "ras":
-            # a peer's /state carries status and samples only: silent = critical with dgxdoctor_ras_up 0
+            # silent = critical with dgxdoctor_ras_up 0 (the status and samples say it, whatever the findings' words)
             up = [s.get("value") for s in check.get("samples", ()) if s.get("name") == "dgxdoctor_ras_up"]
             out.ras_silent = check.get("status") == "critical" and up == [0.0]
-            for f in check.get("findings", ()):  # the local node's own words (findings are not sent to peers)
+            for f in check.get("findings", ()):  # the reporting node's own words, a peer's included
                 message = str(f.get("message", ""))
                 if "; NCCL: " in message and f.get("subject"):
                     out.ras_evidence[str(f["subject"])] = message.split("; NCCL: ", 1)[1]

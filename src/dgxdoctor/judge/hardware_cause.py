@@ -59,6 +59,10 @@ def is_hardware_cause(code: str, status: Status | str, subject: str | None, evid
     return code in CAUSE_CODES
 
 
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def peer_causes(doc: dict[str, object]) -> list[str]:
     """The causes in a peer's /state document, each as "XID 79 on 0000:3b:00 of dgx-b" or "<CODE> on dgx-b: <msg>"."""
     node = str(doc.get("node", "the peer"))
@@ -69,8 +73,8 @@ def peer_causes(doc: dict[str, object]) -> list[str]:
         for f in findings if isinstance(findings, list) else []:
             if not isinstance(f, dict):
                 continue
-            code, subject = str(f.get("code", "")), f.get("subject")
-            if not is_hardware_cause(code, str(f.get("status", "")), subject if isinstance(subject, str) else None):
+            code, subject = str(f.get("code", "")), _text(f.get("subject"))
+            if not is_hardware_cause(code, str(f.get("status", "")), subject, _text(f.get("evidence"))):
                 continue
             if code.startswith(("XID_", "SXID_")):
                 family, number = code.split("_", 1)
