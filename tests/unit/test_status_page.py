@@ -95,7 +95,7 @@ def test_a_critical_node_shows_its_findings_and_remedies() -> None:
 def test_an_unreachable_peer_is_named_unknown() -> None:
     down = NodeRun("dgx-b:9835", "http://dgx-b:9835", None, "ConnectError: connection refused")
     html = render_page(assemble(node("dgx-a", None, CheckResult("gpu", Status.OK, "8 GPUs")), [down]), None)
-    assert "unreachable" in html and "ConnectError: connection refused" in html and ">UNKNOWN<" in html
+    assert "no results" in html and "ConnectError: connection refused" in html and ">UNKNOWN<" in html
     assert "remediation state unreadable" in html
 
 
