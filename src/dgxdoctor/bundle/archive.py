@@ -83,10 +83,10 @@ def bounded_headers(tar: bytes, max_members: int = MAX_MEMBERS) -> None:
             raise BadPart(f"more than {max_members} files")
         kind = header[156:157]
         size = _size_field(header[124:136], offset)
-        if size < 0 or offset + BLOCK + size > len(tar):
-            raise BadPart(f"member at byte {offset} claims {size} bytes, more than the archive holds")
         if kind in EXTENDED and size > MAX_EXTENDED_BYTES:
             raise BadPart(f"extended header ({kind.decode('ascii', 'replace')!r}) of {size} bytes")
+        if size < 0 or offset + BLOCK + size > len(tar):
+            raise BadPart(f"member at byte {offset} claims {size} bytes, more than the archive holds")
         offset += BLOCK + -(-size // BLOCK) * BLOCK
 
 
