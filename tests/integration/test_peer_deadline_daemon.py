@@ -84,6 +84,7 @@ def test_check_cluster_ends_by_its_default_deadline_with_every_wedged_peer_named
             t0 = time.monotonic()
             done = run_cli(*args, "--config", str(config), timeout=60)
             took = time.monotonic() - t0
+            print(f"{' '.join(args)}: {took:.1f} s")
             assert took < bound + START_SLACK_S, (args, took)
             doc = strict(done.stdout)
             assert doc["deadline_s"] == bound and done.returncode == 3, (done.returncode, done.stderr[-2000:])
@@ -101,6 +102,7 @@ def test_check_cluster_ends_by_its_default_deadline_with_every_wedged_peer_named
     finally:
         for s in stubs:
             s.close()
+    print(f"the flooding peer got {big.sent / 2**20:.1f} MiB into the sockets")
     assert big.sent < 64 * 2**20, big.sent  # what the kernel's buffers took, not 400 MiB
 
 
@@ -123,11 +125,13 @@ def test_the_status_page_answers_at_once_while_peers_are_wedged(tmp_path: Path) 
             return time.monotonic() - t0, answer.text
 
         took, html = page()
+        print(f"page before the comparison: {took:.2f} s")
         assert took < 2.0, took  # 85f803c: 4 s (the silent peer's timeout), then never (the trickle)
         assert f"127.0.0.1:{silent.port}" in html and f"127.0.0.1:{slow.port}" in html
         # Once the comparison has asked them, the page says what it found, still without asking anyone.
         d.wait_for(lambda: "timed out" in page()[1], 30, "the comparison's fetch on the page")
         took, html = page()
+        print(f"page after the comparison: {took:.2f} s")
         assert took < 2.0, took
         assert "timed out: no complete answer within 4 s" in html and "s ago)" in html
         assert "dgx-trickle" in html  # its /state came whole: the page shows it by the name it gave

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from dgxdoctor.fleet.cluster import ClusterView, NodeRun
 
 QUIET = ("ok", "skipped")
+# A peer the page has no fetch of (it asks none itself): said as such, not as a peer down.
+NOT_ASKED_YET = "not asked yet (the peer comparison asks every peer at each of its runs)"
+NOT_ASKED_DISABLED = "not asked: the peer comparison ([checks.peer_compare]) is disabled, and the page asks no peer"
+NOT_ASKED = (NOT_ASKED_YET, NOT_ASKED_DISABLED)
 LABEL = {"ok": "OK", "warning": "WARNING", "critical": "CRITICAL", "unknown": "UNKNOWN", "skipped": "SKIPPED"}
 
 STYLE = """
@@ -69,7 +73,8 @@ def _node_rows(nodes: Sequence[NodeRun], now: float) -> str:
         if n.url is None:
             where = "this node"
         elif n.doc is None:
-            where = f"<b>no results</b> from {_e(n.url)}: {_e(n.error)}{_as_of(n.fetched_at, now)}"
+            word = "not asked" if n.error in NOT_ASKED else "unreachable"
+            where = f"<b>{word}</b> at {_e(n.url)}: {_e(n.error)}{_as_of(n.fetched_at, now)}"
         else:
             offset = "" if n.clock_offset_s is None else f", clock {n.clock_offset_s:+.3f} s"
             where = f"{_e(n.url)}{offset}{_as_of(n.fetched_at, now)}"
@@ -100,6 +105,9 @@ def _problems(nodes: Sequence[NodeRun], remedies: Mapping[tuple[str, str], str])
     """Every check that is not ok, per node: its summary, its findings with their remedies, the check's remedy."""
     out = []
     for n in nodes:
+        if n.doc is None and n.error in NOT_ASKED:
+            out.append(f'<div class="card">{badge("unknown")} <b>{_e(n.node)}</b>: no results: {_e(n.error)}</div>')
+            continue
         if n.doc is None:
             out.append(f'<div class="card">{badge("unknown")} <b>{_e(n.node)}</b>: no results: {_e(n.error)}'
                        '<div class="remedy">check dgxdoctor on that node (<code>systemctl status dgxdoctor</code>) '
@@ -207,10 +215,6 @@ def render_page(view: ClusterView, remediation: Mapping[str, Any] | None,
         f'<h2>Checks</h2><div class="card">{_check_grid(view.nodes)}</div>'
         "</main></body></html>"
     )
-
-
-NOT_ASKED_YET = "not asked yet (the peer comparison asks every peer at each of its runs)"
-NOT_ASKED_DISABLED = "not asked: the peer comparison ([checks.peer_compare]) is disabled, and the page asks no peer"
 
 
 class StatusPage:
