@@ -141,7 +141,8 @@ config_option = click.option(
     "deadline_s",
     type=click.FloatRange(1, 600),
     default=None,
-    help="with --cluster: seconds for the whole run (default: the slowest check's timeout + 5, at most 120)",
+    help="with --cluster: seconds for the whole run, every node's checks and every peer's answer (default 15, "
+    "5 with --cached; a slower check named with --only: its timeout + 5, at most 120)",
 )
 def check(
     config_path: Path | None,
@@ -165,6 +166,9 @@ def check(
         env = config.environment()
         checks = build_checks(config, env, _names(only, "--only"), _names(skip, "--skip"))
         if cluster:
+            from dgxdoctor.commands.cluster import default_deadline
+
+            deadline_s = deadline_s or default_deadline(checks, named=bool(only), cached=cached)
             sys.exit(_check_cluster(config, checks, as_json, verbose, cached, deadline_s))
         if cached or deadline_s is not None:
             raise click.UsageError("--cached and --deadline go with --cluster")
@@ -179,9 +183,9 @@ def check(
 
 
 def _check_cluster(
-    config: Config, checks: list[Check], as_json: bool, verbose: bool, cached: bool, deadline_s: float | None
+    config: Config, checks: list[Check], as_json: bool, verbose: bool, cached: bool, deadline_s: float
 ) -> int:
-    from dgxdoctor.commands.cluster import default_deadline, run_cluster_check
+    from dgxdoctor.commands.cluster import run_cluster_check
     from dgxdoctor.config import EX_CONFIG
     from dgxdoctor.fleet.cluster import cluster_document
     from dgxdoctor.fleet.cluster_table import cluster_table
@@ -194,7 +198,7 @@ def _check_cluster(
     except (OSError, ValueError) as exc:
         click.echo(f"invalid configuration: daemon.token_file: {exc}", err=True)
         return EX_CONFIG
-    view = run_cluster_check(config, checks, token, deadline_s or default_deadline(checks), cached)
+    view = run_cluster_check(config, checks, token, deadline_s, cached)
     click.echo(json.dumps(cluster_document(view), indent=2) if as_json else cluster_table(view, verbose))
     return exit_code(view.status)
 

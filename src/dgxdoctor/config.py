@@ -130,6 +130,7 @@ def config_model() -> type[Sections]:
 _USERINFO = lazy_compile(r"://[^/@\s'\"]*@")
 # validation's "expected float, got str": the value follows the type's name.
 _GOT_TYPE = lazy_compile(r"^expected .*, got \w+$")
+_LENGTH = lazy_compile(r"^expected array of length ([<>]=) (\d+)")
 
 
 class ConfigError(Exception):
@@ -341,6 +342,9 @@ def _reason(problem: Problem, loc: tuple[int | str, ...]) -> str:
         return f"{msg} (value not shown: a secret)"
     if msg.startswith("expected object"):  # JSON's word: a TOML table
         msg = msg.replace("expected object", "expected a table", 1)
+    length = _LENGTH.match(msg)
+    if length and isinstance(value, list | tuple):  # a TOML array, of the wrong length: say so, not its type
+        return f"{'at most' if length[1] == '<=' else 'at least'} {length[2]} entries, got {len(value)}"
     if msg.startswith("expected array"):
         hint = f", e.g. [{json.dumps(value)}]" if isinstance(value, str) else ""
         return _USERINFO.sub("://***@", f"expected a TOML array{hint}, got {type(value).__name__} {value!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -142,6 +142,9 @@ class Fleet(Struct, frozen=True):
     # Run this check now (thread-safe): an event source calls it when it counted something, so the event reaches
     # /metrics and /state at once rather than at the check's next interval.
     wake: Callable[[str], None] = lambda name: None
+    # The peer comparison hands over every peer's fetch (``fleet.peers.PeerFetch``) for the status page to show
+    # (``fleet.peer_states``): the page asks no peer itself. Thread-safe.
+    record_peers: Callable[[Sequence[Any]], None] = lambda fetched: None
 
 
 class Environment(Struct, frozen=True):

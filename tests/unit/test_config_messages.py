@@ -3,6 +3,7 @@ and the generated example spells out every choice on lines a terminal can show."
 
 from __future__ import annotations
 
+import json
 import tomllib
 from typing import Any
 
@@ -30,6 +31,12 @@ def test_a_string_where_an_array_is_expected() -> None:
 def test_a_toml_array_is_accepted_where_a_tuple_is_kept() -> None:
     config = parse_config(tomllib.loads('[daemon]\npeers = ["http://dgx-b:9835"]\n'))
     assert config.daemon.peers == ("http://dgx-b:9835",)
+
+
+def test_an_array_too_long_is_said_so_not_called_a_wrong_type() -> None:
+    peers = [f"http://10.0.0.{i}:9835" for i in range(65)]
+    found = problems(tomllib.loads(f"[daemon]\npeers = {json.dumps(peers)}\n"))
+    assert found == {"daemon.peers": "at most 64 entries, got 65"}  # was: "expected a TOML array, got list [...]"
 
 
 @pytest.mark.parametrize(

@@ -4,15 +4,20 @@ its content in the three states, and that it loads nothing from anywhere and esc
 from __future__ import annotations
 
 import base64
+import json
 import re
 import time
+from pathlib import Path
 from typing import Any
 
+from dgxdoctor.config import load_config
 from dgxdoctor.daemon.app import AppState, make_app
-from dgxdoctor.daemon.page import render_page
+from dgxdoctor.daemon.page import NOT_ASKED_YET, StatusPage, render_page
 from dgxdoctor.documents import ResultsDocument
 from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.fleet.cluster import NodeRun, assemble
+from dgxdoctor.fleet.peer_states import PeerStates
+from dgxdoctor.fleet.peers import PeerFetch, validated_document
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.result import Action, CheckResult, Finding, Status
 from webtest import TestClient, TestServer
@@ -107,3 +112,22 @@ def test_nothing_external_and_what_a_peer_sends_is_escaped() -> None:
     assert "&lt;script&gt;" in html
     # No URL to anywhere: every link is one of the daemon's own paths.
     assert re.findall(r'(?:href|src)="([^"]*)"', html) == ["/metrics", "/state", "/healthz"]
+
+
+async def test_the_page_shows_the_peers_as_the_comparison_last_fetched_them(tmp_path: Path) -> None:
+    """From the store of the comparison's fetches (``fleet.peer_states``), with the fetch's age; a peer not
+    fetched yet is said to be not asked, not down."""
+    peers = ["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"]
+    path = tmp_path / "config.toml"
+    path.write_text(f'[daemon]\npeers = {json.dumps(peers)}\n[paths]\nstate_dir = "{tmp_path}"\n')
+    config = load_config(path)
+    states = PeerStates()
+    doc = validated_document(node("dgx-b", peers[0], CheckResult("gpu", Status.WARNING, "7 of 8 GPUs")).doc)
+    now = time.time()
+    states.record([PeerFetch(peers[0], "127.0.0.1:1", doc.compared(), None, 0.1, document=doc, fetched_at=now - 12),
+                   PeerFetch(peers[1], "127.0.0.1:2", None, "timed out: no complete answer within 3 s", 3.0, True,
+                             fetched_at=now - 3)])  # fmt: skip
+    html = await StatusPage(ResultStore("dgx-a"), lambda: config, states)()
+    assert "dgx-b" in html and "7 of 8 GPUs" in html and "(12 s ago)" in html
+    assert "<b>unreachable</b>" in html and "timed out: no complete answer within 3 s" in html and "(3 s ago)" in html
+    assert "<b>not asked</b> at http://127.0.0.1:3" in html and NOT_ASKED_YET in html

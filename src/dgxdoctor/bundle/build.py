@@ -19,8 +19,8 @@ from dgxdoctor.bundle.items import Sources, known_secrets, node_items
 from dgxdoctor.bundle.redact import Redactor
 from dgxdoctor.config import Config
 from dgxdoctor.environment import Environment
-from dgxdoctor.fleet.cluster import measure_clock
-from dgxdoctor.fleet.peers import BadAnswer, peer_label, read_answer
+from dgxdoctor.fleet.cluster import HEALTHZ_PATH, measure_clock
+from dgxdoctor.fleet.peers import BadAnswer, peer_label, read_answer, within
 
 PART_PATH = "/bundle/part"
 # A peer's part travels compressed; what it may hold uncompressed is bounded by the asker's size cap and this slack
@@ -61,13 +61,18 @@ async def ask_part(
     """A peer's part within ``budget_s``; never raises. The part is redacted again here with our own secrets."""
     t0 = time.monotonic()
     body = {"since_s": since_s, "deadline_s": round(max(budget_s - PEER_MARGIN_S, 0.5), 3)}
-    try:
-        async with asyncio.timeout(budget_s):
-            offset, rtt = await measure_clock(client, url)
-            raw = await read_answer(client, "POST", f"{url}{PART_PATH}", token, body, max_bytes + PART_SLACK_BYTES)
-            part = read_part(raw, max_bytes + PART_SLACK_BYTES)
+    waiting = [f"GET {HEALTHZ_PATH} (its clock)"]
+
+    async def exchange() -> tuple[float | None, float | None, Part]:
+        offset, rtt = await measure_clock(client, url)
+        waiting[0] = f"POST {PART_PATH}"
+        raw = await read_answer(client, "POST", f"{url}{PART_PATH}", token, body, max_bytes + PART_SLACK_BYTES)
+        return offset, rtt, read_part(raw, max_bytes + PART_SLACK_BYTES)
+
+    try:  # the clock probe, the part and its reading all within the one budget
+        offset, rtt, part = await within(exchange(), budget_s)
     except TimeoutError:
-        return PeerPart(url, None, f"no part within the deadline ({budget_s:.1f} s)", _since(t0))
+        return PeerPart(url, None, f"no answer to {waiting[0]} within the deadline ({budget_s:.1f} s)", _since(t0))
     except (httpx.HTTPError, BadAnswer, BadPart) as exc:
         return PeerPart(url, None, f"{type(exc).__name__}: {exc}"[:400], _since(t0))
     part.files = [(name, redactor.data(data)) for name, data in part.files]

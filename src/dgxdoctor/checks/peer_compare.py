@@ -6,7 +6,8 @@ on both nodes, and ``nvidia-smi --query-gpu=index,utilization.gpu,memory.used --
 Where the local snapshot comes from: ``env.fleet``, the seam the daemon fills (``environment.Fleet``). Its
 ``local_state(name)`` is the result store's ``/state`` document without this check's own result, so the
 comparison sees exactly what peers see of us; ``peers()`` gives the peers, the token and the per-peer timeout
-of the ``[daemon]`` table. Outside the daemon (``dgxdoctor check``) there is no store and the check is SKIPPED.
+of the ``[daemon]`` table; ``record_peers`` keeps what was fetched for the status page, which asks no peer itself.
+Outside the daemon (``dgxdoctor check``) there is no store and the check is SKIPPED.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
         fetched = fetch_all(
             lambda: self.env.async_http_client(peers.timeout_s), peers.urls, peers.token, peers.timeout_s
         )
+        fleet.record_peers(fetched)  # the status page shows these; it asks no peer itself
         for url, got in zip(peers.urls, fetched, strict=True):
             builder.sample(PEER_UP, 1.0 if got.up else 0.0, peer=got.label)
             builder.sample(PEER_FETCH_SECONDS, got.seconds, peer=got.label)

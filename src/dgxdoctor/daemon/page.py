@@ -2,7 +2,8 @@
 
 Server-rendered HTML with inline style and nothing else (nodes have no internet, and the page must load while the
 network is the problem), readable on a phone: one column, tables that scroll sideways, large status badges.
-Everything shown comes from the daemon's own results and its peers' ``/state``; every value is escaped.
+Everything shown comes from what the daemon already holds: its own results, and its peers' ``/state`` as the peer
+comparison last fetched it (each with its age); a page load asks no peer. Every value is escaped.
 """
 
 from __future__ import annotations
@@ -14,14 +15,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dgxdoctor.config import Config
-from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.incidents import IncidentTracker
+from dgxdoctor.fleet.peer_states import PeerStates
 from dgxdoctor.fleet.store import ResultStore
 
 if TYPE_CHECKING:
     from dgxdoctor.fleet.cluster import ClusterView, NodeRun
 
 QUIET = ("ok", "skipped")
+# A peer the page has no fetch of (it asks none itself): said as such, not as a peer down.
+NOT_ASKED_YET = "not asked yet (the peer comparison asks every peer at each of its runs)"
+NOT_ASKED_DISABLED = "not asked: the peer comparison ([checks.peer_compare]) is disabled, and the page asks no peer"
+NOT_ASKED = (NOT_ASKED_YET, NOT_ASKED_DISABLED)
 LABEL = {"ok": "OK", "warning": "WARNING", "critical": "CRITICAL", "unknown": "UNKNOWN", "skipped": "SKIPPED"}
 
 STYLE = """
@@ -54,17 +59,25 @@ def badge(status: str) -> str:
     return f'<span class="b {css}">{_e(LABEL.get(status, status.upper()))}</span>'
 
 
-def _node_rows(nodes: Sequence[NodeRun]) -> str:
+def _as_of(fetched_at: float | None, now: float) -> str:
+    """When a peer's results (or its failure) were fetched: the page shows what the daemon holds, not a fetch now."""
+    if fetched_at is None:
+        return ""
+    return f" · as of {_e(_when(fetched_at))} ({max(now - fetched_at, 0.0):.0f} s ago)"
+
+
+def _node_rows(nodes: Sequence[NodeRun], now: float) -> str:
     """One line per node (a list, not a table: it must fit a phone's width with a long error in it)."""
     rows = []
     for n in nodes:
         if n.url is None:
             where = "this node"
         elif n.doc is None:
-            where = f"<b>unreachable</b> at {_e(n.url)}: {_e(n.error)}"
+            word = "not asked" if n.error in NOT_ASKED else "unreachable"
+            where = f"<b>{word}</b> at {_e(n.url)}: {_e(n.error)}{_as_of(n.fetched_at, now)}"
         else:
             offset = "" if n.clock_offset_s is None else f", clock {n.clock_offset_s:+.3f} s"
-            where = f"{_e(n.url)}{offset}"
+            where = f"{_e(n.url)}{offset}{_as_of(n.fetched_at, now)}"
         bad = sum(1 for c in (n.doc or {}).get("checks", []) if c["status"] not in QUIET)
         count = f" · {bad} check(s) not ok" if bad else ""
         rows.append(f'<div class="node">{badge(n.status.value)} <b>{_e(n.node)}</b>{count}'
@@ -92,6 +105,9 @@ def _problems(nodes: Sequence[NodeRun], remedies: Mapping[tuple[str, str], str])
     """Every check that is not ok, per node: its summary, its findings with their remedies, the check's remedy."""
     out = []
     for n in nodes:
+        if n.doc is None and n.error in NOT_ASKED:
+            out.append(f'<div class="card">{badge("unknown")} <b>{_e(n.node)}</b>: no results: {_e(n.error)}</div>')
+            continue
         if n.doc is None:
             out.append(f'<div class="card">{badge("unknown")} <b>{_e(n.node)}</b>: no results: {_e(n.error)}'
                        '<div class="remedy">check dgxdoctor on that node (<code>systemctl status dgxdoctor</code>) '
@@ -183,15 +199,16 @@ def render_page(view: ClusterView, remediation: Mapping[str, Any] | None,
     """The whole page; ``remedies`` are this node's findings' own remedy texts by (check, code)."""
     status = view.status.value
     local = view.nodes[0].node if view.nodes else "?"
+    now = time.time() if now is None else now
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{_e(LABEL.get(status, status))} · dgxdoctor {_e(local)}</title><style>{STYLE}</style></head>"
         f'<body><main><div class="banner {_e(status)}"><h1>cluster {_e(LABEL.get(status, status))}</h1>'
-        f"{len(view.nodes)} node(s), seen from {_e(local)} at {_e(_when(now or time.time()))}</div>"
+        f"{len(view.nodes)} node(s), seen from {_e(local)} at {_e(_when(now))}</div>"
         f'<nav class="card"><a href="/metrics">/metrics</a><a href="/state">/state</a>'
         f'<a href="/healthz">/healthz</a></nav>'
-        f'<h2>Nodes</h2><div class="card">{_node_rows(view.nodes)}</div>'
+        f'<h2>Nodes</h2><div class="card">{_node_rows(view.nodes, now)}</div>'
         f"<h2>What is wrong</h2>{_problems(view.nodes, remedies or {})}"
         f"<h2>Between the nodes</h2>{_comparison(view)}"
         f"<h2>Remediation</h2>{_remediation(remediation)}{_incidents(incidents)}"
@@ -201,36 +218,40 @@ def render_page(view: ClusterView, remediation: Mapping[str, Any] | None,
 
 
 class StatusPage:
-    """Builds the page on request: the store's results, the peers' ``/state`` (cached for ``CACHE_S``, so a page
-    reloaded in a loop does not become a stream of requests to every peer), remediation's state file."""
-
-    CACHE_S = 5.0
+    """Builds the page on request from what the daemon already holds: the store's results, the peers as the peer
+    comparison last fetched them (``fleet.peer_states``: the page asks no peer, so a wedged one cannot hold it up and
+    a page reloaded in a loop sends nothing to the peers), remediation's state file."""
 
     def __init__(
         self,
         store: ResultStore,
         config: Callable[[], Config],
-        env: Callable[[], Environment],
-        token: Callable[[], str | None],
+        peers: PeerStates,
         incidents: IncidentTracker | None = None,
     ) -> None:
         self.store = store
         self.config = config
-        self.env = env
-        self.token = token
+        self.peers = peers
         self.incidents = incidents
-        self._peers: tuple[float, list[NodeRun]] | None = None
 
-    async def _peer_runs(self) -> list[NodeRun]:
-        d = self.config().daemon
-        now = time.monotonic()
-        if self._peers is not None and now - self._peers[0] < self.CACHE_S:
-            return self._peers[1]
-        from dgxdoctor.fleet.cluster import ask_peers
+    def _peer_runs(self) -> list[NodeRun]:
+        """Every configured peer, as last fetched; one not fetched yet is UNKNOWN with the reason."""
+        from dgxdoctor.fleet.cluster import NodeRun
+        from dgxdoctor.fleet.peers import peer_label
 
-        async with self.env().async_http_client(d.peer_timeout_s) as client:
-            runs = await ask_peers(client, d.peers, self.token(), d.peer_timeout_s, cached=True)
-        self._peers = (time.monotonic(), runs)
+        config = self.config()
+        compared = config.check_settings("peer_compare").enabled
+        runs = []
+        for url in config.daemon.peers:
+            held = self.peers.get(url)
+            if held is None:
+                why = NOT_ASKED_YET if compared else NOT_ASKED_DISABLED
+                runs.append(NodeRun(peer_label(url), url, None, why))
+            elif held.document is None:
+                runs.append(NodeRun(held.label, url, None, held.error, fetched_at=held.fetched_at))
+            else:
+                doc = held.document.state()
+                runs.append(NodeRun(str(doc["node"]), url, doc, fetched_at=held.fetched_at))
         return runs
 
     async def __call__(self) -> str:
@@ -240,7 +261,7 @@ class StatusPage:
         from dgxdoctor.remediation.status import status_document
 
         local = NodeRun(self.store.node, None, self.store.snapshot())
-        view = assemble(local, await self._peer_runs())
+        view = assemble(local, self._peer_runs())
         latest = self.store.latest().values()
         remedies = {(r.check, f.code): f.remedy for r in latest for f in r.findings if f.remedy}
         try:

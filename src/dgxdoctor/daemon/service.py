@@ -39,6 +39,7 @@ from dgxdoctor.exporters.incidents import IncidentCollector
 from dgxdoctor.exporters.remediation import RemediationCollector
 from dgxdoctor.exporters.textfile import write_textfile
 from dgxdoctor.fleet.incidents import IncidentTracker
+from dgxdoctor.fleet.peer_states import PeerStates
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.remediation.audit import AuditLog
 from dgxdoctor.remediation.engine import Remediator
@@ -96,8 +97,12 @@ class Daemon:
         self.notifier = notifier or Notifier()
         # Checks reach the store and the peers through this seam; it reads self.config at each call, so a reload's
         # peers and token apply without rebuilding a check.
+        self.peer_states = PeerStates()  # the peer comparison's last fetch of every peer: the status page's peers
         self.fleet = Fleet(
-            local_state=self._local_state, peers=self._peers, wake=lambda name: self.scheduler.wake(name)
+            local_state=self._local_state,
+            peers=self._peers,
+            wake=lambda name: self.scheduler.wake(name),
+            record_peers=self.peer_states.record,
         )
         self.env: Environment = replace(config.environment(one_shot=False), fleet=self.fleet, token=self._token)
         self.store = ResultStore(self.env.node)
@@ -118,9 +123,7 @@ class Daemon:
             step=self.remediator.run_step,
         )
         self.app_state.extra_routes = self._routes
-        self.app_state.page = StatusPage(
-            self.store, lambda: self.config, lambda: self.env, lambda: self.token, self.incidents
-        )
+        self.app_state.page = StatusPage(self.store, lambda: self.config, self.peer_states, self.incidents)
         self.started_at = time.time()
         self.stopping = asyncio.Event()
         self.bound: tuple[str, int] | None = None

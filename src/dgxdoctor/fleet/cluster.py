@@ -4,12 +4,13 @@ By hand: ``dgxdoctor check --json`` on every node and ``jq`` over the documents.
 daemon to run its checks now (``POST /check/run``) or, with ``cached``, for its latest results (``GET /state``),
 all in parallel under ONE deadline for the whole run; a peer that does not answer in time is that node UNKNOWN,
 named, never a hang. Each exchange also measures the peer's clock against ours (the midpoint of the request, as
-NTP's offset estimate does), so that timelines from both nodes line up. Everything a peer sends is untrusted.
+NTP's offset estimate does), so that timelines from both nodes line up. Everything a peer sends is untrusted: the
+clock probe is part of the exchange, inside the same deadline and under a byte cap of its own, so a peer trickling
+or flooding ``/healthz`` is that peer UNKNOWN, named, and the run still ends on time.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,6 +18,7 @@ from typing import Any
 
 import httpx
 from msgspec import Struct, field
+from msgspec.structs import replace
 
 from dgxdoctor.documents import FindingDoc, ResultsDocument
 from dgxdoctor.fleet.compare import Comparison, compare
@@ -27,8 +29,10 @@ from dgxdoctor.fleet.peers import (
     in_parallel,
     peer_label,
     read_answer,
+    read_capped,
     response_json,
     validated_document,
+    within,
 )
 from dgxdoctor.result import Status
 from dgxdoctor.validation import validate
@@ -49,6 +53,7 @@ class NodeRun(Struct, frozen=True):
     clock_offset_s: float | None = None  # the peer's clock minus ours; 0 for this node
     rtt_s: float | None = None  # the exchange's round trip, the offset's uncertainty is half of it
     cached: bool = False
+    fetched_at: float | None = None  # wall clock of results fetched earlier (the status page's peers)
 
     @property
     def status(self) -> Status:
@@ -73,28 +78,44 @@ class ClusterView(Struct, frozen=True):
 
 async def ask_peer(
     client: httpx.AsyncClient, url: str, token: str | None, budget_s: float, cached: bool,
-    clock: Callable[[], float] = time.time,
+    clock: Callable[[], float] = time.time, until: float | None = None,
 ) -> NodeRun:  # fmt: skip
-    """One peer's results within ``budget_s`` (the whole exchange); never raises."""
+    """One peer's results and clock by ``until`` (``time.monotonic()``; default: ``budget_s`` from now), the whole
+    exchange, clock probe included; never raises. A peer that has not answered by then is UNKNOWN, named with the
+    request it left unanswered."""
     label = peer_label(url)
     t0 = time.monotonic()
-    body = None if cached else {"deadline_s": round(max(budget_s - PEER_MARGIN_S, 1.0), 3)}
+    end = t0 + budget_s if until is None else until
+    body = None if cached else {"deadline_s": round(max(end - t0 - PEER_MARGIN_S, 1.0), 3)}
     method, path = ("GET", STATE_PATH) if cached else ("POST", RUN_PATH)
-    try:
-        async with asyncio.timeout(budget_s):
-            answer = response_json(await read_answer(client, method, f"{url}{path}", token, body))
+    waiting = [f"{method} {path}"]  # the request in flight, for the error text
+
+    async def exchange() -> tuple[dict[str, Any], float | None, float | None]:
+        answer = response_json(await read_answer(client, method, f"{url}{path}", token, body))
         if not cached and not isinstance(answer, dict):
             raise BadAnswer("not a JSON object")
         doc = validated_document(answer if cached else answer.get("results")).state()
+        waiting[0] = f"GET {HEALTHZ_PATH} (its clock)"
         offset, rtt = await measure_clock(client, url, clock)
+        return doc, offset, rtt
+
+    if end - t0 <= 0:  # it waited for a free slot until the deadline
+        error = f"not asked: the deadline ({budget_s:.1f} s) passed while other peers were asked first"
+        return NodeRun(label, url, None, error, 0.0)
+    try:
+        doc, offset, rtt = await within(exchange(), end - t0)
     except TimeoutError:
-        return NodeRun(label, url, None, f"no answer within the deadline ({budget_s:.1f} s)", _since(t0))
+        error = f"no answer to {waiting[0]} within the deadline ({budget_s:.1f} s)"
+        return NodeRun(label, url, None, error, _since(t0))
     except (httpx.HTTPError, BadAnswer) as exc:
         return NodeRun(label, url, None, f"{type(exc).__name__}: {exc}"[:400], _since(t0))
     return NodeRun(str(doc["node"]), url, doc, None, _since(t0), offset, rtt, cached)
 
 
 CLOCK_SAMPLES = 3
+HEALTHZ_PATH = "/healthz"
+# /healthz is a few hundred bytes (``Daemon.health``); an answer past this is refused, and the peer with it.
+MAX_HEALTHZ_BYTES = 16 * 2**10
 
 
 async def measure_clock(
@@ -102,15 +123,20 @@ async def measure_clock(
 ) -> tuple[float | None, float | None]:
     """The peer's clock offset from ``GET /healthz`` (its ``clock``), the sample of least delay of a few (NTP's
     filter: the shortest round trip is the least asymmetric). The connection is open by now, so no handshake
-    lengthens one direction only. (None, None) when the peer gives no clock."""
+    lengthens one direction only. (None, None) when the peer gives no clock. Each answer is read up to
+    ``MAX_HEALTHZ_BYTES`` (BadAnswer past it); the caller's deadline bounds the time."""
     best: tuple[float | None, float] | None = None
     for _ in range(CLOCK_SAMPLES):
         t0 = clock()
         try:
-            response = await client.get(f"{url}/healthz")
+            status, data = await read_capped(client, "GET", f"{url}{HEALTHZ_PATH}", max_bytes=MAX_HEALTHZ_BYTES)
             t3 = clock()
-            peer = response.json().get("clock") if response.status_code in (200, 503) else None
-        except (httpx.HTTPError, ValueError, AttributeError):
+            peer = response_json(data).get("clock") if status in (200, 503) else None
+        except BadAnswer as exc:
+            if str(exc).startswith("not JSON"):
+                return (best[0], best[1]) if best else (None, None)
+            raise BadAnswer(f"/healthz: {exc}") from None
+        except (httpx.HTTPError, AttributeError):
             return (best[0], best[1]) if best else (None, None)
         offset, delay = clock_offset(t0, peer, peer, t3)
         if offset is not None and (best is None or delay < best[1]):
@@ -141,7 +167,12 @@ def _since(t0: float) -> float:
 async def ask_peers(
     client: httpx.AsyncClient, urls: Sequence[str], token: str | None, budget_s: float, cached: bool
 ) -> list[NodeRun]:
-    return await in_parallel(urls, lambda url: ask_peer(client, url, token, budget_s, cached), MAX_PARALLEL_FETCHES)
+    """Every peer by ``budget_s`` from now, whatever their number: one deadline for all (a peer that waits for a
+    free slot of the ``MAX_PARALLEL_FETCHES`` has that much less of it), not ``budget_s`` each."""
+    until = time.monotonic() + budget_s
+    return await in_parallel(
+        urls, lambda url: ask_peer(client, url, token, budget_s, cached, until=until), MAX_PARALLEL_FETCHES
+    )
 
 
 def assemble(local: NodeRun, peers: Sequence[NodeRun], tolerances: Mapping[str, float] | None = None,
@@ -151,8 +182,7 @@ def assemble(local: NodeRun, peers: Sequence[NodeRun], tolerances: Mapping[str, 
     nodes = [local]
     for run in peers:
         if run.node in seen:  # two peers (or a peer and us) with one name: keep both, told apart by address
-            run = NodeRun(f"{run.node}@{peer_label(run.url or '')}", run.url, _renamed(run), run.error, run.seconds,
-                          run.clock_offset_s, run.rtt_s, run.cached)  # fmt: skip
+            run = replace(run, node=f"{run.node}@{peer_label(run.url or '')}", doc=_renamed(run))
         seen.add(run.node)
         nodes.append(run)
     snapshots = [validate(ResultsDocument, n.doc).compared() | {"node": n.node} for n in nodes if n.doc]

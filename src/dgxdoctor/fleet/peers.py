@@ -1,13 +1,16 @@
 """Ask peers' agents and validate what they answer: the one home of the peer exchange (the peer comparison's
-``GET /state`` here, ``check --cluster``'s ``POST /check/run`` in ``fleet/cluster.py``, the bundle's
-``POST /bundle/part`` in ``bundle/build.py``). Everything a peer sends
-is untrusted input: its size is bounded, its status and JSON checked, its document validated by the results model,
-and a failure worded the same way whoever asked."""
+``GET /state`` here, ``check --cluster``'s ``POST /check/run`` and the clock probe in ``fleet/cluster.py``, the
+bundle's ``POST /bundle/part`` in ``bundle/build.py``). Everything a peer sends is untrusted input: every answer is
+read as a stream and refused at its byte cap (an error page and ``/healthz`` included), sent uncompressed (a
+compressed answer could grow a thousandfold past the cap as it is decoded), held to the caller's one deadline from
+connect to last byte, its status and JSON checked (no NaN or infinity: JSON has none), its document validated by
+the results model, and a failure worded the same way whoever asked."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -20,6 +23,10 @@ from dgxdoctor.documents import ResultsDocument
 from dgxdoctor.validation import Invalid, validate
 
 MAX_STATE_BYTES = 4 * 2**20
+# Of an answer that is not 200: enough for the peer's ``error`` text, never the whole of a large body.
+MAX_ERROR_BYTES = 4096
+# Peers' answers are asked for and accepted uncompressed only (see the module's docstring).
+IDENTITY = {"Accept-Encoding": "identity"}
 MAX_PARALLEL_FETCHES = 8
 STATE_PATH = "/state"
 T = TypeVar("T")
@@ -33,10 +40,14 @@ class BadAnswer(ValueError):
 class PeerFetch(Struct, frozen=True):
     url: str
     label: str
-    state: dict[str, Any] | None
+    state: dict[str, Any] | None  # what the comparison reads (``validate_state``)
     error: str | None
     seconds: float
     timed_out: bool = False  # no (complete) answer within the deadline: counted as a probe timeout
+    # The whole validated /state, as the status page shows it (``fleet.peer_states``); a Struct, not dicts: it is
+    # held between comparisons.
+    document: ResultsDocument | None = None
+    fetched_at: float = 0.0  # wall clock of the answer (or the failure)
 
     @property
     def up(self) -> bool:
@@ -58,19 +69,38 @@ async def fetch_state(client: httpx.AsyncClient, url: str, token: str | None, ti
     """
     t0 = time.monotonic()
     label = peer_label(url)
+
+    def failed(error: str, timed_out: bool = False) -> PeerFetch:
+        return PeerFetch(url, label, None, error, _since(t0), timed_out, fetched_at=time.time())
+
     try:
-        async with asyncio.timeout(timeout_s):
-            body = await read_answer(client, "GET", f"{url}{STATE_PATH}", token)
-        state = validate_state(response_json(body))
+        body = await within(read_answer(client, "GET", f"{url}{STATE_PATH}", token), timeout_s)
+        document = validated_document(response_json(body))
     except TimeoutError:
-        return PeerFetch(url, label, None, f"timed out: no complete answer within {timeout_s:g} s", _since(t0), True)
+        return failed(f"timed out: no complete answer within {timeout_s:g} s", True)
     except httpx.TimeoutException:
-        return PeerFetch(url, label, None, f"timed out: no answer within {timeout_s:g} s", _since(t0), True)
+        return failed(f"timed out: no answer within {timeout_s:g} s", True)
     except httpx.HTTPError as exc:
-        return PeerFetch(url, label, None, f"{type(exc).__name__}: {exc}", time.monotonic() - t0)
+        return failed(f"{type(exc).__name__}: {exc}")
     except BadAnswer as exc:
-        return PeerFetch(url, label, None, f"invalid /state: {exc}", time.monotonic() - t0)
-    return PeerFetch(url, label, state, None, time.monotonic() - t0)
+        return failed(f"invalid /state: {exc}")
+    # validate_state's view, from the one validation
+    return PeerFetch(url, label, document.compared(), None, _since(t0), document=document, fetched_at=time.time())
+
+
+async def within(step: Awaitable[T], timeout_s: float) -> T:
+    """``step`` cancelled at ``timeout_s`` (TimeoutError); 0 or less times out without starting it.
+
+    ``asyncio.wait_for``, not ``asyncio.timeout`` (Python 3.11): the agent runs on 3.10 too, where wait_for's
+    ``asyncio.TimeoutError`` is not yet the builtin one."""
+    if timeout_s <= 0:
+        if asyncio.iscoroutine(step):
+            step.close()  # never awaited: no "was never awaited" warning
+        raise TimeoutError
+    try:
+        return await asyncio.wait_for(step, timeout_s)
+    except asyncio.TimeoutError:  # noqa: UP041 (Python 3.10)
+        raise TimeoutError from None
 
 
 async def read_answer(
@@ -79,19 +109,36 @@ async def read_answer(
 ) -> bytes:  # fmt: skip
     """The body of a 200 answer, at most ``max_bytes``; BadAnswer for another status (the peer's own ``error``
     text with it, and the token hint for 401/403) or a larger body."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    status, data = await read_capped(client, method, url, token, body, max_bytes)
+    if status != 200:
+        rejected = status in (401, 403)
+        hint = " (token rejected: set the same daemon.token on every node)" if rejected else ""
+        raise BadAnswer(f"HTTP {status}{hint}: {_error_text(data[:300].decode('utf-8', 'replace'))}")
+    return data
+
+
+async def read_capped(
+    client: httpx.AsyncClient, method: str, url: str, token: str | None = None, body: dict[str, Any] | None = None,
+    max_bytes: int = MAX_STATE_BYTES,
+) -> tuple[int, bytes]:  # fmt: skip
+    """(status, body) of one exchange, the body read as it comes and refused (BadAnswer) at ``max_bytes`` + 1: a
+    peer's answer never costs more memory than its cap, whatever it sends or claims. Only the first
+    ``MAX_ERROR_BYTES`` of an answer other than 200 are read."""
+    headers = {**IDENTITY, "Authorization": f"Bearer {token}"} if token else IDENTITY
     async with client.stream(method, url, headers=headers, json=body) as response:
-        if response.status_code != 200:
-            text = (await response.aread())[:300].decode("utf-8", "replace")
-            rejected = response.status_code in (401, 403)
-            hint = " (token rejected: set the same daemon.token on every node)" if rejected else ""
-            raise BadAnswer(f"HTTP {response.status_code}{hint}: {_error_text(text)}")
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise BadAnswer(f"compressed answer refused (Content-Encoding: {encoding[:40]})")
+        limit = max_bytes if response.status_code == 200 else MAX_ERROR_BYTES
         out = bytearray()
-        async for chunk in response.aiter_bytes():
+        async for chunk in response.aiter_bytes():  # no decoding: only identity passed above
+            if len(out) + len(chunk) > limit:
+                if response.status_code != 200:
+                    out += chunk[: limit - len(out)]
+                    break
+                raise BadAnswer(f"answer larger than {max_bytes} bytes ({method} {urlsplit(url).path})")
             out += chunk
-            if len(out) > max_bytes:
-                raise BadAnswer(f"answer larger than {max_bytes} bytes")
-        return bytes(out)
+        return response.status_code, bytes(out)
 
 
 def _error_text(text: str) -> str:
@@ -142,10 +189,23 @@ def fetch_all(
 
 
 def response_json(body: bytes) -> Any:
+    """A peer's JSON answer. NaN, Infinity and numbers past a float's range (``1e400``) are not JSON's numbers
+    (Python's parser reads them): each is read as null, so it is absent where a value may be (a sample's value, a
+    document's ``generated_at``) and refused by validation where one is required; nothing non-finite travels on
+    into ``check --cluster --json``."""
     try:
-        return json.loads(body)
+        return json.loads(body, parse_constant=_absent, parse_float=_finite_or_none)
     except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser's stack
         raise BadAnswer(f"not JSON ({exc})") from None
+
+
+def _absent(_: str) -> None:
+    return None
+
+
+def _finite_or_none(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
 
 
 def validated_document(doc: Any) -> ResultsDocument:
