@@ -25,11 +25,8 @@ NOT_IN_DAEMON = (
     "matplotlib",
     "difflib",
     "pynvml",
-    # The HTTP server is daemon/web.py on h11, the scheduler asyncio tasks: aiohttp loaded its whole client with
-    # its server, APScheduler its process pool and so multiprocessing (benchmarks/README.md: ~10 MiB together).
+    # The HTTP server is daemon/web.py on h11: aiohttp loaded its whole client with its server.
     "aiohttp",
-    "apscheduler",
-    "multiprocessing",
     # The host check reads /proc/meminfo and statvfs itself; nccl_env imports psutil for interface addresses only.
     "psutil",
     # Event lines come from dgxdoctor.eventlog (the standard library).
@@ -51,6 +48,7 @@ def test_daemon_imports_no_one_shot_code() -> None:
     loaded = set(json.loads(out))
     assert "dgxdoctor.daemon.service" in loaded
     assert sorted(loaded.intersection(NOT_IN_DAEMON)) == []
+    assert "apscheduler.schedulers.asyncio" in loaded  # the schedule's library, daemon-only (test_startup_imports)
 
 
 def test_no_nvml_library_means_no_pynvml_import() -> None:

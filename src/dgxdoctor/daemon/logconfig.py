@@ -38,3 +38,7 @@ def configure(level: str = "info") -> None:
     # httpx logs every request at INFO: a line per vLLM, Ray and peer call, many a minute, none of them news.
     for name in ("httpx", "httpcore"):
         logging.getLogger(name).setLevel(max(numeric, logging.WARNING))
+    # APScheduler logs each run at INFO and, at WARNING, each fire skipped because the check's run is still going
+    # (max_instances=1: a slow check is the check's news, its duration and timeout are exported) or a run missed
+    # by over its grace; a failing job is logged as job_failed by the scheduler's own guard.
+    logging.getLogger("apscheduler").setLevel(max(numeric, logging.ERROR))
