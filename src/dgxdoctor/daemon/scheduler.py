@@ -12,6 +12,11 @@ has ended: APScheduler would skip a run asked for while one is going (``max_inst
 read its source before the event.
 A heartbeat job proves the scheduler is turning: ``/healthz`` and the systemd watchdog read it.
 
+APScheduler keeps run times on the wall clock (UTC; the old loop used the monotonic clock): a clock stepped back
+holds every run, the heartbeat's included, for the length of the step, and a step forward by years (a node booted
+with a dead RTC) keeps the loop counting missed fire times before it coalesces them. Past the heartbeat's limit
+``healthy()`` is False, so the systemd watchdog restarts the daemon, which schedules afresh.
+
 Coroutine jobs (the checks, the heartbeat) run on the loop; a plain function (the textfile writer) runs in the
 loop's default thread pool, as APScheduler's asyncio executor does, so a write that blocks on a hung file system
 does not stop the loop.
