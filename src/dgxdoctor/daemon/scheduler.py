@@ -54,7 +54,8 @@ UTC = timezone.utc  # noqa: UP017 (datetime.UTC is Python 3.11's; the daemon run
 
 
 def jitter_for(interval_s: float) -> float:
-    """Up to 10% of the interval, at most 5 s: spreads runs without making cheap checks irregular."""
+    """Up to 10% of the interval, at most 5 s: spreads runs without making cheap checks irregular. APScheduler counts
+    each fire time from the last, jittered one, so runs come on average ``interval + jitter / 2`` apart."""
     return min(interval_s * 0.1, MAX_JITTER_S)
 
 
