@@ -102,7 +102,7 @@ def cli() -> None:
     """Health agent for vLLM served across DGX nodes: GPUs, IB/RoCE, NCCL, vLLM and Ray."""
     from dgxdoctor.daemon import logconfig
 
-    logconfig.configure_commands()  # `run` replaces it with the daemon's JSON lines
+    logconfig.configure_commands()  # `run` replaces it with the daemon's structlog lines
 
 
 def main() -> None:

@@ -1,19 +1,17 @@
 """Structured event logging: ``log = get_logger(__name__)``, then ``log.warning("check_hung", check="xid")``.
 
-One event name and its fields per line: JSON objects on stdout for the daemon (journald keeps them), readable
-lines on stderr for every other command (``daemon.logconfig`` chooses). The same lines structlog wrote here
-(``{"check": "xid", "event": "check_hung", "level": "warning", "timestamp": "...Z"}``, ``[warning  ] check_hung
-check=xid``), from the standard library: structlog's 27 modules were ~1.3 MiB of the idle daemon's memory and a
-tenth of ``dgxdoctor check``'s imports.
+One event name and its fields per line. The daemon's lines are structlog's: ``daemon.logconfig.configure`` imports
+it and hands this module its logger (``use``): a JSON object per line for journald
+(``{"check": "xid", "event": "check_hung", "level": "warning", "timestamp": "...Z"}``), structlog's console
+rendering on a terminal. Every other command writes readable lines on stderr (``[warning  ] check_hung
+check=xid``) from the few lines of the standard library below: ``dgxdoctor check`` and ``--help`` import no
+structlog (start-up time, ``tests/unit/test_startup_imports.py``), and a module that logs imports only this one.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,15 +21,9 @@ LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 LEVEL_WIDTH = 9  # "[warning  ]": the longest name, "critical", and a space
 EVENT_WIDTH = 30
 
-
-def timestamp(now: float | None = None) -> str:
-    """ISO 8601 in UTC with microseconds: ``2026-12-01T19:44:59.150902Z``."""
-    now = time.time() if now is None else now
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1_000_000):06d}Z"
-
-
-def render_json(fields: dict[str, Any]) -> str:
-    return json.dumps(fields, default=repr)
+# Where the daemon's events go: (level, event, fields) to structlog; "exception" as the level logs the exception
+# being handled (at error).
+Sink = Callable[[str, str, dict[str, Any]], None]
 
 
 def _value(value: Any) -> str:
@@ -51,36 +43,41 @@ def render_console(fields: dict[str, Any]) -> str:
 
 
 class _Output:
-    """Where events go: the level threshold, the renderer and the stream, set by ``configure``."""
+    """Where events go: the daemon's structlog logger once ``use``d, else readable lines on a stream."""
 
     def __init__(self) -> None:
         self.threshold = LEVELS["debug"]
-        self.render: Callable[[dict[str, Any]], str] = render_console
         self.stream: TextIO | None = None  # None: sys.stderr at the time of each line
-        self.stamp = False
+        self.sink: Sink | None = None
         self.lock = threading.Lock()
         self.capture: list[dict[str, Any]] | None = None
 
-    def emit(self, level: str, fields: dict[str, Any]) -> None:
+    def emit(self, level: str, event: str, fields: dict[str, Any]) -> None:
         if self.capture is not None:
-            self.capture.append({**fields, "log_level": level})
+            if level == "exception":
+                level, fields = "error", {**fields, "exc_info": fields.get("exc_info", True)}
+            self.capture.append({**fields, "event": event, "log_level": level})
             return
+        try:
+            if self.sink is not None:
+                self.sink(level, event, fields)
+            else:
+                self._write(level, event, fields)
+        except (OSError, ValueError):  # the reader went away (a closed pipe): a lost line never stops the caller
+            pass
+
+    def _write(self, level: str, event: str, fields: dict[str, Any]) -> None:
+        exc = fields.pop("exc_info", True if level == "exception" else None)
+        level = "error" if level == "exception" else level
         if LEVELS[level] < self.threshold:
             return
-        fields["level"] = level
-        if self.stamp:
-            fields["timestamp"] = timestamp()
-        exc = fields.pop("exc_info", None)
+        line = render_console({**fields, "event": event, "level": level})
         if exc:
-            fields["exception"] = _format_exc(exc)
-        line = self.render(fields)
-        with self.lock:  # one whole line at a time from any thread, flushed: journald reads a pipe
+            line += "\n" + _format_exc(exc)
+        with self.lock:  # one whole line at a time from any thread, flushed
             stream = self.stream or sys.stderr
-            try:
-                stream.write(line + "\n")
-                stream.flush()
-            except (OSError, ValueError):  # the reader went away (a closed pipe): a lost line never stops the caller
-                pass
+            stream.write(line + "\n")
+            stream.flush()
 
 
 def _format_exc(exc: Any) -> str:
@@ -98,51 +95,40 @@ class Logger:
     def __init__(self, name: str | None) -> None:
         self.name = name
 
-    def _log(self, level: str, event: str, fields: dict[str, Any]) -> None:
-        OUTPUT.emit(level, {**fields, "event": event})
-
     def debug(self, event: str, **fields: Any) -> None:
-        self._log("debug", event, fields)
+        OUTPUT.emit("debug", event, fields)
 
     def info(self, event: str, **fields: Any) -> None:
-        self._log("info", event, fields)
+        OUTPUT.emit("info", event, fields)
 
     def warning(self, event: str, **fields: Any) -> None:
-        self._log("warning", event, fields)
+        OUTPUT.emit("warning", event, fields)
 
     def error(self, event: str, **fields: Any) -> None:
-        self._log("error", event, fields)
+        OUTPUT.emit("error", event, fields)
 
     def critical(self, event: str, **fields: Any) -> None:
-        self._log("critical", event, fields)
+        OUTPUT.emit("critical", event, fields)
 
     def exception(self, event: str, **fields: Any) -> None:
         """An error with the exception being handled, its traceback in the ``exception`` field."""
-        self._log("error", event, {**fields, "exc_info": fields.get("exc_info", True)})
+        OUTPUT.emit("exception", event, fields)
 
 
 def get_logger(name: str | None = None) -> Logger:
     return Logger(name)
 
 
-def configure(level: str = "info", *, json_lines: bool, stream: TextIO | None = None) -> None:
-    """JSON objects with a timestamp (the daemon), or readable lines (the commands), at ``level`` and above."""
+def configure(level: str = "info", *, stream: TextIO | None = None) -> None:
+    """Readable lines at ``level`` and above on ``stream`` (stderr when None): every command but the daemon."""
     OUTPUT.threshold = LEVELS.get(level.lower(), LEVELS["info"])
-    OUTPUT.render = render_json if json_lines else render_console
-    OUTPUT.stamp = json_lines
     OUTPUT.stream = stream
+    OUTPUT.sink = None
 
 
-class JsonFormatter(logging.Formatter):
-    """A standard ``logging`` record (httpx, asyncio) as the same JSON object, with the logger's name."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        fields: dict[str, Any] = {"event": record.getMessage(), "logger": record.name}
-        fields["level"] = record.levelname.lower()
-        fields["timestamp"] = timestamp(record.created)
-        if record.exc_info:
-            fields["exception"] = self.formatException(record.exc_info)
-        return render_json(fields)
+def use(sink: Sink) -> None:
+    """Every event to ``sink`` from now on (the daemon's structlog logger, ``daemon.logconfig``)."""
+    OUTPUT.sink = sink
 
 
 @contextmanager

@@ -25,15 +25,10 @@ NOT_IN_DAEMON = (
     "matplotlib",
     "difflib",
     "pynvml",
-    # The HTTP server is daemon/web.py on h11, the scheduler asyncio tasks: aiohttp loaded its whole client with
-    # its server, APScheduler its process pool and so multiprocessing (benchmarks/README.md: ~10 MiB together).
+    # The HTTP server is daemon/web.py on h11: aiohttp loaded its whole client with its server.
     "aiohttp",
-    "apscheduler",
-    "multiprocessing",
     # The host check reads /proc/meminfo and statvfs itself; nccl_env imports psutil for interface addresses only.
     "psutil",
-    # Event lines come from dgxdoctor.eventlog (the standard library).
-    "structlog",
     # The bundle code (and tarfile) loads with the first bundle request or capture before a restart.
     "dgxdoctor.bundle.build",
     "tarfile",
@@ -51,6 +46,21 @@ def test_daemon_imports_no_one_shot_code() -> None:
     loaded = set(json.loads(out))
     assert "dgxdoctor.daemon.service" in loaded
     assert sorted(loaded.intersection(NOT_IN_DAEMON)) == []
+    assert "apscheduler.schedulers.asyncio" in loaded  # the schedule's library, daemon-only (test_startup_imports)
+
+
+def test_structlog_loads_when_the_daemon_configures_its_log() -> None:
+    """The daemon's event lines are structlog's; a module that logs imports only dgxdoctor.eventlog, so the one-shot
+    commands (test_startup_imports) never load it."""
+    code = (
+        "import io, sys\n"
+        "import dgxdoctor.cli, dgxdoctor.daemon.service\n"
+        "from dgxdoctor.daemon import logconfig\n"
+        "before = 'structlog' in sys.modules\n"
+        "logconfig.configure('info', stream=io.StringIO())\n"
+        "print(before, 'structlog' in sys.modules)\n"
+    )
+    assert fresh_python(code).split() == ["False", "True"]
 
 
 def test_no_nvml_library_means_no_pynvml_import() -> None:

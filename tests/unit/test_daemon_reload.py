@@ -3,6 +3,7 @@ keeps the old config when the new one is bad."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from dgxdoctor.checks.peer_compare import PeerCompareCheck
@@ -40,7 +41,8 @@ async def test_reload_semantics(tmp_path: Path) -> None:
         write(path, extra="[checks.peer_compare]\ninterval_s = 5\n")
         assert await daemon.reload() == []
         assert daemon.scheduler.checks["peer_compare"] is not first
-        assert daemon.scheduler.has_job("peer_compare")
+        job = daemon.scheduler.aps.get_job("peer_compare")  # re-scheduled with the new interval
+        assert job is not None and job.trigger.interval == timedelta(seconds=5) and job.max_instances == 1
 
         write(path, extra="[checks.peer_compare]\nenabled = false\n")
         assert await daemon.reload() == []

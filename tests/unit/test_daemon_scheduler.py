@@ -1,17 +1,21 @@
-"""The scheduler with test-only checks. Waits on events (with generous limits); asserts nothing about timing."""
+"""The schedule on APScheduler with test-only checks: what runs, when a run is skipped or coalesced, what a wake-up
+does. Waits on events (with generous limits; APScheduler's own events where they say it); asserts nothing about
+timing."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_SUBMITTED, JobSubmissionEvent
 
 from dgxdoctor import eventlog
 from dgxdoctor.checks.base import Check, CheckRunner
-from dgxdoctor.daemon.scheduler import CheckScheduler, jitter_for, next_fire
+from dgxdoctor.daemon.scheduler import CheckScheduler
 from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.result import CheckResult, Finding, Status
@@ -129,8 +133,17 @@ async def test_replaced_check_result_is_dropped() -> None:
         sched.shutdown()
 
 
-def test_jitter_is_bounded() -> None:
-    assert jitter_for(2) == pytest.approx(0.2) and jitter_for(600) == 5.0
+@pytest.mark.parametrize(("interval_s", "jitter_s", "grace_s"), [(2.0, 0.2, 2), (600.0, 5.0, 600), (0.05, 0.005, 1)])
+async def test_each_check_is_one_apscheduler_job(
+    sched: CheckScheduler, interval_s: float, jitter_s: float, grace_s: int
+) -> None:
+    """One instance at a time, missed fires coalesced, up to 10% (at most 5 s) of jitter, a late run still run
+    within an interval."""
+    sched.add(StaticCheck(FakeSettings(interval_s=interval_s), ENV))
+    job = sched.aps.get_job("static")
+    assert job is not None and (job.max_instances, job.coalesce, job.misfire_grace_time) == (1, True, grace_s)
+    assert job.trigger.interval == timedelta(seconds=interval_s)
+    assert job.trigger.jitter == pytest.approx(jitter_s)
 
 
 async def test_a_stalled_engine_asks_ras_at_once(sched: CheckScheduler) -> None:
@@ -143,10 +156,67 @@ async def test_a_stalled_engine_asks_ras_at_once(sched: CheckScheduler) -> None:
     await wait_for(lambda: ras.runs >= 2)
 
 
-def test_fires_missed_during_a_long_run_coalesce_into_the_next_one() -> None:
-    assert next_fire(100.0, 10.0, 105.0) == 110.0
-    assert next_fire(100.0, 10.0, 110.0) == 120.0  # on the fire time itself: the next one
-    assert next_fire(100.0, 10.0, 147.5) == 150.0  # a 47 s run over a 10 s interval: one run at 150, not four
+async def test_fires_during_a_long_run_are_skipped_not_queued(sched: CheckScheduler) -> None:
+    skipped: list[JobSubmissionEvent] = []
+    sched.aps.add_listener(lambda e: skipped.append(e) if e.job_id == "slow" else None, EVENT_JOB_MAX_INSTANCES)
+    slow = SlowCheck(FakeSettings(interval_s=0.01), ENV)
+    sched.add(slow)
+    await wait_for(slow.started.is_set)
+    await wait_for(lambda: len(skipped) >= 3)  # three fire times came while the run held
+    assert slow.runs == 1
+    slow.release.set()
+    await wait_for(lambda: slow.runs >= 2)
+    assert slow.max_active == 1
+
+
+async def test_fires_missed_while_the_scheduler_slept_coalesce_into_one_run(sched: CheckScheduler) -> None:
+    submitted: list[JobSubmissionEvent] = []
+    check = StaticCheck(FakeSettings(interval_s=0.02), ENV)
+    sched.add(check)
+    await wait_for(lambda: check.runs >= 1)
+    sched.aps.pause()  # as a loop kept busy would: fire times pass unprocessed
+    job = sched.aps.get_job("static")
+    assert job is not None and job.next_run_time is not None
+    due = job.next_run_time
+    await asyncio.sleep(0.3)  # some 15 fire times
+    sched.aps.add_listener(lambda e: submitted.append(e) if e.job_id == "static" else None, EVENT_JOB_SUBMITTED)
+    sched.aps.resume()
+    await wait_for(lambda: len(submitted) >= 1)
+    (run_time,) = submitted[0].scheduled_run_times  # one run for all of them
+    assert run_time >= due + timedelta(seconds=0.02 * 3)  # the latest of the missed fire times
+
+
+async def test_a_wake_up_during_a_run_runs_the_check_once_more_after_it(sched: CheckScheduler) -> None:
+    """APScheduler skips a run asked for while one goes (max_instances); that run may have read its source before
+    the event, so the wake-up waits for it and runs the check again."""
+    slow = SlowCheck(FakeSettings(interval_s=3600), ENV)
+    sched.add(slow)
+    await wait_for(slow.started.is_set)
+    for _ in range(5):
+        sched.wake("slow")
+    await asyncio.sleep(0)  # the wake-ups are handled on the loop
+    slow.started.clear()
+    slow.release.set()
+    await wait_for(slow.started.is_set)  # the second run, an hour before its interval
+    assert slow.runs == 2 and slow.max_active == 1
+
+
+async def test_a_check_replaced_while_it_runs_runs_once_the_old_run_ends(sched: CheckScheduler) -> None:
+    """A reload rebuilds a check whose run is going: the new one's first run follows the old run, not an interval
+    later (APScheduler counts instances per job id and skips a start while the old run holds it)."""
+    skipped: list[JobSubmissionEvent] = []
+    sched.aps.add_listener(lambda e: skipped.append(e) if e.job_id == "slow" else None, EVENT_JOB_MAX_INSTANCES)
+    old = SlowCheck(FakeSettings(interval_s=3600), ENV)
+    sched.add(old)
+    await wait_for(old.started.is_set)
+    new = StaticCheck(FakeSettings(interval_s=3600), ENV, name="slow")
+    sched.remove("slow", forget=False)
+    sched.add(new)
+    await wait_for(lambda: len(skipped) >= 1)  # its first fire came while the old run held the job
+    assert new.runs == 0
+    old.release.set()
+    await wait_for(lambda: new.runs == 1)
+    await wait_for(lambda: getattr(sched.store.get("slow"), "summary", "") == "fine")
 
 
 async def test_a_job_that_raises_is_logged_and_runs_again(sched: CheckScheduler) -> None:

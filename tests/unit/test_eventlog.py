@@ -1,13 +1,19 @@
-"""Event lines (dgxdoctor.eventlog): the daemon's JSON objects and the commands' readable lines, as structlog wrote
-them before (journald readers and the tests that parse the daemon's log keep working)."""
+"""Event lines: the daemon's through structlog (JSON objects for journald, its console rendering on a terminal) and
+the commands' readable lines from the standard library, with the keys the daemon's log has always had (journald
+readers and the tests that parse the daemon's log keep working)."""
 
 from __future__ import annotations
 
 import io
 import json
 import logging
+import os
+import pty
 import re
+import subprocess
+import sys
 
+from conftest import REPO
 from dgxdoctor import eventlog
 from dgxdoctor.daemon import logconfig
 
@@ -16,14 +22,17 @@ ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
 def test_daemon_lines_are_json_objects_with_level_and_utc_time() -> None:
     out = io.StringIO()
-    eventlog.configure("info", json_lines=True, stream=out)
-    log = eventlog.get_logger("t")
-    log.debug("not_shown")
-    log.warning("check_hung", check="xid", timeout_s=10.0, findings=["XID_79:0000:18:00.0"], path=None)
+    logconfig.configure("info", stream=out)  # not a terminal: JSON
     try:
-        raise ValueError("bad value")
-    except ValueError:
-        log.exception("job_failed", job="w")
+        log = eventlog.get_logger("t")
+        log.debug("not_shown")
+        log.warning("check_hung", check="xid", timeout_s=10.0, findings=["XID_79:0000:18:00.0"], path=None)
+        try:
+            raise ValueError("bad value")
+        except ValueError:
+            log.exception("job_failed", job="w")
+    finally:
+        logconfig.configure_commands("critical")
     first, second = (json.loads(line) for line in out.getvalue().splitlines())
     assert list(first) == ["check", "timeout_s", "findings", "path", "event", "level", "timestamp"]
     assert first["event"] == "check_hung" and first["level"] == "warning" and ISO_UTC.match(first["timestamp"])
@@ -31,9 +40,49 @@ def test_daemon_lines_are_json_objects_with_level_and_utc_time() -> None:
     assert "exc_info" not in second
 
 
+def test_daemon_on_a_terminal_renders_for_people_with_the_same_keys() -> None:
+    """``dgxdoctor run`` by hand: structlog's console lines; under systemd (stdout the journal) JSON."""
+    code = (
+        "from dgxdoctor import eventlog\n"
+        "from dgxdoctor.daemon import logconfig\n"
+        "logconfig.configure('info')\n"
+        "eventlog.get_logger('t').warning('check_hung', check='xid', timeout_s=10.0)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    env.pop("JOURNAL_STREAM", None)
+    primary, secondary = pty.openpty()
+    try:
+        subprocess.run([sys.executable, "-c", code], stdout=secondary, stderr=subprocess.DEVNULL, env=env, timeout=60)
+        text = os.read(primary, 65536).decode()
+    finally:
+        os.close(primary)
+        os.close(secondary)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", text)  # colours off
+    line = next(x for x in plain.splitlines() if "check_hung" in x)
+    assert not line.lstrip().startswith("{")
+    stamp, rest = line.split(" ", 1)
+    assert ISO_UTC.match(stamp) and "[warning  ]" in rest and "check=xid" in rest and "timeout_s=10.0" in rest
+
+
+def test_journal_stream_names_the_journal_not_a_terminal() -> None:
+    primary, secondary = pty.openpty()
+    try:
+        with os.fdopen(os.dup(secondary), "w") as tty:
+            st = os.fstat(tty.fileno())
+            assert logconfig.writes_json(tty, {}) is False
+            assert logconfig.writes_json(tty, {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}) is True
+            assert logconfig.writes_json(tty, {"JOURNAL_STREAM": "8:12345"}) is False  # inherited, names another
+    finally:
+        os.close(primary)
+        os.close(secondary)
+    r, w = os.pipe()
+    with os.fdopen(r) as reader, os.fdopen(w, "w") as pipe:
+        assert logconfig.writes_json(pipe, {}) is True and reader.readable()
+
+
 def test_command_lines_are_readable_on_stderr() -> None:
     err = io.StringIO()
-    eventlog.configure("warning", json_lines=False, stream=err)
+    eventlog.configure("warning", stream=err)
     log = eventlog.get_logger("t")
     log.info("not_shown")
     log.warning("check_hung", timeout_s=10.0, check="xid", summary="a b")
@@ -41,9 +90,16 @@ def test_command_lines_are_readable_on_stderr() -> None:
 
 
 def test_library_records_share_the_json_shape() -> None:
-    record = logging.LogRecord("httpx", logging.WARNING, __file__, 1, "retry %s", ("x",), None)
-    doc = json.loads(eventlog.JsonFormatter().format(record))
+    out = io.StringIO()
+    logconfig.configure("info", stream=out)
+    try:
+        logging.getLogger("httpx").warning("retry %s", "x")
+        logging.getLogger("apscheduler.executors.default").info("Running job")  # one line per run: left out
+    finally:
+        logconfig.configure_commands("critical")
+    (doc,) = (json.loads(line) for line in out.getvalue().splitlines())
     assert list(doc) == ["event", "logger", "level", "timestamp"] and doc["event"] == "retry x"
+    assert doc["logger"] == "httpx" and doc["level"] == "warning" and ISO_UTC.match(doc["timestamp"])
 
 
 def test_capture_sees_every_event_unrendered() -> None:
@@ -58,6 +114,11 @@ def test_a_closed_stream_loses_the_line_not_the_caller() -> None:
         def write(self, text: str) -> int:
             raise BrokenPipeError(32, "Broken pipe")
 
-    eventlog.configure("info", json_lines=True, stream=Gone())
-    eventlog.get_logger("t").info("signal", signal="SIGTERM")  # the stop goes on
+    logconfig.configure("info", stream=Gone())
+    try:
+        eventlog.get_logger("t").info("signal", signal="SIGTERM")  # the stop goes on
+    finally:
+        logconfig.configure_commands("critical")
+    eventlog.configure("info", stream=Gone())
+    eventlog.get_logger("t").info("signal", signal="SIGTERM")
     logconfig.configure_commands("critical")

@@ -43,12 +43,14 @@ def loaded(modules: set[str], *names: str) -> list[str]:
 
 
 def test_help_loads_click_alone() -> None:
-    unwanted = ("dgxdoctor.validation", "httpx", "asyncio", "structlog", "dgxdoctor.checks")
+    unwanted = ("dgxdoctor.validation", "httpx", "asyncio", "structlog", "apscheduler", "dgxdoctor.checks")
     assert loaded(modules_after("--help"), *unwanted) == []
 
 
 @pytest.mark.parametrize("command", [("check", "--only", "host"), ("diagnose", "-")])
 def test_one_shot_commands_load_no_server_scheduler_or_renderers(command: tuple[str, ...]) -> None:
+    """APScheduler and structlog are the daemon's alone: a command's event lines come from dgxdoctor.eventlog's
+    standard-library path (daemon.logconfig imports structlog only for ``run``)."""
     heavy = ("aiohttp", "apscheduler", "dgxdoctor.daemon.app", "dgxdoctor.daemon.web", "dgxdoctor.dashboards",
              "matplotlib", "structlog")  # fmt: skip
     assert loaded(modules_after(*command), *heavy) == []

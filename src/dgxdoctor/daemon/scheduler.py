@@ -1,32 +1,41 @@
-"""One job per check on the event loop: its own interval, never two runs at once, missed runs coalesced, jitter.
+"""The daemon's schedule on APScheduler: one job per check with its own interval, ``max_instances=1``, ``coalesce``,
+jitter and a misfire grace, in an ``AsyncIOScheduler`` on the daemon's event loop.
 
 Runs go through ``checks.base.CheckRunner`` (timeout, exception -> UNKNOWN, duration); results go to the
 store; a status change is logged once (one line per transition, not per run). A check is started (through the
 runner, ``Check.start``) when it is added and stopped when it is removed or the scheduler shuts down. An event
 source asks for a run now with ``wake(name)`` (from any thread; the daemon hands it to checks as
-``env.fleet.wake``): the event is then in /metrics and /state within milliseconds instead of at the next interval.
-Wake-ups coalesce (at most one more run queued behind a running one), and a wake run and the scheduled run take
-turns, never two runs of one check at once.
+``env.fleet.wake``): the job's next run time becomes now, so the event is in /metrics and /state within
+milliseconds instead of at the next interval, and the next scheduled run is one interval after it. A wake-up
+that comes while the check runs is kept (several coalesce into one) and the job runs again as soon as that run
+has ended: APScheduler would skip a run asked for while one is going (``max_instances``), and that run may have
+read its source before the event.
 A heartbeat job proves the scheduler is turning: ``/healthz`` and the systemd watchdog read it.
 
-A job is one asyncio task that sleeps to its next fire time, awaits the run, and then sleeps to the first fire time
-after the run ended: what APScheduler did here with ``coalesce`` and ``max_instances=1`` (fires that fall inside a
-run are skipped, never queued), without its process-pool executor, job stores, time zones and ``multiprocessing``
-(~1 MiB of the idle daemon's memory, ``benchmarks/daemon_memory.py``).
+APScheduler keeps run times on the wall clock (UTC; the old loop used the monotonic clock): a clock stepped back
+holds every run, the heartbeat's included, for the length of the step, and a step forward by years (a node booted
+with a dead RTC) keeps the loop counting missed fire times before it coalesces them. Past the heartbeat's limit
+``healthy()`` is False, so the systemd watchdog restarts the daemon, which schedules afresh.
+
+Coroutine jobs (the checks, the heartbeat) run on the loop; a plain function (the textfile writer) runs in the
+loop's default thread pool, as APScheduler's asyncio executor does, so a write that blocks on a hung file system
+does not stop the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import math
-import random
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from msgspec import Struct
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, EVENT_JOB_MISSED, JobExecutionEvent
+from apscheduler.jobstores.base import JobLookupError
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.interval import IntervalTrigger
 
 from dgxdoctor import eventlog
 from dgxdoctor.checks.base import Check, CheckRunner, probe_labels
@@ -41,62 +50,23 @@ HEARTBEAT_S = 5.0
 HEARTBEAT_STALE_PERIODS = 3
 MAX_JITTER_S = 5.0
 HEARTBEAT_JOB = "__heartbeat__"
+UTC = timezone.utc  # noqa: UP017 (datetime.UTC is Python 3.11's; the daemon runs on 3.10 too)
 
 
 def jitter_for(interval_s: float) -> float:
-    """Up to 10% of the interval, at most 5 s: spreads runs without making cheap checks irregular."""
+    """Up to 10% of the interval, at most 5 s: spreads runs without making cheap checks irregular. APScheduler counts
+    each fire time from the last, jittered one, so runs come on average ``interval + jitter / 2`` apart."""
     return min(interval_s * 0.1, MAX_JITTER_S)
 
 
-def next_fire(base: float, interval_s: float, now: float) -> float:
-    """The first time ``base + k * interval_s`` (k >= 1) after ``now``: fires missed during a run coalesce."""
-    if now < base + interval_s:
-        return base + interval_s
-    return base + (math.floor((now - base) / interval_s) + 1) * interval_s
+def misfire_grace_for(interval_s: float) -> int:
+    """A run that starts late (a busy loop) still runs if less than an interval late (APScheduler takes whole
+    seconds); later than that, ``coalesce`` has already folded it into the next fire time."""
+    return max(1, math.ceil(interval_s))
 
 
-class Job(Struct):
-    """A periodic job: ``func`` runs on the loop (awaited if it returns an awaitable), or in a thread."""
-
-    func: Callable[[], Any]
-    interval_s: float
-    jitter_s: float = 0.0
-    first_run_in_s: float | None = None  # None: one interval after the start
-    in_thread: bool = False
-    task: asyncio.Task[None] | None = None
-    busy: bool = False
-    stopped: bool = False
-
-    def stop(self) -> None:
-        """No more runs; a run in progress finishes (its result is dropped by whoever removed the job)."""
-        self.stopped = True
-        if self.task is not None and not self.busy:
-            self.task.cancel()
-        self.task = None
-
-    async def call(self) -> None:
-        if self.in_thread:
-            await asyncio.to_thread(self.func)
-            return
-        result = self.func()
-        if inspect.isawaitable(result):
-            await result
-
-    async def loop(self, name: str) -> None:
-        loop = asyncio.get_running_loop()
-        base = loop.time() + (self.interval_s if self.first_run_in_s is None else self.first_run_in_s)
-        fire = base
-        while not self.stopped:
-            await asyncio.sleep(max(0.0, fire - loop.time()))
-            self.busy = True
-            try:
-                await self.call()
-            except Exception as exc:  # a job's failure is logged, and its next run still comes
-                log.error("job_failed", job=name, error=f"{type(exc).__name__}: {exc}")
-            finally:
-                self.busy = False
-            base = next_fire(base, self.interval_s, loop.time())
-            fire = base + (random.uniform(0, self.jitter_s) if self.jitter_s else 0.0)
+def _now() -> datetime:
+    return datetime.now(UTC)
 
 
 class CheckScheduler:
@@ -113,11 +83,12 @@ class CheckScheduler:
         self.heartbeat_s = heartbeat_s
         self.checks: dict[str, Check] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._woken: dict[str, bool] = {}  # check -> another wake-up arrived while its wake run was going
-        self._wake_tasks: set[asyncio.Future[None]] = set()
-        self._locks: dict[str, asyncio.Lock] = {}
+        # UTC throughout: no local time zone lookup, and a DST change moves no run.
+        self.aps = AsyncIOScheduler(timezone=UTC)
+        self.aps.add_listener(self._job_ended, EVENT_JOB_EXECUTED | EVENT_JOB_ERROR | EVENT_JOB_MISSED)
+        self._busy: set[str] = set()  # checks whose run is going
+        self._again: set[str] = set()  # checks woken while they ran: one more run once that run has ended
         self.last_heartbeat: float | None = None
-        self.jobs: dict[str, Job] = {}
         self.running = False
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -125,39 +96,57 @@ class CheckScheduler:
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.running = True
-        self._heartbeat()
-        self._add(HEARTBEAT_JOB, Job(self._heartbeat, self.heartbeat_s))
-        for name, job in self.jobs.items():
-            if job.task is None:
-                self._start_job(name, job)
+        self._beat()
+        self._add(HEARTBEAT_JOB, self._heartbeat, self.heartbeat_s, first_run_in_s=self.heartbeat_s)
+        self.aps.start()
 
     def shutdown(self) -> None:
+        """Stop every check's event source and the scheduler; a check run in progress is cancelled when the loop
+        next turns (its thread, if stuck in a hung call, is left behind)."""
+        was_running, self.running = self.running, False
         self.runner.stop_all(self.checks.values())
-        self.running = False
-        for job in self.jobs.values():
-            job.stop()
+        if was_running and self.aps.running:
+            self.aps.shutdown(wait=False)
 
-    def _add(self, name: str, job: Job) -> None:
-        self._cancel(name)
-        self.jobs[name] = job
-        if self.running:
-            self._start_job(name, job)
+    def _add(
+        self,
+        job_id: str,
+        func: Callable[..., Any],
+        interval_s: float,
+        first_run_in_s: float | None = None,
+        jitter_s: float | None = None,
+        args: tuple[Any, ...] = (),
+    ) -> None:
+        """One job: first run ``first_run_in_s`` from now (None: one interval), then every ``interval_s``."""
+        first = interval_s if first_run_in_s is None else first_run_in_s
+        self.aps.add_job(
+            func,
+            IntervalTrigger(seconds=interval_s, jitter=jitter_s or None, timezone=UTC),
+            args=args,
+            id=job_id,
+            name=job_id,
+            replace_existing=True,
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=misfire_grace_for(interval_s),
+            next_run_time=_now() + timedelta(seconds=first),
+        )
 
-    def _start_job(self, name: str, job: Job) -> None:
-        assert self._loop is not None
-        job.task = self._loop.create_task(job.loop(name), name=f"job:{name}")
-
-    def _cancel(self, name: str) -> bool:
-        job = self.jobs.pop(name, None)
-        if job is not None:
-            job.stop()
-        return job is not None
+    def _cancel(self, job_id: str) -> bool:
+        try:
+            self.aps.remove_job(job_id)
+        except JobLookupError:
+            return False
+        return True
 
     def has_job(self, name: str) -> bool:
-        return name in self.jobs
+        return self.aps.get_job(name) is not None
 
-    def _heartbeat(self) -> None:
+    def _beat(self) -> None:
         self.last_heartbeat = self.monotonic()
+
+    async def _heartbeat(self) -> None:
+        self._beat()
 
     def heartbeat_age(self) -> float | None:
         if self.last_heartbeat is None:
@@ -178,21 +167,30 @@ class CheckScheduler:
         self.checks[name] = check
         self.store.declare(name, probe_labels(check))
         interval = check.settings.interval_s
-        self._add(name, Job(lambda: self._run(name), interval, jitter_for(interval), first_run_in_s))
+        self._add(name, self._check_job, interval, first_run_in_s, jitter_for(interval), args=(name,))
+        if name in self._busy:  # the replaced check's run is still going: APScheduler would skip this one's first
+            self._again.add(name)
         self.runner.start(check)  # a broken event source is logged there and does not stop the daemon
 
     def remove(self, name: str, forget: bool = True) -> None:
         check = self.checks.pop(name, None)
         self._cancel(name)
+        self._again.discard(name)
         if check is not None:
             self.runner.stop(check)
         if forget:
             self.store.forget(name)
 
     def add_job(self, job_id: str, func: Callable[[], Any], interval_s: float) -> None:
-        """A non-check periodic job (the textfile writer): a plain function runs in a thread, as a write that
-        blocks on a hung file system must not stop the loop."""
-        self._add(job_id, Job(func, interval_s, in_thread=True))
+        """A non-check periodic job (the textfile writer): a plain function, run in a thread."""
+
+        def guarded() -> None:
+            try:
+                func()
+            except Exception as exc:  # a job's failure is logged, and its next run still comes
+                log.error("job_failed", job=job_id, error=f"{type(exc).__name__}: {exc}")
+
+        self._add(job_id, guarded, interval_s)
 
     def remove_job(self, job_id: str) -> None:
         self._cancel(job_id)
@@ -206,33 +204,42 @@ class CheckScheduler:
             loop.call_soon_threadsafe(self._wake, name)
 
     def _wake(self, name: str) -> None:
-        if name not in self.checks:
+        if name not in self.checks or not self.running:
             return
-        if name in self._woken:  # a run is queued or running: one more after it sees this event too
-            self._woken[name] = True
+        if name in self._busy:  # a run is going: one more after it sees this event too
+            self._again.add(name)
             return
-        self._woken[name] = False
-        task = asyncio.ensure_future(self._wake_runs(name))
-        self._wake_tasks.add(task)
-        task.add_done_callback(self._wake_tasks.discard)
+        self._run_now(name)
 
-    async def _wake_runs(self, name: str) -> None:
+    def _run_now(self, name: str) -> None:
+        with contextlib.suppress(JobLookupError):  # removed meanwhile
+            self.aps.modify_job(name, next_run_time=_now())
+
+    def _job_ended(self, event: JobExecutionEvent) -> None:
+        """APScheduler counts the run as ended (so ``max_instances`` lets the next one in): run again if woken."""
+        if event.job_id in self._again and event.job_id not in self._busy:
+            self._again.discard(event.job_id)
+            if self.running:
+                self._run_now(event.job_id)
+
+    async def _check_job(self, name: str) -> None:
+        self._busy.add(name)
         try:
-            while True:
-                await self._run(name)
-                if not self._woken.get(name):
-                    return
-                self._woken[name] = False
+            await self._run(name)
+        except asyncio.CancelledError:
+            if self.running:
+                raise
+            # The scheduler shut down with this run going: the daemon is stopping, nothing to report.
+        except Exception as exc:  # a job's failure is logged, and its next run still comes
+            log.error("job_failed", job=name, error=f"{type(exc).__name__}: {exc}")
         finally:
-            self._woken.pop(name, None)
+            self._busy.discard(name)
 
     async def _run(self, name: str) -> None:
         check = self.checks.get(name)
         if check is None:
             return
-        # A wake-up run and the scheduled run take turns: never two runs of one check at once.
-        async with self._locks.setdefault(name, asyncio.Lock()):
-            result = await self.runner.run(check)
+        result = await self.runner.run(check)
         if self.checks.get(name) is not check:
             return  # removed or replaced by a reload while it ran
         transition = self.store.put(result)
