@@ -176,7 +176,7 @@ class CheckScheduler:
         if name in self.checks:
             self.remove(name)
         self.checks[name] = check
-        self.store.declare(name, probe_labels(check))
+        self.store.declare(name, probe_labels(check), check.zero_samples())
         interval = check.settings.interval_s
         self._add(name, Job(lambda: self._run(name), interval, jitter_for(interval), first_run_in_s))
         self.runner.start(check)  # a broken event source is logged there and does not stop the daemon
