@@ -43,3 +43,22 @@ def test_every_scraped_family_is_documented() -> None:
     doc = DOC.read_text()
     for spec, _ in all_specs():
         assert f"`{spec.name}`" in doc
+
+
+def test_every_counter_says_how_it_starts() -> None:
+    """A new counter must say whether it exists at 0 after a start (an alert's increase() misses a series born at
+    its first count), and every line names a counter that exists."""
+    from dgxdoctor.exporters.metricsdoc import COLD_START
+
+    counters = {spec.name for spec, _ in all_specs() if spec.type in ("counter", "histogram")}
+    assert sorted(counters - set(COLD_START)) == []
+    assert sorted(set(COLD_START) - counters) == []
+
+
+def test_the_documented_series_counts_are_the_code_s() -> None:
+    from dgxdoctor.exporters.metricsdoc import COLD_START
+    from dgxdoctor.exporters.remediation import ACTIONS_TOTAL
+    from dgxdoctor.remediation.engine import ACTION_OUTCOMES
+
+    assert f"({len(ACTION_OUTCOMES)} series)" in COLD_START[ACTIONS_TOTAL.name]
+    assert f"({len(ACTION_OUTCOMES)} series)" in ACTIONS_TOTAL.help
