@@ -209,5 +209,10 @@ def test_declared_counters_exist_at_zero_and_keep_their_value(tmp_path: Path) ->
     assert _matches(store)["NCCL_TIMEOUT"] == 2.0 and _matches(store)["GLOO_SOCKET"] == 0.0
     store.put(CheckResult.unknown("logs", "timed out"))
     assert _matches(store)["NCCL_TIMEOUT"] == 2.0
+    # A reload replaced the check (the daemon keeps its last result; the new instance counts from 0): its first
+    # two lines must read as an increase, so the held series starts over (a drop to 0 is a reset, never an increase).
+    store.declare("logs", (), LogsCheck(LogsSettings(), Environment(state_dir=tmp_path)).zero_samples())
+    store.put(ResultBuilder("logs").build("no signature"))
+    assert _matches(store)["NCCL_TIMEOUT"] == 0.0
     store.forget("logs")
     assert _matches(store) == {}

@@ -65,14 +65,13 @@ class ResultStore:
         (``Check.zero_samples``), exist at 0 before its first run, so that Prometheus's ``increase()`` sees the
         first one. A declared series then holds its last value while a result lacks it (a run that failed or
         timed out exports no samples): a counter that fell back to 0 would read as a reset, its next value as an
-        increase."""
+        increase. Declaring again (a reload replaced the check, whose counts start over) starts them at 0 again:
+        held at the old count, the new instance's first count could equal it and show no increase."""
         with self._lock:
             self._runs.setdefault(check, 0)
             for probe in probes:
                 self._probe_timeouts.setdefault((check, probe), 0)
-            held = self._held.setdefault(check, {})
-            for sample in zeros:
-                held.setdefault(_series(sample), sample)
+            self._held[check] = {_series(sample): sample for sample in zeros}
 
     def forget(self, check: str) -> None:
         """A check that was disabled on reload leaves the store (and the exposition) with it."""
