@@ -56,9 +56,14 @@ def test_every_counter_says_how_it_starts() -> None:
 
 
 def test_the_documented_series_counts_are_the_code_s() -> None:
+    from dgxdoctor.checks.base import probe_labels
+    from dgxdoctor.checks.registry import ALL_CHECKS
+    from dgxdoctor.exporters.collector import PROBE_TIMEOUTS
     from dgxdoctor.exporters.metricsdoc import COLD_START
     from dgxdoctor.exporters.remediation import ACTIONS_TOTAL
     from dgxdoctor.remediation.engine import ACTION_OUTCOMES
 
     assert f"({len(ACTION_OUTCOMES)} series)" in COLD_START[ACTIONS_TOTAL.name]
     assert f"({len(ACTION_OUTCOMES)} series)" in ACTIONS_TOTAL.help
+    probes = [len(probe_labels(c)) for c in ALL_CHECKS]  # type: ignore[arg-type]
+    assert f"({min(probes)}-{max(probes)} series per check, {sum(probes)} with" in COLD_START[PROBE_TIMEOUTS.name]

@@ -58,8 +58,8 @@ def all_specs() -> Iterator[tuple[MetricSpec, str]]:
 COLD_START: dict[str, str] = {
     "dgxdoctor_check_runs_total": "0 for every enabled check from its start (one series per check)",
     "dgxdoctor_check_timeouts_total": "0 for every enabled check from its start (one series per check)",
-    "dgxdoctor_probe_timeouts_total": "0 for every probe of every enabled check, and `run`, from its start (2-4 "
-    "series per check)",
+    "dgxdoctor_probe_timeouts_total": "0 for every probe of every enabled check, and `run`, from its start (1-5 "
+    "series per check, 32 with every check enabled)",
     "dgxdoctor_logs_signature_matches_total": "0 for every code of the signature catalog from the logs check's "
     "start ({signature_codes} series), whether or not a log file exists yet; a series keeps its last value "
     "through a run that failed",
