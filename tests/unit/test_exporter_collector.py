@@ -180,3 +180,39 @@ def test_textfile_is_written_atomically(tmp_path: Path) -> None:
     assert target.read_text().startswith("# HELP dgxdoctor_build_info")
     assert [p.name for p in tmp_path.iterdir()] == ["dgxdoctor.prom"]  # no temporary left behind
     assert oct(target.stat().st_mode & 0o777) == "0o644"
+
+
+def _matches(store: ResultStore) -> dict[str, float]:
+    text = exposition(make_registry(store)).decode()
+    return {
+        s.labels["code"]: s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "dgxdoctor_logs_signature_matches_total"
+    }
+
+
+def test_declared_counters_exist_at_zero_and_keep_their_value(tmp_path: Path) -> None:
+    """The logs check's counter exists at 0 for every catalog code before its first run (``increase()`` then sees
+    the first NCCL timeout); after a run that exported nothing (timed out, failed) each keeps its last value, as a
+    drop to 0 would read as a counter reset and its return as a new increase; a check removed on reload leaves."""
+    from dgxdoctor.checks.logs import MATCHES_TOTAL, LogsCheck, LogsSettings
+    from dgxdoctor.judge.signatures import signature_codes
+
+    store = ResultStore("dgx-a")
+    check = LogsCheck(LogsSettings(), Environment(state_dir=tmp_path))
+    store.declare("logs", (), check.zero_samples())
+    assert _matches(store) == dict.fromkeys(signature_codes(), 0.0) and len(signature_codes()) == 30
+    b = ResultBuilder("logs")
+    b.sample(MATCHES_TOTAL, 2, code="NCCL_TIMEOUT")
+    store.put(b.build("one signature"))
+    assert _matches(store)["NCCL_TIMEOUT"] == 2.0 and _matches(store)["GLOO_SOCKET"] == 0.0
+    store.put(CheckResult.unknown("logs", "timed out"))
+    assert _matches(store)["NCCL_TIMEOUT"] == 2.0
+    # A reload replaced the check (the daemon keeps its last result; the new instance counts from 0): its first
+    # two lines must read as an increase, so the held series starts over (a drop to 0 is a reset, never an increase).
+    store.declare("logs", (), LogsCheck(LogsSettings(), Environment(state_dir=tmp_path)).zero_samples())
+    store.put(ResultBuilder("logs").build("no signature"))
+    assert _matches(store)["NCCL_TIMEOUT"] == 0.0
+    store.forget("logs")
+    assert _matches(store) == {}

@@ -43,3 +43,27 @@ def test_every_scraped_family_is_documented() -> None:
     doc = DOC.read_text()
     for spec, _ in all_specs():
         assert f"`{spec.name}`" in doc
+
+
+def test_every_counter_says_how_it_starts() -> None:
+    """A new counter must say whether it exists at 0 after a start (an alert's increase() misses a series born at
+    its first count), and every line names a counter that exists."""
+    from dgxdoctor.exporters.metricsdoc import COLD_START
+
+    counters = {spec.name for spec, _ in all_specs() if spec.type in ("counter", "histogram")}
+    assert sorted(counters - set(COLD_START)) == []
+    assert sorted(set(COLD_START) - counters) == []
+
+
+def test_the_documented_series_counts_are_the_code_s() -> None:
+    from dgxdoctor.checks.base import probe_labels
+    from dgxdoctor.checks.registry import ALL_CHECKS
+    from dgxdoctor.exporters.collector import PROBE_TIMEOUTS
+    from dgxdoctor.exporters.metricsdoc import COLD_START
+    from dgxdoctor.exporters.remediation import ACTIONS_TOTAL
+    from dgxdoctor.remediation.engine import ACTION_OUTCOMES
+
+    assert f"({len(ACTION_OUTCOMES)} series)" in COLD_START[ACTIONS_TOTAL.name]
+    assert f"({len(ACTION_OUTCOMES)} series)" in ACTIONS_TOTAL.help
+    probes = [len(probe_labels(c)) for c in ALL_CHECKS]  # type: ignore[arg-type]
+    assert f"({min(probes)}-{max(probes)} series per check, {sum(probes)} with" in COLD_START[PROBE_TIMEOUTS.name]

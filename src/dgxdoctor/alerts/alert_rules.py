@@ -23,6 +23,7 @@ from dgxdoctor.checks import xid as checks_xid
 from dgxdoctor.fleet.compare import RULES
 from dgxdoctor.judge.infiniband import DEFAULT_THRESHOLDS
 from dgxdoctor.judge.kernel import RULES as KERNEL_RULES
+from dgxdoctor.judge.signatures import signature_codes
 from dgxdoctor.judge.vllm import DEFAULT_STALL_S
 from dgxdoctor.judge.xid import XidClass, xid_class
 from dgxdoctor.remediation.policy import RESTART_CLUSTER_CODES, RESTART_VLLM_CODES
@@ -63,12 +64,24 @@ def _codes(codes: Iterable[str]) -> str:
     return "|".join(sorted(codes))
 
 
+def cluster_codes() -> tuple[frozenset[str], frozenset[str]]:
+    """The cluster-restart codes each alert's metric can carry: (the log signatures', the ray check's).
+
+    A code of the signature catalog is counted by ``dgxdoctor_logs_signature_matches_total`` (RAY_GCS_UNREACHABLE
+    too: a worker's log says it lost the GCS); the ray check's RAY_ codes are findings. Other codes
+    (PEER_MP_WORKER_DOWN, the head's peer comparison) are in neither metric: remediation acts on the check's
+    finding itself, no alert names them."""
+    logs = RESTART_CLUSTER_CODES & set(signature_codes())
+    return logs, frozenset(c for c in RESTART_CLUSTER_CODES - logs if c.startswith("RAY_"))
+
+
 def remediation_alerts() -> list[Alert]:
     vllm = f'{FINDINGS_BY_CODE}{{check="vllm",status="critical",code=~"{_codes(RESTART_VLLM_CODES)}"}} > 0'
-    ray_codes = _codes(c for c in RESTART_CLUSTER_CODES if c.startswith("RAY_"))
-    ray = f'{FINDINGS_BY_CODE}{{check="ray",status="critical",code=~"{ray_codes}"}} > 0'
-    nccl_codes = _codes(c for c in RESTART_CLUSTER_CODES if not c.startswith("RAY_"))
-    nccl = f'increase(dgxdoctor_logs_signature_matches_total{{code=~"{nccl_codes}"}}[5m]) > 0'
+    logs_codes, ray_codes = cluster_codes()
+    ray = f'{FINDINGS_BY_CODE}{{check="ray",status="critical",code=~"{_codes(ray_codes)}"}} > 0'
+    # The counter exists at 0 for every signature code from the agent's start (LogsCheck.zero_samples): the first
+    # failure is an increase.
+    nccl = f'increase(dgxdoctor_logs_signature_matches_total{{code=~"{_codes(logs_codes)}"}}[5m]) > 0'
     return [
         Alert("DgxdoctorVllmDown", vllm, RESTART_FOR, "critical",
               "vLLM on {{ $labels.node }}: {{ $labels.code }}",
@@ -80,8 +93,9 @@ def remediation_alerts() -> list[Alert]:
               "the cluster in the runbook's order when in act mode.", {"dgxdoctor_action": "restart_cluster"}),
         Alert("DgxdoctorNcclFailure", nccl, "0s", "critical",
               "NCCL/Gloo failure in the logs on {{ $labels.node }}: {{ $labels.code }}",
-              "a collective between the nodes failed; a cluster restart re-establishes the communicators. If it "
-              "recurs, check the IB links and the NCCL environment.", {"dgxdoctor_action": "restart_cluster"}),
+              "a collective between the nodes failed (or a Ray process lost the GCS); a cluster restart "
+              "re-establishes the communicators. If it recurs, check the IB links and the NCCL environment.",
+              {"dgxdoctor_action": "restart_cluster"}),
         Alert("DgxdoctorRemediationBreakerOpen", "dgxdoctor_remediation_breaker_open == 1", "0s", "critical",
               "remediation breaker open on {{ $labels.node }}",
               "the action budget is spent: nothing more runs until an operator fixes the cause and runs "

@@ -14,7 +14,7 @@ from typing_extensions import TypeVar
 
 from dgxdoctor import eventlog
 from dgxdoctor.environment import Environment
-from dgxdoctor.result import CheckResult
+from dgxdoctor.result import CheckResult, Sample
 from dgxdoctor.settings.base import Frozen
 from dgxdoctor.sources.exhaustion import AgentExhausted, own_exhaustion
 
@@ -69,6 +69,13 @@ class Check(Generic[S_co]):
 
     def run(self) -> CheckResult:
         raise NotImplementedError
+
+    def zero_samples(self) -> tuple[Sample, ...]:
+        """The check's counters at 0 for every label value they can take that is known before the first run (the
+        logs check: one per signature code). The daemon exports them from the check's start, so that Prometheus's
+        ``increase()`` sees the first event: a counter born at 1 shows no increase. Counters whose label values
+        are found at run time (a GPU, a port) are not listed; the default lists none."""
+        return ()
 
     def start(self) -> None:
         """Before the first run: start following event sources (``env.one_shot`` tells the one-shot run)."""

@@ -27,7 +27,7 @@ from msgspec import Meta, Struct, field
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.log_files import log_backlog, log_unreadable
-from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample
 from dgxdoctor.sources.fields import ByteCount, at_least
 from dgxdoctor.sources.logtail import LogFollower, expand_paths, read_recent
 from dgxdoctor.sources.statefile import StateFile
@@ -38,7 +38,8 @@ if TYPE_CHECKING:  # the matching code is imported with the catalog, at the firs
 
 MATCHES_TOTAL = MetricSpec(
     "dgxdoctor_logs_signature_matches_total",
-    "Log lines matching a known failure signature since the agent started, by signature code.",
+    "Log lines matching a known failure signature since the agent started, by signature code; every code of the "
+    "catalog at 0 from the check's start.",
     "counter",
     ("code",),
 )
@@ -122,6 +123,13 @@ class LogsCheck(Check[LogsSettings]):
 
             self._catalog = load_catalog()
         return self._catalog
+
+    def zero_samples(self) -> tuple[Sample, ...]:
+        """``dgxdoctor_logs_signature_matches_total`` at 0 for every code of the catalog (30 series), so that the
+        first NCCL timeout is an increase from 0 (``DgxdoctorNcclFailure``), not a series born at 1."""
+        from dgxdoctor.judge.signatures import signature_codes
+
+        return tuple(Sample(MATCHES_TOTAL, 0.0, {"code": code}) for code in signature_codes())
 
     def _load_follower(self) -> LogFollower:
         if self._follower is None:

@@ -165,7 +165,7 @@ class CheckScheduler:
         if name in self.checks:
             self.remove(name)
         self.checks[name] = check
-        self.store.declare(name, probe_labels(check))
+        self.store.declare(name, probe_labels(check), check.zero_samples())
         interval = check.settings.interval_s
         self._add(name, self._check_job, interval, first_run_in_s, jitter_for(interval), args=(name,))
         if name in self._busy:  # the replaced check's run is still going: APScheduler would skip this one's first

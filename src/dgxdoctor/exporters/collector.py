@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -227,18 +226,22 @@ class StoreCollector(Collector):
         yield facts
         if self.own is not None:
             yield from _own_families(node, self.own())
-        yield from self._check_samples(node, [latest[n] for n in names])
+        # Each check's samples, then its declared counters (``Check.zero_samples``) that its result lacks: at 0
+        # before the first count, at their last value after a run that exported none.
+        held = self.store.held_samples()
+        sources = [(n, latest[n].samples) for n in names] + [(n, held[n]) for n in sorted(held)]
+        yield from self._check_samples(node, sources)
 
-    def _check_samples(self, node: str, results: list[Any]) -> Iterator[Metric]:
+    def _check_samples(self, node: str, sources: list[tuple[str, tuple[Sample, ...]]]) -> Iterator[Metric]:
         specs: dict[str, MetricSpec] = {}
         families: dict[str, _Family] = {}
         seen: dict[str, set[tuple[str, ...]]] = {}
-        for result in results:
-            for sample in result.samples:
+        for check, samples in sources:
+            for sample in samples:
                 spec = sample.metric
                 first = specs.setdefault(spec.name, spec)
                 if first != spec or NODE_LABEL in spec.labels or spec.name in _OWN_NAMES:
-                    self._warn_once(result.check, spec.name)
+                    self._warn_once(check, spec.name)
                     continue
                 family = families.get(spec.name)
                 if family is None:
@@ -246,7 +249,7 @@ class StoreCollector(Collector):
                     seen[spec.name] = set()
                 values = tuple(sample.labels[label] for label in spec.labels)
                 if values in seen[spec.name]:
-                    continue  # the same series from two checks: the first one wins
+                    continue  # the same series from two checks, or held and in the result: the first one wins
                 seen[spec.name].add(values)
                 family.add_metric([node, *values], sample.value)
         for name in sorted(families):

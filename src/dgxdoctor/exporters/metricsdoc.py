@@ -50,6 +50,66 @@ def all_specs() -> Iterator[tuple[MetricSpec, str]]:
                 yield value, factory.name
 
 
+# How each counter (and the histogram) starts after the agent starts. Prometheus's increase() and rate() see no
+# increase in a series' first sample: a counter born at 1 hides its first event from every alert on it. So a
+# counter exists at 0 for every label value it can take that is known at the start, unless the values are many
+# or found only at run time (then no alert uses increase() on it). A counter metric without a line fails
+# tests/unit/test_metrics_doc.py.
+COLD_START: dict[str, str] = {
+    "dgxdoctor_check_runs_total": "0 for every enabled check from its start (one series per check)",
+    "dgxdoctor_check_timeouts_total": "0 for every enabled check from its start (one series per check)",
+    "dgxdoctor_probe_timeouts_total": "0 for every probe of every enabled check, and `run`, from its start (1-5 "
+    "series per check, 32 with every check enabled)",
+    "dgxdoctor_logs_signature_matches_total": "0 for every code of the signature catalog from the logs check's "
+    "start ({signature_codes} series), whether or not a log file exists yet; a series keeps its last value "
+    "through a run that failed",
+    "dgxdoctor_remediation_actions_total": "0 for every action and outcome it can count (21 series)",
+    "dgxdoctor_remediation_state_invalid_total": "0 from the start (one series)",
+    "dgxdoctor_remediation_alerts_dropped_total": "0 from the start (one series)",
+    "dgxdoctor_http_bad_requests_total": "0 from the start (one series)",
+    "dgxdoctor_write_errors_total": "0 for each file the daemon keeps, from when the daemon sets it up (no alert "
+    "reads it)",
+    "dgxdoctor_incident_recovery_seconds": "every bucket at 0 from the start",
+    "dgxdoctor_http_connections_closed_total": "born at a reason's first close (no alert reads it)",
+    "dgxdoctor_event_loop_errors_total": "born at an exception type's first error: the types are open-ended (no "
+    "alert reads it)",
+    "dgxdoctor_xid_errors_total": "born at its first count: GPUs x catalog XIDs would be ~1,400 series a node; the "
+    "XID alerts read the check's findings and `dgxdoctor_xid_last_seen_timestamp_seconds`, born at their first "
+    "value",
+    "dgxdoctor_nvswitch_sxid_errors_total": "born at its first count (switches x SXIDs found at run time; no alert "
+    "reads it)",
+    "dgxdoctor_kernel_events_total": "born at its first count: the device label is found in the line; the kernel "
+    "alerts read the xid check's findings",
+    "dgxdoctor_kmsg_records_lost_total": "from the xid check's first run, with what left the ring buffer before it "
+    "(an increase from 0 would be a false spike)",
+    "dgxdoctor_kmsg_records_read_total": "from the xid check's first run",
+    "dgxdoctor_gpu_ecc_errors_total": "the driver's own counter, from the first read of the GPU",
+    "dgxdoctor_gpu_remapped_rows_total": "the driver's own counter, from the first read of the GPU",
+    "dgxdoctor_ib_port_rcv_bytes_total": "the port's own counter, from the first read of the port",
+    "dgxdoctor_ib_port_xmit_bytes_total": "the port's own counter, from the first read of the port",
+    "dgxdoctor_ib_port_events_total": "the port's own counters, from the first read of the port; the IB alerts "
+    "read `dgxdoctor_ib_port_errors_per_second`",
+    "dgxdoctor_vllm_preemptions_total": "vLLM's own counter, from the first read of its /metrics",
+}
+
+COLD_START_HEADER = """## Counters after a start
+
+`increase()` and `rate()` count no increase in a series' first sample: a counter that appears at 1 hides its first
+event from every alert on it (`DgxdoctorNcclFailure`, `DgxdoctorRemediationFailed`). So a counter exists at 0 for
+every label value it can take that is known at the start; where the values are many or only found at run time, no
+alert uses `increase()` on it. `tests/integration/test_alert_first_event.py` holds every shipped alert to firing
+on the first event after a cold start."""
+
+
+def cold_start_lines() -> list[str]:
+    from dgxdoctor.judge.signatures import signature_codes
+
+    lines = ["", COLD_START_HEADER, "", "| Counter | After a start |", "|---|---|"]
+    for name, how in COLD_START.items():
+        lines.append(f"| `{name}` | {how.format(signature_codes=len(signature_codes()))} |")
+    return lines
+
+
 def render() -> str:
     lines = [HEADER, "| Metric | Type | Labels | Meaning | From |", "|---|---|---|---|---|"]
     mine = ("dgxdoctor", "remediation", "incidents")
@@ -59,6 +119,7 @@ def render() -> str:
         labels = ", ".join(f"`{label}`" for label in (NODE_LABEL, *spec.labels))
         meaning = spec.help.replace("|", "\\|")
         lines.append(f"| `{spec.name}` | {spec.type} | {labels} | {meaning} | {source} |")
+    lines += cold_start_lines()
     lines += [
         "",
         INCIDENT_NOTE,

@@ -13,7 +13,8 @@ from dgxdoctor.result import MetricSpec
 ACTIONS_TOTAL = MetricSpec(
     "dgxdoctor_remediation_actions_total",
     "remediation actions since dgxdoctor started, by action (restart_vllm, restart_cluster, page, and a worker's "
-    "ray_stop/ray_start steps) and outcome (success, failed, interrupted; a page: sent, logged, failed)",
+    "ray_stop/ray_start/vllm_stop/vllm_start steps) and outcome (success, failed, interrupted; a page: sent, "
+    "logged, failed; a step: success, failed, refused); every pair at 0 from the start (21 series)",
     "counter",
     ("action", "outcome"),
 )

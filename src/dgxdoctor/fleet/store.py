@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from msgspec import Struct
 
-from dgxdoctor.result import CheckResult, Status, merged_facts
+from dgxdoctor.result import CheckResult, Sample, Status, merged_facts
 
 # Fact keys that differ between nodes by design; peers never compare them and /state still shows them.
 NODE_LOCAL_FACTS = frozenset({"host_ip", "hostname", "node", "boot_id", "machine_id", "ip_address"})
@@ -33,6 +33,8 @@ class ResultStore:
         self._clock = clock or time.time
         self._runs: dict[str, int] = {}
         self._probe_timeouts: dict[tuple[str, str], int] = {}
+        # Per check, its declared counter series (``Check.zero_samples``) at their last exported value.
+        self._held: dict[str, dict[tuple[str, tuple[str, ...]], Sample]] = {}
         # Written on the event loop; read also from check threads (peer_compare's local snapshot).
         self._lock = threading.Lock()
         # Told of every result put (the incident tracker), after the store holds it.
@@ -47,31 +49,47 @@ class ResultStore:
             for probe in result.timeouts:
                 key = (result.check, probe)
                 self._probe_timeouts[key] = self._probe_timeouts.get(key, 0) + 1
+            held = self._held.get(result.check)
+            if held:
+                for sample in result.samples:
+                    if (series := _series(sample)) in held:
+                        held[series] = sample
         for listener in self.listeners:
             listener(result)
         if previous is None or previous.status is not result.status:
             return Transition(result.check, previous.status if previous else None, result.status, result)
         return None
 
-    def declare(self, check: str, probes: tuple[str, ...]) -> None:
-        """A scheduled check: its run and probe-timeout counters exist (at 0) before its first run, so that
-        Prometheus's ``increase()`` sees the first one."""
+    def declare(self, check: str, probes: tuple[str, ...], zeros: Iterable[Sample] = ()) -> None:
+        """A scheduled check: its run and probe-timeout counters, and its own counters ``zeros``
+        (``Check.zero_samples``), exist at 0 before its first run, so that Prometheus's ``increase()`` sees the
+        first one. A declared series then holds its last value while a result lacks it (a run that failed or
+        timed out exports no samples): a counter that fell back to 0 would read as a reset, its next value as an
+        increase. Declaring again (a reload replaced the check, whose counts start over) starts them at 0 again:
+        held at the old count, the new instance's first count could equal it and show no increase."""
         with self._lock:
             self._runs.setdefault(check, 0)
             for probe in probes:
                 self._probe_timeouts.setdefault((check, probe), 0)
+            self._held[check] = {_series(sample): sample for sample in zeros}
 
     def forget(self, check: str) -> None:
         """A check that was disabled on reload leaves the store (and the exposition) with it."""
         with self._lock:
             self._latest.pop(check, None)
             self._runs.pop(check, None)
+            self._held.pop(check, None)
             for key in [k for k in self._probe_timeouts if k[0] == check]:
                 del self._probe_timeouts[key]
 
     def probe_timeouts(self) -> dict[tuple[str, str], int]:
         with self._lock:
             return dict(self._probe_timeouts)
+
+    def held_samples(self) -> dict[str, tuple[Sample, ...]]:
+        """Per check, its declared counter series at their last value (0 before the first count)."""
+        with self._lock:
+            return {check: tuple(held.values()) for check, held in self._held.items() if held}
 
     def latest(self) -> dict[str, CheckResult]:
         with self._lock:
@@ -94,3 +112,7 @@ class ResultStore:
         from dgxdoctor.documents import ResultsDocument  # models built at the first /state, not at import
 
         return ResultsDocument.of(self.node, results, self._clock()).state()
+
+
+def _series(sample: Sample) -> tuple[str, tuple[str, ...]]:
+    return sample.metric.name, tuple(sample.labels[label] for label in sample.metric.labels)

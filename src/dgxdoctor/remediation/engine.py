@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 from msgspec import Struct
@@ -36,8 +36,9 @@ from dgxdoctor.remediation.capture import PreActionCapture
 from dgxdoctor.remediation.guard import Decision, Guard, GuardState, in_start_grace
 from dgxdoctor.remediation.hardware_gate import HardwareGate, causes
 from dgxdoctor.remediation.intake import AlertIntake, FiringAlert
-from dgxdoctor.remediation.policy import Problem, problems_from_results
+from dgxdoctor.remediation.policy import RESTARTS, Problem, problems_from_results
 from dgxdoctor.remediation.settled import Moment, Settled, View, file_stamp
+from dgxdoctor.remediation.state_doc import Step
 from dgxdoctor.remediation.worker import WorkerSteps
 from dgxdoctor.result import CheckResult
 from dgxdoctor.settings.remediation import RemediationSettings
@@ -52,6 +53,13 @@ STOP_WAIT_S = 5.0
 INTERRUPTED = "interrupted"  # the step that ends an action the agent's stop cut short
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 UPTIME_METRIC = "dgxdoctor_vllm_process_uptime_seconds"
+# Every (action, outcome) ``counts`` can hold: dgxdoctor_remediation_actions_total exports each at 0 from the start,
+# so that the first failed restart is an increase (DgxdoctorRemediationFailed). 21 series per node.
+ACTION_OUTCOMES: tuple[tuple[str, str], ...] = (
+    *((action, outcome) for action in RESTARTS for outcome in ("success", "failed", INTERRUPTED)),
+    *(("page", outcome) for outcome in ("sent", "logged", "failed")),
+    *((step, outcome) for step in get_args(Step) for outcome in ("success", "failed", "refused")),
+)
 __all__ = ["FiringAlert", "Remediator", "Targets"]
 
 
@@ -116,7 +124,7 @@ class Remediator:
         self.state_file = state_file if state_file is not None else guard_state_file(state_dir)
         self.write_errors = WriteErrors()
         self.loop_errors = Throttle()
-        self.counts: Counter[tuple[str, str]] = Counter()
+        self.counts: Counter[tuple[str, str]] = Counter(dict.fromkeys(ACTION_OUTCOMES, 0))
         self.breaker_open = False
         self.finished_at: float | None = None
         self.idle = False  # True once an evaluation found no problem and nothing in flight
