@@ -62,7 +62,7 @@ def tree(root: Path, serving: Sequence[str] | None, state: str = "S", ranks: ran
         write_process(root, 4100, "python3", serving, state=state, exe="/usr/bin/python3.11")
     for i, rank in enumerate(ranks):
         title = f"VLLM::Worker_TP{rank}"
-        write_process(root, 4200 + i, title[:15], (title,), state=(rank_state or {}).get(rank, "S"))
+        write_process(root, 4200 + i, title[:15], (title,), state=(rank_state or {}).get(rank, "S"), ppid=4100)
     return root
 
 
