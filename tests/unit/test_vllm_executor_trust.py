@@ -115,6 +115,15 @@ def test_grandchildren_are_below_the_server(tmp_path: Path) -> None:
     assert [p.pid for p in found.workers] == list(range(4200, 4208)) and found.ignored == []
 
 
+def test_orphaned_ranks_of_a_dead_headless_are_neither_judged_nor_counted(tmp_path: Path) -> None:
+    root = healthy_worker(tmp_path)
+    (root / str(SERVING) / "stat").unlink()  # gone; its ranks not yet
+    (root / str(SERVING) / "cmdline").write_bytes(b"")
+    result = run(root)
+    assert codes(result) == {"VLLM_MP_HEADLESS_MISSING": Status.CRITICAL}
+    assert ignored(result) == {"owner": 0.0, "tree": 0.0}
+
+
 def test_a_fake_headless_server_of_nobody_does_not_hide_a_missing_one(tmp_path: Path) -> None:
     write_process(tmp_path, 9000, "python3", WORKER, uid=NOBODY)
     forged(tmp_path, 9001, "VLLM::Worker_TP8", state="S", ppid=9000)

@@ -125,7 +125,7 @@ MAX_SHOWN = 5  # look-alikes named in the finding; the metric counts them all
 def _why(ignored: Ignored, server: int | None) -> str:
     if ignored.why == "owner":
         return f"uid {ignored.uid}: not root, dgxdoctor's user or [node] serving_user"
-    return "not below the serving vLLM" + (f" pid {server}" if server is not None else ": none runs")
+    return f"not below the serving vLLM pid {server}"
 
 
 def role_mismatch(role: str | None, launch: Launch) -> Finding | None:

@@ -178,7 +178,8 @@ def node_processes(proc_root: Path, serving_uid: int | None = None, agent_uid: i
     server; the oldest when several run. Its ranks are the processes titled ``VLLM::Worker*`` below it in the
     process tree, of its user. Anyone can ``exec -a VLLM::Worker_TP3 sleep 600``, stop it, or start an argv that
     reads ``vllm serve --headless``: every other process that looks like vLLM's is left out and listed in
-    ``ignored``. Processes gone while listed are skipped."""
+    ``ignored`` (a trusted user's only when a serving process runs that it is not part of). Processes gone while
+    listed are skipped."""
     trusted = trusted_uids(agent_uid, serving_uid)
     by_pid: dict[int, ProcessInfo] = {}
     servers: list[ProcessInfo] = []
@@ -205,5 +206,7 @@ def node_processes(proc_root: Path, serving_uid: int | None = None, agent_uid: i
             if proc.cmdline[0].startswith(WORKER_TITLE):
                 workers.append(proc)
             continue  # the server's own engine, API server processes ...
+        if own and server is None:
+            continue  # no serving process for them to be outside of (its ranks, orphaned as it died)
         ignored.append(Ignored(proc.pid, proc.uid, proc.cmdline[0], "tree" if own else "owner"))
     return NodeProcesses(server, workers, ignored)
