@@ -9,6 +9,7 @@ model's default.
 from __future__ import annotations
 
 import json
+import pwd
 import socket
 from functools import cache
 from pathlib import Path
@@ -37,6 +38,10 @@ DEFAULT_CONFIG_PATH = Path("/etc/dgxdoctor/config.toml")
 EX_CONFIG = 78  # sysexits.h EX_CONFIG
 
 
+# A login name (useradd's rule, as Debian allows: letters, digits, _ . -, a trailing $) or a uid in digits.
+UserName = Annotated[str, Meta(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\$?$")]
+
+
 class NodeSettings(Frozen, frozen=True):
     """What this node is. A declared role states what must be there, and its absence is CRITICAL:
     both roles need the GPUs ([checks.gpu] expected_count, expected_model), the NCCL environment file
@@ -60,6 +65,17 @@ class NodeSettings(Frozen, frozen=True):
         Meta(
             description='"ray" (vLLM\'s Ray executor) or "mp" (its multiprocessing executor across nodes: --nnodes, '
             "--headless on the workers; no Ray); unset: read from the running vLLM's command line"
+        ),
+    ] = None
+    serving_user: Annotated[
+        UserName | None,
+        Meta(
+            description="the user that runs vLLM and Ray when it is neither root nor dgxdoctor's own (a name or a "
+            "uid): its processes are believed beside theirs (its Python is still run only when named in "
+            "serving_python). A process of any other user is never taken for the serving vLLM, its ranks or Ray's "
+            "daemons, whatever its command line or title (anyone can `exec -a VLLM::Worker_TP3`); such look-alikes "
+            "are counted (dgxdoctor_vllm_lookalikes_ignored). Unset: root and "
+            "dgxdoctor's user only, as the shipped units run vLLM and Ray",
         ),
     ] = None
 
@@ -164,6 +180,12 @@ class Config:
         return self.model.node.executor
 
     @property
+    def serving_uid(self) -> int | None:
+        """The uid of ``[node] serving_user`` (checked when the config was read); None when unset or gone since."""
+        user = self.model.node.serving_user
+        return None if user is None else user_uid(user)
+
+    @property
     def paths(self) -> PathsSettings:
         return self.model.paths
 
@@ -206,6 +228,7 @@ class Config:
             node=self.node,
             role=self.role,
             executor=self.executor,
+            serving_uid=self.serving_uid,
             sysfs_root=p.sysfs_root,
             proc_root=p.proc_root,
             kmsg_path=p.kmsg_path,
@@ -234,6 +257,9 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     acting = _acting_problem(config)
     if acting is not None:
         raise ConfigError(source, [acting])
+    user = config.model.node.serving_user
+    if user is not None and user_uid(user) is None:
+        raise ConfigError(source, [("node.serving_user", f"no user {user!r} on this host (a name or a uid)")])
     from dgxdoctor.checks.ray import RaySettings
 
     ray_role = config.settings_of("ray", RaySettings).role
@@ -286,6 +312,16 @@ def _validated(model: type[Frozen], value: object, loc: tuple[str, ...], problem
 
 def _unknown(loc: tuple[str, ...], value: object) -> tuple[str, str]:
     return (_key_path(loc), _reason(Problem(loc, "unknown key", value, unknown_key=True), loc))
+
+
+def user_uid(user: str) -> int | None:
+    """The uid of a user name or of a uid given as digits; None when this host has no such user."""
+    if user.isascii() and user.isdigit():
+        return int(user) if len(user) <= 10 and int(user) < 2**32 - 1 else None
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
 
 
 def _acting_problem(config: Config) -> tuple[str, str] | None:

@@ -153,6 +153,9 @@ class Environment(Struct, frozen=True):
     node: str = field(default_factory=socket.gethostname)
     role: Role | None = None
     executor: ExecutorKind | None = None
+    # The uid of ``[node] serving_user``: its processes are believed beside root's and the agent's own
+    # (``procfs.trusted_uids``); None when unset.
+    serving_uid: int | None = None
     sysfs_root: Path = Path("/sys")
     proc_root: Path = Path("/proc")
     kmsg_path: Path = Path("/dev/kmsg")

@@ -294,6 +294,36 @@ def trickler_judged(lab: Lab) -> bool:
     )
 
 
+NOBODY = ("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups")
+FORGED_TITLES = ("VLLM::EngineCore", "VLLM::Worker_TP9")
+
+
+def forge_vllm_processes(lab: Lab) -> None:
+    """nobody titles processes like vLLM's engine and a rank (``exec -a``) and stops them, beside the real vLLM."""
+    forged = lab.extra.setdefault("forged", [])
+    for title in FORGED_TITLES:
+        proc = subprocess.Popen([*NOBODY, "bash", "-c", f"exec -a {title} sleep 600"], start_new_session=True)
+        forged.append(proc)
+        wait(lambda pid=proc.pid, t=title: Path(f"/proc/{pid}/cmdline").read_bytes().startswith(t.encode()), 10,
+             f"{title} exec'd")  # fmt: skip
+        os.kill(proc.pid, signal.SIGSTOP)
+
+
+def unforge(lab: Lab) -> None:
+    for proc in lab.extra.pop("forged", []):
+        proc.kill()
+        proc.wait(10)
+
+
+def forged_ignored(lab: Lab) -> bool:
+    counted = lab.metric(lab.a, "dgxdoctor_vllm_lookalikes_ignored", reason="owner") or 0.0
+    return (
+        counted >= len(FORGED_TITLES)
+        and lab.status(lab.a, "vllm_executor") == "ok"
+        and not any(lab.finding(lab.a, "vllm", code) for code in ("ENGINE_HUNG", "VLLM_HUNG"))
+    )
+
+
 def restore_config(lab: Lab) -> None:
     lab.a.config.write_text(lab.a.base)
     assert lab.a.proc is not None
@@ -378,6 +408,13 @@ SCENARIOS: list[Scenario] = [
         lambda lab: not lab.finding(lab.a, "peer_compare", "PEER_UNREACHABLE", f"{IP_B}:{PORT}"),
     ),
     Scenario(
+        "nobody (setpriv 65534) runs `exec -a VLLM::EngineCore sleep 600` and `exec -a VLLM::Worker_TP9 sleep 600` "
+        "and stops them beside the real vLLM", "a", "vllm_executor", forge_vllm_processes, forged_ignored,
+        "vllm_executor OK, dgxdoctor_vllm_lookalikes_ignored{reason=owner} 2, ok-level VLLM_LOOKALIKES_IGNORED; "
+        "vllm no ENGINE_HUNG", unforge,
+        lambda lab: (lab.metric(lab.a, "dgxdoctor_vllm_lookalikes_ignored", reason="owner") or 0.0) < 2,
+    ),
+    Scenario(
         "worker's raylet killed", "a", "ray", lambda lab: os.kill(lab.ray_worker.pid, signal.SIGKILL),
         lambda lab: lab.finding(lab.a, "ray", "RAY_NODE_DEAD") or lab.finding(lab.a, "ray", "RAY_NODES_MISSING"),
         "ray CRITICAL RAY_NODE_DEAD", extra_s=3.0,
@@ -460,7 +497,7 @@ def agent_config(name: str, peer_ip: str, state: Path, vllm_port: int, pid_file:
         f"startup_grace_s = 0\n{pid}"
         f'[checks.ray]\n{every}dashboard_url = "http://{IP_A}:8265"\nexpected_nodes = 2\nexpected_gpus = 16\n'
         f'auth_token_file = "{ray_token}"\n'
-        f"[checks.peer_compare]\n{every}[checks.xid]\n{every}"
+        f"[checks.peer_compare]\n{every}[checks.xid]\n{every}[checks.vllm_executor]\n{every}"
         f"[checks.gpu]\n{every}timeout_s = {HANG_TIMEOUT_S}\n"
         f"[checks.topology]\n{every}timeout_s = {HANG_TIMEOUT_S}\ncommand_timeout_s = 60\n"
         f"[checks.infiniband]\n{every}timeout_s = {HANG_TIMEOUT_S}\n"

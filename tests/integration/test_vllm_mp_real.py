@@ -109,6 +109,7 @@ def test_real_mp_worker_is_ok_then_a_stopped_rank_is_critical(deployment: tuple[
     tmp, master, headless = deployment
     up = check(tmp)
     assert up["vllm_executor"]["status"] == "ok", up["vllm_executor"]
+    assert [f["code"] for f in up["vllm_executor"]["findings"]] == ["VLLM_LOOKALIKES_IGNORED"]  # type: ignore[union-attr]
     assert f"master 127.0.0.1:{master}" in str(up["vllm_executor"]["summary"])
     assert up["ray"]["status"] == "skipped"
     assert up["vllm"]["status"] not in ("warning", "critical"), up["vllm"]
@@ -120,6 +121,9 @@ def test_real_mp_worker_is_ok_then_a_stopped_rank_is_critical(deployment: tuple[
         stopped = check(tmp)
     finally:
         os.kill(rank, signal.SIGCONT)
-    findings = stopped["vllm_executor"]["findings"]
-    assert [f["code"] for f in findings] == ["VLLM_MP_HEADLESS_STOPPED"]  # type: ignore[index,union-attr]
-    assert "VLLM::Worker_TP1" in findings[0]["message"]  # type: ignore[index]
+    findings = {f["code"]: f for f in stopped["vllm_executor"]["findings"]}  # type: ignore[attr-defined]
+    assert set(findings) == {"VLLM_MP_HEADLESS_STOPPED", "VLLM_LOOKALIKES_IGNORED"}
+    assert "VLLM::Worker_TP1" in findings["VLLM_MP_HEADLESS_STOPPED"]["message"]
+    # the head's processes share this host's /proc: root's, but not below the headless one, so not its ranks
+    ignored = findings["VLLM_LOOKALIKES_IGNORED"]
+    assert ignored["status"] == "ok" and "VLLM::Worker_TP0 (not below the serving vLLM" in ignored["message"]

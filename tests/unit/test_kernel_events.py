@@ -114,6 +114,18 @@ def test_the_oom_killer_is_critical_for_serving_processes(tmp_path: Path, comm: 
     assert finding.status == status
 
 
+@pytest.mark.parametrize(("uid", "status"), [(0, Status.CRITICAL), (65534, Status.WARNING)])
+def test_an_oom_killed_look_alike_of_another_user_is_no_serving_process(
+    tmp_path: Path, uid: int, status: Status
+) -> None:
+    """The comm is anyone's to choose (a copy of any program named ``vllm``); the ``UID:`` the kernel writes is not."""
+    line = (f"Out of memory: Killed process 4242 (vllm) total-vm:1000kB, anon-rss:900kB, file-rss:0kB, "
+            f"shmem-rss:0kB, UID:{uid} pgtables:16kB oom_score_adj:0\n")  # fmt: skip
+    (finding,) = [f for f in _check(tmp_path, line).findings if f.code == "KERNEL_OOM_KILL"]
+    assert finding.status == status
+    assert ("of uid 65534, not a serving user" in finding.message) is (uid == 65534)
+
+
 def test_diagnose_names_the_same_lines_and_detects_the_kind() -> None:
     text = FAULTS.read_text()
     assert KernelLogAnalyzer().detect(text)

@@ -333,6 +333,8 @@ def fake_proc(root: Path, pid: int, comm: str, cmdline: list[str], environ: dict
     (d / "comm").write_text(comm + "\n")
     (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in cmdline) + b"\0")
     (d / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in environ.items()))
+    uid = os.geteuid()  # the test's own: a trusted process (procfs.trusted_uids)
+    (d / "status").write_text(f"Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
 
 
 def make(tmp_path: Path, **settings: object) -> NcclEnvCheck:

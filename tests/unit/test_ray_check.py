@@ -7,6 +7,7 @@ small tree under tmp_path. The real cluster runs in tests/integration/test_ray_c
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -76,6 +77,8 @@ def proc_tree(root: Path, listening: bool = True, procs: Mapping[int, tuple[str,
         (root / str(pid)).mkdir()
         (root / str(pid) / "comm").write_text(comm + "\n")
         (root / str(pid) / "stat").write_text(stat_line(pid, comm, state))
+        uid = os.geteuid()  # the test's own: a trusted raylet (procfs.trusted_uids)
+        (root / str(pid) / "status").write_text(f"Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
     return root
 
 

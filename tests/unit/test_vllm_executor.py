@@ -65,7 +65,7 @@ def tree(root: Path, serving: Sequence[str] | None, state: str = "S", ranks: ran
         write_process(root, 4100, "python3", serving, state=state, exe="/usr/bin/python3.11")
     for i, rank in enumerate(ranks):
         title = f"VLLM::Worker_TP{rank}"
-        write_process(root, 4200 + i, title[:15], (title,), state=(rank_state or {}).get(rank, "S"))
+        write_process(root, 4200 + i, title[:15], (title,), state=(rank_state or {}).get(rank, "S"), ppid=4100)
     return root
 
 
@@ -319,6 +319,7 @@ def test_a_real_sigstopped_headless_process(tmp_path: Path, stand_in: subprocess
         for _ in range(200):  # the stop is asynchronous: wait for the kernel to write T
             if Path(f"/proc/{stand_in.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
                 break
+            time.sleep(0.01)  # up to 2 s: on a loaded machine the signal lands late
         assert codes(run(root)) == {"VLLM_MP_HEADLESS_STOPPED": Status.CRITICAL}
     finally:
         os.kill(stand_in.pid, signal.SIGCONT)

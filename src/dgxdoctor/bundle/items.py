@@ -29,7 +29,7 @@ from dgxdoctor.config import Config
 from dgxdoctor.environment import Environment
 from dgxdoctor.sources.kmsg import KmsgReader
 from dgxdoctor.sources.logtail import expand_paths
-from dgxdoctor.sources.procfs import ProcessInfo, iter_processes, runs_package
+from dgxdoctor.sources.procfs import ProcessInfo, iter_processes, runs_package, trusted_process
 from dgxdoctor.validation import dump
 
 # The tail kept of one service log file; the size cap bounds them all together.
@@ -165,10 +165,13 @@ def nccl_environment(config: Config, env: Environment) -> Callable[[float], Outp
 
 
 def _serving_processes(env: Environment) -> list[ProcessInfo]:
+    """Ray's and vLLM's processes of root, dgxdoctor's user or ``[node] serving_user`` (another user's look-alikes
+    would fill the eight places with what they chose to put in their environment)."""
     found = []
     for proc in iter_processes(env.proc_root):
         try:
-            if proc.comm.startswith(SERVING_COMMS) or runs_package(proc.cmdline, "vllm"):
+            serving = proc.comm.startswith(SERVING_COMMS) or runs_package(proc.cmdline, "vllm")
+            if serving and trusted_process(proc.uid, None, env.serving_uid):
                 found.append(proc)
         except OSError:
             continue

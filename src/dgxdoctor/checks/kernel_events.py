@@ -94,14 +94,17 @@ class KernelEventLedger:
         with self._lock:
             return sorted((key, replace(t)) for key, t in self._tallies.items())
 
-    def report(self, b: ResultBuilder, now: float, cleared: Callable[[float], bool]) -> list[str]:
-        """Counter samples and findings into ``b``; returns the summary's words for each fault that is not OK."""
+    def report(
+        self, b: ResultBuilder, now: float, cleared: Callable[[float], bool], owners: frozenset[int] | None = None
+    ) -> list[str]:
+        """Counter samples and findings into ``b``; returns the summary's words for each fault that is not OK.
+        ``owners``: the users whose OOM-killed tasks may be serving processes (``judge.kernel.tally_finding``)."""
         words: list[str] = []
         for (kind, label), tally in self.snapshot():
             b.sample(KERNEL_EVENTS_TOTAL, tally.count, kind=kind, device=label)
             if cleared(tally.last_seen):
                 continue
-            finding = tally_finding(kind, tally, now)
+            finding = tally_finding(kind, tally, now, owners)
             b.add(finding)
             if finding.status in (Status.WARNING, Status.CRITICAL):
                 words.append(f"{kind} on {label} x{tally.count}" if label else f"{kind} x{tally.count}")

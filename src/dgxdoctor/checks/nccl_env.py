@@ -30,7 +30,7 @@ from dgxdoctor.sources.nccl_env import (
     read_net_interfaces,
     watched,
 )
-from dgxdoctor.sources.procfs import iter_processes
+from dgxdoctor.sources.procfs import iter_processes, trusted_process
 from dgxdoctor.sources.sysfs_ib import ports_by_device
 
 NCCL_ENV_VARS = MetricSpec(
@@ -102,10 +102,12 @@ class NcclEnvCheck(Check[NcclEnvSettings]):
         if not name:
             return None, ""
         me = os.getpid()
-        found = sorted(
-            (p for p in iter_processes(self.env.proc_root) if p.pid != me and p.matches(name) and p.alive),
+        serving_uid = self.env.serving_uid
+        found = sorted(  # of root, dgxdoctor's user or [node] serving_user: anyone can run a program named raylet
+            (p for p in iter_processes(self.env.proc_root)
+             if p.pid != me and p.matches(name) and p.alive and trusted_process(p.uid, None, serving_uid)),
             key=lambda p: p.pid,
-        )
+        )  # fmt: skip
         if not found:
             missing.append(f"no {name} process")
             return None, ""

@@ -15,7 +15,7 @@ from msgspec import Struct
 
 from dgxdoctor.environment import Environment
 from dgxdoctor.lazy_re import lazy_compile
-from dgxdoctor.sources.procfs import iter_processes, runs_package
+from dgxdoctor.sources.procfs import iter_processes, runs_package, trusted_process
 from dgxdoctor.sources.prom_text import PromTextError
 from dgxdoctor.sources.vllm_metrics import NotVllmMetrics, parse_vllm_metrics
 
@@ -65,8 +65,14 @@ def in_window(windows: list[str], now: float) -> bool:
 
 
 def vllm_pids(env: Environment) -> list[int]:
-    """Processes on this node running vLLM (its API server, engine core or workers)."""
-    return [p.pid for p in iter_processes(env.proc_root) if p.cmdline and runs_package(p.cmdline, "vllm")]
+    """Processes on this node running vLLM (its API server, engine core or workers), of root, dgxdoctor's user or
+    ``[node] serving_user``: another user's ``python -m vllm`` does not hold the serving GPUs, and would otherwise
+    refuse every probe."""
+    return [
+        p.pid
+        for p in iter_processes(env.proc_root)
+        if p.cmdline and runs_package(p.cmdline, "vllm") and trusted_process(p.uid, None, env.serving_uid)
+    ]
 
 
 def running_requests(env: Environment, url: str, timeout_s: float = 2.0) -> float | None:

@@ -24,7 +24,7 @@ from dgxdoctor.judge.ras import layout_findings, rank_findings, stuck_processes,
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.fields import ByteCount, at_least
 from dgxdoctor.sources.nccl_env import parse_environ
-from dgxdoctor.sources.procfs import ProcessInfo, iter_processes, read_process
+from dgxdoctor.sources.procfs import ProcessInfo, iter_processes, read_process, trusted_process
 from dgxdoctor.sources.ras_client import DEFAULT_HOST, DEFAULT_PORT, RasError, RasReply, parse_ras_addr, query
 from dgxdoctor.sources.ras_report import RasReport, RasReportError, parse_report
 from dgxdoctor.sources.vllm_api import is_vllm_process
@@ -122,7 +122,15 @@ class RasCheck(Check[RasSettings]):
         self._last_local: list[dict[str, str]] = []
 
     def _vllm(self) -> ProcessInfo | None:
-        found = [p for p in iter_processes(self.env.proc_root) if p.pid != os.getpid() and is_vllm_process(p.cmdline)]
+        """The vLLM process whose environment names the RAS address and whose argv the rank count: one of root,
+        dgxdoctor's user or ``[node] serving_user`` (another user's ``python -m vllm... -tp 8`` with its own
+        ``NCCL_RAS_ADDR`` would point this check at a RAS server of its making)."""
+        me, serving_uid = os.getpid(), self.env.serving_uid
+        found = [
+            p
+            for p in iter_processes(self.env.proc_root)
+            if p.pid != me and is_vllm_process(p.cmdline) and trusted_process(p.uid, None, serving_uid)
+        ]
         return min(found, key=lambda p: p.pid, default=None)
 
     def _address(self, proc: ProcessInfo | None) -> tuple[tuple[str, int], str]:

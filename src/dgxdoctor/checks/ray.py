@@ -39,7 +39,7 @@ from dgxdoctor.judge.vllm_mp import ray_not_required
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.fields import HttpUrl
-from dgxdoctor.sources.procfs import listening_ports, processes_named
+from dgxdoctor.sources.procfs import ProcessInfo, listening_ports, processes_named, trusted_process
 from dgxdoctor.sources.ray_api import (
     CLUSTER_STATUS_PATH,
     NODES_DETAIL_PATH,
@@ -232,7 +232,7 @@ class RayCheck(Check[RaySettings]):
         """vLLM's multiprocessing executor across nodes needs no Ray (judge/vllm_mp.py decides)."""
         if self.env.executor is not None:  # declared: the running processes are not asked
             return ray_not_required(self.env.executor, None)
-        proc = serving_process(self.env.proc_root)
+        proc = serving_process(self.env.proc_root, self.env.serving_uid)
         try:
             launch = parse_launch(proc.pid, proc.cmdline) if proc is not None else None
         except LaunchError:
@@ -304,7 +304,7 @@ class RayCheck(Check[RaySettings]):
 
     def _unreachable(self, error: str) -> CheckResult:
         s = self.settings
-        procs = [p for p in processes_named(self.env.proc_root, ("raylet", "gcs_server")) if p.alive]
+        procs, others = self._daemons("raylet", "gcs_server")
         gcs = [p for p in procs if p.comm == "gcs_server"]
         raylets = [p for p in procs if p.comm == "raylet"]
         if self._role == "auto" and not gcs:
@@ -320,6 +320,7 @@ class RayCheck(Check[RaySettings]):
             )
         builder = ResultBuilder(self.name)
         running = ", ".join(f"{p.comm} pid {p.pid}" for p in procs) or "no raylet or gcs_server process"
+        running += _others_note(others)
         builder.add(ray.dashboard_down(s.dashboard_url, error, running))
         summary = f"head node: dashboard not answering; {running}"
         if gcs:
@@ -366,14 +367,27 @@ class RayCheck(Check[RaySettings]):
         builder = ResultBuilder(self.name)
         if extra is not None:
             builder.add(extra)
-        raylets = [p for p in processes_named(self.env.proc_root, ("raylet",)) if p.alive]
+        raylets, others = self._daemons("raylet")
+        note = _others_note(others)
         if raylets:
             pids = ", ".join(str(p.pid) for p in raylets)
             how = "" if configured else f" ({self.settings.dashboard_url} not answering here)"
-            return builder.build(f"worker node: raylet running (pid {pids}){how}; cluster checks run on the head")
+            return builder.build(f"worker node: raylet running (pid {pids}){how}; cluster checks run on the head{note}")
         if not required:
             return builder.build(
-                f"no raylet here and the head's dashboard {self.settings.dashboard_url} does not answer"
+                f"no raylet here and the head's dashboard {self.settings.dashboard_url} does not answer{note}"
             )
         builder.add(ray.raylet_down())
-        return builder.build("worker node: no raylet running")
+        return builder.build(f"worker node: no raylet running{note}")
+
+    def _daemons(self, *names: str) -> tuple[list[ProcessInfo], int]:
+        """Ray's daemons running here, of root, dgxdoctor's user or ``[node] serving_user``; and how many processes
+        of the same name were left out: any user can run a program named ``raylet`` (its comm), and one would
+        hide a raylet that died."""
+        alive = [p for p in processes_named(self.env.proc_root, names) if p.alive]
+        trusted = [p for p in alive if trusted_process(p.uid, serving_uid=self.env.serving_uid)]
+        return trusted, len(alive) - len(trusted)
+
+
+def _others_note(others: int) -> str:
+    return f"; {others} process(es) of that name of another user ignored" if others else ""

@@ -8,10 +8,13 @@ By hand, on each node::
     ps -o pid,stat,args -C VLLM::Worker_TP8          # STAT T: stopped
     nc -zv <master-addr> <master-port>               # from a worker: the head's torch.distributed store
 
-The node's serving vLLM process is its headless one on a worker node, else its API server
-(sources/vllm_launch.py). Facts (``vllm_executor``, and with mp across nodes ``vllm_mp.nnodes``,
-``vllm_mp.tp_x_pp``, ``vllm_mp.master``, ``vllm_mp.model``) go to the peer comparison; the vLLM version is the
-drift check's ``vllm_version``.
+The node's serving vLLM process is its headless one on a worker node, else its API server, of root, dgxdoctor's
+user or ``[node] serving_user``; its ranks are the ``VLLM::Worker*`` processes below it, of its user
+(sources/vllm_launch.py). Anyone can title a process ``VLLM::Worker_TP3`` and stop it: every other look-alike is
+left out, counted (``dgxdoctor_vllm_lookalikes_ignored``) and named in an OK finding, never judged.
+
+Facts (``vllm_executor``, and with mp across nodes ``vllm_mp.nnodes``, ``vllm_mp.tp_x_pp``, ``vllm_mp.master``,
+``vllm_mp.model``) go to the peer comparison; the vLLM version is the drift check's ``vllm_version``.
 """
 
 from __future__ import annotations
@@ -25,13 +28,19 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.judge import vllm_mp
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
 from dgxdoctor.sources.procfs import ProcessInfo
-from dgxdoctor.sources.vllm_launch import Launch, LaunchError, node_processes, parse_launch
+from dgxdoctor.sources.vllm_launch import Ignored, Launch, LaunchError, node_processes, parse_launch
 
 EXECUTOR_INFO = MetricSpec(
     "dgxdoctor_vllm_executor_info",
     "How the running vLLM spans the nodes: executor (ray, mp, uni), node count and this node's rank",
     "info",
     ("executor", "nnodes", "node_rank", "headless"),
+)
+LOOKALIKES_IGNORED = MetricSpec(
+    "dgxdoctor_vllm_lookalikes_ignored",
+    "Processes that look like vLLM's (its argv or a VLLM:: title) left out of the serving vLLM: of another user "
+    "(reason owner) or not the serving process nor below it (reason tree)",
+    labels=("reason",),
 )
 MASTER_REACHABLE = MetricSpec(
     "dgxdoctor_vllm_mp_master_reachable",
@@ -57,7 +66,13 @@ class VllmExecutorCheck(Check[VllmExecutorSettings]):
     def run(self) -> CheckResult:
         env = self.env
         b = ResultBuilder(self.name)
-        proc, workers = node_processes(env.proc_root)
+        found = node_processes(env.proc_root, env.serving_uid)
+        proc, workers = found.server, found.workers
+        for reason in ("owner", "tree"):
+            b.sample(LOOKALIKES_IGNORED, sum(1 for i in found.ignored if i.why == reason), reason=reason)
+        ignored = vllm_mp.lookalikes_ignored(found.ignored, proc.pid if proc else None)
+        if ignored is not None:
+            b.add(ignored)
         if proc is None:
             gone = self._headless
             if gone is not None:
@@ -66,7 +81,7 @@ class VllmExecutorCheck(Check[VllmExecutorSettings]):
             if env.role == "worker" and env.executor == "mp":
                 b.add(vllm_mp.headless_missing("[node] role worker, executor mp"))
                 return b.build("worker node: no headless vLLM process")
-            return CheckResult.skipped(self.name, "no vLLM process on this node")
+            return CheckResult.skipped(self.name, "no vLLM process on this node" + _ignored_note(found.ignored))
         try:
             launch = parse_launch(proc.pid, proc.cmdline)
         except LaunchError as exc:
@@ -126,6 +141,10 @@ class VllmExecutorCheck(Check[VllmExecutorSettings]):
             b.add(vllm_mp.master_unreachable(launch, f"{type(exc).__name__}: {exc.strerror or exc}"))
             return
         b.sample(MASTER_REACHABLE, 1, master=launch.master)
+
+
+def _ignored_note(ignored: list[Ignored]) -> str:
+    return f" ({len(ignored)} look-alike(s) of other users or outside it ignored)" if ignored else ""
 
 
 def _summary(launch: Launch) -> str:

@@ -48,6 +48,7 @@ from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
 from dgxdoctor.sources.device_map import read_device_map
 from dgxdoctor.sources.kmsg import KmsgFollower, KmsgReader, KmsgRecord
 from dgxdoctor.sources.nvml_xid import NvmlEventsUnavailable, NvmlXidFollower, PynvmlXidEvents, XidEventSource
+from dgxdoctor.sources.procfs import trusted_uids
 from dgxdoctor.sources.statefile import StateFile, boot_id
 from dgxdoctor.sources.xid import SxidEvent, XidCatalog, XidEvent, load_catalog
 from dgxdoctor.validation import field_rule
@@ -368,7 +369,8 @@ class XidCheck(Check[XidSettings]):
             entry = self.catalog.xid(code)
             b.sample(XID_CATALOG_INFO, 1.0, xid=str(code), name=entry.name, resolution=entry.resolution)
         assessments = self._xid_findings(b, xids, now) + self._sxid_findings(b, sxids, now)
-        kernel_words = self.kernel.report(b, now, lambda last: self.policy.cleared(last, now))
+        owners = trusted_uids(serving_uid=self.env.serving_uid)  # an OOM-killed "vllm" of nobody serves nothing
+        kernel_words = self.kernel.report(b, now, lambda last: self.policy.cleared(last, now), owners)
         from_boot, start, lost = self._window()
         b.sample(KMSG_RECORDS_LOST, lost)
         b.sample(KMSG_RECORDS_READ, stats.records)

@@ -176,7 +176,7 @@ def _save(config: Config, python: str, settings: BenchSettings, points: list[Ben
         settings=settings,
         points=tuple(sorted(points, key=lambda p: p.concurrency)),
         versions=serving_versions(env.run_command, python),
-        serve_argv=vllm_serve_argv(env.proc_root),
+        serve_argv=vllm_serve_argv(env.proc_root, env.serving_uid),
         knee=knee.concurrency if knee is not None else None,
     )
     try:

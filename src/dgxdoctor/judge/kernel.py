@@ -124,12 +124,16 @@ class KernelVerdict(Struct, frozen=True):
     remedy: str
 
 
-def assess_kernel(kind: str, role: str | None, process: str | None = None, recovered: bool = False) -> KernelVerdict:
+def assess_kernel(
+    kind: str, role: str | None, process: str | None = None, recovered: bool = False, trusted: bool = True
+) -> KernelVerdict:
     """The verdict on one (kind, device): ``role`` of the device it names (gpu, nvswitch, hca, pci ...),
-    ``process`` the task it names, ``recovered`` when a later line reported the recovery (link up, NFS OK)."""
+    ``process`` the task it names, ``recovered`` when a later line reported the recovery (link up, NFS OK),
+    ``trusted`` False when the task is another user's (its name alone makes no serving process: anyone can run a
+    program named vllm)."""
     rule = RULES[kind]
     status, title, remedy = rule.status, rule.title, rule.remedy
-    if kind == "oom_kill" and process and SERVING_PROCESS_RE.match(process):
+    if kind == "oom_kill" and process and trusted and SERVING_PROCESS_RE.match(process):
         status, title = Status.CRITICAL, "host OOM killed a serving process"
     elif kind in ("aer_corrected", "aer_nonfatal") and role not in GROUP_ROLES:
         status = Status.WARNING if kind == "aer_nonfatal" else Status.OK
@@ -163,14 +167,19 @@ class KernelTally(Struct):
     recovered_at: float | None = None
 
 
-def tally_finding(kind: str, tally: KernelTally, now: float | None) -> Finding:
+def tally_finding(kind: str, tally: KernelTally, now: float | None, owners: frozenset[int] | None = None) -> Finding:
+    """``owners``: the users whose tasks may be serving ones (``procfs.trusted_uids``); None: any (a pasted log of
+    another host). A line without its task's uid (kernels before 5.x) is judged by the name."""
     device = tally.device
     event = tally.event
     role = device.role if device else None
-    verdict = assess_kernel(kind, role, event.process, tally.recovered_at is not None)
+    uid = event.uid if isinstance(event.uid, int) else None
+    trusted = owners is None or uid is None or uid in owners
+    verdict = assess_kernel(kind, role, event.process, tally.recovered_at is not None, trusted)
     where = device.text if device else ""
     detail = event.detail
     if event.process:
-        detail = f"{event.process}, pid {event.pid}" + (f", {detail}" if detail else "")
+        owner = "" if trusted else f" of uid {uid}, not a serving user"
+        detail = f"{event.process}, pid {event.pid}{owner}" + (f", {detail}" if detail else "")
     age = ago(now - tally.last_seen) if now is not None else None
     return kernel_finding(verdict, device.label if device else None, where, tally.count, age, detail, event.line)

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dgxdoctor.environment import ExecutorKind
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.procfs import ProcessInfo
-from dgxdoctor.sources.vllm_launch import Launch
+from dgxdoctor.sources.redact import shown_argv
+from dgxdoctor.sources.vllm_launch import Ignored, Launch
 
 STOPPED_STATES = ("T", "t")  # stopped by a signal, stopped by a tracer (proc(5))
 
@@ -98,6 +99,33 @@ def workers_missing(launch: Launch, titled: int) -> Finding | None:
         remedy="the executor does not replace a dead rank: restart the mp deployment (head's vLLM, the headless "
         "workers, then workers first on start); look for the rank's traceback in the unit's journal",
     )
+
+
+def lookalikes_ignored(ignored: Sequence[Ignored], server: int | None) -> Finding | None:
+    """Processes that look like vLLM's but are not the serving one: said (OK), never judged. Another user's
+    ``exec -a VLLM::Worker_TP9 sleep 600``, stopped, must not read as a stopped rank, nor its ``VLLM::Worker_TP3``
+    stand in for a rank that died."""
+    if not ignored:
+        return None
+    shown = [f"pid {i.pid} {shown_argv((i.title,), 40)} ({_why(i, server)})" for i in ignored[:MAX_SHOWN]]
+    more = f" and {len(ignored) - MAX_SHOWN} more" if len(ignored) > MAX_SHOWN else ""
+    return Finding(
+        "VLLM_LOOKALIKES_IGNORED",
+        Status.OK,
+        f"{len(ignored)} process(es) that look like vLLM's are not this node's serving vLLM and were not judged: "
+        f"{', '.join(shown)}{more}",
+        ",".join(str(i.pid) for i in ignored[:MAX_SHOWN]),
+        remedy="nothing to do for the serving vLLM; if vLLM runs as a user other than root, set [node] serving_user",
+    )
+
+
+MAX_SHOWN = 5  # look-alikes named in the finding; the metric counts them all
+
+
+def _why(ignored: Ignored, server: int | None) -> str:
+    if ignored.why == "owner":
+        return f"uid {ignored.uid}: not root, dgxdoctor's user or [node] serving_user"
+    return f"not below the serving vLLM pid {server}"
 
 
 def role_mismatch(role: str | None, launch: Launch) -> Finding | None:

@@ -17,7 +17,7 @@ from msgspec import Struct, field
 from msgspec.structs import fields
 
 from dgxdoctor.sources.commands import CommandNotFound, CommandRunner, CommandTimeout
-from dgxdoctor.sources.procfs import iter_processes, runs_package
+from dgxdoctor.sources.procfs import iter_processes, runs_package, trusted_process
 from dgxdoctor.sources.redact import redact_argv
 from dgxdoctor.sources.serving_env import PROBE, parse_probe_output
 from dgxdoctor.sources.statefile import atomic_write
@@ -143,14 +143,16 @@ def serving_versions(runner: CommandRunner, python: str) -> dict[str, str]:
         return {}
 
 
-def vllm_serve_argv(proc_root: Path) -> tuple[str, ...]:
-    """The command line of the vLLM API server running on this node (the flags behind the figures), if any."""
+def vllm_serve_argv(proc_root: Path, serving_uid: int | None = None) -> tuple[str, ...]:
+    """The command line of the vLLM API server running on this node (the flags behind the figures), if any; of
+    root, dgxdoctor's user or ``[node] serving_user`` (``procfs.trusted_process``)."""
     for proc in iter_processes(proc_root):
         argv: Sequence[str] = proc.cmdline or ()
         if (
             argv
             and runs_package(argv, "vllm")
             and any(a in ("serve", "vllm.entrypoints.openai.api_server") for a in argv)
+            and trusted_process(proc.uid, None, serving_uid)
         ):
             return redact_argv(argv)  # it is saved in the baseline and the report: never vLLM's --api-key
     return ()

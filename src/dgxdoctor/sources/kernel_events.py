@@ -122,6 +122,9 @@ SOFT_LOCKUP_RE = lazy_compile(
 OOM_KILL_RE = lazy_compile(
     r"(?:out of memory: )?Killed process (?P<pid>\d{1,10}) \((?P<comm>.{1,16}?)\)(?: total-vm|,|$)"
 )
+# The killed task's owner, which the kernel itself writes after the sizes (5.x+): ``..., shmem-rss:0kB, UID:0
+# pgtables:123456kB oom_score_adj:0``. Unlike the comm, no user can write it.
+OOM_UID_RE = lazy_compile(r"\bUID:(?P<uid>\d{1,10})\b")
 
 # fs/nfs and net/sunrpc: the server stops answering, then answers again (the "OK" line is the recovery):
 #   nfs: server 100.73.159.36 not responding, still trying       (nfs-ganesha/nfs-ganesha#1295)
@@ -166,6 +169,7 @@ class KernelEvent(Struct, frozen=True):
     process: str | None = None
     pid: int | None = None
     detail: str = ""
+    uid: int | None = None  # the task's owner, where the kernel writes it (the OOM killer's UID:)
 
     @property
     def named(self) -> str:
@@ -214,7 +218,9 @@ def _aer(line: str) -> KernelEvent | None:
 def _host(line: str) -> KernelEvent | None:
     """Machine checks, EDAC, hangs, the OOM killer, NFS."""
     if (m := OOM_KILL_RE.search(line)) is not None and "Killed process" in line:
-        return KernelEvent("oom_kill", line.strip(), process=m["comm"], pid=int(m["pid"]))
+        owner = OOM_UID_RE.search(line, m.end())
+        uid = int(owner["uid"]) if owner is not None else None
+        return KernelEvent("oom_kill", line.strip(), process=m["comm"], pid=int(m["pid"]), uid=uid)
     if (m := HUNG_TASK_RE.search(line)) is not None:
         detail = f"blocked for more than {m['secs']} s"
         return KernelEvent("hung_task", line.strip(), process=m["comm"], pid=int(m["pid"]), detail=detail)

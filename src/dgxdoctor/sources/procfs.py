@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 
@@ -248,13 +248,20 @@ def _run_target(argv: Sequence[str]) -> tuple[str, str] | None:
     return None
 
 
-def trusted_process(process_uid: int | None, agent_uid: int | None = None) -> bool:
-    """Whether a process found by its command line may be believed, or its interpreter executed: anyone can
-    title a process ``VLLM::EngineCore`` or run ``python -m vllm...``, so only processes of the agent's own user or
-    of root are. A vLLM run by another user is found from its listening socket (``port_owner``) or a pid file;
-    its interpreter then needs ``serving_python`` set explicitly."""
+def trusted_uids(agent_uid: int | None = None, serving_uid: int | None = None) -> frozenset[int]:
+    """The users whose processes may be believed: root, the agent's own user, and the serving user when one is
+    configured (``[node] serving_user``). No other user can start a process as them, send them a signal or write
+    their argv; anyone can title a process ``VLLM::Worker_TP3``."""
     agent_uid = os.geteuid() if agent_uid is None else agent_uid
-    return process_uid is not None and process_uid in (agent_uid, 0)
+    return frozenset(uid for uid in (0, agent_uid, serving_uid) if uid is not None)
+
+
+def trusted_process(process_uid: int | None, agent_uid: int | None = None, serving_uid: int | None = None) -> bool:
+    """Whether a process found by its command line may be believed, or its interpreter executed: anyone can
+    title a process ``VLLM::EngineCore`` or run ``python -m vllm...``, so only processes of ``trusted_uids`` are.
+    A vLLM run by another user is found from its listening socket (``port_owner``), a pid file or
+    ``[node] serving_user``; its interpreter then needs ``serving_python`` set explicitly."""
+    return process_uid is not None and process_uid in trusted_uids(agent_uid, serving_uid)
 
 
 def _base(arg: str) -> str:
@@ -494,6 +501,21 @@ def descendants(proc_root: Path, pid: int) -> list[ProcessInfo]:
             found.append(child)
             todo.append(child.pid)
     return sorted(found, key=lambda p: p.pid)
+
+
+def is_below(by_pid: Mapping[int, ProcessInfo], proc: ProcessInfo, ancestor: int, max_depth: int = 64) -> bool:
+    """Whether ``ancestor`` is a parent, grandparent ... of ``proc``, following the parent field of each stat line
+    (only the few lines on the way up are read). A process re-parented away (to init, a subreaper) is no longer
+    below it; a cycle or an unreadable parent ends the walk."""
+    pid = proc.ppid
+    for _ in range(max_depth):
+        if pid is None or pid <= 1:
+            return False
+        if pid == ancestor:
+            return True
+        parent = by_pid.get(pid)
+        pid = parent.ppid if parent is not None else None
+    return False
 
 
 def _netns_of(proc_dir: str) -> int | None:

@@ -28,7 +28,7 @@ from typing import Literal
 
 from msgspec import Struct
 
-from dgxdoctor.sources.procfs import ProcessInfo, iter_processes
+from dgxdoctor.sources.procfs import ProcessInfo, is_below, iter_processes, trusted_uids
 from dgxdoctor.sources.vllm_api import VLLM_TITLE_PREFIX, is_vllm_api_server
 
 Executor = Literal["ray", "mp", "uni", "external_launcher"]
@@ -148,22 +148,65 @@ def is_headless_server(argv: Sequence[str]) -> bool:
     return "--headless" in argv and is_vllm_api_server(tuple(argv))
 
 
-def serving_process(proc_root: Path) -> ProcessInfo | None:
-    """This node's serving vLLM process: the headless one on a worker node of an mp deployment, else the API
-    server; the oldest when several run. Processes gone while listed are skipped."""
-    return node_processes(proc_root)[0]
+class Ignored(Struct, frozen=True):
+    """A process that looks like vLLM's (its argv or ``VLLM::`` title) and is not this node's serving vLLM."""
+
+    pid: int
+    uid: int | None
+    title: str  # argv[0], as written by whoever started it
+    why: Literal["owner", "tree"]  # another user's; or not the serving process nor below it
 
 
-def node_processes(proc_root: Path) -> tuple[ProcessInfo | None, list[ProcessInfo]]:
-    """One pass over ``proc_root``: the serving process (``serving_process``) and the ``VLLM::Worker*`` processes
-    (the multiproc executor's ranks), by pid."""
+class NodeProcesses(Struct, frozen=True):
+    """This node's serving vLLM process, its ``VLLM::Worker*`` ranks, and the look-alikes left out."""
+
+    server: ProcessInfo | None
+    workers: list[ProcessInfo]
+    ignored: list[Ignored]
+
+
+def serving_process(proc_root: Path, serving_uid: int | None = None) -> ProcessInfo | None:
+    """This node's serving vLLM process (``node_processes``)."""
+    return node_processes(proc_root, serving_uid).server
+
+
+def node_processes(proc_root: Path, serving_uid: int | None = None, agent_uid: int | None = None) -> NodeProcesses:
+    """One pass over ``proc_root``: the serving process and its ranks, chosen by what no other user controls.
+
+    The serving process is a vLLM server (``is_vllm_api_server``) of a trusted user (``procfs.trusted_uids``: root,
+    dgxdoctor's user, ``[node] serving_user``): the headless one on a worker node of an mp deployment, else the API
+    server; the oldest when several run. Its ranks are the processes titled ``VLLM::Worker*`` below it in the
+    process tree, of its user. Anyone can ``exec -a VLLM::Worker_TP3 sleep 600``, stop it, or start an argv that
+    reads ``vllm serve --headless``: every other process that looks like vLLM's is left out and listed in
+    ``ignored`` (a trusted user's only when a serving process runs that it is not part of). Processes gone while
+    listed are skipped."""
+    trusted = trusted_uids(agent_uid, serving_uid)
+    by_pid: dict[int, ProcessInfo] = {}
     servers: list[ProcessInfo] = []
-    workers: list[ProcessInfo] = []
+    titled: list[ProcessInfo] = []
     for proc in iter_processes(proc_root):
+        by_pid[proc.pid] = proc
         argv = proc.cmdline
-        if argv and argv[0].startswith(WORKER_TITLE):
-            workers.append(proc)
-        elif is_vllm_api_server(argv) and proc.stat is not None:
+        if argv and argv[0].startswith(VLLM_TITLE_PREFIX):
+            titled.append(proc)
+        elif is_vllm_api_server(argv):
             servers.append(proc)
-    servers.sort(key=lambda p: (not is_headless_server(p.cmdline), p.start_time or 0.0))
-    return (servers[0] if servers else None), workers
+    alike = [p for p in sorted(servers + titled, key=lambda p: p.pid) if p.stat is not None]
+    ours = [p for p in servers if p.stat is not None and p.uid in trusted]
+    ours.sort(key=lambda p: (not is_headless_server(p.cmdline), p.start_time or 0.0))
+    server = ours[0] if ours else None
+    workers: list[ProcessInfo] = []
+    ignored: list[Ignored] = []
+    for proc in alike:
+        if server is not None and proc.pid == server.pid:
+            continue
+        own = proc.uid in trusted and (server is None or proc.uid == server.uid)
+        below = server is not None and is_below(by_pid, proc, server.pid)
+        if own and below:
+            if proc.cmdline[0].startswith(WORKER_TITLE):
+                workers.append(proc)
+            continue  # the server's own engine, API server processes ...
+        if own and server is None:
+            continue  # no serving process for them to be outside of (its ranks, orphaned as it died)
+        ignored.append(Ignored(proc.pid, proc.uid, proc.cmdline[0], "tree" if own else "owner"))
+    return NodeProcesses(server, workers, ignored)
