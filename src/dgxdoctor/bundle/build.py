@@ -17,6 +17,7 @@ from dgxdoctor.bundle.archive import BadPart, prune, read_part, write_bundle
 from dgxdoctor.bundle.collect import Part, collect
 from dgxdoctor.bundle.items import Sources, known_secrets, node_items
 from dgxdoctor.bundle.redact import Redactor
+from dgxdoctor.compat import aio
 from dgxdoctor.config import Config
 from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.cluster import measure_clock
@@ -62,7 +63,7 @@ async def ask_part(
     t0 = time.monotonic()
     body = {"since_s": since_s, "deadline_s": round(max(budget_s - PEER_MARGIN_S, 0.5), 3)}
     try:
-        async with asyncio.timeout(budget_s):
+        async with aio.timeout(budget_s):
             offset, rtt = await measure_clock(client, url)
             raw = await read_answer(client, "POST", f"{url}{PART_PATH}", token, body, max_bytes + PART_SLACK_BYTES)
             part = read_part(raw, max_bytes + PART_SLACK_BYTES)

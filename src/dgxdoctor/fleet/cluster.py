@@ -9,7 +9,6 @@ NTP's offset estimate does), so that timelines from both nodes line up. Everythi
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +17,7 @@ from typing import Any
 import httpx
 from msgspec import Struct, field
 
+from dgxdoctor.compat import aio
 from dgxdoctor.documents import FindingDoc, ResultsDocument
 from dgxdoctor.fleet.compare import Comparison, compare
 from dgxdoctor.fleet.peers import (
@@ -81,7 +81,7 @@ async def ask_peer(
     body = None if cached else {"deadline_s": round(max(budget_s - PEER_MARGIN_S, 1.0), 3)}
     method, path = ("GET", STATE_PATH) if cached else ("POST", RUN_PATH)
     try:
-        async with asyncio.timeout(budget_s):
+        async with aio.timeout(budget_s):
             answer = response_json(await read_answer(client, method, f"{url}{path}", token, body))
         if not cached and not isinstance(answer, dict):
             raise BadAnswer("not a JSON object")

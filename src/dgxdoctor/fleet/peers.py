@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import httpx
 from msgspec import Struct
 
+from dgxdoctor.compat import aio
 from dgxdoctor.documents import ResultsDocument
 from dgxdoctor.validation import Invalid, validate
 
@@ -59,7 +60,7 @@ async def fetch_state(client: httpx.AsyncClient, url: str, token: str | None, ti
     t0 = time.monotonic()
     label = peer_label(url)
     try:
-        async with asyncio.timeout(timeout_s):
+        async with aio.timeout(timeout_s):
             body = await read_answer(client, "GET", f"{url}{STATE_PATH}", token)
         state = validate_state(response_json(body))
     except TimeoutError:
