@@ -104,6 +104,27 @@ def test_no_code_uses_what_python_311_added() -> None:
     assert found == [], "Python 3.11+ only (see dgxdoctor.compat):\n" + "\n".join(found)
 
 
+def _waits_with_asyncio(node: ast.AST) -> bool:
+    if isinstance(node, ast.Attribute):
+        return node.attr == "wait_for" and isinstance(node.value, ast.Name) and node.value.id == "asyncio"
+    if isinstance(node, ast.ImportFrom):
+        return node.module == "asyncio" and any(alias.name == "wait_for" for alias in node.names)
+    return False
+
+
+def test_the_agent_waits_through_compat() -> None:
+    """On 3.10 ``asyncio.wait_for`` raises ``asyncio.TimeoutError``, which the agent's ``except TimeoutError`` (the
+    check runner's, the remediation loop's) misses: src waits with ``dgxdoctor.compat.aio.wait_for``."""
+    found = [
+        f"{path.relative_to(REPO)}:{getattr(node, 'lineno', '?')}"
+        for path in (REPO / "src").rglob("*.py")
+        if SHIMS not in path.parents
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if _waits_with_asyncio(node)
+    ]
+    assert found == [], "asyncio.wait_for (use dgxdoctor.compat.aio.wait_for): " + ", ".join(found)
+
+
 @pytest.mark.parametrize(
     "source",
     [
