@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS = ("msgspec", "config", "checks", "root", "defaults", "example")
 
 PROBE = """
-import json, sys, time, tomllib
+import json, sys, time
 clock = time.process_time
 out = {}
 t = clock()
@@ -37,6 +37,7 @@ out["checks_at_import"] = sorted(m for m in sys.modules if m.startswith("dgxdoct
 t = clock(); import dgxdoctor.checks.registry; out["checks"] = clock() - t
 t = clock(); c.config_model(); out["root"] = clock() - t
 t = clock(); c.parse_config({}); out["defaults"] = clock() - t
+from dgxdoctor.compat import tomllib
 data = tomllib.loads(open(EXAMPLE, encoding="utf-8").read())
 t = clock(); c.parse_config(data, "example"); out["example"] = clock() - t
 print(json.dumps(out))

@@ -407,7 +407,7 @@ def _read_config(path: Path | None) -> Config:
         if explicit:
             raise ConfigError(str(path), [("(file)", "no such file")])
         return parse_config({}, "<defaults>")
-    import tomllib  # only for a file: the defaults load no TOML parser (benchmarks/startup.py)
+    from dgxdoctor.compat import tomllib  # only for a file: the defaults load no TOML parser (benchmarks/startup.py)
 
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))

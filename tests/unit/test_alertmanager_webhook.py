@@ -33,6 +33,23 @@ def test_real_payloads_parse() -> None:
 
 
 @pytest.mark.parametrize(
+    ("starts_at", "seconds"),
+    [
+        ("2026-12-05T08:00:00Z", 0.0),
+        ("2026-12-05T08:00:00.5Z", 0.5),
+        ("2026-12-05T08:00:00.123Z", 0.123),
+        ("2026-12-05T08:00:00.123456789Z", 0.123456),
+        ("2026-12-05T09:00:00.25+01:00", 0.25),
+    ],
+)
+def test_start_times_as_go_writes_them(starts_at: str, seconds: float) -> None:
+    """Go's RFC 3339 has 0 to 9 fractional digits; Python 3.10's fromisoformat reads 3 or 6 of them."""
+    alert = {"status": "firing", "labels": {}, "fingerprint": "f", "startsAt": starts_at}
+    (got,) = parse_payload(json.dumps({"version": "4", "alerts": [alert]}).encode())
+    assert got.started == pytest.approx(1_796_457_600 + seconds)
+
+
+@pytest.mark.parametrize(
     ("body", "named"),
     [
         (b"{not json", "not JSON"),

@@ -13,7 +13,7 @@ import socket
 import sys
 import threading
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -181,7 +181,7 @@ def test_cpu_build_version_answers_for_vllm() -> None:
 
 
 def test_maintenance_windows() -> None:
-    sat_3am = datetime(2026, 11, 28, 3, 0, tzinfo=UTC).timestamp()  # a Saturday
+    sat_3am = datetime(2026, 11, 28, 3, 0, tzinfo=timezone.utc).timestamp()  # a Saturday
     assert in_window(["Sat 02:00-04:00"], sat_3am)
     assert not in_window(["Sun 02:00-04:00"], sat_3am)
     assert in_window(["Fri 23:00-04:00"], sat_3am)  # over midnight: started Friday
@@ -225,7 +225,7 @@ def _check(tmp: Path, runner: FakeBench, clock: float, one_shot: bool = False, *
     return BenchCheck(settings, env)
 
 
-SAT_3AM = datetime(2026, 11, 28, 3, 0, tzinfo=UTC).timestamp()
+SAT_3AM = datetime(2026, 11, 28, 3, 0, tzinfo=timezone.utc).timestamp()
 
 
 def test_check_is_off_until_a_baseline_exists(tmp_path: Path) -> None:

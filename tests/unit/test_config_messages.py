@@ -4,12 +4,12 @@ and the generated example spells out every choice on lines a terminal can show."
 from __future__ import annotations
 
 import json
-import tomllib
 from typing import Any
 
 import pytest
 
 from dgxdoctor.commands.config_doc import example_config
+from dgxdoctor.compat import tomllib
 from dgxdoctor.config import ConfigError, parse_config
 
 

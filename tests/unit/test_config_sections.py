@@ -4,7 +4,6 @@ silently) and the parse equal to one root model's."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Annotated, Any, get_args
 
@@ -12,6 +11,7 @@ import pytest
 from msgspec import Struct
 from msgspec.structs import fields
 
+from dgxdoctor.compat import tomllib
 from dgxdoctor.config import ConfigError, _one_role, config_model, parse_config
 from dgxdoctor.settings.base import Frozen
 from dgxdoctor.validation import dump, rule, validate

@@ -158,7 +158,7 @@ def test_config_reports_every_bad_key_with_its_path() -> None:
 
 
 def test_defaults_validate_and_the_example_config_round_trips() -> None:
-    import tomllib
+    from dgxdoctor.compat import tomllib
 
     config = parse_config({})
     assert config.paths.kmsg_path.as_posix() == "/dev/kmsg"

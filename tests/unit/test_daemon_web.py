@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from dgxdoctor.compat import aio
 from dgxdoctor.daemon import connections, web
 from dgxdoctor.daemon.ratelog import RequestLog
 
@@ -48,7 +49,7 @@ async def exchange(address: tuple[str, int], raw: bytes, until: bytes = b"", tim
     await writer.drain()
     got = b""
     with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout):
+        async with aio.timeout(timeout):
             while chunk := await reader.read(65536):
                 got += chunk
                 if until and got.endswith(until):
@@ -130,3 +131,26 @@ async def test_a_handler_bug_is_a_500_and_one_counted_error(served: tuple[tuple[
         address, b"GET /broken HTTP/1.1\r\nHost: x\r\n\r\nGET /hello HTTP/1.1\r\nHost: x\r\n\r\n", b"hello"
     )
     assert got.startswith(b"HTTP/1.1 500") and got.endswith(b"hello") and log.handler_errors == 1
+
+
+async def test_the_request_deadline_cuts_a_slow_handler_unless_lifted() -> None:
+    """A remediation step runs to its own timeout: ``lift_deadline`` (on every Python, 3.10's backport too)."""
+
+    async def slow(request: web.Request) -> web.Response:
+        if request.match_info["how"] == "lifted":
+            connections.lift_deadline(request)
+        await asyncio.sleep(0.6)
+        return web.text_response("finished")
+
+    limits = connections.Limits(request_timeout_s=0.2)
+    guard = connections.Guard(limits)
+    app = web.Application(middlewares=[guard.middleware], client_max_size=1024)  # as the daemon's service does
+    app.router.add_get("/slow/{how}", slow)
+    server = await connections.serve(connections.make_runner(app, limits, RequestLog()), guard, "127.0.0.1", 0)
+    try:
+        cut = await exchange(server.address, b"GET /slow/held HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        lifted = await exchange(server.address, b"GET /slow/lifted HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    finally:
+        await server.stop()
+    assert b"finished" not in cut and (cut == b"" or cut.startswith(b"HTTP/1.1 408")), cut[:200]  # 408 or closed
+    assert lifted.startswith(b"HTTP/1.1 200") and lifted.endswith(b"finished"), lifted[:200]

@@ -20,6 +20,7 @@ LAYERS = {
     "records": 0,  # asdict for the msgspec Struct records every layer defines
     "lazy_re": 0,  # a pattern compiled at its first use (module-level patterns of sources, judge, checks)
     "eventlog": 0,  # structured event lines (JSON for the daemon), from every layer
+    "compat": 0,  # Python 3.10 stand-ins for 3.11's tomllib and asyncio.timeout, one module each
     "validation": 0,  # untrusted data into msgspec Structs: config tables, a peer's documents, request bodies
     "documents": 1,  # the results document, built only when JSON is rendered or validated
     "sources": 1,  # read the world: thin readers and pure parse_*(); no verdicts

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import stat
 import sys
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -174,7 +174,7 @@ def test_refuses_while_vllm_runs_on_the_node_unless_forced(tmp_path: Path) -> No
 
 
 def test_daemon_runs_the_probe_only_inside_a_maintenance_window(tmp_path: Path) -> None:
-    saturday_3am = datetime(2026, 11, 28, 3, 0, tzinfo=UTC).timestamp()
+    saturday_3am = datetime(2026, 11, 28, 3, 0, tzinfo=timezone.utc).timestamp()
     env = _quiet_env(tmp_path, one_shot=False, clock=lambda: saturday_3am)
     none = NcclCheck(_settings(command=[str(tmp_path / "nope")]), env).run()
     assert none.status is Status.SKIPPED and "no maintenance window" in none.summary
@@ -185,8 +185,8 @@ def test_daemon_runs_the_probe_only_inside_a_maintenance_window(tmp_path: Path) 
 
 
 def test_maintenance_windows_parse_and_span_midnight() -> None:
-    friday_2330 = datetime(2026, 11, 27, 23, 30, tzinfo=UTC).timestamp()
-    saturday_0030 = datetime(2026, 11, 28, 0, 30, tzinfo=UTC).timestamp()
+    friday_2330 = datetime(2026, 11, 27, 23, 30, tzinfo=timezone.utc).timestamp()
+    saturday_0030 = datetime(2026, 11, 28, 0, 30, tzinfo=timezone.utc).timestamp()
     assert in_window(["Fri 23:00-01:00"], friday_2330) and in_window(["Fri 23:00-01:00"], saturday_0030)
     assert not in_window(["Sat 23:00-01:00"], saturday_0030)
     assert in_window(["Mon-Sun 00:00-24:00"], saturday_0030)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 import httpx
 
@@ -25,7 +25,7 @@ def page_alert(node: str, problem: str, action: str, reason: str, now: float) ->
             "summary": f"dgxdoctor on {node} needs an operator: {problem}",
             "description": reason,
         },
-        "startsAt": datetime.fromtimestamp(now, UTC).isoformat().replace("+00:00", "Z"),
+        "startsAt": datetime.fromtimestamp(now, timezone.utc).isoformat().replace("+00:00", "Z"),
     }
 
 

@@ -39,8 +39,17 @@ def _field(obj: dict[str, Any], key: str, kind: type, where: str) -> Any:
 
 
 def _timestamp(text: str) -> float | None:
+    """RFC 3339 as Go writes it (Alertmanager's ``startsAt``): 0 to 9 fractional digits, ``Z`` or an offset.
+    Python 3.10's ``fromisoformat`` reads only 3 or 6 digits: the fraction is cut or padded to 6 first."""
+    text = text.replace("Z", "+00:00")
+    dot = text.find(".")
+    if dot != -1:
+        end = dot + 1
+        while end < len(text) and text[end].isdigit():
+            end += 1
+        text = text[: dot + 1] + text[dot + 1 : end][:6].ljust(6, "0") + text[end:]
     try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        return datetime.fromisoformat(text).timestamp()
     except ValueError:
         return None
 

@@ -190,6 +190,8 @@ class CheckRunner:
     async def run(self, check: Check) -> CheckResult:
         import asyncio
 
+        from dgxdoctor.compat.aio import wait_for
+
         started_at, t0 = self._env.clock(), time.monotonic()
         hung = self._hung_result(check)
         if hung is not None:
@@ -198,7 +200,7 @@ class CheckRunner:
         returned = asyncio.Event()
         run = _Run(check, lambda: loop.call_soon_threadsafe(returned.set))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(returned.wait(), check.settings.timeout_s)
+            await wait_for(returned.wait(), check.settings.timeout_s)
         return self._settled(check, run, started_at, t0)
 
     async def run_all(self, checks: list[Check]) -> list[CheckResult]:

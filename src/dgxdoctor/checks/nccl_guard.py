@@ -9,7 +9,7 @@ By hand: ``pgrep -af vllm``; ``curl -s localhost:8000/metrics | grep num_request
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 from msgspec import Struct
 
@@ -60,7 +60,7 @@ def parse_window(text: str) -> Window:
 
 
 def in_window(windows: list[str], now: float) -> bool:
-    when = datetime.fromtimestamp(now, tz=UTC)
+    when = datetime.fromtimestamp(now, tz=timezone.utc)
     return any(parse_window(w).contains(when) for w in windows)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import click
@@ -112,7 +112,7 @@ def run_sweep_command(
     settings = BenchSettings(
         base_url, model, tokenizer, input_len, output_len, prompts_per_concurrency, num_prompts=num_prompts
     )
-    out = out_dir or Path(f"bench-{datetime.now(UTC):%Y%m%d-%H%M%S}")
+    out = out_dir or Path(f"bench-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -172,7 +172,7 @@ def _save(config: Config, python: str, settings: BenchSettings, points: list[Ben
     env = config.environment()
     path = baseline_path(configured, env)
     baseline = Baseline(
-        saved_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        saved_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         settings=settings,
         points=tuple(sorted(points, key=lambda p: p.concurrency)),
         versions=serving_versions(env.run_command, python),

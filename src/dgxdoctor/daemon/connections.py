@@ -35,6 +35,7 @@ from typing import Any
 
 from msgspec import Struct
 
+from dgxdoctor.compat import aio
 from dgxdoctor.daemon import web
 
 # Descriptors kept free for what the agent opens itself: HTTP clients of the vllm/ray/peer checks, state files, the
@@ -196,7 +197,7 @@ class Guard:
         """The request's deadline (its connection's timer was armed when the head arrived, ``request_started``)."""
         conn = self.by_handler.get(id(request.protocol))
         try:
-            async with asyncio.timeout(self.limits.request_timeout_s) as deadline:
+            async with aio.timeout(self.limits.request_timeout_s) as deadline:
                 request[DEADLINE_KEY] = (deadline, conn)
                 return await handler(request)
         except TimeoutError:
@@ -239,7 +240,7 @@ class GuardedServer:
         self.server.close()
         self.guard.close_all()
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
+            async with aio.timeout(timeout_s):
                 await self.server.wait_closed()
 
 

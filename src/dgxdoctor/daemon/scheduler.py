@@ -50,7 +50,7 @@ HEARTBEAT_S = 5.0
 HEARTBEAT_STALE_PERIODS = 3
 MAX_JITTER_S = 5.0
 HEARTBEAT_JOB = "__heartbeat__"
-UTC = timezone.utc  # noqa: UP017 (datetime.UTC is Python 3.11's; the daemon runs on 3.10 too)
+UTC = timezone.utc
 
 
 def jitter_for(interval_s: float) -> float:

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import httpx
 from msgspec import Struct
 
+from dgxdoctor.compat import aio
 from dgxdoctor.documents import ResultsDocument
 from dgxdoctor.validation import Invalid, validate
 
@@ -89,18 +90,12 @@ async def fetch_state(client: httpx.AsyncClient, url: str, token: str | None, ti
 
 
 async def within(step: Awaitable[T], timeout_s: float) -> T:
-    """``step`` cancelled at ``timeout_s`` (TimeoutError); 0 or less times out without starting it.
-
-    ``asyncio.wait_for``, not ``asyncio.timeout`` (Python 3.11): the agent runs on 3.10 too, where wait_for's
-    ``asyncio.TimeoutError`` is not yet the builtin one."""
+    """``step`` cancelled at ``timeout_s`` (TimeoutError); 0 or less times out without starting it."""
     if timeout_s <= 0:
         if asyncio.iscoroutine(step):
             step.close()  # never awaited: no "was never awaited" warning
         raise TimeoutError
-    try:
-        return await asyncio.wait_for(step, timeout_s)
-    except asyncio.TimeoutError:  # noqa: UP041 (Python 3.10)
-        raise TimeoutError from None
+    return await aio.wait_for(step, timeout_s)
 
 
 async def read_answer(

@@ -12,7 +12,6 @@ The rules live beside the signatures, as ``[[frame]]`` tables in ``data/signatur
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Collection, Mapping, Sequence
 from functools import cache
 from importlib import resources
@@ -20,6 +19,7 @@ from typing import Any
 
 from msgspec import Struct
 
+from dgxdoctor.compat import tomllib
 from dgxdoctor.judge.signatures import CatalogError, Signature, load_catalog
 from dgxdoctor.result import Finding, Status
 

@@ -19,7 +19,6 @@ signature needs nothing new to be matched only in the records that print it.
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Iterable, Iterator, Mapping
 from functools import cache, cached_property
 from importlib import resources
@@ -27,6 +26,7 @@ from typing import Any, Protocol, cast
 
 from msgspec import Struct
 
+from dgxdoctor.compat import tomllib
 from dgxdoctor.result import Status
 
 SEVERITIES: Mapping[str, Status] = {"warning": Status.WARNING, "critical": Status.CRITICAL}

@@ -19,6 +19,7 @@ from typing import Any
 from msgspec import Struct
 
 from dgxdoctor import eventlog
+from dgxdoctor.compat import aio
 
 log = eventlog.get_logger(__name__)
 
@@ -88,7 +89,7 @@ class PreActionCapture:
         self.pending.add(task)
         task.add_done_callback(self._finished)
         try:
-            top = await asyncio.wait_for(asyncio.shield(task), s.deadline_s)
+            top = await aio.wait_for(asyncio.shield(task), s.deadline_s)
         except TimeoutError:
             outcome = f"still writing at the {s.deadline_s:g} s deadline: the restart did not wait"
         except Exception as exc:  # an unwritable state_dir: the restart still runs, the audit says why

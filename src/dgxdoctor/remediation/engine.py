@@ -29,6 +29,7 @@ from msgspec import Struct
 from msgspec.structs import replace
 
 from dgxdoctor import eventlog
+from dgxdoctor.compat import aio
 from dgxdoctor.environment import Environment
 from dgxdoctor.remediation.actions import StepResult, VllmTarget, ask_worker, run_argv, verify_vllm, wait_ray
 from dgxdoctor.remediation.audit import AUDIT_FILE, STATE_FILE, AuditLog, Throttle, WriteErrors, guard_state_file
@@ -276,7 +277,7 @@ class Remediator:
     async def _loop(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), TICK_S)
+                await aio.wait_for(self.wake.wait(), TICK_S)
             self.wake.clear()
             try:
                 await self.evaluate()
