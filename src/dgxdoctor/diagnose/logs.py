@@ -15,7 +15,7 @@ from typing import ClassVar
 from dgxdoctor.diagnose.base import Diagnosis
 from dgxdoctor.judge.cause import explained_away
 from dgxdoctor.judge.frames import frame_findings
-from dgxdoctor.judge.scan import Scanner
+from dgxdoctor.judge.scan import Scanner, scan_text
 from dgxdoctor.judge.signatures import Catalog, Match, Signature, load_catalog
 from dgxdoctor.result import Finding
 
@@ -141,4 +141,4 @@ class TextAnalyzer(_LogAnalyzer):
 
     def detect(self, text: str) -> bool:
         lines = text.splitlines()
-        return bool(self.catalog.scan(text)) or bool(frame_findings(lines, (), self.catalog.by_code()))
+        return bool(scan_text(self.catalog, text)) or bool(frame_findings(lines, (), self.catalog.by_code()))

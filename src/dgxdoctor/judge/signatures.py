@@ -3,7 +3,7 @@
 ``load_catalog()`` validates the data and precompiles every pattern. ``Catalog.find(text)`` returns the
 signatures a cleaned record's text shows; ``Catalog.match(line)`` reads one raw line as the record it is first
 (``judge.records``: the paste normaliser, and no signature from a request or access-log record, or from quoted
-text of a client record); ``Catalog.scan(text)`` and ``judge.scan.Scanner`` read many lines, fast.
+text of a client record); ``judge.scan`` (``scan_text``, ``Scanner``) reads many lines, fast.
 
 Most log lines match nothing, so one combined regex of every pattern's anchor (a run of literal text every
 matching line contains, from a capital letter where that leaves 10 characters; for a ``(?i)`` pattern its lower,
@@ -241,7 +241,7 @@ class Match(Struct, frozen=True):
     line: str
     # From a record no client controls (``judge.records``): only these may lead to an action.
     trusted: bool = True
-    # 1-based number of the line in the scanned input (``Catalog.scan``, ``judge.scan.Scanner``); 0 when unknown.
+    # 1-based number of the line in the scanned input (``judge.scan``); 0 when unknown.
     number: int = 0
 
     @property
@@ -353,13 +353,6 @@ class Catalog:
         client = found.trust is Trust.CLIENT
         trusted = not client
         return [Match(sig, line, trusted) for sig in self.find(text, kind, start=found.message, quoted=not client)]
-
-    def scan(self, text: str, kind: str | None = None) -> list[Match]:
-        """Every match in a block of text, line by line, in order (each line read in its record)."""
-        from dgxdoctor.judge.scan import Scanner
-
-        scanner = Scanner(self, kind, context=False)
-        return [*scanner.feed(text), *scanner.flush()]
 
 
 def parse_catalog(data: Mapping[str, Any], source: str = "<catalog>") -> Catalog:

@@ -144,7 +144,7 @@ class Remediator:
 
     # -- state -----------------------------------------------------------------------------------------
 
-    def _load(self) -> Guard:
+    def load_guard(self) -> Guard:
         """The guard over the state on disk. An invalid file is set aside and replaced by the safe state (breaker
         open): never a crash, never a silent reset. An unreadable one (OSError) raises: nothing can be decided."""
         try:
@@ -168,7 +168,7 @@ class Remediator:
         self.state_file.write(guard.state.to_doc())
         self.state_invalid += 1
         self.disabled = reason
-        self._audit({"ts": now, "event": "state_invalid", "error": str(exc)[:300], "kept_as": str(kept),
+        self.audit_record({"ts": now, "event": "state_invalid", "error": str(exc)[:300], "kept_as": str(kept),
                      "detail": "replaced by a state with the breaker open: nothing runs until `dgxdoctor remediation "
                      "reset`"})  # fmt: skip
         log.error("remediation_state_invalid", error=str(exc)[:300], kept_as=str(kept), breaker="open")
@@ -184,7 +184,7 @@ class Remediator:
         if not guard.state.breaker_open:
             self.disabled = None  # an operator's reset (or a good file) brings it back
 
-    def _store(self, guard: Guard, before: dict[str, Any]) -> bool:
+    def store_guard(self, guard: Guard, before: dict[str, Any]) -> bool:
         """``_save``; False (counted, logged at a bounded rate) when the disk refuses."""
         try:
             self._save(guard, before)
@@ -193,7 +193,7 @@ class Remediator:
             return False
         return True
 
-    def _audit(self, record: dict[str, Any]) -> bool:
+    def audit_record(self, record: dict[str, Any]) -> bool:
         """Append to the audit; False (counted, logged at a bounded rate) when the disk refuses."""
         try:
             self.audit.append(record)
@@ -207,11 +207,11 @@ class Remediator:
         if not self.state_file.path.exists():
             return  # nothing ever decided here
         with self.state_file.locked():
-            guard = self._load()
+            guard = self.load_guard()
             before = guard.state.to_doc()
             flight = guard.state.in_flight
             if flight is not None:
-                self._audit(
+                self.audit_record(
                     {"ts": self.clock(), "event": "action", "id": flight.id, "action": flight.action,
                      "problem": flight.key, "mode": "act", "outcome": "interrupted",
                      "detail": f"the agent (pid {flight.pid}) stopped while it ran; not repeated: the condition must "
@@ -325,7 +325,7 @@ class Remediator:
             self.settled = Settled(latest, self._view(latest), moment, math.inf)
             return  # nothing seen now or at the last evaluation: no state to touch
         with self.state_file.locked():
-            guard = self._load()
+            guard = self.load_guard()
             before = guard.state.to_doc()
             self._apply_pending_finish(guard)
             if guard.state.finished_at != self.finished_at:  # changed on disk (another process): judge again
@@ -342,12 +342,12 @@ class Remediator:
             acting = chosen is not None and chosen.verdict == "act" and not self.busy.locked()
             if acting and chosen is not None:
                 # The audit first: an action it cannot record never starts, and leaves nothing in flight.
-                acting = self._audit(self._started_record(chosen, action_id, now))
+                acting = self.audit_record(self._started_record(chosen, action_id, now))
                 if acting:
                     guard.begin(chosen, action_id, now, os.getpid())
             elif chosen is not None and chosen.verdict == "page":
                 guard.paged(chosen, now)
-            saved = self._store(guard, before)
+            saved = self.store_guard(guard, before)
             if saved and self.pending_finish is not None and guard.state.in_flight is None:
                 self.pending_finish = None
             if saved and chosen is None and not pages and guard.state.in_flight is None and not self.busy.locked():
@@ -355,7 +355,7 @@ class Remediator:
         if acting and saved and chosen is not None:
             self.acting = asyncio.get_running_loop().create_task(self._act(chosen, action_id, now))
         elif acting and chosen is not None:
-            self._audit(self._not_started_record(chosen, action_id, now))
+            self.audit_record(self._not_started_record(chosen, action_id, now))
         elif chosen is not None and chosen.verdict == "page" and saved:
             await self._page(chosen, now)
         for page in pages:
@@ -389,7 +389,7 @@ class Remediator:
         if self.last_decision.get(key) == shown and d.verdict not in ("act", "page"):
             return
         self.last_decision[key] = shown
-        self._audit(
+        self.audit_record(
             {"ts": now, "event": "decision", "problem": key, "source": d.problem.source, "seen": d.problem.reason,
              "rule": d.problem.action, "action": d.action, "verdict": d.verdict, "reason": d.reason,
              "mode": self.settings.mode}
@@ -411,7 +411,7 @@ class Remediator:
                             "hold again, the cooldown and the ladder apply"}  # fmt: skip
             verification = next((s.to_doc() for s in steps if s.step == "verify"), None)
             end = self.clock()
-            self._audit(
+            self.audit_record(
                 {"ts": end, "event": "action", "id": action_id, "action": decision.action,
                  "problem": decision.problem.key, "seen": decision.problem.reason, "mode": "act",
                  "steps": [s.to_doc() for s in steps], "verification": verification, "outcome": outcome,
@@ -428,7 +428,7 @@ class Remediator:
         self.pending_finish = (action_id, end)
         try:
             with self.state_file.locked():
-                guard = self._load()
+                guard = self.load_guard()
                 before = guard.state.to_doc()
                 self._apply_pending_finish(guard)
                 self._save(guard, before)
