@@ -12,7 +12,7 @@ import msgspec
 from msgspec import Meta, Struct, field
 from msgspec.structs import force_setattr
 
-from dgxdoctor.result import CheckResult, Finding, merged_facts, overall_status
+from dgxdoctor.result import CheckResult, Cure, Finding, merged_facts, overall_status
 from dgxdoctor.validation import record_rule, rule
 
 MAX_CHECKS = 200
@@ -21,7 +21,8 @@ MAX_FACTS = 2_000
 MAX_TEXT = 4_096
 
 Text = Annotated[str, Meta(max_length=MAX_TEXT)]
-# A status as another node wrote it: kept as text (at most 32 characters), never trusted to be one of ours.
+# A status (or a finding's action or cure) as another node wrote it: kept as text (at most 32 characters), never
+# trusted to be one of ours.
 LooseStatus = Annotated[str, rule(lambda value: value[:32])]
 # The checks' part of the per-check document in `check --json` (the rest is /state's).
 REPORT_CHECK_KEYS = ("name", "status", "summary", "findings", "action", "duration_s", "error")
@@ -43,14 +44,20 @@ class _Doc(Struct, frozen=True, kw_only=True):
 
 
 class FindingDoc(_Doc, frozen=True):
+    """A finding, with what follows from it as judge/ decided (``action``, ``cure``: result.FindingAction and
+    result.Cure's values; a peer's are kept as text, never trusted to be one of ours)."""
+
     code: str
     status: LooseStatus
     subject: str | None = None
     message: str = ""
+    action: LooseStatus = "none"
+    cure: LooseStatus = Cure.NA.value
 
     @classmethod
     def of(cls, finding: Finding) -> FindingDoc:
-        return cls(code=finding.code, status=finding.status.value, subject=finding.subject, message=finding.message)
+        return cls(code=finding.code, status=finding.status.value, subject=finding.subject, message=finding.message,
+                   action=finding.action, cure=finding.cure.value)  # fmt: skip
 
 
 class ActionDoc(_Doc, frozen=True):

@@ -97,7 +97,6 @@ class Remediator:
         state_dir: Path,
         targets: Targets,
         latest: Callable[[], dict[str, CheckResult]],
-        xid_resolution: dict[int, str] | None = None,
         clock: Callable[[], float] = time.time,
         env: Environment | None = None,
         state_file: StateFile | None = None,
@@ -110,7 +109,6 @@ class Remediator:
         self.node = node
         self.targets = targets
         self.latest = latest
-        self.xid_resolution = xid_resolution
         self.clock = clock
         self.audit = AuditLog(state_dir)
         self.state_file = state_file if state_file is not None else guard_state_file(state_dir)
@@ -282,7 +280,7 @@ class Remediator:
         """(from the checks, from the alerts), both without what describes the world before the last action."""
         alerts = list({p.key: p for p in self.firing.values() if self._fresh_alert(p)}.values())
         fresh = [r for r in latest.values() if self.finished_at is None or r.started_at > self.finished_at]
-        return problems_from_results(fresh, self.xid_resolution), alerts
+        return problems_from_results(fresh), alerts
 
     def _moment(self) -> Moment:
         return Moment(dict(self.firing), file_stamp(self.state_file.path), self.finished_at, self.pending_finish,
