@@ -17,6 +17,7 @@ from dgxdoctor.checks.xid import XidCheck, XidSettings
 from dgxdoctor.documents import ResultsDocument
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.consequence import RESET_OR_REBOOT, TABLE, judged, of_code
+from dgxdoctor.judge.infiniband import StateVerdict
 from dgxdoctor.judge.kernel import RULES as KERNEL_RULES
 from dgxdoctor.judge.signatures import load_catalog as load_signatures
 from dgxdoctor.judge.xid import xid_class
@@ -162,3 +163,15 @@ def test_of_code_is_the_table_at_critical_only() -> None:
     assert of_code("VLLM_DEAD", Status.CRITICAL) == TABLE["VLLM_DEAD"]
     assert of_code("VLLM_DEAD", Status.UNKNOWN).action == "none"
     assert of_code("KV_CACHE_HIGH", Status.CRITICAL).action == "none"
+
+
+def test_the_verdict_shapes_build_their_findings_with_it() -> None:
+    """A signature's match and an IB state verdict become findings through judge/ (``finding()``), not by hand."""
+    timeout = load_signatures().by_code()["NCCL_TIMEOUT"].finding("vllm.log", "Watchdog caught collective timeout", 3)
+    assert (timeout.action, timeout.cure, timeout.message.endswith("(3 lines)")) == (
+        "restart_cluster",
+        Cure.RESTART,
+        True,
+    )
+    down = StateVerdict("IB_PORT_DOWN", Status.CRITICAL, "mlx5_0/1 down", "check the cable").finding("mlx5_0/1")
+    assert (down.subject, down.action, down.cure) == ("mlx5_0/1", "page", Cure.HARDWARE)

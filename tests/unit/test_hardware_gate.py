@@ -16,7 +16,7 @@ from dgxdoctor.judge.hardware_cause import peer_cause_findings, peer_causes
 from dgxdoctor.judge.xid import assess_xid, escalate, xid_finding
 from dgxdoctor.remediation.guard import Decision
 from dgxdoctor.remediation.hardware_gate import HardwareGate, causes
-from dgxdoctor.remediation.policy import Problem, problems_from_results
+from dgxdoctor.remediation.policy import Problem, problem_from_alert, problems_from_results
 from dgxdoctor.result import CheckResult, Cure, Finding, Sample, Status
 from dgxdoctor.sources.xid import load_catalog, parse_xid_line
 
@@ -138,3 +138,16 @@ def test_a_peer_says_what_is_a_cause() -> None:
     assert peer_causes(doc) == []
     warning = {"code": "GPU_LOST", "status": "warning", "cure": "hardware", "message": "x"}
     assert peer_causes({"node": "p", "checks": [{"name": "gpu", "findings": [warning]}]}) == []
+
+
+def test_an_alerts_refusal_names_the_alert() -> None:
+    """A restart asked for by an alert: the page names the alert (it said "alert on dgx-a" before)."""
+    labels = {"alertname": "DgxdoctorVllmDown", "node": "dgx-a", "dgxdoctor_action": "restart_vllm"}
+    problem = problem_from_alert(labels, "dgx-a", 1.0)
+    assert problem is not None
+    found = causes({"xid": xid_79()}, "dgx-a")
+    _, pages = HardwareGate().apply([Decision("act", "restart_vllm", "held", problem)], found, "dgx-a")
+    assert (
+        pages[0].reason
+        == "alert DgxdoctorVllmDown firing on dgx-a; cause: XID 79 on GPU 0000:3b:00 of dgx-a at 12:03 UTC"
+    )

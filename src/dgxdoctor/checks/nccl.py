@@ -414,8 +414,7 @@ def _judge_one(b: ResultBuilder, run: ProbeRun, cfg: NcclSettings, node_has_ib: 
     from dgxdoctor.judge.signatures import load_catalog
 
     for match in scan_text(load_catalog(), text) if run.returncode != EX_PEER_MISSING else ():
-        sig = match.signature
-        b.add(Finding(sig.code, sig.severity, sig.meaning, subject, evidence=match.line.strip()[:500], remedy=sig.fix))
+        b.add(match.signature.finding(subject, match.line.strip()[:500]))
     if run.returncode == EX_PEER_MISSING:
         b.add(
             Finding(

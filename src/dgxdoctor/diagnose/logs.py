@@ -71,18 +71,7 @@ class Tally:
             del self.first[code], self.counts[code], self.lines[code]
         out = []
         for code, match in sorted(self.first.items(), key=lambda kv: kv[1].number):
-            sig = match.signature
-            times = f" ({self.counts[code]} lines)" if self.counts[code] > 1 else ""
-            out.append(
-                Finding(
-                    code,
-                    sig.severity,
-                    sig.meaning + times,
-                    f"line {match.number}",
-                    evidence=match.line.strip()[:500],
-                    remedy=sig.fix,
-                )
-            )
+            out.append(match.signature.finding(f"line {match.number}", match.line.strip()[:500], self.counts[code]))
         matched = {n - 1 for n in self.numbers}
         frames = frame_findings(lines, matched, signatures)
         return out + [f for f in frames if f.code not in self.first]

@@ -4,8 +4,10 @@ it (``result.Cure``), decided here once and carried on the finding (``Finding.ac
 Remediation's policy and hardware gate, the peer comparison (a peer's causes) and the generated alert rules read
 these fields or this table; none of them keeps a list of codes of its own. The XID and SXID verdicts decide theirs
 from their assessment (``of_xid``, ``of_sxid``, called by judge/xid.py); every other finding's comes from ``TABLE``
-by its code, for a CRITICAL finding only: a warning asks for nothing. ``judged`` applies it; the check runner
-(checks/base.py) passes every result through it, so a finding reaches the store, ``/state`` and a peer with it.
+by its code, for a CRITICAL finding only: a warning asks for nothing. ``judged`` applies it: the verdict shapes
+build their findings through it (``Signature.finding``, the infiniband ``StateVerdict.finding``), and the check
+runner (checks/base.py) passes every result through it, so every finding reaches the store, ``/state`` and a peer
+with it.
 ``tests/unit/test_consequences.py`` walks every code here through the check's status, the alert rules and
 remediation.
 """

@@ -27,7 +27,8 @@ from typing import Any, Protocol, cast
 
 from msgspec import Struct
 
-from dgxdoctor.result import Status
+from dgxdoctor.judge.consequence import judged
+from dgxdoctor.result import Finding, Status
 
 SEVERITIES: Mapping[str, Status] = {"warning": Status.WARNING, "critical": Status.CRITICAL}
 LOG_KINDS = ("vllm", "ray")
@@ -50,6 +51,12 @@ class Signature(Struct, frozen=True):
     patterns: tuple[re.Pattern[str], ...]
     # The broader signature this one replaces on a line both match (CUDA_OOM_STARTUP refines CUDA_OOM).
     refines: str | None = None
+
+    def finding(self, subject: str | None, evidence: str, lines: int = 1) -> Finding:
+        """The finding of a match: ``evidence`` the line (cut by the caller), ``lines`` how many lines showed it; with
+        what follows from it (judge.consequence)."""
+        times = f" ({lines} lines)" if lines > 1 else ""
+        return judged(Finding(self.code, self.severity, self.meaning + times, subject, evidence, self.fix))
 
 
 MIN_ANCHOR = 4
