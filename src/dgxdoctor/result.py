@@ -101,8 +101,8 @@ class Cure(enum.Enum):
     ``RESTART``: the restart the finding's action names cures it. ``PERSON``: no restart does; a person must (the
     action is a page), but a restart asked for by another finding may still help. ``HARDWARE``: a hardware or driver
     fault no restart cures, and while it lasts any restart only fails again: remediation refuses restarts and pages
-    with it as the cause. ``NA``: nothing here for a restart to cure (an ok, warning or unknown finding, or one
-    that asks for no action).
+    with it as the cause (a peer's such fault, relayed by peer_compare as a warning, too). ``NA``: nothing here
+    for a restart to cure (every other finding: ok, warning, unknown, or critical with no action).
     """
 
     NA = "n/a"
