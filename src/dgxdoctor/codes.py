@@ -1,4 +1,5 @@
-"""The finding codes that other layers key on: remediation's policy, the peer comparison, the alert rules.
+"""The finding codes that other modules key on: judge.consequence's table of what follows from a finding (which
+remediation and the generated alert rules read), the peer comparison, the alert rules.
 
 Each is a contract between a judge that emits it and a consumer that acts on it, so it is named once, here;
 ``tests/unit/test_contracts.py`` holds every one to a verdict that can emit it (a renamed code fails there,

@@ -12,7 +12,7 @@ import msgspec
 from msgspec import Meta, Struct, field
 from msgspec.structs import force_setattr
 
-from dgxdoctor.result import CheckResult, Finding, merged_facts, overall_status
+from dgxdoctor.result import CheckResult, Cure, Finding, merged_facts, overall_status
 from dgxdoctor.validation import record_rule, rule
 
 MAX_CHECKS = 200
@@ -23,7 +23,8 @@ MAX_TEXT = 4_096
 MAX_NAME = 256
 
 Text = Annotated[str, Meta(max_length=MAX_TEXT)]
-# A status as another node wrote it: kept as text (at most 32 characters), never trusted to be one of ours.
+# A status (or a finding's action or cure) as another node wrote it: kept as text (at most 32 characters), never
+# trusted to be one of ours.
 LooseStatus = Annotated[str, rule(lambda value: value[:32])]
 # A finding's words as another node wrote them: cut to a bound rather than refused, so one long log line in a
 # peer's evidence does not cost the whole peer (the body itself is read up to MAX_STATE_BYTES).
@@ -51,8 +52,10 @@ class _Doc(Struct, frozen=True, kw_only=True):
 
 
 class FindingDoc(_Doc, frozen=True):
-    """A finding whole: a peer's findings decide this node's actions (the hardware gate reads ``evidence``, the
-    kernel's XID/SXID line). A new field of ``Finding`` gets a field here and a line in ``of``."""
+    """A finding whole, with what follows from it as judge/ decided: a peer's findings decide this node's actions
+    (the hardware gate reads ``cure``, the kernel's XID/SXID line is ``evidence``). ``action`` and ``cure`` are
+    result.FindingAction and result.Cure's values; a peer's are kept as text, never trusted to be one of ours.
+    A new field of ``Finding`` gets a field here and a line in ``of``."""
 
     code: ClippedName
     status: LooseStatus
@@ -60,6 +63,8 @@ class FindingDoc(_Doc, frozen=True):
     message: ClippedText = ""
     evidence: ClippedText | None = None
     remedy: ClippedText | None = None
+    action: LooseStatus = "none"
+    cure: LooseStatus = Cure.NA.value
 
     @classmethod
     def of(cls, finding: Finding) -> FindingDoc:
@@ -70,6 +75,8 @@ class FindingDoc(_Doc, frozen=True):
             message=finding.message,
             evidence=finding.evidence,
             remedy=finding.remedy,
+            action=finding.action,
+            cure=finding.cure.value,
         )
 
 

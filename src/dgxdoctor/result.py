@@ -90,8 +90,30 @@ class Sample(Struct, frozen=True):
             )
 
 
+# What follows from a finding, decided with its status in judge/ (judge.consequence): nothing; a restart of vLLM; a
+# restart of the cluster (Ray, or the mp deployment); a page to a person, never acted on.
+FindingAction = Literal["none", "restart_vllm", "restart_cluster", "page"]
+
+
+class Cure(enum.Enum):
+    """Whether a restart of vLLM or the cluster can cure what a finding reports (judge.consequence decides).
+
+    ``RESTART``: the restart the finding's action names cures it. ``PERSON``: no restart does; a person must (the
+    action is a page), but a restart asked for by another finding may still help. ``HARDWARE``: a hardware or driver
+    fault no restart cures, and while it lasts any restart only fails again: remediation refuses restarts and pages
+    with it as the cause (a peer's such fault, relayed by peer_compare as a warning, too). ``NA``: nothing here
+    for a restart to cure (every other finding: ok, warning, unknown, or critical with no action).
+    """
+
+    NA = "n/a"
+    RESTART = "restart"
+    PERSON = "person"
+    HARDWARE = "hardware"
+
+
 class Finding(Struct, frozen=True):
-    """One observation: what (code), about what (subject: a GPU, a port, a node), how bad, and why."""
+    """One observation: what (code), about what (subject: a GPU, a port, a node), how bad, and why; and what follows
+    from it (``action``, ``cure``), decided in judge/ with the status and read as data by remediation."""
 
     code: str
     status: Status
@@ -99,9 +121,12 @@ class Finding(Struct, frozen=True):
     subject: str | None = None
     evidence: str | None = None
     remedy: str | None = None
+    action: FindingAction = "none"
+    cure: Cure = Cure.NA
 
     def to_diagnose_dict(self) -> dict[str, Any]:
-        """``dgxdoctor diagnose --json``: the results document's finding (documents.FindingDoc's keys)."""
+        """``dgxdoctor diagnose --json``: the results document's finding (documents.FindingDoc) without its action
+        and cure."""
         return {"code": self.code, "status": self.status.value, "subject": self.subject, "message": self.message,
                 "evidence": self.evidence, "remedy": self.remedy}  # fmt: skip
 

@@ -108,6 +108,15 @@ def test_actionable_alerts_carry_action_and_node(tmp_path: Path, rules: Path) ->
         assert ALERTS[name].labels["dgxdoctor_action"] in ("restart_vllm", "restart_cluster")
 
 
+def test_a_lost_gcs_in_the_logs_asks_for_a_cluster_restart(tmp_path: Path, rules: Path) -> None:
+    """RAY_GCS_UNREACHABLE is a logs signature (judge.consequence: the logs check, restart_cluster): its match counter
+    fires the logs' restart alert. It was in the ray check's alert, which never sees that code."""
+    inputs = [series("dgxdoctor_logs_signature_matches_total", "0 0 1 1 1", node="dgx-a", code="RAY_GCS_UNREACHABLE")]
+    cases = [{"eval_time": "45s", "alertname": "DgxdoctorNcclFailure",
+              "exp_alerts": [expect("DgxdoctorNcclFailure", node="dgx-a", code="RAY_GCS_UNREACHABLE")]}]  # fmt: skip
+    run_tests(tmp_path, rules, inputs, cases)
+
+
 def test_xids_by_resolution_class(tmp_path: Path, rules: Path) -> None:
     """XID 79 (fallen off the bus) asks for a reboot, XID 64 for a GPU reset, XID 13 is the application's."""
     now = "0+15x100"  # the last-seen timestamp follows the clock: the XID keeps happening

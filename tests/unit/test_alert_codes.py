@@ -25,6 +25,9 @@ from dgxdoctor.remediation.engine import ACTION_OUTCOMES
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "dgxdoctor"
 SEARCHED = ("dgxdoctor.checks.", "dgxdoctor.judge.", "dgxdoctor.fleet.")
+# Modules that spell every check's codes without emitting them: judge.consequence is the table of what follows from
+# each code (every check runner imports it), not a check that finds anything.
+NOT_EMITTERS = frozenset({"dgxdoctor.judge.consequence"})
 _SELECTOR = re.compile(r"(?P<metric>[a-z_:]+)\{(?P<matchers>[^}]*)\}")
 _MATCHER = re.compile(r'(?P<label>\w+)(?P<op>=~|=)"(?P<value>[^"]*)"')
 _LITERALS = re.compile(r"[A-Za-z0-9_]+(?:\|[A-Za-z0-9_]+)*")
@@ -71,7 +74,7 @@ def codes_of_check(check: str) -> frozenset[str]:
     todo, done, found = [factory.__module__], set(), set()
     while todo:
         module = todo.pop()
-        if module in done:
+        if module in done or module in NOT_EMITTERS:
             continue
         done.add(module)
         strings, imported = _spelled(module)

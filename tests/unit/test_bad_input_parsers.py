@@ -19,6 +19,7 @@ from dgxdoctor.diagnose.registry import ANALYZERS
 from dgxdoctor.fleet import compare as compare_mod
 from dgxdoctor.fleet.peers import BadAnswer, response_json, validate_state
 from dgxdoctor.judge import signatures
+from dgxdoctor.judge.scan import scan_text
 from dgxdoctor.judge.topology import evaluate_topology
 from dgxdoctor.sources import (
     fingerprint,
@@ -246,7 +247,7 @@ LOG_TEXTS = texts_for("logs/*.log", "logs/captured/*")
 @given(LOG_TEXTS, st.sampled_from([None, *signatures.LOG_KINDS]))
 def test_signature_scan(text: str, kind: str | None) -> None:
     catalog = signatures.load_catalog()
-    for match in catalog.scan(text, kind):
+    for match in scan_text(catalog, text, kind):
         assert match.code and match.line is not None
 
 

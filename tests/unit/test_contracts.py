@@ -1,5 +1,6 @@
-"""The contracts between layers: every finding code a consumer keys on (remediation's policy, the peer comparison,
-the alert rules) is one a verdict can emit, and every metric the peer comparison reads is one a check exports.
+"""The contracts between layers: every finding code a consumer keys on (the table of what follows from a finding,
+judge.consequence, which remediation and the alert rules read; the peer comparison; the alert rules) is one a
+verdict can emit, and every metric the peer comparison reads is one a check exports.
 
 A code "can be emitted" when a verdict module (judge/, fleet/) spells it or the signature catalog holds it; a
 renamed code, or one retyped with a typo, fails here instead of silently never matching in the field.
@@ -17,8 +18,8 @@ from dgxdoctor import checks, codes
 from dgxdoctor.alerts.alert_rules import all_alerts
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.fleet.compare import ENGINE_STALL_CODES, RULES
+from dgxdoctor.judge.consequence import TABLE as CONSEQUENCES
 from dgxdoctor.judge.signatures import load_catalog
-from dgxdoctor.remediation.policy import PAGE_CODES, RESTART_CLUSTER_CODES, RESTART_VLLM_CODES
 from dgxdoctor.result import MetricSpec
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "dgxdoctor"
@@ -43,9 +44,9 @@ def emittable() -> set[str]:
 def consumed() -> dict[str, str]:
     """code -> who keys on it."""
     out: dict[str, str] = {}
-    for name, group in (("policy restart_vllm", RESTART_VLLM_CODES), ("policy restart_cluster", RESTART_CLUSTER_CODES),
-                        ("policy page", PAGE_CODES), ("fleet engine stall", ENGINE_STALL_CODES)):  # fmt: skip
-        out.update(dict.fromkeys(group, name))
+    for code, follows in CONSEQUENCES.items():
+        out[code] = f"consequence {follows.action}/{follows.cure.value}"
+    out.update(dict.fromkeys(ENGINE_STALL_CODES, "fleet engine stall"))
     for _, alerts in all_alerts():
         for alert in alerts:
             for match in _CODE_MATCH.finditer(alert.expr):

@@ -182,6 +182,10 @@ def test_report_shape_and_table() -> None:
         "status": "critical",
         "subject": "gpu0",
         "message": "broken",
+        "evidence": None,
+        "remedy": "reset it",
+        "action": "none",  # what follows from it: judge/ decides (judge.consequence); an unknown code asks nothing
+        "cure": "n/a",
     }
     assert overall_status(results[:3]) is Status.OK
     table = report_table("n1", results)

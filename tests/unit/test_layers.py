@@ -42,7 +42,8 @@ LAYERS = {
     "cli": 9,
     "__main__": 10,
 }
-SIBLINGS = {("alerts", "remediation")}
+# Both read what follows from a finding from judge/ (judge.consequence), not from each other.
+SIBLINGS: set[tuple[str, str]] = set()
 
 
 def _unit(module: str) -> str:

@@ -27,6 +27,7 @@ from dgxdoctor.documents import MAX_TEXT, ResultsDocument
 from dgxdoctor.environment import Environment, Fleet, Peers
 from dgxdoctor.fleet.cluster import NodeRun, assemble, cluster_document
 from dgxdoctor.fleet.peers import BadAnswer, response_json, validate_state, validated_document
+from dgxdoctor.judge.consequence import judged_result
 from dgxdoctor.judge.hardware_cause import peer_cause_findings
 from dgxdoctor.judge.vllm import Observed, progress_finding
 from dgxdoctor.remediation.guard import Decision
@@ -53,8 +54,10 @@ STALLED_METRICS = (
 
 
 def wire(node: str, results: list[CheckResult]) -> bytes:
-    """The node's /state as its daemon answers it: the results store's document, as JSON bytes."""
-    return json.dumps(ResultsDocument.of(node, results, time.time()).state()).encode()
+    """The node's /state as its daemon answers it: the results store's document (each result as the check runner
+    stores it, with what follows from each finding: judge.consequence), as JSON bytes."""
+    judged = [judged_result(r) for r in results]
+    return json.dumps(ResultsDocument.of(node, judged, time.time()).state()).encode()
 
 
 def head_peer_compare(head: list[CheckResult], worker: list[CheckResult]) -> CheckResult:
@@ -66,10 +69,10 @@ def head_peer_compare(head: list[CheckResult], worker: list[CheckResult]) -> Che
         assert request.url.path == "/state" and request.headers["authorization"] == f"Bearer {TOKEN}"
         return httpx.Response(200, content=body, headers={"Content-Type": "application/json"})
 
-    local = ResultsDocument.of("dgx-a", head, time.time()).state()
+    local = ResultsDocument.of("dgx-a", [judged_result(r) for r in head], time.time()).state()
     fleet = Fleet(local_state=lambda without: local, peers=lambda: Peers((WORKER_URL,), TOKEN, 5.0))
     env = Environment(node="dgx-a", http_transport=httpx.MockTransport(serve), one_shot=False, fleet=fleet)
-    return PeerCompareCheck(validate(PeerCompareSettings, {}), env).run()
+    return judged_result(PeerCompareCheck(validate(PeerCompareSettings, {}), env).run())
 
 
 def cluster_findings(head: list[CheckResult], worker: list[CheckResult]) -> list[dict[str, Any]]:

@@ -16,13 +16,15 @@ from dgxdoctor.alerts.webhook import IncomingAlert
 from dgxdoctor.config import AlertsSettings, RemediationSettings
 from dgxdoctor.daemon.remediation import make_pager
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.consequence import judged
 from dgxdoctor.remediation.actions import VllmTarget, step_mac
 from dgxdoctor.remediation.audit import AuditLog, guard_state_file
 from dgxdoctor.remediation.engine import Remediator, Targets
 from dgxdoctor.result import CheckResult, Finding, Status
 from dgxdoctor.validation import validate
 
-DEAD = CheckResult("vllm", Status.CRITICAL, "dead", (Finding("VLLM_DEAD", Status.CRITICAL, "refused"),))
+# As the check runner hands them on: with what follows from each finding (judge.consequence).
+DEAD = CheckResult("vllm", Status.CRITICAL, "dead", (judged(Finding("VLLM_DEAD", Status.CRITICAL, "refused")),))
 
 
 def vllm_app(requests: list[str], healthy: bool = True) -> httpx.MockTransport:
@@ -170,7 +172,7 @@ async def test_ladder_end_pages_through_alertmanager(tmp_path: Path) -> None:
 async def test_hardware_faults_are_suggested_not_paged_twice(tmp_path: Path) -> None:
     seen: list[str] = []
     r = remediator(tmp_path, vllm_app(seen), {"infiniband": CheckResult("infiniband", Status.CRITICAL, "x", (
-        Finding("IB_PORT_DOWN", Status.CRITICAL, "mlx5_0/1 down"),))})  # fmt: skip
+        judged(Finding("IB_PORT_DOWN", Status.CRITICAL, "mlx5_0/1 down")),))})  # fmt: skip
     await settle(r)
     (decision,) = events(tmp_path)
     assert (decision["verdict"], decision["action"]) == ("suggest", "page") and seen == []

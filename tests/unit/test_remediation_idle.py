@@ -11,6 +11,7 @@ from typing import Any
 from dgxdoctor.alerts.webhook import IncomingAlert
 from dgxdoctor.config import RemediationSettings
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.consequence import judged
 from dgxdoctor.remediation.actions import VllmTarget
 from dgxdoctor.remediation.audit import AuditLog, guard_state_file
 from dgxdoctor.remediation.engine import Remediator, Targets
@@ -19,8 +20,9 @@ from dgxdoctor.sources.statefile import StateFile
 from dgxdoctor.validation import validate
 
 T0 = 1_000_000.0
-IB_DOWN = (Finding("IB_PORT_DOWN", Status.CRITICAL, "mlx5_0/1 down"),)
-DEAD = (Finding("VLLM_DEAD", Status.CRITICAL, "refused"),)
+# As the check runner hands them on: with what follows from each finding (judge.consequence).
+IB_DOWN = (judged(Finding("IB_PORT_DOWN", Status.CRITICAL, "mlx5_0/1 down")),)
+DEAD = (judged(Finding("VLLM_DEAD", Status.CRITICAL, "refused")),)
 
 
 class CountedStateFile(StateFile):

@@ -24,6 +24,7 @@ import pytest
 
 from dgxdoctor.config import RemediationSettings
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.consequence import judged
 from dgxdoctor.remediation.actions import VllmTarget
 from dgxdoctor.remediation.audit import AuditLog, guard_state_file
 from dgxdoctor.remediation.engine import Remediator, Targets
@@ -103,8 +104,8 @@ def pair(tmp: Path, seen: list[str], executor: str | None = "mp") -> tuple[Remed
             return httpx.Response(200, json={"usage": {"completion_tokens": 4}})
         return httpx.Response(404)
 
-    down = CheckResult("peer_compare", Status.CRITICAL, "x", (Finding("PEER_MP_WORKER_DOWN", Status.CRITICAL,
-                       "dgx-b's headless vLLM is not serving", subject="dgx-b"),))  # fmt: skip
+    down = CheckResult("peer_compare", Status.CRITICAL, "x", (judged(Finding("PEER_MP_WORKER_DOWN", Status.CRITICAL,
+                       "dgx-b's headless vLLM is not serving", subject="dgx-b")),))  # fmt: skip
     targets = Targets(VllmTarget("http://dgx-a:8000", "glm-5.3"), "http://ray:8265", 2, 16, (WORKER_URL,),
                       "t" * 16, executor)  # fmt: skip
     head = Remediator(settings("head"), None, "dgx-a", tmp / "head-state", targets, lambda: {"peer_compare": down},

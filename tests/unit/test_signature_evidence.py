@@ -107,12 +107,12 @@ def test_a_verbs_failure_beside_a_cuda_failure_is_both() -> None:
 
 
 def test_the_new_classes_feed_remediation_as_their_cause_asks() -> None:
-    from dgxdoctor.remediation.policy import action_for_code
+    from dgxdoctor.judge.consequence import of_code
 
-    assert action_for_code("RAY_GCS_UNREACHABLE") == "restart_cluster"
+    assert of_code("RAY_GCS_UNREACHABLE", Status.CRITICAL).action == "restart_cluster"
     # No restart cures drift, a lost or faulty GPU, a host without RAM, a container's /dev/shm: a person is paged.
     for code in ("RAY_VERSION_MISMATCH", "GPU_LOST", "CUDA_ECC_ERROR", "RAY_HOST_OOM", "SHM_TOO_SMALL"):
-        assert action_for_code(code) == "page", code
+        assert of_code(code, Status.CRITICAL).action == "page", code
     # A host OOM kill of a Ray worker is not a CUDA OOM: the catalog names it RAY_HOST_OOM, never CUDA_OOM.
     text = "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
     assert set(_findings(text)) == {"RAY_HOST_OOM"}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from dgxdoctor.judge.scan import scan_text
 from dgxdoctor.judge.signatures import CatalogError, load_catalog, parse_catalog
 from dgxdoctor.result import Status
 
@@ -64,20 +65,20 @@ def test_catalog_has_every_required_code_with_fix() -> None:
 @pytest.mark.parametrize("code", REQUIRED)
 def test_signature_found_in_its_real_excerpt(code: str) -> None:
     text = (LOGS / f"{code.lower()}.log").read_text()
-    found = {m.code for m in load_catalog().scan(text)}
+    found = {m.code for m in scan_text(load_catalog(), text)}
     assert found == {code}
 
 
 def test_real_vllm_capture_missing_model() -> None:
     text = (LOGS / "captured" / "vllm_0.32.0_missing_model.txt").read_text()
-    matches = load_catalog().scan(text, "vllm")
+    matches = scan_text(load_catalog(), text, "vllm")
     assert {m.code for m in matches} == {"MODEL_PATH_MISSING"}
     assert "/models/glm-missing" in matches[0].line
 
 
 def test_real_ray_capture_actor_died() -> None:
     catalog = load_catalog()
-    driver = catalog.scan((LOGS / "captured" / "ray_2.60.0_actor_died_driver.txt").read_text(), "ray")
+    driver = scan_text(catalog, (LOGS / "captured" / "ray_2.60.0_actor_died_driver.txt").read_text(), "ray")
     assert [m.code for m in driver] == ["RAY_WORKER_DIED", "RAY_WORKER_DIED"]
     session = (LOGS / "captured" / "ray_2.60.0_actor_died_session.txt").read_text().splitlines()
     assert [bool(catalog.match(line, "ray")) for line in session] == [True, True, False, False]

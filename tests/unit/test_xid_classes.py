@@ -1,5 +1,6 @@
 """One XID table, three readers: the xid check, the generated alert rules and remediation's policy give the same
-answer for every XID of the shipped catalog (judge.xid.RESOLUTION_CLASSES is the only place that decides)."""
+answer for every XID of the shipped catalog (judge.xid.RESOLUTION_CLASSES is the only place that decides; the
+check's finding carries what follows from it, judge.consequence.of_xid, and remediation reads that)."""
 
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ def _rules() -> dict[int, tuple[str, str, set[str]]]:
 
 
 def _pages(finding: Finding) -> bool:
-    resolutions = {code: entry.resolution for code, entry in CATALOG.xids.items()}
-    problems = problems_from_results([CheckResult("xid", finding.status, "", findings=(finding,))], resolutions)
+    """Remediation's answer to the check's finding: it reads the action the finding carries."""
+    problems = problems_from_results([CheckResult("xid", finding.status, "", findings=(finding,))])
     return [p.action for p in problems] == ["page"]
 
 

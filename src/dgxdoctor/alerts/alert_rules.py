@@ -3,7 +3,7 @@
 The XID classes come from ``judge.xid.RESOLUTION_CLASSES`` over NVIDIA's catalog (``data/xid_catalog.json``),
 the IB error limits from the infiniband check's defaults, the asymmetry limits from the peer comparison's
 tolerances (through the median recording rules of ``peer_rules``, so 2 nodes and 200 alike), the codes that ask
-for a restart from ``remediation.policy``.
+for a restart from ``judge.consequence`` (the table that decides each finding's action).
 Alerts remediation may act on carry ``dgxdoctor_action`` (``restart_vllm``, ``restart_cluster``) and ``node``.
 Regenerate the shipped file with
 ``python -m dgxdoctor.alerts.alert_rules > src/dgxdoctor/alerts/dgxdoctor-alerts.rules.yml``.
@@ -21,12 +21,11 @@ from msgspec import Struct, field
 from dgxdoctor.alerts.peer_rules import rule_names
 from dgxdoctor.checks import xid as checks_xid
 from dgxdoctor.fleet.compare import RULES
+from dgxdoctor.judge.consequence import TABLE as CONSEQUENCES
 from dgxdoctor.judge.infiniband import DEFAULT_THRESHOLDS
 from dgxdoctor.judge.kernel import RULES as KERNEL_RULES
-from dgxdoctor.judge.signatures import signature_codes
 from dgxdoctor.judge.vllm import DEFAULT_STALL_S
 from dgxdoctor.judge.xid import XidClass, xid_class
-from dgxdoctor.remediation.policy import RESTART_CLUSTER_CODES, RESTART_VLLM_CODES
 from dgxdoctor.result import Status
 from dgxdoctor.sources.xid import load_catalog
 
@@ -64,34 +63,40 @@ def _codes(codes: Iterable[str]) -> str:
     return "|".join(sorted(codes))
 
 
-def cluster_codes() -> tuple[frozenset[str], frozenset[str]]:
-    """The cluster-restart codes each alert's metric can carry: (the log signatures', the ray check's).
+def restart_codes(check: str, action: str) -> list[str]:
+    """The codes of ``check``'s findings whose action is ``action`` (judge.consequence), sorted."""
+    return sorted(code for code, c in CONSEQUENCES.items() if c.check == check and c.action == action)
 
-    A code of the signature catalog is counted by ``dgxdoctor_logs_signature_matches_total`` (RAY_GCS_UNREACHABLE
-    too: a worker's log says it lost the GCS); the ray check's RAY_ codes are findings. Other codes
-    (PEER_MP_WORKER_DOWN, the head's peer comparison) are in neither metric: remediation acts on the check's
-    finding itself, no alert names them."""
-    logs = RESTART_CLUSTER_CODES & set(signature_codes())
-    return logs, frozenset(c for c in RESTART_CLUSTER_CODES - logs if c.startswith("RAY_"))
+
+# (check, action) -> the alert that carries it. The head's own peer comparison (PEER_MP_WORKER_DOWN) has none: its
+# remediation reads the finding from its own results, and an alert would come from the same node.
+REMEDIATION_ALERTS = {
+    ("vllm", "restart_vllm"): "DgxdoctorVllmDown",
+    ("ray", "restart_cluster"): "DgxdoctorRayClusterDegraded",
+    ("logs", "restart_cluster"): "DgxdoctorNcclFailure",
+}
 
 
 def remediation_alerts() -> list[Alert]:
-    vllm = f'{FINDINGS_BY_CODE}{{check="vllm",status="critical",code=~"{_codes(RESTART_VLLM_CODES)}"}} > 0'
-    logs_codes, ray_codes = cluster_codes()
-    ray = f'{FINDINGS_BY_CODE}{{check="ray",status="critical",code=~"{_codes(ray_codes)}"}} > 0'
+    vllm_codes = _codes(restart_codes("vllm", "restart_vllm"))
+    vllm = f'{FINDINGS_BY_CODE}{{check="vllm",status="critical",code=~"{vllm_codes}"}} > 0'
+    ray_codes = _codes(restart_codes("ray", "restart_cluster"))
+    ray = f'{FINDINGS_BY_CODE}{{check="ray",status="critical",code=~"{ray_codes}"}} > 0'
+    # The logs check's signatures, on their match counter: a line seen is the event, whatever the finding's age.
     # The counter exists at 0 for every signature code from the agent's start (LogsCheck.zero_samples): the first
     # failure is an increase.
-    nccl = f'increase(dgxdoctor_logs_signature_matches_total{{code=~"{_codes(logs_codes)}"}}[5m]) > 0'
+    logs_codes = _codes(restart_codes("logs", "restart_cluster"))
+    nccl = f'increase(dgxdoctor_logs_signature_matches_total{{code=~"{logs_codes}"}}[5m]) > 0'
     return [
-        Alert("DgxdoctorVllmDown", vllm, RESTART_FOR, "critical",
+        Alert(REMEDIATION_ALERTS[("vllm", "restart_vllm")], vllm, RESTART_FOR, "critical",
               "vLLM on {{ $labels.node }}: {{ $labels.code }}",
               "vLLM is dead, hung or makes no progress (finding {{ $labels.code }}); remediation restarts it "
               "when [remediation] mode = \"act\".", {"dgxdoctor_action": "restart_vllm"}),
-        Alert("DgxdoctorRayClusterDegraded", ray, RESTART_FOR, "critical",
+        Alert(REMEDIATION_ALERTS[("ray", "restart_cluster")], ray, RESTART_FOR, "critical",
               "Ray cluster degraded seen from {{ $labels.node }}: {{ $labels.code }}",
               "a Ray node is dead or GPUs are missing (the runbook's 'GPU 8 of 16'); the head's agent restarts "
               "the cluster in the runbook's order when in act mode.", {"dgxdoctor_action": "restart_cluster"}),
-        Alert("DgxdoctorNcclFailure", nccl, "0s", "critical",
+        Alert(REMEDIATION_ALERTS[("logs", "restart_cluster")], nccl, "0s", "critical",
               "NCCL/Gloo failure in the logs on {{ $labels.node }}: {{ $labels.code }}",
               "a collective between the nodes failed (or a Ray process lost the GCS); a cluster restart "
               "re-establishes the communicators. If it recurs, check the IB links and the NCCL environment.",

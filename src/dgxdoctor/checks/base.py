@@ -14,6 +14,7 @@ from typing_extensions import TypeVar
 
 from dgxdoctor import eventlog
 from dgxdoctor.environment import Environment
+from dgxdoctor.judge.consequence import judged_result
 from dgxdoctor.result import CheckResult, Sample
 from dgxdoctor.settings.base import Frozen
 from dgxdoctor.sources.exhaustion import AgentExhausted, own_exhaustion
@@ -184,6 +185,7 @@ class CheckRunner:
             result = run.outcome
         if result.check != name:
             result = replace(result, check=name)
+        result = judged_result(result)  # every finding with what follows from it (judge.consequence)
         end = run.finished if run.done.is_set() else time.monotonic()
         return replace(result, started_at=started_at, duration_s=end - t0)
 

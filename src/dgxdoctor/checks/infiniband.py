@@ -244,10 +244,7 @@ class InfinibandCheck(Check[InfinibandSettings]):
             verdicts += port_verdicts(port, s.min_rate_gbps, s.link_layer)
             saturated = saturation_verdict(port.name, saturated_counters(port.counters))
             if saturated is not None:
-                finding = Finding(
-                    saturated.code, saturated.status, saturated.message, port.name, remedy=saturated.remedy
-                )
-                verdicts.append((finding, f"{port.name} counters saturated"))
+                verdicts.append((saturated.finding(port.name), f"{port.name} counters saturated"))
             entry = entries.get(port.name)
             entries[port.name] = self._counters(b, port, entry if isinstance(entry, dict) else {}, now, verdicts)
         self._history.save({p.name for p in ports}, now, boot_id(self.env.proc_root))
@@ -308,8 +305,7 @@ def _saturation(port: IbPort) -> list[Verdict]:
     found = saturation_verdict(port.name, saturated_counters(port.counters))
     if found is None:
         return []
-    finding = Finding(found.code, found.status, found.message, port.name, remedy=found.remedy)
-    return [(finding, f"{port.name} counters saturated")]
+    return [(found.finding(port.name), f"{port.name} counters saturated")]
 
 
 def _ibstat_node_verdicts(ports: list[IbPort]) -> list[Verdict]:

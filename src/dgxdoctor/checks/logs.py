@@ -27,7 +27,7 @@ from msgspec import Meta, Struct, field
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.log_files import log_backlog, log_unreadable
-from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample
+from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample
 from dgxdoctor.sources.fields import ByteCount, at_least
 from dgxdoctor.sources.logtail import LogFollower, expand_paths, read_recent
 from dgxdoctor.sources.statefile import StateFile
@@ -227,18 +227,7 @@ class LogsCheck(Check[LogsSettings]):
         """The matches held (worst first), the match counters, the files that could not be read."""
         b = ResultBuilder(self.name)
         for recent in sorted(self._recent.values(), key=lambda r: (-r.signature.severity.rank, r.path)):
-            sig = recent.signature
-            times = f" ({recent.count} lines)" if recent.count > 1 else ""
-            b.add(
-                Finding(
-                    sig.code,
-                    sig.severity,
-                    f"{sig.meaning}{times}",
-                    recent.path,
-                    evidence=recent.line[:EVIDENCE_MAX],
-                    remedy=sig.fix,
-                )
-            )
+            b.add(recent.signature.finding(recent.path, recent.line[:EVIDENCE_MAX], recent.count))
         for code in sorted(self._totals):
             b.sample(MATCHES_TOTAL, self._totals[code], code=code)
         for error in errors:

@@ -104,4 +104,4 @@ class MlxlinkCheck(Check[MlxlinkSettings]):
         ]  # fmt: skip
         for v in verdicts:
             if v is not None:
-                b.add(Finding(v.code, v.status, v.message, port.name, remedy=v.remedy))
+                b.add(v.finding(port.name))

@@ -410,11 +410,11 @@ def _judge_one(b: ResultBuilder, run: ProbeRun, cfg: NcclSettings, node_has_ib: 
     # A peer that never joined leaves only the probe's own wait for it (a rendezvous timeout): that is the finding
     # below, with the output as its evidence, not a second fault read from the catalog.
     text = "\n".join(line for line in (run.stdout + "\n" + run.stderr).splitlines() if "NCCL INFO" not in line)
-    from dgxdoctor.judge.signatures import load_catalog  # with the probe's output: an idle daemon never holds it
+    from dgxdoctor.judge.scan import scan_text  # with the probe's output: an idle daemon never holds it
+    from dgxdoctor.judge.signatures import load_catalog
 
-    for match in load_catalog().scan(text) if run.returncode != EX_PEER_MISSING else ():
-        sig = match.signature
-        b.add(Finding(sig.code, sig.severity, sig.meaning, subject, evidence=match.line.strip()[:500], remedy=sig.fix))
+    for match in scan_text(load_catalog(), text) if run.returncode != EX_PEER_MISSING else ():
+        b.add(match.signature.finding(subject, match.line.strip()[:500]))
     if run.returncode == EX_PEER_MISSING:
         b.add(
             Finding(

@@ -13,7 +13,6 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.remediation.actions import VllmTarget
 from dgxdoctor.remediation.engine import Pager, Remediator, Targets
 from dgxdoctor.result import CheckResult
-from dgxdoctor.sources.xid import load_catalog
 
 
 def make_pager(settings: AlertsSettings, env: Environment) -> Pager | None:
@@ -51,7 +50,6 @@ def targets_for(config: Config, token: str | None) -> Targets:
 
 
 def build_remediator(config: Config, token: str | None, latest: Callable[[], dict[str, CheckResult]]) -> Remediator:
-    resolutions = {code: entry.resolution for code, entry in load_catalog().xids.items()}
     env = config.environment(one_shot=False)
     return Remediator(
         config.remediation,
@@ -60,6 +58,5 @@ def build_remediator(config: Config, token: str | None, latest: Callable[[], dic
         config.paths.state_dir,
         targets_for(config, token),
         latest,
-        resolutions,
         env=env,
     )

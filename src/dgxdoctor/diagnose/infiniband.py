@@ -68,7 +68,7 @@ class IbstatAnalyzer:
             if verdict is None:
                 continue
             evidence = _evidence(lines, p.ca, p.port)
-            findings.append(Finding(verdict.code, verdict.status, verdict.message, subject, evidence, verdict.remedy))
+            findings.append(verdict.finding(subject, evidence))
         return findings
 
 
@@ -84,7 +84,7 @@ def _node_findings(ports: list[IbstatPort]) -> list[Finding]:
     findings = []
     for verdict in (mixed_rates_verdict(rates), mixed_firmware_verdict(firmware)):
         if verdict is not None:
-            findings.append(Finding(verdict.code, verdict.status, verdict.message, remedy=verdict.remedy))
+            findings.append(verdict.finding())
     return findings
 
 
@@ -134,9 +134,7 @@ class PerfqueryAnalyzer:
             # Without -x the error counters are PortCounters' narrow ones (16 bits and less): at the top they stop.
             saturated = saturation_verdict(subject, saturated_counters(block.counters)) if not block.extended else None
             if saturated is not None:
-                findings.append(
-                    Finding(saturated.code, saturated.status, saturated.message, subject, remedy=saturated.remedy)
-                )
+                findings.append(saturated.finding(subject))
         if not blocks:
             findings.append(
                 Finding("IB_NO_COUNTERS", Status.UNKNOWN, "perfquery output has no counters block", remedy=None)

@@ -15,7 +15,7 @@ from typing import ClassVar
 from dgxdoctor.diagnose.base import Diagnosis
 from dgxdoctor.judge.cause import explained_away
 from dgxdoctor.judge.frames import frame_findings
-from dgxdoctor.judge.scan import Scanner
+from dgxdoctor.judge.scan import Scanner, scan_text
 from dgxdoctor.judge.signatures import Catalog, Match, Signature, load_catalog
 from dgxdoctor.result import Finding
 
@@ -71,18 +71,7 @@ class Tally:
             del self.first[code], self.counts[code], self.lines[code]
         out = []
         for code, match in sorted(self.first.items(), key=lambda kv: kv[1].number):
-            sig = match.signature
-            times = f" ({self.counts[code]} lines)" if self.counts[code] > 1 else ""
-            out.append(
-                Finding(
-                    code,
-                    sig.severity,
-                    sig.meaning + times,
-                    f"line {match.number}",
-                    evidence=match.line.strip()[:500],
-                    remedy=sig.fix,
-                )
-            )
+            out.append(match.signature.finding(f"line {match.number}", match.line.strip()[:500], self.counts[code]))
         matched = {n - 1 for n in self.numbers}
         frames = frame_findings(lines, matched, signatures)
         return out + [f for f in frames if f.code not in self.first]
@@ -141,4 +130,4 @@ class TextAnalyzer(_LogAnalyzer):
 
     def detect(self, text: str) -> bool:
         lines = text.splitlines()
-        return bool(self.catalog.scan(text)) or bool(frame_findings(lines, (), self.catalog.by_code()))
+        return bool(scan_text(self.catalog, text)) or bool(frame_findings(lines, (), self.catalog.by_code()))

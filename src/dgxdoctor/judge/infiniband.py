@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
+from dgxdoctor.judge.consequence import judged
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.settings.base import Frozen
 from dgxdoctor.sources.sysfs_ib import IbPort
@@ -161,6 +162,10 @@ class StateVerdict(Struct, frozen=True):
     status: Status
     message: str
     remedy: str
+
+    def finding(self, subject: str | None = None, evidence: str | None = None) -> Finding:
+        """The finding of this verdict about ``subject``, with what follows from it (judge.consequence)."""
+        return judged(Finding(self.code, self.status, self.message, subject, evidence, self.remedy))
 
 
 def port_state_verdict(port: IbPort) -> StateVerdict | None:

@@ -49,6 +49,13 @@ def _counted(data: bytes, hits: list[int]) -> tuple[int, list[int]]:
     return line + data.count(b"\n", pos), numbers
 
 
+def scan_text(catalog: Catalog, text: str, kind: str | None = None) -> list[Match]:
+    """Every match of ``catalog`` in a block of text, line by line, in order (each line read in its record, without
+    the context of the lines around it)."""
+    scanner = Scanner(catalog, kind, context=False)
+    return [*scanner.feed(text), *scanner.flush()]
+
+
 class Scanner:
     """Feed blocks of whole lines; read matches. ``trusted_only``: leave out what a client record shows."""
 

@@ -3,7 +3,7 @@
 ``load_catalog()`` validates the data and precompiles every pattern. ``Catalog.find(text)`` returns the
 signatures a cleaned record's text shows; ``Catalog.match(line)`` reads one raw line as the record it is first
 (``judge.records``: the paste normaliser, and no signature from a request or access-log record, or from quoted
-text of a client record); ``Catalog.scan(text)`` and ``judge.scan.Scanner`` read many lines, fast.
+text of a client record); ``judge.scan`` (``scan_text``, ``Scanner``) reads many lines, fast.
 
 Most log lines match nothing, so one combined regex of every pattern's anchor (a run of literal text every
 matching line contains, from a capital letter where that leaves 10 characters; for a ``(?i)`` pattern its lower,
@@ -27,7 +27,8 @@ from typing import Any, Protocol, cast
 from msgspec import Struct
 
 from dgxdoctor.compat import tomllib
-from dgxdoctor.result import Status
+from dgxdoctor.judge.consequence import judged
+from dgxdoctor.result import Finding, Status
 
 SEVERITIES: Mapping[str, Status] = {"warning": Status.WARNING, "critical": Status.CRITICAL}
 LOG_KINDS = ("vllm", "ray")
@@ -50,6 +51,12 @@ class Signature(Struct, frozen=True):
     patterns: tuple[re.Pattern[str], ...]
     # The broader signature this one replaces on a line both match (CUDA_OOM_STARTUP refines CUDA_OOM).
     refines: str | None = None
+
+    def finding(self, subject: str | None, evidence: str, lines: int = 1) -> Finding:
+        """The finding of a match: ``evidence`` the line (cut by the caller), ``lines`` how many lines showed it; with
+        what follows from it (judge.consequence)."""
+        times = f" ({lines} lines)" if lines > 1 else ""
+        return judged(Finding(self.code, self.severity, self.meaning + times, subject, evidence, self.fix))
 
 
 MIN_ANCHOR = 4
@@ -241,7 +248,7 @@ class Match(Struct, frozen=True):
     line: str
     # From a record no client controls (``judge.records``): only these may lead to an action.
     trusted: bool = True
-    # 1-based number of the line in the scanned input (``Catalog.scan``, ``judge.scan.Scanner``); 0 when unknown.
+    # 1-based number of the line in the scanned input (``judge.scan``); 0 when unknown.
     number: int = 0
 
     @property
@@ -353,13 +360,6 @@ class Catalog:
         client = found.trust is Trust.CLIENT
         trusted = not client
         return [Match(sig, line, trusted) for sig in self.find(text, kind, start=found.message, quoted=not client)]
-
-    def scan(self, text: str, kind: str | None = None) -> list[Match]:
-        """Every match in a block of text, line by line, in order (each line read in its record)."""
-        from dgxdoctor.judge.scan import Scanner
-
-        scanner = Scanner(self, kind, context=False)
-        return [*scanner.feed(text), *scanner.flush()]
 
 
 def parse_catalog(data: Mapping[str, Any], source: str = "<catalog>") -> Catalog:

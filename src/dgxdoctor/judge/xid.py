@@ -10,6 +10,7 @@ from typing import Literal
 
 from msgspec import Struct, field
 
+from dgxdoctor.judge import consequence
 from dgxdoctor.result import Action, Finding, Status
 from dgxdoctor.sources.xid import CatalogEntry, SxidEvent, XidEvent
 
@@ -20,8 +21,8 @@ DEFAULT_APP_LEVEL_XIDS = (13, 31, 43, 45)
 
 
 ACTION_RANK = {"none": 0, "restart_app": 1, "contact_support": 2, "reset_gpu": 3, "reboot_node": 4}
-# What no restart cures: a person resets the GPU, reboots the node or opens a case (remediation pages these).
-PERSON_ACTIONS = frozenset({"reset_gpu", "reboot_node", "contact_support"})
+# What no restart cures (judge.consequence): a person resets the GPU, reboots the node or opens a case.
+PERSON_ACTIONS = consequence.PERSON_ACTIONS
 
 
 class XidClass(Struct, frozen=True):
@@ -114,8 +115,9 @@ UNCLASSIFIED = XidClass(
 )
 
 # The one table: NVIDIA's resolution bucket (data/xid_catalog.json) -> the class. The check's verdict
-# (assess_xid), the alert rules (alerts/alert_rules.py) and remediation's pages (remediation/policy.py) all
-# read it; tests/unit/test_xid_classes.py walks the whole catalog through the three.
+# (assess_xid) and the alert rules (alerts/alert_rules.py) read it; the verdict's finding carries what follows
+# (judge.consequence.of_xid), which remediation reads; tests/unit/test_xid_classes.py walks the whole catalog
+# through the three.
 RESOLUTION_CLASSES: Mapping[str, XidClass] = {
     "RESTART_BM": REBOOT,
     "RESTART_VM": REBOOT,
@@ -139,11 +141,6 @@ def xid_class(code: int, resolution: str, app_level: Iterable[int] = DEFAULT_APP
     if code in set(app_level):
         return APP_LEVEL
     return RESOLUTION_CLASSES.get(resolution, UNCLASSIFIED)
-
-
-def page_resolutions() -> frozenset[str]:
-    """The resolution buckets whose verdict is one no restart cures (remediation pages them)."""
-    return frozenset(r for r, c in RESOLUTION_CLASSES.items() if c.pages)
 
 
 class Assessment(Struct, frozen=True):
@@ -282,7 +279,9 @@ def ago(seconds: float) -> str:
 def xid_finding(event: XidEvent, name: str, count: int, latest_s: float, assessment: Assessment) -> Finding:
     bus, code = event.pci_bus_id, event.xid
     message = f"XID {code} ({name}) on {bus}: {count} time(s), latest {ago(latest_s)}"
-    return Finding(f"XID_{code}", assessment.status, message, bus, evidence=event.line, remedy=assessment.remedy)
+    follows = consequence.of_xid(assessment.status, assessment.action)
+    return Finding(f"XID_{code}", assessment.status, message, bus, evidence=event.line, remedy=assessment.remedy,
+                   action=follows.action, cure=follows.cure)  # fmt: skip
 
 
 def sxid_finding(
@@ -291,7 +290,9 @@ def sxid_finding(
     bus, code = event.pci_bus_id, event.sxid
     label = entry.name if entry else ("fatal" if sxid_fatal(event, entry) else "non-fatal")
     message = f"SXID {code} ({label}) on {event.device} {bus}: {count} time(s), latest {ago(latest_s)}"
-    return Finding(f"SXID_{code}", assessment.status, message, bus, evidence=event.line, remedy=assessment.remedy)
+    follows = consequence.of_sxid(assessment.status, assessment.action)
+    return Finding(f"SXID_{code}", assessment.status, message, bus, evidence=event.line, remedy=assessment.remedy,
+                   action=follows.action, cure=follows.cure)  # fmt: skip
 
 
 def summary(xids: Sequence[tuple[str, int, int]], sxids: Sequence[tuple[str, int, int]], since: str, notes: str) -> str:

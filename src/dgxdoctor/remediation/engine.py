@@ -106,7 +106,6 @@ class Remediator:
         state_dir: Path,
         targets: Targets,
         latest: Callable[[], dict[str, CheckResult]],
-        xid_resolution: dict[int, str] | None = None,
         clock: Callable[[], float] = time.time,
         env: Environment | None = None,
         state_file: StateFile | None = None,
@@ -119,7 +118,6 @@ class Remediator:
         self.node = node
         self.targets = targets
         self.latest = latest
-        self.xid_resolution = xid_resolution
         self.clock = clock
         self.audit = AuditLog(state_dir)
         self.state_file = state_file if state_file is not None else guard_state_file(state_dir)
@@ -153,7 +151,7 @@ class Remediator:
 
     # -- state -----------------------------------------------------------------------------------------
 
-    def _load(self) -> Guard:
+    def load_guard(self) -> Guard:
         """The guard over the state on disk. An invalid file is set aside and replaced by the safe state (breaker
         open): never a crash, never a silent reset. An unreadable one (OSError) raises: nothing can be decided."""
         try:
@@ -177,7 +175,7 @@ class Remediator:
         self.state_file.write(guard.state.to_doc())
         self.state_invalid += 1
         self.disabled = reason
-        self._audit({"ts": now, "event": "state_invalid", "error": str(exc)[:300], "kept_as": str(kept),
+        self.audit_record({"ts": now, "event": "state_invalid", "error": str(exc)[:300], "kept_as": str(kept),
                      "detail": "replaced by a state with the breaker open: nothing runs until `dgxdoctor remediation "
                      "reset`"})  # fmt: skip
         log.error("remediation_state_invalid", error=str(exc)[:300], kept_as=str(kept), breaker="open")
@@ -193,7 +191,7 @@ class Remediator:
         if not guard.state.breaker_open:
             self.disabled = None  # an operator's reset (or a good file) brings it back
 
-    def _store(self, guard: Guard, before: dict[str, Any]) -> bool:
+    def store_guard(self, guard: Guard, before: dict[str, Any]) -> bool:
         """``_save``; False (counted, logged at a bounded rate) when the disk refuses."""
         try:
             self._save(guard, before)
@@ -202,7 +200,7 @@ class Remediator:
             return False
         return True
 
-    def _audit(self, record: dict[str, Any]) -> bool:
+    def audit_record(self, record: dict[str, Any]) -> bool:
         """Append to the audit; False (counted, logged at a bounded rate) when the disk refuses."""
         try:
             self.audit.append(record)
@@ -216,11 +214,11 @@ class Remediator:
         if not self.state_file.path.exists():
             return  # nothing ever decided here
         with self.state_file.locked():
-            guard = self._load()
+            guard = self.load_guard()
             before = guard.state.to_doc()
             flight = guard.state.in_flight
             if flight is not None:
-                self._audit(
+                self.audit_record(
                     {"ts": self.clock(), "event": "action", "id": flight.id, "action": flight.action,
                      "problem": flight.key, "mode": "act", "outcome": "interrupted",
                      "detail": f"the agent (pid {flight.pid}) stopped while it ran; not repeated: the condition must "
@@ -291,7 +289,7 @@ class Remediator:
         """(from the checks, from the alerts), both without what describes the world before the last action."""
         alerts = list({p.key: p for p in self.firing.values() if self._fresh_alert(p)}.values())
         fresh = [r for r in latest.values() if self.finished_at is None or r.started_at > self.finished_at]
-        return problems_from_results(fresh, self.xid_resolution), alerts
+        return problems_from_results(fresh), alerts
 
     def _moment(self) -> Moment:
         return Moment(dict(self.firing), file_stamp(self.state_file.path), self.finished_at, self.pending_finish,
@@ -334,7 +332,7 @@ class Remediator:
             self.settled = Settled(latest, self._view(latest), moment, math.inf)
             return  # nothing seen now or at the last evaluation: no state to touch
         with self.state_file.locked():
-            guard = self._load()
+            guard = self.load_guard()
             before = guard.state.to_doc()
             self._apply_pending_finish(guard)
             if guard.state.finished_at != self.finished_at:  # changed on disk (another process): judge again
@@ -351,12 +349,12 @@ class Remediator:
             acting = chosen is not None and chosen.verdict == "act" and not self.busy.locked()
             if acting and chosen is not None:
                 # The audit first: an action it cannot record never starts, and leaves nothing in flight.
-                acting = self._audit(self._started_record(chosen, action_id, now))
+                acting = self.audit_record(self._started_record(chosen, action_id, now))
                 if acting:
                     guard.begin(chosen, action_id, now, os.getpid())
             elif chosen is not None and chosen.verdict == "page":
                 guard.paged(chosen, now)
-            saved = self._store(guard, before)
+            saved = self.store_guard(guard, before)
             if saved and self.pending_finish is not None and guard.state.in_flight is None:
                 self.pending_finish = None
             if saved and chosen is None and not pages and guard.state.in_flight is None and not self.busy.locked():
@@ -364,7 +362,7 @@ class Remediator:
         if acting and saved and chosen is not None:
             self.acting = asyncio.get_running_loop().create_task(self._act(chosen, action_id, now))
         elif acting and chosen is not None:
-            self._audit(self._not_started_record(chosen, action_id, now))
+            self.audit_record(self._not_started_record(chosen, action_id, now))
         elif chosen is not None and chosen.verdict == "page" and saved:
             await self._page(chosen, now)
         for page in pages:
@@ -398,7 +396,7 @@ class Remediator:
         if self.last_decision.get(key) == shown and d.verdict not in ("act", "page"):
             return
         self.last_decision[key] = shown
-        self._audit(
+        self.audit_record(
             {"ts": now, "event": "decision", "problem": key, "source": d.problem.source, "seen": d.problem.reason,
              "rule": d.problem.action, "action": d.action, "verdict": d.verdict, "reason": d.reason,
              "mode": self.settings.mode}
@@ -420,7 +418,7 @@ class Remediator:
                             "hold again, the cooldown and the ladder apply"}  # fmt: skip
             verification = next((s.to_doc() for s in steps if s.step == "verify"), None)
             end = self.clock()
-            self._audit(
+            self.audit_record(
                 {"ts": end, "event": "action", "id": action_id, "action": decision.action,
                  "problem": decision.problem.key, "seen": decision.problem.reason, "mode": "act",
                  "steps": [s.to_doc() for s in steps], "verification": verification, "outcome": outcome,
@@ -437,7 +435,7 @@ class Remediator:
         self.pending_finish = (action_id, end)
         try:
             with self.state_file.locked():
-                guard = self._load()
+                guard = self.load_guard()
                 before = guard.state.to_doc()
                 self._apply_pending_finish(guard)
                 self._save(guard, before)

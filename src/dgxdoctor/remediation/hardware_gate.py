@@ -3,11 +3,11 @@ cure, a vLLM or cluster restart is refused and one page names the serving sympto
 
 A restart of vLLM on a GPU that fell off the bus (XID 79), a GPU that NVML lost, an NVSwitch node whose fabric
 manager is down, or a group whose IB rail is down only fails again, burns the restart budget and hides the cause.
-The causes come from the checks' latest results (``causes``), as judge/hardware_cause.py names them: XIDs needing
-a GPU reset or a reboot, fatal SXIDs, the kernel's link-down and NIC firmware faults, lost GPUs, the fabric
-manager down, IB ports down; and the peer's, as the peer_compare check relays them (PEER_HARDWARE_FAULT).
-``HardwareGate.apply`` turns restart decisions into refusals and says which page to send, once per (problem,
-cause) while the cause lasts.
+The causes are the findings of the checks' latest results that judge/ marked ``Cure.HARDWARE`` (judge.consequence:
+XIDs needing a GPU reset or a reboot, fatal SXIDs, the kernel's link-down and NIC firmware faults, lost GPUs, the
+fabric manager down, IB ports down), the peer's among them as the peer_compare check relays them
+(PEER_HARDWARE_FAULT, judge/hardware_cause.py). ``HardwareGate.apply`` turns restart decisions into refusals and
+says which page to send, once per (problem, cause) while the cause lasts.
 """
 
 from __future__ import annotations
@@ -18,25 +18,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from msgspec import Struct
 from msgspec.structs import replace
 
-from dgxdoctor.judge.hardware_cause import is_hardware_cause
+from dgxdoctor.checks.gpu import GPU_INFO
+from dgxdoctor.checks.xid import XID_LAST_SEEN
+from dgxdoctor.judge.consequence import symptom as symptom_of
+from dgxdoctor.judge.hardware_cause import PEER_CAUSE_CODE
 from dgxdoctor.remediation.guard import Decision
 from dgxdoctor.remediation.policy import RESTARTS, Problem
-from dgxdoctor.result import CheckResult, Finding
-
-# What the peer_compare check relays of a peer's causes (checks/peer_compare.py).
-PEER_CAUSE_CODE = "PEER_HARDWARE_FAULT"
-XID_LAST_SEEN = "dgxdoctor_xid_last_seen_timestamp_seconds"
-GPU_INFO = "dgxdoctor_gpu_info"
-# The serving symptom of a problem, by the finding code its reason starts with.
-SYMPTOMS = {
-    "VLLM_DEAD": "vLLM down",
-    "VLLM_HUNG": "vLLM hung",
-    "ENGINE_HUNG": "vLLM engine hung",
-    "RAY_NODE_DEAD": "a Ray node dead",
-    "RAY_NODES_MISSING": "Ray nodes missing",
-    "RAY_GPUS_MISSING": "Ray GPUs missing",
-    "RAY_RAYLET_DOWN": "the raylet down",
-}
+from dgxdoctor.result import CheckResult, Cure, Finding
 
 
 class HardwareCause(Struct, frozen=True):
@@ -56,7 +44,7 @@ def _gpu_name(results: Mapping[str, CheckResult], bus: str) -> str:
     gpu = results.get("gpu")
     if gpu is not None:
         for s in gpu.samples:
-            if s.metric.name == GPU_INFO and _bus_key(s.labels.get("pci_bus_id", "")) == _bus_key(bus):
+            if s.metric.name == GPU_INFO.name and _bus_key(s.labels.get("pci_bus_id", "")) == _bus_key(bus):
                 return f"GPU {s.labels.get('gpu')}"
     return f"GPU {bus}"
 
@@ -64,16 +52,16 @@ def _gpu_name(results: Mapping[str, CheckResult], bus: str) -> str:
 def _xid_when(result: CheckResult, bus: str, code: int) -> str:
     for s in result.samples:
         named = s.labels.get("pci_bus_id") == bus and s.labels.get("xid") == str(code)
-        if s.metric.name == XID_LAST_SEEN and named and s.value is not None:
+        if s.metric.name == XID_LAST_SEEN.name and named and s.value is not None:
             return " at " + time.strftime("%H:%M UTC", time.gmtime(s.value))
     return ""
 
 
 def _cause(node: str, results: Mapping[str, CheckResult], result: CheckResult, f: Finding) -> HardwareCause | None:
+    if f.cure is not Cure.HARDWARE:
+        return None
     if f.code == PEER_CAUSE_CODE:
         return HardwareCause(f"peer:{f.subject}:{f.message}", f.message, f)
-    if not is_hardware_cause(f.code, f.status, f.subject, f.evidence):
-        return None
     if f.code.startswith(("XID_", "SXID_")):
         number = f.code.split("_", 1)[1]
         family = "XID" if f.code.startswith("XID_") else "SXID"
@@ -95,8 +83,8 @@ def causes(results: Mapping[str, CheckResult], node: str) -> list[HardwareCause]
 
 
 def symptom(problem: Problem, node: str) -> str:
-    code = problem.reason.split(" ", 1)[0].split(":", 1)[0]
-    return f"{SYMPTOMS.get(code, code or problem.key)} on {node}"
+    """The serving symptom in a page's words: the judge's for the finding's code, the code, or the alert."""
+    return f"{symptom_of(problem.code) or problem.code or problem.reason} on {node}"
 
 
 class HardwareGate:

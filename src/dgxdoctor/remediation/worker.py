@@ -11,21 +11,50 @@ node's clock is refused, and each (action, step) runs once (remembered in the st
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Protocol
 
+from dgxdoctor.environment import Environment
 from dgxdoctor.remediation.actions import STEP_WINDOW_S, StepRequest, run_argv
+from dgxdoctor.remediation.guard import Guard
+from dgxdoctor.settings.remediation import RemediationSettings
+from dgxdoctor.sources.statefile import StateFile
 from dgxdoctor.validation import Invalid, key_path, validate
-
-if TYPE_CHECKING:
-    from dgxdoctor.remediation.engine import Remediator
-
 
 # Steps per executor: a worker of an mp deployment runs no Ray, a worker of a Ray one no headless vLLM.
 MP_WORKER_STEPS = ("vllm_stop", "vllm_start")
 
 
+class StepTargets(Protocol):
+    """What of the action targets a step reads (``engine.Targets``)."""
+
+    @property
+    def token(self) -> str | None: ...
+    @property
+    def executor(self) -> str | None: ...
+
+
+class StepHost(Protocol):
+    """What a step needs of the node's remediation (``engine.Remediator``): its settings and targets, the lock
+    that keeps one action at a time, the guard's state under its lock, the audit and the outcome counters."""
+
+    settings: RemediationSettings
+    env: Environment
+    busy: asyncio.Lock
+    counts: Counter[tuple[str, str]]
+    clock: Callable[[], float]
+    state_file: StateFile
+
+    @property
+    def targets(self) -> StepTargets: ...
+    def load_guard(self) -> Guard: ...
+    def store_guard(self, guard: Guard, before: dict[str, Any]) -> bool: ...
+    def audit_record(self, record: dict[str, Any]) -> bool: ...
+
+
 class WorkerSteps:
-    def __init__(self, owner: Remediator) -> None:
+    def __init__(self, owner: StepHost) -> None:
         self.owner = owner
 
     async def run(self, doc: Any) -> tuple[int, dict[str, Any]]:
@@ -48,16 +77,18 @@ class WorkerSteps:
             return 409, {"ok": False, "detail": "an action is already running here"}
         async with r.busy:
             refused = await asyncio.to_thread(self._admit, request)
-            if refused is None and not r._audit({**self._record(request, "started", ""), "event": "step_started"}):
+            if refused is None and not r.audit_record(
+                {**self._record(request, "started", ""), "event": "step_started"}
+            ):
                 refused = "the audit cannot be written: nothing runs unrecorded"
             if refused is not None:
-                r._audit(self._record(request, "refused", refused))
+                r.audit_record(self._record(request, "refused", refused))
                 r.counts[(request.step, "refused")] += 1
                 return 409, {"ok": False, "detail": refused}
             argv = s.commands.worker_argv(request.step)
             result = await asyncio.to_thread(run_argv, request.step, argv, s.command_timeout_s, r.env.run_command)
         outcome = "success" if result.ok else "failed"
-        r._audit({**self._record(request, outcome, result.detail), **result.to_doc(), "outcome": outcome})
+        r.audit_record({**self._record(request, outcome, result.detail), **result.to_doc(), "outcome": outcome})
         r.counts[(request.step, outcome)] += 1
         return 200, {"ok": result.ok, "detail": result.detail, "duration_s": round(result.duration_s, 3)}
 
@@ -67,10 +98,10 @@ class WorkerSteps:
         now = r.clock()
         try:
             with r.state_file.locked():
-                guard = r._load()
+                guard = r.load_guard()
                 before = guard.state.to_doc()
                 refused = guard.admit_step(request.id, request.step, request.ts, now, STEP_WINDOW_S)
-                if not r._store(guard, before):
+                if not r.store_guard(guard, before):
                     return "the state file cannot be written: nothing runs unrecorded"
         except OSError as exc:
             return f"the state cannot be read: {type(exc).__name__}"
