@@ -45,6 +45,7 @@ from dgxdoctor.judge.vllm import (
     latency_findings,
     models_verdict,
     not_up,
+    port_taken,
     pressure_findings,
     unreadable,
 )
@@ -55,11 +56,13 @@ from dgxdoctor.sources.prom_text import PromTextError
 from dgxdoctor.sources.redact import shown_argv
 from dgxdoctor.sources.vllm_api import (
     Health,
-    api_server_on,
+    PortHolder,
     cpu_ticks,
     get_health,
     get_metrics,
     get_models,
+    listener_trust,
+    port_view,
     post_completion,
     process_from_pid_file,
     still_listening,
@@ -67,7 +70,7 @@ from dgxdoctor.sources.vllm_api import (
     vllm_by_command_line,
 )
 from dgxdoctor.sources.vllm_launch import LaunchError, is_headless_server, parse_launch
-from dgxdoctor.sources.vllm_metrics import NotVllmMetrics
+from dgxdoctor.sources.vllm_metrics import NotVllmMetrics, VllmMetrics
 from dgxdoctor.validation import Secret
 
 if TYPE_CHECKING:
@@ -270,7 +273,7 @@ class VllmCheck(Check[VllmSettings]):
             return
         client = self.env.http_client(s.base_url, s.request_timeout_s)
         self._follower = ProgressFollower(
-            fetch=lambda: get_metrics(client, self._headers()),
+            fetch=lambda: self._follow_metrics(client),
             clock=self._window.progress,
             engines=self._engines,
             monotonic=self.env.monotonic,
@@ -296,6 +299,19 @@ class VllmCheck(Check[VllmSettings]):
         base = self.settings.base_url
         return urlsplit(base).port or (443 if base.startswith("https") else 80)
 
+    def _view(self) -> tuple[ProcessInfo | None, PortHolder | None]:
+        """(the trusted API server listening where base_url connects, another user's listener there)."""
+        root, host = self.env.proc_root, urlsplit(self.settings.base_url).hostname
+        view = port_view(root, self._port(), host, listener_trust(root, self.env.serving_uid, self.settings.pid_file))
+        return view.server, view.impostor
+
+    def _follow_metrics(self, client: httpx.Client) -> VllmMetrics:
+        """The follower's read: never another user's listener's /metrics (an error: the check then judges it)."""
+        _, impostor = self._view()
+        if impostor is not None:
+            raise NotVllmMetrics(impostor.describe())
+        return get_metrics(client, self._headers())
+
     def _serving_api_server(self) -> ProcessInfo | None:
         """The API server whose process tree holds the engines: the pid file's, else the process listening on
         base_url's port, remembered while the same process still listens there (no /proc scan every look)."""
@@ -309,18 +325,19 @@ class VllmCheck(Check[VllmSettings]):
                 same = again is not None and again.start_ticks == cached.start_ticks
                 if same and again is not None and still_listening(root, again, self._port()):
                     return again
-            self._api_server = api_server_on(root, self._port())
+            self._api_server = self._view()[0]
             return self._api_server
 
     def _find_process(self) -> tuple[ProcessInfo | None, str | None]:
-        """The API server process; when nothing listens, a vLLM process found by its command line (loading, or
-        dead with processes left), of root or of our user only; and why none, if none."""
+        """The API server process; when no trusted user's process listens, a vLLM process found by its command
+        line (loading, or dead with processes left), of root, our user or ``[node] serving_user`` only; and why
+        none, if none."""
         if self.settings.pid_file is not None:
             return process_from_pid_file(self.env.proc_root, self.settings.pid_file)
         serving = self._serving_api_server()
         if serving is not None:
             return serving, None
-        return vllm_by_command_line(self.env.proc_root, self._port())
+        return vllm_by_command_line(self.env.proc_root, self._port(), None, self.env.serving_uid)
 
     def _headless(self, proc: ProcessInfo | None) -> str | None:
         """Why there is no API to ask: the process found (nothing listens on base_url) is a headless vLLM."""
@@ -357,6 +374,10 @@ class VllmCheck(Check[VllmSettings]):
         if proc is not None and proc.start_time is not None:
             uptime = max(0.0, self.env.clock() - proc.start_time)
         b.sample(VLLM_PROCESS_UPTIME, uptime)
+        impostor = self._view()[1]
+        if impostor is not None:  # never asked: its /health, models and metrics are not vLLM's
+            b.sample(VLLM_UP, 0)
+            return self._down(b, port_taken(impostor.describe(), self._server(proc, no_proc_reason, uptime)))
         refused = self.env.refusal(s.base_url, s.request_timeout_s)
         if refused is not None:
             ticks = cpu_ticks(self.env.proc_root, proc.pid) if proc else None
@@ -389,13 +410,23 @@ class VllmCheck(Check[VllmSettings]):
         cpu_ratio: float | None,
         state: str | None,
     ) -> CheckResult:
-        s = self.settings
         b.sample(VLLM_UP, 0)
+        server = self._server(proc, no_proc_reason, uptime, cpu_ratio, state)
+        return self._down(b, not_up(health, server, self._limits))
+
+    def _server(
+        self,
+        proc: ProcessInfo | None,
+        no_proc_reason: str | None,
+        uptime: float | None,
+        cpu_ratio: float | None = None,
+        state: str | None = None,
+    ) -> Server:
+        s = self.settings
         process = f"process {proc.pid} ({shown_argv(proc.cmdline, 80)})" if proc else None
         head = self.env.role == "head"
         expected = proc is not None or s.required or s.pid_file is not None or self._seen_up or head
-        server = Server(s.base_url, process, no_proc_reason, uptime, expected, cpu_ratio, state, head)
-        return self._down(b, not_up(health, server, self._limits))
+        return Server(s.base_url, process, no_proc_reason, uptime, expected, cpu_ratio, state, head)
 
     def _down(self, b: ResultBuilder, down: Down) -> CheckResult:
         if not down.loading:
