@@ -14,6 +14,8 @@ engine. Thresholds follow the operator tutorial's maintenance section: KV cache 
 waiting queue non-zero for long, a jump of the TTFT P99. A server still loading (process younger than the start-up
 grace) is never judged. A headless vLLM (``vllm serve ... --headless``, a worker node of the multiprocessing executor
 across nodes) serves no API by design: the check is SKIPPED there, and the vllm_executor check judges that node.
+A listener on base_url's port whose socket another user owns is never vLLM and never asked (``vllm_api.port_view``):
+vLLM is then judged as not listening, the holder named.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from dgxdoctor.sources.vllm_api import (
     Health,
     PortHolder,
     cpu_ticks,
+    foreign_listener,
     get_health,
     get_metrics,
     get_models,
@@ -299,15 +302,17 @@ class VllmCheck(Check[VllmSettings]):
         base = self.settings.base_url
         return urlsplit(base).port or (443 if base.startswith("https") else 80)
 
-    def _view(self) -> tuple[ProcessInfo | None, PortHolder | None]:
-        """(the trusted API server listening where base_url connects, another user's listener there)."""
-        root, host = self.env.proc_root, urlsplit(self.settings.base_url).hostname
-        view = port_view(root, self._port(), host, listener_trust(root, self.env.serving_uid, self.settings.pid_file))
-        return view.server, view.impostor
+    def _trusted(self) -> frozenset[int]:
+        return listener_trust(self.env.proc_root, self.env.serving_uid, self.settings.pid_file)
+
+    def _impostor(self) -> PortHolder | None:
+        """Another user's listener where base_url connects (its answers are never vLLM's), else None."""
+        host = urlsplit(self.settings.base_url).hostname
+        return foreign_listener(self.env.proc_root, self._port(), host, self._trusted())
 
     def _follow_metrics(self, client: httpx.Client) -> VllmMetrics:
         """The follower's read: never another user's listener's /metrics (an error: the check then judges it)."""
-        _, impostor = self._view()
+        impostor = self._impostor()
         if impostor is not None:
             raise NotVllmMetrics(impostor.describe())
         return get_metrics(client, self._headers())
@@ -325,7 +330,8 @@ class VllmCheck(Check[VllmSettings]):
                 same = again is not None and again.start_ticks == cached.start_ticks
                 if same and again is not None and still_listening(root, again, self._port()):
                     return again
-            self._api_server = self._view()[0]
+            host = urlsplit(self.settings.base_url).hostname
+            self._api_server = port_view(root, self._port(), host, self._trusted()).server
             return self._api_server
 
     def _find_process(self) -> tuple[ProcessInfo | None, str | None]:
@@ -374,7 +380,7 @@ class VllmCheck(Check[VllmSettings]):
         if proc is not None and proc.start_time is not None:
             uptime = max(0.0, self.env.clock() - proc.start_time)
         b.sample(VLLM_PROCESS_UPTIME, uptime)
-        impostor = self._view()[1]
+        impostor = self._impostor()
         if impostor is not None:  # never asked: its /health, models and metrics are not vLLM's
             b.sample(VLLM_UP, 0)
             return self._down(b, port_taken(impostor.describe(), self._server(proc, no_proc_reason, uptime)))

@@ -23,7 +23,7 @@ from msgspec import Meta, Struct
 from dgxdoctor.remediation.state_doc import Finite, Step
 from dgxdoctor.sources.commands import CommandNotFound, CommandRunner, CommandTimeout
 from dgxdoctor.sources.ray_api import RayApiError, parse_nodes_detail
-from dgxdoctor.sources.vllm_api import listener_trust, port_view
+from dgxdoctor.sources.vllm_api import foreign_listener, listener_trust
 
 OUTPUT_TAIL = 400  # characters of a command's output kept in the audit
 POLL_S = 0.25
@@ -101,7 +101,7 @@ def port_impostor(target: VllmTarget, proc_root: Path, serving_uid: int | None) 
     parts = urlsplit(target.base_url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     trusted = listener_trust(proc_root, serving_uid, target.pid_file)
-    holder = port_view(proc_root, port, parts.hostname, trusted).impostor
+    holder = foreign_listener(proc_root, port, parts.hostname, trusted)
     return holder.describe() if holder is not None else None
 
 

@@ -260,8 +260,9 @@ def trusted_uids(agent_uid: int | None = None, serving_uid: int | None = None) -
 def trusted_process(process_uid: int | None, agent_uid: int | None = None, serving_uid: int | None = None) -> bool:
     """Whether a process found by its command line may be believed, or its interpreter executed: anyone can
     title a process ``VLLM::EngineCore`` or run ``python -m vllm...``, so only processes of ``trusted_uids`` are.
-    A vLLM run by another user is found from its listening socket (``port_owner``), a pid file or
-    ``[node] serving_user``; its interpreter then needs ``serving_python`` set explicitly."""
+    A vLLM run by another user is believed only through a pid file or ``[node] serving_user`` (its listening
+    socket is then one of theirs, ``vllm_api.port_view``); its interpreter then needs ``serving_python`` set
+    explicitly."""
     return process_uid is not None and process_uid in trusted_uids(agent_uid, serving_uid)
 
 

@@ -110,6 +110,23 @@ class PortView(Struct, frozen=True):
     impostor: PortHolder | None = None
 
 
+def _foreign(
+    proc_root: Path, port: int, sockets: Mapping[int, int | None], trusted: Collection[int]
+) -> PortHolder | None:
+    foreign = {inode: uid for inode, uid in sockets.items() if uid is None or uid not in trusted}
+    if not foreign:
+        return None
+    holder = socket_holder(proc_root, foreign)  # only the foreign uids' processes are searched
+    uid = holder.uid if holder is not None and holder.uid is not None else next(iter(foreign.values()))
+    return PortHolder(port, uid, holder.pid if holder is not None else None)
+
+
+def foreign_listener(proc_root: Path, port: int, host: str | None, trusted: Collection[int]) -> PortHolder | None:
+    """Another user's listener where ``host:port`` connects (``port_view``), else None; reads only the socket
+    table while there is none (cheap enough for every look)."""
+    return _foreign(proc_root, port, reaching_listeners(proc_root, port, host), trusted)
+
+
 def port_view(proc_root: Path, port: int, host: str | None, trusted: Collection[int]) -> PortView:
     """The process listening where ``host:port`` connects (``ss -ltnp 'sport = :8000'``), judged by the socket's
     owner uid, which no other user can forge: one of ``trusted`` (``procfs.trusted_uids``: root, the agent's user,
@@ -118,11 +135,9 @@ def port_view(proc_root: Path, port: int, host: str | None, trusted: Collection[
     listen there and answer ``/health`` 200. A socket of another user that the connection may reach makes the port
     another user's, even beside a trusted one (the answer could be either's)."""
     sockets = reaching_listeners(proc_root, port, host)
-    foreign = {inode: uid for inode, uid in sockets.items() if uid is None or uid not in trusted}
-    if foreign:
-        holder = socket_holder(proc_root, foreign)
-        uid = holder.uid if holder is not None and holder.uid is not None else next(iter(foreign.values()))
-        return PortView(impostor=PortHolder(port, uid, holder.pid if holder is not None else None))
+    impostor = _foreign(proc_root, port, sockets, trusted)
+    if impostor is not None:
+        return PortView(impostor=impostor)
     return PortView(server=socket_holder(proc_root, sockets, prefer=lambda p: is_vllm_api_server(p.cmdline)))
 
 
@@ -132,17 +147,6 @@ def listener_trust(proc_root: Path, serving_uid: int | None = None, pid_file: Pa
     trusted = trusted_uids(serving_uid=serving_uid)
     named = process_from_pid_file(proc_root, pid_file)[0] if pid_file is not None else None
     return trusted | {named.uid} if named is not None and named.uid is not None else trusted
-
-
-def api_server_on(
-    proc_root: Path,
-    port: int,
-    host: str | None = "127.0.0.1",
-    agent_uid: int | None = None,
-    serving_uid: int | None = None,
-) -> ProcessInfo | None:
-    """The API server answering ``host:port``: a trusted user's process listening there (``port_view``)."""
-    return port_view(proc_root, port, host, trusted_uids(agent_uid, serving_uid)).server
 
 
 def vllm_by_command_line(
