@@ -18,6 +18,7 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.remediation.actions import VllmTarget, port_impostor, verify_vllm
 from dgxdoctor.result import CheckResult, Status
 from dgxdoctor.sources import procfs, vllm_api
+from dgxdoctor.sources.vllm_metrics import NotVllmMetrics
 from proctree import TCP_HEADER, tcp_listen_line, write_process
 
 SERVING, OTHER, PORT = 4242, 4243, 18765
@@ -127,6 +128,22 @@ def test_the_check_asks_nothing_of_another_users_listener(root: Path, idle: str)
     assert f"held by pid 300 of uid {OTHER}" in result.findings[0].message and asked == []
     assert run_check(root, healthy(asked), SERVING).status is Status.SKIPPED and asked == []
     assert run_check(root, healthy(asked, idle), OTHER).status is Status.OK and "/health" in asked  # declared
+
+
+def test_the_daemons_progress_follower_reads_no_metrics_of_another_users_listener(root: Path, idle: str) -> None:
+    """Between runs the daemon reads /metrics every 2 s: never from the impostor (a failed read wakes the check)."""
+    write_process(root, 300, "python3", ["python3", "-m", "http.server"], uid=OTHER)
+    listen_on(root, 300, OTHER, 9001)
+    env = Environment(node="n1", proc_root=root, serving_uid=SERVING, one_shot=False)
+    check = VllmCheck(VllmSettings(base_url=f"http://127.0.0.1:{PORT}"), env)
+    asked: list[str] = []
+    with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", transport=healthy(asked, idle)) as client:
+        with pytest.raises(NotVllmMetrics, match=f"held by pid 300 of uid {OTHER}"):
+            check._follow_metrics(client)
+        assert asked == []
+        # the impostor gone, the serving user's vLLM listens: read as ever
+        (root / "net" / "tcp").write_text(TCP_HEADER + tcp_listen_line(0, PORT, SERVING, 9002, V4_WILDCARD))
+        assert check._follow_metrics(client).kv_cache_usage is not None and asked == ["/metrics"]
 
 
 def test_a_trusted_vllm_loading_beside_an_impostor_is_not_ok(root: Path) -> None:
