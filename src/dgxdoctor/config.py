@@ -73,7 +73,8 @@ class NodeSettings(Frozen, frozen=True):
             description="the user that runs vLLM and Ray when it is neither root nor dgxdoctor's own (a name or a "
             "uid): its processes are believed beside theirs (its Python is still run only when named in "
             "serving_python). A process of any other user is never taken for the serving vLLM, its ranks or Ray's "
-            "daemons, whatever its command line or title (anyone can `exec -a VLLM::Worker_TP3`); such look-alikes "
+            "daemons, whatever its command line or title (anyone can `exec -a VLLM::Worker_TP3`), nor is its "
+            "listener on [checks.vllm] base_url's port (never asked, vLLM judged as not listening); look-alikes "
             "are counted (dgxdoctor_vllm_lookalikes_ignored). Unset: root and "
             "dgxdoctor's user only, as the shipped units run vLLM and Ray",
         ),

@@ -14,6 +14,8 @@ engine. Thresholds follow the operator tutorial's maintenance section: KV cache 
 waiting queue non-zero for long, a jump of the TTFT P99. A server still loading (process younger than the start-up
 grace) is never judged. A headless vLLM (``vllm serve ... --headless``, a worker node of the multiprocessing executor
 across nodes) serves no API by design: the check is SKIPPED there, and the vllm_executor check judges that node.
+A listener on base_url's port whose socket another user owns is never vLLM and never asked (``vllm_api.port_view``):
+vLLM is then judged as not listening, the holder named.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from dgxdoctor.judge.vllm import (
     latency_findings,
     models_verdict,
     not_up,
+    port_taken,
     pressure_findings,
     unreadable,
 )
@@ -55,11 +58,14 @@ from dgxdoctor.sources.prom_text import PromTextError
 from dgxdoctor.sources.redact import shown_argv
 from dgxdoctor.sources.vllm_api import (
     Health,
-    api_server_on,
+    PortHolder,
     cpu_ticks,
+    foreign_listener,
     get_health,
     get_metrics,
     get_models,
+    listener_trust,
+    port_view,
     post_completion,
     process_from_pid_file,
     still_listening,
@@ -67,7 +73,7 @@ from dgxdoctor.sources.vllm_api import (
     vllm_by_command_line,
 )
 from dgxdoctor.sources.vllm_launch import LaunchError, is_headless_server, parse_launch
-from dgxdoctor.sources.vllm_metrics import NotVllmMetrics
+from dgxdoctor.sources.vllm_metrics import NotVllmMetrics, VllmMetrics
 from dgxdoctor.validation import Secret
 
 if TYPE_CHECKING:
@@ -270,7 +276,7 @@ class VllmCheck(Check[VllmSettings]):
             return
         client = self.env.http_client(s.base_url, s.request_timeout_s)
         self._follower = ProgressFollower(
-            fetch=lambda: get_metrics(client, self._headers()),
+            fetch=lambda: self._follow_metrics(client),
             clock=self._window.progress,
             engines=self._engines,
             monotonic=self.env.monotonic,
@@ -296,6 +302,21 @@ class VllmCheck(Check[VllmSettings]):
         base = self.settings.base_url
         return urlsplit(base).port or (443 if base.startswith("https") else 80)
 
+    def _trusted(self) -> frozenset[int]:
+        return listener_trust(self.env.proc_root, self.env.serving_uid, self.settings.pid_file)
+
+    def _impostor(self) -> PortHolder | None:
+        """Another user's listener where base_url connects (its answers are never vLLM's), else None."""
+        host = urlsplit(self.settings.base_url).hostname
+        return foreign_listener(self.env.proc_root, self._port(), host, self._trusted())
+
+    def _follow_metrics(self, client: httpx.Client) -> VllmMetrics:
+        """The follower's read: never another user's listener's /metrics (an error: the check then judges it)."""
+        impostor = self._impostor()
+        if impostor is not None:
+            raise NotVllmMetrics(impostor.describe())
+        return get_metrics(client, self._headers())
+
     def _serving_api_server(self) -> ProcessInfo | None:
         """The API server whose process tree holds the engines: the pid file's, else the process listening on
         base_url's port, remembered while the same process still listens there (no /proc scan every look)."""
@@ -309,18 +330,20 @@ class VllmCheck(Check[VllmSettings]):
                 same = again is not None and again.start_ticks == cached.start_ticks
                 if same and again is not None and still_listening(root, again, self._port()):
                     return again
-            self._api_server = api_server_on(root, self._port())
+            host = urlsplit(self.settings.base_url).hostname
+            self._api_server = port_view(root, self._port(), host, self._trusted()).server
             return self._api_server
 
     def _find_process(self) -> tuple[ProcessInfo | None, str | None]:
-        """The API server process; when nothing listens, a vLLM process found by its command line (loading, or
-        dead with processes left), of root or of our user only; and why none, if none."""
+        """The API server process; when no trusted user's process listens, a vLLM process found by its command
+        line (loading, or dead with processes left), of root, our user or ``[node] serving_user`` only; and why
+        none, if none."""
         if self.settings.pid_file is not None:
             return process_from_pid_file(self.env.proc_root, self.settings.pid_file)
         serving = self._serving_api_server()
         if serving is not None:
             return serving, None
-        return vllm_by_command_line(self.env.proc_root, self._port())
+        return vllm_by_command_line(self.env.proc_root, self._port(), None, self.env.serving_uid)
 
     def _headless(self, proc: ProcessInfo | None) -> str | None:
         """Why there is no API to ask: the process found (nothing listens on base_url) is a headless vLLM."""
@@ -357,6 +380,10 @@ class VllmCheck(Check[VllmSettings]):
         if proc is not None and proc.start_time is not None:
             uptime = max(0.0, self.env.clock() - proc.start_time)
         b.sample(VLLM_PROCESS_UPTIME, uptime)
+        impostor = self._impostor()
+        if impostor is not None:  # never asked: its /health, models and metrics are not vLLM's
+            b.sample(VLLM_UP, 0)
+            return self._down(b, port_taken(impostor.describe(), self._server(proc, no_proc_reason, uptime)))
         refused = self.env.refusal(s.base_url, s.request_timeout_s)
         if refused is not None:
             ticks = cpu_ticks(self.env.proc_root, proc.pid) if proc else None
@@ -389,13 +416,23 @@ class VllmCheck(Check[VllmSettings]):
         cpu_ratio: float | None,
         state: str | None,
     ) -> CheckResult:
-        s = self.settings
         b.sample(VLLM_UP, 0)
+        server = self._server(proc, no_proc_reason, uptime, cpu_ratio, state)
+        return self._down(b, not_up(health, server, self._limits))
+
+    def _server(
+        self,
+        proc: ProcessInfo | None,
+        no_proc_reason: str | None,
+        uptime: float | None,
+        cpu_ratio: float | None = None,
+        state: str | None = None,
+    ) -> Server:
+        s = self.settings
         process = f"process {proc.pid} ({shown_argv(proc.cmdline, 80)})" if proc else None
         head = self.env.role == "head"
         expected = proc is not None or s.required or s.pid_file is not None or self._seen_up or head
-        server = Server(s.base_url, process, no_proc_reason, uptime, expected, cpu_ratio, state, head)
-        return self._down(b, not_up(health, server, self._limits))
+        return Server(s.base_url, process, no_proc_reason, uptime, expected, cpu_ratio, state, head)
 
     def _down(self, b: ResultBuilder, down: Down) -> CheckResult:
         if not down.loading:

@@ -39,6 +39,7 @@ def targets_for(config: Config, token: str | None) -> Targets:
             model=vllm.served_model_name,
             api_key=vllm.api_key.get_secret_value() if vllm.api_key is not None else None,
             request_timeout_s=vllm.request_timeout_s,
+            pid_file=vllm.pid_file,
         ),
         ray_dashboard_url=ray.dashboard_url,
         ray_nodes=ray.expected_nodes,

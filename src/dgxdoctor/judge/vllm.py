@@ -62,6 +62,8 @@ def snapshot_findings(
 REMEDIES: Mapping[str, str] = {
     "VLLM_DEAD": "vLLM is down: read the end of its log (`journalctl -u vllm -n 200`: OOM, NCCL or Ray errors), "
     "check `ray status` (both nodes, all GPUs), then `systemctl restart vllm`",
+    "VLLM_PORT_TAKEN": "another user's process holds vLLM's port: see whose (`ss -ltnp 'sport = :8000'`), stop "
+    "it, then `systemctl restart vllm`; if it is this node's vLLM run as another user, set [node] serving_user",
     "VLLM_NOT_ANSWERING": "saturated: lower the client concurrency or add capacity; hung: take a stack dump "
     "(py-spy dump --pid PID) and the log, then restart vLLM",
     "VLLM_UNHEALTHY": "read vLLM's log for the engine error (CUDA/NCCL/OOM), then restart vLLM",
@@ -221,6 +223,20 @@ def not_up(health: Health, server: Server, limits: Limits) -> Down:
     message = f"{what}: the engine reports itself unhealthy (an engine process died or errored)"
     unhealthy = Finding("VLLM_UNHEALTHY", Status.CRITICAL, message, url, remedy=REMEDIES["VLLM_UNHEALTHY"])
     return Down((unhealthy,), f"vLLM unhealthy: {what}")
+
+
+def port_taken(holder: str, server: Server) -> Down:
+    """Another user's process listens where base_url connects (``holder`` says whose): whatever it answers is not
+    vLLM's, so it is never asked. vLLM is then what it is with nothing listening: dead where it is expected (a
+    vLLM process of a trusted user, required here, the head, or it answered before; one still loading cannot
+    bind the port either), else not here; never OK."""
+    if not server.expected:
+        return Down(skipped=f"no vLLM here: {holder}")
+    where = f"; {server.process} does not listen" if server.process else ""
+    why = "; the head node ([node] role) must serve it" if server.head and server.process is None else ""
+    message = f"{holder}{where}: vLLM is dead at {server.url}{why}"
+    dead = Finding("VLLM_DEAD", Status.CRITICAL, message, server.url, remedy=REMEDIES["VLLM_PORT_TAKEN"])
+    return Down((dead,), f"vLLM dead: {holder}")
 
 
 def models_verdict(models: list[str], wanted: str | None, url: str) -> tuple[list[Finding], str, str | None]:

@@ -13,7 +13,9 @@ import hashlib
 import hmac
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import httpx
 from msgspec import Meta, Struct
@@ -21,6 +23,7 @@ from msgspec import Meta, Struct
 from dgxdoctor.remediation.state_doc import Finite, Step
 from dgxdoctor.sources.commands import CommandNotFound, CommandRunner, CommandTimeout
 from dgxdoctor.sources.ray_api import RayApiError, parse_nodes_detail
+from dgxdoctor.sources.vllm_api import foreign_listener, listener_trust
 
 OUTPUT_TAIL = 400  # characters of a command's output kept in the audit
 POLL_S = 0.25
@@ -87,6 +90,19 @@ class VllmTarget(Struct, frozen=True):
     model: str | None
     api_key: str | None = None
     request_timeout_s: float = 10.0
+    pid_file: Path | None = None  # [checks.vllm] pid_file: its process's user's listener is believed too
+
+
+def port_impostor(target: VllmTarget, proc_root: Path, serving_uid: int | None) -> str | None:
+    """Whose listener holds base_url's port when it is not a trusted user's (``vllm_api.port_view``), else None.
+
+    vLLM's port is unprivileged: after a restart that failed to bind it, another user's server there would
+    otherwise pass the verification with its own /health, /v1/models and completion."""
+    parts = urlsplit(target.base_url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    trusted = listener_trust(proc_root, serving_uid, target.pid_file)
+    holder = foreign_listener(proc_root, port, parts.hostname, trusted)
+    return holder.describe() if holder is not None else None
 
 
 class Deadline:
@@ -103,22 +119,32 @@ class Deadline:
 
 
 def verify_vllm(
-    target: VllmTarget, timeout_s: float, client: httpx.Client, sleep: Callable[[float], None] = time.sleep
+    target: VllmTarget,
+    timeout_s: float,
+    client: httpx.Client,
+    sleep: Callable[[float], None] = time.sleep,
+    impostor: Callable[[], str | None] = lambda: None,
 ) -> StepResult:
     """``/health`` 200 (polled until the deadline), the model in ``/v1/models``, a chat completion with tokens.
 
-    ``sleep`` waits between polls; the engine's raises when the agent stops, so a stop never waits out the deadline."""
+    ``sleep`` waits between polls; the engine's raises when the agent stops, so a stop never waits out the deadline.
+    While ``impostor`` says another user holds the port (``port_impostor``), nothing there is asked: its answers
+    are not vLLM's."""
     started = time.monotonic()
     deadline = Deadline(timeout_s)
     headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
     base = target.base_url.rstrip("/")
     last = "no answer yet"
     while True:
+        taken = impostor()
         try:
-            health = client.get(f"{base}/health", headers=headers, timeout=target.request_timeout_s)
-            if health.status_code == 200:
-                break
-            last = f"/health answered {health.status_code}"
+            if taken is not None:
+                last = taken
+            else:
+                health = client.get(f"{base}/health", headers=headers, timeout=target.request_timeout_s)
+                if health.status_code == 200:
+                    break
+                last = f"/health answered {health.status_code}"
         except httpx.HTTPError as exc:
             last = f"/health: {type(exc).__name__}"
         if deadline.left <= 0:
@@ -129,6 +155,7 @@ def verify_vllm(
         detail = _models_and_completion(client, base, headers, target)
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
         return StepResult("verify", False, f"{type(exc).__name__}: {exc}"[:OUTPUT_TAIL], time.monotonic() - started)
+    detail = detail or impostor()  # taken meanwhile: the answers were not vLLM's
     return StepResult("verify", detail is None, detail or "healthy, model listed, completion with tokens",
                       time.monotonic() - started)  # fmt: skip
 

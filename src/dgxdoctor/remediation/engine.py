@@ -31,7 +31,15 @@ from msgspec.structs import replace
 from dgxdoctor import eventlog
 from dgxdoctor.compat import aio
 from dgxdoctor.environment import Environment
-from dgxdoctor.remediation.actions import StepResult, VllmTarget, ask_worker, run_argv, verify_vllm, wait_ray
+from dgxdoctor.remediation.actions import (
+    StepResult,
+    VllmTarget,
+    ask_worker,
+    port_impostor,
+    run_argv,
+    verify_vllm,
+    wait_ray,
+)
 from dgxdoctor.remediation.audit import AUDIT_FILE, STATE_FILE, AuditLog, Throttle, WriteErrors, guard_state_file
 from dgxdoctor.remediation.capture import PreActionCapture
 from dgxdoctor.remediation.guard import Decision, Guard, GuardState, in_start_grace
@@ -448,7 +456,9 @@ class Remediator:
         """The action's steps; when the agent's stop ended them early, the last is ``INTERRUPTED``."""
         cmd, timeout = self.settings.commands, self.settings.command_timeout_s
         with self.env.http_client() as client:
-            verify = partial(verify_vllm, self.targets.vllm, self.settings.verify_timeout_s, client, self._pause)
+            vllm, env = self.targets.vllm, self.env
+            impostor = partial(port_impostor, vllm, env.proc_root, env.serving_uid)
+            verify = partial(verify_vllm, vllm, self.settings.verify_timeout_s, client, self._pause, impostor)
             try:
                 if self.targets.executor == "mp":
                     # Either restart is the whole mp deployment: a head restarted alone leaves the headless workers

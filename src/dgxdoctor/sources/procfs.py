@@ -33,6 +33,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
+from ipaddress import IPv4Address, IPv6Address, ip_address
 from pathlib import Path
 
 from msgspec import Struct
@@ -259,8 +260,9 @@ def trusted_uids(agent_uid: int | None = None, serving_uid: int | None = None) -
 def trusted_process(process_uid: int | None, agent_uid: int | None = None, serving_uid: int | None = None) -> bool:
     """Whether a process found by its command line may be believed, or its interpreter executed: anyone can
     title a process ``VLLM::EngineCore`` or run ``python -m vllm...``, so only processes of ``trusted_uids`` are.
-    A vLLM run by another user is found from its listening socket (``port_owner``), a pid file or
-    ``[node] serving_user``; its interpreter then needs ``serving_python`` set explicitly."""
+    A vLLM run by another user is believed only through a pid file or ``[node] serving_user`` (its listening
+    socket is then one of theirs, ``vllm_api.port_view``); its interpreter then needs ``serving_python`` set
+    explicitly."""
     return process_uid is not None and process_uid in trusted_uids(agent_uid, serving_uid)
 
 
@@ -471,13 +473,61 @@ def listener_inodes(proc_root: Path, port: int) -> dict[int, int | None]:
     return {s.inode: s.uid for s in listening_sockets(proc_root) or () if s.port == port and s.inode is not None}
 
 
-def port_owner(
-    proc_root: Path, port: int, prefer: Callable[[ProcessInfo], bool] = lambda _: False
+def socket_ip(local_addr: str) -> IPv4Address | IPv6Address | None:
+    """The address of a ``/proc/net/tcp``/``tcp6`` local address field: 32-bit words in host (little-endian)
+    order (``0100007F`` -> 127.0.0.1, ``00000000000000000000000001000000`` -> ::1); None when malformed."""
+    try:
+        raw = bytes.fromhex(local_addr)
+    except ValueError:
+        return None
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    if len(raw) == 4:
+        return IPv4Address(words)
+    return IPv6Address(words) if len(raw) == 16 else None
+
+
+def _host_ips(host: str | None) -> tuple[IPv4Address | IPv6Address, ...] | None:
+    """The addresses a connection to ``host`` goes to; None for a name other than localhost (not resolved)."""
+    if host is None:
+        return None
+    if host.lower() == "localhost":
+        return (IPv4Address("127.0.0.1"), IPv6Address("::1"))
+    try:
+        return (ip_address(host.strip("[]")),)
+    except ValueError:
+        return None
+
+
+def _same_ip(bound: IPv4Address | IPv6Address | None, wanted: IPv4Address | IPv6Address) -> bool:
+    if isinstance(bound, IPv6Address) and bound.ipv4_mapped is not None:
+        bound = bound.ipv4_mapped
+    return bound == wanted
+
+
+def reaching_listeners(proc_root: Path, port: int, host: str | None) -> dict[int, int | None]:
+    """inode -> owner uid of the sockets listening on ``port`` that a connection to ``host`` may reach: those
+    bound to its address, else those bound to the wildcard (the kernel prefers the exact bind). Every socket on
+    the port when ``host`` is a name (not resolved here): the caller then believes none unless all are believed."""
+    sockets = [s for s in listening_sockets(proc_root) or () if s.port == port and s.inode is not None]
+    wanted = _host_ips(host)
+    if wanted is None:
+        return {s.inode: s.uid for s in sockets if s.inode is not None}
+    chosen: dict[int, int | None] = {}
+    bound = [(s, socket_ip(s.local_addr)) for s in sockets]
+    for ip in wanted:
+        exact = [s for s, addr in bound if _same_ip(addr, ip)]
+        for s in exact or [s for s, addr in bound if addr is not None and addr.is_unspecified]:
+            if s.inode is not None:
+                chosen[s.inode] = s.uid
+    return chosen
+
+
+def socket_holder(
+    proc_root: Path, inodes: Mapping[int, int | None], prefer: Callable[[ProcessInfo], bool] = lambda _: False
 ) -> ProcessInfo | None:
-    """The process listening on TCP ``port``: of the processes holding the listening socket, the oldest (a server
-    that forked workers shares it with them). Only processes of the socket's owner uid are searched, those that
-    ``prefer`` picks first (their fd links are the cost); None when nothing listens or no holder is readable."""
-    inodes = listener_inodes(proc_root, port)
+    """Of the processes holding one of ``inodes`` (inode -> owner uid), the oldest (a server that forked workers
+    shares its socket with them). Only processes of the sockets' owner uids are searched, those that ``prefer``
+    picks first (their fd links are the cost); None when none is given or no holder is readable."""
     if not inodes:
         return None
     uids = set(inodes.values())
@@ -485,6 +535,13 @@ def port_owner(
     candidates.sort(key=lambda p: not prefer(p))
     holders = [p for p in candidates if p.stat is not None and p.socket_inodes() & inodes.keys()]
     return min(holders, key=lambda p: (p.start_ticks or 0, p.pid)) if holders else None
+
+
+def port_owner(
+    proc_root: Path, port: int, prefer: Callable[[ProcessInfo], bool] = lambda _: False
+) -> ProcessInfo | None:
+    """The process listening on TCP ``port`` (any address): ``socket_holder`` of its listening sockets."""
+    return socket_holder(proc_root, listener_inodes(proc_root, port), prefer)
 
 
 def descendants(proc_root: Path, pid: int) -> list[ProcessInfo]:

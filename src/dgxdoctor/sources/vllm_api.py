@@ -17,7 +17,7 @@ import errno
 import itertools
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -28,9 +28,11 @@ from dgxdoctor.sources.procfs import (
     descendants,
     iter_processes,
     listener_inodes,
-    port_owner,
+    reaching_listeners,
     read_process,
+    socket_holder,
     trusted_process,
+    trusted_uids,
 )
 from dgxdoctor.sources.vllm_metrics import VllmMetrics, parse_vllm_metrics
 
@@ -88,21 +90,74 @@ def process_from_pid_file(proc_root: Path, pid_file: Path) -> tuple[ProcessInfo 
     return (info, None) if info else (None, f"process {raw} from {pid_file} is gone")
 
 
-def api_server_on(proc_root: Path, port: int) -> ProcessInfo | None:
-    """The process listening on ``port``, the API server answering ``base_url`` (``ss -ltnp 'sport = :8000'``);
-    vLLM-looking command lines are searched first (cheaper), the socket decides."""
-    return port_owner(proc_root, port, prefer=lambda p: is_vllm_api_server(p.cmdline))
+class PortHolder(Struct, frozen=True):
+    """A listener on base_url's port of a user not trusted: never vLLM, whatever it answers."""
+
+    port: int
+    uid: int | None  # the socket's owner, as the kernel writes it in /proc/net/tcp
+    pid: int | None  # the oldest process holding it; None when its fds are unreadable (the agent is not root)
+
+    def describe(self) -> str:
+        who = f"pid {self.pid}" if self.pid is not None else "a process"
+        uid = "unknown" if self.uid is None else str(self.uid)
+        return f"port {self.port} is held by {who} of uid {uid}, not the serving user: not vLLM"
+
+
+class PortView(Struct, frozen=True):
+    """Who listens where base_url connects: a trusted user's process (the API server), or another user's."""
+
+    server: ProcessInfo | None = None
+    impostor: PortHolder | None = None
+
+
+def _foreign(
+    proc_root: Path, port: int, sockets: Mapping[int, int | None], trusted: Collection[int]
+) -> PortHolder | None:
+    foreign = {inode: uid for inode, uid in sockets.items() if uid is None or uid not in trusted}
+    if not foreign:
+        return None
+    holder = socket_holder(proc_root, foreign)  # only the foreign uids' processes are searched
+    uid = holder.uid if holder is not None and holder.uid is not None else next(iter(foreign.values()))
+    return PortHolder(port, uid, holder.pid if holder is not None else None)
+
+
+def foreign_listener(proc_root: Path, port: int, host: str | None, trusted: Collection[int]) -> PortHolder | None:
+    """Another user's listener where ``host:port`` connects (``port_view``), else None; reads only the socket
+    table while there is none (cheap enough for every look)."""
+    return _foreign(proc_root, port, reaching_listeners(proc_root, port, host), trusted)
+
+
+def port_view(proc_root: Path, port: int, host: str | None, trusted: Collection[int]) -> PortView:
+    """The process listening where ``host:port`` connects (``ss -ltnp 'sport = :8000'``), judged by the socket's
+    owner uid, which no other user can forge: one of ``trusted`` (``procfs.trusted_uids``: root, the agent's user,
+    ``[node] serving_user``; the pid file's process's user where one is configured) is the API server (vLLM-looking
+    command lines searched first, the socket decides). Port 8000 is unprivileged: when vLLM is down any user may
+    listen there and answer ``/health`` 200. A socket of another user that the connection may reach makes the port
+    another user's, even beside a trusted one (the answer could be either's)."""
+    sockets = reaching_listeners(proc_root, port, host)
+    impostor = _foreign(proc_root, port, sockets, trusted)
+    if impostor is not None:
+        return PortView(impostor=impostor)
+    return PortView(server=socket_holder(proc_root, sockets, prefer=lambda p: is_vllm_api_server(p.cmdline)))
+
+
+def listener_trust(proc_root: Path, serving_uid: int | None = None, pid_file: Path | None = None) -> frozenset[int]:
+    """The uids whose listener on base_url's port is believed: root, the agent's user, ``[node] serving_user``, and
+    the user of the configured pid file's process (an operator's statement of which process is vLLM)."""
+    trusted = trusted_uids(serving_uid=serving_uid)
+    named = process_from_pid_file(proc_root, pid_file)[0] if pid_file is not None else None
+    return trusted | {named.uid} if named is not None and named.uid is not None else trusted
 
 
 def vllm_by_command_line(
-    proc_root: Path, port: int, agent_uid: int | None = None
+    proc_root: Path, port: int, agent_uid: int | None = None, serving_uid: int | None = None
 ) -> tuple[ProcessInfo | None, str | None]:
-    """When nothing listens on ``port`` (still loading, or dead with processes left): a vLLM process of root or
-    of the agent's user (``procfs.trusted_process``: anyone can title a process ``VLLM::EngineCore``), the API
-    server first, oldest first; and why none, if none."""
+    """When nothing listens on ``port`` (still loading, or dead with processes left): a vLLM process of root, of
+    the agent's user or of ``[node] serving_user`` (``procfs.trusted_process``: anyone can title a process
+    ``VLLM::EngineCore``), the API server first, oldest first; and why none, if none."""
     # Processes that exit while listed (no stat line left) are skipped.
     found = [p for p in iter_processes(proc_root) if is_vllm_process(p.cmdline) and p.stat is not None]
-    found = [p for p in found if trusted_process(p.uid, agent_uid)]
+    found = [p for p in found if trusted_process(p.uid, agent_uid, serving_uid)]
     # A server started with another --port is not the one this check watches: said, so it never reads "loading".
     elsewhere = [p for p in found if cmdline_port(p.cmdline) not in (None, port)]
     found = [p for p in found if cmdline_port(p.cmdline) in (None, port)]
@@ -119,11 +174,21 @@ def vllm_by_command_line(
 
 
 def find_vllm_process(
-    proc_root: Path, port: int, agent_uid: int | None = None
+    proc_root: Path,
+    port: int,
+    agent_uid: int | None = None,
+    serving_uid: int | None = None,
+    host: str | None = "127.0.0.1",
 ) -> tuple[ProcessInfo | None, str | None]:
-    """The API server listening on ``port``, else ``vllm_by_command_line``."""
-    listening = api_server_on(proc_root, port)
-    return (listening, None) if listening is not None else vllm_by_command_line(proc_root, port, agent_uid)
+    """The API server listening on ``host:port``, else ``vllm_by_command_line``; another user's listener is never
+    it (and is the reason when no trusted vLLM process is found either)."""
+    view = port_view(proc_root, port, host, trusted_uids(agent_uid, serving_uid))
+    if view.server is not None:
+        return view.server, None
+    found, why = vllm_by_command_line(proc_root, port, agent_uid, serving_uid)
+    if found is None and view.impostor is not None:
+        return None, view.impostor.describe()
+    return found, why
 
 
 def still_listening(proc_root: Path, process: ProcessInfo, port: int) -> bool:
