@@ -157,3 +157,14 @@ def test_three_nodes_all_different_have_no_majority() -> None:
     [drift] = drift_findings(peer_compare("dgx-b", three))
     assert (drift.code, drift.subject) == ("PEER_NCCL_ENV_DRIFT", None)
     assert drift.message == "the nodes disagree on nccl_env.NCCL_IB_GID_INDEX: dgx-a 3, dgx-b 0, dgx-c 1"
+
+
+def test_without_a_comparison_here_a_nodes_own_verdict_stays_under_it() -> None:
+    """The page could not read dgx-b just now, but dgx-a's peer_compare did: its findings stay under dgx-a."""
+    mine = [*TWO["dgx-a"], peer_compare("dgx-a", TWO)]
+    local = NodeRun("dgx-a", None, ResultsDocument.of("dgx-a", mine, time.time()).state())
+    view = assemble(local, [NodeRun("dgx-b:9835", url("dgx-b"), None, "ConnectError: connection refused")])
+    html, table = render_page(view, None), cluster_table(view)
+    gid = "the nodes disagree on nccl_env.NCCL_IB_GID_INDEX: dgx-a 3, dgx-b 0"
+    assert html.count(gid) == 1 and "· peer_compare" in html
+    assert table.replace("\n    ", " ").count(gid) == 1

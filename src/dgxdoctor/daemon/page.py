@@ -103,7 +103,9 @@ def _finding(f: Mapping[str, Any], said: set[str]) -> str:
 def _problems(view: ClusterView) -> str:
     """Every check that is not ok, per node: its summary, its findings each with its own remedy, the check's remedy.
 
-    The comparison's verdicts that a node's peer_compare check also gives are left to "Between the nodes"."""
+    The comparison's verdicts that a node's peer_compare check also gives are left to "Between the nodes" when the
+    comparison was made here (two nodes or more with results)."""
+    compared = len(view.comparison.nodes) >= 2
     out = []
     for n in view.nodes:
         if n.doc is None:
@@ -114,7 +116,7 @@ def _problems(view: ClusterView) -> str:
         for c in n.doc.get("checks", []):
             if c["status"] in QUIET:
                 continue
-            told = [f for f in c.get("findings", []) if told_by_the_comparison(c["name"], f["code"])]
+            told = [f for f in c.get("findings", []) if compared and told_by_the_comparison(c["name"], f["code"])]
             shown = [f for f in c.get("findings", []) if f["status"] not in QUIET and f not in told]
             if told and not shown:
                 continue  # all it says is the comparison's, below

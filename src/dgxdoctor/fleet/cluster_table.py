@@ -57,20 +57,22 @@ def cluster_table(view: ClusterView, verbose: bool = False) -> str:
             got = checks.get(name)
             cells.append(_mark(got["status"]) if got else ("UNKN" if n.doc is None else "-"))
         lines.append(f"{name:<{check_w}}  " + "  ".join(f"{c:<{col}}" for c in cells))
-    lines += _details(nodes, by_node, verbose, term)
+    lines += _details(nodes, by_node, verbose, term, compared=len(view.comparison.nodes) >= 2)
     lines += _comparison(view, term)
     return "\n".join(lines)
 
 
-def _details(nodes: tuple[NodeRun, ...], by_node: list[dict[str, Any]], verbose: bool, width: int) -> list[str]:
-    """Each node's checks that are not ok, each finding with its own remedy; the comparison's verdicts that a
-    peer's own peer_compare check gives too are left to the comparison below (listed once)."""
+def _details(
+    nodes: tuple[NodeRun, ...], by_node: list[dict[str, Any]], verbose: bool, width: int, compared: bool
+) -> list[str]:
+    """Each node's checks that are not ok, each finding with its own remedy; where the nodes were ``compared`` here,
+    the comparison's verdicts that a peer's own peer_compare check gives too are left to it (listed once)."""
     out: list[str] = []
     for n, checks in zip(nodes, by_node, strict=True):
         for c in checks.values():
             if c["status"] in QUIET and not verbose:
                 continue
-            told = [f for f in c.get("findings", []) if told_by_the_comparison(c["name"], f["code"])]
+            told = [f for f in c.get("findings", []) if compared and told_by_the_comparison(c["name"], f["code"])]
             shown = [f for f in c.get("findings", []) if (verbose or f["status"] not in QUIET) and f not in told]
             if told and not shown:
                 continue
