@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from dgxdoctor.checks.gpu import UTILIZATION
 from dgxdoctor.checks.peer_compare import PeerCompareCheck, PeerCompareSettings
 from dgxdoctor.daemon.page import render_page
 from dgxdoctor.documents import ResultsDocument
@@ -24,7 +25,7 @@ from dgxdoctor.environment import Environment, Fleet, Peers
 from dgxdoctor.fleet.cluster import NodeRun, assemble, cluster_document
 from dgxdoctor.fleet.cluster_table import cluster_table
 from dgxdoctor.fleet.peers import response_json, validated_document
-from dgxdoctor.result import CheckResult, Finding, Status
+from dgxdoctor.result import CheckResult, Finding, Sample, Status
 from dgxdoctor.validation import validate
 
 TOKEN = "compare-verdict-token-0123456789"
@@ -168,3 +169,27 @@ def test_without_a_comparison_here_a_nodes_own_verdict_stays_under_it() -> None:
     gid = "the nodes disagree on nccl_env.NCCL_IB_GID_INDEX: dgx-a 3, dgx-b 0"
     assert html.count(gid) == 1 and "· peer_compare" in html
     assert table.replace("\n    ", " ").count(gid) == 1
+
+
+def busy(util: float) -> list[CheckResult]:
+    """A gpu check's utilisation samples, eight GPUs at ``util``."""
+    samples = tuple(Sample(UTILIZATION, util, {"gpu": str(i), "pci_bus_id": f"0000:{i:02x}:00"}) for i in range(8))
+    return [CheckResult("gpu", Status.OK, "8 GPUs", samples=samples)]
+
+
+def test_an_imbalance_names_every_node_on_the_side_that_hurts_the_same_from_each_node() -> None:
+    """Two nodes idle while one serves: both are named, not the first of two equals (before: dgx-b alone)."""
+    two_idle = {"dgx-a": busy(0.9), "dgx-b": busy(0.05), "dgx-c": busy(0.05)}
+    said = [[f for f in peer_compare(n, two_idle).findings if f.code == "PEER_GPU_UTILIZATION_IMBALANCE"]
+            for n in two_idle]  # fmt: skip
+    assert said[0] == said[1] == said[2]
+    assert [f.subject for f in said[0]] == ["dgx-b,dgx-c"]
+    assert "dgx-b 0.05, dgx-c 0.05 vs dgx-a 0.90" in said[0][0].message
+    one_idle = {"dgx-a": busy(0.9), "dgx-b": busy(0.85), "dgx-c": busy(0.05)}
+    found = [f for f in peer_compare("dgx-a", one_idle).findings if f.code == "PEER_GPU_UTILIZATION_IMBALANCE"]
+    assert [f.subject for f in found] == ["dgx-c"]
+    # Two nodes: the idle one, named the same from both sides.
+    pair = {"dgx-a": busy(0.95), "dgx-b": busy(0.02)}
+    assert [(f.code, f.subject) for f in drift_findings(peer_compare("dgx-b", pair))] == [
+        ("PEER_GPU_UTILIZATION_IMBALANCE", "dgx-b")
+    ]

@@ -111,7 +111,8 @@ PEER_HEADER = """## Values of `metric` in `dgxdoctor_peer_imbalance_ratio`
 Each compares one value per node (or per rail) between this node and its peers: imbalance = (max - min) / max.
 Above the tolerance (`[checks.peer_compare] tolerances`), and when some node is above the metric's floor, the
 `peer_compare` check reports a finding naming the odd node: the one with the lowest or highest value, the
-direction that hurts (an idle node, a hot one, a rail with errors), so every node names the same one."""
+direction that hurts (an idle node, a hot one, a rail with errors); with three nodes or more, every node as far off
+the best value (beyond the tolerance) on that side. Every node that compares names the same ones."""
 
 
 if __name__ == "__main__":

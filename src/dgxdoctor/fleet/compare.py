@@ -6,7 +6,8 @@ their utilisation rises together; if only machine A moves, the requests are not 
 "driver and CUDA identical on both machines; driver mismatch is a top cause of multi-node failures").
 
 Imbalance of one metric over nodes is ``(max - min) / max`` (0 = equal, 1 = one node idle). The asymmetric node is
-the extreme one in the direction that hurts: the lowest utilisation, the highest error rate. A fact (a version, the
+the extreme one in the direction that hurts: the lowest utilisation, the highest error rate (with more nodes, every
+one as far off the best). A fact (a version, the
 model's fingerprint, an NCCL variable) has no such direction: the odd node is the one off the value a strict majority
 of three or more nodes agree on; with two nodes, or no majority, the nodes disagree and none is named (``Drift``).
 The verdict is the same whichever node compares. Nothing here does I/O; ``peers.py`` fetches the snapshots.
@@ -309,6 +310,7 @@ def compare(snapshots: Iterable[Mapping[str, Any]], tolerances: Mapping[str, flo
     views: dict[str, _NodeView] = {}
     for snap in snapshots:
         views[str(snap["node"])] = _view(snap)
+    views = dict(sorted(views.items()))  # by name, so that every node writes the same findings
     nodes = tuple(views)
     if len(views) < 2:
         return Comparison(nodes=nodes)
@@ -329,16 +331,17 @@ def compare(snapshots: Iterable[Mapping[str, Any]], tolerances: Mapping[str, flo
             imbalances.append(Imbalance(rule.key, rail, ratio, values))
             if max(values.values()) < rule.floor or ratio <= tolerance:
                 continue
-            pick = min if rule.bad == "low" else max
-            odd = pick(values, key=lambda n: values[n])
-            others = ", ".join(f"{n} {_fmt(values[n], rule.unit)}" for n in values if n != odd)
+            bad = _bad_side(values, rule, tolerance)
+            shown = ", ".join(f"{n} {_fmt(values[n], rule.unit)}" for n in bad)
+            others = ", ".join(f"{n} {_fmt(values[n], rule.unit)}" for n in values if n not in bad)
             where = f" on rail {rail}" if rail else ""
+            odd = ",".join(bad)
             findings.append(
                 Finding(
                     rule.code,
                     Status.WARNING,
-                    f"{rule.what}{where}: {odd} {_fmt(values[odd], rule.unit)} vs {others} "
-                    f"(imbalance {ratio:.0%} > {tolerance:.0%}); likely cause on {odd}: {rule.cause}",
+                    f"{rule.what}{where}: {shown} vs {others} "
+                    f"(imbalance {ratio:.0%} > {tolerance:.0%}); likely cause on {', '.join(bad)}: {rule.cause}",
                     subject=f"{odd} {rail}" if rail else odd,
                     remedy=rule.cause,
                 )
@@ -350,6 +353,17 @@ def compare(snapshots: Iterable[Mapping[str, Any]], tolerances: Mapping[str, flo
     drifts, compared = _drift(views)
     findings.extend(drift_finding(d) for d in drifts)
     return Comparison(tuple(findings), tuple(imbalances), tuple(drifts), nodes, compared)
+
+
+def _bad_side(values: Mapping[str, float], rule: Rule, tolerance: float) -> list[str]:
+    """The nodes on the side that hurts, each off the best value by more than the tolerance: with two nodes the one
+    extreme (the same whichever node compares), with more every node that is as far off, not one picked among
+    equals. A high value under the rule's floor (0.3 errors/s) is not blamed."""
+    if rule.bad == "low":
+        top = max(values.values())
+        return [n for n, v in values.items() if top > 0 and (top - v) / top > tolerance]
+    low = min(values.values())
+    return [n for n, v in values.items() if v >= rule.floor and v > 0 and (v - low) / v > tolerance]
 
 
 def _stopped_rank(views: Mapping[str, _NodeView]) -> list[Finding]:
