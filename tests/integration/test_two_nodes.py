@@ -9,6 +9,7 @@ Namespaces are named ``dgxd-peer-*``, use 10.78.0.0/24 and have no default route
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import shutil
@@ -151,6 +152,10 @@ def test_two_nodes_see_each_other_then_the_cut(nodes: tuple[Node, Node]) -> None
     assert "1/1 peer(s) answered" in compare["summary"]
     assert drift and {f["subject"] for f in drift} == {None}, compare
     assert any(f["message"].startswith("the nodes disagree on ib_active_port_count: dgx-a ") for f in drift), drift
+    # The status page lists each difference once (before: under each node's peer_compare and between the nodes).
+    page = a.get("/")
+    for f in drift:
+        assert page.count(html.escape(f["message"])) == 1, f["message"]
 
     sh("ip", "-n", a.netns, "link", "set", a.veth, "down")  # cut the link between the nodes
 
