@@ -106,8 +106,9 @@ def _problems(view: ClusterView) -> str:
     The comparison's verdicts that a node's peer_compare check also gives are left to "Between the nodes" when the
     comparison was made here (two nodes or more with results)."""
     compared = len(view.comparison.nodes) >= 2
+    nodes = view.nodes
     out = []
-    for n in view.nodes:
+    for n in nodes:
         if n.doc is None:
             out.append(f'<div class="card">{badge("unknown")} <b>{_e(n.node)}</b>: no results: {_e(n.error)}'
                        '<div class="remedy">check dgxdoctor on that node (<code>systemctl status dgxdoctor</code>) '
