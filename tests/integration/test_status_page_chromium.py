@@ -7,6 +7,7 @@ three states an operator meets: all OK, a critical node (an XID 79 in dgx-b's ke
 
 from __future__ import annotations
 
+import html
 import os
 import shutil
 import subprocess
@@ -100,6 +101,10 @@ def test_the_page_in_the_three_states(nodes: tuple[DaemonProc, DaemonProc], tmp_
     a.wait_for(lambda: "cluster CRITICAL" in page(a) and "XID_79" in page(a), 60, "dgx-b critical on dgx-a's page")
     dom = chromium(a, where / "critical-node.png")
     assert "cluster CRITICAL" in dom and "XID_79" in dom and "remedy" in dom
+    # The peer's finding with its own remedy, as dgx-b's /state carries it (before: a peer's findings had none).
+    state = httpx.get(f"{b.url}/state", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()
+    xid = next(f for c in state["checks"] if c["name"] == "xid" for f in c["findings"] if f["code"] == "XID_79")
+    assert xid["remedy"] and f'<div class="remedy">{html.escape(xid["remedy"], quote=False)}</div></li>' in dom
 
     b.stop()
     a.wait_for(lambda: "unreachable" in page(a), 60, "dgx-b unreachable on dgx-a's page")

@@ -351,7 +351,7 @@ def test_peer_state_validation(doc: Any) -> None:
     state = clean(validate_state, doc, allowed=(BadAnswer,))
     if state is not None:
         json.dumps(state)
-        compare_mod.compare([state, {**state, "node": state["node"] + "-peer"}], local=state["node"])
+        compare_mod.compare([state, {**state, "node": state["node"] + "-peer"}])
 
 
 @FUZZ

@@ -217,7 +217,7 @@ def test_local_ranks_are_the_processes_reading_this_ras(tmp_path: Path) -> None:
 def test_nodes_seeing_different_communicators_is_drift() -> None:
     a = {"node": "dgx-a", "checks": [], "facts": {"ras.communicator_size": "16"}}
     b = {"node": "dgx-b", "checks": [], "facts": {"ras.communicator_size": "8"}}
-    assert [f.code for f in compare([a, b], local="dgx-a").findings] == ["PEER_RAS_VIEW_DRIFT"]
+    assert [f.code for f in compare([a, b]).findings] == ["PEER_RAS_VIEW_DRIFT"]
 
 
 RECORDED = Path(__file__).resolve().parents[2] / "docs" / "h200" / "ras-2026-12-01" / "raw" / "one-rank-sessions.json"

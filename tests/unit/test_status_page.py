@@ -10,6 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from test_ray_check import LOCAL, REFUSED, run_check
+
+from dgxdoctor.commands.report import report_table
 from dgxdoctor.config import load_config
 from dgxdoctor.daemon.app import AppState, make_app
 from dgxdoctor.daemon.page import NOT_ASKED_YET, StatusPage, render_page
@@ -17,7 +20,7 @@ from dgxdoctor.documents import ResultsDocument
 from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.fleet.cluster import NodeRun, assemble
 from dgxdoctor.fleet.peer_states import PeerStates
-from dgxdoctor.fleet.peers import PeerFetch, validated_document
+from dgxdoctor.fleet.peers import PeerFetch, response_json, validated_document
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.result import Action, CheckResult, Finding, Status
 from webtest import TestClient, TestServer
@@ -92,9 +95,43 @@ def test_a_critical_node_shows_its_findings_and_remedies() -> None:
     xid = Finding("XID_79", Status.CRITICAL, "GPU fell off the bus", "0000:18:00.0", remedy="drain and reboot")
     bad = CheckResult("xid", Status.CRITICAL, "XID 79", (xid,), action=Action("reset_gpu", "drain the node"))
     view = assemble(node("dgx-a", None, bad), [node("dgx-b", "http://dgx-b:9835", CheckResult("xid", Status.OK, "-"))])
-    html = render_page(view, REMEDIATION, {("xid", "XID_79"): "drain and reboot"})
+    html = render_page(view, REMEDIATION)
     assert "cluster CRITICAL" in html and "XID_79" in html and "GPU fell off the bus" in html
     assert "drain and reboot" in html and "drain the node" in html
+
+
+def ray_down_on_the_head(tmp_path: Path) -> CheckResult:
+    """The real ray check on a head whose Ray is down: dashboard refused, neither 6379 nor 8265 listening."""
+    result = run_check(tmp_path, REFUSED, dashboard_url=LOCAL, role="head", listening=False)
+    ports = [f for f in result.findings if f.code == "RAY_PORT_NOT_LISTENING"]
+    assert [f.subject for f in ports] == ["port 6379", "port 8265"] and ports[0].remedy != ports[1].remedy
+    return result
+
+
+def finding_item(html: str, text: str) -> str:
+    """The page's <li> of the finding whose message holds ``text``."""
+    [item] = [li for li in html.split("<li>")[1:] if text in li.split('<div class="remedy">')[0]]
+    return item.split("</li>")[0]
+
+
+def test_each_finding_shows_its_own_remedy_on_this_node_and_a_peer(tmp_path: Path) -> None:
+    """Issue 33 row 5: the GCS port finding showed the dashboard port's remedy (looked up by check and code, the
+    last one winning), and a peer's findings showed none. The page renders each finding's own, as `check` does."""
+    head = ray_down_on_the_head(tmp_path / "a")
+    peer = ray_down_on_the_head(tmp_path / "b")
+    peer_doc = validated_document(response_json(json.dumps(ResultsDocument.of("dgx-b", [peer]).state()).encode()))
+    view = assemble(node("dgx-a", None, head), [NodeRun("dgx-b", "http://dgx-b:9835", peer_doc.state())])
+    html = render_page(view, REMEDIATION)
+    for where in ("dgx-a", "dgx-b"):
+        card = next(c for c in html.split('<div class="card">') if f"<b>{where}</b> · ray" in c)
+        gcs = finding_item(card, "Ray GCS port 6379 is not listening")
+        dashboard = finding_item(card, "Ray dashboard port 8265 is not listening")
+        assert "grep 6379" in gcs and "grep 8265" not in gcs, where
+        assert "grep 8265" in dashboard and "grep 6379" not in dashboard, where
+    # `check` prints the same remedy under the same finding.
+    printed = " ".join(report_table("dgx-a", [head]).split())
+    gcs_line = printed.split("Ray GCS port 6379 is not listening")[1].split("- [")[0]
+    assert "remedy: the head's GCS is down: `ss -lntp | grep 6379`" in gcs_line
 
 
 def test_an_unreachable_peer_is_named_unknown() -> None:

@@ -109,7 +109,7 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
                 state = {**state, "node": f"{state['node']}@{got.label}"}
             snapshots.append(state)
             builder.add(*peer_cause_findings(state, got.label))
-        outcome = compare(snapshots, self.tolerances, local=str(local["node"]))
+        outcome = compare(snapshots, self.tolerances)
         for imbalance in outcome.imbalances:
             # Not builder.sample(): its first parameter is called ``metric`` too.
             labels = {"metric": imbalance.key, "rail": imbalance.rail}

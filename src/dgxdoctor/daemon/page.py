@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dgxdoctor.config import Config
+from dgxdoctor.documents import FindingDoc
+from dgxdoctor.fleet.compare import told_by_the_comparison
 from dgxdoctor.fleet.incidents import IncidentTracker
 from dgxdoctor.fleet.peer_states import PeerStates
 from dgxdoctor.fleet.store import ResultStore
@@ -101,8 +103,23 @@ def _check_grid(nodes: Sequence[NodeRun]) -> str:
     return f'<div class="scroll"><table><tr><th>check</th>{head}</tr>{"".join(rows)}</table></div>'
 
 
-def _problems(nodes: Sequence[NodeRun], remedies: Mapping[tuple[str, str], str]) -> str:
-    """Every check that is not ok, per node: its summary, its findings with their remedies, the check's remedy."""
+def _finding(f: Mapping[str, Any], said: set[str]) -> str:
+    """One finding with its own remedy under it (a remedy already said above is not repeated)."""
+    subject = f"{_e(f['subject'])}: " if f.get("subject") else ""
+    fix = f.get("remedy")
+    more = f'<div class="remedy">{_e(fix)}</div>' if fix and fix not in said else ""
+    if fix:
+        said.add(fix)
+    return f"<li>{badge(f['status'])} <code>{_e(f['code'])}</code> {subject}{_e(f['message'])}{more}</li>"
+
+
+def _problems(view: ClusterView) -> str:
+    """Every check that is not ok, per node: its summary, its findings each with its own remedy, the check's remedy.
+
+    The comparison's verdicts that a node's peer_compare check also gives are left to "Between the nodes" when the
+    comparison was made here (two nodes or more with results)."""
+    compared = len(view.comparison.nodes) >= 2
+    nodes = view.nodes
     out = []
     for n in nodes:
         if n.doc is None and n.error in NOT_ASKED:
@@ -116,33 +133,32 @@ def _problems(nodes: Sequence[NodeRun], remedies: Mapping[tuple[str, str], str])
         for c in n.doc.get("checks", []):
             if c["status"] in QUIET:
                 continue
-            items = []
-            for f in c.get("findings", []):
-                if f["status"] in QUIET:
-                    continue
-                subject = f"{_e(f['subject'])}: " if f.get("subject") else ""
-                fix = remedies.get((c["name"], f["code"])) if n.url is None else None
-                more = f'<div class="remedy">{_e(fix)}</div>' if fix else ""
-                code = f"<code>{_e(f['code'])}</code>"
-                items.append(f"<li>{badge(f['status'])} {code} {subject}{_e(f['message'])}{more}</li>")
+            told = [f for f in c.get("findings", []) if compared and told_by_the_comparison(c["name"], f["code"])]
+            shown = [f for f in c.get("findings", []) if f["status"] not in QUIET and f not in told]
+            if told and not shown:
+                continue  # all it says is the comparison's, below
+            said: set[str] = {f["remedy"] for f in told if f.get("remedy")}  # said below, with the comparison
+            items = "".join(_finding(f, said) for f in shown)
             action = (c.get("action") or {}).get("remedy")
-            shown = {remedies.get((c["name"], f["code"])) for f in c.get("findings", [])} if n.url is None else set()
-            remedy = f'<div class="remedy"><b>remedy</b>: {_e(action)}</div>' if action and action not in shown else ""
+            remedy = f'<div class="remedy"><b>remedy</b>: {_e(action)}</div>' if action and action not in said else ""
             out.append(f'<div class="card">{badge(c["status"])} <b>{_e(n.node)}</b> · {_e(c["name"])}: '
-                       f'{_e(c["summary"])}<ul>{"".join(items)}</ul>{remedy}</div>')  # fmt: skip
-    return "".join(out) or '<div class="card">nothing is wrong on any node that answered</div>'
+                       f'{_e(c["summary"])}<ul>{items}</ul>{remedy}</div>')  # fmt: skip
+    if out:
+        return "".join(out)
+    alone = "nothing is wrong on any node that answered"
+    return f'<div class="card">{alone}{"; the nodes differ: see below" if view.comparison.findings else ""}</div>'
 
 
 def _comparison(view: ClusterView) -> str:
+    """The comparison's findings, each once: a disagreement of two nodes names no node, the odd one is named only
+    where a majority of three or more agree (``fleet.compare``)."""
     findings = view.comparison.findings
     if not findings:
         answered = sum(1 for n in view.nodes if n.doc is not None)
         note = "no difference between the nodes" if answered >= 2 else "needs two nodes with results"
         return f'<div class="card muted">{note}</div>'
-    items = "".join(
-        f"<li>{badge(f.status.value)} <code>{_e(f.code)}</code> {_e(f.subject or '')}: {_e(f.message)}</li>"
-        for f in findings
-    )
+    said: set[str] = set()
+    items = "".join(_finding(FindingDoc.of(f).dumped(), said) for f in findings)
     return f'<div class="card"><ul>{items}</ul></div>'
 
 
@@ -194,9 +210,8 @@ def _incidents(doc: Mapping[str, Any] | None) -> str:
 
 
 def render_page(view: ClusterView, remediation: Mapping[str, Any] | None,
-                remedies: Mapping[tuple[str, str], str] | None = None,
                 incidents: Mapping[str, Any] | None = None, now: float | None = None) -> str:  # fmt: skip
-    """The whole page; ``remedies`` are this node's findings' own remedy texts by (check, code)."""
+    """The whole page; every finding shows its own remedy, as its node's results document carries it."""
     status = view.status.value
     local = view.nodes[0].node if view.nodes else "?"
     now = time.time() if now is None else now
@@ -209,7 +224,7 @@ def render_page(view: ClusterView, remediation: Mapping[str, Any] | None,
         f'<nav class="card"><a href="/metrics">/metrics</a><a href="/state">/state</a>'
         f'<a href="/healthz">/healthz</a></nav>'
         f'<h2>Nodes</h2><div class="card">{_node_rows(view.nodes, now)}</div>'
-        f"<h2>What is wrong</h2>{_problems(view.nodes, remedies or {})}"
+        f"<h2>What is wrong</h2>{_problems(view)}"
         f"<h2>Between the nodes</h2>{_comparison(view)}"
         f"<h2>Remediation</h2>{_remediation(remediation)}{_incidents(incidents)}"
         f'<h2>Checks</h2><div class="card">{_check_grid(view.nodes)}</div>'
@@ -262,11 +277,9 @@ class StatusPage:
 
         local = NodeRun(self.store.node, None, self.store.snapshot())
         view = assemble(local, self._peer_runs())
-        latest = self.store.latest().values()
-        remedies = {(r.check, f.code): f.remedy for r in latest for f in r.findings if f.remedy}
         try:
             remediation: dict[str, Any] | None = await asyncio.to_thread(status_document, self.config(), 8)
         except (OSError, ValueError):
             remediation = None
         incidents = self.incidents.summary() if self.incidents is not None else None
-        return render_page(view, remediation, remedies, incidents)
+        return render_page(view, remediation, incidents)

@@ -146,13 +146,16 @@ tensor-parallel rank stopped. When a node's ras check reports a rank NCCL's RAS 
 rails instead, in one `PEER_TP_RANK_STUCK` (critical) naming the rank, node, GPU and rail, and saying where the
 views disagree (docs/checks/ras.md).
 
-Node facts (`dgxdoctor_node_fact_info`) are compared as well. A fact present on several nodes with
-different values is a finding naming the odd node (the one off the majority; with two nodes, the peer):
+Node facts (`dgxdoctor_node_fact_info`) are compared as well. A fact present on several nodes with different values
+is one finding, the same whichever node compares. It names an odd node only where one exists: three or more nodes,
+more than half of them agreeing; the subject is then the node(s) off that value ("x: dgx-c has B where the other 2
+nodes (dgx-a, dgx-b) have A"). Two nodes that differ, or no value held by a majority, name none: the subject is
+empty and the message gives every node's value ("the nodes disagree on x: dgx-a A, dgx-b B"). The codes:
 `PEER_MODEL_MISMATCH` (critical: model fingerprint, files, shard hashes), `PEER_NCCL_ENV_DRIFT` (an `nccl_env.*`
-variable differs or is set on one node only), `PEER_VERSION_SKEW` (critical for the driver, CUDA and NCCL
-versions, warning for the kernel, vLLM, Ray, torch, Python), `PEER_HARDWARE_DRIFT` (GPU, IB, topology, memory
-facts), `PEER_RAS_VIEW_DRIFT` (the `ras.*` facts: the serving communicator each node's NCCL RAS sees) and
-`PEER_FACT_DRIFT` for any other fact. Ignored, because they differ by design: {ignored}."""
+variable differs or is set on one node only), `PEER_VERSION_SKEW` (critical for the driver, CUDA and NCCL versions,
+warning for the kernel, vLLM, Ray, torch, Python), `PEER_HARDWARE_DRIFT` (GPU, IB, topology, memory facts),
+`PEER_RAS_VIEW_DRIFT` (the `ras.*` facts: the serving communicator each node's NCCL RAS sees) and `PEER_FACT_DRIFT`
+for any other fact. Ignored, because they differ by design: {ignored}."""
 
 INCIDENT_NOTE = """## Incidents
 
@@ -168,7 +171,9 @@ PEER_HEADER = """## Values of `metric` in `dgxdoctor_peer_imbalance_ratio`
 
 Each compares one value per node (or per rail) between this node and its peers: imbalance = (max - min) / max.
 Above the tolerance (`[checks.peer_compare] tolerances`), and when some node is above the metric's floor, the
-`peer_compare` check reports a finding naming the odd node: the one with the lowest or highest value."""
+`peer_compare` check reports a finding naming the odd node: the one with the lowest or highest value, the
+direction that hurts (an idle node, a hot one, a rail with errors); with three nodes or more, every node as far off
+the best value (beyond the tolerance) on that side. Every node that compares names the same ones."""
 
 
 if __name__ == "__main__":

@@ -186,7 +186,7 @@ def assemble(local: NodeRun, peers: Sequence[NodeRun], tolerances: Mapping[str, 
         seen.add(run.node)
         nodes.append(run)
     snapshots = [validate(ResultsDocument, n.doc).compared() | {"node": n.node} for n in nodes if n.doc]
-    outcome = compare(snapshots, tolerances, local=local.node)
+    outcome = compare(snapshots, tolerances)
     return ClusterView(tuple(nodes), outcome, deadline_s)
 
 
@@ -222,5 +222,7 @@ def cluster_document(view: ClusterView) -> dict[str, Any]:
                 {"metric": i.key, "rail": i.rail, "ratio": round(i.ratio, 6), "values": dict(i.values)}
                 for i in view.comparison.imbalances
             ],
+            # A fact the nodes disagree on: every node's value; "odd" only where a majority of 3+ nodes agree.
+            "drifts": [{"fact": d.key, "values": dict(d.values), "odd": list(d.odd)} for d in view.comparison.drifts],
         },
     }

@@ -6,7 +6,9 @@ import shutil
 import textwrap
 from typing import Any
 
+from dgxdoctor.documents import FindingDoc
 from dgxdoctor.fleet.cluster import ClusterView, NodeRun
+from dgxdoctor.fleet.compare import told_by_the_comparison
 
 MARK = {"ok": "OK", "warning": "WARN", "critical": "CRIT", "unknown": "UNKN", "skipped": "SKIP"}
 QUIET = ("ok", "skipped")
@@ -55,29 +57,47 @@ def cluster_table(view: ClusterView, verbose: bool = False) -> str:
             got = checks.get(name)
             cells.append(_mark(got["status"]) if got else ("UNKN" if n.doc is None else "-"))
         lines.append(f"{name:<{check_w}}  " + "  ".join(f"{c:<{col}}" for c in cells))
-    lines += _details(nodes, by_node, verbose, term)
+    lines += _details(nodes, by_node, verbose, term, compared=len(view.comparison.nodes) >= 2)
     lines += _comparison(view, term)
     return "\n".join(lines)
 
 
-def _details(nodes: tuple[NodeRun, ...], by_node: list[dict[str, Any]], verbose: bool, width: int) -> list[str]:
+def _details(
+    nodes: tuple[NodeRun, ...], by_node: list[dict[str, Any]], verbose: bool, width: int, compared: bool
+) -> list[str]:
+    """Each node's checks that are not ok, each finding with its own remedy; where the nodes were ``compared`` here,
+    the comparison's verdicts that a peer's own peer_compare check gives too are left to it (listed once)."""
     out: list[str] = []
     for n, checks in zip(nodes, by_node, strict=True):
         for c in checks.values():
             if c["status"] in QUIET and not verbose:
                 continue
+            told = [f for f in c.get("findings", []) if compared and told_by_the_comparison(c["name"], f["code"])]
+            shown = [f for f in c.get("findings", []) if (verbose or f["status"] not in QUIET) and f not in told]
+            if told and not shown:
+                continue
             out.extend(textwrap.wrap(f"{n.node} {c['name']} [{c['status']}]: {c['summary']}", width,
                                      subsequent_indent="    "))  # fmt: skip
-            for f in c.get("findings", []):
-                if f["status"] in QUIET and not verbose:
-                    continue
-                subject = f"{f['subject']}: " if f.get("subject") else ""
-                text = f"- [{f['status']}] {f['code']} {subject}{f['message']}"
-                out.extend(textwrap.wrap(text, width, initial_indent="  ", subsequent_indent="    "))
-            if c.get("action") and c["status"] not in QUIET:
-                out.extend(textwrap.wrap(f"remedy: {c['action']['remedy']}", width, initial_indent="  ",
+            said: set[str] = {f["remedy"] for f in told if f.get("remedy")}
+            for f in shown:
+                out.extend(_finding(f, said, width))
+            action = (c.get("action") or {}).get("remedy")
+            if action and c["status"] not in QUIET and action not in said:
+                out.extend(textwrap.wrap(f"remedy: {action}", width, initial_indent="  ",
                                          subsequent_indent="    "))  # fmt: skip
     return ["", *out] if out else []
+
+
+def _finding(f: dict[str, Any], said: set[str], width: int) -> list[str]:
+    """A finding and its own remedy under it, each remedy once (as ``check`` prints them, commands/report.py)."""
+    subject = f"{f['subject']}: " if f.get("subject") else ""
+    lines = textwrap.wrap(f"- [{f['status']}] {f['code']} {subject}{f['message']}", width, initial_indent="  ",
+                          subsequent_indent="    ")  # fmt: skip
+    fix = f.get("remedy")
+    if fix and fix not in said and f["status"] not in QUIET:
+        said.add(fix)
+        lines += textwrap.wrap(f"remedy: {fix}", width, initial_indent="    ", subsequent_indent="      ")
+    return lines
 
 
 def _comparison(view: ClusterView, width: int) -> list[str]:
@@ -87,7 +107,7 @@ def _comparison(view: ClusterView, width: int) -> list[str]:
         return ["", f"comparison: needs two nodes with results, {answered} answered"]
     head = f"comparison of {answered} nodes: {len(c.imbalances)} metric(s), {c.compared_facts} fact(s) compared"
     out = ["", f"{head}, {len(c.findings)} difference(s)"]
+    said: set[str] = set()
     for f in c.findings:
-        out.extend(textwrap.wrap(f"- [{f.status.value}] {f.code} {f.subject or ''}: {f.message}", width,
-                                 subsequent_indent="    "))  # fmt: skip
+        out.extend(_finding(FindingDoc.of(f).dumped(), said, width))
     return out

@@ -6,8 +6,11 @@ their utilisation rises together; if only machine A moves, the requests are not 
 "driver and CUDA identical on both machines; driver mismatch is a top cause of multi-node failures").
 
 Imbalance of one metric over nodes is ``(max - min) / max`` (0 = equal, 1 = one node idle). The asymmetric node is
-the extreme one in the direction that hurts: the lowest utilisation, the highest error rate. Nothing here does I/O;
-``peers.py`` fetches the snapshots.
+the extreme one in the direction that hurts: the lowest utilisation, the highest error rate (with more nodes, every
+one as far off the best). A fact (a version, the
+model's fingerprint, an NCCL variable) has no such direction: the odd node is the one off the value a strict majority
+of three or more nodes agree on; with two nodes, or no majority, the nodes disagree and none is named (``Drift``).
+The verdict is the same whichever node compares. Nothing here does I/O; ``peers.py`` fetches the snapshots.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from msgspec import Struct, field
 
 from dgxdoctor import codes
 from dgxdoctor.fleet.store import NODE_LOCAL_FACTS
-from dgxdoctor.fleet.stuck_rank import stuck_rank_findings
+from dgxdoctor.fleet.stuck_rank import STUCK_CODE, stuck_rank_findings
 from dgxdoctor.result import Finding, Status
 
 Aggregate = Literal["sum", "mean", "max"]
@@ -191,8 +194,8 @@ _DRIFT: tuple[tuple[tuple[str, ...], str, Status, str], ...] = (
         "PEER_MP_LAYOUT_DRIFT",
         Status.CRITICAL,
         "vLLM's multiprocessing executor needs the same --nnodes, TP x PP, --master-addr/--master-port and model on "
-        "every node (only --node-rank and --headless differ): fix the odd node's vLLM unit, then restart the mp "
-        "deployment",
+        "every node (only --node-rank and --headless differ): fix the vLLM unit of the node whose value is not the "
+        "runbook's, then restart the mp deployment",
     ),
     (
         ("model_fingerprint", "model_", "host.model_"),
@@ -225,7 +228,7 @@ _DRIFT: tuple[tuple[tuple[str, ...], str, Status, str], ...] = (
         "PEER_HARDWARE_DRIFT",
         Status.WARNING,
         "the nodes differ in GPUs, NICs or links: look for a missing GPU, a port down or at a lower rate, or a "
-        "changed topology on the odd node (nvidia-smi -L, ibstat, nvidia-smi topo -m)",
+        "changed topology on the node that differs from its build (nvidia-smi -L, ibstat, nvidia-smi topo -m)",
     ),
     (
         ("ras.",),
@@ -257,9 +260,19 @@ class Imbalance(Struct, frozen=True):
     values: Mapping[str, float]
 
 
+class Drift(Struct, frozen=True):
+    """A fact the nodes do not agree on: every node's value, and ``odd``, the nodes off the value that a strict
+    majority of three or more nodes hold; empty when there is no majority (two nodes, or three values over three)."""
+
+    key: str
+    values: Mapping[str, str]
+    odd: tuple[str, ...] = ()
+
+
 class Comparison(Struct, frozen=True):
     findings: tuple[Finding, ...] = ()
     imbalances: tuple[Imbalance, ...] = ()
+    drifts: tuple[Drift, ...] = ()
     nodes: tuple[str, ...] = ()
     compared_facts: int = 0
 
@@ -279,19 +292,25 @@ MP_WORKER_DOWN_CODES = frozenset({"VLLM_MP_HEADLESS_MISSING", "VLLM_MP_HEADLESS_
 # peer, docs/h200/hang-recording-2026-11-30) while the GPUs of the rank that stopped fall idle.
 GPU_IDLE_BELOW = 0.1
 GPU_SPINNING_FROM = 0.9
+# Every code the comparison gives. A node's peer_compare check carries these same verdicts: where the comparison
+# itself is shown (the status page, `check --cluster`), they are listed once, with it.
+CODES = frozenset(
+    {rule.code for rule in RULES}
+    | {code for _, code, _, _ in _DRIFT}
+    | {"PEER_TP_RANK_STOPPED", "PEER_MP_WORKER_DOWN", STUCK_CODE}
+)
 
 
-def compare(
-    snapshots: Iterable[Mapping[str, Any]],
-    tolerances: Mapping[str, float] | None = None,
-    local: str | None = None,
-) -> Comparison:
-    """Compare validated ``/state`` documents (see ``peers.validate_state``); one per node, names unique."""
+def compare(snapshots: Iterable[Mapping[str, Any]], tolerances: Mapping[str, float] | None = None) -> Comparison:
+    """Compare validated ``/state`` documents (see ``peers.validate_state``); one per node, names unique.
+
+    Every node that compares the same documents gets the same findings: nothing depends on which one is local."""
     tolerances = tolerances or {}
     snapshots = list(snapshots)
     views: dict[str, _NodeView] = {}
     for snap in snapshots:
         views[str(snap["node"])] = _view(snap)
+    views = dict(sorted(views.items()))  # by name, so that every node writes the same findings
     nodes = tuple(views)
     if len(views) < 2:
         return Comparison(nodes=nodes)
@@ -312,16 +331,17 @@ def compare(
             imbalances.append(Imbalance(rule.key, rail, ratio, values))
             if max(values.values()) < rule.floor or ratio <= tolerance:
                 continue
-            pick = min if rule.bad == "low" else max
-            odd = pick(values, key=lambda n: values[n])
-            others = ", ".join(f"{n} {_fmt(values[n], rule.unit)}" for n in values if n != odd)
+            bad = _bad_side(values, rule, tolerance)
+            shown = ", ".join(f"{n} {_fmt(values[n], rule.unit)}" for n in bad)
+            others = ", ".join(f"{n} {_fmt(values[n], rule.unit)}" for n in values if n not in bad)
             where = f" on rail {rail}" if rail else ""
+            odd = ",".join(bad)
             findings.append(
                 Finding(
                     rule.code,
                     Status.WARNING,
-                    f"{rule.what}{where}: {odd} {_fmt(values[odd], rule.unit)} vs {others} "
-                    f"(imbalance {ratio:.0%} > {tolerance:.0%}); likely cause on {odd}: {rule.cause}",
+                    f"{rule.what}{where}: {shown} vs {others} "
+                    f"(imbalance {ratio:.0%} > {tolerance:.0%}); likely cause on {', '.join(bad)}: {rule.cause}",
                     subject=f"{odd} {rail}" if rail else odd,
                     remedy=rule.cause,
                 )
@@ -330,9 +350,20 @@ def compare(
     stuck = stuck_rank_findings(snapshots, stalled=(n for n, v in views.items() if v.engine_stalled))
     findings.extend(stuck or _stopped_rank(views))
     findings.extend(_mp_worker_down(views))
-    drift, compared = _drift(views, local)
-    findings.extend(drift)
-    return Comparison(tuple(findings), tuple(imbalances), nodes, compared)
+    drifts, compared = _drift(views)
+    findings.extend(drift_finding(d) for d in drifts)
+    return Comparison(tuple(findings), tuple(imbalances), tuple(drifts), nodes, compared)
+
+
+def _bad_side(values: Mapping[str, float], rule: Rule, tolerance: float) -> list[str]:
+    """The nodes on the side that hurts, each off the best value by more than the tolerance: with two nodes the one
+    extreme (the same whichever node compares), with more every node that is as far off, not one picked among
+    equals. A high value under the rule's floor (0.3 errors/s) is not blamed."""
+    if rule.bad == "low":
+        top = max(values.values())
+        return [n for n, v in values.items() if top > 0 and (top - v) / top > tolerance]
+    low = min(values.values())
+    return [n for n, v in values.items() if v >= rule.floor and v > 0 and (v - low) / v > tolerance]
 
 
 def _stopped_rank(views: Mapping[str, _NodeView]) -> list[Finding]:
@@ -430,8 +461,8 @@ def _aggregate(how: Aggregate, values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def _drift(views: Mapping[str, _NodeView], local: str | None) -> tuple[list[Finding], int]:
-    findings: list[Finding] = []
+def _drift(views: Mapping[str, _NodeView]) -> tuple[list[Drift], int]:
+    drifts: list[Drift] = []
     keys = sorted({k for v in views.values() for k in v.facts})
     # A node reports its NCCL environment only when its nccl_env check ran; among those, a variable
     # set on one node and not on the other is drift too.
@@ -445,33 +476,34 @@ def _drift(views: Mapping[str, _NodeView], local: str | None) -> tuple[list[Find
         if len(values) < 2:
             continue
         compared += 1
-        counts = Counter(values.values())
-        if len(counts) == 1:
-            continue
-        odd = _odd_nodes(values, counts, local)
-        code, status, remedy = _drift_rule(key)
-        shown = "; ".join(f"{n}: {val}" for n, val in sorted(values.items()))
-        findings.append(
-            Finding(
-                code,
-                status,
-                f"{key} differs between nodes ({shown}); {', '.join(odd)} differs from the rest",
-                subject=",".join(odd),
-                remedy=remedy,
-            )
-        )
-    return findings, compared
+        if len(set(values.values())) > 1:
+            drifts.append(Drift(key, dict(sorted(values.items())), odd_nodes(values)))
+    return drifts, compared
 
 
-def _odd_nodes(values: Mapping[str, str], counts: Counter[str], local: str | None) -> list[str]:
-    """The nodes off the majority value. On a tie (two nodes) the nodes that differ from the local one."""
-    top = counts.most_common()
-    if len(top) > 1 and top[0][1] == top[1][1]:
-        if local is not None and local in values:
-            return sorted(n for n, v in values.items() if v != values[local])
-        return sorted(values)
-    majority = top[0][0]
-    return sorted(n for n, v in values.items() if v != majority)
+def odd_nodes(values: Mapping[str, str]) -> tuple[str, ...]:
+    """The nodes off the value that more than half of the nodes hold, where three or more are compared; else none.
+
+    Two nodes that differ are a disagreement, not one odd node: each node naming the other was the old answer."""
+    if len(values) < 3:
+        return ()
+    value, count = Counter(values.values()).most_common(1)[0]
+    if 2 * count <= len(values):
+        return ()
+    return tuple(sorted(n for n, v in values.items() if v != value))
+
+
+def drift_finding(drift: Drift) -> Finding:
+    """The one finding of a drift: subject the odd node(s), or None with every node's value when none is odd."""
+    code, status, remedy = _drift_rule(drift.key)
+    shown = ", ".join(f"{n} {v}" for n, v in drift.values.items())
+    if not drift.odd:
+        return Finding(code, status, f"the nodes disagree on {drift.key}: {shown}", subject=None, remedy=remedy)
+    rest = [n for n in drift.values if n not in drift.odd]
+    agreed = drift.values[rest[0]]
+    odd = ", ".join(f"{n} has {drift.values[n]}" for n in drift.odd)
+    message = f"{drift.key}: {odd} where the other {len(rest)} nodes ({', '.join(rest)}) have {agreed}"
+    return Finding(code, status, message, subject=",".join(drift.odd), remedy=remedy)
 
 
 def _drift_rule(key: str) -> tuple[str, Status, str]:
@@ -497,3 +529,14 @@ def _fmt(value: float, unit: str) -> str:
     if unit == "":
         return f"{value:.2f}"
     return f"{value:.1f} {unit}"
+
+
+# The check that runs this comparison inside each node's daemon (checks/peer_compare.py).
+COMPARING_CHECK = "peer_compare"
+
+
+def told_by_the_comparison(check: str, code: str) -> bool:
+    """Whether a node's finding is one of the comparison's own verdicts (its peer_compare check compared the same
+    nodes). Where the comparison is shown beside the nodes (the status page, ``check --cluster``), such a finding is
+    listed once, with the comparison, not once more per node that computed it."""
+    return check == COMPARING_CHECK and code in CODES

@@ -18,8 +18,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from msgspec import Struct
 from msgspec.structs import replace
 
-from dgxdoctor.checks.gpu import GPU_INFO
-from dgxdoctor.checks.xid import XID_LAST_SEEN
 from dgxdoctor.judge.consequence import symptom as symptom_of
 from dgxdoctor.judge.hardware_cause import PEER_CAUSE_CODE
 from dgxdoctor.remediation.guard import Decision
@@ -41,6 +39,10 @@ def _bus_key(bus: str) -> str:
 
 
 def _gpu_name(results: Mapping[str, CheckResult], bus: str) -> str:
+    # The checks' own metric definitions, imported here: `dgxdoctor remediation status` and the config load
+    # remediation without any check (test_check_settings_typed); a refusal is the rare path that needs them.
+    from dgxdoctor.checks.gpu import GPU_INFO
+
     gpu = results.get("gpu")
     if gpu is not None:
         for s in gpu.samples:
@@ -50,6 +52,8 @@ def _gpu_name(results: Mapping[str, CheckResult], bus: str) -> str:
 
 
 def _xid_when(result: CheckResult, bus: str, code: int) -> str:
+    from dgxdoctor.checks.xid import XID_LAST_SEEN  # as in _gpu_name
+
     for s in result.samples:
         named = s.labels.get("pci_bus_id") == bus and s.labels.get("xid") == str(code)
         if s.metric.name == XID_LAST_SEEN.name and named and s.value is not None:
