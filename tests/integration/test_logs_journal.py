@@ -79,6 +79,18 @@ def test_a_journal_line_is_matched_once_and_a_new_one_once(tmp_path: Path) -> No
     assert totals(check.run()) == {"VLLM_ENGINE_DEAD": 1.0, "NCCL_TIMEOUT": 1.0}
 
 
+def test_a_restarted_agent_goes_on_from_the_saved_cursor(tmp_path: Path) -> None:
+    journal = tmp_path / "journal"
+    write_journal(journal, [("vllm.service", ENGINE_DEAD)])
+    assert totals(daemon_check(tmp_path, journal).run()) == {"VLLM_ENGINE_DEAD": 1.0}
+    restarted = daemon_check(tmp_path, journal).run()
+    assert totals(restarted) == {}  # the line is not counted again ...
+    assert [f.code for f in restarted.findings] == ["VLLM_ENGINE_DEAD"]  # ... and its match is still held
+    assert "lines)" not in restarted.findings[0].message
+    write_journal(journal, [("vllm.service", ENGINE_DEAD)])
+    assert totals(daemon_check(tmp_path, journal).run()) == {"VLLM_ENGINE_DEAD": 1.0}
+
+
 def test_units_with_no_entries_are_ok(tmp_path: Path) -> None:
     journal = tmp_path / "journal"
     write_journal(journal, [("other.service", ENGINE_DEAD)])

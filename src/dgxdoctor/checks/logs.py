@@ -12,10 +12,11 @@ read. A backlog over ``max_bytes_per_run`` is a WARNING naming the unread bytes 
 
 The journal of the units in ``journal_units`` (by default those the shipped units in systemd/ name: vLLM, Ray's
 head and worker, vLLM's mp head and headless worker) is read too, through ``journalctl --output=json``
-(``sources.journal``): the daemon from a cursor kept in memory, the first read (and the one-shot ``check``'s) from
-the start of the same ``check_window_s``, at most ``journal_max_lines`` entries and ``max_bytes_per_run`` of output
-per run. Its lines go to the same scanner as the files', one per unit (subject ``journal:<unit>``). journalctl
-missing or failing is UNKNOWN (``JOURNAL_UNREADABLE``), never OK; a unit with no entries is fine. By hand:
+(``sources.journal``): the daemon from a cursor kept in memory and saved with the offsets (a restart goes on from
+it), the first read (and the one-shot ``check``'s) from the start of the same ``check_window_s``, at most
+``journal_max_lines`` entries and ``max_bytes_per_run`` of output per run. Its lines go to the same scanner as the
+files', one per unit (subject ``journal:<unit>``). journalctl missing or failing is UNKNOWN
+(``JOURNAL_UNREADABLE``), never OK; a unit with no entries is fine. By hand:
 ``journalctl -u vllm.service --since=-15min``.
 
 Only records that no client controls count here (``judge.records``, ``judge.scan``: never a request-log or
@@ -37,7 +38,7 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.judge.log_files import journal_backlog, journal_unreadable, log_backlog, log_unreadable
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder
 from dgxdoctor.sources.fields import ByteCount, at_least
-from dgxdoctor.sources.journal import JournalFollower, JournalRead
+from dgxdoctor.sources.journal import CURSOR_RE, JournalFollower, JournalRead
 from dgxdoctor.sources.logtail import LogFollower, expand_paths, read_recent
 from dgxdoctor.sources.statefile import StateFile
 from dgxdoctor.sources.systemd import UNIT_NAME_RE
@@ -58,7 +59,7 @@ FILES_FOLLOWED = MetricSpec(
     "Log files the logs check followed in its last run.",
 )
 EVIDENCE_MAX = 500
-# The units of systemd/ that log vLLM's and Ray's lines (tests/unit/test_logs_journal.py holds this list to the
+# The units of systemd/ that log vLLM's and Ray's lines (tests/unit/test_journal_source.py holds this list to the
 # directory): vllm.service (Ray executor), the mp executor's head and headless worker, Ray's head and worker.
 SHIPPED_UNITS = (
     "vllm.service",
@@ -196,6 +197,9 @@ class LogsCheck(Check[LogsSettings]):
                 positions if isinstance(positions, dict) else {}, from_start=self.settings.from_start
             )
             self._recent = self._restore_recent(saved.get("recent"))
+            cursor = saved.get("journal_cursor")
+            if isinstance(cursor, str) and CURSOR_RE.match(cursor):
+                self._journal_follower().cursor = cursor
         return self._follower
 
     def _restore_recent(self, raw: object) -> dict[tuple[str, str], _Recent]:
@@ -227,7 +231,9 @@ class LogsCheck(Check[LogsSettings]):
             }
             for r in self._recent.values()
         ]
-        self.state.save({"positions": follower.state(), "recent": recent})  # a failure is logged and counted
+        cursor = self._journal.cursor if self._journal is not None else None
+        # a failure is logged and counted
+        self.state.save({"positions": follower.state(), "recent": recent, "journal_cursor": cursor})
 
     def _match(self, lines: Iterable[tuple[str, str]], kinds: Mapping[str, str], now: float) -> None:
         """Count the signatures the new lines show, each read in its record and with the lines before it.

@@ -154,8 +154,8 @@ def read_journal(
 
 
 class JournalFollower:
-    """The journal of ``units``, followed across runs from a cursor kept in memory (a restart of the agent starts
-    again at the window: ``poll``'s ``since_us``)."""
+    """The journal of ``units``, followed across runs from a cursor kept in memory (its owner may save it and set
+    ``cursor`` again after a restart; without one, the first poll starts at ``since_us``)."""
 
     def __init__(
         self, run: HeadCommandRunner, units: Sequence[str], directory: str | None, max_lines: int, max_chars: int
