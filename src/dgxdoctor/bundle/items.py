@@ -1,9 +1,10 @@
 """What one node's part of a bundle holds, and where each file comes from.
 
 The list follows what a support engineer asks for first (NVIDIA's nvidia-bug-report.sh, sosreport, the runbook's
-preflight): the results, the kernel log of the window, the service logs' tails, ``nvidia-smi -q`` and ``topo -m``,
-the RDMA ports' counters, ``ray status``, the NCCL environment (the file and the serving processes'), versions,
-the remediation audit and the config. Commands are argv lists run through the environment's command runner.
+preflight): the results, the kernel log of the window, the service logs' tails (files and the units' journal),
+``nvidia-smi -q`` and ``topo -m``, the RDMA ports' counters, ``ray status``, the NCCL environment (the file and the
+serving processes'), versions, the remediation audit and the config. Commands are argv lists run through the
+environment's command runner.
 """
 
 from __future__ import annotations
