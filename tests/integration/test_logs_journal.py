@@ -6,6 +6,7 @@ UNKNOWN with the reason; the bundle holds the units' journal, redacted."""
 from __future__ import annotations
 
 import tarfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -192,3 +193,32 @@ def test_the_bundle_holds_the_units_journal_redacted(tmp_path: Path) -> None:
     assert "Fabric Manager started" in files["b/dgx-a/logs/journal/nvidia-fabricmanager.service.log"].decode()
     assert "check logs critical" in files["b/dgx-a/logs/journal/dgxdoctor.service.log"].decode()
     assert files["b/dgx-a/logs/journal/ray-head.service.log"] == b""  # a unit with no entries: an empty file
+
+
+def test_the_daemon_counts_a_journal_line_once_on_metrics(tmp_path: Path) -> None:
+    """`dgxdoctor run` as installed: an NCCL timeout written through the journal for vllm.service reaches
+    /metrics once; a second one adds one; runs in between count nothing again."""
+    from daemonproc import DaemonProc
+    from dgxdoctor.checks.registry import ALL_CHECKS
+
+    journal = tmp_path / "journal"
+    write_journal(journal, [("vllm.service", HEALTHY), ("vllm.service", NCCL_TIMEOUT)])
+    quiet = "".join(f"[checks.{f.name}]\nenabled = false\n" for f in ALL_CHECKS if f.name != "logs")
+    body = (
+        f'node = "dgx-a"\n[paths]\nstate_dir = "{tmp_path / "state"}"\n[daemon]\nlisten = "@LISTEN@"\n'
+        f'[checks.logs]\ninterval_s = 0.5\nvllm_paths = []\nray_paths = []\njournal_directory = "{journal}"\n{quiet}'
+    )
+    proc = DaemonProc(tmp_path / "daemon", body).start()
+    name = "dgxdoctor_logs_signature_matches_total"
+    try:
+        proc.wait_healthy()
+        proc.wait_for(lambda: proc.metric(name, code="NCCL_TIMEOUT") == 1.0, 30, "the first line counted")
+        time.sleep(2)  # several runs
+        assert proc.metric(name, code="NCCL_TIMEOUT") == 1.0
+        write_journal(journal, [("vllm.service", NCCL_TIMEOUT)])
+        proc.wait_for(lambda: proc.metric(name, code="NCCL_TIMEOUT") == 2.0, 30, "the second line counted")
+        time.sleep(2)
+        assert proc.metric(name, code="NCCL_TIMEOUT") == 2.0
+        assert proc.metric("dgxdoctor_check_status", check="logs") == 2.0  # critical
+    finally:
+        proc.kill()
