@@ -32,6 +32,9 @@ JOURNALCTL_TIMEOUT_S = 10.0
 OUTPUT_FIELDS = "MESSAGE,_SYSTEMD_UNIT,UNIT,OBJECT_SYSTEMD_UNIT,COREDUMP_UNIT,_PID"
 UNIT_FIELDS = ("_SYSTEMD_UNIT", "UNIT", "OBJECT_SYSTEMD_UNIT", "COREDUMP_UNIT")
 # s=51441b2e3a3b4b9eb18d1cda8cec1cde;i=3;b=00000000000000000000000000000000;m=0;t=661df1da33093;x=b2ba109173c80ac2
+# The output kept is never less than this, so one entry always fits and the cursor moves on: journald cuts a line at
+# LineMax= (48K by default), and JSON escaping makes a character at most six.
+MIN_CHARS = 2**20
 CURSOR_RE = lazy_compile(r"^[A-Za-z0-9=;_-]{1,512}$")
 
 
@@ -73,7 +76,7 @@ def journal_argv(
             raise ValueError(f"not a journal cursor: {after_cursor[:80]!r}")
         argv.append(f"--after-cursor={after_cursor}")
     elif since_us is not None:
-        argv.append(f"--since=@{since_us // 1_000_000}.{since_us % 1_000_000:06d}")
+        argv.append(f"--since=@{since_us // 1_000_000}")  # whole seconds: every journalctl reads them
     if lines is not None:
         argv.append(f"--lines={lines}")
     if reverse:
@@ -127,7 +130,7 @@ def read_journal(
         units, directory=directory, after_cursor=after_cursor, since_us=since_us, lines=max_lines + 1, reverse=reverse
     )
     try:
-        done = run(argv, timeout_s, max_chars)
+        done = run(argv, timeout_s, max(max_chars, MIN_CHARS))
     except CommandNotFound as exc:
         return str(exc)
     except CommandTimeout as exc:
