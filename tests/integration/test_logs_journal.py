@@ -35,6 +35,8 @@ NCCL_TIMEOUT = (
     "timeout: WorkNCCL(SeqNum=7753, OpType=_REDUCE_SCATTER_BASE, NumelIn=544997376, NumelOut=68124672, "
     "Timeout(ms)=600000) ran for 600061 milliseconds before timing out."
 )
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+CODES = sorted(p.stem.upper() for p in LOGS.glob("*.log") if p.stem != "lookalikes")
 HEALTHY = "INFO 12-05 09:02:10 [loader.py:447] Loading weights took 2.60 seconds"
 
 
@@ -90,6 +92,17 @@ def test_a_restarted_agent_goes_on_from_the_saved_cursor(tmp_path: Path) -> None
     assert "lines)" not in restarted.findings[0].message
     write_journal(journal, [("vllm.service", ENGINE_DEAD)])
     assert totals(daemon_check(tmp_path, journal).run()) == {"VLLM_ENGINE_DEAD": 1.0}
+
+
+@pytest.mark.parametrize("code", CODES)
+def test_each_signature_excerpt_through_the_journal(tmp_path: Path, code: str) -> None:
+    """The real excerpts the file tests use (start-up OOM, TP heads, KV cache, ...), one journal entry per line as
+    journald stores a service's stdout: the same codes as from a file."""
+    journal = tmp_path / "journal"
+    lines = (LOGS / f"{code.lower()}.log").read_text().splitlines()
+    write_journal(journal, [("vllm.service", line) for line in lines])
+    result = daemon_check(tmp_path, journal).run()
+    assert {(f.code, f.subject) for f in result.findings} == {(code, "journal:vllm.service")}
 
 
 def test_units_with_no_entries_are_ok(tmp_path: Path) -> None:
