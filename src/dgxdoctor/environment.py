@@ -13,7 +13,14 @@ from urllib.parse import urlsplit
 
 from msgspec import Struct, field
 
-from dgxdoctor.sources.commands import CommandRunner, LineCommandRunner, run_command, run_command_lines
+from dgxdoctor.sources.commands import (
+    CommandRunner,
+    HeadCommandRunner,
+    LineCommandRunner,
+    run_command,
+    run_command_head,
+    run_command_lines,
+)
 
 if TYPE_CHECKING:
     import httpx
@@ -165,9 +172,10 @@ class Environment(Struct, frozen=True):
     nvml_factory: Callable[[], NvmlClient] = _default_nvml
     # None means a real network; tests pass an httpx.MockTransport only for peers that cannot run here.
     http_transport: httpx.BaseTransport | None = None
-    # Every program the agent starts goes through these two (sources/commands.py: argv, timeout, run in /).
+    # Every program the agent starts goes through these (sources/commands.py: argv, timeout, run in /).
     run_command: CommandRunner = run_command
     run_command_lines: LineCommandRunner = run_command_lines  # stderr line by line as it comes (probe progress)
+    run_command_head: HeadCommandRunner = run_command_head  # the first N characters of stdout (journalctl)
     # A TCP connect with a deadline (the mp master's address from a worker); tests point it at loopback.
     connect: Callable[[str, int, float], None] = tcp_connect
     clock: Callable[[], float] = time.time

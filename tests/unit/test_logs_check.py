@@ -35,6 +35,7 @@ def make(tmp_path: Path, clock: Clock, **settings: object) -> tuple[LogsCheck, P
     defaults: dict[str, object] = {
         "vllm_paths": [str(vllm_log)],
         "ray_paths": [str(ray_dir / "*.err"), str(ray_dir / "*.out")],
+        "journal_units": [],  # these tests are of files; the journal's are test_logs_journal.py
     }
     env = Environment(state_dir=tmp_path / "state", clock=clock, one_shot=False)
     check = LogsCheck(validate(LogsSettings, {**defaults, **settings}), env)
@@ -107,8 +108,8 @@ def test_restart_does_not_report_history_again(tmp_path: Path) -> None:
 
 def test_nothing_configured_or_present_is_skipped(tmp_path: Path) -> None:
     env = Environment(state_dir=tmp_path / "state")
-    check = LogsCheck(LogsSettings(vllm_paths=[], ray_paths=[str(tmp_path / "nope" / "*.log")]), env)
-    result = check.run()
+    settings = LogsSettings(vllm_paths=[], ray_paths=[str(tmp_path / "nope" / "*.log")], journal_units=[])
+    result = LogsCheck(settings, env).run()
     assert result.status is Status.SKIPPED
 
 
@@ -127,7 +128,7 @@ def test_unwritable_state_dir_still_reports(tmp_path: Path) -> None:
 def test_logs_appearing_after_a_skipped_run_are_read_whole(tmp_path: Path) -> None:
     ray_dir = tmp_path / "ray"
     env = Environment(state_dir=tmp_path / "state", clock=Clock(), one_shot=False)
-    check = LogsCheck(LogsSettings(vllm_paths=[], ray_paths=[str(ray_dir / "*.out")]), env)
+    check = LogsCheck(LogsSettings(vllm_paths=[], ray_paths=[str(ray_dir / "*.out")], journal_units=[]), env)
     assert check.run().status is Status.SKIPPED  # Ray not started yet
     ray_dir.mkdir()
     session = (LOGS / "captured" / "ray_2.60.0_actor_died_session.txt").read_text()
@@ -215,7 +216,9 @@ def test_daemon_backlog_is_a_warning_naming_the_unread_bytes(tmp_path: Path) -> 
 def test_no_log_files_compiles_no_catalog(tmp_path: Path, one_shot: bool) -> None:
     """The daemon (and `check`) on a node without vLLM or Ray logs never holds the catalog's patterns and RE2's
     prefilter; they are compiled when the first file appears."""
-    settings = LogsSettings(vllm_paths=[str(tmp_path / "vllm*.log")], ray_paths=[str(tmp_path / "ray*.log")])
+    settings = LogsSettings(
+        vllm_paths=[str(tmp_path / "vllm*.log")], ray_paths=[str(tmp_path / "ray*.log")], journal_units=[]
+    )
     check = LogsCheck(settings, Environment(state_dir=tmp_path / "state", one_shot=one_shot))
     assert check.run().status is Status.SKIPPED
     assert check._catalog is None

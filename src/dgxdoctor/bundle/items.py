@@ -1,9 +1,10 @@
 """What one node's part of a bundle holds, and where each file comes from.
 
 The list follows what a support engineer asks for first (NVIDIA's nvidia-bug-report.sh, sosreport, the runbook's
-preflight): the results, the kernel log of the window, the service logs' tails, ``nvidia-smi -q`` and ``topo -m``,
-the RDMA ports' counters, ``ray status``, the NCCL environment (the file and the serving processes'), versions,
-the remediation audit and the config. Commands are argv lists run through the environment's command runner.
+preflight): the results, the kernel log of the window, the service logs' tails (files and the units' journal),
+``nvidia-smi -q`` and ``topo -m``, the RDMA ports' counters, ``ray status``, the NCCL environment (the file and the
+serving processes'), versions, the remediation audit and the config. Commands are argv lists run through the
+environment's command runner.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from dgxdoctor import __version__
 from dgxdoctor.bundle.collect import Item, Output, command_item
 from dgxdoctor.config import Config
 from dgxdoctor.environment import Environment
+from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
+from dgxdoctor.sources.journal import journal_argv, parse_entry
 from dgxdoctor.sources.kmsg import KmsgReader
 from dgxdoctor.sources.logtail import expand_paths
 from dgxdoctor.sources.procfs import ProcessInfo, iter_processes, runs_package, trusted_process
@@ -35,6 +38,11 @@ from dgxdoctor.validation import dump
 # The tail kept of one service log file; the size cap bounds them all together.
 LOG_TAIL_BYTES = 4 * 2**20
 MAX_LOG_FILES = 40
+# The newest entries kept of one unit's journal in the window (and as much output as a log file's tail, twice:
+# journalctl's JSON carries the cursor and timestamps beside each line).
+JOURNAL_TAIL_LINES = 50_000
+# The agent's own unit (systemd/dgxdoctor.service): its journal says what it saw and did.
+AGENT_UNIT = "dgxdoctor.service"
 MAX_ENV_PROCESSES = 8
 # Serving processes whose environment matters to NCCL (ray's workers hold vLLM's ranks).
 SERVING_COMMS = ("raylet", "ray::", "vllm")
@@ -115,6 +123,52 @@ def _log_items(kind: str, patterns: list[str], since_s: float) -> Iterator[Item]
     for path in files[:MAX_LOG_FILES]:
         safe = Path(path).name.replace(" ", "_")
         yield Item(f"logs/{kind}/{safe}", f"tail -c {LOG_TAIL_BYTES} {path}", _file(Path(path), LOG_TAIL_BYTES))
+
+
+def journal_item(env: Environment, unit: str, directory: str | None, since_s: float, timeout_s: float) -> Item:
+    """The newest entries of ``unit``'s journal in the window, oldest first, as ``journalctl -o short-iso`` prints
+    them (read as JSON, newest first and bounded: a unit that logged a great deal keeps its end)."""
+    shown = f"journalctl -u {unit} --since=-{since_s:g}s -o short-iso-precise" + (
+        f" --directory={directory}" if directory else ""
+    )
+
+    def produce(left_s: float) -> Output:
+        since_us = int((time.time() - since_s) * 1e6)
+        argv = journal_argv([unit], directory=directory, since_us=since_us, lines=JOURNAL_TAIL_LINES, reverse=True)
+        cmd, budget = tuple(argv), min(timeout_s, left_s)
+        if budget <= 0:
+            return Output(status="timeout", command=cmd, error="the bundle's deadline had passed")
+        try:
+            done = env.run_command_head(argv, budget, 2 * LOG_TAIL_BYTES)
+        except CommandNotFound as exc:
+            return Output(status="missing", command=cmd, error=str(exc))
+        except (CommandTimeout, OSError) as exc:
+            return Output(
+                status="timeout" if isinstance(exc, CommandTimeout) else "failed", command=cmd, error=str(exc)
+            )
+        if done.returncode != 0 and not done.cut:
+            return Output(done.stderr.encode("utf-8", "replace"), "failed", cmd, done.returncode,
+                          f"exit {done.returncode}: {done.stderr.strip()[-300:]}")  # fmt: skip
+        entries = [e for e in (parse_entry(line, [unit]) for line in done.stdout.splitlines()) if e is not None]
+        lines = [f"# {shown}: the newest {len(entries)} entries of the window kept"] if done.cut else []
+        for e in reversed(entries):
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(e.realtime_us / 1e6))
+            lines.append(f"{stamp}.{e.realtime_us % 1_000_000:06d}Z {e.unit or unit}[{e.pid or '-'}]: {e.message}")
+        return Output(("\n".join(lines) + "\n").encode("utf-8", "replace") if lines else b"", "ok", cmd, 0)
+
+    return Item(f"logs/journal/{unit}.log", shown, produce)
+
+
+def journal_items(config: Config, env: Environment, since_s: float) -> list[Item]:
+    """The journal of the units the logs check follows, of the fabric manager and of the agent itself."""
+    from dgxdoctor.checks.driver_stack import DriverStackSettings
+    from dgxdoctor.checks.logs import LogsSettings
+
+    logs = config.settings_of("logs", LogsSettings)
+    fabric = config.settings_of("driver_stack", DriverStackSettings).fabric_manager_unit
+    units = list(dict.fromkeys([*logs.journal_units, fabric, AGENT_UNIT]))
+    t = config.bundle.command_timeout_s
+    return [journal_item(env, unit, logs.journal_directory, since_s, t) for unit in units]
 
 
 def infiniband(env: Environment, timeout_s: float) -> Item:
@@ -255,6 +309,7 @@ def node_items(config: Config, env: Environment, src: Sources) -> list[Item]:
     ]  # fmt: skip
     items += _log_items("vllm", list(logs.vllm_paths), src.since_s)
     items += _log_items("ray", list(logs.ray_paths), src.since_s)
+    items += journal_items(config, env, src.since_s)
     if src.bug_report and shutil.which("nvidia-bug-report.sh"):
         items.append(bug_report(env, b.bug_report_timeout_s))
     return items

@@ -10,6 +10,15 @@ check`` still reports them. The one-shot ``check`` reads the recent past of each
 ``check_window_bytes`` of files written in the last ``check_window_s``), saves nothing, and says what it did not
 read. A backlog over ``max_bytes_per_run`` is a WARNING naming the unread bytes in both.
 
+The journal of the units in ``journal_units`` (by default those the shipped units in systemd/ name: vLLM, Ray's
+head and worker, vLLM's mp head and headless worker) is read too, through ``journalctl --output=json``
+(``sources.journal``): the daemon from a cursor kept in memory and saved with the offsets (a restart goes on from
+it), the first read (and the one-shot ``check``'s) from the start of the same ``check_window_s``, at most
+``journal_max_lines`` entries and ``max_bytes_per_run`` of output per run. Its lines go to the same scanner as the
+files', one per unit (subject ``journal:<unit>``). journalctl missing or failing is UNKNOWN
+(``JOURNAL_UNREADABLE``), never OK; a unit with no entries is fine. By hand:
+``journalctl -u vllm.service --since=-15min``.
+
 Only records that no client controls count here (``judge.records``, ``judge.scan``: never a request-log or
 access-log record, nor a record of the server's request handling): these findings and
 ``dgxdoctor_logs_signature_matches_total`` lead to actions.
@@ -26,11 +35,14 @@ from msgspec import Meta, Struct, field
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
-from dgxdoctor.judge.log_files import log_backlog, log_unreadable
+from dgxdoctor.judge.log_files import journal_backlog, journal_unreadable, log_backlog, log_unreadable
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample
 from dgxdoctor.sources.fields import ByteCount, at_least
+from dgxdoctor.sources.journal import CURSOR_RE, JournalFollower, JournalRead
 from dgxdoctor.sources.logtail import LogFollower, expand_paths, read_recent
 from dgxdoctor.sources.statefile import StateFile
+from dgxdoctor.sources.systemd import UNIT_NAME_RE
+from dgxdoctor.validation import field_rule
 
 if TYPE_CHECKING:  # the matching code is imported with the catalog, at the first line to match
     from dgxdoctor.judge.scan import Scanner
@@ -48,6 +60,26 @@ FILES_FOLLOWED = MetricSpec(
     "Log files the logs check followed in its last run.",
 )
 EVIDENCE_MAX = 500
+# The units of systemd/ that log vLLM's and Ray's lines (tests/unit/test_journal_source.py holds this list to the
+# directory): vllm.service (Ray executor), the mp executor's head and headless worker, Ray's head and worker.
+SHIPPED_UNITS = (
+    "vllm.service",
+    "vllm-head-mp.service",
+    "vllm-worker-mp.service",
+    "ray-head.service",
+    "ray-worker.service",
+)
+JOURNAL_PREFIX = "journal:"
+
+
+def journal_key(unit: str) -> str:
+    """The subject of a unit's matches, and its scanner's key beside the files' paths."""
+    return JOURNAL_PREFIX + unit
+
+
+def journal_kind(unit: str) -> str:
+    """Which catalog kinds a unit's lines are read with: Ray's units as Ray's logs, the others as vLLM's."""
+    return "ray" if unit.startswith("ray") else "vllm"
 
 
 class LogsSettings(CheckSettings, frozen=True):
@@ -67,7 +99,10 @@ class LogsSettings(CheckSettings, frozen=True):
     max_bytes_per_run: Annotated[
         ByteCount,
         at_least(1),
-        Meta(description="read at most this many new bytes per run over all files (or a size: 32M); rest next run"),
+        Meta(
+            description="read at most this many new bytes per run over all files (or a size: 32M), and as much of "
+            "journalctl's output; rest next run"
+        ),
     ] = ByteCount(32 * 1024 * 1024)
     from_start: Annotated[
         bool,
@@ -89,8 +124,38 @@ class LogsSettings(CheckSettings, frozen=True):
     ] = ByteCount(8 * 1024 * 1024)
     check_window_s: Annotated[
         float,
-        Meta(gt=0, description="one-shot `dgxdoctor check`: a log file not written for this many seconds is not read"),
+        Meta(
+            description="one-shot `dgxdoctor check`: a log file not written for this many seconds is not read; the "
+            "journal is read from this many seconds ago (the daemon's first read too)",
+            gt=0,
+        ),
     ] = 900.0
+    journal_units: Annotated[
+        list[str],
+        Meta(
+            max_length=64,
+            description="systemd units whose journal is followed (journalctl -u), as vLLM's and Ray's lines; "
+            "empty: none. Default: the units of the shipped systemd/ files",
+        ),
+    ] = field(default_factory=lambda: list(SHIPPED_UNITS))
+    journal_directory: Annotated[
+        str | None,
+        Meta(
+            description="read the journal files in this directory (journalctl --directory) instead of the system "
+            "journal: a container's, a copied one; unset: the system journal"
+        ),
+    ] = None
+    journal_max_lines: Annotated[
+        int, Meta(ge=1, le=10_000_000, description="read at most this many journal entries per run; rest next run")
+    ] = 20000
+
+    @field_rule("journal_units")
+    @classmethod
+    def _unit_names(cls, value: list[str]) -> list[str]:
+        for unit in value:
+            if not UNIT_NAME_RE.match(unit):
+                raise ValueError(f"not a systemd unit name (letters, digits, ':-_.\\@'): {unit[:80]!r}")
+        return value
 
 
 class _Recent(Struct):
@@ -113,6 +178,7 @@ class LogsCheck(Check[LogsSettings]):
         self._totals: dict[str, int] = {}
         # One scanner per file: it keeps the last lines, so a match is read in its context (judge.context).
         self._scanners: dict[str, Scanner] = {}
+        self._journal: JournalFollower | None = None
 
     @property
     def catalog(self) -> Catalog:
@@ -139,6 +205,9 @@ class LogsCheck(Check[LogsSettings]):
                 positions if isinstance(positions, dict) else {}, from_start=self.settings.from_start
             )
             self._recent = self._restore_recent(saved.get("recent"))
+            cursor = saved.get("journal_cursor")
+            if isinstance(cursor, str) and CURSOR_RE.match(cursor):
+                self._journal_follower().cursor = cursor
         return self._follower
 
     def _restore_recent(self, raw: object) -> dict[tuple[str, str], _Recent]:
@@ -170,7 +239,9 @@ class LogsCheck(Check[LogsSettings]):
             }
             for r in self._recent.values()
         ]
-        self.state.save({"positions": follower.state(), "recent": recent})  # a failure is logged and counted
+        cursor = self._journal.cursor if self._journal is not None else None
+        # a failure is logged and counted
+        self.state.save({"positions": follower.state(), "recent": recent, "journal_cursor": cursor})
 
     def _match(self, lines: Iterable[tuple[str, str]], kinds: Mapping[str, str], now: float) -> None:
         """Count the signatures the new lines show, each read in its record and with the lines before it.
@@ -199,19 +270,21 @@ class LogsCheck(Check[LogsSettings]):
 
     def run(self) -> CheckResult:
         s = self.settings
-        kinds = {path: "ray" for path in expand_paths(s.ray_paths)}
-        kinds.update({path: "vllm" for path in expand_paths(s.vllm_paths)})
+        files = {path: "ray" for path in expand_paths(s.ray_paths)}
+        files.update({path: "vllm" for path in expand_paths(s.vllm_paths)})
+        kinds = {**files, **{journal_key(u): journal_kind(u) for u in s.journal_units}}
         if self.env.one_shot:
-            return self._run_recent(kinds)
+            return self._run_recent(files, kinds)
         follower = self._load_follower()
         if not kinds:
             # Still a poll: files that appear from now on (Ray started after the agent) are new, read from 0.
             follower.poll([], 0)
-            return CheckResult.skipped(self.name, "no vLLM or Ray log files configured or present")
-        polled = follower.poll(sorted(kinds), s.max_bytes_per_run)
+            return CheckResult.skipped(self.name, "no vLLM or Ray log files or journal units configured or present")
+        polled = follower.poll(sorted(files), s.max_bytes_per_run)
+        journal = self._journal_follower().poll(self._window_start_us()) if s.journal_units else None
 
         now = self.env.clock()
-        self._match(polled.lines, kinds, now)
+        self._match([*polled.lines, *_journal_lines(journal, s.journal_units)], kinds, now)
         for key in [k for k, r in self._recent.items() if now - r.last_seen > s.hold_s]:
             del self._recent[key]
         self._save(follower)
@@ -221,7 +294,32 @@ class LogsCheck(Check[LogsSettings]):
         if polled.budget_exhausted:
             unread = _unread_bytes(follower, polled.files)
             b.add(log_backlog(unread, s.max_bytes_per_run, one_shot=False))
-        return b.build(self._summary(f"in {len(polled.files)} log file(s)"))
+        self._journal_findings(b, journal, one_shot=False)
+        return b.build(self._summary(f"in {len(polled.files)} log file(s){self._journal_said()}"))
+
+    def _journal_follower(self) -> JournalFollower:
+        if self._journal is None:
+            s = self.settings
+            self._journal = JournalFollower(
+                self.env.run_command_head, s.journal_units, s.journal_directory, s.journal_max_lines,
+                s.max_bytes_per_run,
+            )  # fmt: skip
+        return self._journal
+
+    def _window_start_us(self) -> int:
+        """The journal's first read starts where the files' window does (journal time is wall-clock time)."""
+        return int((time.time() - self.settings.check_window_s) * 1e6)
+
+    def _journal_findings(self, b: ResultBuilder, read: JournalRead | str | None, *, one_shot: bool) -> None:
+        s = self.settings
+        if isinstance(read, str):
+            b.add(journal_unreadable(list(s.journal_units), read))
+        elif read is not None and read.more:
+            b.add(journal_backlog(s.journal_max_lines, s.max_bytes_per_run, one_shot=one_shot))
+
+    def _journal_said(self) -> str:
+        n = len(self.settings.journal_units)
+        return f" and the journal of {n} unit(s)" if n else ""
 
     def _findings(self, errors: Iterable[str]) -> ResultBuilder:
         """The matches held (worst first), the match counters, the files that could not be read."""
@@ -240,29 +338,41 @@ class LogsCheck(Check[LogsSettings]):
             return f"{len(codes)} failure signature(s) in the last {self.settings.hold_s:g} s: {', '.join(codes)}"
         return f"no known failure signature {what}"
 
-    def _run_recent(self, kinds: Mapping[str, str]) -> CheckResult:
+    def _run_recent(self, files: Mapping[str, str], kinds: Mapping[str, str]) -> CheckResult:
         """One-shot `dgxdoctor check`: the recent past of each file (``check_window_bytes`` of the files written
-        in the last ``check_window_s``), with the daemon's held matches; what was not read is said, a backlog over
-        the per-run limit is a WARNING. Nothing is saved: the daemon's positions stay as they are."""
+        in the last ``check_window_s``) and of the journal (its newest entries of that window), with the daemon's
+        held matches; what was not read is said, a backlog over the per-run limit is a WARNING. Nothing is saved:
+        the daemon's positions stay as they are."""
         s = self.settings
         self._recent = self._restore_recent(self.state.load().get("recent"))
         if not kinds:
-            return CheckResult.skipped(self.name, "no vLLM or Ray log files configured or present")
+            return CheckResult.skipped(self.name, "no vLLM or Ray log files or journal units configured or present")
         now = self.env.clock()
-        read = read_recent(sorted(kinds), s.check_window_bytes, s.max_bytes_per_run, s.check_window_s, time.time())
-        self._match(read.lines, kinds, now)
+        read = read_recent(sorted(files), s.check_window_bytes, s.max_bytes_per_run, s.check_window_s, time.time())
+        journal = self._journal_follower().recent(self._window_start_us()) if s.journal_units else None
+        self._match([*read.lines, *_journal_lines(journal, s.journal_units)], kinds, now)
         for key in [k for k, r in self._recent.items() if now - r.last_seen > s.hold_s]:
             del self._recent[key]
         b = self._findings(read.errors)
         b.sample(FILES_FOLLOWED, len(read.files))
         if read.unread_bytes:
             b.add(log_backlog(read.unread_bytes, s.max_bytes_per_run, one_shot=True))
+        self._journal_findings(b, journal, one_shot=True)
         parts = [f"read the last {_mib(read.bytes_read)} of {len(read.files)} log file(s)"]
         if read.stale:
             parts.append(f"{len(read.stale)} file(s) not written in the last {s.check_window_s:g} s not read")
         if read.older_bytes:
             parts.append(f"{_mib(read.older_bytes)} before the last {_mib(s.check_window_bytes)} per file not read")
+        if isinstance(journal, JournalRead):
+            parts.append(f"{len(journal.entries)} journal entries of the last {s.check_window_s:g} s")
         return b.build(self._summary("in the recent past") + "; " + ", ".join(parts))
+
+
+def _journal_lines(read: JournalRead | str | None, units: list[str]) -> list[tuple[str, str]]:
+    """The entries read, as (subject, line) beside the files' lines: each under the unit it is of."""
+    if not isinstance(read, JournalRead):
+        return []
+    return [(journal_key(e.unit if e.unit in units else units[0]), e.message) for e in read.entries]
 
 
 def _mib(n: int) -> str:

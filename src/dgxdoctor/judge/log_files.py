@@ -21,3 +21,33 @@ def log_backlog(unread: int, limit: int, *, one_shot: bool) -> Finding:
         message = f"read the per-run limit of {limit} bytes; {unread} bytes are not read yet (the next runs read them)"
         remedy = "raise [checks.logs] max_bytes_per_run if the logs grow faster than it per interval"
     return Finding("LOG_BACKLOG", Status.WARNING, message + ": a failure in them is not reported yet", remedy=remedy)
+
+
+def journal_unreadable(units: list[str], reason: str) -> Finding:
+    """The journal of the configured units cannot be read (no journalctl, a journal directory that is not there, no
+    permission): UNKNOWN, never OK, since what those units log (vLLM's engine, Ray) goes unseen. A unit with no
+    entries is no such case: its read is empty."""
+    return Finding(
+        "JOURNAL_UNREADABLE",
+        Status.UNKNOWN,
+        f"cannot read the journal of {', '.join(units)}: {reason}; a failure logged there is not seen",
+        "journal",
+        remedy="install systemd's journalctl and run the agent as root (or in the systemd-journal group); where these "
+        "units do not log to this journal, set [checks.logs] journal_units (or journal_directory)",
+    )
+
+
+def journal_backlog(max_lines: int, max_chars: int, *, one_shot: bool) -> Finding:
+    """More journal entries than one run reads: never OK, as for files (``log_backlog``)."""
+    limits = f"{max_lines} entries or {max_chars} bytes of journalctl's output"
+    if one_shot:
+        message = f"the journal holds more of the recent past than the per-run limit ({limits}): older entries not read"
+        remedy = "raise [checks.logs] journal_max_lines / max_bytes_per_run, or read journalctl -u UNIT"
+    else:
+        message = f"read the per-run limit of the journal ({limits}); the next runs read the rest"
+        remedy = (
+            "raise [checks.logs] journal_max_lines / max_bytes_per_run if the units log faster than it per interval"
+        )
+    return Finding(
+        "LOG_BACKLOG", Status.WARNING, message + ": a failure in them is not reported yet", "journal", remedy=remedy
+    )

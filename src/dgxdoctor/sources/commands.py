@@ -27,6 +27,8 @@ class CommandResult(Struct, frozen=True):
     returncode: int
     stdout: str
     stderr: str
+    # run_command_head: the program had more to print than the limit and was stopped there.
+    cut: bool = False
 
 
 class CommandNotFound(Exception):
@@ -48,6 +50,12 @@ def python_argv(python: str, *args: str) -> list[str]:
 
 class CommandRunner(Protocol):
     def __call__(self, argv: Sequence[str], timeout_s: float = ...) -> CommandResult: ...
+
+
+class HeadCommandRunner(Protocol):
+    """A runner that keeps the first ``max_chars`` of stdout and stops the program there (bounded memory)."""
+
+    def __call__(self, argv: Sequence[str], timeout_s: float, max_chars: int) -> CommandResult: ...
 
 
 class LineCommandRunner(Protocol):
@@ -131,3 +139,48 @@ def run_command_lines(argv: Sequence[str], timeout_s: float, on_stderr_line: Cal
     if expired.is_set():
         raise _timed_out(argv, timeout_s)
     return CommandResult(tuple(argv), proc.returncode, "".join(out), "".join(err))
+
+
+# What is kept of the stderr of a program whose stdout is bounded (its error message).
+STDERR_KEEP = 4096
+
+
+def run_command_head(argv: Sequence[str], timeout_s: float, max_chars: int) -> CommandResult:
+    """``run_command``, keeping the first ``max_chars`` characters of stdout: a program with more to print is
+    killed there and the result says ``cut`` (its exit status is then the kill's). A reader of a log that may be
+    large (``journalctl``) holds at most that much, whatever the program has to say."""
+    with _start(argv) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        err: list[str] = []
+        stderr = proc.stderr
+
+        def drain_stderr() -> None:  # read to its end (a full pipe would block the program), keep the start
+            while chunk := stderr.read(STDERR_KEEP):
+                if not err:
+                    err.append(chunk)
+
+        drain = threading.Thread(target=drain_stderr, daemon=True)
+        drain.start()
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            proc.kill()
+
+        timer = threading.Timer(timeout_s, expire)
+        timer.start()
+        try:
+            out = proc.stdout.read(max_chars + 1)
+            cut = len(out) > max_chars
+            if cut:
+                proc.kill()
+                out = out[:max_chars]
+            proc.wait()
+            drain.join()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+    if expired.is_set():
+        raise _timed_out(argv, timeout_s)
+    return CommandResult(tuple(argv), proc.returncode, out, "".join(err)[:STDERR_KEEP], cut)
