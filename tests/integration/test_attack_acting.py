@@ -20,6 +20,7 @@ from conftest import run_cli
 from daemonproc import DaemonProc
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.remediation.actions import step_mac
+from dgxdoctor.remediation.audit import AUDIT_FILE
 
 TOKEN = "attack-acting-token-0123456789"
 NOBODY = ("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups")
@@ -48,6 +49,12 @@ def fake_systemctl(root: Path) -> Path:
 def calls(root: Path) -> list[str]:
     path = root / "systemctl.calls"
     return path.read_text().splitlines() if path.exists() else []
+
+
+def audit(root: Path) -> list[dict[str, object]]:
+    """The agent's remediation audit (one JSON object per line)."""
+    path = root / "state" / AUDIT_FILE
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def config(root: Path, daemon: str, remediation: str) -> str:
@@ -121,7 +128,10 @@ def test_an_agent_without_a_token_runs_nothing_for_nobody(tmp_path: Path) -> Non
         assert attacker(proc.url, "/nccl/join", JOIN) == 403
         assert attacker(proc.url, "/remediation/step", {"step": "ray_stop", "id": "a1b2c3d4e5f6"}) == 403
         assert attacker(proc.url, "/alertmanager", ALERT) == 200  # observe mode: queued, decided, never run
-        time.sleep(2)
+        # The evaluation that took the alert up decided "observe": the event that proves nothing runs for it.
+        proc.wait_for(lambda: [r for r in audit(tmp_path) if r["event"] == "decision" and r["source"] == "alert"
+                               and r["verdict"] == "observe"], 30, "the alert decided on")  # fmt: skip
+        assert not [r for r in audit(tmp_path) if r["event"] in ("action_started", "action")]
         assert calls(tmp_path) == []
     finally:
         proc.stop()

@@ -26,9 +26,13 @@ async def test_wait_for_raises_the_builtin_timeout_error() -> None:
 
 async def test_a_lifted_deadline_never_fires() -> None:
     """``lift_deadline`` (daemon.connections) reschedules the request's deadline to None."""
+    done = []
     async with aio.timeout(0.02) as deadline:
         deadline.reschedule(None)
         await asyncio.sleep(0.05)
+        done.append("slept past the old deadline")
+    done.append("left the block")
+    assert done == ["slept past the old deadline", "left the block"]
 
 
 async def test_an_outside_cancel_stays_a_cancel() -> None:
