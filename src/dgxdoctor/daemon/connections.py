@@ -292,6 +292,10 @@ class GuardedServer:
         return str(sockname[0]), int(sockname[1])
 
     async def stop(self, timeout_s: float = 2.0) -> None:
+        """No new connections, every open one closed (mid-request ones aborted), then aiohttp's own shutdown, which
+        gives a handler still running ``shutdown_timeout_s``; all of it within ``timeout_s``."""
+        if self.site.listening is not None:
+            self.site.listening.close()
         self.guard.close_all()
         with contextlib.suppress(TimeoutError):
             await aio.wait_for(self.runner.cleanup(), timeout_s)
