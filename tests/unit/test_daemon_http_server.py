@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import ssl
+import subprocess
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -272,3 +276,47 @@ async def test_stop_closes_clients_in_every_state_without_waiting_on_them(served
     for reader, writer in (mid_head, mid_request):
         assert await read_until(reader) == b""
         writer.close()
+
+
+async def test_the_listener_takes_a_tls_context_and_the_guard_still_sees_each_request(tmp_path: Path) -> None:
+    """TLS is the listener's (issue 34 adds its configuration): over it the guard finds each request's connection
+    through the TLS transport, so an authenticated action still lifts its deadline."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+
+    async def lifted(request: web.Request) -> web.Response:
+        connections.lift_deadline(request)
+        await asyncio.sleep(LIMITS.request_timeout_s * 1.5)
+        return web.Response(text="done")
+
+    guard = connections.Guard(LIMITS)
+    app = web.Application(middlewares=[guard.middleware])
+    app.router.add_get("/lifted", lifted)
+    app.router.add_post("/echo", echo)
+    server = await connections.serve(
+        connections.make_runner(app, LIMITS, RequestLog()), guard, "127.0.0.1", 0, ssl_context=server_ctx
+    )
+    try:
+        reader, writer = await asyncio.open_connection(*server.address, ssl=client_ctx)
+        writer.write(b"GET /lifted HTTP/1.1\r\n" + CLOSE)
+        got = await read_until(reader)
+        writer.close()
+        assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"done"), got
+        assert guard.closed["request_timeout"] == 0
+        # ... and a body that never completes is still cut at the request deadline.
+        reader, writer = await asyncio.open_connection(*server.address, ssl=client_ctx)
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\na")
+        assert await read_until(reader) == b""
+        writer.close()
+        assert guard.closed["request_timeout"] == 1
+    finally:
+        await server.stop()
