@@ -59,7 +59,7 @@ class RateLimit:
 # control character would go to the log whole):
 #   400, message:\n  Invalid header value char:\n\n  b'Authorization: Bearer s3cret\x01'\n   ^
 # Only the message's first line up to the first quote, and the quoted header's name, are kept.
-QUOTED_HEADER_RE = re.compile(r"b(['\"])(?P<name>[A-Za-z0-9!#$%&*+.^_`|~-]{1,64}):")
+QUOTED_HEADER_RE = re.compile(r"b(['\"])(?P<name>[A-Za-z0-9!#$%&+*.^_`|~-]{1,64}):")
 QUOTE_RE = re.compile(r"[\s:]*(?:\bb)?['\"]")
 
 
