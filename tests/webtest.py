@@ -1,4 +1,4 @@
-"""The daemon's app (``dgxdoctor.daemon.web``) served on a loopback port for a test, and a client for it.
+"""The daemon's aiohttp app served on a loopback port for a test, and a client for it.
 
 ``TestServer``/``TestClient`` take the names and the few methods of aiohttp's test utilities the tests used
 (``start_server``, ``port``, ``request``/``get``/``post`` with relative paths, ``status``, ``text()``, ``json()``),
@@ -13,8 +13,9 @@ from types import TracebackType
 from typing import Any
 
 import httpx
+from aiohttp import web
 
-from dgxdoctor.daemon import connections, web
+from dgxdoctor.daemon import connections
 from dgxdoctor.daemon.ratelog import RequestLog
 
 # Plain HTTP to loopback; one TLS context for every client (httpx would load the CA bundle again for each, ~0.1 s).

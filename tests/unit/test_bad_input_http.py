@@ -224,7 +224,7 @@ def test_peer_trickling_its_answer_is_cut_off() -> None:
 
 
 async def test_a_bad_character_in_the_authorization_header_never_logs_the_token() -> None:
-    """A server's parser error may quote the offending header line (aiohttp's did); the daemon's log line keeps the
+    """aiohttp's parser error quotes the offending header line, value and all; the daemon's log line keeps the
     header's name only."""
     from dgxdoctor import eventlog
     from dgxdoctor.daemon import connections
@@ -241,7 +241,8 @@ async def test_a_bad_character_in_the_authorization_header_never_logs_the_token(
                     b"GET /state HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() + bad + b"\r\n\r\n"
                 )
                 await writer.drain()
-                assert (await asyncio.wait_for(reader.read(4096), timeout=10)).startswith(b"HTTP/1.1 400")
+                answer = await asyncio.wait_for(reader.read(4096), timeout=10)
+                assert answer.startswith((b"HTTP/1.0 400", b"HTTP/1.1 400")), answer[:100]
                 writer.close()
     finally:
         await server.stop()

@@ -5,8 +5,9 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 
-from dgxdoctor.daemon import web
 from dgxdoctor.daemon.app import MAX_BODY_BYTES, STATE_KEY, AppState, auth_middleware, is_loopback, make_app, token_ok
 from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.fleet.store import ResultStore
@@ -72,8 +73,10 @@ async def test_without_token_state_is_loopback_only(client_factory: Any) -> None
     assert (await client.get("/state")).status == 200  # the test client connects from 127.0.0.1
 
     app = make_app(state)
-    request = web.Request(app, "GET", "/state", remote="10.1.2.3")
-    handler = mock.AsyncMock(return_value=web.text_response("should not run"))
+    transport = mock.Mock()
+    transport.get_extra_info.side_effect = lambda key, default=None: ("10.1.2.3", 5555) if key == "peername" else None
+    request = make_mocked_request("GET", "/state", app=app, transport=transport)
+    handler = mock.AsyncMock(return_value=web.Response(text="should not run"))
     response = await auth_middleware(request, handler)
     assert response.status == 403 and not handler.called
     assert request.app[STATE_KEY] is state

@@ -25,8 +25,6 @@ NOT_IN_DAEMON = (
     "matplotlib",
     "difflib",
     "pynvml",
-    # The HTTP server is daemon/web.py on h11: aiohttp loaded its whole client with its server.
-    "aiohttp",
     # The host check reads /proc/meminfo and statvfs itself; nccl_env imports psutil for interface addresses only.
     "psutil",
     # The bundle code (and tarfile) loads with the first bundle request or capture before a restart.
@@ -47,6 +45,7 @@ def test_daemon_imports_no_one_shot_code() -> None:
     assert "dgxdoctor.daemon.service" in loaded
     assert sorted(loaded.intersection(NOT_IN_DAEMON)) == []
     assert "apscheduler.schedulers.asyncio" in loaded  # the schedule's library, daemon-only (test_startup_imports)
+    assert "aiohttp.web" in loaded  # the daemon's HTTP server
 
 
 def test_structlog_loads_when_the_daemon_configures_its_log() -> None:

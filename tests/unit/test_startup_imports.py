@@ -43,16 +43,16 @@ def loaded(modules: set[str], *names: str) -> list[str]:
 
 
 def test_help_loads_click_alone() -> None:
-    unwanted = ("dgxdoctor.validation", "httpx", "asyncio", "structlog", "apscheduler", "dgxdoctor.checks")
+    unwanted = ("dgxdoctor.validation", "httpx", "asyncio", "structlog", "apscheduler", "aiohttp", "dgxdoctor.checks")
     assert loaded(modules_after("--help"), *unwanted) == []
 
 
 @pytest.mark.parametrize("command", [("check", "--only", "host"), ("diagnose", "-")])
 def test_one_shot_commands_load_no_server_scheduler_or_renderers(command: tuple[str, ...]) -> None:
-    """APScheduler and structlog are the daemon's alone: a command's event lines come from dgxdoctor.eventlog's
-    standard-library path (daemon.logconfig imports structlog only for ``run``)."""
-    heavy = ("aiohttp", "apscheduler", "dgxdoctor.daemon.app", "dgxdoctor.daemon.web", "dgxdoctor.dashboards",
-             "matplotlib", "structlog")  # fmt: skip
+    """APScheduler, structlog and aiohttp are the daemon's alone: a command's event lines come from
+    dgxdoctor.eventlog's standard-library path (daemon.logconfig imports structlog only for ``run``)."""
+    heavy = ("aiohttp", "apscheduler", "dgxdoctor.daemon.app", "dgxdoctor.daemon.connections",
+             "dgxdoctor.dashboards", "matplotlib", "structlog")  # fmt: skip
     assert loaded(modules_after(*command), *heavy) == []
 
 
@@ -61,7 +61,7 @@ def test_check_loads_only_what_this_node_needs() -> None:
     catalog's RE2 and psutil are loaded by the check that needs them, and none needs them here."""
     modules = modules_after("check")
     assert "dgxdoctor.checks.logs" in modules and "dgxdoctor.checks.host" in modules
-    assert loaded(modules, "prometheus_client", "re2", "psutil", "structlog", "dgxdoctor.daemon.web") == []
+    assert loaded(modules, "prometheus_client", "re2", "psutil", "structlog", "aiohttp") == []
 
 
 def test_check_builds_no_document_model_or_peer_fetch_for_its_table() -> None:

@@ -1,12 +1,16 @@
-"""The HTTP face of the daemon (served by ``daemon.web``): ``/metrics``, ``/healthz``, ``/state``, ``POST /reload``,
-``POST /alertmanager`` (Alertmanager's webhook), ``POST /remediation/step`` (the head asking a worker), ``POST
-/check/run`` (a peer's ``check --cluster``), ``POST /bundle/part`` (a peer's ``bundle --cluster``) and ``GET /``
-(the status page).
+"""The HTTP face of the daemon (an aiohttp app, served by ``daemon.connections``): ``/metrics``, ``/healthz``,
+``/state``, ``POST /reload``, ``POST /alertmanager`` (Alertmanager's webhook), ``POST /remediation/step`` (the head
+asking a worker), ``POST /check/run`` (a peer's ``check --cluster``), ``POST /bundle/part`` (a peer's ``bundle
+--cluster``) and ``GET /`` (the status page).
 
 ``/metrics`` and ``/healthz`` are open, as Prometheus and load balancers expect. ``/``, ``/state`` and everything
 that changes something need ``Authorization: Bearer <daemon.token>`` (constant-time compare; ``GET /`` also takes
 the token as the password of HTTP Basic, which a browser asks for); with no token configured they answer only to
 loopback clients. Request bodies are capped at ``MAX_BODY_BYTES``.
+
+``make_app`` takes the middlewares that run first (the connection guard's); one that authenticates another way
+(scoped tokens) goes in front of or in place of ``auth_middleware``, and TLS is the listener's (``serve``'s
+``ssl_context``), not the app's.
 """
 
 from __future__ import annotations
@@ -18,13 +22,13 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from aiohttp import web
 from msgspec import Struct, field
 from prometheus_client import CollectorRegistry, generate_latest
 
 from dgxdoctor import __version__
 from dgxdoctor.alerts.webhook import IncomingAlert, PayloadError, parse_payload
-from dgxdoctor.daemon import web
-from dgxdoctor.daemon.connections import lift_deadline
+from dgxdoctor.daemon.connections import lift_deadline, refuse_declared_oversize
 from dgxdoctor.fleet.store import ResultStore
 
 MAX_BODY_BYTES = 64 * 1024
@@ -35,7 +39,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # The status page loads nothing from anywhere (nodes have no internet): inline style only, no scripts.
 PAGE_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 
-Handler = Callable[[web.Request], Awaitable[web.Response]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # What POST /remediation/step takes (remediation/actions.py StepRequest).
 STEP_BODY = '{"step": "ray_stop"|"ray_start"|"vllm_stop"|"vllm_start", "id": "...", "ts": ..., "mac": "..."}'
@@ -108,7 +112,8 @@ def _error(status: int, message: str, **headers: str) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers or None)
 
 
-async def auth_middleware(request: web.Request, handler: Handler) -> web.Response:
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     if state.token is None and request.path.startswith(state.token_only):
         return _error(403, f"{request.path} needs daemon.token (or token_file) configured on this node")
@@ -127,7 +132,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.Respons
 
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[STATE_KEY].registry)
-    return web.Response(200, body, {"Content-Type": CONTENT_TYPE})
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -189,7 +194,7 @@ async def index(request: web.Request) -> web.Response:
     page = request.app[STATE_KEY].page
     if page is not None and "application/json" not in request.headers.get("Accept", ""):
         headers = {"Cache-Control": "no-store", "Content-Security-Policy": PAGE_CSP}
-        return web.text_response(await page(), content_type="text/html", headers=headers)
+        return web.Response(text=await page(), content_type="text/html", charset="utf-8", headers=headers)
     return web.json_response(
         {
             "service": "dgxdoctor",
@@ -210,8 +215,10 @@ async def index(request: web.Request) -> web.Response:
 
 
 def make_app(app_state: AppState, outer: tuple[Any, ...] = ()) -> web.Application:
-    """The app; ``outer`` middlewares run first (the connection guard's deadline and request accounting)."""
-    app = web.Application(middlewares=[*outer, auth_middleware], client_max_size=MAX_BODY_BYTES)
+    """The app; ``outer`` middlewares run first (the connection guard's deadline and request accounting), then the
+    token check, then the refusal of a body declared over the cap."""
+    middlewares = [*outer, auth_middleware, refuse_declared_oversize]
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app[STATE_KEY] = app_state
     app.router.add_get("/", index)
     app.router.add_get("/metrics", metrics)

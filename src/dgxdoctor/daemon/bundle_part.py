@@ -19,8 +19,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aiohttp import web
+
 from dgxdoctor.config import Config
-from dgxdoctor.daemon import web
 from dgxdoctor.daemon.gated import RunGate, seconds_body
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.remediation.capture import CaptureSettings, PreActionCapture, Writer
@@ -71,7 +72,7 @@ class BundlePart:
         sources = daemon_sources(self.store, config.role, since_s, bug_report=False)
         part = await asyncio.to_thread(local_part, config, self.env(), sources, deadline_s)
         body = await asyncio.to_thread(part_bytes, part)
-        return web.Response(200, body, {"Content-Type": "application/gzip"})
+        return web.Response(body=body, content_type="application/gzip")
 
 
 def add_routes(app: web.Application, service: BundlePart) -> None:

@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from aiohttp import web
+
 from dgxdoctor import eventlog
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner, capped
 from dgxdoctor.config import Config
-from dgxdoctor.daemon import web
 from dgxdoctor.daemon.gated import RunGate, seconds_body
 from dgxdoctor.documents import ResultsDocument
 from dgxdoctor.environment import Environment

@@ -14,7 +14,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
-from dgxdoctor.daemon import web
+from aiohttp import web
+
 from dgxdoctor.daemon.connections import lift_deadline
 
 T = TypeVar("T")

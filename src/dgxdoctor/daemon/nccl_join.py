@@ -22,13 +22,13 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
+from aiohttp import web
 from msgspec import Meta, Struct, field
 from msgspec.structs import replace
 
 from dgxdoctor import eventlog
 from dgxdoctor.checks.nccl import HCA_RE, NCCL_CHOICE_RE, NcclCheck, NcclSettings, ProbeRun
 from dgxdoctor.checks.nccl_run import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, ProbeSize
-from dgxdoctor.daemon import web
 from dgxdoctor.environment import Environment
 from dgxdoctor.settings.base import Frozen
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout

@@ -1,8 +1,8 @@
 """Bounded logging of what strangers send: malformed HTTP requests and event-loop socket errors.
 
-Anyone who reaches the port can send garbage as fast as the network allows. Logged as an ERROR with its traceback
-(as aiohttp did for each malformed request, and asyncio does for each failed ``accept()``), a client can write
-tens of megabytes of log a minute, and under journald's rate limit that pushes out the lines an operator needs (check
+Anyone who reaches the port can send garbage as fast as the network allows. aiohttp logs each malformed request as
+an ERROR with its traceback and asyncio logs each failed ``accept()`` the same way: a client can then write tens of
+megabytes of log a minute, and under journald's rate limit that pushes out the lines an operator needs (check
 transitions). Here each such event is counted (the counters are exported) and logged as one line without a
 traceback, at most ``burst`` lines per ``window_s``; the next line that gets through says how many were left out.
 """
@@ -10,13 +10,16 @@ traceback, at most ``burst`` lines per ``window_s``; the next line that gets thr
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from aiohttp.http_exceptions import HttpProcessingError
+
 from dgxdoctor import eventlog
-from dgxdoctor.daemon.web import BadRequest
 
 log = eventlog.get_logger(__name__)
 
@@ -52,46 +55,71 @@ class RateLimit:
         return True, left_out
 
 
+# aiohttp quotes the offending line in a bad request's message, header value and all (a bearer token with a stray
+# control character would go to the log whole):
+#   400, message:\n  Invalid header value char:\n\n  b'Authorization: Bearer s3cret\x01'\n   ^
+# Only the message's first line up to the first quote, and the quoted header's name, are kept.
+QUOTED_HEADER_RE = re.compile(r"b(['\"])(?P<name>[A-Za-z0-9!#$%&+*.^_`|~-]{1,64}):")
+QUOTE_RE = re.compile(r"[\s:]*(?:\bb)?['\"]")
+
+
 def _text(exc: BaseException | None) -> str:
     if exc is None:
         return ""
-    if isinstance(exc, BadRequest):
+    if isinstance(exc, HttpProcessingError):
         return _bad_request_text(exc)
     return f"{type(exc).__name__}: {exc}".replace("\n", " ")[:MAX_TEXT]
 
 
-def _bad_request_text(exc: BadRequest) -> str:
-    """What was wrong and in which header, never what the client sent (a bearer token with a stray control
-    character would go to the log whole): the server's own reason and the header's name."""
-    where = f" (header {exc.header[:64]}, value not logged)" if exc.header else ""
-    return f"BadRequest: 400, {exc.reason[:MAX_TEXT]}{where}"
+def _bad_request_text(exc: HttpProcessingError) -> str:
+    """What was wrong and in which header, never what the client sent: the first line and the header's name."""
+    message = str(exc.message or "")
+    first = QUOTE_RE.split(message.strip().split("\n", 1)[0], maxsplit=1)[0].rstrip(":").strip()
+    quoted = QUOTED_HEADER_RE.search(message)
+    where = f" (header {quoted.group('name')}, value not logged)" if quoted else ""
+    return f"{type(exc).__name__}: {exc.code}, {first[:MAX_TEXT]}{where}"
 
 
-class RequestLog:
-    """Where the HTTP server reports what went wrong with a request (``web.RequestLogger``).
+class RequestLog(logging.Logger):
+    """The ``logger`` aiohttp's request handler writes to (``connections.make_runner``).
 
-    A malformed request (bad request line, bad header, too long) is counted in ``bad_requests`` and logged as one
-    ``http_bad_request`` line at a bounded rate. Any other error in a handler is a bug of ours: one
-    ``http_handler_error`` line, bounded too, with the exception type and text.
+    A malformed request (an ``HttpProcessingError``: bad request line, bad header, too long) is counted in
+    ``bad_requests`` and logged as one ``http_bad_request`` line at a bounded rate. Any other error in a handler
+    is a bug of ours: one ``http_handler_error`` line, bounded too, with the exception type and text.
     """
 
     def __init__(self) -> None:
+        super().__init__("dgxdoctor.http")
+        # Anything else aiohttp logs here (warnings) goes on to the root handler, as aiohttp.server's would.
+        self.parent = logging.getLogger("aiohttp.server")
         self.bad_requests = 0
         self.handler_errors = 0
         self._bad = RateLimit()
         self._errors = RateLimit()
 
-    def bad_request(self, remote: str | None, exc: BadRequest) -> None:
-        self.bad_requests += 1
-        ok, left_out = self._bad.allow()
-        if ok:
-            log.warning("http_bad_request", remote=remote, error=_text(exc), not_logged_before=left_out)
-
-    def handler_error(self, remote: str | None, exc: BaseException) -> None:
+    def _event(self, args: tuple[Any, ...], exc: BaseException | None) -> None:
+        remote = str(args[0]) if args else None
+        if isinstance(exc, HttpProcessingError):
+            self.bad_requests += 1
+            ok, left_out = self._bad.allow()
+            if ok:
+                log.warning("http_bad_request", remote=remote, error=_text(exc), not_logged_before=left_out)
+            return
         self.handler_errors += 1
         ok, left_out = self._errors.allow()
         if ok:
             log.error("http_handler_error", remote=remote, error=_text(exc), not_logged_before=left_out)
+
+    def exception(self, msg: object, *args: Any, exc_info: Any = True, **kwargs: Any) -> None:
+        self._event(args, exc_info if isinstance(exc_info, BaseException) else None)
+
+    def error(self, msg: object, *args: Any, exc_info: Any = None, **kwargs: Any) -> None:
+        self._event(args, exc_info if isinstance(exc_info, BaseException) else None)
+
+    def debug(self, msg: object, *args: Any, exc_info: Any = None, **kwargs: Any) -> None:
+        # aiohttp logs a first request with a bad method (TLS or another protocol on the HTTP port) at debug level.
+        if isinstance(exc_info, HttpProcessingError):
+            self._event(args, exc_info)
 
 
 class LoopErrors:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
 from msgspec import Struct
 from msgspec.structs import replace
 
@@ -23,7 +24,7 @@ from dgxdoctor import __version__, eventlog
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import Config, ConfigError, load_config, parse_listen
-from dgxdoctor.daemon import bundle_part, checknow, connections, memory, web
+from dgxdoctor.daemon import bundle_part, checknow, connections, memory
 from dgxdoctor.daemon.app import AppState, make_app
 from dgxdoctor.daemon.bundle_part import BundlePart, pre_action_capture
 from dgxdoctor.daemon.checknow import CheckNow
