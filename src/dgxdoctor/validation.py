@@ -413,7 +413,8 @@ def _nested(model: type[Struct]) -> tuple[str, ...]:
 
 
 def _holds_record(hint: Any) -> bool:
-    if isinstance(hint, type):
+    # ``get_origin``: Python 3.10 says ``isinstance(list[X], type)``; a generic alias is never a record itself.
+    if isinstance(hint, type) and get_origin(hint) is None:
         return issubclass(hint, Struct)
     return hint is Any or any(_holds_record(arg) for arg in get_args(hint) if arg is not Ellipsis)
 

@@ -14,7 +14,7 @@ import re
 from dgxdoctor.judge.signatures import _Searcher, load_catalog
 
 # ``.*``, ``.+``, lazy or not, anywhere in a piece (an escaped dot is a literal and does not count).
-DOT_RUN_RE = re.compile(r"(?<!\\)(?:\\\\)*\.[*+]")
+DOT_RUN_RE = re.compile(r"(?<!\\)(?:\\\\)*\.[+*]")
 
 
 def searched_pieces(pattern: re.Pattern[str]) -> tuple[str, ...]:
