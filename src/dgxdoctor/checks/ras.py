@@ -98,11 +98,16 @@ def parallel_size(argv: tuple[str, ...], long: str, short: str) -> int | None:
     """``--tensor-parallel-size 8`` / ``-tp=8`` in vLLM's command line."""
     for i, arg in enumerate(argv):
         for flag in (long, short):
-            if arg == flag and i + 1 < len(argv) and argv[i + 1].isdigit():
+            if arg == flag and i + 1 < len(argv) and _decimal(argv[i + 1]):
                 return int(argv[i + 1])
-            if arg.startswith(flag + "=") and arg[len(flag) + 1 :].isdigit():
+            if arg.startswith(flag + "=") and _decimal(arg[len(flag) + 1 :]):
                 return int(arg[len(flag) + 1 :])
     return None
+
+
+def _decimal(text: str) -> bool:
+    """ASCII digits int() reads ("²".isdigit() is true, and int() refuses it)."""
+    return text.isascii() and text.isdigit() and len(text) <= 9
 
 
 def _same_address(a: tuple[str, int], b: tuple[str, int]) -> bool:
