@@ -28,7 +28,8 @@ from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.log_files import log_backlog, log_unreadable
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample
-from dgxdoctor.sources.fields import ByteCount, at_least
+from dgxdoctor.settings.bounds import DAY_S, WEEK_S
+from dgxdoctor.sources.fields import ByteCount, bytes_within
 from dgxdoctor.sources.logtail import LogFollower, expand_paths, read_recent
 from dgxdoctor.sources.statefile import StateFile
 
@@ -53,7 +54,7 @@ EVIDENCE_MAX = 500
 class LogsSettings(CheckSettings, frozen=True):
     """The logs check: vLLM and Ray log files followed for known failure signatures."""
 
-    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs")] = 10.0
+    interval_s: Annotated[float, Meta(gt=0, le=DAY_S, description="daemon: seconds between runs")] = 10.0
     vllm_paths: Annotated[
         list[str], Meta(description="vLLM log files or globs (e.g. /var/log/vllm/vllm.log); empty: none")
     ] = field(default_factory=list)
@@ -66,7 +67,7 @@ class LogsSettings(CheckSettings, frozen=True):
     )
     max_bytes_per_run: Annotated[
         ByteCount,
-        at_least(1),
+        bytes_within(1, 4 << 30),
         Meta(description="read at most this many new bytes per run over all files (or a size: 32M); rest next run"),
     ] = ByteCount(32 * 1024 * 1024)
     from_start: Annotated[
@@ -77,11 +78,11 @@ class LogsSettings(CheckSettings, frozen=True):
         ),
     ] = False
     hold_s: Annotated[
-        float, Meta(gt=0, description="keep reporting a match this many seconds after it was last seen")
+        float, Meta(gt=0, le=DAY_S, description="keep reporting a match this many seconds after it was last seen")
     ] = 900.0
     check_window_bytes: Annotated[
         ByteCount,
-        at_least(1),
+        bytes_within(1, 4 << 30),
         Meta(
             description="one-shot `dgxdoctor check`: read the last this many bytes (or a size: 8M) of each log file "
             "(the recent past; the daemon follows files from their end instead)"
@@ -89,7 +90,11 @@ class LogsSettings(CheckSettings, frozen=True):
     ] = ByteCount(8 * 1024 * 1024)
     check_window_s: Annotated[
         float,
-        Meta(gt=0, description="one-shot `dgxdoctor check`: a log file not written for this many seconds is not read"),
+        Meta(
+            gt=0,
+            le=WEEK_S,
+            description="one-shot `dgxdoctor check`: a log file not written for this many seconds is not read",
+        ),
     ] = 900.0
 
 
