@@ -2,7 +2,8 @@
 one-action lock for good behind a hung systemctl; a 26-digit ``budget`` was taken).
 
 The walk covers every settings table (the config's, every check's, and any other ``Frozen`` record, such as the
-peer's join request), so a numeric field added without a bound fails here.
+peer's join request), so a numeric field added without a bound fails here. That every default lies within its
+bounds is tests/unit/test_cli_core.py's: it loads the generated example, every default, through validation.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import importlib
 import math
 import pkgutil
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from types import UnionType
@@ -119,8 +121,9 @@ def problems_of(tmp_path: Path, text: str) -> str:
 def test_infinite_nan_and_huge_durations_are_refused_naming_the_key(tmp_path: Path, table: str, key: str,
                                                                      value: str) -> None:  # fmt: skip
     message = problems_of(tmp_path, f"[{table}]\n{key} = {value}\n")
-    assert f"{table}.{key}:" in message
-    assert "Expected `float`" in message or "expected" in message.lower()
+    # "remediation.command_timeout_s: expected float <= 3600.0 (got inf)", "...: expected float > 0.0 (got nan)"
+    line = rf"^  {re.escape(table)}\.{key}: expected float (?:<=|>=|>) [0-9.]+ \(got "
+    assert re.search(line, message, re.M), message
 
 
 @pytest.mark.parametrize("value", ["inf", "nan", "1e30"])
@@ -137,9 +140,3 @@ def test_cooldowns_are_bounded(tmp_path: Path, value: str) -> None:
 def test_huge_counts_are_refused_naming_the_key(tmp_path: Path, table: str, key: str, value: str) -> None:
     message = problems_of(tmp_path, f"[{table}]\n{key} = {value}\n")
     assert f"{table}.{key}:" in message and ("<=" in message or "at most" in message), message
-
-
-def test_the_bounds_leave_the_defaults_and_the_documented_example_valid() -> None:
-    example = Path(__file__).resolve().parents[2] / "docs" / "config.example.toml"
-    assert "cooldown_s" in example.read_text()
-    config_model()()  # the defaults construct; test_cli_core loads the example through validation
