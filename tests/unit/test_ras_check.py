@@ -131,6 +131,27 @@ def test_bad_address_in_config_is_named() -> None:
 def test_parallel_sizes_from_vllm_argv() -> None:
     assert parallel_size(("vllm", "serve", "m", "-tp=16"), "--tensor-parallel-size", "-tp") == 16
     assert parallel_size(("vllm", "serve", "m"), "--tensor-parallel-size", "-tp") is None
+    assert parallel_size(("vllm", "serve", "m", "-tp", "\u00b2"), "--tensor-parallel-size", "-tp") is None
+
+
+def test_handshake_with_a_superscript_version_is_a_finding_naming_the_line(tmp_path: Path) -> None:
+    """A server answering "SERVER PROTOCOL \u00b2" was an uncaught ValueError (UNKNOWN, a traceback as message)."""
+    vllm_proc(tmp_path)
+    with scripted(["SERVER PROTOCOL \u00b2\n".encode() + CLOSE]) as server:
+        result = run(tmp_path, server.port)
+    assert [(f.code, f.status) for f in result.findings] == [("RAS_UNREACHABLE", Status.WARNING)]
+    message = result.findings[0].message
+    assert "handshake answered 'SERVER PROTOCOL \u00b2'" in message and "Traceback" not in message
+    assert "ValueError" not in result.summary
+
+
+def test_report_with_a_number_python_will_not_convert_is_unreadable(tmp_path: Path) -> None:
+    vllm_proc(tmp_path)
+    text = b"DEAD\n  Process " + b"7" * 5000 + b" on node 10.0.0.2 managing GPU 3\n"
+    with scripted([HELLO, OK, b"ERROR: Unknown command SET FORMAT json\n", text + CLOSE]) as server:
+        result = run(tmp_path, server.port)
+    assert [(f.code, f.status) for f in result.findings] == [("RAS_REPORT_UNREADABLE", Status.UNKNOWN)]
+    assert "cannot be read" in result.findings[0].message
 
 
 # -- the joined finding: RAS (a real run of the check on the stand-in) + GPUs (the H200 hang recording) ----------

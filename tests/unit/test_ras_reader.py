@@ -92,6 +92,15 @@ def test_garbage_is_not_nccl() -> None:
     assert err.value.kind == "protocol" and "not NCCL's RAS" in str(err.value)
 
 
+@pytest.mark.parametrize("version", ["\u00b2", "", "two", "2.28", "9" * 40])
+def test_handshake_without_a_version_number_names_the_line(version: str) -> None:
+    """NCCL answers "SERVER PROTOCOL %d"; "\u00b2" passes str.isdigit() and int() refuses it."""
+    with scripted([f"SERVER PROTOCOL {version}\n".encode() + CLOSE]) as server, pytest.raises(RasError) as err:
+        query("127.0.0.1", server.port, deadline_s=3)
+    assert err.value.kind == "protocol"
+    assert f"handshake answered {f'SERVER PROTOCOL {version}'.strip()!r}" in str(err.value)
+
+
 def test_binary_garbage_without_newline_is_capped() -> None:
     with scripted([b"\xff" * 10000]) as server, pytest.raises(RasError) as err:
         query("127.0.0.1", server.port, deadline_s=3)
@@ -177,7 +186,11 @@ def test_json_stall_including_the_2_28_missing_comma(name: str) -> None:
     assert report.timeouts == 1
 
 
-@pytest.mark.parametrize("text", ["", "hello\n", '{"communicators": 3}', "{not json", "{" * 5000])
+@pytest.mark.parametrize(
+    "text",
+    ["", "hello\n", '{"communicators": 3}', "{not json", "{" * 5000,
+     "Errors\n======\n\nDEAD\n  Process " + "7" * 5000 + " on node 10.0.0.2 managing GPU 3\n"],
+)  # fmt: skip
 def test_not_a_report_named(text: str) -> None:
     with pytest.raises(RasReportError):
         parse_report(text)

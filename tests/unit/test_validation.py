@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 import pytest
 from msgspec import Meta, Struct, field
 
-from dgxdoctor.sources.fields import ByteCount, HttpUrl, at_least
+from dgxdoctor.sources.fields import ByteCount, HttpUrl, bytes_within
 from dgxdoctor.validation import Invalid, Secret, dump, field_rule, record_rule, rule, validate
 
 
@@ -28,7 +28,7 @@ class Table(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     url: HttpUrl | None = None
     evens: list[Annotated[int, rule(_even)]] = field(default_factory=list)
     rules: dict[str, Rule] = field(default_factory=dict)
-    size: Annotated[ByteCount, at_least(1024)] = ByteCount(4096)
+    size: Annotated[ByteCount, bytes_within(1024, 1 << 20)] = ByteCount(4096)
     low: int = 0
     high: int = 10
     key: Secret | None = None
@@ -91,6 +91,7 @@ def test_rules_may_change_the_value_and_custom_types_decode() -> None:
     assert isinstance(table.key, Secret) and table.key.get_secret_value() == "s3cret"
     assert table.path == Path("/x")
     assert problems({"size": "512"}) == [("size", "expected at least 1024 bytes (1K), got 512")]
+    assert problems({"size": "2M"}) == [("size", "expected at most 1M (1048576 bytes), got 2097152")]
     assert problems({"size": True})[0][0] == "size"
 
 

@@ -330,7 +330,9 @@ def test_one_shot_under_pressure(fixtures: Path, proc_root: Path) -> None:
 def test_daemon_needs_kv_sustained_and_queue_for_long(fixtures: Path, proc_root: Path) -> None:
     clock = Clock()
     fake = FakeVllm([page(fixtures, "full-kv")])
-    check = make(fake, proc_root, clock, one_shot=False, kv_cache_sustained_s=120, waiting_sustained_s=120, stall_s=1e6)
+    check = make(
+        fake, proc_root, clock, one_shot=False, kv_cache_sustained_s=120, waiting_sustained_s=120, stall_s=86400.0
+    )
     first = check.run()
     assert codes(first) == set()  # one reading proves nothing sustained
     clock.t += 60
@@ -406,7 +408,7 @@ def test_ttft_p99_jump_against_the_time_before_the_window(proc_root: Path) -> No
 def test_a_restart_resets_the_windows(fixtures: Path, proc_root: Path) -> None:
     clock = Clock()
     fake = FakeVllm([page(fixtures, "full-kv")])
-    check = make(fake, proc_root, clock, one_shot=False, kv_cache_sustained_s=60, stall_s=1e6)
+    check = make(fake, proc_root, clock, one_shot=False, kv_cache_sustained_s=60, stall_s=86400)
     check.run()
     fake.health = "refused"
     clock.t += 40

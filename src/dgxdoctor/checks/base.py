@@ -17,6 +17,7 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.judge.consequence import judged_result
 from dgxdoctor.result import CheckResult, Sample
 from dgxdoctor.settings.base import Frozen
+from dgxdoctor.settings.bounds import DAY_S
 from dgxdoctor.sources.exhaustion import AgentExhausted, own_exhaustion
 
 log = eventlog.get_logger(__name__)
@@ -26,8 +27,8 @@ class CheckSettings(Frozen, frozen=True):
     """Keys every ``[checks.<name>]`` table has. Subclasses add their own and may change the defaults."""
 
     enabled: Annotated[bool, Meta(description="run this check")] = True
-    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs")] = 30.0
-    timeout_s: Annotated[float, Meta(gt=0, description="a run that takes longer is UNKNOWN")] = 20.0
+    interval_s: Annotated[float, Meta(gt=0, le=DAY_S, description="daemon: seconds between runs")] = 30.0
+    timeout_s: Annotated[float, Meta(gt=0, le=DAY_S, description="a run that takes longer is UNKNOWN")] = 20.0
 
 
 # A check's settings type: bare ``Check`` (the runner's view, any check) means ``Check[CheckSettings]``; covariant,

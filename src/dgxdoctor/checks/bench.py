@@ -27,6 +27,7 @@ from dgxdoctor.checks.nccl_guard import in_window, parse_window
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.bench import Tolerances, compare_to_baseline
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
+from dgxdoctor.settings.bounds import DAY_S
 from dgxdoctor.sources.bench_baseline import Baseline, BaselineError, load_baseline, raw_point
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.serving_env import find_serving_python
@@ -67,11 +68,13 @@ STATE_FILE = "bench-last.json"
 class BenchCheckSettings(CheckSettings, frozen=True):
     """The weekly benchmark against the saved baseline (runs only once a baseline exists)."""
 
-    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between looks whether a run is due")] = 3600.0
-    timeout_s: Annotated[float, Meta(gt=0, description="a benchmark that takes longer is UNKNOWN")] = 1800.0
-    period_s: Annotated[float, Meta(gt=0, description="daemon: at most one benchmark per this many seconds")] = (
-        7 * 86400.0
-    )
+    interval_s: Annotated[
+        float, Meta(gt=0, le=DAY_S, description="daemon: seconds between looks whether a run is due")
+    ] = 3600.0
+    timeout_s: Annotated[float, Meta(gt=0, le=DAY_S, description="a benchmark that takes longer is UNKNOWN")] = 1800.0
+    period_s: Annotated[
+        float, Meta(gt=0, le=31 * DAY_S, description="daemon: at most one benchmark per this many seconds")
+    ] = 7 * 86400.0
     maintenance_windows: Annotated[
         list[str],
         Meta(
@@ -80,7 +83,7 @@ class BenchCheckSettings(CheckSettings, frozen=True):
     ] = field(default_factory=list)
     num_prompts: Annotated[int, Meta(ge=1, le=100000, description="requests per run (the runbook: 100)")] = 100
     concurrency: Annotated[
-        Annotated[int, Meta(ge=1)] | None,
+        Annotated[int, Meta(ge=1, le=100000)] | None,
         Meta(description="max concurrency; default the baseline's knee (or its highest concurrency)"),
     ] = None
     baseline_path: Annotated[Path | None, Meta(description="default <state_dir>/bench-baseline.json")] = None
@@ -95,8 +98,12 @@ class BenchCheckSettings(CheckSettings, frozen=True):
         ),
     ] = field(default_factory=list)
     throughput_tolerance: Annotated[float, Meta(gt=0, lt=1, description="a drop beyond this fraction warns")] = 0.10
-    tpot_tolerance: Annotated[float, Meta(gt=0, description="a P99 TPOT rise beyond this fraction warns")] = 0.20
-    ttft_tolerance: Annotated[float, Meta(gt=0, description="a P99 TTFT rise beyond this fraction warns")] = 0.50
+    tpot_tolerance: Annotated[float, Meta(gt=0, le=100, description="a P99 TPOT rise beyond this fraction warns")] = (
+        0.20
+    )
+    ttft_tolerance: Annotated[float, Meta(gt=0, le=100, description="a P99 TTFT rise beyond this fraction warns")] = (
+        0.50
+    )
 
     @field_rule("maintenance_windows")
     @classmethod

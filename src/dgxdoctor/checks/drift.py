@@ -20,8 +20,9 @@ from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.drift import model_dir_missing
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
+from dgxdoctor.settings.bounds import DAY_S, HOUR_S
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
-from dgxdoctor.sources.fields import ByteCount, at_least
+from dgxdoctor.sources.fields import ByteCount, bytes_within
 from dgxdoctor.sources.fingerprint import ShardHasher, listing_fingerprint, sample_shards, scan_model_dir
 from dgxdoctor.sources.serving_env import DISTRIBUTIONS, PROBE, find_serving_python, parse_probe_output
 
@@ -43,7 +44,7 @@ VERSION_KEYS = ("kernel_release", *DISTRIBUTIONS, "python_version")
 class DriftSettings(CheckSettings, frozen=True):
     """The drift check: versions and model files to compare between the nodes."""
 
-    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs")] = 300.0
+    interval_s: Annotated[float, Meta(gt=0, le=DAY_S, description="daemon: seconds between runs")] = 300.0
     serving_python: Annotated[
         str | None,
         Meta(
@@ -52,7 +53,7 @@ class DriftSettings(CheckSettings, frozen=True):
         ),
     ] = None
     probe_timeout_s: Annotated[
-        float, Meta(gt=0, description="seconds allowed for the serving python's version probe")
+        float, Meta(gt=0, le=HOUR_S, description="seconds allowed for the serving python's version probe")
     ] = 10.0
     model_dir: Annotated[Path | None, Meta(description="model directory to fingerprint (same path on every node)")] = (
         None
@@ -61,13 +62,14 @@ class DriftSettings(CheckSettings, frozen=True):
         int,
         Meta(
             ge=0,
+            le=100000,
             description="sha256 this many *.safetensors shards (first and last by name, then evenly spaced); "
             "0 = names and sizes only",
         ),
     ] = 0
     hash_bytes_per_run: Annotated[
         ByteCount,
-        at_least(1),
+        bytes_within(1, 1 << 40),
         Meta(
             description="read at most this many shard bytes per run (a number or a size: 256M); "
             "a hash completes over runs"

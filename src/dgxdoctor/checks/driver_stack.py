@@ -29,6 +29,7 @@ from dgxdoctor.judge.driver_stack import (
     persistenced_finding,
 )
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
+from dgxdoctor.settings.bounds import DAY_S
 from dgxdoctor.sources.device_map import CLASS_BRIDGE_OTHER
 from dgxdoctor.sources.nvml import NvmlError, NvmlNotSupported
 from dgxdoctor.sources.pci import VENDOR_NVIDIA, mellanox_nics, nvidia_gpus, read_pci_devices
@@ -52,7 +53,7 @@ OPEN_KERNEL_MODULE = "Open Kernel Module"
 
 
 class DriverStackSettings(CheckSettings, frozen=True):
-    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs")] = 60.0
+    interval_s: Annotated[float, Meta(gt=0, le=DAY_S, description="daemon: seconds between runs")] = 60.0
     fabric_manager_unit: Annotated[str, Meta(description="the fabric manager's unit")] = "nvidia-fabricmanager.service"
     persistenced_unit: Annotated[str, Meta(description="the persistence daemon's unit")] = "nvidia-persistenced.service"
     dcgm: Annotated[bool, Meta(description="the DCGM host engine is part of this node's setup: check its unit")] = False

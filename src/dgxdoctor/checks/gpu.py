@@ -17,6 +17,7 @@ from dgxdoctor.judge import gpu as gpu_judge
 from dgxdoctor.judge.gpu import GpuLimits
 from dgxdoctor.judge.presence import no_gpus, nvml_unavailable
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder
+from dgxdoctor.settings.bounds import DAY_S
 from dgxdoctor.sources.nvml import (
     CLOCK_EVENT_REASONS,
     NVML_ERROR_LIBRARY_NOT_FOUND,
@@ -124,16 +125,16 @@ RECOVERY_ACTION = MetricSpec(
 
 
 class GpuSettings(CheckSettings, frozen=True):
-    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs")] = 15.0
+    interval_s: Annotated[float, Meta(gt=0, le=DAY_S, description="daemon: seconds between runs")] = 15.0
     # A full NVML sweep took 25 ms per GPU the first time and 7 ms for 2 GPUs after (H200 test machine); a
     # call that takes seconds means a GPU fell off the bus and NVML is stuck in the driver (the runner then
     # reports it hung). Without nvidia-persistenced the first nvmlInit can take seconds per GPU: a first run
     # that times out finishes in the background, and later runs use the initialised client.
     timeout_s: Annotated[
-        float, Meta(gt=0, description="a run that takes longer is UNKNOWN (NVML hung in the driver)")
+        float, Meta(gt=0, le=DAY_S, description="a run that takes longer is UNKNOWN (NVML hung in the driver)")
     ] = 10.0
     expected_count: Annotated[
-        int, Meta(ge=0, description="GPUs this node must have (8 on a DGX); 0 = do not check")
+        int, Meta(ge=0, le=64, description="GPUs this node must have (8 on a DGX); 0 = do not check")
     ] = 8
     expected_model: Annotated[
         str, Meta(description="substring every GPU name must contain, e.g. 'H200' (empty = any model, but all alike)")
@@ -142,15 +143,16 @@ class GpuSettings(CheckSettings, frozen=True):
         int,
         Meta(
             ge=0,
+            le=100,
             description="warn when a GPU is within this many degrees of its maximum operating (T.Limit) or "
             "slowdown temperature",
         ),
     ] = 5
     slowdown_c_if_unknown: Annotated[
-        int, Meta(gt=0, description="slowdown temperature assumed where NVML does not report one, Celsius")
+        int, Meta(gt=0, le=150, description="slowdown temperature assumed where NVML does not report one, Celsius")
     ] = 90
     power_warn_fraction: Annotated[
-        Annotated[float, Meta(gt=0)] | None,
+        Annotated[float, Meta(gt=0, le=2)] | None,
         Meta(
             description="warn when power draw reaches this fraction of the enforced limit (unset: inference at full "
             "load sits at the cap by design)"
@@ -163,7 +165,9 @@ class GpuSettings(CheckSettings, frozen=True):
     expected_nvlinks: Annotated[
         int,
         Meta(
-            ge=0, description="active NVLinks each GPU must have (18 on HGX H100/H200); 0 = judge only reported links"
+            ge=0,
+            le=64,
+            description="active NVLinks each GPU must have (18 on HGX H100/H200); 0 = judge only reported links",
         ),
     ] = 0
     pcie_gen_min_utilization: Annotated[

@@ -21,7 +21,8 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.judge import host
 from dgxdoctor.judge.host import DiskUsage, gib
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
-from dgxdoctor.sources.fields import ByteCount, at_least
+from dgxdoctor.settings.bounds import DAY_S
+from dgxdoctor.sources.fields import ByteCount, bytes_within
 from dgxdoctor.sources.procfs import iter_processes, parse_meminfo
 from dgxdoctor.validation import record_rule
 
@@ -51,23 +52,27 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 
 
 class HostSettings(CheckSettings, frozen=True):
-    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs")] = 60.0
+    interval_s: Annotated[float, Meta(gt=0, le=DAY_S, description="daemon: seconds between runs")] = 60.0
     model_dir: Annotated[
         Path | None,
         Meta(description="directory of the served model's weights (the same path on every node); unset: skipped"),
     ] = None
     weights_bytes: Annotated[
-        Annotated[ByteCount, at_least(0)] | None,
+        Annotated[ByteCount, bytes_within(0, 1 << 50)] | None,
         Meta(
             description="size of the weights in bytes (or a size: 140G), instead of summing the files under model_dir"
         ),
     ] = None
     memory_ratio: Annotated[
-        float, Meta(gt=0, description="system RAM must be at least this many times the weights")
+        float, Meta(gt=0, le=100, description="system RAM must be at least this many times the weights")
     ] = 1.5
     disk_ratio: Annotated[
         float,
-        Meta(gt=0, description="free space on the model's filesystem must be at least this many times the weights"),
+        Meta(
+            gt=0,
+            le=100,
+            description="free space on the model's filesystem must be at least this many times the weights",
+        ),
     ] = 2.0
     ray_log_dir: Annotated[Path, Meta(description="Ray's temp and log directory (ray start --temp-dir)")] = Path(
         "/tmp/ray"

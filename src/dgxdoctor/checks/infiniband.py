@@ -48,6 +48,7 @@ from dgxdoctor.judge.infiniband import (
 )
 from dgxdoctor.judge.presence import rdma_absent
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
+from dgxdoctor.settings.bounds import WEEK_S
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.ibstat import parse_ibstat
 from dgxdoctor.sources.pci import mellanox_nics, read_pci_devices
@@ -130,11 +131,11 @@ PORT_INFO = MetricSpec(
 
 class InfinibandSettings(CheckSettings, frozen=True):
     expected_ports: Annotated[
-        Annotated[int, Meta(ge=0)] | None,
+        Annotated[int, Meta(ge=0, le=256)] | None,
         Meta(description="number of RDMA ports this node must have (after include/exclude); unset: no check"),
     ] = None
     min_rate_gbps: Annotated[
-        Annotated[float, Meta(gt=0)] | None,
+        Annotated[float, Meta(gt=0, le=10000)] | None,
         Meta(description="lowest acceptable negotiated rate per port in Gb/s, e.g. 400 for NDR; unset: no check"),
     ] = None
     link_layer: Annotated[
@@ -156,9 +157,11 @@ class InfinibandSettings(CheckSettings, frozen=True):
             "severity (warning/critical), enabled"
         ),
     ] = field(default_factory=lambda: dict(DEFAULT_THRESHOLDS))
-    flap_window_s: Annotated[float, Meta(gt=0, description="how far back link flaps are remembered, seconds")] = 86400.0
+    flap_window_s: Annotated[
+        float, Meta(gt=0, le=WEEK_S, description="how far back link flaps are remembered, seconds")
+    ] = 86400.0
     flap_warn_count: Annotated[
-        int, Meta(ge=1, description="this many flaps of one port within the window is a warning")
+        int, Meta(ge=1, le=10000, description="this many flaps of one port within the window is a warning")
     ] = 2
     use_ibstat: Annotated[bool, Meta(description="fall back to `ibstat` when sysfs shows no RDMA device")] = True
 

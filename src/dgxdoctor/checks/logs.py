@@ -37,7 +37,8 @@ from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.log_files import journal_backlog, journal_unreadable, log_backlog, log_unreadable
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample
-from dgxdoctor.sources.fields import ByteCount, at_least
+from dgxdoctor.settings.bounds import DAY_S, WEEK_S
+from dgxdoctor.sources.fields import ByteCount, bytes_within
 from dgxdoctor.sources.journal import CURSOR_RE, JournalFollower, JournalRead
 from dgxdoctor.sources.logtail import LogFollower, expand_paths, read_recent
 from dgxdoctor.sources.statefile import StateFile
@@ -85,7 +86,7 @@ def journal_kind(unit: str) -> str:
 class LogsSettings(CheckSettings, frozen=True):
     """The logs check: vLLM and Ray log files followed for known failure signatures."""
 
-    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs")] = 10.0
+    interval_s: Annotated[float, Meta(gt=0, le=DAY_S, description="daemon: seconds between runs")] = 10.0
     vllm_paths: Annotated[
         list[str], Meta(description="vLLM log files or globs (e.g. /var/log/vllm/vllm.log); empty: none")
     ] = field(default_factory=list)
@@ -98,7 +99,7 @@ class LogsSettings(CheckSettings, frozen=True):
     )
     max_bytes_per_run: Annotated[
         ByteCount,
-        at_least(1),
+        bytes_within(1, 4 << 30),
         Meta(
             description="read at most this many new bytes per run over all files (or a size: 32M), and as much of "
             "journalctl's output; rest next run"
@@ -112,11 +113,11 @@ class LogsSettings(CheckSettings, frozen=True):
         ),
     ] = False
     hold_s: Annotated[
-        float, Meta(gt=0, description="keep reporting a match this many seconds after it was last seen")
+        float, Meta(gt=0, le=DAY_S, description="keep reporting a match this many seconds after it was last seen")
     ] = 900.0
     check_window_bytes: Annotated[
         ByteCount,
-        at_least(1),
+        bytes_within(1, 4 << 30),
         Meta(
             description="one-shot `dgxdoctor check`: read the last this many bytes (or a size: 8M) of each log file "
             "(the recent past; the daemon follows files from their end instead)"
@@ -128,6 +129,7 @@ class LogsSettings(CheckSettings, frozen=True):
             description="one-shot `dgxdoctor check`: a log file not written for this many seconds is not read; the "
             "journal is read from this many seconds ago (the daemon's first read too)",
             gt=0,
+            le=WEEK_S,
         ),
     ] = 900.0
     journal_units: Annotated[

@@ -20,6 +20,7 @@ from dgxdoctor.judge.infiniband import (
     module_temperature_verdict,
 )
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
+from dgxdoctor.settings.bounds import DAY_S, HOUR_S
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.mlxlink import MlxlinkFormatError, parse_mlxlink
 from dgxdoctor.sources.sysfs_ib import IbPort, read_ports
@@ -37,18 +38,18 @@ EFFECTIVE_BER = MetricSpec(
 
 
 class MlxlinkSettings(CheckSettings, frozen=True):
-    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs (one mlxlink call per port)")] = (
-        300.0
-    )
-    timeout_s: Annotated[float, Meta(gt=0, description="a run that takes longer is UNKNOWN")] = 120.0
-    command_timeout_s: Annotated[float, Meta(gt=0, description="seconds one mlxlink call may take")] = 15.0
-    module_temp_warn_c: Annotated[float, Meta(description="module temperature above this is a warning")] = (
-        MODULE_TEMP_WARN_C
-    )
-    module_temp_crit_c: Annotated[float, Meta(description="module temperature above this is critical")] = (
-        MODULE_TEMP_CRIT_C
-    )
-    effective_ber_limit: Annotated[float, Meta(gt=0, description="effective BER above this: warning")] = (
+    interval_s: Annotated[
+        float, Meta(gt=0, le=DAY_S, description="daemon: seconds between runs (one mlxlink call per port)")
+    ] = 300.0
+    timeout_s: Annotated[float, Meta(gt=0, le=DAY_S, description="a run that takes longer is UNKNOWN")] = 120.0
+    command_timeout_s: Annotated[float, Meta(gt=0, le=HOUR_S, description="seconds one mlxlink call may take")] = 15.0
+    module_temp_warn_c: Annotated[
+        float, Meta(ge=0, le=150, description="module temperature above this is a warning")
+    ] = MODULE_TEMP_WARN_C
+    module_temp_crit_c: Annotated[
+        float, Meta(ge=0, le=150, description="module temperature above this is critical")
+    ] = MODULE_TEMP_CRIT_C
+    effective_ber_limit: Annotated[float, Meta(gt=0, le=1, description="effective BER above this: warning")] = (
         EFFECTIVE_BER_LIMIT
     )
 

@@ -42,6 +42,7 @@ from dgxdoctor.judge.nccl import (
 from dgxdoctor.judge.nccl_transport import describe, spans_nodes, transport_findings
 from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
+from dgxdoctor.settings.bounds import DAY_S
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
 from dgxdoctor.sources.fields import Host, OptionalHttpUrl, PeerUrl, sizes_in_order
 from dgxdoctor.sources.nccl_env import read_env_file
@@ -90,10 +91,10 @@ class NcclSettings(CheckSettings, frozen=True):
     """The NCCL all-reduce bandwidth probe (off by default: it uses the GPUs and the fabric)."""
 
     enabled: Annotated[bool, Meta(description="run this check (it occupies the GPUs while it runs)")] = False
-    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between attempts (runs only in a window)")] = (
-        3600.0
-    )
-    timeout_s: Annotated[float, Meta(gt=0, description="a probe that takes longer is UNKNOWN")] = 600.0
+    interval_s: Annotated[
+        float, Meta(gt=0, le=DAY_S, description="daemon: seconds between attempts (runs only in a window)")
+    ] = 3600.0
+    timeout_s: Annotated[float, Meta(gt=0, le=DAY_S, description="a probe that takes longer is UNKNOWN")] = 600.0
     command: Annotated[
         list[str],
         Meta(
@@ -105,7 +106,7 @@ class NcclSettings(CheckSettings, frozen=True):
         str | None,
         Meta(description="Python with torch for the bundled probe; default: that of a running vLLM or Ray process"),
     ] = None
-    gpus: Annotated[int, Meta(ge=0, description="bundled probe: GPUs to use on this node (0 = all visible)")] = 0
+    gpus: Annotated[int, Meta(ge=0, le=64, description="bundled probe: GPUs to use on this node (0 = all visible)")] = 0
     backend: Annotated[
         Literal["nccl", "gloo"],
         Meta(description="bundled probe: torch.distributed backend; gloo runs on CPU (no NCCL: tests, rehearsals)"),
@@ -161,7 +162,7 @@ class NcclSettings(CheckSettings, frozen=True):
         float, Meta(gt=0, le=1, description="a rail below this fraction of the median rail is named as degraded")
     ] = 0.8
     expected_busbw_gbps: Annotated[
-        Annotated[float, Meta(gt=0)] | None,
+        Annotated[float, Meta(gt=0, le=100000)] | None,
         Meta(
             description="bus bandwidth this fabric should give at the largest message, GB/s (e.g. 8 x 400 Gb/s NICs: "
             "400); unset: only the TCP-fallback floor is judged"

@@ -22,6 +22,7 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.judge.nccl_env import compare_envs, evaluate_nccl_env
 from dgxdoctor.judge.presence import nccl_env_absent
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
+from dgxdoctor.settings.bounds import DAY_S
 from dgxdoctor.sources.nccl_env import (
     env_facts,
     kernel_interface_names,
@@ -52,7 +53,7 @@ def local_addresses() -> set[str]:
 
 
 class NcclEnvSettings(CheckSettings, frozen=True):
-    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs")] = 120.0
+    interval_s: Annotated[float, Meta(gt=0, le=DAY_S, description="daemon: seconds between runs")] = 120.0
     env_file: Annotated[
         Path | None,
         Meta(description="the NCCL environment file, read as data with the files it sources (`. FILE`); never run"),

@@ -22,7 +22,8 @@ from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge.ras import layout_findings, rank_findings, stuck_processes, unreachable_finding
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
-from dgxdoctor.sources.fields import ByteCount, at_least
+from dgxdoctor.settings.bounds import DAY_S, HOUR_S
+from dgxdoctor.sources.fields import ByteCount, bytes_within
 from dgxdoctor.sources.nccl_env import parse_environ
 from dgxdoctor.sources.procfs import ProcessInfo, iter_processes, read_process, trusted_process
 from dgxdoctor.sources.ras_client import DEFAULT_HOST, DEFAULT_PORT, RasError, RasReply, parse_ras_addr, query
@@ -57,8 +58,8 @@ LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "ip6-localhost"})
 
 
 class RasSettings(CheckSettings, frozen=True):
-    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between RAS queries")] = 10.0
-    timeout_s: Annotated[float, Meta(gt=0, description="a run that takes longer is UNKNOWN")] = 30.0
+    interval_s: Annotated[float, Meta(gt=0, le=DAY_S, description="daemon: seconds between RAS queries")] = 10.0
+    timeout_s: Annotated[float, Meta(gt=0, le=DAY_S, description="a run that takes longer is UNKNOWN")] = 30.0
     address: Annotated[
         str,
         Meta(
@@ -69,15 +70,19 @@ class RasSettings(CheckSettings, frozen=True):
     collective_timeout_s: Annotated[
         int, Meta(ge=1, le=60, description="RAS's wait for other processes, per leg (ncclras -t; NCCL's default is 5)")
     ] = 5
-    deadline_s: Annotated[float, Meta(gt=0, description="the whole query's hard deadline, connect to last byte")] = 15.0
+    deadline_s: Annotated[
+        float, Meta(gt=0, le=HOUR_S, description="the whole query's hard deadline, connect to last byte")
+    ] = 15.0
     max_bytes: Annotated[
         ByteCount,
-        at_least(4096),
+        bytes_within(4096, 1 << 30),
         Meta(description="a RAS reply larger than this many bytes (or a size: 4M) is refused"),
     ] = ByteCount(4 << 20)
-    tensor_parallel_size: Annotated[int, Meta(ge=0, description="vLLM's TP size; 0: read from vLLM's command line")] = 0
+    tensor_parallel_size: Annotated[
+        int, Meta(ge=0, le=1024, description="vLLM's TP size; 0: read from vLLM's command line")
+    ] = 0
     pipeline_parallel_size: Annotated[
-        int, Meta(ge=0, description="vLLM's PP size; 0: read from vLLM's command line")
+        int, Meta(ge=0, le=1024, description="vLLM's PP size; 0: read from vLLM's command line")
     ] = 0
     required: Annotated[
         bool, Meta(description="RAS must answer even without a vLLM process (an NCCL job other than vLLM serves)")
@@ -98,11 +103,16 @@ def parallel_size(argv: tuple[str, ...], long: str, short: str) -> int | None:
     """``--tensor-parallel-size 8`` / ``-tp=8`` in vLLM's command line."""
     for i, arg in enumerate(argv):
         for flag in (long, short):
-            if arg == flag and i + 1 < len(argv) and argv[i + 1].isdigit():
+            if arg == flag and i + 1 < len(argv) and _decimal(argv[i + 1]):
                 return int(argv[i + 1])
-            if arg.startswith(flag + "=") and arg[len(flag) + 1 :].isdigit():
+            if arg.startswith(flag + "=") and _decimal(arg[len(flag) + 1 :]):
                 return int(arg[len(flag) + 1 :])
     return None
+
+
+def _decimal(text: str) -> bool:
+    """ASCII digits int() reads ("²".isdigit() is true, and int() refuses it)."""
+    return text.isascii() and text.isdigit() and len(text) <= 9
 
 
 def _same_address(a: tuple[str, int], b: tuple[str, int]) -> bool:

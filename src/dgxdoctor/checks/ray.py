@@ -37,6 +37,7 @@ from dgxdoctor.judge.ray import (
 )
 from dgxdoctor.judge.vllm_mp import ray_not_required
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
+from dgxdoctor.settings.bounds import HOUR_S
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.fields import HttpUrl
 from dgxdoctor.sources.procfs import ProcessInfo, listening_ports, processes_named, trusted_process
@@ -83,8 +84,10 @@ class RaySettings(CheckSettings, frozen=True):
     dashboard_url: Annotated[
         HttpUrl, Meta(description="Ray dashboard of the head node (started with --dashboard-host)")
     ] = "http://127.0.0.1:8265"
-    expected_nodes: Annotated[int, Meta(ge=1, description="Ray nodes that must be ALIVE")] = DEFAULT_EXPECTED_NODES
-    expected_gpus: Annotated[int, Meta(ge=0, description="GPUs that Ray must see in the cluster")] = (
+    expected_nodes: Annotated[int, Meta(ge=1, le=4096, description="Ray nodes that must be ALIVE")] = (
+        DEFAULT_EXPECTED_NODES
+    )
+    expected_gpus: Annotated[int, Meta(ge=0, le=65536, description="GPUs that Ray must see in the cluster")] = (
         DEFAULT_EXPECTED_GPUS
     )
     role: Annotated[
@@ -101,7 +104,7 @@ class RaySettings(CheckSettings, frozen=True):
     dashboard_port: Annotated[int, Meta(ge=1, le=65535, description="dashboard port that must listen on the head")] = (
         8265
     )
-    request_timeout_s: Annotated[float, Meta(gt=0, description="timeout of each dashboard request")] = 5.0
+    request_timeout_s: Annotated[float, Meta(gt=0, le=HOUR_S, description="timeout of each dashboard request")] = 5.0
     ray_command: Annotated[
         str,
         Meta(

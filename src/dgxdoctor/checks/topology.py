@@ -12,6 +12,7 @@ from msgspec import Meta
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.judge.topology import evaluate_topology
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
+from dgxdoctor.settings.bounds import DAY_S, HOUR_S
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.topo import gpu_link_summary, parse_topo_matrix
 
@@ -23,11 +24,11 @@ TOPOLOGY_NON_NVLINK_PAIRS = MetricSpec(
 
 
 class TopologySettings(CheckSettings, frozen=True):
-    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs (topology rarely changes)")] = (
-        300.0
-    )
+    interval_s: Annotated[
+        float, Meta(gt=0, le=DAY_S, description="daemon: seconds between runs (topology rarely changes)")
+    ] = 300.0
     expected_gpus: Annotated[
-        Annotated[int, Meta(ge=1)] | None,
+        Annotated[int, Meta(ge=1, le=64)] | None,
         Meta(description="GPUs this node must show (8 on a DGX); unset: not compared"),
     ] = None
     require_nvlink: Annotated[
@@ -37,7 +38,7 @@ class TopologySettings(CheckSettings, frozen=True):
             "false for PCIe servers, where it is a warning"
         ),
     ] = True
-    command_timeout_s: Annotated[float, Meta(gt=0, description="seconds nvidia-smi topo -m may take")] = 15.0
+    command_timeout_s: Annotated[float, Meta(gt=0, le=HOUR_S, description="seconds nvidia-smi topo -m may take")] = 15.0
 
 
 class TopologyCheck(Check[TopologySettings]):

@@ -52,6 +52,7 @@ from dgxdoctor.judge.vllm import (
     unreadable,
 )
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
+from dgxdoctor.settings.bounds import DAY_S, HOUR_S
 from dgxdoctor.sources.fields import HttpUrl
 from dgxdoctor.sources.procfs import CLK_TCK, ProcessInfo
 from dgxdoctor.sources.prom_text import PromTextError
@@ -135,8 +136,10 @@ VLLM_CANARY_TOKENS = MetricSpec(
 
 
 class VllmSettings(CheckSettings, frozen=True):
-    timeout_s: Annotated[float, Meta(gt=0, description="a run that takes longer is UNKNOWN (covers the canary)")] = 90.0
-    interval_s: Annotated[float, Meta(gt=0, description="daemon: seconds between runs")] = 15.0
+    timeout_s: Annotated[
+        float, Meta(gt=0, le=DAY_S, description="a run that takes longer is UNKNOWN (covers the canary)")
+    ] = 90.0
+    interval_s: Annotated[float, Meta(gt=0, le=DAY_S, description="daemon: seconds between runs")] = 15.0
     base_url: Annotated[HttpUrl, Meta(description="vLLM's OpenAI-compatible server on this node")] = (
         "http://127.0.0.1:8000"
     )
@@ -156,12 +159,16 @@ class VllmSettings(CheckSettings, frozen=True):
     ] = None
     api_key: Annotated[Secret | None, Meta(description="vLLM's --api-key, sent as a Bearer token")] = None
     request_timeout_s: Annotated[
-        float, Meta(gt=0, description="timeout of /health, /v1/models and /metrics; a /health timeout is a verdict")
+        float,
+        Meta(
+            gt=0, le=HOUR_S, description="timeout of /health, /v1/models and /metrics; a /health timeout is a verdict"
+        ),
     ] = 5.0
     startup_grace_s: Annotated[
         float,
         Meta(
             ge=0,
+            le=DAY_S,
             description="a vLLM process younger than this is loading (weights, profiling): not answering is OK then",
         ),
     ] = 900.0
@@ -176,7 +183,7 @@ class VllmSettings(CheckSettings, frozen=True):
         "Reply with the word OK."
     )
     canary_max_tokens: Annotated[int, Meta(ge=1, le=4096, description="max_tokens of the canary")] = 8
-    canary_timeout_s: Annotated[float, Meta(gt=0, description="the canary must complete within this")] = 30.0
+    canary_timeout_s: Annotated[float, Meta(gt=0, le=HOUR_S, description="the canary must complete within this")] = 30.0
     oneshot_window_s: Annotated[
         float,
         Meta(
@@ -190,29 +197,40 @@ class VllmSettings(CheckSettings, frozen=True):
         float, Meta(gt=0, le=1, description="KV cache usage (0..1) that, as a mean, is a WARNING")
     ] = DEFAULT_KV_CACHE_WARN
     kv_cache_sustained_s: Annotated[
-        float, Meta(ge=0, description="daemon: period over which the mean KV cache usage must reach kv_cache_warn")
+        float,
+        Meta(ge=0, le=DAY_S, description="daemon: period over which the mean KV cache usage must reach kv_cache_warn"),
     ] = 120.0
     waiting_sustained_s: Annotated[
-        float, Meta(ge=0, description="daemon: how long the waiting queue must stay non-zero to be a WARNING")
+        float, Meta(ge=0, le=DAY_S, description="daemon: how long the waiting queue must stay non-zero to be a WARNING")
     ] = 120.0
-    latency_window_s: Annotated[float, Meta(gt=0, description="daemon: window of the TTFT and ITL percentiles")] = 300.0
+    latency_window_s: Annotated[
+        float, Meta(gt=0, le=DAY_S, description="daemon: window of the TTFT and ITL percentiles")
+    ] = 300.0
     latency_min_requests: Annotated[
-        int, Meta(ge=1, description="requests needed in the window before the TTFT P99 is compared with its baseline")
+        int,
+        Meta(
+            ge=1,
+            le=1000000,
+            description="requests needed in the window before the TTFT P99 is compared with its baseline",
+        ),
     ] = 20
     ttft_p99_jump_factor: Annotated[
-        float, Meta(gt=1, description="WARNING when the window's TTFT P99 exceeds this many times the P99 before it")
+        float,
+        Meta(gt=1, le=1000, description="WARNING when the window's TTFT P99 exceeds this many times the P99 before it"),
     ] = 3.0
     ttft_p99_max_s: Annotated[
-        Annotated[float, Meta(gt=0)] | None, Meta(description="WARNING when the TTFT P99 exceeds this (seconds)")
+        Annotated[float, Meta(gt=0, le=HOUR_S)] | None,
+        Meta(description="WARNING when the TTFT P99 exceeds this (seconds)"),
     ] = None
     itl_p99_max_s: Annotated[
-        Annotated[float, Meta(gt=0)] | None,
+        Annotated[float, Meta(gt=0, le=HOUR_S)] | None,
         Meta(description="WARNING when the inter-token latency P99 exceeds this (seconds)"),
     ] = None
     stall_s: Annotated[
         float,
         Meta(
             gt=0,
+            le=DAY_S,
             description="requests running or waiting while no engine step or token is counted for this long: CRITICAL "
             "hung engine (docs/checks/vllm.md says why 15 s)",
         ),
@@ -221,6 +239,7 @@ class VllmSettings(CheckSettings, frozen=True):
         float,
         Meta(
             ge=0,
+            le=HOUR_S,
             description="daemon: seconds between reads of vLLM's counters while requests are in flight, so a stall is "
             "judged the moment it crosses stall_s; 0 reads them only at the check's interval",
         ),
@@ -229,6 +248,7 @@ class VllmSettings(CheckSettings, frozen=True):
         float,
         Meta(
             gt=0,
+            le=1000,
             description="a /health timeout while the API server used at least this share of a CPU means saturated, "
             "below it hung",
         ),

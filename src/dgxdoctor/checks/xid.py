@@ -45,6 +45,7 @@ from dgxdoctor.judge.xid import (
     xid_finding,
 )
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
+from dgxdoctor.settings.bounds import DAY_S, WEEK_S, YEAR_S
 from dgxdoctor.sources.device_map import read_device_map
 from dgxdoctor.sources.kmsg import KmsgFollower, KmsgReader, KmsgRecord
 from dgxdoctor.sources.nvml_xid import NvmlEventsUnavailable, NvmlXidFollower, PynvmlXidEvents, XidEventSource
@@ -110,26 +111,30 @@ log = eventlog.get_logger(__name__)
 
 class XidSettings(CheckSettings, frozen=True):
     interval_s: Annotated[
-        float, Meta(gt=0, description="daemon: seconds between reports (events are followed, not polled)")
+        float, Meta(gt=0, le=DAY_S, description="daemon: seconds between reports (events are followed, not polled)")
     ] = 10.0
     lookback_s: Annotated[
-        Annotated[float, Meta(gt=0)] | None,
+        Annotated[float, Meta(gt=0, le=YEAR_S)] | None,
         Meta(description="only kernel log records newer than this many seconds; unset: the whole buffer since boot"),
     ] = None
     app_level_xids: Annotated[
-        list[int], Meta(description="XIDs caused by the application, WARNING unless repeated (NVIDIA: 13, 31, 43, 45)")
+        list[Annotated[int, Meta(ge=1, le=999)]],
+        Meta(description="XIDs caused by the application, WARNING unless repeated (NVIDIA: 13, 31, 43, 45)"),
     ] = field(default_factory=lambda: list(DEFAULT_APP_LEVEL_XIDS))
     repeat_threshold: Annotated[
         int,
         Meta(
             ge=2,
+            le=1000,
             description="this many of the same XID on the same GPU within repeat_window_s "
             "escalates a warning to critical",
         ),
     ] = 3
-    repeat_window_s: Annotated[float, Meta(gt=0, description="window in seconds for repeat_threshold")] = 3600.0
+    repeat_window_s: Annotated[float, Meta(gt=0, le=WEEK_S, description="window in seconds for repeat_threshold")] = (
+        3600.0
+    )
     clear_after_s: Annotated[
-        Annotated[float, Meta(gt=0)] | None,
+        Annotated[float, Meta(gt=0, le=YEAR_S)] | None,
         Meta(description="events older than this no longer set the status (they stay counted); unset: until reboot"),
     ] = None
     nvml_events: Annotated[
@@ -150,14 +155,6 @@ class XidSettings(CheckSettings, frozen=True):
         bad = [k for k in value if not (k.isascii() and k.isdigit() and len(k) <= 3 and 0 < int(k) < 1000)]
         if bad:
             raise ValueError(f"keys must be XID numbers 1..999 as strings, got {', '.join(repr(k) for k in bad)}")
-        return value
-
-    @field_rule("app_level_xids")
-    @classmethod
-    def _xid_range(cls, value: list[int]) -> list[int]:
-        bad = [x for x in value if not 0 < x < 1000]
-        if bad:
-            raise ValueError(f"XID numbers are 1..999, got {bad}")
         return value
 
 

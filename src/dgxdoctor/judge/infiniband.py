@@ -108,7 +108,9 @@ class CounterThreshold(Frozen, frozen=True):
         Literal["increase", "rate"],
         Meta(description="'increase': change since the last run above limit; 'rate': events per `per` above limit"),
     ] = "rate"
-    limit: Annotated[float, Meta(ge=0, description="breach when the increase or the rate is above this")] = 0.0
+    limit: Annotated[
+        float, Meta(ge=0, le=2.0**64, description="breach when the increase or the rate is above this")
+    ] = 0.0
     per: Annotated[Literal["second", "minute", "hour"], Meta(description="time unit of a rate limit")] = "second"
     severity: Annotated[Literal["warning", "critical"], Meta(description="status of a breach")] = "warning"
     enabled: Annotated[bool, Meta(description="false switches this rule off")] = True

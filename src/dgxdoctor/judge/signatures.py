@@ -60,8 +60,13 @@ class Signature(Struct, frozen=True):
 
 
 MIN_ANCHOR = 4
-# A capitalised tail shorter than this is too common to stand for its run ("KV cache", "Progress").
+# A capitalised tail shorter than this is too common to stand for its run ("KV cache", "Progress"); a run shorter
+# than this loses to a longer one of the same pattern ("CUDA" is in every line of vLLM's graph capture).
 RARE_MIN = 10
+# Text that every line of one kind carries: NCCL prints "NCCL WARN" on each of its warnings. A pattern anchored on
+# it alone sent every NCCL warning through the per-line reading, 80 times the cost of plain text (issue 34); the
+# catalog refuses such an anchor.
+LINE_MARKERS = frozenset({"NCCL", "NCCL INFO", "NCCL WARN", "NCCL ERROR"})
 
 
 def _literal_runs(source: str) -> list[str]:
@@ -110,11 +115,12 @@ def _rare_start(run: str) -> str:
 
 
 def anchor(source: str) -> str:
-    """Literal text every line that matches the pattern contains: the longest literal run, preferring one that
-    starts with a capital letter or punctuation (see ``_rare_start``)."""
+    """Literal text every line that matches the pattern contains: the longest literal run, preferring one that is
+    no line marker (``LINE_MARKERS``), then one of ``RARE_MIN`` characters or more, then one that starts with a
+    capital letter or punctuation (see ``_rare_start``)."""
     runs = [_rare_start(r) for r in _literal_runs(source)]
     usable = [r for r in runs if len(r) >= MIN_ANCHOR] or runs or [""]
-    return max(usable, key=lambda r: (not r[:1].islower(), len(r)))
+    return max(usable, key=lambda r: (r not in LINE_MARKERS, len(r) >= RARE_MIN, not r[:1].islower(), len(r)))
 
 
 # Between two characters of an anchor the prefilter also accepts a line break, and a space may be one: a record
@@ -430,6 +436,12 @@ def _compile(raw: object, where: str) -> re.Pattern[str]:
     if len(anchor(raw)) < MIN_ANCHOR:
         # The prefilter looks for this literal text; without it every line would need the regex.
         raise CatalogError(f"{where}: pattern {raw!r} needs {MIN_ANCHOR}+ literal characters outside groups")
+    if anchor(raw) in LINE_MARKERS:
+        # Every line of its kind holds the marker: every one of them would be read line by line.
+        raise CatalogError(
+            f"{where}: pattern {raw!r} is anchored on {anchor(raw)!r}, which every such NCCL line carries: "
+            f"give it {MIN_ANCHOR}+ literal characters of its own outside groups"
+        )
     return pattern
 
 

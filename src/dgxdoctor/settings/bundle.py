@@ -7,7 +7,8 @@ from typing import Annotated
 from msgspec import Meta
 
 from dgxdoctor.settings.base import Frozen
-from dgxdoctor.sources.fields import ByteCount, at_least
+from dgxdoctor.settings.bounds import HOUR_S, WEEK_S
+from dgxdoctor.sources.fields import ByteCount, bytes_within
 
 
 class BundleSettings(Frozen, frozen=True):
@@ -15,7 +16,7 @@ class BundleSettings(Frozen, frozen=True):
 
     size_cap_bytes: Annotated[
         ByteCount,
-        at_least(2**16),
+        bytes_within(2**16, 16 << 30),
         Meta(
             description="bytes (or a size: 64M) of all files of one node's part; past it files are cut, and it says so"
         ),
@@ -24,22 +25,26 @@ class BundleSettings(Frozen, frozen=True):
         float, Meta(gt=0, le=3600, description="`dgxdoctor bundle`: the whole collection's deadline")
     ] = 120.0
     command_timeout_s: Annotated[
-        float, Meta(gt=0, description="each command of a bundle (nvidia-smi -q, ray status)")
+        float, Meta(gt=0, le=HOUR_S, description="each command of a bundle (nvidia-smi -q, ray status)")
     ] = 20.0
     bug_report_timeout_s: Annotated[
         float,
-        Meta(gt=0, description="nvidia-bug-report.sh --safe-mode, when installed (bundle only, never the capture)"),
+        Meta(
+            gt=0,
+            le=HOUR_S,
+            description="nvidia-bug-report.sh --safe-mode, when installed (bundle only, never the capture)",
+        ),
     ] = 60.0
-    since_s: Annotated[float, Meta(gt=0, description="the default window of kernel and service logs (--since)")] = (
-        3600.0
-    )
+    since_s: Annotated[
+        float, Meta(gt=0, le=WEEK_S, description="the default window of kernel and service logs (--since)")
+    ] = 3600.0
     capture_before_restart: Annotated[bool, Meta(description="act mode: capture a bundle before every restart")] = True
     capture_deadline_s: Annotated[
         float, Meta(gt=0, le=60, description="the capture before a restart never delays it longer than this")
     ] = 5.0
-    capture_since_s: Annotated[float, Meta(gt=0, description="the window of logs in a capture before a restart")] = (
-        900.0
-    )
+    capture_since_s: Annotated[
+        float, Meta(gt=0, le=WEEK_S, description="the window of logs in a capture before a restart")
+    ] = 900.0
     keep: Annotated[
         int, Meta(ge=1, le=1000, description="captures kept in <state_dir>/bundles (the oldest go first)")
     ] = 10

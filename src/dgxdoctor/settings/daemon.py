@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from msgspec import Meta
 
 from dgxdoctor.settings.base import Frozen
+from dgxdoctor.settings.bounds import DAY_S
 from dgxdoctor.sources.fields import http_url
 from dgxdoctor.sources.statefile import read_private_file
 from dgxdoctor.validation import field_rule, record_rule
@@ -61,7 +62,7 @@ class DaemonSettings(Frozen, frozen=True):
         Path | None,
         Meta(description="also write the exposition here for node_exporter's textfile collector (a *.prom file)"),
     ] = None
-    textfile_interval_s: Annotated[float, Meta(gt=0, description="seconds between textfile writes")] = 15.0
+    textfile_interval_s: Annotated[float, Meta(gt=0, le=DAY_S, description="seconds between textfile writes")] = 15.0
     max_connections: Annotated[
         int,
         Meta(

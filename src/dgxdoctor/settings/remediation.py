@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from msgspec import Meta, field
 
 from dgxdoctor.settings.base import Frozen
+from dgxdoctor.settings.bounds import DAY_S, HOUR_S, WEEK_S
 from dgxdoctor.validation import field_rule, record_rule
 
 Argv = tuple[str, ...]
@@ -87,29 +88,37 @@ class RemediationSettings(Frozen, frozen=True):
         ),
     ] = None
     hold_s: Annotated[
-        float, Meta(ge=0, description="a condition must hold this long (since it appeared) before acting")
+        float, Meta(ge=0, le=DAY_S, description="a condition must hold this long (since it appeared) before acting")
     ] = 30.0
     vllm_start_grace_s: Annotated[
-        float, Meta(ge=0, description="no action while the vLLM process is younger than this (it is still loading)")
+        float,
+        Meta(ge=0, le=DAY_S, description="no action while the vLLM process is younger than this (it is still loading)"),
     ] = 900.0
     cooldown_s: Annotated[
-        dict[RemediationAction, float],
+        dict[RemediationAction, Annotated[float, Meta(ge=0, le=WEEK_S)]],
         Meta(description="per action: seconds after one before the next of the same kind"),
     ] = field(default_factory=lambda: dict(DEFAULT_COOLDOWNS))
     budget: Annotated[
-        int, Meta(ge=1, description="actions allowed per budget_window_s; one more opens the breaker")
+        int, Meta(ge=1, le=1000, description="actions allowed per budget_window_s; one more opens the breaker")
     ] = 3
-    budget_window_s: Annotated[float, Meta(gt=0, description="the budget's sliding window, seconds")] = 3600.0
+    budget_window_s: Annotated[float, Meta(gt=0, le=WEEK_S, description="the budget's sliding window, seconds")] = (
+        3600.0
+    )
     ladder_window_s: Annotated[
         float,
-        Meta(gt=0, description="a problem back within this after a restart climbs the ladder (vLLM, cluster, page)"),
+        Meta(
+            gt=0,
+            le=WEEK_S,
+            description="a problem back within this after a restart climbs the ladder (vLLM, cluster, page)",
+        ),
     ] = 3600.0
-    command_timeout_s: Annotated[float, Meta(gt=0, description="each command's timeout, seconds")] = 120.0
+    command_timeout_s: Annotated[float, Meta(gt=0, le=HOUR_S, description="each command's timeout, seconds")] = 120.0
     ray_ready_timeout_s: Annotated[
-        float, Meta(gt=0, description="cluster restart: wait this long for all Ray nodes and GPUs")
+        float, Meta(gt=0, le=DAY_S, description="cluster restart: wait this long for all Ray nodes and GPUs")
     ] = 300.0
     verify_timeout_s: Annotated[
-        float, Meta(gt=0, description="wait this long for vLLM to answer /health, list the model and complete")
+        float,
+        Meta(gt=0, le=DAY_S, description="wait this long for vLLM to answer /health, list the model and complete"),
     ] = 1800.0
     commands: RemediationCommands = RemediationCommands()  # no schema unless named: config.py
 

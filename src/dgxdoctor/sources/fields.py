@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from msgspec import Meta
 
 from dgxdoctor.lazy_re import lazy_compile
-from dgxdoctor.validation import rule
+from dgxdoctor.validation import RULE, rule
 
 # One DNS label (RFC 1123): letters, digits, inner hyphens; a host name is dot-separated labels, 253 at most.
 _LABEL = lazy_compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)\Z")
@@ -88,15 +88,18 @@ class ByteCount(int):
         raise TypeError(f"expected a number of bytes or a size such as 64M, got {type(value).__name__}")
 
 
-def at_least(low: int) -> Meta:
-    """The rule of a ``ByteCount`` of at least ``low`` bytes."""
+def bytes_within(low: int, high: int) -> Meta:
+    """The rule of a ``ByteCount`` of ``low`` .. ``high`` bytes; the bounds stay readable in the ``Meta``'s
+    ``extra`` (``ge``, ``le``), as msgspec's own are, so a test can see that every count has them."""
 
     def check(value: int) -> int:
         if value < low:
             raise ValueError(f"expected at least {low} bytes ({_spelled(low)}), got {value}")
+        if value > high:
+            raise ValueError(f"expected at most {_spelled(high)} ({high} bytes), got {value}")
         return value
 
-    return rule(check)
+    return Meta(extra={RULE: check, "ge": low, "le": high})
 
 
 def http_url(value: str, *, path: bool = True) -> str:

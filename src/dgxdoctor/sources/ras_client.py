@@ -158,7 +158,10 @@ def _handshake(conn: _Conn) -> int | None:
     if not reply.upper().startswith("SERVER PROTOCOL "):
         raise RasError("protocol", f"not NCCL's RAS: handshake answered {reply[:80]!r}")
     version = reply[len("SERVER PROTOCOL ") :].strip()
-    return int(version) if version.isdigit() else None
+    # NCCL writes "%d" (client_support.cc); str.isdigit() also takes "²" or "٣", which int() refuses or misreads
+    if not (version.isascii() and version.isdigit()) or len(version) > 9:
+        raise RasError("protocol", f"not NCCL's RAS: handshake answered {reply.strip()[:80]!r} (no version number)")
+    return int(version)
 
 
 def _open(addr: tuple[str, int], deadline: float, max_bytes: int, connect: Connect) -> tuple[_Conn, int | None, int]:

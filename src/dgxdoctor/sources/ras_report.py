@@ -88,9 +88,14 @@ class RasReportError(ValueError):
 def parse_report(text: str) -> RasReport:
     """A report in either format (JSON when it starts with ``{``); RasReportError names what is wrong."""
     stripped = text.lstrip()
-    if stripped.startswith("{"):
-        return parse_json_report(stripped)
-    return parse_text_report(text)
+    try:
+        if stripped.startswith("{"):
+            return parse_json_report(stripped)
+        return parse_text_report(text)
+    except RasReportError:
+        raise
+    except ValueError as exc:  # a number int() refuses: more digits than Python converts (4300), say
+        raise RasReportError(f"RAS report has a number that cannot be read: {str(exc)[:120]}") from exc
 
 
 # ---------------------------------------------------------------------------------------------------- JSON
@@ -263,7 +268,7 @@ _SECTION_KIND: dict[str, IssueKind] = {"INCOMPLETE": "unresponsive", "DEAD": "de
 
 
 def _gpus(text: str | None) -> tuple[int, ...]:
-    return tuple(int(g) for g in (text or "").split(",") if g.isdigit())
+    return tuple(int(g) for g in (text or "").split(",") if g.isascii() and g.isdigit())
 
 
 class _TextState(Struct):
