@@ -18,7 +18,7 @@ from msgspec import Meta, field
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
-from dgxdoctor.fleet.compare import RULE_KEYS, compare
+from dgxdoctor.fleet.compare import PEER_VIEW_FACT, RULE_KEYS, compare
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample
 from dgxdoctor.validation import field_rule
 
@@ -104,6 +104,9 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
                 builder.add(peer_unreachable(url, str(got.error), got.label))
                 continue
             state = got.state
+            newer = got.document.newer_schema() if got.document is not None else None
+            if newer:  # read for what this release knows; said, not a finding
+                builder.facts[f"{PEER_VIEW_FACT}{got.label}"] = newer
             if any(s["node"] == state["node"] for s in snapshots):
                 builder.add(peer_name_clash(url, str(state["node"]), got.label))
                 state = {**state, "node": f"{state['node']}@{got.label}"}
