@@ -8,6 +8,10 @@ Where the local snapshot comes from: ``env.fleet``, the seam the daemon fills (`
 comparison sees exactly what peers see of us; ``peers()`` gives the peers, the token and the per-peer timeout
 of the ``[daemon]`` table; ``record_peers`` keeps what was fetched for the status page, which asks no peer itself.
 Outside the daemon (``dgxdoctor check``) there is no store and the check is SKIPPED.
+
+A peer of another release is compared like any other (documents.py reads the previous release's documents and a
+newer schema's known keys): the release difference is one PEER_VERSION_SKEW warning of the comparison, and a newer
+schema is said in this check's fact ``peer_schema.<peer>``.
 """
 
 from __future__ import annotations
