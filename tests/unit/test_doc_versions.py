@@ -20,8 +20,9 @@ from dgxdoctor.checks.peer_compare import PeerCompareCheck, PeerCompareSettings
 from dgxdoctor.documents import SCHEMA, UNNUMBERED_SCHEMA, ResultsDocument
 from dgxdoctor.environment import Environment, Fleet, Peers
 from dgxdoctor.fleet import compare as compare_module
+from dgxdoctor.fleet.cluster import NodeRun, assemble, cluster_document
 from dgxdoctor.fleet.compare import compare
-from dgxdoctor.fleet.peers import validate_state, validated_document
+from dgxdoctor.fleet.peers import response_json, validate_state, validated_document
 from dgxdoctor.result import CheckResult, Status
 from dgxdoctor.validation import validate
 
@@ -109,3 +110,16 @@ def test_a_newer_schema_is_read_for_what_is_known_and_said() -> None:
     a = {"node": "a", "checks": [], "facts": {"peer_schema.b:9835": "x"}}
     b = {"node": "b", "checks": [], "facts": {"peer_schema.b:9835": "y"}}
     assert compare([a, b]).findings == ()
+
+
+def test_check_cluster_and_the_page_compare_a_previous_release_peer() -> None:
+    """`check --cluster` (and the status page, from the same view): the previous release's /check/run document,
+    as fetched and validated, beside this node's; the release difference is one drift of the comparison."""
+    local = NodeRun("dgx-a", None, ResultsDocument.of("dgx-a", local_results(), time.time()).state())
+    peer = NodeRun("dgx-b", "http://dgx-b:9835", validated_document(response_json(PREVIOUS.read_bytes())).state())
+    view = assemble(local, [peer])
+    drift = cluster_document(view)["comparison"]["drifts"]
+    assert [d["fact"] for d in drift] == ["dgxdoctor_version"], drift
+    assert drift[0]["values"] == {"dgx-a": THIS, "dgx-b": EARLIER}
+    assert [f.code for f in view.comparison.findings] == ["PEER_VERSION_SKEW"]
+    assert view.nodes[1].status is not Status.UNKNOWN
