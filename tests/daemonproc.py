@@ -61,7 +61,8 @@ class DaemonProc:
     nofile: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     prefix: Sequence[str] = ()  # e.g. ("ip", "netns", "exec", NS)
-    program: Sequence[str] = ("-m", "dgxdoctor", "run", "--config")  # run by this Python, the config path after it
+    program: Sequence[str] = ("-m", "dgxdoctor", "run", "--config")  # run by ``python``, the config path after it
+    python: str = sys.executable  # another release's: its own venv's (tests/integration/test_rolling_upgrade.py)
     port: int = 0
     host: str = "127.0.0.1"
     token: str | None = None
@@ -89,7 +90,7 @@ class DaemonProc:
         env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **self.env}
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [*self.prefix, sys.executable, *self.program, str(config)],
+                [*self.prefix, self.python, *self.program, str(config)],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -12,7 +12,8 @@ import msgspec
 from msgspec import Meta, Struct, field
 from msgspec.structs import force_setattr
 
-from dgxdoctor.result import CheckResult, Cure, Finding, merged_facts, overall_status
+from dgxdoctor import __version__
+from dgxdoctor.result import CheckResult, Finding, merged_facts, overall_status
 from dgxdoctor.validation import record_rule, rule
 
 MAX_CHECKS = 200
@@ -21,6 +22,13 @@ MAX_FINDINGS = 2_000
 MAX_FACTS = 2_000
 MAX_TEXT = 4_096
 MAX_NAME = 256
+# The results document's schema. 1: the release before it was numbered (0.1.0 at 85f803c), whose documents carry
+# no ``schema`` and no ``agent_version`` and whose findings carry no evidence, remedy, action or cure. 2: those
+# keys. A reader knows every schema up to SCHEMA: it reads an older one with the missing keys absent (unknown,
+# never OK) and a newer one for the keys it knows (the rest are ignored), and a peer of another release is
+# compared like any other (the version difference is a PEER_VERSION_SKEW warning, fleet/compare.py).
+SCHEMA = 2
+UNNUMBERED_SCHEMA = 1
 
 Text = Annotated[str, Meta(max_length=MAX_TEXT)]
 # A status (or a finding's action or cure) as another node wrote it: kept as text (at most 32 characters), never
@@ -63,8 +71,9 @@ class FindingDoc(_Doc, frozen=True):
     message: ClippedText = ""
     evidence: ClippedText | None = None
     remedy: ClippedText | None = None
-    action: LooseStatus = "none"
-    cure: LooseStatus = Cure.NA.value
+    # None: not sent (a schema 1 document): unknown, never "nothing follows" (judge/hardware_cause.py).
+    action: LooseStatus | None = None
+    cure: LooseStatus | None = None
 
     @classmethod
     def of(cls, finding: Finding) -> FindingDoc:
@@ -127,6 +136,8 @@ class ResultsDocument(_Doc, kw_only=True, frozen=True):
     """A node's results: ``report()`` is `check --json`, ``state()`` is /state, ``compared()`` what peers compare."""
 
     node: Annotated[str, Meta(min_length=1, max_length=253)]
+    schema: Annotated[int, Meta(ge=1, le=1_000_000)] = UNNUMBERED_SCHEMA  # absent: the unnumbered release
+    agent_version: ClippedName | None = None  # dgxdoctor's version on the node; None: not sent (schema 1)
     status: LooseStatus = "unknown"
     generated_at: float | None = None
     checks: Annotated[list[CheckDoc], Meta(max_length=MAX_CHECKS)]
@@ -151,6 +162,8 @@ class ResultsDocument(_Doc, kw_only=True, frozen=True):
     def of(cls, node: str, results: Sequence[CheckResult], generated_at: float | None = None) -> ResultsDocument:
         return cls(
             node=node,
+            schema=SCHEMA,
+            agent_version=__version__,
             status=overall_status(results).value,
             generated_at=None if generated_at is None else round(generated_at, 3),
             checks=[CheckDoc.of(r) for r in results],
@@ -176,7 +189,18 @@ class ResultsDocument(_Doc, kw_only=True, frozen=True):
         """What the node comparison reads of a peer's /state (fleet.compare)."""
         return {
             "node": self.node,
+            "schema": self.schema,
+            "agent_version": self.agent_version,
             "status": self.status,
             "checks": [c.dumped(COMPARED_CHECK_KEYS) for c in self.checks],
             "facts": dict(self.facts),
         }
+
+    def newer_schema(self) -> str | None:
+        """What to say of a document of a schema this release does not know (a newer agent's), or None."""
+        if self.schema <= SCHEMA:
+            return None
+        return (
+            f"results schema {self.schema} (dgxdoctor {self.agent_version or 'version not sent'}), newer than this "
+            f"agent's {SCHEMA}: read for the keys schema {SCHEMA} has, the rest ignored"
+        )

@@ -109,7 +109,7 @@ def test_model_mismatch_is_critical_and_majority_names_the_odd_node() -> None:
 
 def test_fact_missing_on_one_node_is_not_drift() -> None:
     out = compare([snap("a", ray_version="2.60.0"), snap("b")])
-    assert out.findings == () and out.compared_facts == 0
+    assert out.findings == () and out.compared_facts == 1  # only the agents' release (the same), not ray_version
 
 
 def test_tolerance_override_and_single_node() -> None:

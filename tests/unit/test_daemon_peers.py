@@ -67,9 +67,9 @@ def test_valid_state_keeps_only_what_is_compared() -> None:
         "message": "",
         "evidence": "NVRM: ...",
         "remedy": None,
-        "action": "none",
-        "cure": "n/a",
-    }  # fmt: skip  (an older peer's: what follows, none)
+        "action": None,
+        "cure": None,
+    }  # fmt: skip  (an older peer's: what follows, not sent: unknown, never "none")
     assert clean["checks"][0] == {"name": "gpu", "status": "ok", "findings": [finding],
                                   "samples": doc["checks"][0]["samples"]}  # fmt: skip
 

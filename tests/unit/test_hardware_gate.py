@@ -11,6 +11,7 @@ from test_remediation_engine import DEAD, events, remediator, settle, vllm_app
 from dgxdoctor.checks.gpu import GPU_INFO
 from dgxdoctor.checks.xid import XID_LAST_SEEN as LAST_SEEN
 from dgxdoctor.documents import ResultsDocument
+from dgxdoctor.fleet.peers import validate_state
 from dgxdoctor.judge.consequence import judged
 from dgxdoctor.judge.hardware_cause import peer_cause_findings, peer_causes
 from dgxdoctor.judge.xid import assess_xid, escalate, xid_finding
@@ -127,17 +128,33 @@ def test_a_peer_fault_relayed_by_peer_compare_gates_this_node() -> None:
 
 
 def test_a_peer_says_what_is_a_cause() -> None:
-    """A peer's finding is a cause when its document says ``cure: hardware`` on a critical finding: an older peer
-    that sends no cure, or a warning, is none (nothing is re-judged here)."""
+    """A peer's finding is a cause when its document says ``cure: hardware`` on a critical finding; a warning is
+    none."""
+    warning = {"code": "GPU_LOST", "status": "warning", "cure": "hardware", "message": "x"}
+    assert peer_causes({"node": "p", "checks": [{"name": "gpu", "findings": [warning]}]}) == []
+    sent = {"code": "XID_13", "status": "critical", "subject": "0000:3b:00", "cure": "person", "message": "x"}
+    assert peer_causes({"node": "p", "checks": [{"name": "xid", "findings": [sent]}]}) == []
+
+
+def test_a_peer_that_sends_no_cure_is_read_cautiously() -> None:
+    """A peer of the previous release (results schema 1) sends no ``cure``: unknown, never "no hardware fault" (it
+    was read as none before, and the head restarted the group under the peer's lost GPU). Its critical XIDs count as
+    causes, its other findings as this node's table judges their codes (VLLM_DEAD: a restart cures it)."""
     doc = peer_state()
     checks = doc["checks"]
     assert isinstance(checks, list)
     for check in checks:
         for f in check["findings"]:
             f.pop("cure")
-    assert peer_causes(doc) == []
-    warning = {"code": "GPU_LOST", "status": "warning", "cure": "hardware", "message": "x"}
-    assert peer_causes({"node": "p", "checks": [{"name": "gpu", "findings": [warning]}]}) == []
+            f.pop("action")
+    for key in ("schema", "agent_version"):
+        doc.pop(key)
+    seen = validate_state(doc)  # through the daemon's validation: the absent cure stays absent
+    assert peer_causes(seen) == [
+        "XID 79 on 0000:3b:00 of dgx-b",
+        "XID 13 on 0000:3b:00 of dgx-b",
+        "DRIVER_FABRIC_MANAGER_DOWN on dgx-b: failed",
+    ]
 
 
 def test_an_alerts_refusal_names_the_alert() -> None:

@@ -63,6 +63,8 @@ THROUGHPUT_RATIO = MetricSpec(
 LAST_RUN = MetricSpec("dgxdoctor_bench_last_run_timestamp_seconds", "Unix time the last benchmark finished.")
 
 STATE_FILE = "bench-last.json"
+# The last run's format: 1 is 0.1.0's (finished, result) with its version; that release wrote it without (0).
+STATE_VERSION = 1
 
 
 class BenchCheckSettings(CheckSettings, frozen=True):
@@ -217,7 +219,7 @@ class BenchCheck(Check[BenchCheckSettings]):
         return b.build(summary)
 
     def _state_file(self) -> StateFile:
-        return StateFile(self.env.state_dir / STATE_FILE, mode=0o640)
+        return StateFile(self.env.state_dir / STATE_FILE, mode=0o640, version=STATE_VERSION)
 
     def _last_run(self) -> tuple[float, BenchPoint] | None:
         data: Any = self._state_file().load()  # an unreadable or corrupt file is logged and read as none

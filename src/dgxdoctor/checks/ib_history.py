@@ -55,18 +55,19 @@ class CounterHistory:
     """Per-port baselines, checkpoints and flaps, loaded once and saved after every run."""
 
     def __init__(self, state_dir: Path, rules: Mapping[str, CounterThreshold], flap_window_s: float) -> None:
-        self._file = StateFile(state_dir / STATE_FILE_NAME)
+        self._file = StateFile(state_dir / STATE_FILE_NAME, version=STATE_VERSION)
         self._state: dict[str, Any] | None = None
         self.rules = rules
         self.flap_window_s = flap_window_s
 
     def load(self, current_boot: str | None) -> dict[str, Any]:
-        """The ports' entries, migrated: another version starts afresh, another boot keeps only the flaps."""
+        """The ports' entries: another boot keeps only the flaps; a file without ports starts afresh. An older
+        format was migrated by the state file, a newer one is read for the keys this release knows."""
         if self._state is None:
             self._state = self._file.load()
         state = self._state
         ports = state.get("ports")
-        if state.get("version") != STATE_VERSION or not isinstance(ports, dict):
+        if not isinstance(ports, dict):
             state = {"version": STATE_VERSION, "boot_id": current_boot, "ports": {}}
         elif state.get("boot_id") != current_boot:
             # Another boot: counters restarted from zero; flap history is still history.

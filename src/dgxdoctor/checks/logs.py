@@ -61,6 +61,9 @@ FILES_FOLLOWED = MetricSpec(
     "Log files the logs check followed in its last run.",
 )
 EVIDENCE_MAX = 500
+# logs_offsets.json's format: 1 is 0.1.0's (positions, recent) with its version and the journal's cursor (absent:
+# none yet); that release wrote it without a version (0).
+STATE_VERSION = 1
 # The units of systemd/ that log vLLM's and Ray's lines (tests/unit/test_journal_source.py holds this list to the
 # directory): vllm.service (Ray executor), the mp executor's head and headless worker, Ray's head and worker.
 SHIPPED_UNITS = (
@@ -174,7 +177,7 @@ class LogsCheck(Check[LogsSettings]):
     def __init__(self, settings: CheckSettings, env: Environment, catalog: Catalog | None = None) -> None:
         super().__init__(settings, env)
         self._catalog = catalog
-        self.state = StateFile(env.state_dir / "logs_offsets.json")
+        self.state = StateFile(env.state_dir / "logs_offsets.json", version=STATE_VERSION)
         self._follower: LogFollower | None = None
         self._recent: dict[tuple[str, str], _Recent] = {}
         self._totals: dict[str, int] = {}

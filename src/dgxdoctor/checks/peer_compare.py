@@ -8,6 +8,10 @@ Where the local snapshot comes from: ``env.fleet``, the seam the daemon fills (`
 comparison sees exactly what peers see of us; ``peers()`` gives the peers, the token and the per-peer timeout
 of the ``[daemon]`` table; ``record_peers`` keeps what was fetched for the status page, which asks no peer itself.
 Outside the daemon (``dgxdoctor check``) there is no store and the check is SKIPPED.
+
+A peer of another release is compared like any other (documents.py reads the previous release's documents and a
+newer schema's known keys): the release difference is one PEER_VERSION_SKEW warning of the comparison, and a newer
+schema is said in this check's fact ``peer_schema.<peer>``.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from msgspec import Meta, field
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
-from dgxdoctor.fleet.compare import RULE_KEYS, compare
+from dgxdoctor.fleet.compare import PEER_VIEW_FACT, RULE_KEYS, compare
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample
 from dgxdoctor.settings.bounds import DAY_S
 from dgxdoctor.validation import field_rule
@@ -104,6 +108,9 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
                 builder.add(peer_unreachable(url, str(got.error), got.label))
                 continue
             state = got.state
+            newer = got.document.newer_schema() if got.document is not None else None
+            if newer:  # read for what this release knows; said, not a finding
+                builder.facts[f"{PEER_VIEW_FACT}{got.label}"] = newer
             if any(s["node"] == state["node"] for s in snapshots):
                 builder.add(peer_name_clash(url, str(state["node"]), got.label))
                 state = {**state, "node": f"{state['node']}@{got.label}"}

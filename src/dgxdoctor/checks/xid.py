@@ -50,7 +50,7 @@ from dgxdoctor.sources.device_map import read_device_map
 from dgxdoctor.sources.kmsg import KmsgFollower, KmsgReader, KmsgRecord
 from dgxdoctor.sources.nvml_xid import NvmlEventsUnavailable, NvmlXidFollower, PynvmlXidEvents, XidEventSource
 from dgxdoctor.sources.procfs import trusted_uids
-from dgxdoctor.sources.statefile import StateFile, boot_id
+from dgxdoctor.sources.statefile import boot_id
 from dgxdoctor.sources.xid import SxidEvent, XidCatalog, XidEvent, load_catalog
 from dgxdoctor.validation import field_rule
 
@@ -188,7 +188,7 @@ class XidCheck(Check[XidSettings]):
         self._opened = False
         # The daemon remembers its tallies across restarts (checks/xid_memory.py); a look-back window does not.
         self._persist = not env.one_shot and self.settings.lookback_s is None
-        self._statefile = StateFile(env.state_dir / xid_memory.STATE_FILE_NAME)
+        self._statefile = xid_memory.state_file(env.state_dir)
         self._memory: xid_memory.Memory | None = None
         self._saved: tuple[int, int | None, int] | None = None
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, TypeGuard
 
 from msgspec import Struct, field
@@ -93,10 +94,16 @@ def _num(value: Any) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def state_file(state_dir: Path) -> StateFile:
+    """The memory's file, in this release's format."""
+    return StateFile(state_dir / STATE_FILE_NAME, version=VERSION)
+
+
 def load(statefile: StateFile, boot_id: str | None) -> Memory | None:
-    """This boot's memory, or None (no file, another boot, unknown boot, another format)."""
+    """This boot's memory, or None (no file, another boot, unknown boot). ``statefile`` migrated an older format
+    (``state_file``); a newer one is read for the keys this release knows, each checked as it is read."""
     doc = statefile.load()
-    if not doc or doc.get("version") != VERSION or boot_id is None or doc.get("boot_id") != boot_id:
+    if not doc or boot_id is None or doc.get("boot_id") != boot_id:
         return None
     last_seq = doc.get("last_seq")
     window_start = doc.get("window_start")

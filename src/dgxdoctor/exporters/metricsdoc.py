@@ -153,7 +153,8 @@ nodes (dgx-a, dgx-b) have A"). Two nodes that differ, or no value held by a majo
 empty and the message gives every node's value ("the nodes disagree on x: dgx-a A, dgx-b B"). The codes:
 `PEER_MODEL_MISMATCH` (critical: model fingerprint, files, shard hashes), `PEER_NCCL_ENV_DRIFT` (an `nccl_env.*`
 variable differs or is set on one node only), `PEER_VERSION_SKEW` (critical for the driver, CUDA and NCCL versions,
-warning for the kernel, vLLM, Ray, torch, Python), `PEER_HARDWARE_DRIFT` (GPU, IB, topology, memory facts),
+warning for the kernel, vLLM, Ray, torch, Python and dgxdoctor's own release, `dgxdoctor_version`, taken from each
+node's results document), `PEER_HARDWARE_DRIFT` (GPU, IB, topology, memory facts),
 `PEER_RAS_VIEW_DRIFT` (the `ras.*` facts: the serving communicator each node's NCCL RAS sees) and `PEER_FACT_DRIFT`
 for any other fact. Ignored, because they differ by design: {ignored}."""
 

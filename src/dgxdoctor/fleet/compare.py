@@ -186,9 +186,24 @@ RULES: tuple[Rule, ...] = (
 
 RULE_KEYS = frozenset(rule.key for rule in RULES)
 
+# The release of dgxdoctor each node runs, compared as a fact: from the document's ``agent_version`` and ``schema``
+# (documents.py), never from the node's facts. Nodes of two releases in a rolling upgrade are still compared: the
+# difference is a warning, never a peer UNKNOWN or down.
+AGENT_FACT = "dgxdoctor_version"
+# documents.UNNUMBERED_SCHEMA: the schema of a document without one (not imported: the check path that prints a
+# table loads no document models).
+UNNUMBERED_SCHEMA = 1
+
 # Facts whose difference is a fault: (how the key matches, code, status, remedy); the first match wins.
 # A pattern ending in "." or "_" is a prefix, one starting with "_" a suffix, "*" matches every key.
 _DRIFT: tuple[tuple[tuple[str, ...], str, Status, str], ...] = (
+    (
+        (AGENT_FACT,),
+        "PEER_VERSION_SKEW",
+        Status.WARNING,
+        "a rolling upgrade of dgxdoctor is not finished: install the same dgxdoctor release on every node (an agent "
+        "reads the documents of its own and the previous release, so the nodes are compared meanwhile)",
+    ),
     (
         ("vllm_executor", "vllm_mp."),
         "PEER_MP_LAYOUT_DRIFT",
@@ -247,6 +262,8 @@ _DRIFT: tuple[tuple[tuple[str, ...], str, Status, str], ...] = (
 
 # Set per node on purpose (the tutorial: "only VLLM_HOST_IP changes per machine").
 IGNORED_FACTS = NODE_LOCAL_FACTS | {"nccl_env.VLLM_HOST_IP", "nccl_env.NCCL_HOSTID"}
+# What a node says of its peers (peer_compare's ``peer_schema.<peer>``): its own view, never compared.
+PEER_VIEW_FACT = "peer_schema."
 
 UNSET = "(unset)"
 
@@ -435,7 +452,12 @@ def _view(snap: Mapping[str, Any]) -> _NodeView:
                 labels = sample.get("labels", {})
                 rail = f"{labels.get('device', '?')}/{labels.get('port', '?')}" if rule.per_rail else ""
                 view.values[(rule.key, rail)].append(float(value))
-    view.facts = {k: str(v) for k, v in snap.get("facts", {}).items() if k not in IGNORED_FACTS}
+    view.facts = {
+        k: str(v)
+        for k, v in snap.get("facts", {}).items()
+        if k not in IGNORED_FACTS and not str(k).startswith(PEER_VIEW_FACT)
+    }
+    view.facts[AGENT_FACT] = agent_release(snap)
     view.mp_worker_down = tuple(
         str(f.get("message", ""))
         for check in snap.get("checks", ())
@@ -451,6 +473,16 @@ def _view(snap: Mapping[str, Any]) -> _NodeView:
         if isinstance(f, Mapping)
     )
     return view
+
+
+def agent_release(snap: Mapping[str, Any]) -> str:
+    """The dgxdoctor release a document names: "0.2.0 (results schema 2)"; a document without ``schema`` is of the
+    release before it was numbered (schema 1), whose documents name no version."""
+    schema = snap.get("schema", UNNUMBERED_SCHEMA)
+    version = snap.get("agent_version")
+    if isinstance(version, str) and version:
+        return f"{version} (results schema {schema})"
+    return f"of an earlier release (results schema {schema}, which sends no version)"
 
 
 def _aggregate(how: Aggregate, values: list[float]) -> float:
@@ -496,6 +528,10 @@ def odd_nodes(values: Mapping[str, str]) -> tuple[str, ...]:
 def drift_finding(drift: Drift) -> Finding:
     """The one finding of a drift: subject the odd node(s), or None with every node's value when none is odd."""
     code, status, remedy = _drift_rule(drift.key)
+    if drift.key == AGENT_FACT:
+        runs = ", ".join(f"{n} runs dgxdoctor {v}" for n, v in drift.values.items())
+        return Finding(code, status, f"the nodes run different releases: {runs}", subject=",".join(drift.odd) or None,
+                       remedy=remedy)  # fmt: skip
     shown = ", ".join(f"{n} {v}" for n, v in drift.values.items())
     if not drift.odd:
         return Finding(code, status, f"the nodes disagree on {drift.key}: {shown}", subject=None, remedy=remedy)

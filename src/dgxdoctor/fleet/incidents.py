@@ -26,6 +26,8 @@ from dgxdoctor.records import asdict
 from dgxdoctor.result import CheckResult, Status
 
 INCIDENTS_FILE = "incidents.jsonl"
+# Each line's format: 1 is 0.1.0's line with its version; that release wrote none (read the same: its keys).
+LINE_VERSION = 1
 CANARY_METRIC = "dgxdoctor_vllm_canary_latency_seconds"
 NOT_LOCAL = frozenset({"peer_compare"})
 # Recovery time buckets, seconds: a vLLM restart takes minutes on a 70B model, a cluster restart ten or more.
@@ -105,7 +107,8 @@ class IncidentTracker:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
             try:
-                os.write(fd, (json.dumps(asdict(incident), sort_keys=True) + "\n").encode())
+                line = {**asdict(incident), "version": LINE_VERSION}
+                os.write(fd, (json.dumps(line, sort_keys=True) + "\n").encode())
                 os.fsync(fd)
             finally:
                 os.close(fd)

@@ -3,11 +3,15 @@
 node's remediation does not restart the group they share (remediation/hardware_gate.py reads them as causes).
 
 Nothing is re-judged here: the peer's document says what follows from each of its findings (``cure``), as this
-node's own results do.
+node's own results do. A peer of the release before findings carried it (results schema 1) sends no ``cure``: that
+is unknown, never "no hardware fault": its critical finding is read with this node's table (judge.consequence), and a
+critical XID or SXID, whose class only the peer's catalog decided, counts as a hardware cause (the cautious side: a
+refused restart pages a person, a restart under a lost GPU only fails again).
 """
 
 from __future__ import annotations
 
+from dgxdoctor.judge.consequence import of_code
 from dgxdoctor.result import Cure, Finding, Status
 
 # What the peer_compare check relays of a peer's causes; remediation/hardware_gate.py names it in its pages.
@@ -28,15 +32,24 @@ def peer_causes(doc: dict[str, object]) -> list[str]:
         for f in findings if isinstance(findings, list) else []:
             if not isinstance(f, dict):
                 continue
-            if f.get("cure") != Cure.HARDWARE.value or f.get("status") != Status.CRITICAL.value:
-                continue
             code, subject = str(f.get("code", "")), _text(f.get("subject"))
+            if f.get("status") != Status.CRITICAL.value or _cure(f.get("cure"), code) is not Cure.HARDWARE:
+                continue
             if code.startswith(("XID_", "SXID_")):
                 family, number = code.split("_", 1)
                 out.append(f"{family} {number} on {subject} of {node}")
             else:
                 out.append(f"{code} on {node}: {f.get('message', '')}")
     return out
+
+
+def _cure(sent: object, code: str) -> Cure | None:
+    """The cure the peer sent; where it sent none (schema 1), this node's verdict for a critical ``code``."""
+    if sent is not None:
+        return next((c for c in Cure if c.value == sent), None)
+    if code.startswith(("XID_", "SXID_")):
+        return Cure.HARDWARE
+    return of_code(code, Status.CRITICAL).cure
 
 
 def peer_cause_findings(state: dict[str, object], peer: str) -> list[Finding]:

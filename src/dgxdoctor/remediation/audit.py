@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dgxdoctor import eventlog
+from dgxdoctor.remediation.state_doc import STATE_VERSION
 from dgxdoctor.sources.statefile import WRITE_ERRORS, StateFile, note_file
 
 log = eventlog.get_logger(__name__)
@@ -99,4 +100,5 @@ class AuditLog:
 
 def guard_state_file(state_dir: Path) -> StateFile:
     """The guard's state: read and written strictly (``read``/``write``) under ``remediation.lock``."""
-    return StateFile(state_dir / STATE_FILE, lock_path=state_dir / LOCK_FILE, mode=0o640, indent=1)
+    return StateFile(state_dir / STATE_FILE, lock_path=state_dir / LOCK_FILE, mode=0o640, indent=1,
+                     version=STATE_VERSION)  # fmt: skip

@@ -12,6 +12,11 @@ The daemon runs as root: a file in ``state_dir`` is opened relative to the direc
 a symbolic link (``O_NOFOLLOW``; a link planted there makes root write, append to or chmod what it points at), and
 the temporary file's mode is set on its descriptor (``fchmod``), not by path. ``state_dir_problem`` is asked at
 start: a directory another user owns or may write to is refused, since that user could plant links there at all.
+
+A state file's format has a number, its ``version`` key, written on every save. Reading migrates an older format
+step by step (``migrations``), never drops it: a file of the release before the formats were numbered has no key
+(format 0, by default read as format 1, which added only the key). A newer format than this release knows (a node
+rolled back) is read for the keys this release knows, and logged; each reader validates what it reads.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import secrets
 import stat
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -186,6 +191,16 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
 
 # A state file is a few KiB (every collection in one is bounded); this bounds the read itself.
 MAX_STATE_BYTES = 1 << 20
+# The format of a file written before state files carried a ``version`` (the release at 85f803c: the logs offsets
+# and the bench's last run; its xid, infiniband and remediation files already said version 1).
+UNVERSIONED = 0
+# One step of a format's migration: the document of format n made the document of format n + 1.
+Migration = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def same_keys(doc: dict[str, Any]) -> dict[str, Any]:
+    """The migration of a format numbered without other change."""
+    return doc
 
 
 class StateFile:
@@ -205,12 +220,18 @@ class StateFile:
         mode: int = 0o600,
         indent: int | None = None,
         max_bytes: int = MAX_STATE_BYTES,
+        version: int = 1,
+        migrations: Mapping[int, Migration] | None = None,
     ) -> None:
+        """``version``: the format this release writes; ``migrations[n]`` makes format n's document format n + 1's
+        (format 0, the unnumbered one, is format 1 without its key unless a migration says otherwise)."""
         self.path = path
         self.lock_path = lock_path
         self.mode = mode
         self.indent = indent
         self.max_bytes = max_bytes
+        self.version = version
+        self.migrations: dict[int, Migration] = {UNVERSIONED: same_keys, **(migrations or {})}
         note_file(path.name)
 
     def read(self) -> dict[str, Any]:
@@ -230,6 +251,23 @@ class StateFile:
             raise ValueError(f"{self.path}: {exc}") from None
         if not isinstance(doc, dict):
             raise ValueError(f"{self.path}: not a JSON object")
+        return self.migrated(doc)
+
+    def migrated(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """``doc`` in this release's format (its ``version`` set); a newer format as it is, for the keys this release
+        knows. ValueError for a ``version`` that is no format number."""
+        found = doc.get("version", UNVERSIONED)
+        if not isinstance(found, int) or isinstance(found, bool) or found < 0:
+            raise ValueError(f"{self.path}: 'version' {str(found)[:40]!r} is not a format number")
+        if found > self.version:
+            log.info("state_newer_format", path=str(self.path), version=found, known=self.version)
+            return doc
+        while found < self.version:
+            step = self.migrations.get(found)
+            if step is None:
+                raise ValueError(f"{self.path}: no migration from format {found} to {self.version}")
+            doc = {**step(doc), "version": found + 1}
+            found += 1
         return doc
 
     def load(self) -> dict[str, Any]:
@@ -243,10 +281,11 @@ class StateFile:
         return {}
 
     def write(self, doc: dict[str, Any]) -> None:
-        """Replace the file atomically (``atomic_writer``); raises what the file system refused."""
+        """Replace the file atomically (``atomic_writer``), its ``version`` this release's format; raises what the
+        file system refused."""
         self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
         separators = (",", ":") if self.indent is None else None
-        text = json.dumps(doc, separators=separators, indent=self.indent, sort_keys=True)
+        text = json.dumps({**doc, "version": self.version}, separators=separators, indent=self.indent, sort_keys=True)
         atomic_write(self.path, text.encode("utf-8"), self.mode)
 
     def save(self, doc: dict[str, Any]) -> bool:
