@@ -1,3 +1,3 @@
 """dgxdoctor: health agent for vLLM tensor-parallel serving across DGX nodes."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
