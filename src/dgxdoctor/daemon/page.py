@@ -37,9 +37,9 @@ LABEL = {"ok": "OK", "warning": "WARNING", "critical": "CRITICAL", "unknown": "U
 STYLE = """
 body{font:16px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;background:#f4f5f7;color:#1c1e21}
 main{max-width:980px;margin:0 auto;padding:12px}
-h1{font-size:1.35em;margin:0 .5em 0 0;display:inline}h2{font-size:1.1em;margin:1em 0 .4em}
-.banner{padding:10px 16px;border-radius:10px;color:#fff;font-weight:600}
-.banner nav{float:right}.banner a{color:#fff;margin:0 0 0 14px}
+h1{font-size:1.35em;margin:0}h2{font-size:1.1em;margin:1em 0 .4em}
+.banner{padding:10px 16px;border-radius:10px;color:#fff;font-weight:600;display:flex;flex-wrap:wrap;
+align-items:baseline;column-gap:.6em}.banner nav{margin-left:auto}.banner a{color:#fff;margin-left:14px}
 .card{background:#fff;border-radius:10px;padding:10px 14px;margin:10px 0;box-shadow:0 1px 2px #0002}
 .scroll{overflow-x:auto}table{border-collapse:collapse;width:100%}
 th,td{text-align:left;padding:6px 8px;border-bottom:1px solid #e3e5e8;vertical-align:top}
@@ -285,10 +285,10 @@ def render_page(view: ClusterView, remediation: Mapping[str, Any] | None,
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f'<meta name="viewport" content="width=device-width, initial-scale=1">{refresh}'
         f"<title>{_e(LABEL.get(status, status))} · dgxdoctor {_e(local)}</title><style>{STYLE}</style></head>"
-        f'<body><main><header class="banner {_e(status)}"><nav><a href="/metrics">/metrics</a>'
-        f'<a href="/state">/state</a><a href="/healthz">/healthz</a></nav>'
-        f"<h1>cluster {_e(LABEL.get(status, status))}</h1>"
-        f"{len(view.nodes)} node(s), seen from {_e(local)} at {_e(_when(now))} · {every}</header>"
+        f'<body><main><header class="banner {_e(status)}"><h1>cluster {_e(LABEL.get(status, status))}</h1>'
+        f"<span>{len(view.nodes)} node(s), seen from {_e(local)} at {_e(_when(now))} · {every}</span>"
+        f'<nav><a href="/metrics">/metrics</a><a href="/state">/state</a><a href="/healthz">/healthz</a></nav>'
+        "</header>"
         f'<div class="wall"><section id="grid"><h2>Checks</h2><div class="card">{_check_grid(view.nodes, now)}</div>'
         f'</section><section id="wrong"><h2>What is wrong</h2>{_problems(view)}'
         f"<h2>Between the nodes</h2>{_comparison(view)}</section></div>"
