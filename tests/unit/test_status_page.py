@@ -10,19 +10,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from test_ray_check import LOCAL, REFUSED, run_check
 
 from dgxdoctor.commands.report import report_table
-from dgxdoctor.config import load_config
+from dgxdoctor.config import ConfigError, load_config
 from dgxdoctor.daemon.app import AppState, make_app
-from dgxdoctor.daemon.page import NOT_ASKED_YET, StatusPage, render_page
+from dgxdoctor.daemon.page import NOT_ASKED_YET, StatusPage, remedy_html, render_page
 from dgxdoctor.documents import ResultsDocument
 from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.fleet.cluster import NodeRun, assemble
 from dgxdoctor.fleet.peer_states import PeerStates
 from dgxdoctor.fleet.peers import PeerFetch, response_json, validated_document
 from dgxdoctor.fleet.store import ResultStore
-from dgxdoctor.result import Action, CheckResult, Finding, Status
+from dgxdoctor.result import Action, CheckResult, Finding, ResultBuilder, Status
 from webtest import TestClient, TestServer
 
 TOKEN = "page-test-token-0123456789"
@@ -168,3 +169,104 @@ async def test_the_page_shows_the_peers_as_the_comparison_last_fetched_them(tmp_
     assert "dgx-b" in html and "7 of 8 GPUs" in html and "(12 s ago)" in html
     assert "<b>unreachable</b>" in html and "timed out: no complete answer within 3 s" in html and "(3 s ago)" in html
     assert "<b>not asked</b> at http://127.0.0.1:3" in html and NOT_ASKED_YET in html
+
+
+def peer_node(name: str, *results: CheckResult) -> NodeRun:
+    """A peer as the daemon holds it: its /state document read and validated as a fetch reads it."""
+    doc = validated_document(response_json(json.dumps(ResultsDocument.of(name, list(results)).state()).encode()))
+    return NodeRun(name, f"http://{name}:9835", doc.state(), fetched_at=time.time() - 4)
+
+
+def test_the_grid_comes_first() -> None:
+    """Issue 33 row 10: the node-by-check grid was at the bottom, below every finding (at 1280x900 three findings
+    fit). It is now the page's first section, each node's column with its status and the age of its results."""
+    xid = Finding("XID_79", Status.CRITICAL, "GPU fell off the bus", "0000:18:00.0", remedy="drain and reboot")
+    bad = CheckResult("xid", Status.CRITICAL, "XID 79", (xid,))
+    view = assemble(node("dgx-a", None, CheckResult("xid", Status.OK, "-")), [peer_node("dgx-b", bad)])
+    html = render_page(view, REMEDIATION)
+    grid, wrong = html.index('<section id="grid">'), html.index('<section id="wrong">')
+    assert html.index("<body>") < grid < wrong < html.index("GPU fell off the bus")
+    assert grid < html.index("<h2>Nodes</h2>") and grid < html.index("<h2>Remediation</h2>")
+    table = html[grid:wrong]
+    assert '<th>dgx-b<br><span class="b critical">CRITICAL</span><br><span class="muted">4 s ago</span></th>' in table
+    assert '<tr><td>xid</td><td><span class="b ok">OK</span></td><td><span class="b critical">CRITICAL' in table
+
+
+async def test_the_page_refreshes_itself_every_page_refresh_s(tmp_path: Path) -> None:
+    """A wall display reloads the page (before: never). A meta refresh, not a script: the page's CSP allows none,
+    and it works with JavaScript off. ``[daemon] page_refresh_s``: 30 by default, 0 off."""
+    shown = {}
+    for value in (None, 5, 0):
+        path = tmp_path / f"{value}.toml"
+        key = "" if value is None else f"page_refresh_s = {value}\n"
+        path.write_text(f'[daemon]\n{key}[paths]\nstate_dir = "{tmp_path}"\n')
+        config = load_config(path)
+        html = await StatusPage(ResultStore("dgx-a"), lambda config=config: config, PeerStates())()
+        shown[value] = re.findall(r'<meta http-equiv="refresh" content="(\d+)">', html)
+        assert "<script" not in html
+    assert shown == {None: ["30"], 5: ["5"], 0: []}
+    assert "refreshes every 30 s" in render_page(assemble(node("dgx-a", None), []), None, refresh_s=30)
+    assert "no auto-refresh" in render_page(assemble(node("dgx-a", None), []), None, refresh_s=0)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'[daemon]\npage_refresh_s = -1\n[paths]\nstate_dir = "{tmp_path}"\n')
+    with pytest.raises(ConfigError, match="page_refresh_s"):
+        load_config(bad)
+
+
+def card_of(html: str, node_name: str, check: str) -> str:
+    card = next(c for c in html.split('<div class="card">') if f"<b>{node_name}</b> · {check}" in c)
+    return card.split("</div>")[0] if "<ul>" not in card else card.split("</ul>")[0]
+
+
+def test_each_sentence_once(tmp_path: Path) -> None:
+    """Issue 33 row 10: a check's summary and its only finding said the same sentence twice. A summary whose words
+    are all its one finding's is left out; a finding's message the summary already holds is not said again."""
+    b = ResultBuilder("gpu")  # as the gpu check reports NVML listing no GPU: the summary is the finding's message
+    b.add(Finding("GPU_NOT_VISIBLE", Status.CRITICAL, "NVML lists no GPU while 8 NVIDIA GPU(s) are on the PCI bus"))
+    same = b.build("NVML lists no GPU while 8 NVIDIA GPU(s) are on the PCI bus")
+    worker = run_check(tmp_path / "w", REFUSED, dashboard_url=LOCAL, role="worker", listening=False)
+    assert worker.summary == "worker node: no raylet running"  # its words are all in the finding's
+    error = run_check(tmp_path / "e", {p: (500, b"x") for p in REFUSED})
+    assert error.findings[0].message in error.summary  # the summary holds the finding's message
+    view = assemble(node("dgx-a", None, same, worker), [peer_node("dgx-b", error)])
+    html = render_page(view, REMEDIATION)
+    assert html.count("NVML lists no GPU while 8 NVIDIA GPU(s) are on the PCI bus") == 1
+    assert "worker node: no raylet running" not in html
+    assert html.count(worker.findings[0].message) == 1
+    assert html.count(_esc(error.findings[0].message)) == 1
+    # What the page leaves out is only a repeat: the code, the subject and the remedy stay.
+    assert "<code>RAY_API_ERROR</code> http://10.77.0.1:8265<" in card_of(html, "dgx-b", "ray")
+    assert f"ray: {_esc(error.summary)}" in html
+
+
+def _esc(text: str) -> str:
+    import html
+
+    return html.escape(text, quote=True)
+
+
+def test_commands_in_remedies_are_code(tmp_path: Path) -> None:
+    """Issue 33 row 10: remedies showed their backticks. Each `command` is a <code>, the finding's own remedy
+    and the check's."""
+    head = run_check(tmp_path, REFUSED, dashboard_url=LOCAL, role="head", listening=False)
+    html = render_page(assemble(node("dgx-a", None, head), []), REMEDIATION)
+    gcs = finding_item(html, "Ray GCS port 6379 is not listening")
+    assert "<code>ss -lntp | grep 6379</code>" in gcs and "<code>ray stop --force</code>" in gcs
+    remedies = re.findall(r'<div class="remedy">(.*?)</div>', html)
+    assert remedies and not any("`" in r for r in remedies)
+    action = CheckResult("vllm", Status.CRITICAL, "down", action=Action("restart_vllm", "`systemctl restart vllm`"))
+    html = render_page(assemble(node("dgx-a", None, action), []), REMEDIATION)
+    assert "<b>remedy</b>: <code>systemctl restart vllm</code>" in html
+    assert remedy_html("`x` is code, a lone ` stays") == "<code>x</code> is code, a lone ` stays"
+
+
+def test_a_peers_remedy_with_markup_in_backticks_is_escaped() -> None:
+    """A backtick span is escaped like the rest: a peer cannot open a tag through it."""
+    evil = "run `<script>alert(1)</script>` then `</code><img src=x onerror=alert(1)>`"
+    bad = CheckResult("gpu", Status.CRITICAL, "bad", (Finding("X", Status.CRITICAL, "m", remedy=evil),),
+                      action=Action("investigate", evil + " `<iframe src=//evil>`"))  # fmt: skip
+    html = render_page(assemble(node("dgx-a", None), [peer_node("dgx-b", bad)]), REMEDIATION)
+    assert "<script" not in html and "<img" not in html and "<iframe" not in html
+    assert "<code>&lt;script&gt;alert(1)&lt;/script&gt;</code>" in html
+    assert "<code>&lt;/code&gt;&lt;img src=x onerror=alert(1)&gt;</code>" in html
+    assert re.findall(r'(?:href|src)="([^"]*)"', html) == ["/metrics", "/state", "/healthz"]

@@ -1,7 +1,9 @@
 """The status page at ``GET /``: this node and its peers, what is wrong and what to do, remediation's state.
 
 Server-rendered HTML with inline style and nothing else (nodes have no internet, and the page must load while the
-network is the problem), readable on a phone: one column, tables that scroll sideways, large status badges.
+network is the problem). A wall view first: the node-by-check grid at the top (beside what is wrong on a wide
+screen, above it on a phone), the page reloading itself every ``[daemon] page_refresh_s`` through a meta refresh
+(no script: the page's CSP allows none), each sentence said once, commands in remedies shown as code.
 Everything shown comes from what the daemon already holds: its own results, and its peers' ``/state`` as the peer
 comparison last fetched it (each with its age); a page load asks no peer. Every value is escaped.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -34,8 +37,9 @@ LABEL = {"ok": "OK", "warning": "WARNING", "critical": "CRITICAL", "unknown": "U
 STYLE = """
 body{font:16px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;background:#f4f5f7;color:#1c1e21}
 main{max-width:980px;margin:0 auto;padding:12px}
-h1{font-size:1.35em;margin:.2em 0}h2{font-size:1.1em;margin:1.2em 0 .4em}
-.banner{padding:14px 16px;border-radius:10px;color:#fff;font-weight:600}
+h1{font-size:1.35em;margin:0}h2{font-size:1.1em;margin:1em 0 .4em}
+.banner{padding:10px 16px;border-radius:10px;color:#fff;font-weight:600;display:flex;flex-wrap:wrap;
+align-items:baseline;column-gap:.6em}.banner nav{margin-left:auto}.banner a{color:#fff;margin-left:14px}
 .card{background:#fff;border-radius:10px;padding:10px 14px;margin:10px 0;box-shadow:0 1px 2px #0002}
 .scroll{overflow-x:auto}table{border-collapse:collapse;width:100%}
 th,td{text-align:left;padding:6px 8px;border-bottom:1px solid #e3e5e8;vertical-align:top}
@@ -47,13 +51,38 @@ color:#fff;font-size:.85em}
 .muted{color:#555;font-size:.9em;overflow-wrap:anywhere}.node{padding:8px 0;border-bottom:1px solid #e3e5e8}
 .node:last-child{border-bottom:0}.remedy{background:#fef7e0;border-left:4px solid #e37400;padding:6px 10px;
 margin:6px 0;border-radius:4px}
-code{font-size:.9em;word-break:break-all}ul{padding-left:1.2em;margin:.3em 0}
-nav a{margin-right:14px}
+code{font:.9em ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;overflow-wrap:anywhere}
+.remedy code{background:#fff;border:1px solid #e6d9b0;border-radius:4px;padding:0 4px;
+display:inline-block;max-width:100%}
+ul{padding-left:1.2em;margin:.3em 0}
+.grid td,.grid th{padding:3px 8px}.grid .b{min-width:4.8em;font-size:.8em}.grid th .muted{font-weight:400}
+@media (min-width:1000px){main{max-width:1480px}
+.wall{display:grid;grid-template-columns:minmax(0,max-content) minmax(420px,1fr);gap:0 18px;align-items:start}}
 """
 
 
 def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
+
+
+# A command in a remedy, as the checks write it: `ss -lntp | grep 6379` (a lone backtick stays as it is).
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def remedy_html(text: str) -> str:
+    """A remedy with its backtick spans as ``<code>``; every piece escaped on its own, so a span cannot open a tag."""
+    pieces = _CODE_SPAN.split(str(text))
+    return "".join(f"<code>{_e(p)}</code>" if i % 2 else _e(p) for i, p in enumerate(pieces))
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"\w+", text.lower()))
+
+
+def says_nothing_more(text: str, than: str) -> bool:
+    """Whether ``text`` repeats ``than``: every word of it is in ``than`` ("vLLM dead: X at URL" beside "X at URL:
+    vLLM is dead (...)", a summary equal to its only finding's message)."""
+    return _words(text) <= _words(than)
 
 
 def badge(status: str) -> str:
@@ -87,12 +116,26 @@ def _node_rows(nodes: Sequence[NodeRun], now: float) -> str:
     return "".join(rows)
 
 
-def _check_grid(nodes: Sequence[NodeRun]) -> str:
+def _column_head(n: NodeRun, now: float) -> str:
+    """A node's column in the grid: its name, its status, and how old what the grid shows of it is."""
+    if n.url is None:
+        age = "this node"
+    elif n.doc is None:
+        age = "not asked" if n.error in NOT_ASKED else "unreachable"
+    elif n.fetched_at is not None:
+        age = f"{max(now - n.fetched_at, 0.0):.0f} s ago"
+    else:
+        age = ""
+    return f'<th>{_e(n.node)}<br>{badge(n.status.value)}<br><span class="muted">{_e(age)}</span></th>'
+
+
+def _check_grid(nodes: Sequence[NodeRun], now: float) -> str:
+    """Checks down, nodes across: the wall's view, at the top of the page."""
     names: list[str] = []
     for n in nodes:
         names += [c["name"] for c in (n.doc or {}).get("checks", []) if c["name"] not in names]
     by_node = [{c["name"]: c for c in (n.doc or {}).get("checks", [])} for n in nodes]
-    head = "".join(f"<th>{_e(n.node)}</th>" for n in nodes)
+    head = "".join(_column_head(n, now) for n in nodes)
     rows = []
     for name in names:
         cells = []
@@ -100,17 +143,22 @@ def _check_grid(nodes: Sequence[NodeRun]) -> str:
             got = checks.get(name)
             cells.append(f"<td>{badge(got['status']) if got else (badge('unknown') if n.doc is None else '-')}</td>")
         rows.append(f"<tr><td>{_e(name)}</td>{''.join(cells)}</tr>")
-    return f'<div class="scroll"><table><tr><th>check</th>{head}</tr>{"".join(rows)}</table></div>'
+    return f'<div class="scroll grid"><table><tr><th>check</th>{head}</tr>{"".join(rows)}</table></div>'
 
 
-def _finding(f: Mapping[str, Any], said: set[str]) -> str:
-    """One finding with its own remedy under it (a remedy already said above is not repeated)."""
-    subject = f"{_e(f['subject'])}: " if f.get("subject") else ""
+def _finding(f: Mapping[str, Any], said: set[str], message: bool = True) -> str:
+    """One finding with its own remedy under it (a remedy already said above is not repeated); its subject only
+    where its message does not name it already; ``message`` False where the check's summary above says it."""
+    said_here = f["message"] if message else None
+    subject = f.get("subject") or None
+    if subject and said_here and subject in said_here:
+        subject = None
+    text = ": ".join(_e(part) for part in (subject, said_here) if part)
     fix = f.get("remedy")
-    more = f'<div class="remedy">{_e(fix)}</div>' if fix and fix not in said else ""
+    more = f'<div class="remedy">{remedy_html(fix)}</div>' if fix and fix not in said else ""
     if fix:
         said.add(fix)
-    return f"<li>{badge(f['status'])} <code>{_e(f['code'])}</code> {subject}{_e(f['message'])}{more}</li>"
+    return f"<li>{badge(f['status'])} <code>{_e(f['code'])}</code> {text}{more}</li>"
 
 
 def _problems(view: ClusterView) -> str:
@@ -138,11 +186,23 @@ def _problems(view: ClusterView) -> str:
             if told and not shown:
                 continue  # all it says is the comparison's, below
             said: set[str] = {f["remedy"] for f in told if f.get("remedy")}  # said below, with the comparison
-            items = "".join(_finding(f, said) for f in shown)
+            # Each sentence once: a summary that only repeats its one finding is left out, a finding's message
+            # that the summary already holds too.
+            summary, message = c["summary"], True
+            if len(shown) == 1 and says_nothing_more(summary, shown[0]["message"]):
+                summary = ""
+            elif len(shown) == 1 and says_nothing_more(shown[0]["message"], summary):
+                message = False
+            items = "".join(_finding(f, said, message) for f in shown)
             action = (c.get("action") or {}).get("remedy")
-            remedy = f'<div class="remedy"><b>remedy</b>: {_e(action)}</div>' if action and action not in said else ""
-            out.append(f'<div class="card">{badge(c["status"])} <b>{_e(n.node)}</b> · {_e(c["name"])}: '
-                       f'{_e(c["summary"])}<ul>{items}</ul>{remedy}</div>')  # fmt: skip
+            remedy = (
+                f'<div class="remedy"><b>remedy</b>: {remedy_html(action)}</div>'
+                if action and action not in said
+                else ""
+            )
+            said_here = f": {_e(summary)}" if summary else ""
+            out.append(f'<div class="card">{badge(c["status"])} <b>{_e(n.node)}</b> · {_e(c["name"])}{said_here}'
+                       f'<ul>{items}</ul>{remedy}</div>')  # fmt: skip
     if out:
         return "".join(out)
     alone = "nothing is wrong on any node that answered"
@@ -210,24 +270,30 @@ def _incidents(doc: Mapping[str, Any] | None) -> str:
 
 
 def render_page(view: ClusterView, remediation: Mapping[str, Any] | None,
-                incidents: Mapping[str, Any] | None = None, now: float | None = None) -> str:  # fmt: skip
-    """The whole page; every finding shows its own remedy, as its node's results document carries it."""
+                incidents: Mapping[str, Any] | None = None, now: float | None = None,
+                refresh_s: int = 0) -> str:  # fmt: skip
+    """The whole page; every finding shows its own remedy, as its node's results document carries it.
+
+    ``refresh_s``: the browser reloads the page every this many seconds (0: never); a meta refresh, so the page
+    refreshes with no script, as its CSP requires."""
     status = view.status.value
     local = view.nodes[0].node if view.nodes else "?"
     now = time.time() if now is None else now
+    refresh = f'<meta http-equiv="refresh" content="{int(refresh_s)}">' if refresh_s > 0 else ""
+    every = f"refreshes every {int(refresh_s)} s" if refresh_s > 0 else "no auto-refresh ([daemon] page_refresh_s = 0)"
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">{refresh}'
         f"<title>{_e(LABEL.get(status, status))} · dgxdoctor {_e(local)}</title><style>{STYLE}</style></head>"
-        f'<body><main><div class="banner {_e(status)}"><h1>cluster {_e(LABEL.get(status, status))}</h1>'
-        f"{len(view.nodes)} node(s), seen from {_e(local)} at {_e(_when(now))}</div>"
-        f'<nav class="card"><a href="/metrics">/metrics</a><a href="/state">/state</a>'
-        f'<a href="/healthz">/healthz</a></nav>'
+        f'<body><main><header class="banner {_e(status)}"><h1>cluster {_e(LABEL.get(status, status))}</h1>'
+        f"<span>{len(view.nodes)} node(s), seen from {_e(local)} at {_e(_when(now))} · {every}</span>"
+        f'<nav><a href="/metrics">/metrics</a><a href="/state">/state</a><a href="/healthz">/healthz</a></nav>'
+        "</header>"
+        f'<div class="wall"><section id="grid"><h2>Checks</h2><div class="card">{_check_grid(view.nodes, now)}</div>'
+        f'</section><section id="wrong"><h2>What is wrong</h2>{_problems(view)}'
+        f"<h2>Between the nodes</h2>{_comparison(view)}</section></div>"
         f'<h2>Nodes</h2><div class="card">{_node_rows(view.nodes, now)}</div>'
-        f"<h2>What is wrong</h2>{_problems(view)}"
-        f"<h2>Between the nodes</h2>{_comparison(view)}"
         f"<h2>Remediation</h2>{_remediation(remediation)}{_incidents(incidents)}"
-        f'<h2>Checks</h2><div class="card">{_check_grid(view.nodes)}</div>'
         "</main></body></html>"
     )
 
@@ -282,4 +348,4 @@ class StatusPage:
         except (OSError, ValueError):
             remediation = None
         incidents = self.incidents.summary() if self.incidents is not None else None
-        return render_page(view, remediation, incidents)
+        return render_page(view, remediation, incidents, refresh_s=self.config().daemon.page_refresh_s)

@@ -77,6 +77,15 @@ class DaemonSettings(Frozen, frozen=True):
         float,
         Meta(ge=0, le=3600, description="POST /check/run (a peer's `check --cluster`): at most one run per this long"),
     ] = 2.0
+    page_refresh_s: Annotated[
+        int,
+        Meta(
+            ge=0,
+            le=3600,
+            description="the status page (GET /) reloads itself in the browser every this many seconds, for a wall "
+            "display (an HTML meta refresh: no script); 0: never",
+        ),
+    ] = 30
 
     @field_rule("listen")
     @classmethod
