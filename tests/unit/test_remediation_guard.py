@@ -35,6 +35,10 @@ def test_observe_mode_decides_what_act_mode_decides() -> None:
         seen(w, RAY, 0)
         refused = w.decide(RAY, 100, None)
         assert refused.verdict == "refuse" and "orchestrated by the head" in refused.reason
+    roleless = guard(mode="observe", role=None)  # observe mode without [node] role: what act mode could not do
+    seen(roleless, RAY, 0)
+    refused = roleless.decide(RAY, 100, None)
+    assert refused.verdict == "refuse" and "no [node] role" in refused.reason
 
 
 def test_a_rehearsal_spends_what_the_action_would_and_act_mode_forgets_it() -> None:

@@ -153,6 +153,8 @@ class Guard:
             return out("refuse", f"breaker open ({self.state.breaker_reason}); `dgxdoctor remediation reset`")
         if self.state.in_flight is not None:
             return out("refuse", f"{self.state.in_flight.action} in flight: one action at a time")
+        if action == "restart_cluster" and s.role is None:  # observe mode only: act mode needs a role
+            return out("refuse", 'no [node] role: only the head\'s agent (role = "head") orchestrates cluster restarts')
         if action == "restart_cluster" and s.role != "head":
             return out("refuse", "cluster restarts are orchestrated by the head's agent")
         held = now - self.state.onset.get(problem.key, now)
