@@ -71,7 +71,8 @@ class GuardState(Struct):
                 "in_flight": self.in_flight.to_doc() if self.in_flight else None,
                 "finished_at": self.finished_at,
                 "steps": self.steps,
-                "dry_run": self.dry_run,
+                # only when set: a state observe mode never rehearsed on is the format every release reads
+                **({"dry_run": True} if self.dry_run else {}),
             }
         )
 
