@@ -336,8 +336,9 @@ def _acting_problem(config: Config) -> tuple[str, str] | None:
 
 
 def _one_role(data: dict[str, Any], source: str) -> dict[str, Any]:
-    """``[node] role`` is the node's role; ``[remediation] role`` follows it unless set, and may not contradict it."""
-    node, remediation = data.get("node"), data.get("remediation")
+    """``[node] role`` is the node's role; ``[remediation] role`` follows it unless set, and may not contradict it.
+    Without a ``[remediation]`` table too: observe mode (the default) decides as act mode would, role included."""
+    node, remediation = data.get("node"), data.get("remediation", {})
     node_role = node.get("role") if isinstance(node, dict) else None
     if not isinstance(remediation, dict) or node_role is None:
         return data

@@ -427,20 +427,31 @@ def _action_after(node: Node, count: int, timeout_s: float, c: Cluster) -> dict[
 
 
 def test_observe_mode_never_runs(cluster: Cluster) -> None:
-    """Both agents in observe mode: the dead vLLM is decided on, from the check and from the alert that Prometheus
-    fires and Alertmanager delivers to the webhook, and nothing runs."""
+    """Both agents in observe mode, act mode's dry run: the dead vLLM is decided on from the check and from the alert
+    that Prometheus fires and Alertmanager delivers to the webhook, both held for hold_s as act mode holds them, then
+    "would restart_vllm" where act mode would restart it; nothing runs."""
     head = cluster.head
+    # hold_s longer than the alert's way (`for: 30s`, then Alertmanager): the alert is decided on (held) before the
+    # check's dry run ends the episode, as act mode's restart would
+    cluster.configure(mode="observe", hold_s=75.0)
+    time.sleep(2)  # the reload
     assert head.sample("dgxdoctor_remediation_mode", mode="observe") == 1.0
-    _kill_vllm(cluster)
+    killed = _kill_vllm(cluster)
 
     def decided(source: str) -> list[dict[str, Any]]:
         return [r for r in head.audit() if r["event"] == "decision" and r["source"] == source]
 
-    (from_check,) = wait_for("the check's decision", lambda: decided("check"), 60, cluster)
-    assert (from_check["verdict"], from_check["action"], from_check["mode"]) == ("observe", "restart_vllm", "observe")
-    assert from_check["seen"].startswith("VLLM_DEAD")
-    (from_alert,) = wait_for("the alert through Prometheus and Alertmanager", lambda: decided("alert"), 150, cluster)
-    assert from_alert["problem"] == "alert:DgxdoctorVllmDown:restart_vllm" and from_alert["verdict"] == "observe"
+    (from_alert, *_) = wait_for("the alert through Prometheus and Alertmanager", lambda: decided("alert"), 70,
+                                cluster)  # fmt: skip
+    assert from_alert["problem"] == "alert:DgxdoctorVllmDown:restart_vllm" and from_alert["verdict"] == "hold"
+    assert "of hold_s 75 s" in from_alert["reason"], from_alert
+    (would, *_) = wait_for("the check's would restart_vllm", lambda: [r for r in decided("check")
+                           if r["verdict"] == "observe"], 120, cluster)  # fmt: skip
+    assert (would["action"], would["mode"]) == ("restart_vllm", "observe") and would["seen"].startswith("VLLM_DEAD")
+    assert would["reason"].startswith('would restart_vllm (mode = "observe"): VLLM_DEAD'), would
+    assert would["ts"] - killed >= 75.0
+    before = [r["verdict"] for r in decided("check") if r["ts"] < would["ts"]]
+    assert before and set(before) == {"hold"}, before  # held for hold_s, as act mode holds
     time.sleep(3)
     assert not [r for n in (head, cluster.worker) for r in n.audit() if r["event"] in ("action_started", "action")]
     assert not cluster.vllm_healthy()
@@ -512,6 +523,15 @@ def test_a_persisting_fault_opens_the_breaker(cluster: Cluster) -> None:
     action = _action_after(head, done, 60, cluster)
     assert (action["action"], action["outcome"]) == ("restart_vllm", "failed")
     assert action["steps"][0]["argv"] == ["false"] and action["steps"][0]["returncode"] == 1
+    # Said as a restart that could not run, paged at once with that text; no cluster restart "because restarts did
+    # not cure it": the ladder stays, the same restart comes next, and the budget (1) opens the breaker.
+    assert action["detail"] == "restart_vllm could not run: exit 1", action
+    pages = wait_for("the page", lambda: [r for r in head.audit() if r["event"] == "page"
+                     and r["reason"] == action["detail"]], 10, cluster)  # fmt: skip
+    assert pages[0]["outcome"] == "sent" and pages[0]["ts"] - action["ts"] < 5, pages
+    wait_for("the page in Alertmanager", lambda: [a for a in httpx.get(f"{cluster.alertmanager_url}/api/v2/alerts",
+             timeout=5).json() if a["labels"]["alertname"] == "DgxdoctorRemediationPage"
+             and a["annotations"]["description"] == action["detail"]], 30, cluster)  # fmt: skip
     wait_for("the breaker to open", lambda: run_cli("remediation", "status", "--json", "--config",
              str(head.config)).json()["breaker"]["open"], 30, cluster)  # fmt: skip
     refused = [r for r in head.audit() if r["event"] == "decision" and r["verdict"] == "refuse"]
@@ -522,6 +542,8 @@ def test_a_persisting_fault_opens_the_breaker(cluster: Cluster) -> None:
     time.sleep(5)
     assert len(head.actions()) == done + 1  # nothing more ran
     assert head.sample("dgxdoctor_remediation_breaker_open") == 1.0
+    after = [r for r in head.audit() if r["event"] == "decision" and r["ts"] >= action["ts"]]
+    assert after and all(r["action"] == "restart_vllm" for r in after), after  # no ladder step
 
     assert run_cli("remediation", "reset", "--config", str(head.config)).returncode == 0
     cluster.configure()
@@ -621,8 +643,11 @@ def test_a_restart_that_cannot_help_is_refused_and_paged_with_its_hardware_cause
     (decision, *_) = wait_for("the refusal", refused, 60, cluster)
     wanted = f"vLLM down on dgx-a; cause: XID 79 on GPU {bus} of dgx-a at "
     assert wanted in decision["reason"] and "XID_79" in decision["reason"], decision
-    pages = wait_for("the page", lambda: [r for r in head.audit() if r["event"] == "page" and wanted in r["reason"]],
-                     30, cluster)  # fmt: skip
+
+    def sent() -> list[dict[str, Any]]:  # observe mode audited the page it did not send; act mode sends it
+        return [r for r in head.audit() if r["event"] == "page" and wanted in r["reason"] and r["mode"] == "act"]
+
+    pages = wait_for("the page", sent, 30, cluster)
     assert pages[0]["outcome"] == "sent", pages
     alerts = wait_for("the page in Alertmanager", lambda: [a for a in httpx.get(
         f"{cluster.alertmanager_url}/api/v2/alerts", timeout=5).json()
@@ -630,6 +655,6 @@ def test_a_restart_that_cannot_help_is_refused_and_paged_with_its_hardware_cause
         30, cluster)  # fmt: skip
     assert alerts[0]["labels"]["node"] == "dgx-a"
     time.sleep(5)
-    assert len([r for r in head.audit() if r["event"] == "page" and wanted in r["reason"]]) == 1  # one page
+    assert len(sent()) == 1  # one page
     assert len([r for r in head.audit() if r["event"] == "action_started"]) == started  # nothing restarted
     assert not cluster.vllm_healthy()

@@ -31,6 +31,8 @@ def test_remediation_role_follows_the_node_role() -> None:
     assert config.model.remediation.role == "worker"  # type: ignore[attr-defined]
     acting = parse_config({"node": {"role": "head"}, "remediation": {"mode": "act"}, "daemon": {"token": "t" * 32}})
     assert acting.model.remediation.role == "head"  # type: ignore[attr-defined]
+    untabled = parse_config({"node": {"role": "worker"}})  # no [remediation] table: the default observe mode
+    assert untabled.model.remediation.role == "worker"  # type: ignore[attr-defined]
 
 
 def test_two_roles_that_disagree_name_the_key() -> None:

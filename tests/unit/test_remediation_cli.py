@@ -57,17 +57,20 @@ def test_a_corrupt_state_file_is_reported(tmp_path: Path) -> None:
 
 
 async def test_observe_mode_status_shows_the_would_restart_decisions(tmp_path: Path) -> None:
-    """Observe mode runs nothing; `remediation status` shows what it would have done (it showed nothing)."""
+    """Observe mode runs nothing; `remediation status` shows what it would have done (it showed nothing), and the
+    role from [node] role without a [remediation] table (it showed "-")."""
     from test_remediation_engine import DEAD, remediator, vllm_app
 
     state = tmp_path / "state"
     r = remediator(state, vllm_app([]), {"vllm": DEAD}, mode="observe")
     await r.evaluate()
     cfg = tmp_path / "config.toml"
-    cfg.write_text(f'node = "dgx-a"\n[paths]\nstate_dir = "{state}"\n')
+    cfg.write_text(f'[node]\nname = "dgx-a"\nrole = "head"\n[paths]\nstate_dir = "{state}"\n')
     doc = run_cli("remediation", "status", "--json", "--config", str(cfg)).json()
     assert doc["last_actions"] == []
     (decision,) = doc["last_decisions"]
     assert decision["verdict"] == "observe" and decision["action"] == "restart_vllm"
+    assert doc["role"] == "head" and doc["dry_run"] is True
     text = run_cli("remediation", "status", "--config", str(cfg)).stdout
-    assert 'observe restart_vllm for check:vllm:restart_vllm: mode = "observe": would restart_vllm' in text
+    assert "node dgx-a: mode observe, role head" in text and "rehearsal: observe mode spent" in text
+    assert 'observe restart_vllm for check:vllm:restart_vllm: would restart_vllm (mode = "observe"): VLLM_DEAD' in text

@@ -108,8 +108,61 @@ async def test_a_failing_command_stops_before_verification(tmp_path: Path) -> No
     seen: list[str] = []
     r = remediator(tmp_path, vllm_app(seen), {"vllm": DEAD}, commands={"restart_vllm": ["false"]})
     await settle(r)
+    (action,) = [e for e in events(tmp_path) if e["event"] == "action"]
+    assert action["outcome"] == "failed" and action["steps"][0]["returncode"] == 1
+    assert "GET /health" not in seen  # no verification of a restart that did not run
+
+
+async def test_a_restart_that_could_not_run_pages_at_once_and_is_no_ladder_step(tmp_path: Path) -> None:
+    """``/bin/false`` as the restart: said as such and paged at once with that text; 11 s later the problem still
+    there is no cluster restart ("restarts did not cure it"): the same restart, after its cooldown."""
+    seen: list[str] = []
+    now = [1_000_000.0]
+    results = {"vllm": CheckResult("vllm", Status.CRITICAL, "dead", DEAD.findings, started_at=now[0] - 1)}
+    r = remediator(tmp_path, vllm_app(seen), results, commands={"restart_vllm": ["/bin/false"]})
+    r.clock = lambda: now[0]
+    await settle(r)
+    action, page = events(tmp_path)[-2:]
+    assert (action["event"], action["outcome"], action["detail"]) == ("action", "failed",
+                                                                      "restart_vllm could not run: exit 1")  # fmt: skip
+    assert (page["event"], page["outcome"], page["reason"]) == ("page", "sent", "restart_vllm could not run: exit 1")
+    (posted,) = json.loads(seen[-1])
+    assert posted["annotations"]["description"] == "restart_vllm could not run: exit 1"
+    assert "did not cure" not in posted["annotations"]["description"]
+    now[0] += 11
+    results["vllm"] = CheckResult("vllm", Status.CRITICAL, "dead", DEAD.findings, started_at=now[0] - 1)
+    await settle(r)
+    last = events(tmp_path)[-1]
+    assert (last["event"], last["action"], last["verdict"]) == ("decision", "restart_vllm", "hold"), last
+    assert "cooldown" in last["reason"]
+    now[0] += 300
+    results["vllm"] = CheckResult("vllm", Status.CRITICAL, "dead", DEAD.findings, started_at=now[0] - 1)
+    await settle(r)
+    tried = [e["action"] for e in events(tmp_path) if e["event"] == "action_started"]
+    assert tried == ["restart_vllm", "restart_vllm"] and r.counts[("restart_vllm", "failed")] == 2
+
+
+async def test_a_command_that_could_not_run_is_named_with_its_stderr(tmp_path: Path) -> None:
+    unit_missing = ["sh", "-c", "echo 'Failed to start ray-head.service: Unit ray-head.service not found.' >&2; exit 5"]
+    ray_dead = CheckResult("ray", Status.CRITICAL, "dead", (judged(Finding("RAY_NODE_DEAD", Status.CRITICAL, "x")),))
+    seen: list[str] = []
+    r = remediator(tmp_path, vllm_app(seen), {"ray": ray_dead}, commands={"ray_start": unit_missing,
+                   "stop_vllm": ["true"], "ray_stop": ["true"], "start_vllm": ["true"]})  # fmt: skip
+    await settle(r)
+    action, page = events(tmp_path)[-2:]
+    said = (
+        "restart_cluster could not run: start_ray_head exit 5: Failed to start ray-head.service: Unit "
+        "ray-head.service not found."
+    )
+    assert action["detail"] == said and page["reason"] == said and page["outcome"] == "sent"
+    assert [s["step"] for s in action["steps"]] == ["stop:stop_vllm", "stop:stop_ray_head", "start_ray_head"]
+
+
+async def test_a_restart_that_ran_and_did_not_cure_is_no_could_not_run(tmp_path: Path) -> None:
+    r = remediator(tmp_path, vllm_app([], healthy=False), {"vllm": DEAD}, verify_timeout_s=0.1)
+    await settle(r)
     action = events(tmp_path)[-1]
-    assert action["outcome"] == "failed" and action["steps"][0]["returncode"] == 1 and seen == []
+    assert action["event"] == "action" and action["outcome"] == "failed" and "detail" not in action
 
 
 async def test_observe_mode_never_runs(tmp_path: Path) -> None:

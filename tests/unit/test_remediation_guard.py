@@ -22,11 +22,47 @@ def seen(g: Guard, problem: Problem, at: float) -> None:
     g.observe([problem], at, "check")
 
 
-def test_observe_mode_decides_but_never_acts() -> None:
-    g = guard(mode="observe")
+def test_observe_mode_decides_what_act_mode_decides() -> None:
+    """Observe mode is act mode's dry run: the guard decides the same (the engine records "would X" where it says
+    act); the worker's refusal of a cluster restart, the hold and the grace are observe mode's answers too."""
+    for mode in ("observe", "act"):
+        g = guard(mode=mode)
+        seen(g, VLLM, 0)
+        assert g.decide(VLLM, 5, None).verdict == "hold"
+        assert g.decide(VLLM, 100, vllm_uptime_s=30).verdict == "hold"
+        assert (g.decide(VLLM, 100, None).verdict, g.decide(VLLM, 100, None).action) == ("act", "restart_vllm")
+        w = guard(mode=mode, role="worker")
+        seen(w, RAY, 0)
+        refused = w.decide(RAY, 100, None)
+        assert refused.verdict == "refuse" and "orchestrated by the head" in refused.reason
+    roleless = guard(mode="observe", role=None)  # observe mode without [node] role: what act mode could not do
+    seen(roleless, RAY, 0)
+    refused = roleless.decide(RAY, 100, None)
+    assert refused.verdict == "refuse" and "no [node] role" in refused.reason
+
+
+def test_a_rehearsal_spends_what_the_action_would_and_act_mode_forgets_it() -> None:
+    g = guard(mode="observe", cooldown_s={"restart_vllm": 300, "restart_cluster": 0, "page": 0})
     seen(g, VLLM, 0)
-    d = g.decide(VLLM, 100, None)
-    assert d.verdict == "observe" and "would restart_vllm" in d.reason
+    g.rehearse(g.decide(VLLM, 10, None), 10)
+    st = g.state
+    assert st.in_flight is None and st.finished_at == 10 and st.dry_run and g.budget_used(10) == 1
+    seen(g, VLLM, 11)  # still there: nothing was restarted
+    d = g.decide(VLLM, 21, None)
+    assert (d.verdict, d.action) == ("act", "restart_cluster")  # the ladder's next step, as after a real restart
+    restored = Guard(g.settings, GuardState.from_doc(g.state.to_doc()))
+    assert restored.state.dry_run and restored.forget_dry_run()
+    assert restored.budget_used(21) == 0 and restored.state.attempts == {} and not restored.state.dry_run
+
+
+def test_a_restart_that_could_not_run_is_no_ladder_step() -> None:
+    g = guard(cooldown_s={"restart_vllm": 0, "restart_cluster": 0, "page": 0})
+    seen(g, VLLM, 0)
+    g.begin(g.decide(VLLM, 10, None), "a1", 10, 1)
+    g.finish(11, ran=False)
+    seen(g, VLLM, 12)
+    d = g.decide(VLLM, 30, None)
+    assert (d.verdict, d.action) == ("act", "restart_vllm") and g.budget_used(30) == 1
 
 
 def test_hold_then_act_then_cooldown() -> None:

@@ -6,6 +6,11 @@ when they change; an action runs in a worker thread, one at a time, its start an
 and the guard's state before and after. When the agent stops, an action running ends at its next step or poll
 and is audited "interrupted" (``stop``). A worker's agent runs its part of a cluster restart only when the head
 asks (``run_step``).
+
+Observe mode is act mode's dry run on the same path: the same decisions at the same evaluations; where act mode
+would run an action or send a page, it audits "would X", runs and sends nothing, and the guard's state moves as if
+the action had run and ended at once (``Guard.rehearse``). A restart whose command could not run is said so and
+paged at once; it is no step of the ladder (``could_not_run``).
 """
 
 from __future__ import annotations
@@ -142,6 +147,7 @@ class Remediator:
         self.state_invalid = 0  # invalid state files set aside since start
         # An action whose end could not be saved (the disk refused): (id, when it ended), saved at the next evaluation
         self.pending_finish: tuple[str, float] | None = None
+        self.not_run: str | None = None  # the id of the last action whose command could not run (no ladder step)
         self.worker = WorkerSteps(self)
         self.wake = asyncio.Event()
         self.busy = asyncio.Lock()
@@ -170,9 +176,21 @@ class Remediator:
         except ValueError as exc:
             return self._set_aside(exc)
         try:
-            return Guard(self.settings, GuardState.from_doc(doc))
+            guard = Guard(self.settings, GuardState.from_doc(doc))
         except ValueError as exc:
             return self._set_aside(exc)
+        if self.settings.mode == "act" and guard.forget_dry_run():
+            self._forgot_dry_run(guard)
+        return guard
+
+    def _forgot_dry_run(self, guard: Guard) -> None:
+        """Act mode found what observe mode rehearsed: never run, so it spends no budget, cooldown or ladder step
+        of act mode's (and a breaker it opened is closed). Written at once; audited as a reset."""
+        self.state_file.write(guard.state.to_doc())
+        detail = ('mode = "act": the actions observe mode rehearsed (their budget, cooldowns, ladder steps and any '
+                  "breaker they opened) are forgotten: they never ran")  # fmt: skip
+        self.audit_record({"ts": self.clock(), "event": "reset", "by": "mode change", "detail": detail})
+        log.info("remediation_dry_run_forgotten", detail=detail)
 
     def _set_aside(self, exc: ValueError) -> Guard:
         now = self.clock()
@@ -351,11 +369,18 @@ class Remediator:
             decisions = [guard.decide(p, now, vllm_uptime(latest)) for p in checks + alerts]
             decisions, pages = self.gate.apply(decisions, causes(latest, self.node), self.node)
             decisions, chosen = _one_at_a_time(decisions)
+            dry = self.settings.mode == "observe"  # the dry run of act mode: the same decisions, nothing runs
             for decision in decisions:
-                self._audit_decision(decision, now)
+                self._audit_decision(_would(decision) if dry and decision is chosen else decision, now)
             action_id = uuid.uuid4().hex[:12]
             acting = chosen is not None and chosen.verdict == "act" and not self.busy.locked()
-            if acting and chosen is not None:
+            if dry and chosen is not None:
+                # Where act mode would run it: as if it ran and ended now, curing nothing (guard.rehearse)
+                acting = False
+                guard.rehearse(chosen, now)
+                if chosen.verdict == "act":
+                    self.intake.clear(chosen.problem.key, chosen.problem.action)
+            elif acting and chosen is not None:
                 # The audit first: an action it cannot record never starts, and leaves nothing in flight.
                 acting = self.audit_record(self._started_record(chosen, action_id, now))
                 if acting:
@@ -380,7 +405,7 @@ class Remediator:
         pending = self.pending_finish
         flight = guard.state.in_flight
         if pending is not None and flight is not None and flight.id == pending[0]:
-            guard.finish(pending[1])
+            guard.finish(pending[1], ran=pending[0] != self.not_run)
 
     def _started_record(self, d: Decision, action_id: str, now: float) -> dict[str, Any]:
         """Written before anything runs; names the bundle the capture will write (its outcome is in the end line)."""
@@ -401,7 +426,7 @@ class Remediator:
     def _audit_decision(self, d: Decision, now: float) -> None:
         shown = (d.verdict, _NUMBER.sub("#", d.reason))  # "held 3 s" and "held 4 s" are the same decision
         key = d.problem.key
-        if self.last_decision.get(key) == shown and d.verdict not in ("act", "page"):
+        if self.last_decision.get(key) == shown and d.verdict not in ("act", "page", "observe"):
             return
         self.last_decision[key] = shown
         self.audit_record(
@@ -425,17 +450,24 @@ class Remediator:
                 evidence = {**evidence, "detail": "the agent stopped while it ran; not repeated: the condition must "
                             "hold again, the cooldown and the ladder apply"}  # fmt: skip
             verification = next((s.to_doc() for s in steps if s.step == "verify"), None)
+            unrun = None if interrupted else could_not_run(decision.action, steps)
             end = self.clock()
             self.audit_record(
                 {"ts": end, "event": "action", "id": action_id, "action": decision.action,
                  "problem": decision.problem.key, "seen": decision.problem.reason, "mode": "act",
                  "steps": [s.to_doc() for s in steps], "verification": verification, "outcome": outcome,
-                 "duration_s": round(end - started, 3), **evidence}
+                 "duration_s": round(end - started, 3), **evidence, **({"detail": unrun} if unrun else {})}
             )  # fmt: skip
             self.counts[(decision.action, outcome)] += 1
             self.intake.clear(decision.problem.key, decision.problem.action)
+            if unrun is not None:
+                self.not_run = action_id
             self._finish(action_id, end)
-            log.info("remediation_action", action=decision.action, outcome=outcome, duration_s=round(end - started, 3))
+            log.info("remediation_action", action=decision.action, outcome=outcome, duration_s=round(end - started, 3),
+                     **({"detail": unrun} if unrun else {}))  # fmt: skip
+            if unrun is not None:
+                # Not "restarts did not cure it": nothing was restarted. Said at once, whatever the page cooldown.
+                await self._page(Decision("page", decision.action, unrun, decision.problem), end)
         self.wake.set()
 
     def _finish(self, action_id: str, end: float) -> None:
@@ -531,6 +563,14 @@ class Remediator:
     async def _page(self, decision: Decision, now: float) -> None:
         detail = "no [alerts] alertmanager_url: logged only"
         outcome = "logged"
+        if self.settings.mode == "observe":  # the dry run sends nothing; the page it would send is audited
+            detail = 'mode = "observe": would page; not sent'
+            self.audit_record(
+                {"ts": now, "event": "page", "problem": decision.problem.key, "seen": decision.problem.reason,
+                 "reason": decision.reason, "outcome": "not_sent", "detail": detail, "mode": "observe"}
+            )  # fmt: skip
+            log.info("remediation_page", problem=decision.problem.key, outcome="not_sent", detail=detail)
+            return
         if self.pager is not None:
             p = decision.problem
             try:
@@ -553,6 +593,11 @@ class Remediator:
 
     def reconfigure(self, new: Remediator) -> None:
         """A reload: new settings and targets; the counters, the queue and the loop stay."""
+        if new.settings.mode != self.settings.mode:
+            # A new mode starts afresh: act mode pages a hardware cause the dry run only recorded, and every
+            # decision is audited again under its mode.
+            self.gate = HardwareGate()
+            self.last_decision.clear()
         self.settings = new.settings
         self.pager = new.pager
         self.node = new.node
@@ -566,7 +611,8 @@ class Remediator:
     def metrics(self) -> dict[str, Any]:
         return {
             "mode": "disabled" if self.disabled else self.settings.mode,
-            "breaker_open": self.breaker_open or self.disabled is not None,
+            # Observe mode's rehearsed breaker is no alert (DgxdoctorRemediationBreakerOpen): it stopped nothing
+            "breaker_open": (self.breaker_open and self.settings.mode == "act") or self.disabled is not None,
             "actions": dict(self.counts),
             "state_invalid": self.state_invalid,
             "alerts_dropped": self.intake.dropped,
@@ -581,6 +627,27 @@ def _one_at_a_time(decisions: list[Decision]) -> tuple[list[Decision], Decision 
     why = f"{chosen.action} chosen for {chosen.problem.key}: one action at a time"
     return [d if d is chosen or d.verdict not in ("act", "page") else replace(d, verdict="refuse", reason=why)
             for d in decisions], chosen  # fmt: skip
+
+
+def _would(d: Decision) -> Decision:
+    """Observe mode's record of a decision act mode would carry out now: "would X" with act mode's reason."""
+    return replace(d, verdict="observe", reason=f'would {d.action} (mode = "observe"): {d.reason}')
+
+
+# Steps that are not commands run for the action: the waits and the verification after them.
+_NOT_COMMANDS = ("verify", "wait_ray", INTERRUPTED)
+
+
+def could_not_run(action: str, steps: list[StepResult]) -> str | None:
+    """When one of the action's commands failed (a non-zero exit, a timeout, a missing program, a worker refusing
+    its step): "restart_vllm could not run: exit 1: <output tail>". None when every command ran: a failed wait or
+    verification is a restart that ran and did not cure. Stops are best effort and never count."""
+    for step in steps:
+        if step.ok or step.step.startswith("stop:") or step.step in _NOT_COMMANDS:
+            continue
+        where = "" if step.step == action else f"{step.step} "
+        return f"{action} could not run: {where}{step.detail}"
+    return None
 
 
 def _best_effort(step: StepResult) -> StepResult:

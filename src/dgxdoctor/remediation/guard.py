@@ -51,6 +51,8 @@ class GuardState(Struct):
     in_flight: InFlight | None = None
     finished_at: float | None = None  # when the last action ended: results of runs before it are stale
     steps: list[dict[str, Any]] = field(default_factory=list)  # a worker's step requests: {"id", "step", "at"}
+    # Observe mode recorded actions it did not run (their cooldowns, budget, ladder, breaker): act mode forgets them
+    dry_run: bool = False
 
     def to_doc(self) -> dict[str, Any]:
         """A deep copy: comparing it with a later one shows whether anything changed."""
@@ -69,6 +71,8 @@ class GuardState(Struct):
                 "in_flight": self.in_flight.to_doc() if self.in_flight else None,
                 "finished_at": self.finished_at,
                 "steps": self.steps,
+                # only when set: a state observe mode never rehearsed on is the format every release reads
+                **({"dry_run": True} if self.dry_run else {}),
             }
         )
 
@@ -90,6 +94,7 @@ class GuardState(Struct):
             in_flight=InFlight(flight.id, flight.action, flight.key, flight.started_at, flight.pid) if flight else None,
             finished_at=d.finished_at,
             steps=[asdict(s) for s in d.steps],
+            dry_run=d.dry_run,
         )
 
     @classmethod
@@ -127,6 +132,8 @@ class Guard:
     # -- the decision ----------------------------------------------------------------------------------
 
     def decide(self, problem: Problem, now: float, vllm_uptime_s: float | None) -> Decision:
+        """What act mode does now: the same in both modes (observe mode is its dry run: the engine records "would
+        X" where this says ``act`` or ``page``)."""
         s = self.settings
         tried = [Attempt(a["action"], float(a["at"])) for a in self.state.attempts.get(problem.action, [])]
         action = escalate(problem.action, tried, now, s.ladder_window_s)
@@ -143,12 +150,12 @@ class Guard:
             if now - self.state.last.get("page", float("-inf")) < s.cooldown_s.get("page", 0.0):
                 return out("hold", "page sent recently (cooldown)")
             return out("page", "the ladder ended (restarts did not cure it): page an operator")
-        if s.mode == "observe":
-            return out("observe", f'mode = "observe": would {action}')
         if self.state.breaker_open:
             return out("refuse", f"breaker open ({self.state.breaker_reason}); `dgxdoctor remediation reset`")
         if self.state.in_flight is not None:
             return out("refuse", f"{self.state.in_flight.action} in flight: one action at a time")
+        if action == "restart_cluster" and s.role is None:  # observe mode only: act mode needs a role
+            return out("refuse", 'no [node] role: only the head\'s agent (role = "head") orchestrates cluster restarts')
         if action == "restart_cluster" and s.role != "head":
             return out("refuse", "cluster restarts are orchestrated by the head's agent")
         held = now - self.state.onset.get(problem.key, now)
@@ -225,13 +232,39 @@ class Guard:
         kept = [a for a in self.state.attempts.get(problem_action, []) if now - float(a["at"]) <= window]
         self.state.attempts[problem_action] = [*kept, {"action": action, "at": now}][-MAX_ACTIONS:]
 
-    def finish(self, now: float) -> None:
-        """The action ended (either way): the problem's episode ends, a recurrence must hold again."""
+    def finish(self, now: float, ran: bool = True) -> None:
+        """The action ended (either way): the problem's episode ends, a recurrence must hold again. An action whose
+        command could not run (``ran`` False) cured nothing and tried nothing: it leaves the ladder where it was (its
+        budget and cooldown stay spent), so the next step is the same action, not an escalation."""
         flight = self.state.in_flight
         self.state.in_flight = None
         self.state.finished_at = now
-        if flight is not None:
-            self.state.onset.pop(flight.key, None)
+        if flight is None:
+            return
+        self.state.onset.pop(flight.key, None)
+        if not ran:
+            tried = {"action": flight.action, "at": flight.started_at}
+            for first, kept in list(self.state.attempts.items()):
+                self.state.attempts[first] = [a for a in kept if a != tried]
+
+    def rehearse(self, decision: Decision, now: float) -> None:
+        """Observe mode, where act mode would run ``decision``: the state as if it ran and ended at once without
+        curing anything (the world is untouched): its budget, cooldown and ladder step spent, the episode ended. So
+        the dry run meets the holds, cooldowns, ladder and breaker act mode would meet. Marked ``dry_run``."""
+        if decision.verdict == "page":
+            self.paged(decision, now)
+        else:
+            self.begin(decision, "0", now, 0)
+            self.finish(now)
+        self.state.dry_run = True
+
+    def forget_dry_run(self) -> bool:
+        """Act mode over a state that observe mode rehearsed on: what never ran is forgotten (as ``reset``); True
+        when there was something to forget."""
+        if not self.state.dry_run:
+            return False
+        self.reset()
+        return True
 
     def reset(self) -> None:
         """``dgxdoctor remediation reset``: breaker closed, budget, ladder and cooldowns forgotten."""

@@ -80,6 +80,7 @@ class StateDoc(_Strict):
     in_flight: InFlightDoc | None = None
     finished_at: Finite | None = None
     steps: Annotated[list[StepDoc], Meta(max_length=MAX_STEPS)] = field(default_factory=list)
+    dry_run: bool = False  # observe mode rehearsed actions here (guard.rehearse): act mode forgets them
 
 
 def validate_state(doc: Any) -> StateDoc:

@@ -13,8 +13,13 @@ from dgxdoctor.remediation.audit import AuditLog, guard_state_file
 from dgxdoctor.remediation.guard import Guard, GuardState
 from dgxdoctor.remediation.policy import printable
 
-# Decisions that ran nothing: observe mode's "would ...", a refusal (breaker, hardware cause, role), a suggestion.
+# Decisions that ran nothing: observe mode's "would X" (where act mode runs X), a refusal (breaker, hardware cause,
+# role), a suggestion.
 HELD_VERDICTS = ("observe", "refuse", "suggest")
+
+
+REHEARSAL = "rehearsal: observe mode spent this budget, ladder and any breaker on actions it did not run; act mode \
+forgets them"
 
 
 def status_document(config: Config, last: int = 10, now: float | None = None) -> dict[str, Any]:
@@ -34,10 +39,11 @@ def status_document(config: Config, last: int = 10, now: float | None = None) ->
     return {
         "node": config.node,
         "mode": s.mode,
-        "role": s.role,
+        "role": s.role,  # [node] role, whether or not a [remediation] table exists (config._one_role)
         "breaker": {"open": st.breaker_open, "reason": st.breaker_reason, "opened_at": st.breaker_opened_at},
         "budget": {"limit": s.budget, "window_s": s.budget_window_s, "left": max(s.budget - guard.budget_used(now), 0)},
         "in_flight": st.in_flight.to_doc() if st.in_flight else None,
+        "dry_run": st.dry_run,
         "last_actions": [
             {
                 k: r.get(k)
@@ -59,6 +65,7 @@ def render_status(doc: dict[str, Any]) -> str:
         f"node {doc['node']}: mode {doc['mode']}, role {doc['role'] or '-'}",
         f"breaker: {'OPEN (' + str(breaker['reason']) + ')' if breaker['open'] else 'closed'}",
         f"budget: {budget['left']} of {budget['limit']} actions left in {budget['window_s']:g} s",
+        *([REHEARSAL] if doc.get("dry_run") else []),
         f"in flight: {doc['in_flight']['action'] if doc['in_flight'] else 'nothing'}",
         "last actions:" if doc["last_actions"] else "last actions: none",
     ]
