@@ -1,0 +1,172 @@
+"""The documented deployment as a test, on the multi-node harness (tests/harness, docs/testing.md).
+
+Two nodes, each in its own network and PID namespace, laid out as the README installs dgxdoctor (config.toml and
+token under an /etc/dgxdoctor of its own, the daemon started as systemd/dgxdoctor.service starts it, observe mode:
+no [remediation] table), a private kernel log, a fake systemctl and a journal written through
+systemd-journal-remote; a real Prometheus loading `dgxdoctor rules` that scrapes both agents before the first
+fault, and a real Alertmanager routing to the head's /alertmanager with the token (docs/remediation.md).
+
+- ``test_first_fault_of_each_acting_alert``: the first fault of each alert that carries ``dgxdoctor_action``,
+  all three at once, followed layer by layer: the check's finding, the metric, the alert firing in Prometheus,
+  its arrival at the webhook, the decision in the audit.
+- ``test_mp_executor_layout``: vLLM's multiprocessing executor across the nodes (a head ``--nnodes 2 --node-rank
+  0``, a worker ``--headless``; stand-in processes with vLLM's argv): no WARNING or CRITICAL on either node past
+  the start grace; the worker's vLLM stopped, the head names the worker.
+
+About 90 s on two busy cores (two ``for: 30s`` alerts dominate).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from harness import Cluster, Node, wait_for
+from journalwriter import journal_remote, write_journal
+
+pytestmark = pytest.mark.integration
+
+# torch's NCCL watchdog in a worker (tests/fixtures/logs/nccl_timeout.log).
+NCCL_TIMEOUT = (
+    "[rank0]:[E1206 18:44:12.715298746 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=7753, OpType=_REDUCE_SCATTER_BASE, NumelIn=544997376, NumelOut=68124672, "
+    "Timeout(ms)=600000) ran for 600061 milliseconds before timing out."
+)
+BAD = ("warning", "critical")
+GRACE_S = 3.0
+
+
+def not_healthy(node: Node, checks: tuple[str, ...]) -> dict[str, str]:
+    """Checks of ``checks`` that are WARNING or CRITICAL (or not run yet) on ``node``: check -> summary."""
+    results = node.checks()
+    return {c: results.get(c, {}).get("summary", "not run yet") for c in checks
+            if results.get(c, {}).get("status", "missing") in (*BAD, "missing")}  # fmt: skip
+
+
+def finding(node: Node, check: str, code: str) -> dict[str, Any] | None:
+    return next((f for f in node.findings(check) if f["code"] == code), None)
+
+
+def decisions(node: Node, problem: str) -> list[dict[str, Any]]:
+    return [r for r in node.audit() if r["event"] == "decision" and r["problem"] == problem]
+
+
+# -- the documented deployment ----------------------------------------------------------------------------------
+
+# Each alert with dgxdoctor_action (src/dgxdoctor/alerts/dgxdoctor-alerts.rules.yml): the check, the finding's
+# code, the series that carries it, and the action.
+ACTING_ALERTS = {
+    "DgxdoctorVllmDown": ("vllm", "VLLM_DEAD", "restart_vllm"),
+    "DgxdoctorRayClusterDegraded": ("ray", "RAY_NODE_DEAD", "restart_cluster"),
+    "DgxdoctorNcclFailure": ("logs", "NCCL_TIMEOUT", "restart_cluster"),
+}
+
+
+def test_first_fault_of_each_acting_alert() -> None:
+    journal_remote()  # skips naming the package when it is missing
+    with Cluster({"dgx-a": "head", "dgx-b": "worker"}, monitor=True) as cluster:
+        head, worker = cluster["dgx-a"], cluster["dgx-b"]
+        every_second = {"interval_s": 1.0}
+        head.configure(
+            extra={"checks.vllm": {**every_second, "startup_grace_s": GRACE_S, "canary": "never"},
+                   "checks.ray": every_second, "checks.logs": every_second, "checks.xid": every_second},
+            only=("vllm", "ray", "logs", "xid"),
+        )  # fmt: skip
+        worker.configure(extra={"checks.ray": every_second, "checks.logs": every_second}, only=("ray", "logs", "xid"))
+        vllm = cluster.start_vllm(head)  # vllm.service: `vllm serve` with the API server on :8000
+        ray_scenario = cluster.start_ray_head(head)  # ray-head.service: the dashboard and GCS listening
+        cluster.start_raylet(worker)  # ray-worker.service
+        cluster.start_daemons()  # and Prometheus has scraped both agents
+        monitoring = cluster.monitoring
+        assert monitoring is not None
+        time.sleep(GRACE_S)
+        checks = ("vllm", "ray", "logs", "xid")
+        wait_for("both nodes healthy", lambda: not not_healthy(head, checks) and not not_healthy(worker, checks[1:]),
+                 30, head, worker)  # fmt: skip
+        # Before the first fault, Prometheus holds the counter DgxdoctorNcclFailure's increase() reads, at 0: the
+        # first event moves it (the findings' gauges need no baseline: `> 0` for 30 s fires on a new series).
+        series = 'dgxdoctor_logs_signature_matches_total{node="dgx-a",code="NCCL_TIMEOUT"}'
+        wait_for(f"{series} at 0 in Prometheus", lambda: monitoring.value(series) == 0.0, 30, head)
+        assert not [r for r in head.audit() if r["event"] == "decision"], head.audit()
+
+        # The first fault of each, at once: vLLM's process dies; the head's dashboard reports the worker node DEAD
+        # (the capture of a real Ray head); torch's NCCL watchdog line lands in vllm.service's journal.
+        vllm.signal(signal.SIGKILL)
+        ray_scenario.write_text("dead")
+        write_journal(head.journal, [("vllm.service", NCCL_TIMEOUT)])
+        t0 = time.monotonic()
+
+        # 1. the check's finding, 2. the metric the alert reads
+        for check, code, _ in ACTING_ALERTS.values():
+            found = wait_for(f"{code} from the {check} check", lambda c=check, k=code: finding(head, c, k), 30, head)
+            assert found["status"] == "critical", found
+        assert finding(head, "logs", "NCCL_TIMEOUT")["subject"] == "journal:vllm.service"  # type: ignore[index]
+        for check, code in (("vllm", "VLLM_DEAD"), ("ray", "RAY_NODE_DEAD")):
+            assert head.sample("dgxdoctor_check_findings_by_code", check=check, code=code, status="critical") == 1.0
+        assert head.sample("dgxdoctor_logs_signature_matches_total", code="NCCL_TIMEOUT") == 1.0
+
+        for alert, (_, _, action) in ACTING_ALERTS.items():
+            # 3. firing in Prometheus, for the head, with its action
+            (firing, *_) = wait_for(f"{alert} firing in Prometheus", lambda a=alert: monitoring.firing(a), 90, head)
+            assert (firing["labels"]["node"], firing["labels"]["dgxdoctor_action"]) == ("dgx-a", action), firing
+            # 4. delivered to the head's webhook (the only way a decision's source is "alert"), 5. decided on
+            problem = f"alert:{alert}:{action}"
+            (decided, *_) = wait_for(f"the decision on {problem}", lambda p=problem: [
+                r for r in decisions(head, p) if r["source"] == "alert"], 30, head)  # fmt: skip
+            assert (decided["mode"], decided["action"]) == ("observe", action), decided
+            print(f"{alert}: decided {decided['verdict']} ({decided['reason']}) {time.monotonic() - t0:.1f} s after")
+        # Alertmanager's webhook notifications all went through (a wrong token would be a failed notification).
+        am_metrics = httpx.get(f"{monitoring.alertmanager_url}/metrics", timeout=5).text
+        failed = [line for line in am_metrics.splitlines() if line.startswith("alertmanager_notifications_failed_total"
+                  '{integration="webhook"') and not line.endswith(" 0")]  # fmt: skip
+        assert not failed, failed
+        # The checks decided too (source "check"), and observe mode ran nothing: the fake systemctl saw no call.
+        assert {r["action"] for r in head.audit() if r["event"] == "decision" and r["source"] == "check"} >= {
+            "restart_vllm", "restart_cluster"}  # fmt: skip
+        assert not [r for r in head.audit() if r["event"] in ("action_started", "action")]
+        assert head.systemctl_calls() == [] and worker.systemctl_calls() == []
+        assert not [r for r in worker.audit() if r["event"] == "decision" and r["source"] == "alert"]
+
+
+# -- vLLM's multiprocessing executor across the nodes -------------------------------------------------------------
+
+SERVING = ("vllm", "vllm_executor", "ray", "peer_compare")
+
+
+def test_mp_executor_layout() -> None:
+    with Cluster({"dgx-a": "head", "dgx-b": "worker"}) as cluster:
+        head, worker = cluster["dgx-a"], cluster["dgx-b"]
+        fast = {f"checks.{c}": {"interval_s": 1.0} for c in SERVING}
+        fast["checks.vllm"].update({"startup_grace_s": GRACE_S, "canary": "never"})
+        for node in (head, worker):
+            node.configure(extra=fast, only=SERVING, node={"executor": "mp"})
+        mp = ["--tensor-parallel-size", "2", "--distributed-executor-backend", "mp", "--nnodes", "2",
+              "--master-addr", "dgx-a", "--master-port", "29501"]  # fmt: skip
+        cluster.start_vllm(head, *mp, "--node-rank", "0", "--port", "8000")
+        headless = cluster.start_vllm(worker, *mp, "--node-rank", "1", "--headless")
+        # Each node's /proc holds its own processes only: one `vllm serve` each, its own rank.
+        for node, rank in ((head, "0"), (worker, "1")):
+            seen = node.ns.run(["pgrep", "-af", "vllm serve"]).stdout.splitlines()
+            assert len(seen) == 1 and f"--node-rank {rank}" in seen[0], seen
+        cluster.start_daemons()
+        wait_for("both nodes healthy", lambda: not not_healthy(head, SERVING) and not not_healthy(worker, SERVING),
+                 30, head, worker)  # fmt: skip
+        # Healthy past the start grace: every run for a few seconds more, on both nodes, no WARNING or CRITICAL.
+        until = time.monotonic() + GRACE_S + 3
+        while time.monotonic() < until:
+            for node in (head, worker):
+                assert not not_healthy(node, SERVING), (node.name, not_healthy(node, SERVING))
+            time.sleep(0.5)
+        assert worker.checks()["vllm"]["status"] == "skipped"  # a headless worker serves no API, by design
+        up = head.checks()["vllm_executor"]["summary"]
+        assert "this node is the head" in up and "master dgx-a:29501" in up, up
+
+        headless.stop()  # systemctl stop vllm-worker-mp.service: the worker's vLLM is gone
+        down = wait_for("PEER_MP_WORKER_DOWN at the head", lambda: finding(head, "peer_compare",
+                        "PEER_MP_WORKER_DOWN"), 30, head, worker)  # fmt: skip
+        assert down["status"] == "critical" and down["subject"] == "dgx-b", down
+        assert finding(worker, "vllm_executor", "VLLM_MP_HEADLESS_MISSING") is not None
