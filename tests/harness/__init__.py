@@ -28,7 +28,7 @@ from harness.deployment import PORT, Node, copy_program, new_token, wait_for
 from harness.monitoring import Monitoring
 from harness.namespaces import Network, Spawned
 
-__all__ = ["PORT", "Cluster", "Monitoring", "Node", "skip_unless_runnable", "wait_for"]
+__all__ = ["PORT", "PROGRAMS", "Cluster", "Monitoring", "Node", "skip_unless_runnable", "wait_for"]
 
 PROGRAMS = Path(__file__).with_name("programs")
 
@@ -40,9 +40,10 @@ def skip_unless_runnable(with_monitoring: bool = False) -> None:
 
 
 class Cluster:
-    """Nodes by name and role, their network, and (``monitor=True``) Prometheus and Alertmanager on the host."""
+    """Nodes by name and role (None: no role declared), their network, and (``monitor=True``) Prometheus and
+    Alertmanager on the host."""
 
-    def __init__(self, roles: Mapping[str, str], monitor: bool = False) -> None:
+    def __init__(self, roles: Mapping[str, str | None], monitor: bool = False) -> None:
         skip_unless_runnable(monitor)
         # Short: unix socket paths (the notify socket) must fit 107 bytes.
         self.root = Path(tempfile.mkdtemp(prefix="dgxh-", dir="/tmp"))
@@ -114,6 +115,6 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster(roles: Mapping[str, str], monitor: bool = False) -> Iterator[Cluster]:
+def cluster(roles: Mapping[str, str | None], monitor: bool = False) -> Iterator[Cluster]:
     with Cluster(roles, monitor) as made:
         yield made

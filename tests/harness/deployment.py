@@ -109,7 +109,9 @@ def tables(doc: dict[str, dict[str, Any]]) -> str:
 class Node:
     """One dgxdoctor node: namespaces, the installed layout, its daemon and the processes it watches."""
 
-    def __init__(self, name: str, role: str, ns: NodeNamespaces, root: Path, token: str, peers: Sequence[str]) -> None:
+    def __init__(
+        self, name: str, role: str | None, ns: NodeNamespaces, root: Path, token: str, peers: Sequence[str]
+    ) -> None:
         self.name, self.role, self.ns, self.root = name, role, ns, root
         self.peers = list(peers)
         self.daemon: Spawned | None = None
@@ -158,6 +160,8 @@ class Node:
         the keys added), every check not in ``only`` turned off (all on when None)."""
         doc = readme_config()
         doc["node"].update({"name": self.name, "role": self.role, **(node or {})})
+        if self.role is None:  # no role declared (the README's `role` line left out)
+            del doc["node"]["role"]
         token_file = doc["daemon"]["token_file"].replace("/etc/dgxdoctor", str(self.etc))
         doc["daemon"].update({"token_file": token_file, "peers": self.peers})
         doc["paths"] = {"state_dir": str(self.state), "kmsg_path": str(self.kmsg)}
