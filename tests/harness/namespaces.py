@@ -239,6 +239,13 @@ class Network:
             node.create(self.bridge)
             assert not ip("-n", node.netns, "route", "show", "default").stdout.strip()
 
+    def isolate(self, on: bool = True) -> None:
+        """Cut (or restore) the links between the nodes, leaving each reachable from the host: the bridge stops
+        forwarding between its node ports (``bridge link set ... isolated on``)."""
+        for node in self.nodes.values():
+            subprocess.run(["bridge", "link", "set", "dev", node.veth, "isolated", "on" if on else "off"],
+                           check=True, capture_output=True, timeout=15)  # fmt: skip
+
     def _remove(self) -> None:
         for node in self.nodes.values():
             remove_netns(node.netns, node.veth)
