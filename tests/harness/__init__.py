@@ -93,11 +93,18 @@ class Cluster:
 
     # -- stand-ins for what the nodes serve ---------------------------------------------------------------------
 
-    def start_vllm(self, node: Node, *args: str, model: str = "/models/tiny") -> Spawned:
-        """``vllm serve MODEL ARGS`` on ``node`` (the stand-in of programs/vllm.py, named ``vllm``)."""
+    def start_vllm(self, node: Node, *args: str, model: str = "/models/tiny", stalled: bool = False) -> Spawned:
+        """``vllm serve MODEL ARGS`` on ``node`` (the stand-in of programs/vllm.py, named ``vllm``). ``stalled``:
+        its engine has requests in flight and makes no progress (what a stopped rank does to every rank)."""
         program = copy_program(PROGRAMS / "vllm.py", node.bin / "vllm")
         argv = [sys.executable, str(program), "serve", model, "--served-model-name", "tiny", *args]
-        return node.ns.spawn(argv, log=node.root / "vllm.log", cwd=node.root)
+        env = {**os.environ, "VLLM_STANDIN_ENGINE": "stalled" if stalled else "idle"}
+        return node.ns.spawn(argv, env=env, log=node.root / "vllm.log", cwd=node.root)
+
+    def systemctl_calls(self) -> list[str]:
+        """Every node's fake systemctl calls in call order, each ``NODE: VERB UNIT``."""
+        path = self.root / "systemctl.calls"
+        return path.read_text().splitlines() if path.exists() else []
 
     def start_ray_head(self, node: Node, scenario: str = "healthy") -> Path:
         """The Ray head's listeners on ``node`` answering the captures of ``scenario``; the file to write to

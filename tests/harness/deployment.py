@@ -43,7 +43,9 @@ UNIT = REPO / "systemd" / "dgxdoctor.service"
 README = REPO / "README.md"
 PORT = 9835  # the daemon's default listen port, as the README's curl and peers use it
 SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # what systemd gives a service
-FAKE_SYSTEMCTL = '#!/bin/sh\nprintf "%s\\n" "$*" >> "{calls}"\nexit 0\n'
+# Each call: "VERB UNIT" in the node's ROOT/systemctl.calls, "NODE: VERB UNIT" in the cluster's (the order across
+# nodes); it succeeds.
+FAKE_SYSTEMCTL = '#!/bin/sh\nprintf "%s\\n" "$*" >> "{calls}"\nprintf "{node}: %s\\n" "$*" >> "{everyone}"\nexit 0\n'
 
 
 def unit_values(key: str) -> list[str]:
@@ -132,7 +134,8 @@ class Node:
         self.journal.mkdir(parents=True)
         self.bin.mkdir(parents=True)
         systemctl = self.bin / "systemctl"
-        systemctl.write_text(FAKE_SYSTEMCTL.format(calls=root / "systemctl.calls"))
+        everyone = root.parent / "systemctl.calls"
+        systemctl.write_text(FAKE_SYSTEMCTL.format(calls=root / "systemctl.calls", node=name, everyone=everyone))
         systemctl.chmod(0o755)
 
     # -- layout ------------------------------------------------------------------------------------------------
@@ -194,8 +197,11 @@ class Node:
             env["WATCHDOG_USEC"] = str(int(float(unit_value("WatchdogSec").rstrip("s")) * 1_000_000))
         return env
 
-    def start_daemon(self, limit_s: float = 60.0) -> float:
-        """Start `dgxdoctor run` as the unit does and wait for READY=1; the seconds it took."""
+    def start_daemon(self, limit_s: float = 60.0, program: Sequence[str] | None = None,
+                     env: dict[str, str] | None = None) -> float:  # fmt: skip
+        """Start `dgxdoctor run` as the unit does and wait for READY=1; the seconds it took. ``program`` (run with
+        the config's path after it) replaces the unit's for a daemon with a hardware seam filled (the NVML capture
+        of tests/faults/agent.py); ``env`` is added to the unit's."""
         nofile = int(unit_value("LimitNOFILE"))
         nice = int(unit_value("Nice"))
         umask = int(unit_value("UMask"), 8)
@@ -211,7 +217,8 @@ class Node:
         self.notify = notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         notify.bind(str(notify_path))
         t0 = time.monotonic()
-        self.daemon = self.ns.spawn(self.unit_argv(), env=self.unit_env(notify_path), log=self.log_path,
+        argv = [*program, str(self.config)] if program else self.unit_argv()
+        self.daemon = self.ns.spawn(argv, env={**self.unit_env(notify_path), **(env or {})}, log=self.log_path,
                                     cwd=Path("/"), preexec=limits)  # fmt: skip
         notify.settimeout(0.5)
         while True:

@@ -152,6 +152,7 @@ def test_mp_executor_layout() -> None:
         for node, rank in ((head, "0"), (worker, "1")):
             seen = node.ns.run(["pgrep", "-af", "vllm serve"]).stdout.splitlines()
             assert len(seen) == 1 and f"--node-rank {rank}" in seen[0], seen
+            assert node.ns.run(["pgrep", "-f", "pytest"]).stdout == ""  # nor the test running them
         cluster.start_daemons()
         wait_for("both nodes healthy", lambda: not not_healthy(head, SERVING) and not not_healthy(worker, SERVING),
                  30, head, worker)  # fmt: skip

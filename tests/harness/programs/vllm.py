@@ -16,11 +16,13 @@ import subprocess
 import sys
 import threading
 
+# VLLM_STANDIN_ENGINE=stalled: requests in flight and no counter moving (an engine that makes no step).
+STALLED = os.environ.get("VLLM_STANDIN_ENGINE") == "stalled"
 METRICS = (
     "# TYPE vllm:num_requests_running gauge\n"
-    'vllm:num_requests_running{{engine="0",model_name="{model}"}} 0.0\n'
+    'vllm:num_requests_running{{engine="0",model_name="{model}"}} {running}\n'
     "# TYPE vllm:num_requests_waiting gauge\n"
-    'vllm:num_requests_waiting{{engine="0",model_name="{model}"}} 0.0\n'
+    'vllm:num_requests_waiting{{engine="0",model_name="{model}"}} {waiting}\n'
     "# TYPE vllm:kv_cache_usage_perc gauge\n"
     'vllm:kv_cache_usage_perc{{engine="0",model_name="{model}"}} 0.0\n'
     "# TYPE vllm:generation_tokens_total counter\n"
@@ -81,7 +83,13 @@ def main():
             elif self.path == "/v1/models":
                 self.send(json.dumps({"object": "list", "data": [{"id": model, "object": "model"}]}).encode())
             elif self.path == "/metrics":
-                self.send(METRICS.format(model=model, tokens=float(tokens[0])).encode(), "text/plain; version=0.0.4")
+                text = METRICS.format(
+                    model=model,
+                    tokens=float(1200 if STALLED else tokens[0]),
+                    running=4.0 if STALLED else 0.0,
+                    waiting=2.0 if STALLED else 0.0,
+                )
+                self.send(text.encode(), "text/plain; version=0.0.4")
             else:
                 self.send_error(404)
 
