@@ -1,11 +1,12 @@
 """One harness for every multi-node test (docs/testing.md): nodes in their own network and PID namespaces
 (namespaces.py), each laid out as the README installs dgxdoctor and running the daemon as its unit does
-(deployment.py), with stand-ins for what the nodes serve (programs/), and a real Prometheus and Alertmanager
-(monitoring.py).
+(deployment.py), the shipped serving units run with stand-in programs (programs/), and a real Prometheus and
+Alertmanager (monitoring.py).
 
-    with Cluster(tmp_path, {"dgx-a": "head", "dgx-b": "worker"}) as cluster:
+    with Cluster({"dgx-a": "head", "dgx-b": "worker"}, monitor=True) as cluster:
         a, b = cluster["dgx-a"], cluster["dgx-b"]
         a.configure(extra={...}, only=("vllm", "ray")); b.configure(...)
+        cluster.start_unit(a, "vllm.service")
         cluster.start_daemons()
 """
 
@@ -13,18 +14,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
 import pytest
 
-from conftest import FIXTURES
+from conftest import FIXTURES, REPO
 from harness import monitoring, namespaces
-from harness.deployment import PORT, Node, copy_program, new_token, wait_for
+from harness.deployment import PORT, SYSTEMD_PATH, Node, copy_program, new_token, wait_for
 from harness.monitoring import Monitoring
 from harness.namespaces import Network, Spawned
 
@@ -80,11 +82,12 @@ class Cluster:
         if not os.environ.get("DGXD_HARNESS_KEEP"):
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def start_daemons(self, names: Sequence[str] | None = None) -> None:
-        """Start the agents, then (when monitored) Prometheus and Alertmanager, and wait until Prometheus has
-        scraped every agent: nothing a test does after this is missed by the first scrape."""
-        for name in names or list(self.nodes):
-            self.nodes[name].start_daemon()
+    def start_daemons(self, program: Sequence[str] | None = None, env: dict[str, str] | None = None) -> None:
+        """Start every node's agent (Node.start_daemon: ``program`` and ``env`` for a seam filled), then (when
+        monitored) Prometheus and Alertmanager, and wait until Prometheus has scraped every agent: nothing a test
+        does after this is missed by the first scrape."""
+        for node in self.nodes.values():
+            node.start_daemon(program=program, env=env)
         if self.monitoring is not None:
             self.monitoring.start()
             prometheus, expected = self.monitoring, float(len(self.nodes))
@@ -106,22 +109,38 @@ class Cluster:
         path = self.root / "systemctl.calls"
         return path.read_text().splitlines() if path.exists() else []
 
-    def start_ray_head(self, node: Node, scenario: str = "healthy") -> Path:
-        """The Ray head's listeners on ``node`` answering the captures of ``scenario``; the file to write to
-        change the scenario."""
-        program = copy_program(PROGRAMS / "ray_head.py", node.bin / "ray-head-standin")
-        control = node.root / "ray-scenario"
-        control.write_text(scenario)
-        node.ns.spawn([sys.executable, str(program), str(FIXTURES / "ray"), str(control)], log=node.root / "ray.log")
-        return control
+    def start_unit(self, node: Node, unit: str, **environment: str) -> Spawned:
+        """Start a shipped serving unit (``systemd/UNIT``: vllm.service, vllm-head-mp.service, ray-head.service, ...)
+        on ``node`` as systemd would, its program a stand-in: ExecStart with ``/opt/vllm/bin/vllm`` and ``ray`` the
+        programs of programs/, its ``Environment=`` (``environment``: the site's values, as an operator edits
+        them), then its ``EnvironmentFile=`` (the node's ROOT/etc/nccl.env, Node.install_nccl_env), ``${VAR}``
+        expanded."""
+        text = (REPO / "systemd" / unit).read_text()
+        env = {"PATH": f"{node.bin}:{SYSTEMD_PATH}", "LANG": "C.UTF-8", "RAY_STANDIN_FIXTURES": str(FIXTURES / "ray"),
+               "RAY_STANDIN_SCENARIO": str(node.root / "ray-scenario"), "VLLM_STANDIN_ENGINE": "idle"}  # fmt: skip
+        for assignment in re.findall(r"^Environment=(.*)$", text, re.MULTILINE):
+            key, _, value = assignment.strip().partition("=")
+            env[key] = environment.pop(key, value)
+        env.update(environment)
+        for path in re.findall(r"^EnvironmentFile=(.*)$", text, re.MULTILINE):
+            env.update(parse_env_file(node.root / path.strip().lstrip("-/")))
+        (exec_start,) = re.findall(r"^ExecStart=(.*)$", text, re.MULTILINE)
+        argv = [re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], a) for a in exec_start.split()]
+        name = Path(argv[0]).name
+        assert argv[0] == f"/opt/vllm/bin/{name}" and name in ("vllm", "ray"), argv
+        program = copy_program(PROGRAMS / f"{name}.py", node.bin / name)
+        if name == "ray":
+            copy_program(Path(shutil.which("sleep") or "/bin/sleep"), node.bin / "raylet")
+            (node.root / "ray-scenario").write_text("healthy")
+        return node.ns.spawn([sys.executable, str(program), *argv[1:]], env=env, log=node.root / f"{unit}.log")
 
-    def start_raylet(self, node: Node) -> Spawned:
-        """A process named ``raylet`` (what a worker's ray check looks for), idle."""
-        program = copy_program(Path(shutil.which("sleep") or "/bin/sleep"), node.bin / "raylet")
-        return node.ns.spawn([str(program), "infinity"])
+    @staticmethod
+    def ray_scenario(node: Node, scenario: str) -> None:
+        """What the head's Ray dashboard (ray-head.service's stand-in) answers from now on: ``dead``, ..."""
+        (node.root / "ray-scenario").write_text(scenario)
 
 
-@contextlib.contextmanager
-def cluster(roles: Mapping[str, str | None], monitor: bool = False) -> Iterator[Cluster]:
-    with Cluster(roles, monitor) as made:
-        yield made
+def parse_env_file(path: Path) -> dict[str, str]:
+    """``KEY=VALUE`` lines of an EnvironmentFile (comments and blank lines skipped)."""
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line and not line.startswith("#"))
+    return {key.strip(): value.strip().strip('"') for key, value in pairs}

@@ -178,6 +178,18 @@ class Node:
                     doc[f"checks.{factory.name}"] = {**doc.get(f"checks.{factory.name}", {}), "enabled": False}
         self.config.write_text(tables(doc))
 
+    def install_nccl_env(self, **site: str) -> None:
+        """The README's `install systemd/nccl.env as /etc/nccl.env and systemd/nccl.sh as /etc/profile.d/nccl.sh`,
+        into ROOT, with the site's values (``site``: the lines an operator edits, e.g. NCCL_SOCKET_IFNAME)."""
+        lines = []
+        for line in (REPO / "systemd" / "nccl.env").read_text().splitlines():
+            key = line.split("=", 1)[0]
+            lines.append(f"{key}={site.pop(key)}" if "=" in line and not line.startswith("#") and key in site else line)
+        assert not site, f"not in systemd/nccl.env: {site}"
+        (self.root / "etc" / "profile.d").mkdir(parents=True, exist_ok=True)
+        (self.root / "etc" / "nccl.env").write_text("\n".join(lines) + "\n")
+        shutil.copyfile(REPO / "systemd" / "nccl.sh", self.root / "etc" / "profile.d" / "nccl.sh")
+
     # -- the daemon, as the unit runs it ------------------------------------------------------------------------
 
     def unit_argv(self) -> list[str]:

@@ -106,10 +106,15 @@ class Monitoring:
         result = self.query(expr)
         return float(result[0]["value"][1]) if result else None
 
+    def alerts(self) -> list[dict[str, Any]]:
+        """Prometheus's active alerts, pending and firing."""
+        found: list[dict[str, Any]] = httpx.get(f"{self.prometheus_url}/api/v1/alerts", timeout=5).json()["data"][
+            "alerts"]  # fmt: skip
+        return found
+
     def firing(self, alertname: str) -> list[dict[str, Any]]:
         """Prometheus's firing alerts of that name (not pending)."""
-        doc = httpx.get(f"{self.prometheus_url}/api/v1/alerts", timeout=5).json()
-        return [a for a in doc["data"]["alerts"] if a["labels"]["alertname"] == alertname and a["state"] == "firing"]
+        return [a for a in self.alerts() if a["labels"]["alertname"] == alertname and a["state"] == "firing"]
 
     def alertmanager_alerts(self, alertname: str) -> list[dict[str, Any]]:
         alerts = httpx.get(f"{self.alertmanager_url}/api/v2/alerts", timeout=5).json()

@@ -1,32 +1,40 @@
 """The documented deployment as a test, on the multi-node harness (tests/harness, docs/testing.md).
 
 Two nodes, each in its own network and PID namespace, laid out as the README installs dgxdoctor (config.toml and
-token under an /etc/dgxdoctor of its own, the daemon started as systemd/dgxdoctor.service starts it, observe mode:
-no [remediation] table), a private kernel log, a fake systemctl and a journal written through
-systemd-journal-remote; a real Prometheus loading `dgxdoctor rules` that scrapes both agents before the first
-fault, and a real Alertmanager routing to the head's /alertmanager with the token (docs/remediation.md).
+token under an /etc/dgxdoctor of its own, every check on, observe mode: no [remediation] table; the daemon started
+as systemd/dgxdoctor.service starts it), a private kernel log, a fake systemctl and a journal written through
+systemd-journal-remote; vLLM and Ray started from the shipped units (systemd/vllm.service, ray-head.service,
+ray-worker.service, the mp units) with stand-in programs, the README's nccl.env installed; a real Prometheus
+loading `dgxdoctor rules` that scrapes both agents before the first fault, and a real Alertmanager routing to the
+head's /alertmanager with the token (docs/remediation.md).
 
-- ``test_first_fault_of_each_acting_alert``: the first fault of each alert that carries ``dgxdoctor_action``,
-  all three at once, followed layer by layer: the check's finding, the metric, the alert firing in Prometheus,
-  its arrival at the webhook, the decision in the audit.
-- ``test_mp_executor_layout``: vLLM's multiprocessing executor across the nodes (a head ``--nnodes 2 --node-rank
-  0``, a worker ``--headless``; stand-in processes with vLLM's argv): no WARNING or CRITICAL on either node past
+- ``test_first_fault_of_each_acting_alert``: the whole deployment healthy (no check WARNING, CRITICAL or UNKNOWN
+  on either node, no alert pending), then the first fault of each alert that carries ``dgxdoctor_action``, all
+  three at once, followed layer by layer: the check's finding, the metric, the alert firing in Prometheus, its
+  arrival at the webhook, the decision in the audit. The hardware comes through its seams: the healthy InfiniBand
+  sysfs tree, the GPUs of the H200 capture through NVML's (tests/faults/agent.py runs the daemon with it).
+- ``test_mp_executor_layout``: vLLM's multiprocessing executor across the nodes (the head's unit runs ``--nnodes 2
+  --node-rank 0``, the worker's ``--headless``): no WARNING or CRITICAL on either node for the serving checks past
   the start grace; the worker's vLLM stopped, the head names the worker.
 
-About 90 s on two busy cores (two ``for: 30s`` alerts dominate).
+About 60 s together on two busy cores (the two ``for: 30s`` alerts dominate).
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from conftest import REPO
 from harness import Cluster, Node, wait_for
 from journalwriter import journal_remote, write_journal
+from sysfstree import build_sysfs_tree
 
 pytestmark = pytest.mark.integration
 
@@ -36,15 +44,17 @@ NCCL_TIMEOUT = (
     "timeout: WorkNCCL(SeqNum=7753, OpType=_REDUCE_SCATTER_BASE, NumelIn=544997376, NumelOut=68124672, "
     "Timeout(ms)=600000) ran for 600061 milliseconds before timing out."
 )
-BAD = ("warning", "critical")
 GRACE_S = 3.0
+AGENT = Path(__file__).resolve().parents[1] / "faults" / "agent.py"  # `dgxdoctor run` with the NVML capture
 
 
-def not_healthy(node: Node, checks: tuple[str, ...]) -> dict[str, str]:
-    """Checks of ``checks`` that are WARNING or CRITICAL (or not run yet) on ``node``: check -> summary."""
+def not_healthy(node: Node, checks: tuple[str, ...] | None = None) -> dict[str, str]:
+    """Checks (of ``checks``, else every enabled one) WARNING, CRITICAL or UNKNOWN on ``node`` (or not run yet):
+    check -> summary."""
     results = node.checks()
-    return {c: results.get(c, {}).get("summary", "not run yet") for c in checks
-            if results.get(c, {}).get("status", "missing") in (*BAD, "missing")}  # fmt: skip
+    wanted = checks or tuple(results) or ("any",)
+    return {c: results.get(c, {}).get("summary", "not run yet") for c in wanted
+            if results.get(c, {}).get("status", "missing") not in ("ok", "skipped")}  # fmt: skip
 
 
 def finding(node: Node, check: str, code: str) -> dict[str, Any] | None:
@@ -66,37 +76,50 @@ ACTING_ALERTS = {
 }
 
 
+def site_config(node: Node) -> dict[str, dict[str, Any]]:
+    """What the site sets beside the README's config: the node's hardware as the harness gives it (the healthy
+    InfiniBand tree, the NVML capture's 2 GPUs), nccl.env installed under ROOT, the serving checks every second."""
+    sysfs = build_sysfs_tree(node.root / "sys", "dgx_ndr_healthy.txt")
+    node.install_nccl_env(NCCL_SOCKET_IFNAME="eth0", GLOO_SOCKET_IFNAME="eth0", VLLM_HOST_IP=node.ip)
+    every_second = {"interval_s": 1.0}
+    return {
+        "paths": {"sysfs_root": str(sysfs), "host_root": str(node.root)},
+        "checks.gpu": {"expected_count": 2},
+        "checks.nccl_env": {"env_file": str(node.root / "etc" / "profile.d" / "nccl.sh")},
+        # No NCCL runs in the stand-in vLLM: no RAS to ask (test_ras_*.py asks a real one and recordings).
+        "checks.ras": {"enabled": False},
+        "checks.vllm": {**every_second, "startup_grace_s": GRACE_S},
+        "checks.ray": every_second,
+        "checks.logs": every_second,
+    }
+
+
 def test_first_fault_of_each_acting_alert() -> None:
     journal_remote()  # skips naming the package when it is missing
     with Cluster({"dgx-a": "head", "dgx-b": "worker"}, monitor=True) as cluster:
         head, worker = cluster["dgx-a"], cluster["dgx-b"]
-        every_second = {"interval_s": 1.0}
-        head.configure(
-            extra={"checks.vllm": {**every_second, "startup_grace_s": GRACE_S, "canary": "never"},
-                   "checks.ray": every_second, "checks.logs": every_second, "checks.xid": every_second},
-            only=("vllm", "ray", "logs", "xid"),
-        )  # fmt: skip
-        worker.configure(extra={"checks.ray": every_second, "checks.logs": every_second}, only=("ray", "logs", "xid"))
-        vllm = cluster.start_vllm(head)  # vllm.service: `vllm serve` with the API server on :8000
-        ray_scenario = cluster.start_ray_head(head)  # ray-head.service: the dashboard and GCS listening
-        cluster.start_raylet(worker)  # ray-worker.service
-        cluster.start_daemons()  # and Prometheus has scraped both agents
+        for node in (head, worker):
+            node.configure(extra=site_config(node))  # every check on, as the README's install leaves them
+        cluster.start_unit(head, "ray-head.service")
+        vllm = cluster.start_unit(head, "vllm.service")
+        cluster.start_unit(worker, "ray-worker.service")
+        # The agents with their GPUs through NVML's seam (tests/faults/agent.py: the H200 capture), else as the unit.
+        cluster.start_daemons([sys.executable, str(AGENT)], {"PYTHONPATH": f"{AGENT.parents[1]}:{REPO / 'src'}"})
         monitoring = cluster.monitoring
         assert monitoring is not None
         time.sleep(GRACE_S)
-        checks = ("vllm", "ray", "logs", "xid")
-        wait_for("both nodes healthy", lambda: not not_healthy(head, checks) and not not_healthy(worker, checks[1:]),
-                 30, head, worker)  # fmt: skip
+        wait_for("both nodes healthy", lambda: not not_healthy(head) and not not_healthy(worker), 60, head, worker)
         # Before the first fault, Prometheus holds the counter DgxdoctorNcclFailure's increase() reads, at 0: the
         # first event moves it (the findings' gauges need no baseline: `> 0` for 30 s fires on a new series).
         series = 'dgxdoctor_logs_signature_matches_total{node="dgx-a",code="NCCL_TIMEOUT"}'
         wait_for(f"{series} at 0 in Prometheus", lambda: monitoring.value(series) == 0.0, 30, head)
         assert not [r for r in head.audit() if r["event"] == "decision"], head.audit()
+        assert monitoring.alerts() == []  # nothing pending or firing on the healthy deployment
 
         # The first fault of each, at once: vLLM's process dies; the head's dashboard reports the worker node DEAD
         # (the capture of a real Ray head); torch's NCCL watchdog line lands in vllm.service's journal.
         vllm.signal(signal.SIGKILL)
-        ray_scenario.write_text("dead")
+        cluster.ray_scenario(head, "dead")
         write_journal(head.journal, [("vllm.service", NCCL_TIMEOUT)])
         t0 = time.monotonic()
 
@@ -138,16 +161,16 @@ SERVING = ("vllm", "vllm_executor", "ray", "peer_compare")
 
 
 def test_mp_executor_layout() -> None:
+    """The shipped vllm-head-mp.service and vllm-worker-mp.service (their HEAD_ADDR the site's), stand-ins."""
     with Cluster({"dgx-a": "head", "dgx-b": "worker"}) as cluster:
         head, worker = cluster["dgx-a"], cluster["dgx-b"]
         fast = {f"checks.{c}": {"interval_s": 1.0} for c in SERVING}
         fast["checks.vllm"].update({"startup_grace_s": GRACE_S, "canary": "never"})
         for node in (head, worker):
+            node.install_nccl_env(VLLM_HOST_IP=node.ip)
             node.configure(extra=fast, only=SERVING, node={"executor": "mp"})
-        mp = ["--tensor-parallel-size", "2", "--distributed-executor-backend", "mp", "--nnodes", "2",
-              "--master-addr", "dgx-a", "--master-port", "29501"]  # fmt: skip
-        cluster.start_vllm(head, *mp, "--node-rank", "0", "--port", "8000")
-        headless = cluster.start_vllm(worker, *mp, "--node-rank", "1", "--headless")
+        cluster.start_unit(head, "vllm-head-mp.service", HEAD_ADDR=head.ip)
+        headless = cluster.start_unit(worker, "vllm-worker-mp.service", HEAD_ADDR=head.ip)
         # Each node's /proc holds its own processes only: one `vllm serve` each, its own rank.
         for node, rank in ((head, "0"), (worker, "1")):
             seen = node.ns.run(["pgrep", "-af", "vllm serve"]).stdout.splitlines()
@@ -163,8 +186,10 @@ def test_mp_executor_layout() -> None:
                 assert not not_healthy(node, SERVING), (node.name, not_healthy(node, SERVING))
             time.sleep(0.5)
         assert worker.checks()["vllm"]["status"] == "skipped"  # a headless worker serves no API, by design
-        up = head.checks()["vllm_executor"]["summary"]
-        assert "this node is the head" in up and "master dgx-a:29501" in up, up
+        master = f"master {head.ip}:29501"
+        assert f"{master}: this node is the head" in head.checks()["vllm_executor"]["summary"]
+        assert f"{master}: this node is the headless worker" in worker.checks()["vllm_executor"]["summary"]
+        assert worker.sample("dgxdoctor_vllm_mp_master_reachable", master=f"{head.ip}:29501") == 1.0
 
         headless.stop()  # systemctl stop vllm-worker-mp.service: the worker's vLLM is gone
         down = wait_for("PEER_MP_WORKER_DOWN at the head", lambda: finding(head, "peer_compare",

@@ -42,6 +42,7 @@ def parse(argv):
     p.add_argument("--master-addr", default="127.0.0.1")
     p.add_argument("--master-port", type=int, default=29501)
     p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--distributed-executor-backend")
     p.add_argument("--headless", action="store_true")
     args, _ = p.parse_known_args(argv)
     return args
@@ -52,9 +53,10 @@ def main():
     model = args.served_model_name or args.model
     tokens = [0]
     per_node = max(1, args.tensor_parallel_size // args.nnodes)
+    mp = args.nnodes > 1 or args.distributed_executor_backend == "mp"  # Ray's ranks are Ray's actors, not ours
     ranks = [
         subprocess.Popen([f"VLLM::Worker_TP{args.node_rank * per_node + r}", "infinity"], executable="/bin/sleep")
-        for r in range(per_node)
+        for r in range(per_node if mp else 0)
     ]
 
     def stop(*_):
