@@ -16,8 +16,10 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -29,6 +31,7 @@ from harness import monitoring, namespaces
 from harness.deployment import PORT, SYSTEMD_PATH, Node, copy_program, new_token, wait_for
 from harness.monitoring import Monitoring
 from harness.namespaces import Network, Spawned
+from journalwriter import write_journal
 
 __all__ = ["PORT", "PROGRAMS", "Cluster", "Monitoring", "Node", "skip_unless_runnable", "wait_for"]
 
@@ -124,6 +127,7 @@ class Cluster:
         env.update(environment)
         for path in re.findall(r"^EnvironmentFile=(.*)$", text, re.MULTILINE):
             env.update(parse_env_file(node.root / path.strip().lstrip("-/")))
+        env["STANDIN_SAY"] = str(node.root / f"{unit}.say")  # Cluster.say
         (exec_start,) = re.findall(r"^ExecStart=(.*)$", text, re.MULTILINE)
         argv = [re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], a) for a in exec_start.split()]
         name = Path(argv[0]).name
@@ -132,7 +136,31 @@ class Cluster:
         if name == "ray":
             copy_program(Path(shutil.which("sleep") or "/bin/sleep"), node.bin / "raylet")
             (node.root / "ray-scenario").write_text("healthy")
-        return node.ns.spawn([sys.executable, str(program), *argv[1:]], env=env, log=node.root / f"{unit}.log")
+        started = node.ns.spawn([sys.executable, str(program), *argv[1:]], env=env, pipe=True)
+        # The unit's output goes to the journal, as systemd's does (no StandardOutput= in the shipped units).
+        threading.Thread(target=self._journal, args=(node, unit, name, started), daemon=True).start()
+        return started
+
+    @staticmethod
+    def _journal(node: Node, unit: str, ident: str, started: Spawned) -> None:
+        """Each line ``started`` prints, into ``node``'s journal as ``unit``'s, then into ROOT/UNIT.log."""
+        assert started.outer.stdout is not None
+        with (node.root / f"{unit}.log").open("ab") as log:
+            for raw in started.outer.stdout:
+                line = raw.decode(errors="replace").rstrip("\n")
+                if line:
+                    write_journal(node.journal, [(unit, line)], pid=started.pid, file=unit, ident=ident)
+                log.write(raw)  # after the journal: a line in the log is in the journal
+                log.flush()
+
+    @staticmethod
+    def say(node: Node, unit: str, started: Spawned, *lines: str) -> None:
+        """Make the stand-in of ``unit`` print ``lines`` to its output, as vLLM's processes print torch's NCCL
+        watchdog line; returns once they are in the unit's journal."""
+        (node.root / f"{unit}.say").write_text("".join(f"{line}\n" for line in lines))
+        started.signal(signal.SIGUSR1, group=False)
+        log = node.root / f"{unit}.log"
+        wait_for(f"{unit}'s lines in its journal", lambda: all(line in log.read_text() for line in lines), 30, node)
 
     @staticmethod
     def ray_scenario(node: Node, scenario: str) -> None:

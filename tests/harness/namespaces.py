@@ -148,10 +148,14 @@ class NodeNamespaces:
         cwd: Path | None = None,
         stdin: int | IO[bytes] | None = subprocess.DEVNULL,
         preexec: Callable[[], object] | None = None,
+        pipe: bool = False,
     ) -> Spawned:
-        """Start ``argv`` inside the node, in a session of its own (a unit's processes form one group)."""
+        """Start ``argv`` inside the node, in a session of its own (a unit's processes form one group). Its output
+        goes to ``log``, or with ``pipe`` to ``Spawned.outer.stdout`` for the caller to read."""
         with contextlib.ExitStack() as stack:
-            out = stack.enter_context(log.open("ab")) if log else subprocess.DEVNULL
+            out: int | IO[bytes] = subprocess.PIPE if pipe else subprocess.DEVNULL
+            if log and not pipe:
+                out = stack.enter_context(log.open("ab"))
             outer = subprocess.Popen(
                 [*self.enter(cwd), "--", "setsid", *argv],
                 env=env,

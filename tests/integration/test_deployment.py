@@ -9,8 +9,8 @@ loading `dgxdoctor rules` that scrapes both agents before the first fault, and a
 head's /alertmanager with the token (docs/remediation.md).
 
 - ``test_first_fault_of_each_acting_alert``: the whole deployment healthy (no check WARNING, CRITICAL or UNKNOWN
-  on either node, no alert pending), then the first fault of each alert that carries ``dgxdoctor_action``, all
-  three at once, followed layer by layer: the check's finding, the metric, the alert firing in Prometheus, its
+  on either node, no alert pending), then the first fault of each alert that carries ``dgxdoctor_action``, the
+  three within a second, followed layer by layer: the check's finding, the metric, the alert firing in Prometheus, its
   arrival at the webhook, the decision in the audit. The hardware comes through its seams: the healthy InfiniBand
   sysfs tree, the GPUs of the H200 capture through NVML's (tests/faults/agent.py runs the daemon with it).
 - ``test_mp_executor_layout``: vLLM's multiprocessing executor across the nodes (the head's unit runs ``--nnodes 2
@@ -23,6 +23,7 @@ About 60 s together on two busy cores (the two ``for: 30s`` alerts dominate).
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO
 from harness import Cluster, Node, wait_for
-from journalwriter import journal_remote, write_journal
+from journalwriter import journal_remote
 from sysfstree import build_sysfs_tree
 
 pytestmark = pytest.mark.integration
@@ -116,12 +117,16 @@ def test_first_fault_of_each_acting_alert() -> None:
         wait_for(f"{series} at 0 in Prometheus", lambda: monitoring.value(series) == 0.0, 30, head)
         assert not [r for r in head.audit() if r["event"] == "decision"], head.audit()
         assert monitoring.alerts() == []  # nothing pending or firing on the healthy deployment
+        # The units' output is in their journal, as journalctl shows it to an operator.
+        shown = subprocess.run(["journalctl", f"--directory={head.journal}", "-u", "vllm.service", "-o", "cat"],
+                               capture_output=True, text=True, timeout=30, check=True).stdout  # fmt: skip
+        assert "vLLM stand-in: /models/glm, node rank 0 of 1, API server on http://0.0.0.0:8000" in shown, shown
 
-        # The first fault of each, at once: vLLM's process dies; the head's dashboard reports the worker node DEAD
-        # (the capture of a real Ray head); torch's NCCL watchdog line lands in vllm.service's journal.
+        # The first fault of each: torch's NCCL watchdog line in vLLM's output (so in vllm.service's journal), then
+        # vLLM's process dies; the head's dashboard reports the worker node DEAD (the capture of a real Ray head).
+        cluster.say(head, "vllm.service", vllm, NCCL_TIMEOUT)
         vllm.signal(signal.SIGKILL)
         cluster.ray_scenario(head, "dead")
-        write_journal(head.journal, [("vllm.service", NCCL_TIMEOUT)])
         t0 = time.monotonic()
 
         # 1. the check's finding, 2. the metric the alert reads

@@ -49,6 +49,7 @@ def main():
     args = sys.argv[1:]
     assert args[:1] == ["start"] and "--block" in args, f"only `ray start ... --block` is stood in for: {args}"
     raylet = subprocess.Popen([str(Path(sys.argv[0]).with_name("raylet")), "infinity"])
+    print(f"Ray runtime started (stand-in): {' '.join(args)}", flush=True)
     if "--head" not in args:
         raylet.wait()
         return

@@ -65,6 +65,19 @@ def main():
         os._exit(0)
 
     signal.signal(signal.SIGTERM, stop)
+
+    def say(*_):  # the test's lines (STANDIN_SAY), printed as vLLM's processes print theirs
+        with open(os.environ["STANDIN_SAY"]) as lines:
+            sys.stdout.write(lines.read())
+        sys.stdout.flush()
+
+    if "STANDIN_SAY" in os.environ:
+        signal.signal(signal.SIGUSR1, say)
+    where = "headless" if args.headless else f"API server on http://{args.host}:{args.port}"
+    print(
+        f"INFO [api_server.py:1] vLLM stand-in: {args.model}, node rank {args.node_rank} of {args.nnodes}, {where}",
+        flush=True,
+    )
     if args.nnodes > 1 and args.node_rank == 0:
         store = socket.create_server(("0.0.0.0", args.master_port))
 
