@@ -31,7 +31,7 @@ from harness import monitoring, namespaces
 from harness.deployment import PORT, SYSTEMD_PATH, Node, copy_program, new_token, wait_for
 from harness.monitoring import Monitoring
 from harness.namespaces import Network, Spawned
-from journalwriter import write_journal
+from journalwriter import journal_remote, write_journal
 
 __all__ = ["PORT", "PROGRAMS", "Cluster", "Monitoring", "Node", "skip_unless_runnable", "wait_for"]
 
@@ -118,6 +118,7 @@ class Cluster:
         programs of programs/, its ``Environment=`` (``environment``: the site's values, as an operator edits
         them), then its ``EnvironmentFile=`` (the node's ROOT/etc/nccl.env, Node.install_nccl_env), ``${VAR}``
         expanded."""
+        journal_remote()  # the unit's output goes to its journal: skips naming the package when it is missing
         text = (REPO / "systemd" / unit).read_text()
         env = {"PATH": f"{node.bin}:{SYSTEMD_PATH}", "LANG": "C.UTF-8", "RAY_STANDIN_FIXTURES": str(FIXTURES / "ray"),
                "RAY_STANDIN_SCENARIO": str(node.root / "ray-scenario"), "VLLM_STANDIN_ENGINE": "idle"}  # fmt: skip
