@@ -217,7 +217,7 @@ _DRIFT: tuple[tuple[tuple[str, ...], str, Status, str], ...] = (
         "cause of multi-node failures",
     ),
     (
-        ("_version", "kernel_release"),
+        ("_version", "kernel_release", "container.image"),
         "PEER_VERSION_SKEW",
         Status.WARNING,
         "upgrade both nodes together, never one ahead of the other: ray stop --force, align vLLM / Ray / driver / "
@@ -246,7 +246,8 @@ _DRIFT: tuple[tuple[tuple[str, ...], str, Status, str], ...] = (
 )
 
 # Set per node on purpose (the tutorial: "only VLLM_HOST_IP changes per machine").
-IGNORED_FACTS = NODE_LOCAL_FACTS | {"nccl_env.VLLM_HOST_IP", "nccl_env.NCCL_HOSTID"}
+# A container's name is the operator's choice per node (vllm-head, vllm-worker); its image is compared.
+IGNORED_FACTS = NODE_LOCAL_FACTS | {"nccl_env.VLLM_HOST_IP", "nccl_env.NCCL_HOSTID", "container.name"}
 
 UNSET = "(unset)"
 
