@@ -44,7 +44,7 @@ EXECUTOR_INFO = MetricSpec(
 LOOKALIKES_IGNORED = MetricSpec(
     "dgxdoctor_vllm_lookalikes_ignored",
     "Processes that look like vLLM's (its argv or a VLLM:: title) left out of the serving vLLM: of another user "
-    "(reason owner) or not the serving process nor below it (reason tree)",
+    "(reason owner), not the serving process nor below it (reason tree), outside [node] container (reason container)",
     labels=("reason",),
 )
 MASTER_REACHABLE = MetricSpec(
@@ -77,7 +77,7 @@ class VllmExecutorCheck(Check[VllmExecutorSettings]):
             b.facts["container.image"] = boxed.state.image
         found = node_processes(env.proc_root, env.serving_uid, members=boxed.pids if boxed is not None else None)
         proc, workers = found.server, found.workers
-        for reason in ("owner", "tree"):
+        for reason in ("owner", "tree", *(("container",) if env.container is not None else ())):
             b.sample(LOOKALIKES_IGNORED, sum(1 for i in found.ignored if i.why == reason), reason=reason)
         ignored = vllm_mp.lookalikes_ignored(found.ignored, proc.pid if proc else None)
         if ignored is not None:

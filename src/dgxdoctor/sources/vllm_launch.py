@@ -154,7 +154,8 @@ class Ignored(Struct, frozen=True):
     pid: int
     uid: int | None
     title: str  # argv[0], as written by whoever started it
-    why: Literal["owner", "tree"]  # another user's; or not the serving process nor below it
+    # another user's; or not the serving process nor below it; or outside [node] container
+    why: Literal["owner", "tree", "container"]
 
 
 class NodeProcesses(Struct, frozen=True):
@@ -222,5 +223,8 @@ def node_processes(
             continue  # the server's own engine, API server processes ...
         if own and server is None:
             continue  # no serving process for them to be outside of (its ranks, orphaned as it died)
-        ignored.append(Ignored(proc.pid, proc.uid, proc.cmdline[0], "tree" if own else "owner"))
+        why: Literal["owner", "tree", "container"] = "tree" if own else "owner"
+        if members is not None and not own:
+            why = "container"
+        ignored.append(Ignored(proc.pid, proc.uid, proc.cmdline[0], why))
     return NodeProcesses(server, workers, ignored)
