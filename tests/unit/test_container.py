@@ -7,6 +7,7 @@ The real engine is tests/integration/test_container_docker.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,12 @@ from conftest import FIXTURES
 from dgxdoctor.config import AlertsSettings, ConfigError, parse_config
 from dgxdoctor.daemon.remediation import make_pager
 from dgxdoctor.judge.consequence import judged
-from dgxdoctor.remediation.actions import VllmTarget
+from dgxdoctor.remediation.actions import VllmTarget, port_impostor
 from dgxdoctor.remediation.audit import AuditLog, guard_state_file
 from dgxdoctor.remediation.engine import Remediator, Targets
 from dgxdoctor.result import CheckResult, Finding, Status
 from dgxdoctor.settings.remediation import RemediationCommands
-from dgxdoctor.sources.commands import CommandResult, run_command_merged
+from dgxdoctor.sources.commands import CommandResult, run_command, run_command_merged
 from dgxdoctor.sources.container import Container, container_processes, parse_inspect, read_logs, stamp_ns
 from dgxdoctor.sources.vllm_launch import node_processes
 from dgxdoctor.validation import validate
@@ -125,15 +126,18 @@ def test_vllms_steps_default_to_the_runtime_and_an_explicit_argv_wins() -> None:
     assert given.vllm("restart", box) == ("/usr/local/bin/restart-vllm",)
 
 
-def _runtime(tmp_path: Path) -> Path:
-    """A stand-in runtime: records each argv, answers ``inspect`` as Docker did for the running container."""
+def _runtime(tmp_path: Path, pid: int | None = None) -> Path:
+    """A stand-in runtime: records each argv, answers ``inspect`` as Docker did for the running container (with
+    ``pid`` as its first process, when given)."""
     prog = tmp_path / "docker"
     record = tmp_path / "argv.log"
+    answer = tmp_path / "inspect.json"
+    doc = json.loads((RECORDED / "inspect_running.json").read_text())
+    if pid is not None:
+        doc[0]["State"]["Pid"] = pid
+    answer.write_text(json.dumps(doc))
     prog.write_text(
-        "#!/bin/sh\n"
-        f'printf "%s\\n" "$*" >> {record}\n'
-        f'if [ "$1" = inspect ]; then cat {RECORDED / "inspect_running.json"}; exit 0; fi\n'
-        'echo "$2"\n'
+        f'#!/bin/sh\nprintf "%s\\n" "$*" >> {record}\nif [ "$1" = inspect ]; then cat {answer}; exit 0; fi\necho "$2"\n'
     )
     prog.chmod(0o755)
     return prog
@@ -219,3 +223,25 @@ def test_a_container_in_the_hosts_pid_namespace_is_its_first_process_and_below(t
     _tree(tmp_path, "pid:[4026531836]")  # --pid=host
     assert sorted(p.pid for p in container_processes(tmp_path, 100)) == [100, 101]
     assert container_processes(tmp_path, 4242) == []  # gone
+
+
+def test_after_a_restart_the_containers_listener_is_vllm_and_no_other_users(tmp_path: Path) -> None:
+    """The verification's port check: the container's server (uid 4242, as a user namespace maps root) listening on
+    base_url's port is believed with [node] container; a listener of a user outside it still is not."""
+    from proctree import TCP_HEADER, tcp_listen_line
+
+    root = tmp_path / "proc"
+    _tree(root, "pid:[4026532456]")
+    (root / "net").mkdir()
+    (root / "net" / "tcp").write_text(TCP_HEADER + tcp_listen_line(0, 18000, 4242, 9001, "0100007F"))
+    (root / "100" / "fd").mkdir()
+    (root / "100" / "fd" / "3").symlink_to("socket:[9001]")
+    target = VllmTarget("http://127.0.0.1:18000", "glm")
+    box = Container("vllm", str(_runtime(tmp_path, pid=100)))
+    assert (
+        port_impostor(target, root, None) == "port 18000 is held by pid 100 of uid 4242, not the serving user: not vLLM"
+    )
+    assert port_impostor(target, root, None, box, run_command) is None
+    (tmp_path / "other").mkdir()
+    elsewhere = Container("vllm", str(_runtime(tmp_path / "other", pid=4343)))  # its first pid: none of these
+    assert port_impostor(target, root, None, elsewhere, run_command) is not None

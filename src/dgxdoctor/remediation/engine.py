@@ -457,7 +457,7 @@ class Remediator:
         cmd, timeout = self.settings.commands, self.settings.command_timeout_s
         with self.env.http_client() as client:
             vllm, env = self.targets.vllm, self.env
-            impostor = partial(port_impostor, vllm, env.proc_root, env.serving_uid)
+            impostor = partial(port_impostor, vllm, env.proc_root, env.serving_uid, env.container, env.run_command)
             verify = partial(verify_vllm, vllm, self.settings.verify_timeout_s, client, self._pause, impostor)
             try:
                 if self.targets.executor == "mp":
