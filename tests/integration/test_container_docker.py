@@ -31,6 +31,7 @@ import pytest
 
 from dgxdoctor.bundle.build import build_bundle
 from dgxdoctor.bundle.items import Sources
+from dgxdoctor.checks.drift import DriftCheck, DriftSettings
 from dgxdoctor.checks.logs import LogsCheck, LogsSettings
 from dgxdoctor.checks.nccl_env import NcclEnvCheck, NcclEnvSettings
 from dgxdoctor.checks.vllm_executor import VllmExecutorCheck, VllmExecutorSettings
@@ -316,3 +317,15 @@ def test_the_bundle_holds_inspect_and_the_log_tail(container: str, tmp_path: Pat
     assert f"HF_TOKEN={HF_TOKEN}" not in json.dumps(doc) and "HF_TOKEN=<redacted>" in doc[0]["Config"]["Env"]
     log = files[f"b/dgx-a/container/{container}.log"].decode()
     assert "Watchdog caught collective operation timeout" in log and "vLLM API server version" in log
+    nccl = files["b/dgx-a/nccl-env.txt"].decode()  # the container's process, uid 4242, is a serving process here
+    assert "NCCL_IB_HCA=mlx5_0" in nccl and HF_TOKEN not in nccl
+
+
+def test_the_version_probe_runs_in_the_container(container: str, tmp_path: Path) -> None:
+    """The serving Python is the container's: the probe goes through docker exec (this image has none, and says so:
+    never the host's python3 answering for it)."""
+    config = _config(container, tmp_path)
+    result = DriftCheck(validate(DriftSettings, {}), config.environment()).run()
+    said = [f.message for f in result.findings if f.code == "SERVING_PYTHON_UNKNOWN"]
+    assert said and f"python3 in container {container}" in said[0], result
+    assert "vllm_version" not in result.facts

@@ -245,3 +245,25 @@ def test_after_a_restart_the_containers_listener_is_vllm_and_no_other_users(tmp_
     (tmp_path / "other").mkdir()
     elsewhere = Container("vllm", str(_runtime(tmp_path / "other", pid=4343)))  # its first pid: none of these
     assert port_impostor(target, root, None, elsewhere, run_command) is not None
+
+
+def test_the_serving_stacks_versions_are_asked_in_the_container(tmp_path: Path) -> None:
+    """drift's probe through the runtime (``docker exec NAME /usr/bin/python3 -I -c PROBE``), with the interpreter
+    of the container's vLLM server; the stand-in runtime answers as that Python would."""
+    from dgxdoctor.checks.drift import DriftCheck, DriftSettings
+
+    root = tmp_path / "proc"
+    _tree(root, "pid:[4026532456]")
+    (root / "100" / "cmdline").write_bytes(b"/usr/bin/python3\0/usr/local/bin/vllm\0serve\0glm\0--headless\0")
+    runtime = _runtime(tmp_path, pid=100)
+    text = runtime.read_text().replace(
+        'echo "$2"', 'echo \'{"python_version": "3.12.3", "vllm_version": "0.32.0", "torch_version": "2.9.0"}\''
+    )
+    runtime.write_text(text)
+    config = parse_config({"node": {"container": "vllm", "container_runtime": str(runtime)},
+                           "paths": {"proc_root": str(root), "state_dir": str(tmp_path)}})  # fmt: skip
+    result = DriftCheck(validate(DriftSettings, {}), config.environment()).run()
+    assert (result.facts["vllm_version"], result.facts["python_version"]) == ("0.32.0", "3.12.3"), result
+    ran = (tmp_path / "argv.log").read_text().splitlines()
+    assert ran[0] == "inspect --type container vllm"
+    assert ran[1].startswith("exec vllm /usr/bin/python3 -I -c import json")

@@ -30,7 +30,7 @@ from dgxdoctor.bundle.collect import Item, Output, command_item
 from dgxdoctor.config import Config
 from dgxdoctor.environment import Environment
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
-from dgxdoctor.sources.container import inspect_argv, logs_argv
+from dgxdoctor.sources.container import inspect_argv, logs_argv, serving
 from dgxdoctor.sources.journal import journal_argv, parse_entry
 from dgxdoctor.sources.kmsg import KmsgReader
 from dgxdoctor.sources.logtail import expand_paths
@@ -258,12 +258,15 @@ def nccl_environment(config: Config, env: Environment) -> Callable[[float], Outp
 
 def _serving_processes(env: Environment) -> list[ProcessInfo]:
     """Ray's and vLLM's processes of root, dgxdoctor's user or ``[node] serving_user`` (another user's look-alikes
-    would fill the eight places with what they chose to put in their environment)."""
+    would fill the eight places with what they chose to put in their environment); with ``[node] container``, those
+    of the container (whatever their uid) first."""
     found = []
-    for proc in iter_processes(env.proc_root):
+    boxed = serving(env.run_command, env.proc_root, env.container).members if env.container is not None else []
+    mine = {p.pid for p in boxed}
+    for proc in [*boxed, *(p for p in iter_processes(env.proc_root) if p.pid not in mine)]:
         try:
-            serving = proc.comm.startswith(SERVING_COMMS) or runs_package(proc.cmdline, "vllm")
-            if serving and trusted_process(proc.uid, None, env.serving_uid):
+            serving_one = proc.comm.startswith(SERVING_COMMS) or runs_package(proc.cmdline, "vllm")
+            if serving_one and (proc.pid in mine or trusted_process(proc.uid, None, env.serving_uid)):
                 found.append(proc)
         except OSError:
             continue

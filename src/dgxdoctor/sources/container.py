@@ -72,9 +72,16 @@ class Container(Struct, frozen=True):
         """``RUNTIME VERB OPTIONS... NAME``: the name last, after every option."""
         return [self.runtime, verb, *options, self.name]
 
-    @property
-    def described(self) -> str:
-        return f"container {self.name} ({Path(self.runtime).name})"
+    def exec_argv(self, *command: str) -> list[str]:
+        """``RUNTIME exec NAME COMMAND...``: what follows the name is the container's argv, never the runtime's."""
+        return [self.runtime, "exec", self.name, *command]
+
+
+def serving_python_in(server: ProcessInfo | None) -> str:
+    """The interpreter of the container's vLLM server as the container sees it: argv[0] when it is a Python
+    (``/usr/bin/python3 /usr/local/bin/vllm serve ...``, as the kernel starts a console script), else ``python3``."""
+    first = server.cmdline[0] if server is not None and server.cmdline else ""
+    return first if first.startswith("/") and Path(first).name.startswith("python") else "python3"
 
 
 class ContainerState(Struct, frozen=True):
