@@ -267,3 +267,41 @@ def test_the_serving_stacks_versions_are_asked_in_the_container(tmp_path: Path) 
     ran = (tmp_path / "argv.log").read_text().splitlines()
     assert ran[0] == "inspect --type container vllm"
     assert ran[1].startswith("exec vllm /usr/bin/python3 -I -c import json")
+
+
+def test_the_vllm_check_asks_the_containers_server_and_not_another_users(tmp_path: Path, fixtures: Path) -> None:
+    """The container's API server (uid 4242, as a user namespace maps root) listening on base_url's port: with
+    [node] container it is vLLM, asked and judged; without, its uid makes it another user's listener, never asked."""
+    from msgspec.structs import replace
+
+    from dgxdoctor.checks.vllm import VllmCheck, VllmSettings
+    from proctree import TCP_HEADER, tcp_listen_line
+
+    root = tmp_path / "proc"
+    _tree(root, "pid:[4026532456]")
+    (root / "100" / "cmdline").write_bytes(b"vllm\0serve\0glm\0--port\x0018000\0")
+    (root / "net").mkdir()
+    (root / "net" / "tcp").write_text(TCP_HEADER + tcp_listen_line(0, 18000, 4242, 9001, "0100007F"))
+    (root / "100" / "fd").mkdir()
+    (root / "100" / "fd" / "3").symlink_to("socket:[9001]")
+    metrics = (fixtures / "vllm" / "metrics-0.32.0-idle.txt").read_text()
+    asked: list[str] = []
+
+    def vllm(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=metrics)
+        return _vllm_api(request)
+
+    settings = VllmSettings(base_url="http://127.0.0.1:18000", canary="never", oneshot_window_s=0, required=True)
+    runtime = _runtime(tmp_path, pid=100)
+    config = parse_config({"node": {"container": "vllm", "container_runtime": str(runtime)},
+                           "paths": {"proc_root": str(root), "state_dir": str(tmp_path)}})  # fmt: skip
+    boxed = replace(config.environment(), http_transport=httpx.MockTransport(vllm))
+    result = VllmCheck(settings, boxed).run()
+    assert result.status is Status.OK and "/health" in asked, result
+    asked.clear()
+    on_host = replace(boxed, container=None)
+    result = VllmCheck(settings, on_host).run()
+    assert result.status is Status.CRITICAL and "held by pid 100 of uid 4242" in result.findings[0].message
+    assert asked == []
