@@ -246,8 +246,7 @@ _DRIFT: tuple[tuple[tuple[str, ...], str, Status, str], ...] = (
 )
 
 # Set per node on purpose (the tutorial: "only VLLM_HOST_IP changes per machine").
-# A container's name is the operator's choice per node (vllm-head, vllm-worker); its image is compared.
-IGNORED_FACTS = NODE_LOCAL_FACTS | {"nccl_env.VLLM_HOST_IP", "nccl_env.NCCL_HOSTID", "container.name"}
+IGNORED_FACTS = NODE_LOCAL_FACTS | {"nccl_env.VLLM_HOST_IP", "nccl_env.NCCL_HOSTID"}
 
 UNSET = "(unset)"
 
