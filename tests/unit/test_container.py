@@ -305,3 +305,22 @@ def test_the_vllm_check_asks_the_containers_server_and_not_another_users(tmp_pat
     result = VllmCheck(settings, on_host).run()
     assert result.status is Status.CRITICAL and "held by pid 100 of uid 4242" in result.findings[0].message
     assert asked == []
+
+
+def test_two_nodes_on_different_images_are_a_version_skew_and_their_names_differ_freely() -> None:
+    """The vllm_executor facts of two nodes' containers through the peer comparison (over HTTP, as the daemon asks)."""
+    from test_compare_verdict import drift_findings, peer_compare
+
+    def node(name: str, image: str) -> list[CheckResult]:
+        facts = {"container.name": name, "container.image": image, "vllm_executor": "ray"}
+        return [CheckResult("vllm_executor", Status.OK, "vLLM pid 1: ray executor", facts=facts)]
+
+    same = {
+        "dgx-a": node("vllm-head", "vllm/vllm-openai:v0.32.0"),
+        "dgx-b": node("vllm-worker", "vllm/vllm-openai:v0.32.0"),
+    }
+    assert drift_findings(peer_compare("dgx-a", same)) == []
+    skew = {"dgx-a": node("vllm", "vllm/vllm-openai:v0.32.0"), "dgx-b": node("vllm", "vllm/vllm-openai:v0.31.1")}
+    found = drift_findings(peer_compare("dgx-a", skew))
+    assert [(f.code, f.status) for f in found] == [("PEER_VERSION_SKEW", Status.WARNING)]
+    assert "container.image" in found[0].message
