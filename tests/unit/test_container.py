@@ -324,3 +324,42 @@ def test_two_nodes_on_different_images_are_a_version_skew_and_their_names_differ
     found = drift_findings(peer_compare("dgx-a", skew))
     assert [(f.code, f.status) for f in found] == [("PEER_VERSION_SKEW", Status.WARNING)]
     assert "container.image" in found[0].message
+
+
+def test_where_the_process_environment_is_unreadable_the_containers_config_env_is_read(tmp_path: Path) -> None:
+    """nccl_env: the container's server has no readable /proc/<pid>/environ here (the laid-out tree has none), so
+    the environment the container was created with, from inspect's Config.Env, is the one checked."""
+    from dgxdoctor.checks.nccl_env import NcclEnvCheck, NcclEnvSettings
+
+    root = tmp_path / "proc"
+    _tree(root, "pid:[4026532456]")
+    runtime = _runtime(tmp_path, pid=100)
+    config = parse_config({"node": {"container": "vllm", "container_runtime": str(runtime)},
+                           "paths": {"proc_root": str(root), "state_dir": str(tmp_path)}})  # fmt: skip
+    settings = validate(NcclEnvSettings, {"env_file": str(tmp_path / "absent.sh")})
+    result = NcclEnvCheck(settings, config.environment()).run()
+    assert result.facts.get("nccl_env.NCCL_IB_HCA") == "mlx5_0", result
+    assert result.facts.get("nccl_env.NCCL_SOCKET_IFNAME") == "lo"
+
+
+def test_a_stopped_container_is_vllm_not_running_and_says_so(tmp_path: Path) -> None:
+    """inspect says exited (State.Pid 0): the vllm check finds no process and names the container's status."""
+    from msgspec.structs import replace
+
+    from dgxdoctor.checks.vllm import VllmCheck, VllmSettings
+
+    runtime = _runtime(tmp_path)
+    runtime.write_text(
+        runtime.read_text().replace(str(tmp_path / "inspect.json"), str(RECORDED / "inspect_exited.json"))
+    )
+    config = parse_config({"node": {"container": "vllm", "container_runtime": str(runtime), "role": "head"},
+                           "paths": {"state_dir": str(tmp_path)}})  # fmt: skip
+
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    settings = VllmSettings(base_url="http://127.0.0.1:18000", canary="never", oneshot_window_s=0, required=True)
+    env = replace(config.environment(), http_transport=httpx.MockTransport(refused))
+    result = VllmCheck(settings, env).run()
+    assert result.status is Status.CRITICAL, result
+    assert "container vllm is not running (exited)" in " ".join(f.message for f in result.findings), result
