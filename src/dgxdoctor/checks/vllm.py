@@ -15,7 +15,8 @@ waiting queue non-zero for long, a jump of the TTFT P99. A server still loading 
 grace) is never judged. A headless vLLM (``vllm serve ... --headless``, a worker node of the multiprocessing executor
 across nodes) serves no API by design: the check is SKIPPED there, and the vllm_executor check judges that node.
 A listener on base_url's port whose socket another user owns is never vLLM and never asked (``vllm_api.port_view``):
-vLLM is then judged as not listening, the holder named.
+vLLM is then judged as not listening, the holder named. With ``[node] container`` the API server is the container's
+(``sources.container.serving``), and its processes' users own the listener as the pid file's user does.
 """
 
 from __future__ import annotations
