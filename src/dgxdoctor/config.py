@@ -26,6 +26,7 @@ from dgxdoctor.settings.daemon import DEFAULT_LISTEN as DEFAULT_LISTEN
 from dgxdoctor.settings.daemon import DaemonSettings as DaemonSettings
 from dgxdoctor.settings.daemon import parse_listen as parse_listen
 from dgxdoctor.settings.remediation import RemediationSettings as RemediationSettings
+from dgxdoctor.sources.container import DEFAULT_RUNTIME, Container, ContainerName, RuntimeProgram
 from dgxdoctor.sources.statefile import state_dir_problem
 from dgxdoctor.validation import Invalid, Problem, bare_type, child_type, validate
 
@@ -79,6 +80,20 @@ class NodeSettings(Frozen, frozen=True):
             "dgxdoctor's user only, as the shipped units run vLLM and Ray",
         ),
     ] = None
+    container: Annotated[
+        ContainerName | None,
+        Meta(
+            description="vLLM runs in this container (the runbook's `docker run --gpus all --network=host "
+            "--ipc=host ...`; docs/container.md): its processes are found through the runtime (`docker inspect`: "
+            "the container's first process and its PID namespace, whatever their uid), its environment and log "
+            "(`docker logs`) are read, and remediation restarts it (`docker restart NAME`) unless "
+            "[remediation.commands] says otherwise. Unset: vLLM runs on the host",
+        ),
+    ] = None
+    container_runtime: Annotated[
+        RuntimeProgram,
+        Meta(description="the container runtime's program: a name found in PATH or an absolute path (podman too)"),
+    ] = DEFAULT_RUNTIME
 
 
 class PathsSettings(Frozen, frozen=True):
@@ -187,6 +202,12 @@ class Config:
         return None if user is None else user_uid(user)
 
     @property
+    def container(self) -> Container | None:
+        """``[node] container`` with its runtime; None when vLLM runs on the host."""
+        node = self.model.node
+        return None if node.container is None else Container(node.container, node.container_runtime)
+
+    @property
     def paths(self) -> PathsSettings:
         return self.model.paths
 
@@ -230,6 +251,7 @@ class Config:
             role=self.role,
             executor=self.executor,
             serving_uid=self.serving_uid,
+            container=self.container,
             sysfs_root=p.sysfs_root,
             proc_root=p.proc_root,
             kmsg_path=p.kmsg_path,

@@ -20,7 +20,9 @@ from dgxdoctor.sources.commands import (
     run_command,
     run_command_head,
     run_command_lines,
+    run_command_merged,
 )
+from dgxdoctor.sources.container import Container
 
 if TYPE_CHECKING:
     import httpx
@@ -163,6 +165,8 @@ class Environment(Struct, frozen=True):
     # The uid of ``[node] serving_user``: its processes are believed beside root's and the agent's own
     # (``procfs.trusted_uids``); None when unset.
     serving_uid: int | None = None
+    # ``[node] container``: vLLM runs in this container (sources/container.py); None: on the host.
+    container: Container | None = None
     sysfs_root: Path = Path("/sys")
     proc_root: Path = Path("/proc")
     kmsg_path: Path = Path("/dev/kmsg")
@@ -176,6 +180,8 @@ class Environment(Struct, frozen=True):
     run_command: CommandRunner = run_command
     run_command_lines: LineCommandRunner = run_command_lines  # stderr line by line as it comes (probe progress)
     run_command_head: HeadCommandRunner = run_command_head  # the first N characters of stdout (journalctl)
+    # The same with stderr in the one pipe (``docker logs``: the container's stdout and stderr, in order).
+    run_command_merged: HeadCommandRunner = run_command_merged
     # A TCP connect with a deadline (the mp master's address from a worker); tests point it at loopback.
     connect: Callable[[str, int, float], None] = tcp_connect
     clock: Callable[[], float] = time.time

@@ -1,7 +1,8 @@
 """What one node's part of a bundle holds, and where each file comes from.
 
 The list follows what a support engineer asks for first (NVIDIA's nvidia-bug-report.sh, sosreport, the runbook's
-preflight): the results, the kernel log of the window, the service logs' tails (files and the units' journal),
+preflight): the results, the kernel log of the window, the service logs' tails (files, the units' journal, and
+``docker inspect`` and ``docker logs`` of vLLM's container where ``[node] container`` names one),
 ``nvidia-smi -q`` and ``topo -m``, the RDMA ports' counters, ``ray status``, the NCCL environment (the file and the
 serving processes'), versions, the remediation audit and the config. Commands are argv lists run through the
 environment's command runner.
@@ -29,6 +30,7 @@ from dgxdoctor.bundle.collect import Item, Output, command_item
 from dgxdoctor.config import Config
 from dgxdoctor.environment import Environment
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
+from dgxdoctor.sources.container import inspect_argv, logs_argv, serving
 from dgxdoctor.sources.journal import journal_argv, parse_entry
 from dgxdoctor.sources.kmsg import KmsgReader
 from dgxdoctor.sources.logtail import expand_paths
@@ -43,6 +45,8 @@ MAX_LOG_FILES = 40
 JOURNAL_TAIL_LINES = 50_000
 # The agent's own unit (systemd/dgxdoctor.service): its journal says what it saw and did.
 AGENT_UNIT = "dgxdoctor.service"
+# The newest lines kept of vLLM's container log in the window (``docker logs --tail``).
+CONTAINER_TAIL_LINES = 50_000
 MAX_ENV_PROCESSES = 8
 # Serving processes whose environment matters to NCCL (ray's workers hold vLLM's ranks).
 SERVING_COMMS = ("raylet", "ray::", "vllm")
@@ -159,6 +163,40 @@ def journal_item(env: Environment, unit: str, directory: str | None, since_s: fl
     return Item(f"logs/journal/{unit}.log", shown, produce)
 
 
+def container_items(env: Environment, since_s: float, timeout_s: float) -> list[Item]:
+    """vLLM's container (``[node] container``): ``inspect`` (its state, image, mounts, devices and environment,
+    redacted with the rest of the part) and its log's tail in the window, stdout and stderr in order."""
+    box = env.container
+    if box is None:
+        return []
+    argv = logs_argv(box, int((time.time() - since_s) * 1e9), CONTAINER_TAIL_LINES)
+    shown = " ".join(box.argv("logs", f"--since={since_s:g}s", "--timestamps", f"--tail={CONTAINER_TAIL_LINES}"))
+
+    def produce(left_s: float) -> Output:
+        cmd, budget = tuple(argv), min(timeout_s, left_s)
+        if budget <= 0:
+            return Output(status="timeout", command=cmd, error="the bundle's deadline had passed")
+        try:
+            done = env.run_command_merged(argv, budget, 2 * LOG_TAIL_BYTES)
+        except CommandNotFound as exc:
+            return Output(status="missing", command=cmd, error=str(exc))
+        except (CommandTimeout, OSError) as exc:
+            return Output(
+                status="timeout" if isinstance(exc, CommandTimeout) else "failed", command=cmd, error=str(exc)
+            )
+        data = done.stdout.encode("utf-8", "replace")
+        if done.cut:
+            data += f"\n# {shown}: cut at {2 * LOG_TAIL_BYTES} bytes\n".encode()
+        if done.returncode != 0 and not done.cut:
+            return Output(data, "failed", cmd, done.returncode, f"exit {done.returncode}: {done.stdout.strip()[-300:]}")
+        return Output(data, "ok", cmd, 0)
+
+    return [
+        command_item(f"container/{box.name}-inspect.json", inspect_argv(box), timeout_s, env.run_command),
+        Item(f"container/{box.name}.log", shown, produce),
+    ]
+
+
 def journal_items(config: Config, env: Environment, since_s: float) -> list[Item]:
     """The journal of the units the logs check follows, of the fabric manager and of the agent itself."""
     from dgxdoctor.checks.driver_stack import DriverStackSettings
@@ -220,12 +258,15 @@ def nccl_environment(config: Config, env: Environment) -> Callable[[float], Outp
 
 def _serving_processes(env: Environment) -> list[ProcessInfo]:
     """Ray's and vLLM's processes of root, dgxdoctor's user or ``[node] serving_user`` (another user's look-alikes
-    would fill the eight places with what they chose to put in their environment)."""
+    would fill the eight places with what they chose to put in their environment); with ``[node] container``, those
+    of the container (whatever their uid) first."""
     found = []
-    for proc in iter_processes(env.proc_root):
+    boxed = serving(env.run_command, env.proc_root, env.container).members if env.container is not None else []
+    mine = {p.pid for p in boxed}
+    for proc in [*boxed, *(p for p in iter_processes(env.proc_root) if p.pid not in mine)]:
         try:
-            serving = proc.comm.startswith(SERVING_COMMS) or runs_package(proc.cmdline, "vllm")
-            if serving and trusted_process(proc.uid, None, env.serving_uid):
+            serving_one = proc.comm.startswith(SERVING_COMMS) or runs_package(proc.cmdline, "vllm")
+            if serving_one and (proc.pid in mine or trusted_process(proc.uid, None, env.serving_uid)):
                 found.append(proc)
         except OSError:
             continue
@@ -310,6 +351,7 @@ def node_items(config: Config, env: Environment, src: Sources) -> list[Item]:
     items += _log_items("vllm", list(logs.vllm_paths), src.since_s)
     items += _log_items("ray", list(logs.ray_paths), src.since_s)
     items += journal_items(config, env, src.since_s)
+    items += container_items(env, src.since_s, t)
     if src.bug_report and shutil.which("nvidia-bug-report.sh"):
         items.append(bug_report(env, b.bug_report_timeout_s))
     return items

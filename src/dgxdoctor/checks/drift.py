@@ -3,6 +3,9 @@
 By hand, on each node: ``uname -r``; ``<serving python> -m pip list | grep -E 'vllm|ray|torch|nccl'``;
 ``ls -lR /models/glm | md5sum`` and ``sha256sum`` of a few shards (the tutorial's step 5).
 
+With ``[node] container`` and no ``serving_python``, the probe runs in the container (``docker exec NAME
+/usr/bin/python3 -I -c ...``, the interpreter of its vLLM server): a host path there is another machine's.
+
 Driver and CUDA versions come from the gpu check and the NCCL environment from the nccl_env check; this check
 adds the rest. It never fails on its own: what it cannot read is reported as unknown (an OK finding) and left
 out of the facts, and the peer comparison decides what a difference means.
@@ -22,6 +25,7 @@ from dgxdoctor.judge.drift import model_dir_missing
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.settings.bounds import DAY_S, HOUR_S
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
+from dgxdoctor.sources.container import serving, serving_python_in
 from dgxdoctor.sources.fields import ByteCount, bytes_within
 from dgxdoctor.sources.fingerprint import ShardHasher, listing_fingerprint, sample_shards, scan_model_dir
 from dgxdoctor.sources.serving_env import DISTRIBUTIONS, PROBE, find_serving_python, parse_probe_output
@@ -49,7 +53,8 @@ class DriftSettings(CheckSettings, frozen=True):
         str | None,
         Meta(
             description="Python interpreter of the vLLM/Ray install (e.g. /opt/vllm/.venv/bin/python); "
-            "default: the executable of a running vLLM or Ray Python process"
+            "default: the executable of a running vLLM or Ray Python process; with [node] container, the "
+            "container's vLLM Python, run through `docker exec`"
         ),
     ] = None
     probe_timeout_s: Annotated[
@@ -112,7 +117,14 @@ class DriftCheck(Check[DriftSettings]):
     def _versions(self, b: ResultBuilder) -> dict[str, str]:
         s = self.settings
         python = s.serving_python
-        if python is None:
+        argv: list[str] | None = None
+        box = self.env.container
+        if python is None and box is not None:  # the serving stack is the container's: asked there
+            boxed = serving(self.env.run_command, self.env.proc_root, box)
+            python = serving_python_in(boxed.server)
+            argv = box.exec_argv(*python_argv(python, "-c", PROBE))
+            python = f"{python} in container {box.name}"
+        elif python is None:
             found = find_serving_python(self.env.proc_root)
             if found is None:
                 b.add(
@@ -126,7 +138,7 @@ class DriftCheck(Check[DriftSettings]):
                 return {}
             python = found.exe
         try:
-            done = self.env.run_command(python_argv(python, "-c", PROBE), s.probe_timeout_s)
+            done = self.env.run_command(argv or python_argv(python, "-c", PROBE), s.probe_timeout_s)
         except (CommandNotFound, CommandTimeout, OSError) as exc:
             if isinstance(exc, CommandTimeout):
                 b.timed_out("version probe")

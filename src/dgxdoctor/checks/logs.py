@@ -19,6 +19,13 @@ files', one per unit (subject ``journal:<unit>``). journalctl missing or failing
 (``JOURNAL_UNREADABLE``), never OK; a unit with no entries is fine. By hand:
 ``journalctl -u vllm.service --since=-15min``.
 
+With ``[node] container`` set (vLLM in a container, docs/container.md) the container's log is read too, through
+the runtime (``docker logs --since=... --timestamps``, ``sources.container``): its stdout and stderr in the order
+written, from the time of the last line read (kept and saved like the journal's cursor), the first read from the
+start of ``check_window_s``, at most ``journal_max_lines`` lines and ``max_bytes_per_run`` of output per run (the
+newest, when there are more: a WARNING). Its lines go to the same scanner, as vLLM's (subject
+``container:<name>``). A log that cannot be read is UNKNOWN (``CONTAINER_LOG_UNREADABLE``), never OK.
+
 Only records that no client controls count here (``judge.records``, ``judge.scan``: never a request-log or
 access-log record, nor a record of the server's request handling): these findings and
 ``dgxdoctor_logs_signature_matches_total`` lead to actions.
@@ -35,9 +42,17 @@ from msgspec import Meta, Struct, field
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
-from dgxdoctor.judge.log_files import journal_backlog, journal_unreadable, log_backlog, log_unreadable
+from dgxdoctor.judge.log_files import (
+    container_log_backlog,
+    container_log_unreadable,
+    journal_backlog,
+    journal_unreadable,
+    log_backlog,
+    log_unreadable,
+)
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample
 from dgxdoctor.settings.bounds import DAY_S, WEEK_S
+from dgxdoctor.sources.container import ContainerLogFollower, LogRead
 from dgxdoctor.sources.fields import ByteCount, bytes_within
 from dgxdoctor.sources.journal import CURSOR_RE, JournalFollower, JournalRead
 from dgxdoctor.sources.logtail import LogFollower, expand_paths, read_recent
@@ -74,11 +89,17 @@ SHIPPED_UNITS = (
     "ray-worker.service",
 )
 JOURNAL_PREFIX = "journal:"
+CONTAINER_PREFIX = "container:"
 
 
 def journal_key(unit: str) -> str:
     """The subject of a unit's matches, and its scanner's key beside the files' paths."""
     return JOURNAL_PREFIX + unit
+
+
+def container_key(name: str) -> str:
+    """The subject of the matches in a container's log (``[node] container``)."""
+    return CONTAINER_PREFIX + name
 
 
 def journal_kind(unit: str) -> str:
@@ -184,6 +205,7 @@ class LogsCheck(Check[LogsSettings]):
         # One scanner per file: it keeps the last lines, so a match is read in its context (judge.context).
         self._scanners: dict[str, Scanner] = {}
         self._journal: JournalFollower | None = None
+        self._container: ContainerLogFollower | None = None
 
     @property
     def catalog(self) -> Catalog:
@@ -213,6 +235,10 @@ class LogsCheck(Check[LogsSettings]):
             cursor = saved.get("journal_cursor")
             if isinstance(cursor, str) and CURSOR_RE.match(cursor):
                 self._journal_follower().cursor = cursor
+            after = saved.get("container_after_ns")
+            follower = self._container_follower()
+            if follower is not None and isinstance(after, int) and saved.get("container") == follower.container.name:
+                follower.after_ns = after
         return self._follower
 
     def _restore_recent(self, raw: object) -> dict[tuple[str, str], _Recent]:
@@ -245,8 +271,11 @@ class LogsCheck(Check[LogsSettings]):
             for r in self._recent.values()
         ]
         cursor = self._journal.cursor if self._journal is not None else None
-        # a failure is logged and counted
-        self.state.save({"positions": follower.state(), "recent": recent, "journal_cursor": cursor})
+        box = self._container
+        doc: dict[str, object] = {"positions": follower.state(), "recent": recent, "journal_cursor": cursor}
+        if box is not None:
+            doc |= {"container": box.container.name, "container_after_ns": box.after_ns}
+        self.state.save(doc)  # a failure is logged and counted
 
     def _match(self, lines: Iterable[tuple[str, str]], kinds: Mapping[str, str], now: float) -> None:
         """Count the signatures the new lines show, each read in its record and with the lines before it.
@@ -278,6 +307,8 @@ class LogsCheck(Check[LogsSettings]):
         files = {path: "ray" for path in expand_paths(s.ray_paths)}
         files.update({path: "vllm" for path in expand_paths(s.vllm_paths)})
         kinds = {**files, **{journal_key(u): journal_kind(u) for u in s.journal_units}}
+        if self.env.container is not None:
+            kinds[container_key(self.env.container.name)] = "vllm"
         if self.env.one_shot:
             return self._run_recent(files, kinds)
         follower = self._load_follower()
@@ -287,9 +318,11 @@ class LogsCheck(Check[LogsSettings]):
             return CheckResult.skipped(self.name, "no vLLM or Ray log files or journal units configured or present")
         polled = follower.poll(sorted(files), s.max_bytes_per_run)
         journal = self._journal_follower().poll(self._window_start_us()) if s.journal_units else None
+        box = self._container_follower()
+        boxed = box.poll(self._window_start_us() * 1000) if box is not None else None
 
         now = self.env.clock()
-        self._match([*polled.lines, *_journal_lines(journal, s.journal_units)], kinds, now)
+        self._match([*polled.lines, *_journal_lines(journal, s.journal_units), *self._boxed_lines(boxed)], kinds, now)
         for key in [k for k, r in self._recent.items() if now - r.last_seen > s.hold_s]:
             del self._recent[key]
         self._save(follower)
@@ -300,6 +333,7 @@ class LogsCheck(Check[LogsSettings]):
             unread = _unread_bytes(follower, polled.files)
             b.add(log_backlog(unread, s.max_bytes_per_run, one_shot=False))
         self._journal_findings(b, journal, one_shot=False)
+        self._container_findings(b, boxed, one_shot=False)
         return b.build(self._summary(f"in {len(polled.files)} log file(s){self._journal_said()}"))
 
     def _journal_follower(self) -> JournalFollower:
@@ -310,6 +344,30 @@ class LogsCheck(Check[LogsSettings]):
                 s.max_bytes_per_run,
             )  # fmt: skip
         return self._journal
+
+    def _container_follower(self) -> ContainerLogFollower | None:
+        """The log of ``[node] container`` (None when vLLM runs on the host)."""
+        if self._container is None and self.env.container is not None:
+            s = self.settings
+            self._container = ContainerLogFollower(
+                self.env.run_command_merged, self.env.container, s.journal_max_lines, s.max_bytes_per_run
+            )
+        return self._container
+
+    def _boxed_lines(self, read: LogRead | str | None) -> list[tuple[str, str]]:
+        if not isinstance(read, LogRead) or self._container is None:
+            return []
+        key = container_key(self._container.container.name)
+        return [(key, line.text) for line in read.lines]
+
+    def _container_findings(self, b: ResultBuilder, read: LogRead | str | None, *, one_shot: bool) -> None:
+        if self._container is None:
+            return
+        name = self._container.container.name
+        if isinstance(read, str):
+            b.add(container_log_unreadable(name, read))
+        elif read is not None and read.more:
+            b.add(container_log_backlog(name, self.settings.journal_max_lines, one_shot=one_shot))
 
     def _window_start_us(self) -> int:
         """The journal's first read starts where the files' window does (journal time is wall-clock time)."""
@@ -324,7 +382,10 @@ class LogsCheck(Check[LogsSettings]):
 
     def _journal_said(self) -> str:
         n = len(self.settings.journal_units)
-        return f" and the journal of {n} unit(s)" if n else ""
+        said = f" and the journal of {n} unit(s)" if n else ""
+        if self.env.container is not None:
+            said += f" and the log of container {self.env.container.name}"
+        return said
 
     def _findings(self, errors: Iterable[str]) -> ResultBuilder:
         """The matches held (worst first), the match counters, the files that could not be read."""
@@ -355,7 +416,9 @@ class LogsCheck(Check[LogsSettings]):
         now = self.env.clock()
         read = read_recent(sorted(files), s.check_window_bytes, s.max_bytes_per_run, s.check_window_s, time.time())
         journal = self._journal_follower().recent(self._window_start_us()) if s.journal_units else None
-        self._match([*read.lines, *_journal_lines(journal, s.journal_units)], kinds, now)
+        box = self._container_follower()
+        boxed = box.recent(self._window_start_us() * 1000) if box is not None else None
+        self._match([*read.lines, *_journal_lines(journal, s.journal_units), *self._boxed_lines(boxed)], kinds, now)
         for key in [k for k, r in self._recent.items() if now - r.last_seen > s.hold_s]:
             del self._recent[key]
         b = self._findings(read.errors)
@@ -363,6 +426,7 @@ class LogsCheck(Check[LogsSettings]):
         if read.unread_bytes:
             b.add(log_backlog(read.unread_bytes, s.max_bytes_per_run, one_shot=True))
         self._journal_findings(b, journal, one_shot=True)
+        self._container_findings(b, boxed, one_shot=True)
         parts = [f"read the last {_mib(read.bytes_read)} of {len(read.files)} log file(s)"]
         if read.stale:
             parts.append(f"{len(read.stale)} file(s) not written in the last {s.check_window_s:g} s not read")
@@ -370,6 +434,8 @@ class LogsCheck(Check[LogsSettings]):
             parts.append(f"{_mib(read.older_bytes)} before the last {_mib(s.check_window_bytes)} per file not read")
         if isinstance(journal, JournalRead):
             parts.append(f"{len(journal.entries)} journal entries of the last {s.check_window_s:g} s")
+        if isinstance(boxed, LogRead) and self.env.container is not None:
+            parts.append(f"{len(boxed.lines)} lines of container {self.env.container.name}'s log")
         return b.build(self._summary("in the recent past") + "; " + ", ".join(parts))
 
 

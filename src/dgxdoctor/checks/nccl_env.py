@@ -4,7 +4,10 @@ checked against this host's interfaces, RDMA devices, GID table and addresses.
 By hand: ``cat /etc/profile.d/nccl.sh; tr '\\0' '\\n' < /proc/$(pgrep -o raylet)/environ | grep -E 'NCCL|GLOO|VLLM';
 ip -br addr; ls /sys/class/infiniband; show_gids``.
 
-The file is parsed with shlex as data and never sourced.
+The file is parsed with shlex as data and never sourced. With ``[node] container`` (docs/container.md) the process
+is the container's (its ``process_name`` process, else its vLLM server, else its first process, whatever their uid),
+and where its ``/proc/<pid>/environ`` cannot be read, the environment the container was created with (``docker
+inspect``'s ``Config.Env``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dgxdoctor.judge.nccl_env import compare_envs, evaluate_nccl_env
 from dgxdoctor.judge.presence import nccl_env_absent
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.settings.bounds import DAY_S
+from dgxdoctor.sources.container import Container, parse_environ_list, serving
 from dgxdoctor.sources.nccl_env import (
     env_facts,
     kernel_interface_names,
@@ -97,9 +101,32 @@ class NcclEnvCheck(Check[NcclEnvSettings]):
             b.add(Finding("NCCL_ENV_FILE_LINE", Status.OK, f"line {line}: {problem}", f"{path}:{line}"))
         return parsed.values
 
+    def _container_values(
+        self, box: Container, name: str | None, missing: list[str]
+    ) -> tuple[dict[str, str] | None, str]:
+        """``[node] container``: the environment of its process_name process (any uid: the container's), else of
+        its vLLM server, else of its first process, from ``/proc/<pid>/environ``; where that cannot be read, the
+        environment the container was created with (``docker inspect``'s ``Config.Env``)."""
+        boxed = serving(self.env.run_command, self.env.proc_root, box)
+        if boxed.state is None or not boxed.state.running:
+            missing.append(boxed.why_none())
+            return None, ""
+        named = [p for p in boxed.members if name and p.matches(name) and p.alive]
+        first = [p for p in boxed.members if p.pid == boxed.state.pid]
+        for proc in [*named[:1], *([boxed.server] if boxed.server is not None else []), *first]:
+            try:
+                label = f"{name or 'vllm'} (pid {proc.pid}, container {boxed.container.name})"
+                return parse_environ(proc.environ()), label
+            except OSError:
+                continue
+        return parse_environ_list(boxed.state.env), f"container {boxed.container.name} (docker inspect Config.Env)"
+
     def _process_values(self, b: ResultBuilder, missing: list[str]) -> tuple[dict[str, str] | None, str]:
         """(the environment of the oldest process_name process, its label)."""
         name = self.settings.process_name
+        box = self.env.container
+        if box is not None:
+            return self._container_values(box, name, missing)
         if not name:
             return None, ""
         me = os.getpid()

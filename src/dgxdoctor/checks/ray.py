@@ -39,6 +39,7 @@ from dgxdoctor.judge.vllm_mp import ray_not_required
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.settings.bounds import HOUR_S
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
+from dgxdoctor.sources.container import serving
 from dgxdoctor.sources.fields import HttpUrl
 from dgxdoctor.sources.procfs import ProcessInfo, listening_ports, processes_named, trusted_process
 from dgxdoctor.sources.ray_api import (
@@ -235,7 +236,9 @@ class RayCheck(Check[RaySettings]):
         """vLLM's multiprocessing executor across nodes needs no Ray (judge/vllm_mp.py decides)."""
         if self.env.executor is not None:  # declared: the running processes are not asked
             return ray_not_required(self.env.executor, None)
-        proc = serving_process(self.env.proc_root, self.env.serving_uid)
+        env = self.env
+        members = serving(env.run_command, env.proc_root, env.container).pids if env.container is not None else None
+        proc = serving_process(env.proc_root, env.serving_uid, members)
         try:
             launch = parse_launch(proc.pid, proc.cmdline) if proc is not None else None
         except LaunchError:

@@ -15,7 +15,8 @@ waiting queue non-zero for long, a jump of the TTFT P99. A server still loading 
 grace) is never judged. A headless vLLM (``vllm serve ... --headless``, a worker node of the multiprocessing executor
 across nodes) serves no API by design: the check is SKIPPED there, and the vllm_executor check judges that node.
 A listener on base_url's port whose socket another user owns is never vLLM and never asked (``vllm_api.port_view``):
-vLLM is then judged as not listening, the holder named.
+vLLM is then judged as not listening, the holder named. With ``[node] container`` the API server is the container's
+(``sources.container.serving``), and its processes' users own the listener as the pid file's user does.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from dgxdoctor.judge.vllm import (
 )
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
 from dgxdoctor.settings.bounds import DAY_S, HOUR_S
+from dgxdoctor.sources.container import Serving, serving
 from dgxdoctor.sources.fields import HttpUrl
 from dgxdoctor.sources.procfs import CLK_TCK, ProcessInfo
 from dgxdoctor.sources.prom_text import PromTextError
@@ -83,6 +85,8 @@ if TYPE_CHECKING:
 # `dgxdoctor check` reads /metrics this many times across oneshot_window_s: the KV cache of a saturated server
 # oscillates (blocks freed and taken every step), so "sustained" is judged on the mean of several readings.
 ONESHOT_READINGS = 5
+# One run looks the container up several times (its processes, the listener's trust): one `docker inspect` serves them.
+BOXED_TTL_S = 1.0
 
 VLLM_UP = MetricSpec(
     "dgxdoctor_vllm_up", "1 when vLLM's /health answers 200; 0 when it refuses, times out, fails or is loading"
@@ -274,6 +278,8 @@ class VllmCheck(Check[VllmSettings]):
         self._sleep: Callable[[float], None] = time.sleep  # tests advance a fake clock instead
         self._api_server: ProcessInfo | None = None
         self._server_lock = threading.Lock()  # the follower's thread and the runs both look the API server up
+        self._boxed_lock = threading.Lock()
+        self._boxed_at: tuple[float, Serving] | None = None
         self._engines = EngineWatch(env.proc_root, env.monotonic, self._serving_api_server)
         self._follower: ProgressFollower | None = None
         s = self.settings
@@ -323,7 +329,24 @@ class VllmCheck(Check[VllmSettings]):
         return urlsplit(base).port or (443 if base.startswith("https") else 80)
 
     def _trusted(self) -> frozenset[int]:
-        return listener_trust(self.env.proc_root, self.env.serving_uid, self.settings.pid_file)
+        trusted = listener_trust(self.env.proc_root, self.env.serving_uid, self.settings.pid_file)
+        boxed = self._boxed()
+        if boxed is not None:  # the container's processes, whatever their uid (a user namespace maps them)
+            return trusted | {p.uid for p in boxed.members if p.uid is not None}
+        return trusted
+
+    def _boxed(self) -> Serving | None:
+        """``[node] container``'s processes and its vLLM server (None when vLLM runs on the host); asked once per
+        second at most (one run asks several times)."""
+        box = self.env.container
+        if box is None:
+            return None
+        with self._boxed_lock:
+            now = self.env.monotonic()
+            cached = self._boxed_at
+            if cached is None or now - cached[0] >= BOXED_TTL_S:
+                cached = self._boxed_at = (now, serving(self.env.run_command, self.env.proc_root, box))
+            return cached[1]
 
     def _impostor(self) -> PortHolder | None:
         """Another user's listener where base_url connects (its answers are never vLLM's), else None."""
@@ -343,6 +366,9 @@ class VllmCheck(Check[VllmSettings]):
         root = self.env.proc_root
         if self.settings.pid_file is not None:
             return process_from_pid_file(root, self.settings.pid_file)[0]
+        boxed = self._boxed()
+        if boxed is not None:
+            return boxed.server
         with self._server_lock:
             cached = self._api_server
             if cached is not None:
@@ -360,9 +386,12 @@ class VllmCheck(Check[VllmSettings]):
         none, if none."""
         if self.settings.pid_file is not None:
             return process_from_pid_file(self.env.proc_root, self.settings.pid_file)
-        serving = self._serving_api_server()
-        if serving is not None:
-            return serving, None
+        boxed = self._boxed()
+        if boxed is not None:
+            return boxed.server, None if boxed.server is not None else boxed.why_none()
+        found = self._serving_api_server()
+        if found is not None:
+            return found, None
         return vllm_by_command_line(self.env.proc_root, self._port(), None, self.env.serving_uid)
 
     def _headless(self, proc: ProcessInfo | None) -> str | None:

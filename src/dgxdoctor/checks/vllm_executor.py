@@ -11,7 +11,10 @@ By hand, on each node::
 The node's serving vLLM process is its headless one on a worker node, else its API server, of root, dgxdoctor's
 user or ``[node] serving_user``; its ranks are the ``VLLM::Worker*`` processes below it, of its user
 (sources/vllm_launch.py). Anyone can title a process ``VLLM::Worker_TP3`` and stop it: every other look-alike is
-left out, counted (``dgxdoctor_vllm_lookalikes_ignored``) and named in an OK finding, never judged.
+left out, counted (``dgxdoctor_vllm_lookalikes_ignored``) and named in an OK finding, never judged. With
+``[node] container`` (docs/container.md) they are the container's processes instead, whatever their uid
+(``docker inspect``: its first pid on the host and its PID namespace), and the container's name and image are facts
+(``container.name``, ``container.image``: an image that differs between the nodes is a version skew).
 
 Facts (``vllm_executor``, and with mp across nodes ``vllm_mp.nnodes``, ``vllm_mp.tp_x_pp``, ``vllm_mp.master``,
 ``vllm_mp.model``) go to the peer comparison; the vLLM version is the drift check's ``vllm_version``.
@@ -26,7 +29,9 @@ from msgspec import Meta
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.judge import vllm_mp
+from dgxdoctor.judge.container import container_unreadable
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
+from dgxdoctor.sources.container import serving
 from dgxdoctor.sources.procfs import ProcessInfo
 from dgxdoctor.sources.vllm_launch import Ignored, Launch, LaunchError, node_processes, parse_launch
 
@@ -39,7 +44,7 @@ EXECUTOR_INFO = MetricSpec(
 LOOKALIKES_IGNORED = MetricSpec(
     "dgxdoctor_vllm_lookalikes_ignored",
     "Processes that look like vLLM's (its argv or a VLLM:: title) left out of the serving vLLM: of another user "
-    "(reason owner) or not the serving process nor below it (reason tree)",
+    "(reason owner), not the serving process nor below it (reason tree), outside [node] container (reason container)",
     labels=("reason",),
 )
 MASTER_REACHABLE = MetricSpec(
@@ -66,9 +71,13 @@ class VllmExecutorCheck(Check[VllmExecutorSettings]):
     def run(self) -> CheckResult:
         env = self.env
         b = ResultBuilder(self.name)
-        found = node_processes(env.proc_root, env.serving_uid)
+        boxed = serving(env.run_command, env.proc_root, env.container) if env.container is not None else None
+        if boxed is not None and boxed.state is not None:
+            b.facts["container.name"] = boxed.container.name
+            b.facts["container.image"] = boxed.state.image
+        found = node_processes(env.proc_root, env.serving_uid, members=boxed.pids if boxed is not None else None)
         proc, workers = found.server, found.workers
-        for reason in ("owner", "tree"):
+        for reason in ("owner", "tree", *(("container",) if env.container is not None else ())):
             b.sample(LOOKALIKES_IGNORED, sum(1 for i in found.ignored if i.why == reason), reason=reason)
         ignored = vllm_mp.lookalikes_ignored(found.ignored, proc.pid if proc else None)
         if ignored is not None:
@@ -81,6 +90,11 @@ class VllmExecutorCheck(Check[VllmExecutorSettings]):
             if env.role == "worker" and env.executor == "mp":
                 b.add(vllm_mp.headless_missing("[node] role worker, executor mp"))
                 return b.build("worker node: no headless vLLM process")
+            if boxed is not None and boxed.error is not None:
+                b.add(container_unreadable(boxed.container.name, boxed.error))
+                return b.build(boxed.why_none())
+            if boxed is not None:
+                return CheckResult.skipped(self.name, boxed.why_none() + _ignored_note(found.ignored))
             return CheckResult.skipped(self.name, "no vLLM process on this node" + _ignored_note(found.ignored))
         try:
             launch = parse_launch(proc.pid, proc.cmdline)

@@ -232,7 +232,7 @@ _DRIFT: tuple[tuple[tuple[str, ...], str, Status, str], ...] = (
         "cause of multi-node failures",
     ),
     (
-        ("_version", "kernel_release"),
+        ("_version", "kernel_release", "container.image"),
         "PEER_VERSION_SKEW",
         Status.WARNING,
         "upgrade both nodes together, never one ahead of the other: ray stop --force, align vLLM / Ray / driver / "

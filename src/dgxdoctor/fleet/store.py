@@ -16,7 +16,8 @@ from msgspec import Struct
 from dgxdoctor.result import CheckResult, Sample, Status, merged_facts
 
 # Fact keys that differ between nodes by design; peers never compare them and /state still shows them.
-NODE_LOCAL_FACTS = frozenset({"host_ip", "hostname", "node", "boot_id", "machine_id", "ip_address"})
+# container.name: vLLM's container is named per node (vllm-head, vllm-worker); its image (container.image) is compared.
+NODE_LOCAL_FACTS = frozenset({"host_ip", "hostname", "node", "boot_id", "machine_id", "ip_address", "container.name"})
 
 
 class Transition(Struct, frozen=True):

@@ -51,3 +51,30 @@ def journal_backlog(max_lines: int, max_chars: int, *, one_shot: bool) -> Findin
     return Finding(
         "LOG_BACKLOG", Status.WARNING, message + ": a failure in them is not reported yet", "journal", remedy=remedy
     )
+
+
+def container_log_unreadable(container: str, reason: str) -> Finding:
+    """The log of vLLM's container (``[node] container``) cannot be read (no runtime, no daemon, no such container,
+    a log driver that keeps nothing to read back): UNKNOWN, never OK, since vLLM's lines go unseen."""
+    return Finding(
+        "CONTAINER_LOG_UNREADABLE",
+        Status.UNKNOWN,
+        f"cannot read the log of container {container}: {reason}; a failure logged there is not seen",
+        f"container:{container}",
+        remedy="check that the container runs (docker ps -a) and that its log driver keeps a log to read back "
+        "(json-file, local or journald: docker logs NAME); run the agent as root or in the docker group",
+    )
+
+
+def container_log_backlog(container: str, max_lines: int, *, one_shot: bool) -> Finding:
+    """More new lines in the container's log than one run reads: the newest are read, the older ones not (the
+    runtime gives a log's tail, not a cursor): never OK."""
+    when = "of the recent past" if one_shot else "since the last run"
+    return Finding(
+        "LOG_BACKLOG",
+        Status.WARNING,
+        f"container {container} logged more lines {when} than the per-run limit ({max_lines} lines): only the newest "
+        "were read, a failure in the older ones is not reported",
+        f"container:{container}",
+        remedy="raise [checks.logs] journal_max_lines / max_bytes_per_run, or read docker logs NAME",
+    )

@@ -125,6 +125,8 @@ MAX_SHOWN = 5  # look-alikes named in the finding; the metric counts them all
 def _why(ignored: Ignored, server: int | None) -> str:
     if ignored.why == "owner":
         return f"uid {ignored.uid}: not root, dgxdoctor's user or [node] serving_user"
+    if ignored.why == "container":
+        return "outside [node] container"
     return f"not below the serving vLLM pid {server}"
 
 

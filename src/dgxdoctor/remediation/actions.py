@@ -22,6 +22,7 @@ from msgspec import Meta, Struct
 
 from dgxdoctor.remediation.state_doc import Finite, Step
 from dgxdoctor.sources.commands import CommandNotFound, CommandRunner, CommandTimeout
+from dgxdoctor.sources.container import Container, serving
 from dgxdoctor.sources.ray_api import RayApiError, parse_nodes_detail
 from dgxdoctor.sources.vllm_api import foreign_listener, listener_trust
 
@@ -93,15 +94,26 @@ class VllmTarget(Struct, frozen=True):
     pid_file: Path | None = None  # [checks.vllm] pid_file: its process's user's listener is believed too
 
 
-def port_impostor(target: VllmTarget, proc_root: Path, serving_uid: int | None) -> str | None:
+def port_impostor(
+    target: VllmTarget,
+    proc_root: Path,
+    serving_uid: int | None,
+    container: Container | None = None,
+    run: CommandRunner | None = None,
+) -> str | None:
     """Whose listener holds base_url's port when it is not a trusted user's (``vllm_api.port_view``), else None.
 
     vLLM's port is unprivileged: after a restart that failed to bind it, another user's server there would
-    otherwise pass the verification with its own /health, /v1/models and completion."""
+    otherwise pass the verification with its own /health, /v1/models and completion. With ``[node] container``,
+    the users of the container's processes are trusted too (a user namespace maps its root to another uid)."""
     parts = urlsplit(target.base_url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     trusted = listener_trust(proc_root, serving_uid, target.pid_file)
     holder = foreign_listener(proc_root, port, parts.hostname, trusted)
+    if holder is not None and container is not None and run is not None:
+        # asked only when a listener is not already believed: the verification polls this four times a second
+        trusted |= {p.uid for p in serving(run, proc_root, container).members if p.uid is not None}
+        holder = foreign_listener(proc_root, port, parts.hostname, trusted)
     return holder.describe() if holder is not None else None
 
 

@@ -489,7 +489,7 @@ class Remediator:
         cmd, timeout = self.settings.commands, self.settings.command_timeout_s
         with self.env.http_client() as client:
             vllm, env = self.targets.vllm, self.env
-            impostor = partial(port_impostor, vllm, env.proc_root, env.serving_uid)
+            impostor = partial(port_impostor, vllm, env.proc_root, env.serving_uid, env.container, env.run_command)
             verify = partial(verify_vllm, vllm, self.settings.verify_timeout_s, client, self._pause, impostor)
             try:
                 if self.targets.executor == "mp":
@@ -497,7 +497,9 @@ class Remediator:
                     # in a process group that no longer exists (docs/remediation.md).
                     return self._mp_steps(action_id, client, verify)
                 if action == "restart_vllm":
-                    restart = partial(run_argv, "restart_vllm", cmd.restart_vllm, timeout, self.env.run_command)
+                    restart = partial(
+                        run_argv, "restart_vllm", cmd.vllm("restart", env.container), timeout, env.run_command
+                    )
                     return self._run_steps([], [restart, verify])
                 return self._cluster_steps(action_id, client, verify)
             except Interrupted as stopped:
@@ -530,7 +532,7 @@ class Remediator:
         cmd, timeout, t = self.settings.commands, self.settings.command_timeout_s, self.targets
         run = self.env.run_command
         stops: list[StepCall] = [
-            partial(run_argv, "stop_vllm", cmd.stop_vllm, timeout, run),
+            partial(run_argv, "stop_vllm", cmd.vllm("stop", self.env.container), timeout, run),
             *[partial(ask_worker, w, "ray_stop", action_id, t.token, timeout, client) for w in t.workers],
             partial(run_argv, "stop_ray_head", cmd.ray("stop", "head"), timeout, run),
         ]
@@ -539,7 +541,7 @@ class Remediator:
             partial(run_argv, "start_ray_head", cmd.ray("start", "head"), timeout, run),
             *[partial(ask_worker, w, "ray_start", action_id, t.token, timeout, client) for w in t.workers],
             partial(wait_ray, t.ray_dashboard_url, t.ray_nodes, t.ray_gpus, ready_s, client, self._pause),
-            partial(run_argv, "start_vllm", cmd.start_vllm, timeout, run),
+            partial(run_argv, "start_vllm", cmd.vllm("start", self.env.container), timeout, run),
             verify,
         ]
         return self._run_steps(stops, starts)
@@ -550,12 +552,12 @@ class Remediator:
         ends the sequence. No Ray step."""
         cmd, timeout, t = self.settings.commands, self.settings.command_timeout_s, self.targets
         stops: list[StepCall] = [
-            partial(run_argv, "stop_vllm", cmd.stop_vllm, timeout, self.env.run_command),
+            partial(run_argv, "stop_vllm", cmd.vllm("stop", self.env.container), timeout, self.env.run_command),
             *[partial(ask_worker, w, "vllm_stop", action_id, t.token, timeout, client) for w in t.workers],
         ]
         starts: list[StepCall] = [
             *[partial(ask_worker, w, "vllm_start", action_id, t.token, timeout, client) for w in t.workers],
-            partial(run_argv, "start_vllm", cmd.start_vllm, timeout, self.env.run_command),
+            partial(run_argv, "start_vllm", cmd.vllm("start", self.env.container), timeout, self.env.run_command),
             verify,
         ]
         return self._run_steps(stops, starts)

@@ -85,7 +85,7 @@ class WorkerSteps:
                 r.audit_record(self._record(request, "refused", refused))
                 r.counts[(request.step, "refused")] += 1
                 return 409, {"ok": False, "detail": refused}
-            argv = s.commands.worker_argv(request.step)
+            argv = s.commands.worker_argv(request.step, r.env.container)
             result = await asyncio.to_thread(run_argv, request.step, argv, s.command_timeout_s, r.env.run_command)
         outcome = "success" if result.ok else "failed"
         r.audit_record({**self._record(request, outcome, result.detail), **result.to_doc(), "outcome": outcome})

@@ -8,13 +8,10 @@ from msgspec import Meta, field
 
 from dgxdoctor.settings.base import Frozen
 from dgxdoctor.settings.bounds import DAY_S, HOUR_S, WEEK_S
+from dgxdoctor.sources.container import Container
 from dgxdoctor.validation import field_rule, record_rule
 
 Argv = tuple[str, ...]
-
-
-def _argv(*parts: str) -> Argv:
-    return tuple(parts)
 
 
 class RemediationCommands(Frozen, frozen=True):
@@ -23,15 +20,22 @@ class RemediationCommands(Frozen, frozen=True):
     ``ray_stop``/``ray_start`` default to ray-head.service on the head and ray-worker.service on a worker.
     With ``[node] executor = "mp"`` the head's vLLM is ``stop_vllm``/``start_vllm`` (set them to
     vllm-head-mp.service) and a worker runs ``worker_vllm_stop``/``worker_vllm_start`` when the head asks.
+    With ``[node] container`` set, vLLM's steps left unset go through the container runtime instead:
+    ``docker restart|stop|start NAME`` (docs/container.md).
     """
 
-    restart_vllm: Annotated[Argv, Meta(description="restart vLLM here")] = _argv("systemctl", "restart", "vllm.service")
-    stop_vllm: Annotated[Argv, Meta(description="cluster restart: stop vLLM")] = _argv(
-        "systemctl", "stop", "vllm.service"
-    )
-    start_vllm: Annotated[Argv, Meta(description="cluster restart: start vLLM")] = _argv(
-        "systemctl", "start", "vllm.service"
-    )
+    restart_vllm: Annotated[
+        Argv | None,
+        Meta(description="restart vLLM here (default: systemctl restart vllm.service; docker restart NAME)"),
+    ] = None
+    stop_vllm: Annotated[
+        Argv | None,
+        Meta(description="cluster restart: stop vLLM (default: systemctl stop vllm.service; docker stop NAME)"),
+    ] = None
+    start_vllm: Annotated[
+        Argv | None,
+        Meta(description="cluster restart: start vLLM (default: systemctl start vllm.service; docker start NAME)"),
+    ] = None
     ray_stop: Annotated[
         Argv | None, Meta(description="stop this node's Ray (default: systemctl stop ray-<role>.service)")
     ] = None
@@ -39,11 +43,19 @@ class RemediationCommands(Frozen, frozen=True):
         Argv | None, Meta(description="start this node's Ray (default: systemctl start ray-<role>.service)")
     ] = None
     worker_vllm_stop: Annotated[
-        Argv, Meta(description='executor "mp", on a worker: stop its headless vLLM when the head asks')
-    ] = _argv("systemctl", "stop", "vllm-worker-mp.service")
+        Argv | None,
+        Meta(
+            description='executor "mp", on a worker: stop its headless vLLM when the head asks (default: '
+            "systemctl stop vllm-worker-mp.service; docker stop NAME)"
+        ),
+    ] = None
     worker_vllm_start: Annotated[
-        Argv, Meta(description='executor "mp", on a worker: start its headless vLLM when the head asks')
-    ] = _argv("systemctl", "start", "vllm-worker-mp.service")
+        Argv | None,
+        Meta(
+            description='executor "mp", on a worker: start its headless vLLM when the head asks (default: '
+            "systemctl start vllm-worker-mp.service; docker start NAME)"
+        ),
+    ] = None
 
     @field_rule(
         "restart_vllm", "stop_vllm", "start_vllm", "ray_stop", "ray_start", "worker_vllm_stop", "worker_vllm_start"
@@ -54,16 +66,27 @@ class RemediationCommands(Frozen, frozen=True):
             raise ValueError("an argv list needs at least the program")
         return value
 
+    def vllm(self, verb: Literal["restart", "stop", "start"], container: Container | None = None) -> Argv:
+        """vLLM's own step here: as configured, else through ``container``'s runtime, else vllm.service."""
+        given = {"restart": self.restart_vllm, "stop": self.stop_vllm, "start": self.start_vllm}[verb]
+        if given is not None:
+            return given
+        return tuple(container.argv(verb)) if container is not None else ("systemctl", verb, "vllm.service")
+
     def ray(self, verb: Literal["stop", "start"], role: str) -> Argv:
         given = self.ray_stop if verb == "stop" else self.ray_start
         return given if given is not None else ("systemctl", verb, f"ray-{role}.service")
 
-    def worker_argv(self, step: str) -> Argv:
+    def worker_argv(self, step: str, container: Container | None = None) -> Argv:
         """What a worker runs for a step the head asks for (the engine's WORKER_STEPS)."""
-        if step == "vllm_stop":
-            return self.worker_vllm_stop
-        if step == "vllm_start":
-            return self.worker_vllm_start
+        if step in ("vllm_stop", "vllm_start"):
+            verb: Literal["stop", "start"] = "stop" if step == "vllm_stop" else "start"
+            given = self.worker_vllm_stop if verb == "stop" else self.worker_vllm_start
+            if given is not None:
+                return given
+            if container is not None:
+                return tuple(container.argv(verb))
+            return ("systemctl", verb, "vllm-worker-mp.service")
         return self.ray("stop" if step == "ray_stop" else "start", "worker")
 
 

@@ -66,8 +66,9 @@ class LineCommandRunner(Protocol):
     ) -> CommandResult: ...
 
 
-def _start(argv: Sequence[str]) -> subprocess.Popen[str]:
-    """The one place a program is started: argv (no shell), stdin closed, in ``WORKDIR``, output as text.
+def _start(argv: Sequence[str], merge_stderr: bool = False) -> subprocess.Popen[str]:
+    """The one place a program is started: argv (no shell), stdin closed, in ``WORKDIR``, output as text;
+    with ``merge_stderr`` both streams in one pipe, in the order the program wrote them.
 
     Raises CommandNotFound when the program is absent (and OSError when it cannot be executed)."""
     if not argv:
@@ -77,7 +78,7 @@ def _start(argv: Sequence[str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         list(argv),
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
         errors="replace",
@@ -149,13 +150,23 @@ def run_command_head(argv: Sequence[str], timeout_s: float, max_chars: int) -> C
     """``run_command``, keeping the first ``max_chars`` characters of stdout: a program with more to print is
     killed there and the result says ``cut`` (its exit status is then the kill's). A reader of a log that may be
     large (``journalctl``) holds at most that much, whatever the program has to say."""
-    with _start(argv) as proc:
-        assert proc.stdout is not None and proc.stderr is not None
+    return _run_head(argv, timeout_s, max_chars, merge_stderr=False)
+
+
+def run_command_merged(argv: Sequence[str], timeout_s: float, max_chars: int) -> CommandResult:
+    """``run_command_head`` with stderr in the same pipe as stdout (``docker logs`` prints the container's two
+    streams on its own two; one pipe keeps their order). ``stderr`` of the result is empty."""
+    return _run_head(argv, timeout_s, max_chars, merge_stderr=True)
+
+
+def _run_head(argv: Sequence[str], timeout_s: float, max_chars: int, *, merge_stderr: bool) -> CommandResult:
+    with _start(argv, merge_stderr) as proc:
+        assert proc.stdout is not None
         err: list[str] = []
         stderr = proc.stderr
 
         def drain_stderr() -> None:  # read to its end (a full pipe would block the program), keep the start
-            while chunk := stderr.read(STDERR_KEEP):
+            while stderr is not None and (chunk := stderr.read(STDERR_KEEP)):
                 if not err:
                     err.append(chunk)
 

@@ -154,7 +154,8 @@ class Ignored(Struct, frozen=True):
     pid: int
     uid: int | None
     title: str  # argv[0], as written by whoever started it
-    why: Literal["owner", "tree"]  # another user's; or not the serving process nor below it
+    # another user's; or not the serving process nor below it; or outside [node] container
+    why: Literal["owner", "tree", "container"]
 
 
 class NodeProcesses(Struct, frozen=True):
@@ -165,12 +166,19 @@ class NodeProcesses(Struct, frozen=True):
     ignored: list[Ignored]
 
 
-def serving_process(proc_root: Path, serving_uid: int | None = None) -> ProcessInfo | None:
+def serving_process(
+    proc_root: Path, serving_uid: int | None = None, members: frozenset[int] | None = None
+) -> ProcessInfo | None:
     """This node's serving vLLM process (``node_processes``)."""
-    return node_processes(proc_root, serving_uid).server
+    return node_processes(proc_root, serving_uid, members=members).server
 
 
-def node_processes(proc_root: Path, serving_uid: int | None = None, agent_uid: int | None = None) -> NodeProcesses:
+def node_processes(
+    proc_root: Path,
+    serving_uid: int | None = None,
+    agent_uid: int | None = None,
+    members: frozenset[int] | None = None,
+) -> NodeProcesses:
     """One pass over ``proc_root``: the serving process and its ranks, chosen by what no other user controls.
 
     The serving process is a vLLM server (``is_vllm_api_server``) of a trusted user (``procfs.trusted_uids``: root,
@@ -179,8 +187,15 @@ def node_processes(proc_root: Path, serving_uid: int | None = None, agent_uid: i
     process tree, of its user. Anyone can ``exec -a VLLM::Worker_TP3 sleep 600``, stop it, or start an argv that
     reads ``vllm serve --headless``: every other process that looks like vLLM's is left out and listed in
     ``ignored`` (a trusted user's only when a serving process runs that it is not part of). Processes gone while
-    listed are skipped."""
+    listed are skipped.
+
+    With ``members`` (the host pids of vLLM's container, ``sources.container.serving``) the serving process and its
+    ranks are those of the container, whatever their uid, and every look-alike outside it is left out."""
     trusted = trusted_uids(agent_uid, serving_uid)
+
+    def believed(proc: ProcessInfo) -> bool:
+        return proc.pid in members if members is not None else proc.uid in trusted
+
     by_pid: dict[int, ProcessInfo] = {}
     servers: list[ProcessInfo] = []
     titled: list[ProcessInfo] = []
@@ -192,7 +207,7 @@ def node_processes(proc_root: Path, serving_uid: int | None = None, agent_uid: i
         elif is_vllm_api_server(argv):
             servers.append(proc)
     alike = [p for p in sorted(servers + titled, key=lambda p: p.pid) if p.stat is not None]
-    ours = [p for p in servers if p.stat is not None and p.uid in trusted]
+    ours = [p for p in servers if p.stat is not None and believed(p)]
     ours.sort(key=lambda p: (not is_headless_server(p.cmdline), p.start_time or 0.0))
     server = ours[0] if ours else None
     workers: list[ProcessInfo] = []
@@ -200,7 +215,7 @@ def node_processes(proc_root: Path, serving_uid: int | None = None, agent_uid: i
     for proc in alike:
         if server is not None and proc.pid == server.pid:
             continue
-        own = proc.uid in trusted and (server is None or proc.uid == server.uid)
+        own = believed(proc) and (server is None or members is not None or proc.uid == server.uid)
         below = server is not None and is_below(by_pid, proc, server.pid)
         if own and below:
             if proc.cmdline[0].startswith(WORKER_TITLE):
@@ -208,5 +223,8 @@ def node_processes(proc_root: Path, serving_uid: int | None = None, agent_uid: i
             continue  # the server's own engine, API server processes ...
         if own and server is None:
             continue  # no serving process for them to be outside of (its ranks, orphaned as it died)
-        ignored.append(Ignored(proc.pid, proc.uid, proc.cmdline[0], "tree" if own else "owner"))
+        why: Literal["owner", "tree", "container"] = "tree" if own else "owner"
+        if members is not None and not own:
+            why = "container"
+        ignored.append(Ignored(proc.pid, proc.uid, proc.cmdline[0], why))
     return NodeProcesses(server, workers, ignored)
