@@ -23,6 +23,8 @@ from dgxdoctor import codes
 from dgxdoctor.fleet.store import NODE_LOCAL_FACTS
 from dgxdoctor.fleet.stuck_rank import stuck_rank_findings
 from dgxdoctor.result import Finding, Status
+from dgxdoctor.sources.allowlist import env_allowed
+from dgxdoctor.sources.redact import DIGEST_RE, REDACTED, digest, secret_name
 
 Aggregate = Literal["sum", "mean", "max"]
 
@@ -439,7 +441,7 @@ def _drift(views: Mapping[str, _NodeView], local: str | None) -> tuple[list[Find
     compared = 0
     for key in keys:
         if key.startswith("nccl_env."):
-            values = {n: views[n].facts.get(key, UNSET) for n in nccl_nodes}
+            values = {n: _env_fact(key, views[n].facts.get(key, UNSET)) for n in nccl_nodes}
         else:
             values = {n: v.facts[key] for n, v in views.items() if key in v.facts}
         if len(values) < 2:
@@ -461,6 +463,15 @@ def _drift(views: Mapping[str, _NodeView], local: str | None) -> tuple[list[Find
             )
         )
     return findings, compared
+
+
+def _env_fact(key: str, value: str) -> str:
+    """An NCCL variable's value as compared and quoted: a peer's agent of an older release may send the value of a
+    name that is not known to be harmless; it is shown as the digest this release's agents send."""
+    var = key.removeprefix("nccl_env.")
+    if value in (UNSET, REDACTED) or DIGEST_RE.match(value) or (env_allowed(var) and not secret_name(var)):
+        return value
+    return digest(value)
 
 
 def _odd_nodes(values: Mapping[str, str], counts: Counter[str], local: str | None) -> list[str]:

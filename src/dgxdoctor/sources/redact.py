@@ -1,14 +1,27 @@
 """Secrets out of what dgxdoctor reports: a process's argv (vLLM's ``--api-key``), environment values and lines.
 
-Command lines and environments are read from ``/proc`` and shown in findings, ``/state``, ``check --json`` and
-the open ``/metrics``. A value is secret when its name says so: the name's words (split on ``-``, ``_`` and
-``.``) include one of ``SECRET_WORDS`` (``--api-key``, ``--hf-token``, ``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``);
-``--tokenizer`` or ``--max-num-batched-tokens`` are not.
+Command lines and environments are read from ``/proc`` and shown in findings, ``/state``, ``check --json``, the
+open ``/metrics`` and the bundle. Two rules, for two kinds of text:
+
+- Names, by construction (``shown_env``, ``allowed_argv``): an environment value or a flag's value is shown only
+  when its name is on an allow list of known-harmless names (``sources/allowlist.py``; vLLM's flags from vLLM's own
+  argument parser, ``sources/vllm_flags.py``); every other value is replaced. A kept value still loses the
+  credentials of any URL in it (``postgres://u:pa/ss@h`` -> ``postgres://u:<redacted>@h``).
+- A name that looks secret is never allowed, whatever the lists say: its words (split on ``-``, ``_`` and ``.``)
+  include one of ``SECRET_WORDS`` (``--api-key``, ``--api_key``, ``--hf_token``, ``OPENAI_KEY``,
+  ``NCCL_SECRET_X``, ``DB_PASSWORD_FILE``), or it contains one of ``SECRET_PARTS`` (``--hfsecret``,
+  ``apikey``). ``--tokenizer`` or ``--max-num-batched-tokens`` are not secret-named.
+
+Free text (log tails, ``ray status``) has no names to go by: the bundle's deny list of secret shapes
+(``bundle/redact.py``) covers it, and uses ``secret_name`` for ``NAME=value`` and ``--flag value`` pairs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import hashlib
+import re
+from collections.abc import Callable, Mapping, Sequence
 
 from dgxdoctor.lazy_re import lazy_compile
 
@@ -16,18 +29,57 @@ REDACTED = "<redacted>"
 SECRET_WORDS = frozenset(
     {"key", "apikey", "token", "secret", "password", "passwd", "pass", "pwd", "credential", "credentials", "auth"}
 )
+# Secret words run together with another word: "hftoken", "OPENAIAPIKEY", "dbpassword".
+SECRET_PARTS = ("secret", "passw", "credential", "apikey", "privatekey", "accesskey", "authtoken", "hftoken")
 # "--api-key", "HF_TOKEN", "aws.secret_access_key": the words of a flag or variable name.
 NAME_SPLIT_RE = lazy_compile(r"[-_.]+")
+# scheme://user:password@host (RFC 3986 userinfo). The password runs to the last "@" of the word: a password with
+# "/" or "@" in it (not allowed unencoded, written anyway) is removed whole. No ":" before the "@": the user part
+# alone is the credential (https://TOKEN@github.com).
+URL_USERINFO_RE = lazy_compile(r"([A-Za-z][A-Za-z0-9+.-]*://)(?:([^\s/@:\"']*):([^\s\"']*)|([^\s/@:\"']+))@")
+# An environment variable's name (NAME=value arguments of `env NAME=value vllm serve`).
+ENV_NAME_RE = lazy_compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# A negative number is a value, not a flag ("--seed -1").
+NUMBER_RE = lazy_compile(r"^-\d")
+DIGEST_HEX = 8
+DIGEST_RE = lazy_compile(r"^sha256:[0-9a-f]{8}$")
 
 
+@functools.lru_cache(maxsize=4096)  # the deny list asks for every name=value of a log tail
 def secret_name(name: str) -> bool:
     """Whether a flag or variable named ``name`` holds a secret (see the module docstring)."""
-    return any(word in SECRET_WORDS for word in NAME_SPLIT_RE.split(name.lower()))
+    low = name.lower()
+    return any(word in SECRET_WORDS for word in NAME_SPLIT_RE.split(low)) or any(p in low for p in SECRET_PARTS)
+
+
+def digest(value: str) -> str:
+    """``sha256:1a2b3c4d``: enough to see that two nodes' values differ, not the value."""
+    return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:DIGEST_HEX]
+
+
+def without_url_credentials(text: str) -> str:
+    """Every URL's password (or a user part that stands alone: a token) replaced."""
+
+    def hide(m: re.Match[str]) -> str:
+        scheme, user, password, alone = m.group(1, 2, 3, 4)
+        if alone is not None:
+            return f"{scheme}{REDACTED}@"
+        return f"{scheme}{user}:{REDACTED}@" if password else f"{scheme}{user}:@"
+
+    return URL_USERINFO_RE.sub(hide, text)
+
+
+def shown_value(name: str, value: str, allowed: Callable[[str], bool]) -> str:
+    """``value`` (URL credentials removed) when ``name`` is allowed and not secret-named, else ``<redacted>``."""
+    if allowed(name) and not secret_name(name):
+        return without_url_credentials(value)
+    return REDACTED
 
 
 def redact_argv(argv: Sequence[str]) -> tuple[str, ...]:
     """argv with the values of secret-named flags replaced: ``--api-key X`` and ``--api-key=X`` -> ``<redacted>``,
-    also ``NAME=X`` arguments (an ``env HF_TOKEN=X vllm serve`` wrapper)."""
+    also ``NAME=X`` arguments (an ``env HF_TOKEN=X vllm serve`` wrapper) and URL credentials. Deny rules only: for
+    a command line quoted in a finding; the bundle shows argv through ``allowed_argv``."""
     out: list[str] = []
     hide_next = False
     for arg in argv:
@@ -42,10 +94,50 @@ def redact_argv(argv: Sequence[str]) -> tuple[str, ...]:
             out.append(arg)
             hide_next = True
         else:
-            out.append(arg)
+            out.append(without_url_credentials(arg))
     return tuple(out)
 
 
 def shown_argv(argv: Sequence[str], limit: int = 120) -> str:
     """A command line to quote in a finding: secrets redacted, cut at ``limit`` characters."""
     return " ".join(redact_argv(argv))[:limit]
+
+
+def flag_key(flag: str) -> str:
+    """The name a parser knows a flag by: vLLM's FlexibleArgumentParser (and Ray's C++ flags) accept ``_`` for
+    ``-`` after the leading dashes: ``--api_key`` is ``--api-key``."""
+    dashes = len(flag) - len(flag.lstrip("-"))
+    return flag[:dashes] + flag[dashes:].replace("_", "-")
+
+
+def _is_flag(arg: str) -> bool:
+    return arg.startswith("-") and arg != "-" and not NUMBER_RE.match(arg)
+
+
+def allowed_argv(argv: Sequence[str], flags: Mapping[str, bool], env_allowed: Callable[[str], bool]) -> list[str]:
+    """argv with every flag value replaced unless the flag is in ``flags`` (flag -> whether it takes a value) and
+    not secret-named; ``NAME=value`` words by ``env_allowed``; other words (the program, a subcommand, the model
+    path) kept without URL credentials. A flag that is not known is taken to own the word after it."""
+    out = [without_url_credentials(argv[0])] if argv else []
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if _is_flag(arg):
+            name, eq, value = arg.partition("=")
+            key = flag_key(name)
+            keep = key in flags and not secret_name(name)
+            if eq:
+                out.append(f"{name}={without_url_credentials(value) if keep else REDACTED}")
+                continue
+            out.append(arg)
+            if flags.get(key) is not False and i < len(argv) and not _is_flag(argv[i]):
+                out.append(without_url_credentials(argv[i]) if keep else REDACTED)
+                i += 1
+            continue
+        name, eq, value = arg.partition("=")
+        if eq and ENV_NAME_RE.match(name):
+            out.append(f"{name}={shown_value(name, value, env_allowed)}")
+        else:
+            out.append(without_url_credentials(arg))
+    return out
