@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +27,9 @@ from dgxdoctor import __version__
 from dgxdoctor.bundle.collect import Item, Output, command_item
 from dgxdoctor.config import Config
 from dgxdoctor.environment import Environment
-from dgxdoctor.sources.allowlist import OTHER_FLAGS, env_allowed
 from dgxdoctor.sources.kmsg import KmsgReader
 from dgxdoctor.sources.logtail import expand_paths
-from dgxdoctor.sources.nccl_env import parse_environ, read_env_file
 from dgxdoctor.sources.procfs import ProcessInfo, iter_processes, runs_package, trusted_process
-from dgxdoctor.sources.redact import allowed_argv, shown_value
-from dgxdoctor.sources.serving_env import find_serving_python
-from dgxdoctor.sources.vllm_flags import PROBE_TIMEOUT_S, vllm_flags
 from dgxdoctor.validation import dump
 
 # The tail kept of one service log file; the size cap bounds them all together.
@@ -145,9 +140,9 @@ def infiniband(env: Environment, timeout_s: float) -> Item:
 
 
 def nccl_environment(config: Config, env: Environment) -> Callable[[float], Output]:
-    """The NCCL env file's variables and the serving processes' environments and command lines, redacted by
-    construction: a value is shown only when its name is known to be harmless (``sources/allowlist.py``; vLLM's
-    flags from the installed vLLM's parser). The part's deny list runs over the result too."""
+    """The NCCL env file and the serving processes' environments and command lines, redacted by construction
+    (``bundle/environ.py``: only the values of names known to be harmless) and with the rest of the part."""
+    from dgxdoctor.bundle.environ import argv_flags, env_file_lines, process_lines
     from dgxdoctor.checks.drift import DriftSettings
     from dgxdoctor.checks.nccl_env import NcclEnvSettings  # the checks load when a bundle is built, not imported
 
@@ -157,45 +152,15 @@ def nccl_environment(config: Config, env: Environment) -> Callable[[float], Outp
     def produce(left_s: float) -> Output:
         out = [
             f"# {env_file}",
-            *(_env_file_lines(env_file, env.host_root) if env_file else ["(no env_file configured)"]),
+            *(env_file_lines(env_file, env.host_root) if env_file else ["(no env_file configured)"]),
         ]
         procs = _serving_processes(env)
-        flags: Mapping[str, bool] = {}
-        if procs:
-            python = serving_python or _found_python(env)
-            # Half of what is left at most: the environments below must still be written.
-            flags = {**OTHER_FLAGS, **vllm_flags(python, env.run_command, min(PROBE_TIMEOUT_S, left_s / 2))}
+        flags = argv_flags(serving_python, env.proc_root, env.run_command, left_s) if procs else {}
         for proc in procs:
-            try:
-                raw = proc.environ()
-            except OSError as exc:
-                out.append(f"# pid {proc.pid} {proc.comm}: environment unreadable ({exc.strerror or exc})")
-                continue
-            argv = " ".join(allowed_argv(proc.cmdline, flags, env_allowed))
-            out.append(f"# pid {proc.pid} {proc.comm}: {argv[:300]}")
-            values = parse_environ(raw)
-            out += sorted(f"{name}={shown_value(name, value, env_allowed)}" for name, value in values.items())
+            out += process_lines(proc, flags)
         return Output(("\n".join(out) + "\n").encode())
 
     return produce
-
-
-def _env_file_lines(path: Path, host_root: Path) -> list[str]:
-    """The file's variables (and those of the files it sources), each value shown only if its name is allowed;
-    lines that are not assignments by number and kind (their text may hold a secret)."""
-    try:
-        parsed = read_env_file(Path(path), host_root)
-    except (OSError, ValueError) as exc:
-        return [f"(unreadable: {getattr(exc, 'strerror', None) or exc})"]
-    lines = [f"{name}={shown_value(name, value, env_allowed)}" for name, value in sorted(parsed.values.items())]
-    lines += [f"# line {line}: {problem}" for line, problem in parsed.problems]
-    lines += [f"# line {line} sources {target}" for line, target in parsed.sourced]
-    return lines
-
-
-def _found_python(env: Environment) -> str | None:
-    found = find_serving_python(env.proc_root)
-    return found.exe if found is not None else None
 
 
 def _serving_processes(env: Environment) -> list[ProcessInfo]:

@@ -23,8 +23,6 @@ from dgxdoctor import codes
 from dgxdoctor.fleet.store import NODE_LOCAL_FACTS
 from dgxdoctor.fleet.stuck_rank import stuck_rank_findings
 from dgxdoctor.result import Finding, Status
-from dgxdoctor.sources.allowlist import env_allowed
-from dgxdoctor.sources.redact import DIGEST_RE, REDACTED, digest, secret_name
 
 Aggregate = Literal["sum", "mean", "max"]
 
@@ -250,6 +248,21 @@ IGNORED_FACTS = NODE_LOCAL_FACTS | {"nccl_env.VLLM_HOST_IP", "nccl_env.NCCL_HOST
 UNSET = "(unset)"
 
 
+def _env_fact(key: str, value: str) -> str:
+    """A fact as compared and quoted. An NCCL variable whose name is not known to be harmless is a digest
+    (``sources/nccl_env.env_facts``); a peer's agent of an older release may still send its value: it becomes the
+    same digest here, never quoted."""
+    if not key.startswith("nccl_env."):
+        return value
+    from dgxdoctor.sources.allowlist import env_allowed
+    from dgxdoctor.sources.redact import DIGEST_RE, REDACTED, digest, secret_name
+
+    var = key.removeprefix("nccl_env.")
+    if value == REDACTED or DIGEST_RE.match(value) or (env_allowed(var) and not secret_name(var)):
+        return value
+    return digest(value)
+
+
 class Imbalance(Struct, frozen=True):
     """The imbalance of one compared metric (``rail`` empty for node-wide metrics)."""
 
@@ -406,7 +419,7 @@ def _view(snap: Mapping[str, Any]) -> _NodeView:
                 labels = sample.get("labels", {})
                 rail = f"{labels.get('device', '?')}/{labels.get('port', '?')}" if rule.per_rail else ""
                 view.values[(rule.key, rail)].append(float(value))
-    view.facts = {k: str(v) for k, v in snap.get("facts", {}).items() if k not in IGNORED_FACTS}
+    view.facts = {k: _env_fact(k, str(v)) for k, v in snap.get("facts", {}).items() if k not in IGNORED_FACTS}
     view.mp_worker_down = tuple(
         str(f.get("message", ""))
         for check in snap.get("checks", ())
@@ -441,7 +454,7 @@ def _drift(views: Mapping[str, _NodeView], local: str | None) -> tuple[list[Find
     compared = 0
     for key in keys:
         if key.startswith("nccl_env."):
-            values = {n: _env_fact(key, views[n].facts.get(key, UNSET)) for n in nccl_nodes}
+            values = {n: views[n].facts.get(key, UNSET) for n in nccl_nodes}
         else:
             values = {n: v.facts[key] for n, v in views.items() if key in v.facts}
         if len(values) < 2:
@@ -463,15 +476,6 @@ def _drift(views: Mapping[str, _NodeView], local: str | None) -> tuple[list[Find
             )
         )
     return findings, compared
-
-
-def _env_fact(key: str, value: str) -> str:
-    """An NCCL variable's value as compared and quoted: a peer's agent of an older release may send the value of a
-    name that is not known to be harmless; it is shown as the digest this release's agents send."""
-    var = key.removeprefix("nccl_env.")
-    if value in (UNSET, REDACTED) or DIGEST_RE.match(value) or (env_allowed(var) and not secret_name(var)):
-        return value
-    return digest(value)
 
 
 def _odd_nodes(values: Mapping[str, str], counts: Counter[str], local: str | None) -> list[str]:
