@@ -8,11 +8,13 @@ from the installed vLLM's parser; the shipped list is compared with it."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from msgspec.structs import replace
 from test_bundle import TOKEN, FakeRunner, members, planted_node, sources
@@ -20,6 +22,7 @@ from test_bundle import TOKEN, FakeRunner, members, planted_node, sources
 from conftest import FIXTURES, REPO, run_cli
 from dgxdoctor.bundle.build import build_bundle
 from dgxdoctor.checks.nccl_env import NcclEnvCheck, NcclEnvSettings
+from dgxdoctor.checks.vllm import VllmCheck, VllmSettings
 from dgxdoctor.daemon.app import AppState, make_app
 from dgxdoctor.documents import ResultsDocument
 from dgxdoctor.environment import Environment
@@ -30,6 +33,7 @@ from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.result import CheckResult, Status
 from dgxdoctor.sources.commands import CommandResult, run_command
 from dgxdoctor.sources.redact import digest
+from dgxdoctor.sources.serving_env import pick_serving_python
 from dgxdoctor.sources.vllm_flags import probe_flags, shipped_flags
 from proctree import write_process
 from webtest import TestClient, TestServer
@@ -250,3 +254,27 @@ def test_old_agents_raw_value_is_shown_as_a_digest(tmp_path: Path) -> None:
     findings = [f for f in compare(docs).findings if f.code == "PEER_NCCL_ENV_DRIFT"]
     assert len(findings) == 1 and "twoPLANTED12" not in findings[0].message
     assert digest("twoPLANTED12") in findings[0].message
+
+
+def test_a_vllm_command_line_in_state_keeps_only_known_flag_values(tmp_path: Path) -> None:
+    """vLLM down: the finding quotes its command line; a flag vLLM's parser does not know has its value replaced,
+    as does a URL's password with a slash in it where the serving Python is named (before: both as they were)."""
+    root = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "vllm" / "proc", root)
+    argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--db", "plainPLANTED13", "--port", "18765"]
+    (root / "7538" / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
+    env = Environment(node="n1", proc_root=root, http_transport=httpx.MockTransport(refused))
+    result = VllmCheck(VllmSettings(base_url="http://127.0.0.1:18765", canary="never"), env).run()
+    state = json.dumps(ResultsDocument.of("n1", [result]).state())
+    assert "PLANTED" not in state
+    assert "api_server --db <redacted> --port 18765) exists" in state
+    python = "/opt/vllm/bin/python3"
+    argv = [python, "-m", "vllm", "serve", "/m", "--api_key", SHAPES["--api_key"], "--served-model-name",
+            f"postgres://u:{SHAPES['URL password with a slash']}@h"]  # fmt: skip
+    found = pick_serving_python([(python, argv)])
+    assert found is not None and "PLANTED" not in found.why
+    assert found.why.endswith("serve /m --api_key <redacted> --served-model-name postgres://u:<redacted>@h")

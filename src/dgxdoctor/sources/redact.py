@@ -99,8 +99,12 @@ def redact_argv(argv: Sequence[str]) -> tuple[str, ...]:
 
 
 def shown_argv(argv: Sequence[str], limit: int = 120) -> str:
-    """A command line to quote in a finding: secrets redacted, cut at ``limit`` characters."""
-    return " ".join(redact_argv(argv))[:limit]
+    """A command line to quote in a finding, cut at ``limit`` characters: flag values by ``allowed_argv`` with the
+    shipped list of vLLM's flags (a check does not start vLLM's parser), the interpreter's and Ray's."""
+    from dgxdoctor.sources.allowlist import OTHER_FLAGS, env_allowed
+    from dgxdoctor.sources.vllm_flags import shipped_flags
+
+    return " ".join(allowed_argv(argv, {**OTHER_FLAGS, **shipped_flags()}, env_allowed))[:limit]
 
 
 def flag_key(flag: str) -> str:

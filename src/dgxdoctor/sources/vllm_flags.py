@@ -11,6 +11,7 @@ stale unnoticed. Each interpreter's answer is kept for the life of the process.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import threading
@@ -73,6 +74,7 @@ def parse_probe_output(stdout: str) -> dict[str, bool]:
     return {k: bool(v) for k, v in flags.items() if isinstance(k, str) and k.startswith("-")}
 
 
+@functools.cache
 def shipped_flags() -> dict[str, bool]:
     """The list shipped with dgxdoctor (``data/vllm_flags.json``)."""
     raw = json.loads(resources.files("dgxdoctor").joinpath(SHIPPED).read_text(encoding="utf-8"))
