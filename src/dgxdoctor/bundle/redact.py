@@ -9,7 +9,8 @@ What is removed: the values this agent knows are secret (the daemon token, vLLM'
 ``HF_TOKEN``, ``OPENAI_KEY``, ``NCCL_SECRET_X``, ``DB_PASSWORD_FILE``, ``api_key`` ...), the value of a
 secret-named flag (``--api-key X``, ``--api_key X``, ``--hf_token=X``), well-known token formats (Hugging Face
 ``hf_``, AWS ``AKIA``, GitHub ``ghp_``, OpenAI ``sk-``, PEM private keys) and the password of
-``scheme://user:password@host`` URLs (up to the last ``@``: ``postgres://u:pa/ss@h``). A value is replaced by
+``scheme://user:password@host`` URLs (up to the last ``@``: ``postgres://u:pa/ss@h``; a user part standing alone,
+``https://TOKEN@host``, is the credential). A value is replaced by
 ``<redacted>``; the key stays, so a reader still sees that it was set.
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from dgxdoctor.sources.redact import secret_name
+from dgxdoctor.sources.redact import secret_name, without_url_credentials
 
 MARK = "<redacted>"
 # Shorter "secrets" would redact ordinary words; the config requires 16 characters for the token anyway.
@@ -34,10 +35,7 @@ VALUE = re.compile(r"(?i)(?!(?:null|true|false|none)\b)(\"[^\"\n]*\"|'[^'\n]*'|[
 # A bare "key" is the field name of dgxdoctor's own documents (the compared metric), not a credential.
 NOT_SECRET_KEYS = frozenset({"key"})
 # vllm serve --api-key sk-x   --api_key x   ray start --redis-password=x   huggingface-cli login --token hf_x
-FLAG = re.compile(r"(?<![A-Za-z0-9])(--?([A-Za-z][A-Za-z0-9_-]*)(?:=|[ \t]+))(?!-)(\S+)")
-# postgres://admin:hunter2@db:5432/x   https://user:pw@proxy:3128   postgres://u:pa/ss@h (RFC 3986 userinfo, and
-# what people write anyway: the password runs to the last "@" of the word)
-URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s:/@\"']*:)([^\s\"']+)(@)")
+FLAG = re.compile(r"(?<![A-Za-z0-9_-])(--?([A-Za-z][A-Za-z0-9_-]*)(?:=|[ \t]+))(?!-)(\S+)")
 # hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345 (Hugging Face), AKIAIOSFODNN7EXAMPLE (AWS key id), ghp_... (GitHub),
 # sk-... (OpenAI-style API keys), xoxb-... (Slack)
 TOKEN_SHAPES = re.compile(
@@ -81,7 +79,7 @@ class Redactor:
         text = PEM_KEY.sub(MARK, text)
         text = AUTH_HEADER.sub(lambda m: m.group(1) + MARK, text)
         text = FLAG.sub(_flag, text)
-        text = URL_PASSWORD.sub(lambda m: m.group(1) + MARK + m.group(3), text)
+        text = without_url_credentials(text)  # postgres://u:pa/ss@h -> postgres://u:<redacted>@h
         text = _key_values(text)
         return TOKEN_SHAPES.sub(MARK, text)
 

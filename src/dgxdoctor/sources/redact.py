@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
 from collections.abc import Callable, Mapping, Sequence
 
 from dgxdoctor.lazy_re import lazy_compile
@@ -33,10 +32,8 @@ SECRET_WORDS = frozenset(
 SECRET_PARTS = ("secret", "passw", "credential", "apikey", "privatekey", "accesskey", "authtoken", "hftoken")
 # "--api-key", "HF_TOKEN", "aws.secret_access_key": the words of a flag or variable name.
 NAME_SPLIT_RE = lazy_compile(r"[-_.]+")
-# scheme://user:password@host (RFC 3986 userinfo). The password runs to the last "@" of the word: a password with
-# "/" or "@" in it (not allowed unencoded, written anyway) is removed whole. No ":" before the "@": the user part
-# alone is the credential (https://TOKEN@github.com).
-URL_USERINFO_RE = lazy_compile(r"([A-Za-z][A-Za-z0-9+.-]*://)(?:([^\s/@:\"']*):([^\s\"']*)|([^\s/@:\"']+))@")
+# A word with "://" in it (a URL, or several run together), found only from a word's start: linear in the text.
+URL_WORD_RE = lazy_compile(r"(?<![^\s\"'])[^\s\"']*://[^\s\"']*")
 # An environment variable's name (NAME=value arguments of `env NAME=value vllm serve`).
 ENV_NAME_RE = lazy_compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # A negative number is a value, not a flag ("--seed -1").
@@ -58,15 +55,27 @@ def digest(value: str) -> str:
 
 
 def without_url_credentials(text: str) -> str:
-    """Every URL's password (or a user part that stands alone: a token) replaced."""
+    """Every URL's credentials replaced (RFC 3986 userinfo, and what people write anyway). After the first
+    ``://`` of a word: ``user:password@`` loses the password, which runs to the last ``@`` of the word (a password
+    with ``/`` or ``@`` in it, not allowed unencoded, is removed whole: ``postgres://u:pa/ss@h`` ->
+    ``postgres://u:<redacted>@h``); a user part that stands alone is the credential (``https://TOKEN@github.com``).
+    Done per word, without backtracking: a long line of ``a://x:`` costs what its length does."""
+    if "://" not in text:
+        return text
+    return URL_WORD_RE.sub(lambda m: _word_without_credentials(m.group(0)), text)
 
-    def hide(m: re.Match[str]) -> str:
-        scheme, user, password, alone = m.group(1, 2, 3, 4)
-        if alone is not None:
-            return f"{scheme}{REDACTED}@"
-        return f"{scheme}{user}:{REDACTED}@" if password else f"{scheme}{user}:@"
 
-    return URL_USERINFO_RE.sub(hide, text)
+def _word_without_credentials(word: str) -> str:
+    start = word.index("://") + 3
+    rest = word[start:]
+    user_end = next((i for i, c in enumerate(rest) if c in "/@:"), len(rest))
+    if user_end < len(rest) and rest[user_end] == ":":
+        at = rest.rfind("@")
+        if at > user_end + 1:
+            return f"{word[:start]}{rest[: user_end + 1]}{REDACTED}{rest[at:]}"
+    elif user_end < len(rest) and rest[user_end] == "@" and user_end > 0:
+        return f"{word[:start]}{REDACTED}{rest[user_end:]}"
+    return word
 
 
 def shown_value(name: str, value: str, allowed: Callable[[str], bool]) -> str:
