@@ -248,21 +248,6 @@ IGNORED_FACTS = NODE_LOCAL_FACTS | {"nccl_env.VLLM_HOST_IP", "nccl_env.NCCL_HOST
 UNSET = "(unset)"
 
 
-def _env_fact(key: str, value: str) -> str:
-    """A fact as compared and quoted. An NCCL variable whose name is not known to be harmless is a digest
-    (``sources/nccl_env.env_facts``); a peer's agent of an older release may still send its value: it becomes the
-    same digest here, never quoted."""
-    if not key.startswith("nccl_env."):
-        return value
-    from dgxdoctor.sources.allowlist import env_allowed
-    from dgxdoctor.sources.redact import DIGEST_RE, REDACTED, digest, secret_name
-
-    var = key.removeprefix("nccl_env.")
-    if value == REDACTED or DIGEST_RE.match(value) or (env_allowed(var) and not secret_name(var)):
-        return value
-    return digest(value)
-
-
 class Imbalance(Struct, frozen=True):
     """The imbalance of one compared metric (``rail`` empty for node-wide metrics)."""
 
@@ -419,7 +404,7 @@ def _view(snap: Mapping[str, Any]) -> _NodeView:
                 labels = sample.get("labels", {})
                 rail = f"{labels.get('device', '?')}/{labels.get('port', '?')}" if rule.per_rail else ""
                 view.values[(rule.key, rail)].append(float(value))
-    view.facts = {k: _env_fact(k, str(v)) for k, v in snap.get("facts", {}).items() if k not in IGNORED_FACTS}
+    view.facts = {k: str(v) for k, v in snap.get("facts", {}).items() if k not in IGNORED_FACTS}
     view.mp_worker_down = tuple(
         str(f.get("message", ""))
         for check in snap.get("checks", ())
@@ -454,7 +439,7 @@ def _drift(views: Mapping[str, _NodeView], local: str | None) -> tuple[list[Find
     compared = 0
     for key in keys:
         if key.startswith("nccl_env."):
-            values = {n: views[n].facts.get(key, UNSET) for n in nccl_nodes}
+            values = {n: _env_fact(key, views[n].facts.get(key, UNSET)) for n in nccl_nodes}
         else:
             values = {n: v.facts[key] for n, v in views.items() if key in v.facts}
         if len(values) < 2:
@@ -494,6 +479,19 @@ def _drift_rule(key: str) -> tuple[str, Status, str]:
         if any(_matches(key, pattern) for pattern in patterns):
             return code, status, remedy
     raise AssertionError("the last drift rule matches every key")
+
+
+def _env_fact(key: str, value: str) -> str:
+    """An NCCL variable's value as compared and quoted: one whose name is not known to be harmless is a digest
+    (``sources/nccl_env.env_facts``); a peer's agent of an older release may still send its value: it becomes the
+    same digest here, never quoted."""
+    from dgxdoctor.sources.allowlist import env_allowed
+    from dgxdoctor.sources.redact import DIGEST_RE, REDACTED, digest, secret_name
+
+    var = key.removeprefix("nccl_env.")
+    if value in (UNSET, REDACTED) or DIGEST_RE.match(value) or (env_allowed(var) and not secret_name(var)):
+        return value
+    return digest(value)
 
 
 def _matches(key: str, pattern: str) -> bool:
