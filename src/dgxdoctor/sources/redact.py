@@ -3,10 +3,10 @@
 Command lines and environments are read from ``/proc`` and shown in findings, ``/state``, ``check --json``, the
 open ``/metrics`` and the bundle. Two rules, for two kinds of text:
 
-- Names, by construction (``shown_env``, ``allowed_argv``): an environment value or a flag's value is shown only
-  when its name is on an allow list of known-harmless names (``sources/allowlist.py``; vLLM's flags from vLLM's own
-  argument parser, ``sources/vllm_flags.py``); every other value is replaced. A kept value still loses the
-  credentials of any URL in it (``postgres://u:pa/ss@h`` -> ``postgres://u:<redacted>@h``).
+- Names, by construction (``shown_value``, ``allowed_argv``, ``shown_argv``): an environment value or a flag's
+  value is shown only when its name is on an allow list of known-harmless names (``sources/allowlist.py``; vLLM's
+  flags from vLLM's own argument parser, ``sources/vllm_flags.py``); every other value is replaced. A kept value
+  still loses the credentials of any URL in it (``postgres://u:pa/ss@h`` -> ``postgres://u:<redacted>@h``).
 - A name that looks secret is never allowed, whatever the lists say: its words (split on ``-``, ``_`` and ``.``)
   include one of ``SECRET_WORDS`` (``--api-key``, ``--api_key``, ``--hf_token``, ``OPENAI_KEY``,
   ``NCCL_SECRET_X``, ``DB_PASSWORD_FILE``), or it contains one of ``SECRET_PARTS`` (``--hfsecret``,
@@ -39,12 +39,22 @@ ENV_NAME_RE = lazy_compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # A negative number is a value, not a flag ("--seed -1").
 NUMBER_RE = lazy_compile(r"^-\d")
 DIGEST_HEX = 8
+MAX_CACHED_NAME = 64
 DIGEST_RE = lazy_compile(r"^sha256:[0-9a-f]{8}$")
 
 
-@functools.lru_cache(maxsize=4096)  # the deny list asks for every name=value of a log tail
 def secret_name(name: str) -> bool:
     """Whether a flag or variable named ``name`` holds a secret (see the module docstring)."""
+    # The deny list asks for every name=value of a log tail: the usual short names are remembered.
+    return _secret_name(name) if len(name) <= MAX_CACHED_NAME else _is_secret_name(name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _secret_name(name: str) -> bool:
+    return _is_secret_name(name)
+
+
+def _is_secret_name(name: str) -> bool:
     low = name.lower()
     return any(word in SECRET_WORDS for word in NAME_SPLIT_RE.split(low)) or any(p in low for p in SECRET_PARTS)
 
@@ -88,7 +98,8 @@ def shown_value(name: str, value: str, allowed: Callable[[str], bool]) -> str:
 def redact_argv(argv: Sequence[str]) -> tuple[str, ...]:
     """argv with the values of secret-named flags replaced: ``--api-key X`` and ``--api-key=X`` -> ``<redacted>``,
     also ``NAME=X`` arguments (an ``env HF_TOKEN=X vllm serve`` wrapper) and URL credentials. Deny rules only: for
-    a command line quoted in a finding; the bundle shows argv through ``allowed_argv``."""
+    a command whose every other value matters (the bench baseline's ``vllm bench serve`` line); findings and the
+    bundle show argv through ``allowed_argv``."""
     out: list[str] = []
     hide_next = False
     for arg in argv:
