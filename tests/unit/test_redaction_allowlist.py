@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +38,7 @@ from dgxdoctor.result import CheckResult, Status
 from dgxdoctor.sources.commands import CommandResult, run_command
 from dgxdoctor.sources.redact import digest
 from dgxdoctor.sources.serving_env import pick_serving_python
+from dgxdoctor.sources.vllm_flags import shipped_flags, vllm_flags
 from proctree import write_process
 from webtest import TestClient, TestServer
 
@@ -288,3 +290,22 @@ def test_the_deny_list_costs_time_linear_in_a_log_tail(unit: str) -> None:
     # 5 ms per KiB is 20x what any shape costs here (0.2-0.4 ms), and a shared machine's noise stays below it.
     short, long = per_kib(4096), per_kib(32768)
     assert long <= max(5e-3, 4 * short), f"{short * 1e6:.0f} -> {long * 1e6:.0f} us/KiB"
+
+
+def test_a_probe_stuck_past_its_timeout_leaves_the_shipped_list_and_is_not_repeated() -> None:
+    """Importing vLLM may hang in the kernel (a GPU off the bus) where no kill reaches it: the bundle still gets
+    vLLM's flags (the shipped list) within the probe's time, and no second probe of that interpreter piles up."""
+    release = threading.Event()
+    calls: list[list[str]] = []
+
+    def stuck(argv: Sequence[str], timeout_s: float = 10.0) -> CommandResult:
+        calls.append(list(argv))
+        release.wait(30)  # past its own timeout, as a process in D state is
+        return CommandResult(tuple(argv), 0, json.dumps({"flags": {"--late": True}}), "")
+
+    python = "/opt/stuck-vllm/bin/python3"
+    t0 = time.monotonic()
+    assert vllm_flags(python, stuck, 0.5) == shipped_flags()
+    assert time.monotonic() - t0 < 3.0
+    assert vllm_flags(python, stuck, 0.5) == shipped_flags() and len(calls) == 1
+    release.set()

@@ -58,6 +58,7 @@ PROBE_TIMEOUT_S = 30.0
 SHIPPED = "data/vllm_flags.json"
 
 _cache: dict[str, dict[str, bool]] = {}
+_asking: set[str] = set()  # interpreters whose probe has not ended
 _lock = threading.Lock()
 
 
@@ -93,20 +94,35 @@ def probe_flags(python: str, run: CommandRunner, timeout_s: float = PROBE_TIMEOU
 
 
 def vllm_flags(python: str | None, run: CommandRunner, timeout_s: float = PROBE_TIMEOUT_S) -> Mapping[str, bool]:
-    """The installed vLLM's flags (once per interpreter), else the shipped list."""
+    """The installed vLLM's flags (asked once per interpreter), else the shipped list.
+
+    The probe runs on a daemon thread and is waited for ``timeout_s`` and a second: importing vLLM on a node whose
+    GPU has fallen off the bus may hang in the kernel where no kill reaches it, and the bundle captured before a
+    restart must still be written. While one probe of an interpreter is still out, none other is started."""
     if python is None or timeout_s <= 0:
         return shipped_flags()
     with _lock:
         known = _cache.get(python)
-    if known is not None:
-        return known
-    try:
-        found = probe_flags(python, run, timeout_s)
-    except (OSError, ValueError):
-        return shipped_flags()
-    with _lock:
-        _cache[python] = found
-    return found
+        if known is not None or python in _asking:
+            return known if known is not None else shipped_flags()
+        _asking.add(python)
+    answer: list[dict[str, bool]] = []
+
+    def ask() -> None:
+        try:
+            answer.append(probe_flags(python, run, timeout_s))
+        except (OSError, ValueError):
+            pass
+        finally:
+            with _lock:
+                _asking.discard(python)
+                if answer:
+                    _cache[python] = answer[0]
+
+    thread = threading.Thread(target=ask, name="vllm-flags", daemon=True)
+    thread.start()
+    thread.join(timeout_s + 1.0)
+    return answer[0] if answer else shipped_flags()
 
 
 def main(argv: list[str]) -> int:
