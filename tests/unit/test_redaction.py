@@ -20,6 +20,7 @@ from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.result import CheckResult, Status
 from dgxdoctor.sources import nccl_env
+from dgxdoctor.sources.redact import digest
 from dgxdoctor.sources.serving_env import pick_serving_python
 
 SECRET = "sk-3f9c1d2e8b7a6f5e"
@@ -81,11 +82,11 @@ def test_a_non_assignment_line_of_the_env_file_is_reported_by_number_and_kind_on
 
 
 def test_nccl_facts_on_the_open_metrics_keep_configuration_and_hide_secret_named_values() -> None:
-    """NCCL_* values are configuration both nodes must share (the comparison needs them); a secret-named one is
-    shown as redacted, and no other variable of vLLM's environment is a fact at all."""
+    """NCCL_* values are configuration both nodes must share (the comparison needs them); one whose name is not
+    known to be harmless is shown as a digest, and no other variable of vLLM's environment is a fact at all."""
     values = {"NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_NET_PLUGIN_API_KEY": SECRET, "HF_TOKEN": SECRET, "PATH": "/bin"}
     facts = nccl_env.env_facts(values)
-    assert facts == {"nccl_env.NCCL_IB_HCA": "mlx5_0,mlx5_1", "nccl_env.NCCL_NET_PLUGIN_API_KEY": "<redacted>"}
+    assert facts == {"nccl_env.NCCL_IB_HCA": "mlx5_0,mlx5_1", "nccl_env.NCCL_NET_PLUGIN_API_KEY": digest(SECRET)}
     store = ResultStore("n1", clock=lambda: 1.0)
     store.put(CheckResult("nccl_env", Status.OK, "ok", facts=facts))
     exposition = generate_latest(make_registry(store)).decode()

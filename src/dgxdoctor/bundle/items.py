@@ -232,25 +232,24 @@ def infiniband(env: Environment, timeout_s: float) -> Item:
 
 
 def nccl_environment(config: Config, env: Environment) -> Callable[[float], Output]:
-    """The NCCL env file and the environment of the serving processes (redacted with the rest of the part)."""
+    """The NCCL env file and the serving processes' environments and command lines, redacted by construction
+    (``bundle/environ.py``: only the values of names known to be harmless) and with the rest of the part."""
+    from dgxdoctor.bundle.environ import argv_flags, env_file_lines, process_lines
+    from dgxdoctor.checks.drift import DriftSettings
     from dgxdoctor.checks.nccl_env import NcclEnvSettings  # the checks load when a bundle is built, not imported
 
     env_file = config.settings_of("nccl_env", NcclEnvSettings).env_file
+    serving_python = config.settings_of("drift", DriftSettings).serving_python
 
-    def produce(_left: float) -> Output:
-        out = [f"# {env_file}"]
-        try:
-            out.append(Path(env_file).read_text(errors="replace") if env_file else "(no env_file configured)")
-        except OSError as exc:
-            out.append(f"(unreadable: {exc.strerror or exc})")
-        for proc in _serving_processes(env):
-            try:
-                raw = proc.environ()
-            except OSError as exc:
-                out.append(f"# pid {proc.pid} {proc.comm}: environment unreadable ({exc.strerror or exc})")
-                continue
-            out.append(f"# pid {proc.pid} {proc.comm}: {' '.join(proc.cmdline)[:300]}")
-            out += sorted(raw.decode("utf-8", "replace").split("\0"))
+    def produce(left_s: float) -> Output:
+        out = [
+            f"# {env_file}",
+            *(env_file_lines(env_file, env.host_root) if env_file else ["(no env_file configured)"]),
+        ]
+        procs = _serving_processes(env)
+        flags = argv_flags(serving_python, env.proc_root, env.run_command, left_s) if procs else {}
+        for proc in procs:
+            out += process_lines(proc, flags)
         return Output(("\n".join(out) + "\n").encode())
 
     return produce

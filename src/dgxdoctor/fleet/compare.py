@@ -502,7 +502,7 @@ def _drift(views: Mapping[str, _NodeView]) -> tuple[list[Drift], int]:
     compared = 0
     for key in keys:
         if key.startswith("nccl_env."):
-            values = {n: views[n].facts.get(key, UNSET) for n in nccl_nodes}
+            values = {n: _env_fact(key, views[n].facts.get(key, UNSET)) for n in nccl_nodes}
         else:
             values = {n: v.facts[key] for n, v in views.items() if key in v.facts}
         if len(values) < 2:
@@ -547,6 +547,19 @@ def _drift_rule(key: str) -> tuple[str, Status, str]:
         if any(_matches(key, pattern) for pattern in patterns):
             return code, status, remedy
     raise AssertionError("the last drift rule matches every key")
+
+
+def _env_fact(key: str, value: str) -> str:
+    """An NCCL variable's value as compared and quoted: one whose name is not known to be harmless is a digest
+    (``sources/nccl_env.env_facts``); a peer's agent of an older release may still send its value: it becomes the
+    same digest here, never quoted."""
+    from dgxdoctor.sources.allowlist import env_allowed
+    from dgxdoctor.sources.redact import DIGEST_RE, REDACTED, digest, secret_name
+
+    var = key.removeprefix("nccl_env.")
+    if value in (UNSET, REDACTED) or DIGEST_RE.match(value) or (env_allowed(var) and not secret_name(var)):
+        return value
+    return digest(value)
 
 
 def _matches(key: str, pattern: str) -> bool:

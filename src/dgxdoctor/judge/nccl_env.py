@@ -6,6 +6,7 @@ References are in ``sources/nccl_env.py``, which only reads and parses.
 from __future__ import annotations
 
 from dgxdoctor.result import Finding, Status
+from dgxdoctor.sources.allowlist import env_allowed
 from dgxdoctor.sources.nccl_env import (
     HOST_IP_VAR,
     NameSpec,
@@ -15,6 +16,7 @@ from dgxdoctor.sources.nccl_env import (
     parse_name_spec,
     watched,
 )
+from dgxdoctor.sources.redact import digest, secret_name
 from dgxdoctor.sources.sysfs_ib import IbPort, gid_is_zero
 
 REMEDY_ENV_FILE = (
@@ -280,18 +282,24 @@ def _check_gid(value: str, ports: list[IbPort]) -> list[Finding]:
     return findings
 
 
+def shown_env(var: str, value: str) -> str:
+    """The value as a message may quote it: itself for a harmless name, ``sha256:1a2b3c4d`` for any other."""
+    return repr(value) if env_allowed(var) and not secret_name(var) else digest(value)
+
+
 def compare_envs(
     file_values: dict[str, str], file_label: str, proc_values: dict[str, str], proc_label: str
 ) -> list[Finding]:
     """A watched variable that differs between the file and the running process: the process was started
-    before the file changed (or without sourcing it)."""
+    before the file changed (or without sourcing it). The values are compared whole; the message quotes a value
+    only when its name is known to be harmless (``sources/allowlist.py``), else a short digest of it."""
     findings: list[Finding] = []
     a, b = watched(file_values), watched(proc_values)
     for var in sorted(set(a) | set(b)):
         if a.get(var) == b.get(var):
             continue
-        left = repr(a[var]) if var in a else "unset"
-        right = repr(b[var]) if var in b else "unset"
+        left = shown_env(var, a[var]) if var in a else "unset"
+        right = shown_env(var, b[var]) if var in b else "unset"
         findings.append(
             _finding(
                 "NCCL_ENV_DRIFT",

@@ -23,7 +23,8 @@ from pathlib import Path
 from msgspec import Struct
 
 from dgxdoctor.lazy_re import lazy_compile
-from dgxdoctor.sources.redact import REDACTED, secret_name
+from dgxdoctor.sources.allowlist import env_allowed
+from dgxdoctor.sources.redact import digest, secret_name
 
 # A shell variable name: "NCCL_IB_HCA" in "export NCCL_IB_HCA=mlx5_0,mlx5_1".
 VAR_NAME_RE = lazy_compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -335,11 +336,12 @@ def env_facts(values: dict[str, str]) -> dict[str, str]:
 
     Facts are labels of ``dgxdoctor_node_fact`` on the open ``/metrics``. Only the watched families are facts
     (NCCL_*, GLOO_*, TORCH_NCCL_*: interface and HCA names, GID index, levels: configuration both nodes must share,
-    which the comparison needs), never the rest of vLLM's environment (HF_TOKEN and the like); one whose name reads
-    as a secret (``redact.secret_name``) is kept as ``<redacted>``, so a difference still shows as a difference of
-    presence, never its value."""
+    which the comparison needs), never the rest of vLLM's environment (HF_TOKEN and the like). A value is kept only
+    when its name is known to be harmless (``allowlist.env_allowed``, not ``redact.secret_name``); any other
+    (``NCCL_SECRET_X``, a plugin's variable) is kept as a short digest (``sha256:1a2b3c4d``), so two nodes can
+    still be seen to differ, never the value."""
     facts = {
-        f"nccl_env.{k}": REDACTED if secret_name(k) else v
+        f"nccl_env.{k}": v if env_allowed(k) and not secret_name(k) else digest(v)
         for k, v in sorted(watched(values).items())
         if k != HOST_IP_VAR
     }

@@ -1,0 +1,105 @@
+"""Names whose values are known to be harmless, shown where every other value is replaced (``sources/redact.py``).
+
+- NCCL's configuration variables, from NCCL's documentation (docs.nvidia.com/deeplearning/nccl/user-guide/docs/
+  env.html, "System configuration" and "Debugging"; names up to NCCL 2.28): interfaces, HCAs, GID index,
+  algorithms, levels. Not every ``NCCL_*`` name: a plugin's ``NCCL_<PLUGIN>_SECRET`` or an unknown one is not here.
+- PyTorch's ``TORCH_NCCL_*`` and c10d settings, Gloo's interface, CUDA's device selection, the shell's basics.
+- vLLM's documented settings that carry no credential (vllm/envs.py): addresses, ports, logging, the executor.
+  vLLM's command-line flags come from vLLM's own parser (``sources/vllm_flags.py``); ``OTHER_FLAGS`` are the
+  Python interpreter's and Ray's (``ray start``, raylet), whose values are addresses, ports and paths.
+
+A name that looks secret (``redact.secret_name``) is never shown, even if it were listed here.
+"""
+
+from __future__ import annotations
+
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+NCCL_ENV = frozenset(
+    f"NCCL_{name}"
+    for name in _words(
+        """
+    SOCKET_IFNAME SOCKET_FAMILY SOCKET_RETRY_CNT SOCKET_RETRY_SLEEP_MSEC SOCKET_POLL_TIMEOUT_MSEC SOCKET_NTHREADS
+    NSOCKS_PERTHREAD CROSS_NIC IB_HCA IB_TIMEOUT IB_RETRY_CNT IB_GID_INDEX IB_ADDR_FAMILY IB_ADDR_RANGE
+    IB_ROCE_VERSION_NUM IB_SL IB_TC IB_FIFO_TC IB_RETURN_ASYNC_EVENTS IB_DISABLE IB_AR_THRESHOLD
+    IB_QPS_PER_CONNECTION IB_SPLIT_DATA_ON_QPS IB_CUDA_SUPPORT IB_PCI_RELAXED_ORDERING IB_ADAPTIVE_ROUTING
+    IB_ECE_ENABLE IB_MERGE_NICS IB_MERGE_VFS IB_USE_INLINE IB_PKEY IB_DATA_DIRECT IB_OOO_RQ OOB_NET_ENABLE
+    OOB_NET_IFNAME UID_STAGGER_THRESHOLD UID_STAGGER_RATE NET NET_PLUGIN TUNER_PLUGIN PROFILER_PLUGIN ENV_PLUGIN
+    IGNORE_CPU_AFFINITY CONF_FILE DEBUG DEBUG_FILE DEBUG_SUBSYS DEBUG_TIMESTAMP_FORMAT DEBUG_TIMESTAMP_LEVELS
+    COLLNET_ENABLE COLLNET_NODE_THRESHOLD CTA_POLICY TOPO_FILE TOPO_DUMP_FILE SET_THREAD_NAME P2P_DISABLE
+    P2P_LEVEL P2P_DIRECT_DISABLE P2P_USE_CUDA_MEMCPY P2P_NET_CHUNKSIZE P2P_NVL_CHUNKSIZE P2P_PCI_CHUNKSIZE
+    P2P_LL_THRESHOLD P2P_PXN_LEVEL PXN_DISABLE SHM_DISABLE SHM_USE_CUDA_MEMCPY SHM_MEMCPY_MODE BUFFSIZE NTHREADS
+    MAX_NCHANNELS MIN_NCHANNELS MAX_P2P_NCHANNELS MIN_P2P_NCHANNELS MAX_CTAS MIN_CTAS NCHANNELS_PER_NET_PEER
+    CHECKS_DISABLE CHECK_POINTERS LAUNCH_MODE NET_GDR_LEVEL NET_GDR_READ NET_GDR_C2C NET_SHARED_BUFFERS
+    NET_SHARED_COMMS NET_DISABLE_INTRA NET_FORCE_FLUSH NET_OVERHEAD SINGLE_RING_THRESHOLD LL_THRESHOLD
+    LL128_THRESHOLD TREE_THRESHOLD ALGO PROTO NVB_DISABLE NVLS_ENABLE NVLS_CHUNKSIZE NVLSTREE_MAX_CHUNKSIZE
+    MNNVL_ENABLE MNNVL_UUID MNNVL_CLIQUE_ID RUNTIME_CONNECT GRAPH_REGISTER LOCAL_REGISTER LEGACY_CUDA_REGISTER
+    GRAPH_MIXING_SUPPORT SET_STACK_SIZE DMABUF_ENABLE ALLOC_P2P_NET_LL_BUFFERS COMM_BLOCKING CUMEM_ENABLE
+    CUMEM_HOST_ENABLE WORK_FIFO_DEPTH WORK_FIFO_BYTES PROXY_APPEND_BATCH_SIZE CREATE_THREAD_CONTEXT
+    RAS_ENABLE RAS_ADDR RAS_TIMEOUT_FACTOR HOSTID COMM_ID ASYNC_ERROR_HANDLING BLOCKING_WAIT IB_SPLIT_DATA
+    NVLS_NCHANNELS COLLNET_SPLIT_ALLGATHER SOCKET_INLINE SYM_ENABLE WIN_ENABLE NVTX_DISABLE
+    """
+    )
+)
+
+OTHER_ENV = frozenset(
+    _words(
+        """
+    TORCH_NCCL_ASYNC_ERROR_HANDLING TORCH_NCCL_BLOCKING_WAIT TORCH_NCCL_TRACE_BUFFER_SIZE TORCH_NCCL_DUMP_ON_TIMEOUT
+    TORCH_NCCL_ENABLE_MONITORING TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC TORCH_NCCL_DEBUG_INFO_TEMP_FILE
+    TORCH_NCCL_USE_COMM_NONBLOCKING TORCH_NCCL_AVOID_RECORD_STREAMS TORCH_NCCL_DESYNC_DEBUG
+    TORCH_NCCL_HIGH_PRIORITY TORCH_NCCL_ENABLE_TIMING TORCH_NCCL_CUDA_EVENT_CACHE TORCH_NCCL_NAN_CHECK
+    TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC TORCH_DISTRIBUTED_DEBUG TORCH_CPP_LOG_LEVEL TORCH_SHOW_CPP_STACKTRACES
+    GLOO_SOCKET_IFNAME GLOO_DEVICE_TRANSPORT MASTER_ADDR MASTER_PORT WORLD_SIZE RANK LOCAL_RANK LOCAL_WORLD_SIZE
+    CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER CUDA_DEVICE_MAX_CONNECTIONS CUDA_LAUNCH_BLOCKING CUDA_MODULE_LOADING
+    CUDA_HOME NVIDIA_VISIBLE_DEVICES NVIDIA_DRIVER_CAPABILITIES PYTORCH_CUDA_ALLOC_CONF
+    OMP_NUM_THREADS MKL_NUM_THREADS TOKENIZERS_PARALLELISM
+    PATH HOME LANG LANGUAGE LC_ALL LC_CTYPE TZ SHELL USER LOGNAME PWD TERM HOSTNAME TMPDIR LD_LIBRARY_PATH
+    PYTHONPATH PYTHONHOME PYTHONUNBUFFERED PYTHONHASHSEED VIRTUAL_ENV
+    RAY_ADDRESS RAY_DEDUP_LOGS RAY_USAGE_STATS_ENABLED RAY_BACKEND_LOG_LEVEL RAY_memory_monitor_refresh_ms
+    RAY_CGRAPH_get_timeout RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES
+    HF_HOME HF_HUB_OFFLINE HF_HUB_CACHE HF_DATASETS_OFFLINE TRANSFORMERS_OFFLINE TRANSFORMERS_CACHE
+    VLLM_HOST_IP VLLM_PORT VLLM_LOGGING_LEVEL VLLM_LOGGING_PREFIX VLLM_CONFIGURE_LOGGING VLLM_LOGGING_CONFIG_PATH
+    VLLM_USE_V1 VLLM_WORKER_MULTIPROC_METHOD VLLM_ATTENTION_BACKEND VLLM_CPU_KVCACHE_SPACE VLLM_CPU_OMP_THREADS_BIND
+    VLLM_RPC_TIMEOUT VLLM_ENGINE_ITERATION_TIMEOUT_S VLLM_USE_RAY_COMPILED_DAG VLLM_USE_RAY_SPMD_WORKER
+    VLLM_DISTRIBUTED_EXECUTOR_BACKEND VLLM_NCCL_SO_PATH VLLM_CACHE_ROOT VLLM_CONFIG_ROOT VLLM_NO_USAGE_STATS
+    VLLM_DO_NOT_TRACK VLLM_TARGET_DEVICE VLLM_LOG_STATS_INTERVAL VLLM_TRACE_FUNCTION VLLM_ENABLE_V1_MULTIPROCESSING
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN VLLM_SKIP_P2P_CHECK VLLM_DP_MASTER_IP VLLM_DP_MASTER_PORT VLLM_DP_RANK
+    VLLM_DP_SIZE VLLM_USE_MODELSCOPE VLLM_RAY_PER_WORKER_GPUS VLLM_RAY_BUNDLE_INDICES
+    """
+    )
+)
+
+HARMLESS_ENV = NCCL_ENV | OTHER_ENV
+
+# Flag -> whether it takes a value. Python's own options before the module (`python -m vllm...`), `ray start`'s
+# and the raylet's (Ray's C++ flags are spelled with "_": compared after redact.flag_key).
+OTHER_FLAGS: dict[str, bool] = {
+    **{f: False for f in ("-u", "-B", "-E", "-I", "-O", "-OO", "-s", "-S", "-P", "-q", "-v", "-b", "-bb")},
+    **{f: True for f in ("-m", "-X", "-W")},
+    **{
+        f"--{name}": False
+        for name in ("head", "block", "disable-usage-stats", "include-dashboard", "include-log-monitor", "verbose")
+    },
+    **{
+        f"--{name}": True
+        for name in _words(
+            """
+        address port node-ip-address node-name node-id node-manager-port object-manager-port min-worker-port
+        max-worker-port gcs-address gcs-server-port temp-dir session-dir session-name log-dir resource-dir
+        plasma-directory object-store-memory num-cpus num-gpus resources labels dashboard-host dashboard-port
+        dashboard-agent-listen-port dashboard-agent-grpc-port metrics-export-port metrics-agent-port
+        runtime-env-agent-port raylet-socket-name store-socket-name cluster-id maximum-startup-concurrency
+        num-prestart-python-workers ray-client-server-port
+        """
+        )
+    },
+}
+
+
+def env_allowed(name: str) -> bool:
+    """Whether an environment variable's value may be shown (``redact.shown_value`` adds the secret-name test)."""
+    return name in HARMLESS_ENV
