@@ -43,7 +43,8 @@ def test_token_or_token_file(tmp_path: Path) -> None:
     assert (
         parse_config({"daemon": {"token_file": str(token_file)}}).daemon.resolve_token() == "abcdefghijklmnopqrstuvwxyz"
     )
-    assert "not both" in str(problems({"daemon": {"token": "x" * 16, "token_file": str(token_file)}}))
+    assert "not several" in str(problems({"daemon": {"token": "x" * 16, "token_file": str(token_file)}}))
+    assert "not several" in str(problems({"daemon": {"token_file": str(token_file), "peer_token_file": "/p"}}))
     token_file.write_text("short")
     with pytest.raises(ValueError, match="shorter than 16"):
         parse_config({"daemon": {"token_file": str(token_file)}}).daemon.resolve_token()
