@@ -75,7 +75,7 @@ class DaemonSettings(Frozen, frozen=True):
     peer_token_file: Annotated[
         Path | None,
         Meta(description="file holding the peer/admin token, the same on every node: /bundle/part, /check/run, "
-             "/reload, /remediation/step, /nccl/*, and what the read token opens; what this node sends its peers. "
+             "/reload, /remediation/step, /nccl/*, and what the read token opens; what this node sends its peers; "
              f"{TOKEN_FILE_RULE}"),
     ] = None  # fmt: skip
     token: Annotated[
