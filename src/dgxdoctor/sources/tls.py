@@ -41,7 +41,11 @@ def _client_context(
     files: tuple[Path | None, Path | None, Path | None], stamps: tuple[int | None, ...]
 ) -> ssl.SSLContext:
     ca_file, cert_file, key_file = files
-    ctx = ssl.create_default_context(cafile=None if ca_file is None else str(ca_file))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # certificate and host name required
+    if ca_file is not None:
+        ctx.load_verify_locations(cafile=str(ca_file))
+    else:
+        ctx.load_default_certs()
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     if cert_file is not None and key_file is not None:
         ctx.load_cert_chain(str(cert_file), str(key_file))
