@@ -137,7 +137,7 @@ def _no_peer_tls() -> ssl.SSLContext | None:
 
 
 class Peers(Struct, frozen=True):
-    """The other nodes' dgxdoctor and how to ask them (the ``[daemon]`` table's peers, token, peer_timeout_s)."""
+    """The other nodes' dgxdoctor and how to ask them (the ``[daemon]`` table's peers, peer token, peer_timeout_s)."""
 
     urls: tuple[str, ...]
     token: str | None

@@ -226,3 +226,20 @@ def test_check_cluster_without_a_peer_token_says_the_peers_need_one(open_daemon:
     assert "no peer token configured" in run.stderr and "peer_token_file" in run.stderr
     peer = next(n for n in json.loads(run.stdout)["nodes"] if not n["local"])
     assert "HTTP 403" in peer["error"] and "peer_token_file" in peer["error"]
+
+
+def test_bundle_cluster_without_a_peer_token_says_the_peers_need_one(open_daemon: DaemonProc, tmp_path: Path) -> None:
+    head = tmp_path / "head.toml"
+    (tmp_path / "head-state").mkdir()
+    head.write_text(
+        f'node = "head-node"\n[daemon]\npeers = ["{open_daemon.url}"]\n'
+        f'[paths]\nstate_dir = "{tmp_path / "head-state"}"\n{QUIET}'
+    )
+    out = tmp_path / "b.tar.gz"
+    argv = ["bundle", "--config", str(head), "--cluster", "--deadline", "10", "-o", str(out)]
+    run = subprocess.run(
+        [sys.executable, "-m", "dgxdoctor", *argv], capture_output=True, text=True, timeout=120,
+        env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert "no peer token configured" in run.stderr and "peer_token_file" in run.stderr
+    assert run.returncode == 1 and "HTTP 403" in run.stdout and "peer_token_file" in run.stdout, run.stdout

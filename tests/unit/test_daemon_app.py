@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator
 from typing import Any
 from unittest import mock
@@ -147,3 +148,15 @@ def test_token_compare_and_loopback() -> None:
     assert not token_ok(None, TOKEN) and not token_ok("Bearer", TOKEN) and not token_ok("Bearer é", TOKEN)
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("127.8.9.10")
     assert not is_loopback("10.78.0.1") and not is_loopback(None) and not is_loopback("dgx-b")
+
+
+def test_every_configured_token_is_compared() -> None:
+    """The comparison does not stop at the first token: which one came close is not in the timing."""
+    from dgxdoctor.daemon import access
+
+    assert access.matches(PEER, [READ, PEER]) and access.matches(READ, [READ, PEER])
+    assert not access.matches(PEER + "x", [READ, PEER]) and not access.matches("é", [READ])
+    assert access.bearer(f"Bearer {PEER}") == PEER and access.bearer("Bearer ") is None
+    assert access.basic_password("Basic " + base64.b64encode(f"ops:{READ}".encode()).decode()) == READ
+    assert access.scope_of("/metrics") is None and access.scope_of("/metrics", True) == access.READ
+    assert access.scope_of("/nccl/join/abc") == access.PEER and access.scope_of("/healthz") is None
