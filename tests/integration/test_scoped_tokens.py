@@ -7,9 +7,11 @@ Every request here comes from this test's process on loopback, which is where an
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import pytest
 from conftest import REPO
 from daemonproc import DaemonProc
 from dgxdoctor.checks.registry import ALL_CHECKS
+from dgxdoctor.daemon.connections import Limits
 from tlscerts import Pki, make_pki, write_token
 
 pytestmark = pytest.mark.integration
@@ -185,6 +188,16 @@ def test_tls_listener_refuses_plain_http_and_a_peer_without_a_client_cert(
     d.verify = client_context(pki, with_cert=True)
     assert post(d, "/reload", {}, PEER).status_code == 200
     assert post(d, "/reload", {}, READ).status_code == 403  # a certificate is no token
+
+
+def test_a_stalled_tls_handshake_is_closed_at_the_head_deadline(tls_daemon: tuple[DaemonProc, Pki]) -> None:
+    """The guard sees a TLS connection only after its handshake: a client that connects and sends nothing is closed
+    at the request head's deadline (10 s), not asyncio's 60 s."""
+    d, _ = tls_daemon
+    with socket.create_connection(("127.0.0.1", d.port), timeout=40) as sock:
+        t0 = time.monotonic()
+        assert sock.recv(1) == b""
+        assert time.monotonic() - t0 < Limits().header_timeout_s + 5
 
 
 def _with_cert(ca: Path, pki: Pki) -> ssl.SSLContext:
