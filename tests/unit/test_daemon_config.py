@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_cli
 from dgxdoctor.config import DEFAULT_LISTEN, ConfigError, load_config, parse_config, parse_listen
 
 
@@ -104,3 +105,11 @@ def test_tls_keys_go_together(tmp_path: Path) -> None:
     assert "together" in problems({"daemon": {"tls_cert_file": "/c.pem"}})["daemon"]
     assert "needs tls_cert_file" in problems({"daemon": {"tls_client_ca_file": "/ca.pem"}})["daemon"]
     parse_config({"daemon": {"tls_cert_file": "/c.pem", "tls_key_file": "/k.pem", "peer_ca_file": "/ca.pem"}})
+
+
+def test_a_command_on_the_deprecated_token_says_so(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    peer = token_file(tmp_path / "token", "old-single-token-0123456789")
+    config.write_text(f'[paths]\nstate_dir = "{tmp_path}"\n[daemon]\ntoken_file = "{peer}"\n')
+    done = run_cli("check", "--config", str(config), "--only", "host", timeout=120)
+    assert "config warning: daemon.token_file is deprecated" in done.stderr and "peer_token_file" in done.stderr
