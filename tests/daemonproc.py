@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -67,10 +68,12 @@ class DaemonProc:
     host: str = "127.0.0.1"
     token: str | None = None
     proc: subprocess.Popen[bytes] | None = None
+    scheme: str = "http"  # "https" for a daemon with [daemon] tls_cert_file
+    verify: Any = True  # what httpx verifies an https daemon with (an ssl.SSLContext trusting the test CA)
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -106,7 +109,7 @@ class DaemonProc:
 
     def get(self, path: str, timeout: float = 5.0, auth: bool = False) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.token}"} if auth and self.token else {}
-        return httpx.get(f"{self.url}{path}", timeout=timeout, headers=headers)
+        return httpx.get(f"{self.url}{path}", timeout=timeout, headers=headers, verify=self.verify)
 
     def wait_healthy(self, limit_s: float = 60.0) -> None:
         self.wait_for(lambda: self.get("/healthz", timeout=2).status_code == 200, limit_s, "healthy")

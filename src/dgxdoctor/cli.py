@@ -83,14 +83,17 @@ def build_checks(
     return checks
 
 
-def _load(config_path: Path | None) -> Config:
+def _load(config_path: Path | None, warn: bool = True) -> Config:
     from dgxdoctor.config import EX_CONFIG, ConfigError, load_config
 
     try:
-        return load_config(config_path)
+        config = load_config(config_path)
     except ConfigError as exc:
         click.echo(str(exc), err=True)
         sys.exit(EX_CONFIG)
+    for warning in config.warnings() if warn else ():
+        click.echo(f"config warning: {warning}", err=True)
+    return config
 
 
 EX_USAGE = 64  # sysexits.h; 1-3 are taken by the Nagios statuses
@@ -196,8 +199,12 @@ def _check_cluster(
     try:
         token = config.daemon.resolve_token()
     except (OSError, ValueError) as exc:
-        click.echo(f"invalid configuration: daemon.token_file: {exc}", err=True)
+        click.echo(f"invalid configuration: daemon peer token: {exc}", err=True)
         return EX_CONFIG
+    if token is None:
+        from dgxdoctor.fleet.peers import NO_PEER_TOKEN
+
+        click.echo(f"warning: {NO_PEER_TOKEN}", err=True)
     view = run_cluster_check(config, checks, token, deadline_s, cached)
     click.echo(json.dumps(cluster_document(view), indent=2) if as_json else cluster_table(view, verbose))
     return exit_code(view.status)
@@ -219,7 +226,7 @@ def run(config_path: Path | None, listen: str | None) -> None:
     from dgxdoctor.daemon import logconfig
     from dgxdoctor.daemon.service import Daemon
 
-    config = _load(config_path)
+    config = _load(config_path, warn=False)  # the daemon logs them
     if listen is not None:
         try:
             parse_listen(listen)
@@ -229,7 +236,7 @@ def run(config_path: Path | None, listen: str | None) -> None:
     try:
         daemon = Daemon(config, config_path, listen)
     except (OSError, ValueError) as exc:
-        click.echo(f"invalid configuration: daemon.token_file: {exc}", err=True)
+        click.echo(f"invalid configuration: daemon token or TLS file: {exc}", err=True)
         sys.exit(EX_CONFIG)
     # Not asyncio.run(): at its end it joins the loop's executor threads, and the interpreter joins every
     # ThreadPoolExecutor's at exit. A thread stuck in a hung call (NVML, a dead NFS textfile directory) would then
@@ -354,6 +361,15 @@ def bundle(
         raise click.BadParameter(str(exc), param_hint="--since") from None
     if cluster and not config.daemon.peers:
         raise click.UsageError("--cluster needs the other nodes in [daemon] peers")
+    if (
+        cluster
+        and config.daemon.token is None
+        and config.daemon.token_file is None
+        and config.daemon.peer_token_file is None
+    ):
+        from dgxdoctor.fleet.peers import NO_PEER_TOKEN
+
+        click.echo(f"warning: {NO_PEER_TOKEN}", err=True)
     try:
         path, top = run_bundle(config, since_s, cluster, output)
     except OSError as exc:

@@ -31,6 +31,8 @@ from dgxdoctor.sources.statefile import state_dir_problem
 from dgxdoctor.validation import Invalid, Problem, bare_type, child_type, validate
 
 if TYPE_CHECKING:
+    import ssl
+
     from dgxdoctor.checks.base import CheckSettings
 
 S = TypeVar("S", bound="CheckSettings")
@@ -258,7 +260,18 @@ class Config:
             host_root=p.host_root,
             state_dir=p.state_dir,
             token=self.daemon.resolve_token,
+            peer_tls=self._peer_tls,
         )
+
+    def _peer_tls(self) -> ssl.SSLContext | None:
+        from dgxdoctor.sources.tls import peer_client_context
+
+        d = self.daemon
+        return peer_client_context(d.peer_ca_file, d.tls_cert_file, d.tls_key_file)
+
+    def warnings(self) -> list[str]:
+        """What still works but should change (deprecated keys): shown by the commands, logged by the daemon."""
+        return self.daemon.deprecations()
 
 
 def _key_path(loc: tuple[int | str, ...]) -> str:
@@ -348,12 +361,13 @@ def user_uid(user: str) -> int | None:
 
 
 def _acting_problem(config: Config) -> tuple[str, str] | None:
-    """Act mode runs root commands on what ``POST /alertmanager`` and ``/remediation/step`` deliver: without a token
-    any local user could deliver it, so a token is required (``token`` or ``token_file``)."""
+    """Act mode runs root commands on what ``POST /alertmanager`` and ``/remediation/step`` deliver; both refuse
+    everyone without their token, so act mode without one could never act: a config error, not a silent no-op."""
     d = config.daemon
-    if config.remediation.mode == "act" and d.token is None and d.token_file is None:
-        return ("remediation.mode", 'mode = "act" needs daemon.token or daemon.token_file (the webhook and the '
-                "head's step requests must be authenticated)")  # fmt: skip
+    tokens = (d.alert_token_file, d.peer_token_file, d.token, d.token_file)
+    if config.remediation.mode == "act" and all(t is None for t in tokens):
+        return ("remediation.mode", 'mode = "act" needs daemon.alert_token_file (Alertmanager\'s webhook) and '
+                "daemon.peer_token_file (the head's step requests to its workers)")  # fmt: skip
     return None
 
 

@@ -80,7 +80,9 @@ def __getattr__(name: str) -> Any:
 
 
 @cache
-def _transports() -> tuple[type[httpx.BaseTransport], type[httpx.AsyncBaseTransport]]:
+def _transports() -> tuple[
+    Callable[[ssl.SSLContext | None], httpx.BaseTransport], Callable[[ssl.SSLContext | None], httpx.AsyncBaseTransport]
+]:
     import httpx
 
     class ByScheme(httpx.BaseTransport):
@@ -88,15 +90,16 @@ def _transports() -> tuple[type[httpx.BaseTransport], type[httpx.AsyncBaseTransp
         such request, with ``tls_context()``. The vllm and ray checks speak plain HTTP to loopback: a daemon that never
         speaks TLS never holds the parsed bundle (~1.5 MiB resident, benchmarks/README.md)."""
 
-        def __init__(self) -> None:
+        def __init__(self, tls: ssl.SSLContext | None = None) -> None:
             self._plain = httpx.HTTPTransport(verify=plain_context())
             self._tls: httpx.HTTPTransport | None = None
+            self._context = tls  # None: tls_context()
 
         def handle_request(self, request: httpx.Request) -> httpx.Response:
             if request.url.scheme != "https":
                 return self._plain.handle_request(request)
             if self._tls is None:
-                self._tls = httpx.HTTPTransport(verify=tls_context())
+                self._tls = httpx.HTTPTransport(verify=self._context or tls_context())
             return self._tls.handle_request(request)
 
         def close(self) -> None:
@@ -107,15 +110,16 @@ def _transports() -> tuple[type[httpx.BaseTransport], type[httpx.AsyncBaseTransp
     class AsyncByScheme(httpx.AsyncBaseTransport):
         """``ByScheme`` for an ``httpx.AsyncClient`` (the peer fetch)."""
 
-        def __init__(self) -> None:
+        def __init__(self, tls: ssl.SSLContext | None = None) -> None:
             self._plain = httpx.AsyncHTTPTransport(verify=plain_context())
             self._tls: httpx.AsyncHTTPTransport | None = None
+            self._context = tls
 
         async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
             if request.url.scheme != "https":
                 return await self._plain.handle_async_request(request)
             if self._tls is None:
-                self._tls = httpx.AsyncHTTPTransport(verify=tls_context())
+                self._tls = httpx.AsyncHTTPTransport(verify=self._context or tls_context())
             return await self._tls.handle_async_request(request)
 
         async def aclose(self) -> None:
@@ -130,8 +134,12 @@ def _no_token() -> str | None:
     return None
 
 
+def _no_peer_tls() -> ssl.SSLContext | None:
+    return None
+
+
 class Peers(Struct, frozen=True):
-    """The other nodes' dgxdoctor and how to ask them (the ``[daemon]`` table's peers, token, peer_timeout_s)."""
+    """The other nodes' dgxdoctor and how to ask them (the ``[daemon]`` table's peers, peer token, peer_timeout_s)."""
 
     urls: tuple[str, ...]
     token: str | None
@@ -194,6 +202,9 @@ class Environment(Struct, frozen=True):
     # The [daemon] table's shared secret, read when a check asks a peer's agent (the nccl cross-node probe); the
     # daemon's answers with the token in force after a reload. Raises OSError/ValueError for a bad token_file.
     token: Callable[[], str | None] = _no_token
+    # How an https:// peer is verified and which client certificate it is shown (``[daemon] peer_ca_file``,
+    # ``tls_cert_file``; ``sources.tls``); None: the default verification. Raises OSError for a bad file.
+    peer_tls: Callable[[], ssl.SSLContext | None] = _no_peer_tls
 
     def refusal(self, url: str, timeout_s: float) -> str | None:
         """In the one-shot run: why nothing listens at a plain-HTTP ``url`` (``[Errno 111] Connection refused``),
@@ -218,17 +229,17 @@ class Environment(Struct, frozen=True):
             return None
         return None
 
-    def http_client(self, base_url: str = "", timeout_s: float = 5.0) -> httpx.Client:
+    def http_client(self, base_url: str = "", timeout_s: float = 5.0, peer: bool = False) -> httpx.Client:
         """An httpx client whose responses are size-capped (``sources.http``); TLS context shared, and loaded only
-        for an https URL (``ByScheme``)."""
+        for an https URL (``ByScheme``). ``peer``: it talks to other nodes' agents (``peer_tls``)."""
         import httpx
 
         from dgxdoctor.sources.http import CappedTransport
 
-        inner = self.http_transport or _transports()[0]()
+        inner = self.http_transport or _transports()[0](self.peer_tls() if peer else None)
         return httpx.Client(base_url=base_url, timeout=timeout_s, transport=CappedTransport(inner))
 
-    def async_http_client(self, timeout_s: float = 5.0) -> httpx.AsyncClient:
+    def async_http_client(self, timeout_s: float = 5.0, peer: bool = False) -> httpx.AsyncClient:
         """The same for asyncio (a transport injected for tests must also be an ``httpx.AsyncBaseTransport``)."""
         import httpx
 
@@ -237,5 +248,5 @@ class Environment(Struct, frozen=True):
         injected = self.http_transport
         if injected is not None and not isinstance(injected, httpx.AsyncBaseTransport):
             raise TypeError(f"{type(injected).__name__} cannot serve an async client")
-        inner = injected if injected is not None else _transports()[1]()
+        inner = injected if injected is not None else _transports()[1](self.peer_tls() if peer else None)
         return httpx.AsyncClient(timeout=timeout_s, transport=AsyncCappedTransport(inner))

@@ -2,9 +2,10 @@
 
 The node's root directory mirrors the installed paths::
 
-    ROOT/etc/dgxdoctor/config.toml   the README's config (name, role, token_file, peers, [checks.ray] ray_command),
+    ROOT/etc/dgxdoctor/config.toml   the README's config (name, role, the token files, peers, [checks.ray] ray_command),
                                      plus what the test adds ([paths] into ROOT, intervals, checks turned off)
-    ROOT/etc/dgxdoctor/token         `head -c 32 /dev/urandom | base64`, 0600, the same on every node
+    ROOT/etc/dgxdoctor/*.token       `head -c 32 /dev/urandom | base64`, 0600: read, alert, and peer (the same on
+                                     every node)
     ROOT/var/lib/dgxdoctor           the unit's StateDirectory (0750): state, audit (remediation.jsonl)
     ROOT/run/dgxdoctor               the unit's RuntimeDirectory (0700), its TMPDIR
     ROOT/dev/kmsg                    a private kernel log (a plain file: the machine's ring is shared by every job)
@@ -125,8 +126,10 @@ class Node:
         self.journal = root / "var" / "log" / "journal"
         self.bin = root / "usr" / "bin"
         self.etc.mkdir(parents=True, mode=0o750)
-        (self.etc / "token").write_text(token)
-        (self.etc / "token").chmod(0o600)
+        # The README's three token files: the peer token the same on every node, the read and alert tokens the node's.
+        for name, value in (("peer", token), ("read", new_token()), ("alert", new_token())):
+            (self.etc / f"{name}.token").write_text(value)
+            (self.etc / f"{name}.token").chmod(0o600)
         self.state.mkdir(parents=True, mode=0o750)
         self.runtime.mkdir(parents=True, mode=0o700)
         self.kmsg.parent.mkdir(parents=True)
@@ -154,7 +157,13 @@ class Node:
 
     @property
     def token(self) -> str:
-        return (self.etc / "token").read_text().strip()
+        """The peer token: the peer endpoints, and /state and the page as the read token would."""
+        return (self.etc / "peer.token").read_text().strip()
+
+    @property
+    def alert_token(self) -> str:
+        """What Alertmanager sends to this node's /alertmanager."""
+        return (self.etc / "alert.token").read_text().strip()
 
     def configure(self, extra: dict[str, dict[str, Any]] | None = None, only: Iterable[str] | None = None,
                   node: dict[str, Any] | None = None) -> None:  # fmt: skip
@@ -165,8 +174,8 @@ class Node:
         doc["node"].update({"name": self.name, "role": self.role, **(node or {})})
         if self.role is None:  # no role declared (the README's `role` line left out)
             del doc["node"]["role"]
-        token_file = doc["daemon"]["token_file"].replace("/etc/dgxdoctor", str(self.etc))
-        doc["daemon"].update({"token_file": token_file, "peers": self.peers})
+        files = {k: v.replace("/etc/dgxdoctor", str(self.etc)) for k, v in doc["daemon"].items() if k.endswith("_file")}
+        doc["daemon"].update({**files, "peers": self.peers})
         doc["paths"] = {"state_dir": str(self.state), "kmsg_path": str(self.kmsg)}
         doc["checks.logs"] = {"journal_directory": str(self.journal)}
         for name, body in (extra or {}).items():

@@ -1,6 +1,6 @@
 """A real Prometheus and a real Alertmanager on the host, set up as docs/remediation.md tells an operator:
 Prometheus loads `dgxdoctor rules` and scrapes every node's agent; Alertmanager routes each alert that carries
-``dgxdoctor_action`` to the webhook (``/alertmanager``) of the node it names, authenticated with the daemon token
+``dgxdoctor_action`` to the webhook (``/alertmanager``) of the node it names, authenticated with that node's alert token
 read from a credentials file. Both are stopped by their PID. Needs Debian's prometheus and
 prometheus-alertmanager."""
 
@@ -45,9 +45,11 @@ class Monitoring:
     def start(self) -> None:
         root = self.root
         root.mkdir(parents=True, exist_ok=True)
-        token_file = root / "dgxdoctor-token"  # /etc/prometheus/dgxdoctor-token: the same token as the nodes'
-        token_file.write_text(self.nodes[0].token)
-        token_file.chmod(0o600)
+        alert_files = {}  # /etc/prometheus/dgxdoctor-alert.token: a copy of each node's alert token
+        for n in self.nodes:
+            alert_files[n.name] = root / f"dgxdoctor-{n.name}-alert.token"
+            alert_files[n.name].write_text(n.alert_token)
+            alert_files[n.name].chmod(0o600)
         routes = [
             {"matchers": ['dgxdoctor_action=~"restart_vllm|restart_cluster"', f'node="{n.name}"'],
              "receiver": f"dgxdoctor-{n.name}", "group_by": ["alertname", "node"]}
@@ -56,7 +58,7 @@ class Monitoring:
         receivers: list[dict[str, Any]] = [{"name": "default"}] + [
             {"name": f"dgxdoctor-{n.name}", "webhook_configs": [{
                 "url": f"http://{n.ip}:{PORT}/alertmanager", "send_resolved": True,
-                "max_alerts": 50, "http_config": {"authorization": {"credentials_file": str(token_file)}}}]}
+                "max_alerts": 50, "http_config": {"authorization": {"credentials_file": str(alert_files[n.name])}}}]}
             for n in self.nodes
         ]  # fmt: skip
         # The docs' route; group_wait/interval short so a test sees the webhook within seconds.

@@ -127,11 +127,13 @@ def test_an_agent_without_a_token_runs_nothing_for_nobody(tmp_path: Path) -> Non
     try:
         assert attacker(proc.url, "/nccl/join", JOIN) == 403
         assert attacker(proc.url, "/remediation/step", {"step": "ray_stop", "id": "a1b2c3d4e5f6"}) == 403
-        assert attacker(proc.url, "/alertmanager", ALERT) == 200  # observe mode: queued, decided, never run
-        # The evaluation that took the alert up decided "observe": the event that proves nothing runs for it.
-        proc.wait_for(lambda: [r for r in audit(tmp_path) if r["event"] == "decision" and r["source"] == "alert"
-                               and r["verdict"] == "observe"], 30, "the alert decided on")  # fmt: skip
-        assert not [r for r in audit(tmp_path) if r["event"] in ("action_started", "action")]
+        # No alert token: the webhook refuses everyone too (it used to queue nobody's alert on loopback).
+        assert attacker(proc.url, "/alertmanager", ALERT) == 403
+        for path in ("/bundle/part", "/check/run", "/reload"):
+            assert attacker(proc.url, path, {}) == 403, path
+        assert not [
+            r for r in audit(tmp_path) if r.get("source") == "alert" or r["event"] in ("action_started", "action")
+        ]
         assert calls(tmp_path) == []
     finally:
         proc.stop()
@@ -141,4 +143,4 @@ def test_act_mode_without_a_token_does_not_start(tmp_path: Path) -> None:
     body = config(tmp_path, "", 'mode = "act"\nrole = "head"').replace("@LISTEN@", "127.0.0.1:9")
     (tmp_path / "config.toml").write_text(body)
     done = run_cli("run", "--config", str(tmp_path / "config.toml"), timeout=60)
-    assert done.returncode == 78 and "daemon.token" in done.stderr
+    assert done.returncode == 78 and "alert_token_file" in done.stderr

@@ -144,14 +144,15 @@ def test_first_fault_of_each_acting_alert() -> None:
             assert (firing["labels"]["node"], firing["labels"]["dgxdoctor_action"]) == ("dgx-a", action), firing
         # 4. delivered to the head's webhook: a decision whose source is "alert" (the only way to get one), 5. decided
         # on in observe mode, act mode's dry run: what act mode would answer (a hold while the condition has not held
-        # hold_s or vLLM is in its start grace, one action at a time, a cooldown, or "would X" where it would run X).
+        # hold_s or vLLM is in its start grace; a refusal, one action at a time or a cooldown; "would X" where it would
+        # run X).
         # One answer may cover several alerts of one action (a dry-run restart_cluster answers both cluster alerts).
         problems = {f"alert:{alert}:{action}" for alert, (_, _, action) in ACTING_ALERTS.items()}
         decided = wait_for("a decision on a delivered alert", lambda: [
             r for r in head.audit() if r["event"] == "decision" and r.get("source") == "alert"
             and r["problem"] in problems], 60, head)  # fmt: skip
         for record in decided:
-            assert record["mode"] == "observe" and record["verdict"] in ("hold", "observe"), record
+            assert record["mode"] == "observe" and record["verdict"] in ("hold", "refuse", "observe"), record
             if record["verdict"] == "observe":
                 assert f"would {record['action']}" in record["reason"], record
         print(f"decided on {sorted({r['problem'] for r in decided})} {time.monotonic() - t0:.1f} s after")

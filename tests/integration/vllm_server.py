@@ -22,6 +22,8 @@ from typing import Any
 import httpx
 import psutil
 
+from tlscerts import write_token
+
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".cache" / "venv-vllm" / "bin" / "python"
 MODEL_SCRIPT = Path(__file__).with_name("vllm_model.py")
@@ -227,7 +229,11 @@ class Daemon:
         vllm_part = server.config().read_text()
         off = "".join(f"[checks.{name}]\nenabled = false\n" for name in self.OTHER_CHECKS)
         config = server.tmp / f"daemon-{port}.toml"
-        config.write_text(f'node = "vllm-node"\n[daemon]\nlisten = "127.0.0.1:{port}"\n{vllm_part}{off}')
+        self.token = "vllm-real-read-token-0123456789"
+        read = write_token(server.tmp / f"daemon-{port}.read-token", self.token)
+        config.write_text(
+            f'node = "vllm-node"\n[daemon]\nlisten = "127.0.0.1:{port}"\nread_token_file = "{read}"\n{vllm_part}{off}'
+        )
         env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
         self.log = server.tmp / f"daemon-{port}.log"
         with self.log.open("wb") as out:
@@ -237,7 +243,7 @@ class Daemon:
 
     def vllm_codes(self) -> set[str]:
         try:
-            doc = httpx.get(f"{self.url}/state", timeout=5).json()
+            doc = httpx.get(f"{self.url}/state", timeout=5, headers={"Authorization": f"Bearer {self.token}"}).json()
         except (httpx.HTTPError, ValueError):
             return set()
         return {f["code"] for c in doc.get("checks", []) if c["name"] == "vllm" for f in c["findings"]}

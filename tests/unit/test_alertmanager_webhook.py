@@ -15,6 +15,7 @@ from dgxdoctor.alerts.webhook import IncomingAlert, PayloadError, parse_payload
 from dgxdoctor.daemon.app import AppState, make_app
 from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.fleet.store import ResultStore
+from tokens import one_token
 from webtest import TestClient, TestServer
 
 TOKEN = "0123456789abcdef-token"  # what the captured Alertmanager config sent
@@ -83,7 +84,9 @@ async def client() -> AsyncIterator[tuple[TestClient[Any, Any], list[list[Incomi
         steps.append(doc["step"])
         return 200, {"ok": True, "detail": "exit 0"}
 
-    state = AppState(store, make_registry(store), lambda: {"healthy": True}, TOKEN, None, alerts=alerts, step=step)
+    state = AppState(
+        store, make_registry(store), lambda: {"healthy": True}, one_token(TOKEN), None, alerts=alerts, step=step
+    )
     c: TestClient[Any, Any] = TestClient(TestServer(make_app(state), host="127.0.0.1"))
     await c.start_server()
     yield c, got, steps
@@ -122,7 +125,7 @@ async def test_step_endpoint(client: Any) -> None:
 
 async def test_step_needs_a_configured_token(tmp_path: Path) -> None:
     store = ResultStore("dgx-a")
-    state = AppState(store, make_registry(store), lambda: {"healthy": True}, None, None)
+    state = AppState(store, make_registry(store), lambda: {"healthy": True}, one_token(None), None)
     c: TestClient[Any, Any] = TestClient(TestServer(make_app(state), host="127.0.0.1"))
     await c.start_server()
     try:

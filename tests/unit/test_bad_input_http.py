@@ -18,6 +18,7 @@ from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.fleet.store import ResultStore
 from fakechecks import gpu_result
 from fuzzing import FUZZ, deep_json, json_values
+from tokens import one_token
 from webtest import TestClient, TestServer
 
 TOKEN = "0123456789abcdef-token"
@@ -34,7 +35,7 @@ def app_state() -> AppState:
         return []
 
     reload.calls = calls  # type: ignore[attr-defined]
-    state = AppState(store, make_registry(store), lambda: {"healthy": True}, TOKEN, reload)
+    state = AppState(store, make_registry(store), lambda: {"healthy": True}, one_token(TOKEN), reload)
     return state
 
 

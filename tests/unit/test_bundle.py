@@ -244,3 +244,30 @@ def test_since_durations(text: str, seconds: float) -> None:
 def test_bad_since_is_named(text: str) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)
+
+
+def test_every_daemon_token_is_redacted(tmp_path: Path) -> None:
+    """The read and alert tokens are secrets too: a log line quoting any of the three keeps none of them."""
+    tokens = {name: f"PLANTED{name}tok{i}x" * 2 for i, name in enumerate(("read", "alert", "peer"))}
+    files = {}
+    for name, value in tokens.items():
+        files[name] = tmp_path / f"{name}.token"
+        files[name].write_text(value + "\n")
+        files[name].chmod(0o600)
+    log = tmp_path / "vllm.log"
+    log.write_text("".join(f"INFO a curl with {value} in it\n" for value in tokens.values()))
+    (tmp_path / "state").mkdir()
+    config = parse_config(
+        {
+            "node": "dgx-b",
+            "paths": {"state_dir": str(tmp_path / "state"), "proc_root": str(tmp_path / "proc"),
+                      "kmsg_path": str(tmp_path / "kmsg"), "sysfs_root": str(tmp_path / "sys")},
+            "daemon": {f"{name}_token_file": str(path) for name, path in files.items()},
+            "checks": {"logs": {"vllm_paths": [str(log)], "ray_paths": []}},
+        }
+    )  # fmt: skip
+    out = tmp_path / "b.tar.gz"
+    build_bundle(config, replace(config.environment(), run_command=FakeRunner()), sources(), out, 30.0, (), "bundle")
+    everything = b"\n".join(members(out).values())
+    assert b"INFO a curl with" in everything
+    assert not [name for name, value in tokens.items() if value.encode() in everything]

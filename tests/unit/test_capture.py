@@ -24,6 +24,7 @@ from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.remediation.capture import CaptureSettings, PreActionCapture
 from dgxdoctor.remediation.status import render_status, status_document
 from dgxdoctor.result import CheckResult, Status
+from tokens import one_token
 from webtest import TestServer
 
 TOKEN = "capture-test-token-0123456789"
@@ -110,7 +111,7 @@ async def test_a_cluster_restart_captures_the_workers_part_too(tmp_path: Path) -
     head, worker = node_config(tmp_path, "dgx-a"), node_config(tmp_path, "dgx-b")
     wstore = ResultStore("dgx-b")
     wstore.put(CheckResult("ray", Status.CRITICAL, "raylet dead"))
-    state = AppState(wstore, make_registry(wstore), lambda: {"healthy": True, "clock": time.time()}, TOKEN)
+    state = AppState(wstore, make_registry(wstore), lambda: {"healthy": True, "clock": time.time()}, one_token(TOKEN))
     service = BundlePart(lambda: worker, worker.environment, wstore)
     state.extra_routes = lambda app: bundle_part.add_routes(app, service)
     server = TestServer(make_app(state), host="127.0.0.1")

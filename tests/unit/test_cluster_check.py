@@ -26,6 +26,7 @@ from dgxdoctor.fleet.cluster_table import cluster_table
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.result import CheckResult, Finding, Status
 from fakechecks import FakeSettings, StaticCheck
+from tokens import one_token
 from webtest import TestServer
 
 TOKEN = "cluster-test-token-0123456789"
@@ -55,7 +56,7 @@ def peer_app(node: str, status: Status, interval: float = 0.0, build: Callable[[
 
     service = CheckNow(build or default_build, lambda: env, lambda: interval)
     store = ResultStore(node)
-    state = AppState(store, make_registry(store), lambda: {"healthy": True, "clock": time.time()}, TOKEN)
+    state = AppState(store, make_registry(store), lambda: {"healthy": True, "clock": time.time()}, one_token(TOKEN))
     state.extra_routes = lambda app: checknow.add_routes(app, service)
     return make_app(state), service
 
@@ -130,7 +131,7 @@ async def test_a_wrong_token_is_named(peers: list[tuple[str, CheckNow]]) -> None
     async with httpx.AsyncClient() as client:
         runs = await ask_peers(client, [peers[0][0]], "not-the-token-000000", 5.0, cached=False)
     assert runs[0].status is Status.UNKNOWN
-    assert "HTTP 401" in (runs[0].error or "") and "same daemon.token" in (runs[0].error or "")
+    assert "HTTP 401" in (runs[0].error or "") and "same [daemon] peer_token_file" in (runs[0].error or "")
 
 
 async def test_cached_reads_the_peers_state(peers: list[tuple[str, CheckNow]]) -> None:

@@ -53,6 +53,6 @@ async def test_reload_semantics(tmp_path: Path) -> None:
         path.write_text('[daemon]\nlisten = "nowhere"\ntoken = "short"\n')
         problems = await daemon.reload()
         assert any(p.startswith("daemon.listen") for p in problems) and any("daemon.token" in p for p in problems)
-        assert daemon.config is before and daemon.app_state.token == TOKEN
+        assert daemon.config is before and daemon.app_state.credentials.peer == TOKEN
     finally:
         daemon.scheduler.shutdown()

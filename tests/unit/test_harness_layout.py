@@ -10,28 +10,36 @@ import stat
 from pathlib import Path
 
 from dgxdoctor.config import load_config
-from harness.deployment import Node, readme_config, unit_value
+from harness.deployment import Node, new_token, readme_config, unit_value
 from harness.namespaces import NodeNamespaces
 
 
 def node(tmp_path: Path, role: str | None = "head") -> Node:
     ns = NodeNamespaces("unused", "unused", "10.120.0.1", {})
-    return Node("dgx-a", role, ns, tmp_path / "dgx-a", "c2VjcmV0\n", ["http://dgx-b:9835"])
+    return Node("dgx-a", role, ns, tmp_path / "dgx-a", new_token(), ["http://dgx-b:9835"])
 
 
 def test_the_config_is_the_readmes_and_validates(tmp_path: Path) -> None:
     assert readme_config() == {
         "node": {"name": "dgx-a", "role": "head"},
-        "daemon": {"token_file": "/etc/dgxdoctor/token", "peers": ["http://dgx-b:9835"]},
+        "daemon": {
+            "read_token_file": "/etc/dgxdoctor/read.token",
+            "alert_token_file": "/etc/dgxdoctor/alert.token",
+            "peer_token_file": "/etc/dgxdoctor/peer.token",
+            "peers": ["http://dgx-b:9835"],
+        },
         "checks.ray": {"ray_command": "/opt/vllm/bin/ray"},
     }
     n = node(tmp_path)
     n.configure(extra={"checks.vllm": {"interval_s": 1.0}}, only=("vllm",))
     config = load_config(n.config)  # the daemon's own validation, as `dgxdoctor run` loads it
     assert (config.node, config.role) == ("dgx-a", "head")
-    assert config.daemon.token_file == n.etc / "token" and list(config.daemon.peers) == ["http://dgx-b:9835"]
+    assert config.daemon.peer_token_file == n.etc / "peer.token" and list(config.daemon.peers) == ["http://dgx-b:9835"]
     assert config.paths.state_dir == n.state and config.paths.kmsg_path == n.kmsg
-    assert stat.S_IMODE(os.stat(n.etc / "token").st_mode) == 0o600
+    creds = config.daemon.resolve_credentials()
+    assert creds.peer == n.token and None not in (creds.read, creds.alert) and config.warnings() == []
+    for name in ("read", "alert", "peer"):
+        assert stat.S_IMODE(os.stat(n.etc / f"{name}.token").st_mode) == 0o600
 
 
 def test_no_role_leaves_the_readmes_role_out(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from dgxdoctor.daemon.nccl_join import NcclJoinService, Refused
 from dgxdoctor.environment import Environment
 from dgxdoctor.validation import validate
 from proctree import write_process
+from tokens import one_token
 
 GOOD: dict[str, Any] = {
     "run_id": "0123456789abcdef0123456789abcdef",
@@ -149,7 +150,7 @@ async def test_a_node_without_a_token_refuses_every_join_even_from_loopback(tmp_
     svc = service(tmp_path, command=["true"])
     store = ResultStore("dgx-b")
     for token, status in ((None, 403), ("join-token-0123456789", 401)):
-        state = AppState(store, make_registry(store), lambda: {"healthy": True}, token, None)
+        state = AppState(store, make_registry(store), lambda: {"healthy": True}, one_token(token), None)
         state.extra_routes = lambda app: add_routes(app, svc)
         client: TestClient[Any, Any] = TestClient(TestServer(make_app(state), host="127.0.0.1"))
         await client.start_server()

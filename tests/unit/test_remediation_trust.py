@@ -38,16 +38,17 @@ def test_act_mode_without_a_token_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as caught:
         parse_config({"remediation": {"mode": "act", "role": "head"}})
     ((where, why),) = caught.value.problems
-    assert where == "remediation.mode" and "daemon.token" in why
+    assert where == "remediation.mode" and "daemon.alert_token_file" in why and "peer_token_file" in why
     parse_config({"remediation": {"mode": "act", "role": "head"}, "daemon": {"token": TOKEN}})
     parse_config({"remediation": {"mode": "act", "role": "head"}, "daemon": {"token_file": "/etc/dgxdoctor/token"}})
+    parse_config({"remediation": {"mode": "act", "role": "head"}, "daemon": {"alert_token_file": "/etc/a"}})
 
 
 def test_act_mode_without_a_token_exits_78_at_start(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text(f'[paths]\nstate_dir = "{tmp_path}"\n[remediation]\nmode = "act"\nrole = "head"\n')
     done = run_cli("run", "--config", str(config), "--listen", "127.0.0.1:0", timeout=60)
-    assert done.returncode == 78 and "remediation.mode" in done.stderr and "daemon.token" in done.stderr
+    assert done.returncode == 78 and "remediation.mode" in done.stderr and "alert_token_file" in done.stderr
 
 
 async def test_act_mode_without_a_token_is_rejected_on_reload(tmp_path: Path) -> None:
@@ -56,7 +57,7 @@ async def test_act_mode_without_a_token_is_rejected_on_reload(tmp_path: Path) ->
     daemon = Daemon(load_config(path), path, notifier=Notifier({}))
     path.write_text(path.read_text() + '[remediation]\nmode = "act"\nrole = "head"\n')
     problems = await daemon.reload()
-    assert any(p.startswith("remediation.mode") and "daemon.token" in p for p in problems)
+    assert any(p.startswith("remediation.mode") and "alert_token_file" in p for p in problems)
     assert daemon.config.remediation.mode == "observe" and daemon.remediator.settings.mode == "observe"
 
 

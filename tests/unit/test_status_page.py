@@ -24,9 +24,12 @@ from dgxdoctor.fleet.peer_states import PeerStates
 from dgxdoctor.fleet.peers import PeerFetch, response_json, validated_document
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.result import Action, CheckResult, Finding, ResultBuilder, Status
+from dgxdoctor.settings.daemon import Credentials
 from webtest import TestClient, TestServer
 
 TOKEN = "page-test-token-0123456789"
+ALERT = "alert-test-token-0123456789"
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
 REMEDIATION = {
     "mode": "act",
     "role": "head",
@@ -46,7 +49,8 @@ def node(name: str, url: str | None, *results: CheckResult) -> NodeRun:
 
 def served(page: bool = True, token: str | None = TOKEN) -> TestClient[Any, Any]:
     store = ResultStore("dgx-a")
-    state = AppState(store, make_registry(store), lambda: {"healthy": True}, token)
+    # The page's password is the read token; Alertmanager holds another.
+    state = AppState(store, make_registry(store), lambda: {"healthy": True}, Credentials(read=token, alert=ALERT))
 
     async def render() -> str:
         return render_page(assemble(node("dgx-a", None, CheckResult("gpu", Status.OK, "8 GPUs")), []), REMEDIATION)
@@ -72,12 +76,20 @@ async def test_the_page_takes_the_token_as_bearer_or_as_basic_password() -> None
         # Basic is for the page only: /state keeps to the bearer token.
         assert (await client.get("/state", headers=basic("operator", TOKEN))).status == 401
         assert (await client.get("/state", headers={"Authorization": f"Bearer {TOKEN}"})).status == 200
+        # Whoever may look at the page may not restart the cluster (issue 34: one token for everything).
+        for path in ("/alertmanager", "/reload", "/bundle/part", "/check/run", "/remediation/step"):
+            assert (await client.post(path, headers=BEARER, data=b"{}")).status == 403, path
 
 
-async def test_without_a_token_the_page_answers_loopback_and_json_still_lists_endpoints() -> None:
+async def test_without_a_token_the_page_refuses_loopback_too() -> None:
     async with served(token=None) as client:
-        assert (await client.get("/")).status == 200  # the test client is on loopback
-        index = await client.get("/", headers={"Accept": "application/json"})
+        answer = await client.get("/")  # the test client is on loopback, where any local user is
+        assert answer.status == 403 and "read_token_file" in (await answer.json())["error"]
+
+
+async def test_the_page_takes_the_read_token_as_its_password() -> None:
+    async with served(token=TOKEN) as client:
+        index = await client.get("/", headers={"Accept": "application/json", **BEARER})
         assert "/check/run" in (await index.json())["endpoints"]
 
 

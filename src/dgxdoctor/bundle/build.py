@@ -95,7 +95,7 @@ async def gather_parts(config: Config, env: Environment, sources: Sources, deadl
     mine = asyncio.create_task(asyncio.to_thread(local_part, config, env, sources, deadline_s))
     theirs: list[PeerPart] = []
     if peers:
-        async with env.async_http_client(deadline_s) as client:
+        async with env.async_http_client(deadline_s, peer=True) as client:
             theirs = list(await asyncio.gather(*(
                 ask_part(client, u, token, sources.since_s, deadline_s, redactor, config.bundle.size_cap_bytes)
                 for u in peers

@@ -360,7 +360,8 @@ def known_secrets(config: Config) -> list[str | None]:
     """The secret values this node's configuration holds, removed wherever they appear."""
     out: list[str | None] = []
     with contextlib.suppress(OSError, ValueError):
-        out.append(config.daemon.resolve_token())
+        creds = config.daemon.resolve_credentials()
+        out += [creds.read, creds.alert, creds.peer]
     from dgxdoctor.checks.ray import RaySettings
     from dgxdoctor.checks.vllm import VllmSettings
 

@@ -51,7 +51,7 @@ def run_cross_node(
     peer = peer.rstrip("/")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     run_id = secrets.token_hex(16)
-    with env.http_client(timeout_s=HTTP_TIMEOUT_S) as client:
+    with env.http_client(timeout_s=HTTP_TIMEOUT_S, peer=True) as client:
         try:
             answer = client.post(f"{peer}/nccl/join", json=dict(request(run_id)), headers=headers)
         except httpx.HTTPError as exc:

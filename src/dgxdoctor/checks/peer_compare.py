@@ -95,7 +95,7 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
         down = 0
         # Peers are fetched in parallel, each under a hard deadline of timeout_s for the whole exchange.
         fetched = fetch_all(
-            lambda: self.env.async_http_client(peers.timeout_s), peers.urls, peers.token, peers.timeout_s
+            lambda: self.env.async_http_client(peers.timeout_s, peer=True), peers.urls, peers.token, peers.timeout_s
         )
         fleet.record_peers(fetched)  # the status page shows these; it asks no peer itself
         for url, got in zip(peers.urls, fetched, strict=True):

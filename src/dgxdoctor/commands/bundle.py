@@ -62,11 +62,14 @@ def cli_sources(config: Config, since_s: float, deadline_s: float) -> Sources:
 
     def state() -> dict[str, Any]:
         host, port = parse_listen(config.daemon.listen)
-        host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-        token = config.daemon.resolve_token()
+        # The daemon's TLS certificate names the node, not loopback: over TLS the node's own name is asked.
+        tls = config.daemon.tls_cert_file is not None
+        host = (config.node if tls else "127.0.0.1") if host in ("0.0.0.0", "::", "") else host
+        creds = config.daemon.resolve_credentials()
+        token = creds.peer or creds.read
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        with env.http_client(timeout_s=min(5.0, deadline_s)) as client:
-            answer = client.get(f"http://{host}:{port}/state", headers=headers)
+        with env.http_client(timeout_s=min(5.0, deadline_s), peer=True) as client:
+            answer = client.get(f"{'https' if tls else 'http'}://{host}:{port}/state", headers=headers)
         if answer.status_code != 200:
             raise OSError(f"the local daemon answered HTTP {answer.status_code}")
         doc: dict[str, Any] = answer.json()

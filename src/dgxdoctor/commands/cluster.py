@@ -53,7 +53,7 @@ async def _run(config: Config, checks: list[Check], token: str | None, deadline_
         doc = ResultsDocument.of(env.node, results, env.clock()).state()
         return NodeRun(env.node, None, doc, None, round(time.monotonic() - t0, 6), 0.0, 0.0)
 
-    async with env.async_http_client(deadline_s) as client:
+    async with env.async_http_client(deadline_s, peer=True) as client:
         mine, peers = await asyncio.gather(local(), ask_peers(client, config.daemon.peers, token, deadline_s, cached))
     return assemble(mine, peers, tolerances(config), deadline_s)
 

@@ -3,19 +3,19 @@
 asking a worker), ``POST /check/run`` (a peer's ``check --cluster``), ``POST /bundle/part`` (a peer's ``bundle
 --cluster``) and ``GET /`` (the status page).
 
-``/metrics`` and ``/healthz`` are open, as Prometheus and load balancers expect. ``/``, ``/state`` and everything
-that changes something need ``Authorization: Bearer <daemon.token>`` (constant-time compare; ``GET /`` also takes
-the token as the password of HTTP Basic, which a browser asks for); with no token configured they answer only to
-loopback clients. Request bodies are capped at ``MAX_BODY_BYTES``.
+``/healthz`` is open, and ``/metrics`` unless ``metrics_require_token``, as Prometheus and load balancers expect.
+Every other endpoint takes one of three scoped tokens (``daemon.access``: read, alert, peer), sent as
+``Authorization: Bearer <token>`` (``GET /`` also takes the read token as the password of HTTP Basic, which a
+browser asks for); an endpoint whose token is not configured refuses everyone, loopback included. Request bodies
+are capped at ``MAX_BODY_BYTES``.
 
-``make_app`` takes the middlewares that run first (the connection guard's); one that authenticates another way
-(scoped tokens) goes in front of or in place of ``auth_middleware``, and TLS is the listener's (``serve``'s
-``ssl_context``), not the app's.
+``make_app`` takes the middlewares that run first (the connection guard's). TLS is the listener's (``serve``'s
+``ssl_context``); the client certificate it verified is what ``auth_middleware`` asks of the peer endpoints when
+``client_cert_required``.
 """
 
 from __future__ import annotations
 
-import base64
 import hmac
 import ipaddress
 import json
@@ -28,8 +28,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from dgxdoctor import __version__
 from dgxdoctor.alerts.webhook import IncomingAlert, PayloadError, parse_payload
+from dgxdoctor.daemon import access
 from dgxdoctor.daemon.connections import lift_deadline, refuse_declared_oversize
 from dgxdoctor.fleet.store import ResultStore
+from dgxdoctor.settings.daemon import Credentials
 
 MAX_BODY_BYTES = 64 * 1024
 # The classic text format (what generate_latest writes for our ASCII names); Prometheus 2.x and node_exporter-era
@@ -49,25 +51,19 @@ class AppState(Struct):
     store: ResultStore
     registry: CollectorRegistry
     health: Callable[[], dict[str, Any]]
-    token: str | None = None
+    credentials: Credentials = field(default_factory=Credentials)
     # Reload the config; returns the problems found (empty on success).
     reload: Callable[[], Awaitable[list[str]]] | None = None
     # Webhook alerts in: (accepted, ignored). Queues only; the work happens in the remediation loop.
     alerts: Callable[[list[IncomingAlert]], tuple[int, int]] | None = None
     # The head asks this worker to run a step (the request's JSON object): (HTTP status, answer).
     step: Callable[[dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]] | None = None
-    protected: frozenset[str] = field(
-        default_factory=lambda: frozenset(
-            {"/", "/state", "/reload", "/alertmanager", "/remediation/step", "/check/run", "/bundle/part"}
-        )
-    )
     # GET /: the status page (HTML); None: the JSON index of endpoints.
     page: Callable[[], Awaitable[str]] | None = None
-    # Every path under these needs the token too (the NCCL probe's join requests and their results).
-    protected_prefixes: tuple[str, ...] = ("/nccl/",)
-    # These run something as root: refused outright when no token is configured, loopback or not (any local user
-    # reaches loopback).
-    token_only: tuple[str, ...] = ("/remediation/step", "/nccl/")
+    # GET /metrics takes the read (or peer) token too ([daemon] metrics_require_token).
+    metrics_require_token: bool = False
+    # The listener verifies client certificates ([daemon] tls_client_ca_file): the peer endpoints want one.
+    client_cert_required: bool = False
     # Registers the routes of the cross-node NCCL probe's peer side (daemon.nccl_join), when the daemon has it.
     extra_routes: Callable[[web.Application], None] | None = None
 
@@ -86,47 +82,34 @@ def is_loopback(remote: str | None) -> bool:
 
 def token_ok(header: str | None, token: str) -> bool:
     """``Bearer <token>``, compared in constant time (hmac.compare_digest) so timing leaks nothing."""
-    if not header:
-        return False
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    return hmac.compare_digest(given.strip().encode("utf-8", "replace"), token.encode("utf-8"))
-
-
-def basic_ok(header: str | None, token: str) -> bool:
-    """``Basic base64(any-user:<token>)``: how a browser (a phone during an incident) sends the token to GET /."""
-    if not header:
-        return False
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "basic":
-        return False
-    try:
-        decoded = base64.b64decode(given.strip(), validate=True).decode("utf-8")
-    except (ValueError, UnicodeDecodeError):
-        return False
-    return hmac.compare_digest(decoded.partition(":")[2].encode("utf-8", "replace"), token.encode("utf-8"))
+    given = access.bearer(header)
+    return given is not None and hmac.compare_digest(given.encode("utf-8", "replace"), token.encode("utf-8"))
 
 
 def _error(status: int, message: str, **headers: str) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers or None)
 
 
+def _has_client_cert(request: web.Request) -> bool:
+    """The TLS connection carried a client certificate the listener verified (``sources.tls.server_context``)."""
+    transport = request.transport
+    return bool(transport is not None and transport.get_extra_info("peercert"))
+
+
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     state = request.app[STATE_KEY]
-    if state.token is None and request.path.startswith(state.token_only):
-        return _error(403, f"{request.path} needs daemon.token (or token_file) configured on this node")
-    if request.path in state.protected or request.path.startswith(state.protected_prefixes):
-        if state.token is not None:
-            header = request.headers.get("Authorization")
-            page = request.path == "/" and request.method in ("GET", "HEAD")
-            if not (token_ok(header, state.token) or (page and basic_ok(header, state.token))):
-                scheme = "Basic" if page else "Bearer"  # a browser asks for the token (as the password) for /
-                challenge = {"WWW-Authenticate": f'{scheme} realm="dgxdoctor"'}
-                return _error(401, "missing or wrong bearer token", **challenge)
-        elif not is_loopback(request.remote):
-            return _error(403, "no daemon.token configured: this endpoint answers only on loopback")
+    scope = access.scope_of(request.path, state.metrics_require_token)
+    if scope is not None:
+        page = request.path == "/" and request.method in ("GET", "HEAD")
+        cert = _has_client_cert(request) if state.client_cert_required else None
+        refused = access.refusal(
+            request.path, scope, state.credentials, request.headers.get("Authorization"), page, cert
+        )
+        if refused is not None:
+            headers = {"WWW-Authenticate": f'{refused.challenge} realm="dgxdoctor"'} if refused.challenge else None
+            body = {"error": refused.error, "credential": refused.credential}
+            return web.json_response(body, status=refused.status, headers=headers)
     return await handler(request)
 
 
@@ -175,8 +158,8 @@ async def alertmanager(request: web.Request) -> web.Response:
 
 async def remediation_step(request: web.Request) -> web.Response:
     app_state = request.app[STATE_KEY]
-    if app_state.token is None:
-        return _error(403, "remediation steps need daemon.token (the head authenticates with it)")
+    if app_state.credentials.peer is None:  # the middleware refused already; the step's mac needs it too
+        return _error(403, "remediation steps need the peer token (daemon.peer_token_file)")
     try:
         doc = json.loads(await request.read())
     except (ValueError, RecursionError):
@@ -185,7 +168,7 @@ async def remediation_step(request: web.Request) -> web.Response:
         return _error(400, f"body must be {STEP_BODY}")
     if app_state.step is None:
         return _error(409, "remediation not running")
-    lift_deadline(request)  # authenticated (the middleware checked the token): the step has its own timeout
+    lift_deadline(request)  # authenticated (the middleware checked the peer token): the step has its own timeout
     status, answer = await app_state.step(doc)
     return web.json_response(answer, status=status)
 

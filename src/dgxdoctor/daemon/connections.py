@@ -270,6 +270,9 @@ class GuardedSite(web.BaseSite):
             self._host,
             self._port,
             ssl=self._ssl_context,
+            # The guard sees a TLS connection only once its handshake is done: a client that opens one and stalls
+            # is held to the request head's deadline here, not asyncio's 60 s.
+            ssl_handshake_timeout=self._guard.limits.header_timeout_s if self._ssl_context else None,
             backlog=self._backlog,
             reuse_address=True,
             family=socket.AF_UNSPEC,

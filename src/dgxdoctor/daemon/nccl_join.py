@@ -1,7 +1,7 @@
 """The peer's side of a cross-node NCCL probe: ``POST /nccl/join`` starts this node's ranks, ``GET
 /nccl/join/<run_id>`` returns their output when done.
 
-Both need the daemon token (``app.auth_middleware``), and are refused outright on a node with no token configured
+Both need the peer token (``daemon.access``), and are refused outright on a node with no peer token configured
 (loopback or not: every local user reaches loopback). The request is untrusted input: every field is validated
 against a strict model, and only this node's own configuration decides what runs (its serving Python, its NCCL env
 file, its GPU count); the request chooses the rendezvous, the sizes (1 B .. 16G, min <= max), the pinned algorithm

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -110,7 +111,8 @@ class Daemon:
         self.runner = CheckRunner(self.env)
         self.scheduler = CheckScheduler(self.runner, self.store)
         self.registry = make_registry(self.store, lambda: self.runner.timeouts_total, self.own_samples)
-        self.token = config.daemon.resolve_token()
+        self.credentials = config.daemon.resolve_credentials()
+        self.token = self.credentials.peer  # what this node sends its peers and signs steps with
         self.remediator: Remediator = build_remediator(config, self.token, self.store.latest)
         self._wire_evidence(config)
         self.registry.register(RemediationCollector(lambda: self.store.node, self.remediator.metrics))
@@ -118,10 +120,12 @@ class Daemon:
             self.store,
             self.registry,
             self.health,
-            self.token,
+            self.credentials,
             self.reload,
             alerts=self.remediator.accept_alerts,
             step=self.remediator.run_step,
+            metrics_require_token=config.daemon.metrics_require_token,
+            client_cert_required=config.daemon.tls_client_ca_file is not None,
         )
         self.app_state.extra_routes = self._routes
         self.app_state.page = StatusPage(self.store, lambda: self.config, self.peer_states, self.incidents)
@@ -290,20 +294,26 @@ class Daemon:
     def _reload(self) -> list[str]:
         try:
             new = load_config(self.config_path)
-            token = new.daemon.resolve_token()
+            credentials = new.daemon.resolve_credentials()
         except ConfigError as exc:
             problems = [f"{path}: {reason}" for path, reason in exc.problems]
             log.error("config_reload_rejected", source=exc.source, problems=problems, kept="previous configuration")
             return problems
         except (OSError, ValueError) as exc:
-            problem = f"daemon.token_file: {exc}"
+            problem = f"daemon token file: {exc}"
             log.error("config_reload_rejected", problems=[problem], kept="previous configuration")
             return [problem]
         old = self.config
-        changed = config_changes(old, new, token_changed=token != self.token)
+        changed = config_changes(old, new, token_changed=credentials != self.credentials)
+        token = credentials.peer
         self.config = new
-        self.token = token
-        self.app_state.token = token
+        self.credentials, self.token = credentials, token
+        self.app_state.credentials = credentials
+        self.app_state.metrics_require_token = new.daemon.metrics_require_token
+        for warning in new.warnings():
+            log.warning("config_warning", detail=warning)
+        if _tls_files(new) != _tls_files(old):
+            log.warning("tls_change_needs_restart", detail="the listener's TLS files apply at the next start")
         new_env = replace(new.environment(one_shot=False), fleet=self.fleet, token=self._token)
         env_changed = new_env.node != self.env.node or new_env.role != self.env.role or new.paths != old.paths
         if new.daemon.listen != self.serving_listen and self.listen_override is None:
@@ -336,11 +346,22 @@ class Daemon:
         loop = asyncio.get_running_loop()
         limit_malloc_arenas()
         host, port = parse_listen(self.listen_override or self.config.daemon.listen)
-        if self.token is None and not _is_loopback_host(host):
+        for warning in self.config.warnings():
+            log.warning("config_warning", detail=warning)
+        held = {"read": self.credentials.read or self.token, "alert": self.credentials.alert, "peer": self.token}
+        missing = [name for name, token in held.items() if token is None]
+        if missing:
             log.warning(
                 "no_token",
-                detail="no daemon.token: /state and /reload answer only on loopback, so peers cannot compare with us",
+                missing=missing,
+                detail="the endpoints of these tokens refuse everyone, loopback included: set [daemon] "
+                "read_token_file, alert_token_file, peer_token_file (docs/daemon.md, Credentials)",
             )
+        try:
+            tls = _server_tls(self.config)
+        except OSError as exc:
+            log.error("tls_failed", error=str(exc))
+            return 1
         loop.set_exception_handler(self.loop_errors)
         self.scheduler.start()
         self._schedule_all()
@@ -349,7 +370,7 @@ class Daemon:
         app = make_app(self.app_state, outer=(self.guard.middleware,))
         runner = connections.make_runner(app, self.guard.limits, self.request_log)
         try:
-            http = await connections.serve(runner, self.guard, host, port)
+            http = await connections.serve(runner, self.guard, host, port, tls)
         except OSError as exc:
             log.error("listen_failed", listen=f"{host}:{port}", error=str(exc))
             self.scheduler.shutdown()
@@ -362,6 +383,7 @@ class Daemon:
         log.info(
             "serving",
             listen=f"{host}:{self.bound[1]}",
+            tls=tls is not None,
             node=self.env.node,
             version=__version__,
             max_connections=self.guard.cap,
@@ -429,5 +451,16 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
     return bool(mallopt(ctypes.c_int(M_ARENA_MAX), ctypes.c_int(arenas)))
 
 
-def _is_loopback_host(host: str) -> bool:
-    return host in ("localhost", "127.0.0.1", "::1")
+def _tls_files(config: Config) -> tuple[Path | None, ...]:
+    d = config.daemon
+    return (d.tls_cert_file, d.tls_key_file, d.tls_client_ca_file)
+
+
+def _server_tls(config: Config) -> ssl.SSLContext | None:
+    """The listener's TLS context, or None for plain HTTP (OSError when a file is bad)."""
+    d = config.daemon
+    if d.tls_cert_file is None or d.tls_key_file is None:
+        return None
+    from dgxdoctor.sources.tls import server_context
+
+    return server_context(d.tls_cert_file, d.tls_key_file, d.tls_client_ca_file)

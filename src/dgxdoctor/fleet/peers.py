@@ -98,6 +98,13 @@ async def within(step: Awaitable[T], timeout_s: float) -> T:
     return await aio.wait_for(step, timeout_s)
 
 
+# What `check --cluster`, `bundle --cluster` and a refused peer say when this node has no peer token.
+NO_PEER_TOKEN = (
+    "no peer token configured on this node: the peers answer /state, /check/run and /bundle/part only with it; "
+    "set [daemon] peer_token_file, the same file content on every node (README, Install)"
+)
+
+
 async def read_answer(
     client: httpx.AsyncClient, method: str, url: str, token: str | None, body: dict[str, Any] | None = None,
     max_bytes: int = MAX_STATE_BYTES,
@@ -106,8 +113,13 @@ async def read_answer(
     text with it, and the token hint for 401/403) or a larger body."""
     status, data = await read_capped(client, method, url, token, body, max_bytes)
     if status != 200:
-        rejected = status in (401, 403)
-        hint = " (token rejected: set the same daemon.token on every node)" if rejected else ""
+        hint = ""
+        if status in (401, 403):
+            hint = (
+                f" ({NO_PEER_TOKEN})"
+                if token is None
+                else " (token rejected: the peers want the peer token, the same [daemon] peer_token_file on every node)"
+            )
         raise BadAnswer(f"HTTP {status}{hint}: {_error_text(data[:300].decode('utf-8', 'replace'))}")
     return data
 

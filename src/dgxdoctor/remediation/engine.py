@@ -487,7 +487,7 @@ class Remediator:
     def _execute(self, action: str, action_id: str) -> list[StepResult]:
         """The action's steps; when the agent's stop ended them early, the last is ``INTERRUPTED``."""
         cmd, timeout = self.settings.commands, self.settings.command_timeout_s
-        with self.env.http_client() as client:
+        with self.env.http_client(peer=True) as client:  # https:// workers: verified as peers (sources.tls)
             vllm, env = self.targets.vllm, self.env
             impostor = partial(port_impostor, vllm, env.proc_root, env.serving_uid, env.container, env.run_command)
             verify = partial(verify_vllm, vllm, self.settings.verify_timeout_s, client, self._pause, impostor)

@@ -2,7 +2,7 @@
 
 The request names only the step (``ray_stop``/``ray_start``, or ``vllm_stop``/``vllm_start`` of an mp deployment's
 headless vLLM), the head's action id, the time it was sent and an
-HMAC-SHA256 of the three under the shared token (``actions.step_mac``): only this node's configured argv runs.
+HMAC-SHA256 of the three under the peer token (``actions.step_mac``): only this node's configured argv runs.
 The worker applies its own guard too: act mode and role, its breaker, its budget (a cluster restart's first step
 spends one action), one step at a time, and replay protection: a request outside ``STEP_WINDOW_S`` of this
 node's clock is refused, and each (action, step) runs once (remembered in the state file, bounded).

@@ -1,11 +1,19 @@
-"""``[daemon]``: where ``dgxdoctor run`` listens, who may read its state, which peers it compares with."""
+"""``[daemon]``: where ``dgxdoctor run`` listens, who may read its state, which peers it compares with.
+
+Three credentials, each from its own file, each opening only its endpoints (``daemon.app``): the read token
+(``/``, ``/state``, ``/metrics`` when ``metrics_require_token``), the alert token (``/alertmanager``: what
+Alertmanager holds opens nothing else) and the peer token (the endpoints that read secrets or act, and everything
+the read token opens; the same on every node, since peers sign and authenticate with it). The old single ``token``
+/ ``token_file`` still works as the peer token, and as the alert token unless ``alert_token_file`` is set, with a
+warning (``deprecations``).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Literal
 
-from msgspec import Meta
+from msgspec import Meta, Struct
 
 from dgxdoctor.settings.base import Frozen
 from dgxdoctor.settings.bounds import DAY_S
@@ -35,20 +43,67 @@ def parse_listen(value: str) -> tuple[str, int]:
 MAX_PEERS = 64
 
 
+MIN_TOKEN_CHARS = 16
+# What a token file must hold: ``head -c 32 /dev/urandom | base64`` writes 44 characters.
+TOKEN_FILE_RULE = (
+    "a regular file, not a link, root's (or dgxdoctor's user's), mode 0600, holding at least "
+    f"{MIN_TOKEN_CHARS} characters; anything else is a config error"
+)
+
+
+class Credentials(Struct, frozen=True):
+    """The tokens in force (None: not configured, so what it opens refuses everyone)."""
+
+    read: str | None = None
+    alert: str | None = None
+    peer: str | None = None
+
+
 class DaemonSettings(Frozen, frozen=True):
     """``dgxdoctor run``: where it listens, who may read its state, which peers it compares with."""
 
     listen: Annotated[str, Meta(description="HOST:PORT of /metrics, /healthz and /state")] = DEFAULT_LISTEN
+    read_token_file: Annotated[
+        Path | None,
+        Meta(description=f"file holding the read token (GET /, /state; /metrics with metrics_require_token): "
+             f"{TOKEN_FILE_RULE}"),
+    ] = None  # fmt: skip
+    alert_token_file: Annotated[
+        Path | None,
+        Meta(description=f"file holding the alert token, the only one POST /alertmanager takes (Alertmanager's "
+             f"credentials_file): {TOKEN_FILE_RULE}"),
+    ] = None  # fmt: skip
+    peer_token_file: Annotated[
+        Path | None,
+        Meta(description="file holding the peer/admin token, the same on every node: /bundle/part, /check/run, "
+             "/reload, /remediation/step, /nccl/*, and what the read token opens; what this node sends its peers; "
+             f"{TOKEN_FILE_RULE}"),
+    ] = None  # fmt: skip
     token: Annotated[
-        Annotated[str, Meta(min_length=16)] | None,
-        Meta(description="shared secret peers send as 'Authorization: Bearer ...'; without it /state is loopback-only"),
-    ] = None
+        Annotated[str, Meta(min_length=MIN_TOKEN_CHARS)] | None,
+        Meta(description="deprecated: the peer token written inline (and the alert token unless alert_token_file "
+             "is set); use peer_token_file"),
+    ] = None  # fmt: skip
     token_file: Annotated[
         Path | None,
-        Meta(
-            description="file holding the token (instead of token): a regular file, not a link, root's (or dgxdoctor's "
-            "user's), mode 0600; anything else is a config error"
-        ),
+        Meta(description="deprecated alias of peer_token_file (also the alert token unless alert_token_file is set)"),
+    ] = None
+    metrics_require_token: Annotated[
+        bool, Meta(description="GET /metrics needs the read (or peer) token; off: open, as Prometheus expects")
+    ] = False
+    tls_cert_file: Annotated[
+        Path | None,
+        Meta(description="PEM certificate (chain) the listener serves TLS with; also this node's client "
+             "certificate towards https:// peers. With tls_key_file"),
+    ] = None  # fmt: skip
+    tls_key_file: Annotated[Path | None, Meta(description="PEM private key of tls_cert_file (mode 0600)")] = None
+    tls_client_ca_file: Annotated[
+        Path | None,
+        Meta(description="PEM CA(s) peers' client certificates must chain to: when set, the peer endpoints refuse "
+             "a client without one (/metrics, /healthz and the read endpoints do not ask)"),
+    ] = None  # fmt: skip
+    peer_ca_file: Annotated[
+        Path | None, Meta(description="PEM CA(s) that https:// peers' certificates are verified against")
     ] = None
     peers: Annotated[
         tuple[str, ...],
@@ -103,15 +158,52 @@ class DaemonSettings(Frozen, frozen=True):
 
     @record_rule
     def _one_token_source(self) -> DaemonSettings:
-        if self.token is not None and self.token_file is not None:
-            raise ValueError("set token or token_file, not both")
+        given = [k for k in ("token", "token_file", "peer_token_file") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"set one of {' / '.join(given)} (the peer token), not several")
         return self
 
+    @record_rule
+    def _tls_pair(self) -> DaemonSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("set tls_cert_file and tls_key_file together")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file (client certificates are TLS)")
+        return self
+
+    def deprecations(self) -> list[str]:
+        """Config warnings: keys that still work but should be migrated (docs/daemon.md "Credentials")."""
+        out = []
+        for key in ("token", "token_file"):
+            if getattr(self, key) is not None:
+                alert = "" if self.alert_token_file is not None else " and the alert token"
+                out.append(
+                    f"daemon.{key} is deprecated: it serves as the peer token{alert}; move it to peer_token_file and "
+                    "give Alertmanager and the page their own alert_token_file and read_token_file"
+                )
+        return out
+
     def resolve_token(self) -> str | None:
-        """The token itself, reading ``token_file`` if that is how it is given (OSError/ValueError if bad)."""
-        if self.token_file is None:
-            return self.token
-        text = read_private_file(self.token_file).strip()
-        if len(text) < 16:
-            raise ValueError(f"{self.token_file}: token shorter than 16 characters")
-        return text
+        """The peer/admin token (what this node sends its peers and signs steps with), reading its file
+        (OSError/ValueError if bad); None when not configured."""
+        if self.peer_token_file is not None:
+            return _read_token(self.peer_token_file)
+        if self.token_file is not None:
+            return _read_token(self.token_file)
+        return self.token
+
+    def resolve_credentials(self) -> Credentials:
+        """Every token in force (OSError/ValueError naming the bad file). The deprecated single token is the peer
+        token, and the alert token unless ``alert_token_file`` is set."""
+        peer = self.resolve_token()
+        legacy = peer if self.peer_token_file is None else None
+        read = _read_token(self.read_token_file) if self.read_token_file is not None else None
+        alert = _read_token(self.alert_token_file) if self.alert_token_file is not None else legacy
+        return Credentials(read=read, alert=alert, peer=peer)
+
+
+def _read_token(path: Path) -> str:
+    text = read_private_file(path).strip()
+    if len(text) < MIN_TOKEN_CHARS:
+        raise ValueError(f"{path}: token shorter than {MIN_TOKEN_CHARS} characters")
+    return text
