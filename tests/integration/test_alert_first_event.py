@@ -121,13 +121,17 @@ async def restart_vllm_fails(tmp_path: Path) -> Scrapes:
     from dgxdoctor.daemon.remediation import make_pager
     from dgxdoctor.environment import Environment
     from dgxdoctor.exporters.remediation import RemediationCollector
+    from dgxdoctor.judge.consequence import judged_result
     from dgxdoctor.remediation.actions import VllmTarget
     from dgxdoctor.remediation.audit import guard_state_file
     from dgxdoctor.remediation.engine import Remediator, Targets
     from dgxdoctor.result import CheckResult, Finding, Status
     from dgxdoctor.validation import validate
 
-    dead = CheckResult("vllm", Status.CRITICAL, "dead", (Finding("VLLM_DEAD", Status.CRITICAL, "refused"),))
+    # As the check runner hands it to the store: with what follows from the finding (its action, restart_vllm).
+    dead = judged_result(
+        CheckResult("vllm", Status.CRITICAL, "dead", (Finding("VLLM_DEAD", Status.CRITICAL, "refused"),))
+    )
     env = Environment(node="dgx-a", http_transport=httpx.MockTransport(lambda r: httpx.Response(503)))
     settings = validate(
         RemediationSettings,
@@ -148,6 +152,8 @@ async def restart_vllm_fails(tmp_path: Path) -> Scrapes:
             break
         await asyncio.sleep(0.01)
     scrapes.append(generate_latest(registry).decode())  # the first restart, failed
+    failed = 'dgxdoctor_remediation_actions_total{action="restart_vllm",node="dgx-a",outcome="failed"}'
+    assert _samples(scrapes[-1], {"dgxdoctor_remediation_actions_total"}).get(failed) == 1, "no restart ran"
     return scrapes
 
 

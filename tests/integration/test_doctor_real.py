@@ -93,6 +93,7 @@ def test_logs_check_catches_real_ray_actor_death(tmp_path: Path) -> None:
     settings = LogsSettings(
         vllm_paths=[str(driver_log)],
         ray_paths=[str(temp / "session_latest" / "logs" / "*.out"), str(temp / "session_latest" / "logs" / "*.err")],
+        journal_units=[],  # these files alone: the machine's journal (the shipped units' default) is not this run's
     )
     check = LogsCheck(settings, Environment(state_dir=tmp_path / "state"))
     assert check.run().status is Status.SKIPPED  # before Ray starts: nothing to follow yet
