@@ -709,6 +709,16 @@ def render(rows: list[Row], seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+BEYOND = "\n## Beyond the matrix"
+
+
+def kept_rows(doc: Path) -> str:
+    """The hand-written part of the page (from its ``BEYOND`` heading on), which the matrix never rewrites."""
+    text = doc.read_text() if doc.exists() else ""
+    at = text.find(BEYOND)
+    return "" if at < 0 else text[at:]
+
+
 def test_fault_matrix(lab: Lab) -> None:
     t0 = time.monotonic()
     rows = []
@@ -717,6 +727,6 @@ def test_fault_matrix(lab: Lab) -> None:
         print(json.dumps(rows[-1].__dict__), flush=True)
     text = render(rows, time.monotonic() - t0)
     target = REPO / "docs" / "reliability.md" if os.environ.get("DGXDOCTOR_WRITE_DOCS") else lab.tmp / "reliability.md"
-    target.write_text(text)
+    target.write_text(text + kept_rows(REPO / "docs" / "reliability.md"))
     print(text)
     assert all(r.passed for r in rows), text
