@@ -18,7 +18,7 @@ from dgxdoctor.judge.cause import explained_away
 from dgxdoctor.judge.frames import frame_findings
 from dgxdoctor.judge.scan import Scanner, scan_text
 from dgxdoctor.judge.signatures import Catalog, Match, Signature, load_catalog
-from dgxdoctor.judge.uncatalogued import PLAIN_FAILURE_RE, uncatalogued_findings
+from dgxdoctor.judge.uncatalogued import shows_plain_failure, uncatalogued_findings
 from dgxdoctor.result import Finding
 from dgxdoctor.sources.kernel_events import parse_kernel_event
 
@@ -78,16 +78,24 @@ class Tally:
             out.append(match.signature.finding(f"line {match.number}", match.line.strip()[:500], self.counts[code]))
         matched = {n - 1 for n in self.numbers}
         frames = frame_findings(lines, matched, signatures)
-        patterns = [p for signature in signatures.values() for p in signature.patterns]
-        unknown = uncatalogued_findings(lines, matched, lambda line: _known(line, patterns))
+        unknown = uncatalogued_findings(lines, matched, _Known(signatures))
         return out + [f for f in frames if f.code not in self.first] + unknown
 
 
-def _known(line: str, patterns: list[re.Pattern[str]]) -> bool:
-    """Whether a line is the catalog's or the kernel readers' (an XID, a kernel fault of the kernel-log kind)."""
-    if "Xid" in line or parse_kernel_event(line) is not None:
-        return True
-    return any(p.search(line) for p in patterns)
+class _Known:
+    """Whether a line is the catalog's or the kernel readers' (an XID, a kernel fault of the kernel-log kind): the
+    catalog searched through its prefilter, built on the first line asked about."""
+
+    def __init__(self, signatures: Mapping[str, Signature]) -> None:
+        self._signatures = signatures
+        self._catalog: Catalog | None = None
+
+    def __call__(self, line: str) -> bool:
+        if "Xid" in line or parse_kernel_event(line) is not None:
+            return True
+        if self._catalog is None:
+            self._catalog = Catalog(self._signatures.values())
+        return bool(self._catalog.find(line))
 
 
 def _findings(text: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int], int]:
@@ -147,5 +155,5 @@ class TextAnalyzer(_LogAnalyzer):
         return (
             bool(scan_text(self.catalog, text))
             or bool(frame_findings(lines, (), self.catalog.by_code()))
-            or PLAIN_FAILURE_RE.search(text) is not None
+            or shows_plain_failure(text)
         )

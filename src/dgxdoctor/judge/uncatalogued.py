@@ -15,7 +15,9 @@ What is not a failure stays silent: an INFO or WARNING record (``finished_reason
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from functools import cache
+from typing import Protocol, cast
 
 from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.result import Finding, Status
@@ -28,11 +30,11 @@ QUOTE_CHARS = 300
 # What a line may carry before its record: Ray's or vLLM's process prefix "(RayWorkerWrapper pid=1, ip=10.0.0.5) ",
 # "(EngineCore_DP0 pid=123) ", up to three of them.
 _PROCESS = r"(?:\([^()\n]{1,200}\) ?){0,3}"
-PLAIN_FAILURE_RE = lazy_compile(
+_LINE_START = (
     r"^" + _PROCESS + r"(?:"
     # A Python exception as a traceback ends: "RuntimeError: CUDA error: device-side assert triggered",
     # "safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooLarge".
-    r"(?:[A-Za-z_]\w{0,60}\.){0,6}[A-Z]\w{0,60}(?:Error|Exception)(?::[ \t].{0,2000})?[ \t]*$"
+    r"(?:[A-Za-z_]\w{0,60}\.){0,6}[A-Z]\w{0,60}(?:Error|Exception)(?::[ \t].{0,1000})?[ \t]*$"
     # vLLM: "ERROR 12-07 20:30:45 worker_base.py:480] ..." (and "[worker_base.py:480]" since 0.8).
     r"|(?:ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d"
     # Ray's Python logging: "2024-07-25 06:50:45,878\tERROR worker.py:1603 -- ...".
@@ -50,10 +52,32 @@ PLAIN_FAILURE_RE = lazy_compile(
     r"|<[0-3]>"
     r"|[0-3],\d{1,20},\d{1,20},[^;\n]{0,40};"
     r")"
-    # Anywhere in a line: CUDA's and cuBLAS's and NCCL's own words for a failure.
-    r"|\bCUDA error: |\bCUBLAS_STATUS_(?!SUCCESS\b)[A-Z_]{4,40}\b|\bNCCL [Ee]rror\b",
-    re.MULTILINE,
 )
+# Anywhere in a line: CUDA's and cuBLAS's and NCCL's own words for a failure (cuBLAS's success aside).
+_ANYWHERE = r"\bCUDA error: |\bCUBLAS_STATUS_{ok}[A-Z_]{{4,40}}\b|\bNCCL [Ee]rror\b"
+PLAIN_FAILURE_RE = lazy_compile(_LINE_START + "|" + _ANYWHERE.format(ok=r"(?!SUCCESS\b)"), re.MULTILINE)
+
+
+class _Search(Protocol):
+    def finditer(self, data: bytes) -> Iterator[re.Match[bytes]]: ...
+
+
+@cache
+def _candidates() -> _Search:
+    """The same over the whole text's bytes at once, with RE2's automaton (linear; Python's engine tries every
+    alternative at every place): it finds the lines to look at, ``PLAIN_FAILURE_RE`` decides on each."""
+    source = ("(?m)" + _LINE_START + "|" + _ANYWHERE.format(ok="")).encode()
+    try:
+        import re2  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+        options = re2.Options()
+        options.max_mem = 64 << 20
+        options.log_errors = False
+        return cast(_Search, re2.compile(source, options))
+    except Exception:  # no RE2, or a pattern it refuses: Python's engine, slower, same lines
+        return re.compile(source)
+
+
 # A message's identity: its words, without the numbers, addresses and stamps that differ between its lines.
 _VARYING_RE = lazy_compile(r"0x[0-9a-fA-F]+|[0-9a-fA-F]{8,}|\d+")
 
@@ -65,25 +89,39 @@ _RECORD_HEAD_RE = lazy_compile(
 _TRACEBACK = "Traceback (most recent call last):"
 
 
-def _blocks(lines: Sequence[str]) -> list[int]:
-    """The block of each line: a multi-line record (its head repeated) or a bare traceback through its exception
-    line; a line of neither is its own block. Blocks are numbered by their first line."""
-    owner: list[int] = []
-    head: str | None = None
-    start = 0
-    in_traceback = False
-    for index, line in enumerate(lines):
-        found = _RECORD_HEAD_RE.match(line)
-        this = found[0] if found else None
-        body = line[len(this) :] if this else line.lstrip()
-        if not ((this is not None and this == head) or (in_traceback and this is None)):
-            start, head, in_traceback = index, this, False
-        owner.append(start)
-        if body.startswith(_TRACEBACK):
-            in_traceback = True
-        elif in_traceback and this is None and line[:1] not in (" ", "\t"):
-            in_traceback = False  # the exception line ends a bare traceback; it belongs to it
-    return owner
+def shows_plain_failure(text: str) -> bool:
+    """Whether any line of ``text`` is a plain failure (before the catalog has read it: ``diagnose``'s detection)."""
+    data = text.encode("utf-8", errors="replace")
+    for match in _candidates().finditer(data):
+        start = data.rfind(b"\n", 0, match.start()) + 1
+        end = data.find(b"\n", match.start())
+        line = data[start : end if end >= 0 else len(data)].decode("utf-8", errors="replace")
+        if PLAIN_FAILURE_RE.search(line) is not None:
+            return True
+    return False
+
+
+def _head(line: str) -> str | None:
+    found = _RECORD_HEAD_RE.match(line)
+    return found[0] if found else None
+
+
+def _block(lines: Sequence[str], index: int) -> range:
+    """The lines of the record or traceback ``lines[index]`` belongs to: a multi-line record repeats its head on
+    every line; a bare traceback runs from its ``Traceback`` line through its exception line. Else the line alone."""
+    head = _head(lines[index])
+    start = end = index
+    if head is not None:
+        while start > 0 and lines[start - 1].startswith(head):
+            start -= 1
+        while end + 1 < len(lines) and lines[end + 1].startswith(head):
+            end += 1
+        return range(start, end + 1)
+    while start > 0 and lines[start - 1][:1] in (" ", "\t") and _head(lines[start - 1]) is None:
+        start -= 1
+    if start > 0 and lines[start - 1].lstrip().startswith(_TRACEBACK):
+        return range(start - 1, index + 1)
+    return range(index, index + 1)
 
 
 def uncatalogued_findings(
@@ -93,32 +131,45 @@ def uncatalogued_findings(
     appearance. ``matched``: the 0-based indexes of the lines the catalog named; ``known``: whether the catalog knows
     a line at all (it may have read it as benign in its context: a requested stop's EngineDeadError). A record or
     traceback of which the catalog named or knows one line is the catalog's, whole."""
-    text = "\n".join(lines)
-    if PLAIN_FAILURE_RE.search(text) is None:
-        return []
-    owner = _blocks(lines)
-    members: dict[int, list[int]] = {}
-    for index, block in enumerate(owner):
-        members.setdefault(block, []).append(index)
-    theirs = {owner[i] for i in matched if 0 <= i < len(owner)}
+    data = "\n".join(lines).encode("utf-8", errors="replace")
+    blocks: dict[int, range] = {}
+    theirs: set[int] = set()  # blocks (by first line) the catalog named or knows
+    cleared: set[int] = set()  # blocks it does not know
+    known_keys: dict[str, bool] = {}
     first: dict[str, tuple[int, str]] = {}
     counts: dict[str, int] = {}
     number, pos = 0, 0
     seen_line = -1
-    for match in PLAIN_FAILURE_RE.finditer(text):
-        number += text.count("\n", pos, match.start())
+    for match in _candidates().finditer(data):
+        number += data.count(b"\n", pos, match.start())
         pos = match.start()
-        if number == seen_line:
+        if number == seen_line or number >= len(lines):
             continue
         seen_line = number
-        block = owner[number]
-        if block in theirs:
+        if PLAIN_FAILURE_RE.search(lines[number]) is None:  # cuBLAS's success: the one thing RE2 cannot tell
             continue
-        if known is not None and any(known(lines[i]) for i in members[block]):
-            theirs.add(block)
+        block = blocks.get(number)
+        if block is None:
+            block = _block(lines, number)
+            blocks.update(dict.fromkeys(block, block))
+        if block.start in theirs:
             continue
         line = lines[number].strip()
         key = _VARYING_RE.sub("N", _message(line))
+        if block.start not in cleared:
+            if any(i in matched for i in block):
+                theirs.add(block.start)
+                continue
+            alone = len(block) == 1  # a one-line record: its message decides, as it did for its like before
+            is_known = known_keys.get(key) if alone else None
+            if is_known is None:
+                is_known = known is not None and any(known(lines[i]) for i in block)
+                if alone:
+                    known_keys[key] = is_known
+            if is_known:
+                theirs.add(block.start)
+                continue
+            cleared.add(block.start)
         counts[key] = counts.get(key, 0) + 1
         first.setdefault(key, (number, line))
     out = []
