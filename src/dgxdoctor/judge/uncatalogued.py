@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection, Iterator, Sequence
 from functools import cache
-from typing import Protocol, cast
+from typing import NamedTuple, Protocol, cast
 
 from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.result import Finding, Status
@@ -124,10 +124,38 @@ def _block(lines: Sequence[str], index: int) -> range:
     return range(index, index + 1)
 
 
+class Unknown(NamedTuple):
+    """One distinct plain failure: the index of its first line, that line, and how many lines said it."""
+
+    at: int
+    line: str
+    times: int
+
+
 def uncatalogued_findings(
     lines: Sequence[str], matched: Collection[int], known: Callable[[str], bool] | None = None
 ) -> list[Finding]:
-    """One WARNING per distinct plain failure among ``lines`` that the catalog did not name, in order of first
+    """One WARNING per distinct plain failure among ``lines`` that the catalog did not name (``uncatalogued``)."""
+    out = []
+    for index, line, count in uncatalogued(lines, matched, known)[:MAX_FINDINGS]:
+        quoted = line if len(line) <= QUOTE_CHARS else line[:QUOTE_CHARS] + "..."
+        out.append(
+            Finding(
+                UNCATALOGUED_ERROR,
+                Status.WARNING,
+                f"an error the catalog does not know, {count} line(s): {quoted}",
+                f"line {index + 1}",
+                evidence=line[:500],
+                remedy="read the line and what precedes it: dgxdoctor's catalog does not name this failure yet",
+            )
+        )
+    return out
+
+
+def uncatalogued(
+    lines: Sequence[str], matched: Collection[int], known: Callable[[str], bool] | None = None
+) -> list[Unknown]:
+    """The distinct plain failures among ``lines`` that the catalog did not name, in order of first
     appearance. ``matched``: the 0-based indexes of the lines the catalog named; ``known``: whether the catalog knows
     a line at all (it may have read it as benign in its context: a requested stop's EngineDeadError). A record or
     traceback of which the catalog named or knows one line is the catalog's, whole."""
@@ -172,20 +200,7 @@ def uncatalogued_findings(
             cleared.add(block.start)
         counts[key] = counts.get(key, 0) + 1
         first.setdefault(key, (number, line))
-    out = []
-    for key, (index, line) in sorted(first.items(), key=lambda kv: kv[1][0])[:MAX_FINDINGS]:
-        quoted = line if len(line) <= QUOTE_CHARS else line[:QUOTE_CHARS] + "..."
-        out.append(
-            Finding(
-                UNCATALOGUED_ERROR,
-                Status.WARNING,
-                f"an error the catalog does not know, {counts[key]} line(s): {quoted}",
-                f"line {index + 1}",
-                evidence=line[:500],
-                remedy="read the line and what precedes it: dgxdoctor's catalog does not name this failure yet",
-            )
-        )
-    return out
+    return [Unknown(index, line, counts[key]) for key, (index, line) in sorted(first.items(), key=lambda kv: kv[1][0])]
 
 
 # The stamp and level a record starts with, left out of a message's identity with the process prefix.
