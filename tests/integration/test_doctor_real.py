@@ -64,8 +64,9 @@ def test_logs_check_catches_real_vllm_missing_model(tmp_path: Path) -> None:
         done = subprocess.run(isolated(argv), stdout=out, stderr=subprocess.STDOUT, env=env, timeout=300, check=False)
     assert done.returncode != 0
     result = check.run()
-    assert [f.code for f in result.findings] == ["MODEL_PATH_MISSING"], log.read_text()[-2000:]
-    assert str(tmp_path / "models" / "glm") in (result.findings[0].evidence or "")
+    matched = [f for f in result.findings if f.code != "LOGS_UNCATALOGUED_ERRORS"]  # other errors: shown, at OK
+    assert [f.code for f in matched] == ["MODEL_PATH_MISSING"], log.read_text()[-2000:]
+    assert str(tmp_path / "models" / "glm") in (matched[0].evidence or "")
 
 
 RAY_SCRIPT = """

@@ -54,7 +54,7 @@ def test_finds_each_signature_in_real_excerpt(tmp_path: Path, code: str) -> None
     assert check.run().status is Status.OK  # first sight: history is not reported
     append(vllm_log, (LOGS / f"{code.lower()}.log").read_text())
     result = check.run()
-    codes = {f.code for f in result.findings}
+    codes = {f.code for f in result.findings} - {"LOGS_UNCATALOGUED_ERRORS"}  # what else the excerpt says, shown
     assert codes == {code}
     finding = result.findings[0]
     assert finding.subject == str(vllm_log)
@@ -86,7 +86,10 @@ def test_lookalikes_give_ok(tmp_path: Path) -> None:
     check, vllm_log, _ = make(tmp_path, Clock())
     check.run()
     append(vllm_log, (LOGS / "lookalikes.log").read_text())
-    assert check.run().findings == ()
+    result = check.run()
+    # Look-alikes of signatures; the plain errors among them are shown as uncatalogued, at OK, never acted on.
+    assert result.status is Status.OK
+    assert {f.code for f in result.findings} <= {"LOGS_UNCATALOGUED_ERRORS"}
 
 
 def test_restart_does_not_report_history_again(tmp_path: Path) -> None:
@@ -226,3 +229,19 @@ def test_no_log_files_compiles_no_catalog(tmp_path: Path, one_shot: bool) -> Non
         (tmp_path / "vllm1.log").write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
         check.run()
         assert check._catalog is not None
+
+
+def test_an_uncatalogued_failure_is_counted_by_source_and_shown_never_acted_on(tmp_path: Path) -> None:
+    """What no signature names but is plainly a failure (judge/uncatalogued.py): a counter per source and an OK
+    finding with the latest lines, which no alert or action reads."""
+    check, vllm_log, _ = make(tmp_path, Clock())
+    check.run()
+    line = "(APIServer pid=7) ERROR 12-05 08:00:01 [serving_chat.py:210] Error in preprocessing prompt inputs"
+    append(vllm_log, f"{line}\n{line}\nRuntimeError: CUDA error: device-side assert triggered\n")
+    result = check.run()
+    (finding,) = [f for f in result.findings if f.code == "LOGS_UNCATALOGUED_ERRORS"]
+    assert finding.status is Status.OK and finding.action == "none" and finding.subject == str(vllm_log)
+    assert "3 line(s)" in finding.message and "device-side assert" in (finding.evidence or "")
+    (sample,) = [s for s in result.samples if s.metric.name == "dgxdoctor_logs_uncatalogued_errors_total"]
+    assert sample.value == 3 and sample.labels == {"source": str(vllm_log)}
+    assert result.status is Status.OK

@@ -17,7 +17,7 @@ from dgxdoctor.judge.kernel import RECOVERS, KernelTally, tally_finding
 from dgxdoctor.records import asdict
 from dgxdoctor.result import MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.device_map import Device, DeviceMap
-from dgxdoctor.sources.kernel_events import RECOVERY_KINDS, KernelEvent, parse_kernel_event
+from dgxdoctor.sources.kernel_events import RECOVERY_KINDS, KernelEvent, KernelJoiner
 from dgxdoctor.sources.kmsg import KmsgRecord, records_since
 
 KERNEL_EVENTS_TOTAL = MetricSpec(
@@ -37,6 +37,7 @@ class KernelEventLedger:
         self._lock = threading.Lock()
         self._tallies: dict[tuple[str, str], KernelTally] = {}
         self.devices = DeviceMap()
+        self._joiner = KernelJoiner()  # one report, one fault: the same joining as ``diagnose``
         self.min_usec: int | None = None
         self.counted = 0  # faults counted and recoveries noted, so a caller can tell that something changed
 
@@ -46,12 +47,14 @@ class KernelEventLedger:
         boot_wall = now - self._monotonic()
         with self._lock:
             before = self.counted
+            when = now
             for record in records_since(records, self.min_usec):
                 when = boot_wall + record.usec / 1e6 if record.usec is not None else now
                 for line in record.lines:
-                    event = parse_kernel_event(line)
-                    if event is not None:
+                    for event in self._joiner.feed(line):
                         self._count(event, when)
+            for event in self._joiner.flush():  # a head whose report ends here
+                self._count(event, when)
             return self.counted - before
 
     def _count(self, event: KernelEvent, when: float) -> None:

@@ -50,7 +50,7 @@ from dgxdoctor.judge.log_files import (
     log_backlog,
     log_unreadable,
 )
-from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample, Status
 from dgxdoctor.settings.bounds import DAY_S, WEEK_S
 from dgxdoctor.sources.container import ContainerLogFollower, LogRead
 from dgxdoctor.sources.fields import ByteCount, bytes_within
@@ -71,6 +71,16 @@ MATCHES_TOTAL = MetricSpec(
     "counter",
     ("code",),
 )
+UNCATALOGUED_TOTAL = MetricSpec(
+    "dgxdoctor_logs_uncatalogued_errors_total",
+    "Log lines that are plainly failures but that no signature of the catalog names (an exception line, CUDA error:, "
+    "an ERROR or CRITICAL record: judge/uncatalogued.py) since the agent started, by source (a file, journal:<unit>, "
+    "container:<name>); shown, never acted on: serving logs carry ERROR lines all day.",
+    "counter",
+    ("source",),
+)
+# The latest uncatalogued lines shown per source.
+UNCATALOGUED_SHOWN = 3
 FILES_FOLLOWED = MetricSpec(
     "dgxdoctor_logs_files_followed",
     "Log files the logs check followed in its last run.",
@@ -192,6 +202,14 @@ class _Recent(Struct):
     count: int
 
 
+class _Unknown(Struct):
+    """The plain failures no signature names, of one source, inside the window: counted and shown."""
+
+    count: int
+    latest: list[str]
+    last_seen: float
+
+
 class LogsCheck(Check[LogsSettings]):
     name: ClassVar[str] = "logs"
 
@@ -202,6 +220,8 @@ class LogsCheck(Check[LogsSettings]):
         self._follower: LogFollower | None = None
         self._recent: dict[tuple[str, str], _Recent] = {}
         self._totals: dict[str, int] = {}
+        self._unknown: dict[str, _Unknown] = {}
+        self._unknown_totals: dict[str, int] = {}
         # One scanner per file: it keeps the last lines, so a match is read in its context (judge.context).
         self._scanners: dict[str, Scanner] = {}
         self._journal: JournalFollower | None = None
@@ -293,7 +313,10 @@ class LogsCheck(Check[LogsSettings]):
                 from dgxdoctor.judge.scan import Scanner
 
                 scanner = self._scanners[path] = Scanner(self.catalog, kind, trusted_only=True)
+            before = scanner.lines_read
+            matched: set[int] = set()
             for match in [*scanner.feed("\n".join(new)), *scanner.flush()]:
+                matched.add(match.number - 1 - before)
                 if not match.trusted:
                     continue
                 sig = match.signature
@@ -301,6 +324,21 @@ class LogsCheck(Check[LogsSettings]):
                 key = (sig.code, path)
                 seen = self._recent.get(key)
                 self._recent[key] = _Recent(sig, path, match.line, now, seen.count + 1 if seen else 1)
+            self._count_unknown(path, new, matched, now)
+
+    def _count_unknown(self, path: str, lines: list[str], matched: set[int], now: float) -> None:
+        """The plain failures of ``lines`` that no signature named, as ``diagnose`` reads them: counted per source,
+        the latest shown."""
+        from dgxdoctor.judge.uncatalogued import uncatalogued
+
+        found = uncatalogued(lines, matched, lambda line: bool(self.catalog.find(line)))
+        if not found:
+            return
+        lines_counted = sum(u.times for u in found)
+        self._unknown_totals[path] = self._unknown_totals.get(path, 0) + lines_counted
+        held = self._unknown.get(path) or _Unknown(0, [], now)
+        latest = [*held.latest, *(u.line[:EVIDENCE_MAX] for u in found)][-UNCATALOGUED_SHOWN:]
+        self._unknown[path] = _Unknown(held.count + lines_counted, latest, now)
 
     def run(self) -> CheckResult:
         s = self.settings
@@ -325,6 +363,8 @@ class LogsCheck(Check[LogsSettings]):
         self._match([*polled.lines, *_journal_lines(journal, s.journal_units), *self._boxed_lines(boxed)], kinds, now)
         for key in [k for k, r in self._recent.items() if now - r.last_seen > s.hold_s]:
             del self._recent[key]
+        for source in [k for k, u in self._unknown.items() if now - u.last_seen > s.hold_s]:
+            del self._unknown[source]
         self._save(follower)
 
         b = self._findings(polled.errors)
@@ -394,6 +434,20 @@ class LogsCheck(Check[LogsSettings]):
             b.add(recent.signature.finding(recent.path, recent.line[:EVIDENCE_MAX], recent.count))
         for code in sorted(self._totals):
             b.sample(MATCHES_TOTAL, self._totals[code], code=code)
+        for source, unknown in sorted(self._unknown.items()):
+            shown = "; ".join(line[:EVIDENCE_MAX] for line in unknown.latest)
+            b.add(
+                Finding(
+                    "LOGS_UNCATALOGUED_ERRORS",
+                    Status.OK,
+                    f"{unknown.count} line(s) in the last {self.settings.hold_s:g} s look like failures no signature "
+                    f"names (shown, not acted on); latest: {shown}",
+                    source,
+                    evidence=unknown.latest[-1][:EVIDENCE_MAX],
+                )
+            )
+        for source in sorted(self._unknown_totals):
+            b.sample(UNCATALOGUED_TOTAL, self._unknown_totals[source], source=source)
         for error in errors:
             b.add(log_unreadable(error))
         return b

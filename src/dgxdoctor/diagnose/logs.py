@@ -3,7 +3,8 @@
 The same catalog and matcher as the live `logs` check (``sources.signatures``); one finding per signature code,
 with the first offending line as evidence and the number of lines that matched. A paste is searched with every
 signature whatever its kind (a vLLM log carries Ray's and NCCL's lines too); `text` takes what is neither a vLLM
-nor a Ray log but shows a known failure: one traceback line, an NCCL WARN line.
+nor a Ray log but shows a known failure (one traceback line, an NCCL WARN line) or a plain failure the catalog does
+not know (judge/uncatalogued.py: ``UNCATALOGUED_ERROR``, a warning, never "ok" or unrecognised input).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from dgxdoctor.judge.cause import explained_away
 from dgxdoctor.judge.frames import frame_findings
 from dgxdoctor.judge.scan import Scanner, scan_text
 from dgxdoctor.judge.signatures import Catalog, Match, Signature, load_catalog
+from dgxdoctor.judge.uncatalogued import shows_plain_failure, uncatalogued_findings
 from dgxdoctor.result import Finding
+from dgxdoctor.sources.kernel_events import parse_kernel_event
 
 # INFO 07-25 06:50:45 config.py:718] Defaulting to use ray for distributed inference      (vllm-project/vllm#6775)
 # INFO 05-16 18:43:01 [loader.py:447] Loading weights took 2.60 seconds                   (xming521/WeClone#83)
@@ -66,7 +69,8 @@ class Tally:
 
     def findings(self, lines: list[str], signatures: Mapping[str, Signature]) -> list[Finding]:
         """One finding per signature code, the first line that showed it as evidence; then the tracebacks'
-        frames where no catalog line follows (judge.frames), read in ``lines`` (the text, or its head)."""
+        frames where no catalog line follows (judge.frames), and the plain failures the catalog does not know
+        (judge.uncatalogued), read in ``lines`` (the text, or its head)."""
         for code in explained_away(self.lines):
             del self.first[code], self.counts[code], self.lines[code]
         out = []
@@ -74,7 +78,24 @@ class Tally:
             out.append(match.signature.finding(f"line {match.number}", match.line.strip()[:500], self.counts[code]))
         matched = {n - 1 for n in self.numbers}
         frames = frame_findings(lines, matched, signatures)
-        return out + [f for f in frames if f.code not in self.first]
+        unknown = uncatalogued_findings(lines, matched, _Known(signatures))
+        return out + [f for f in frames if f.code not in self.first] + unknown
+
+
+class _Known:
+    """Whether a line is the catalog's or the kernel readers' (an XID, a kernel fault of the kernel-log kind): the
+    catalog searched through its prefilter, built on the first line asked about."""
+
+    def __init__(self, signatures: Mapping[str, Signature]) -> None:
+        self._signatures = signatures
+        self._catalog: Catalog | None = None
+
+    def __call__(self, line: str) -> bool:
+        if "Xid" in line or parse_kernel_event(line) is not None:
+            return True
+        if self._catalog is None:
+            self._catalog = Catalog(self._signatures.values())
+        return bool(self._catalog.find(line))
 
 
 def _findings(text: str, catalog: Catalog) -> tuple[list[Finding], dict[str, int], int]:
@@ -124,10 +145,15 @@ class NcclLogAnalyzer(_LogAnalyzer):
 
 
 class TextAnalyzer(_LogAnalyzer):
-    """Any text that shows a known failure signature (the catch-all after every other kind)."""
+    """Any text that shows a known failure signature, or a plain failure the catalog does not know (the catch-all
+    after every other kind)."""
 
     kind: ClassVar[str] = "text"
 
     def detect(self, text: str) -> bool:
         lines = text.splitlines()
-        return bool(scan_text(self.catalog, text)) or bool(frame_findings(lines, (), self.catalog.by_code()))
+        return (
+            bool(scan_text(self.catalog, text))
+            or bool(frame_findings(lines, (), self.catalog.by_code()))
+            or shows_plain_failure(text)
+        )

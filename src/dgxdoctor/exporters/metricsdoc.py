@@ -78,6 +78,8 @@ COLD_START: dict[str, str] = {
     "value",
     "dgxdoctor_nvswitch_sxid_errors_total": "born at its first count (switches x SXIDs found at run time; no alert "
     "reads it)",
+    "dgxdoctor_logs_uncatalogued_errors_total": "born at its first count: the source label is the file, unit or "
+    "container whose line it counted; shown, never alerted on",
     "dgxdoctor_kernel_events_total": "born at its first count: the device label is found in the line; the kernel "
     "alerts read the xid check's findings",
     "dgxdoctor_kmsg_records_lost_total": "from the xid check's first run, with what left the ring buffer before it "

@@ -93,8 +93,8 @@ TABLE: Mapping[str, Consequence] = {
     **_rows("infiniband", NONE, Cure.HARDWARE, "IB_PORTS_MISSING"),
     # The kernel's view (the xid check's kernel faults, judge/kernel.py): links down, NIC firmware, fatal AER ...
     **_rows("xid", NONE, Cure.HARDWARE, "KERNEL_LINK_DOWN", "KERNEL_MODULE_EVENT", "KERNEL_MLX5_CMD_TIMEOUT",
-            "KERNEL_MLX5_HEALTH", "KERNEL_MLX5_FATAL", "KERNEL_AER_FATAL", "KERNEL_NVRM_INIT_FAILED",
-            "KERNEL_NVSWITCH_FATAL"),
+            "KERNEL_MLX5_HEALTH", "KERNEL_MLX5_FATAL", "KERNEL_MLX5_PROBE_FAILED", "KERNEL_AER_FATAL",
+            "KERNEL_AER_UNRECOVERED", "KERNEL_NVRM_INIT_FAILED", "KERNEL_NVSWITCH_FATAL"),
 }  # fmt: skip
 
 

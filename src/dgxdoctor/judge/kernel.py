@@ -4,15 +4,18 @@ Shared by the xid check (the followed kernel log) and ``diagnose --kind kernel-l
 
 Severities: what breaks the tensor-parallel group now is CRITICAL (a NIC whose firmware stopped answering, a rail's
 link down, a fatal or uncorrectable PCIe error on a GPU, NVSwitch or HCA, an uncorrectable memory error, the OOM
-killer taking a vLLM or Ray process, the model's NFS server gone, a GPU the driver could not initialise); what
-degrades or warns of worse is WARNING (corrected AER on those devices, corrected memory errors, hung tasks and soft
-lockups, a link that went down and came back, GPUDirect RDMA lost). NVSentinel's NIC syslog detection treats the
-mlx5 command timeout and health-poll failures as fatal too.
+killer taking a vLLM or Ray process, the model's NFS server gone, a GPU or NIC the driver could not initialise, an
+uncorrected machine check, a poisoned page, a PCIe error the kernel could not recover on those devices); what
+degrades or warns of worse is WARNING (corrected AER on those devices, corrected memory errors and machine checks,
+hung tasks, soft lockups, RCU stalls and workqueue lockups, a link that went down and came back, GPUDirect RDMA lost,
+an mlx5 health report whose own severity is a warning). Each rule says why (``KernelRule.reason``).
+NVSentinel's NIC syslog detection treats the mlx5 command timeout and health-poll failures as fatal too.
 """
 
 from __future__ import annotations
 
 from msgspec import Struct
+from msgspec.structs import replace
 
 from dgxdoctor.judge.xid import ago
 from dgxdoctor.lazy_re import lazy_compile
@@ -30,10 +33,13 @@ SERVING_PROCESS_RE = lazy_compile(r"(?i)^(?:vllm|ray::|raylet|gcs_server|VllmWor
 
 
 class KernelRule(Struct, frozen=True):
+    """``reason``: why this status, from the kernel's own printk level and the vendor's guidance."""
+
     code: str
     title: str
     status: Status
     remedy: str
+    reason: str = ""
 
 
 REMEDY_NIC_FW = (
@@ -91,6 +97,40 @@ RULES: dict[str, KernelRule] = {
         "KERNEL_OOM_KILL", "host OOM kill", Status.WARNING,
         "the host ran out of memory: lower vLLM's swap_space/cpu offload or Ray's object store, or add memory",
     ),
+    "mlx5_probe_failed": KernelRule(
+        "KERNEL_MLX5_PROBE_FAILED", "NIC failed to initialise", Status.CRITICAL,
+        "the NIC function never came up (its rail is missing): check its firmware (`mlxfwmanager --query`, "
+        "`devlink health`), then reset it (`mlxfwreset`) or reboot",
+        "mlx5_core_err (KERN_ERR): mlx5_load_one/handle_hca_cap failed, or the driver core's probe failure",
+    ),
+    "aer_unrecovered": KernelRule(
+        "KERNEL_AER_UNRECOVERED", "PCIe error not recovered", Status.CRITICAL,
+        "the kernel could not recover the device from an uncorrectable PCIe error: drain the node and reboot it",
+        "pci/pcie/err.c: recovery failed, or the device's driver has no error handler to recover it",
+    ),
+    "mce_uncorrected": KernelRule(
+        "KERNEL_MCE_UNCORRECTED", "uncorrected machine check", Status.CRITICAL,
+        "the CPU or memory reported an uncorrected hardware error: drain the node; `ras-mc-ctl --errors` or "
+        "`mcelog --client` names the bank and DIMM",
+        "MCi_STATUS.UC (bit 61) set, or a firmware record of severity recoverable/fatal (cper.c)",
+    ),
+    "memory_failure": KernelRule(
+        "KERNEL_MEMORY_FAILURE", "memory page poisoned", Status.CRITICAL,
+        "a page of memory went bad and the task that touched it was killed (SIGBUS): replace the DIMM "
+        "(`ras-mc-ctl --errors`); the page is offlined until then",
+        "mm/memory-failure.c pr_err (KERN_ERR): an uncorrected memory error reached a task",
+    ),
+    "rcu_stall": KernelRule(
+        "KERNEL_RCU_STALL", "RCU stall", Status.WARNING,
+        "a CPU did not pass through a quiescent state for seconds (a stuck driver or interrupt storm): read the "
+        "stack dump that follows it in dmesg",
+        "tree_stall.h pr_err: the kernel warns and goes on; it names the CPU, not a device",
+    ),
+    "workqueue_lockup": KernelRule(
+        "KERNEL_WORKQUEUE_LOCKUP", "workqueue lockup", Status.WARNING,
+        "a kernel worker pool made no progress for seconds: read the busy workers dmesg lists after it",
+        "workqueue.c pr_emerg, but the kernel goes on: a hang of some work, not a device fault by itself",
+    ),
     "nfs_not_responding": KernelRule(
         "KERNEL_NFS_NOT_RESPONDING", "NFS server not responding", Status.CRITICAL,
         "the NFS server stopped answering: model loads and checkpoints hang until it returns; check the server and "
@@ -116,6 +156,32 @@ RULES: dict[str, KernelRule] = {
     ),
 }  # fmt: skip
 
+# Why each status (the kernel's printk level, the vendor's guidance); the rules above carry their own.
+_REASONS = {
+    "mlx5_cmd_timeout": "cmd.c mlx5_core_err/warn: the firmware did not complete a command; NVIDIA's NVSentinel "
+    "treats it as fatal",
+    "mlx5_health": "health.c: the health buffer's own severity (severity(N), a printk level); ERROR or worse is "
+    "critical, WARNING is a warning",
+    "mlx5_fatal": "health.c: a fatal firmware syndrome; the device is in internal error",
+    "link_down": "a rail of the group down (mlx5e carrier, the IB port's state, a bond member)",
+    "module_event": "events.c port_module_event: a cable or transceiver unplugged or in error",
+    "aer_fatal": "aer.c: Uncorrected (Fatal): the link is reset; the device stops until recovered",
+    "aer_nonfatal": "aer.c: Uncorrected (Non-Fatal) on a GPU, NVSwitch or HCA: a transaction was lost",
+    "aer_corrected": "aer.c: Corrected: the hardware retried; a warning on the group's devices, ok elsewhere",
+    "mce": "a corrected machine check (MCi_STATUS.UC clear) or one whose severity is not in the log",
+    "edac_ce": "edac_mc.c: a corrected memory error; the DIMM's count grows toward replacement",
+    "edac_ue": "edac_mc.c: an uncorrected memory error",
+    "hung_task": "hung_task.c pr_err: a task stuck in the kernel; the kernel goes on",
+    "soft_lockup": "watchdog.c pr_emerg: a CPU stuck; the kernel goes on unless softlockup_panic",
+    "oom_kill": "oom_kill.c: critical when the victim is a serving process of a serving user, else a warning",
+    "nfs_not_responding": "sunrpc: the model's storage stops answering",
+    "nvrm_init_failed": "NVRM (NV_DBG_ERRORS): the driver could not initialise the GPU (RmInitAdapter, GSP, probe)",
+    "nvrm_api_mismatch": "NVRM: the user-space driver and the kernel module differ",
+    "nvswitch_fatal": "nvidia-nvswitch: a switch of the NVLink fabric failed",
+    "peermem_load_failed": "GPUDirect RDMA unavailable: NCCL falls back, slower but working",
+}
+RULES = {kind: rule if rule.reason else replace(rule, reason=_REASONS[kind]) for kind, rule in RULES.items()}
+
 
 class KernelVerdict(Struct, frozen=True):
     code: str
@@ -124,19 +190,32 @@ class KernelVerdict(Struct, frozen=True):
     remedy: str
 
 
+# printk levels: 0 emergency .. 3 error, 4 warning, 5 notice, 6 info, 7 debug.
+WARNING_LEVEL = 4
+
+
 def assess_kernel(
-    kind: str, role: str | None, process: str | None = None, recovered: bool = False, trusted: bool = True
+    kind: str,
+    role: str | None,
+    process: str | None = None,
+    recovered: bool = False,
+    trusted: bool = True,
+    level: int | None = None,
 ) -> KernelVerdict:
     """The verdict on one (kind, device): ``role`` of the device it names (gpu, nvswitch, hca, pci ...),
     ``process`` the task it names, ``recovered`` when a later line reported the recovery (link up, NFS OK),
     ``trusted`` False when the task is another user's (its name alone makes no serving process: anyone can run a
-    program named vllm)."""
+    program named vllm); ``level`` the printk level the line states for itself (mlx5's health severity)."""
     rule = RULES[kind]
     status, title, remedy = rule.status, rule.title, rule.remedy
-    if kind == "oom_kill" and process and trusted and SERVING_PROCESS_RE.match(process):
-        status, title = Status.CRITICAL, "host OOM killed a serving process"
-    elif kind in ("aer_corrected", "aer_nonfatal") and role not in GROUP_ROLES:
-        status = Status.WARNING if kind == "aer_nonfatal" else Status.OK
+    if kind in ("oom_kill", "memory_failure") and process and trusted and SERVING_PROCESS_RE.match(process):
+        status, title = Status.CRITICAL, f"{title}: a serving process killed"
+        if kind == "oom_kill":
+            title = "host OOM killed a serving process"
+    elif kind in ("aer_corrected", "aer_nonfatal", "aer_unrecovered") and role not in GROUP_ROLES:
+        status = Status.WARNING if kind != "aer_corrected" else Status.OK
+    elif kind == "mlx5_health" and level is not None and level >= WARNING_LEVEL:
+        status, title = Status.WARNING, "NIC health warning"
     if recovered and kind == "link_down":
         return KernelVerdict("KERNEL_LINK_FLAPPED", Status.WARNING, "link went down and came back", remedy)
     if recovered and kind == "nfs_not_responding":
@@ -175,9 +254,11 @@ def tally_finding(kind: str, tally: KernelTally, now: float | None, owners: froz
     role = device.role if device else None
     uid = event.uid if isinstance(event.uid, int) else None
     trusted = owners is None or uid is None or uid in owners
-    verdict = assess_kernel(kind, role, event.process, tally.recovered_at is not None, trusted)
+    verdict = assess_kernel(kind, role, event.process, tally.recovered_at is not None, trusted, event.level)
     where = device.text if device else ""
     detail = event.detail
+    if kind == "oom_kill" and not event.process:
+        detail += "; the victim is not in the log"
     if event.process:
         owner = "" if trusted else f" of uid {uid}, not a serving user"
         detail = f"{event.process}, pid {event.pid}{owner}" + (f", {detail}" if detail else "")

@@ -3,10 +3,14 @@ NFS, and NVIDIA driver faults that print no Xid. One parser for the followed ``/
 
 Each pattern has a real line above it and where it was seen (tests/fixtures/kernel_log/SOURCES.md lists them
 again with their sources). The printk formats are the kernel's: mlx5 ``drivers/net/ethernet/mellanox/mlx5/core``
-(``health.c``, ``cmd.c``, ``events.c``, ``en_main.c``), ``drivers/pci/pcie/aer.c``, ``arch/x86/kernel/cpu/mce``,
-``drivers/edac/edac_mc.c``, ``kernel/hung_task.c``, ``kernel/watchdog.c``, ``mm/oom_kill.c``,
-``fs/nfs/`` and ``net/sunrpc/clnt.c``. Whatever precedes the driver prefix (a dmesg stamp, a syslog
-``host kernel:``) is ignored, as in sources/xid.py. Pure: no verdicts (judge/kernel.py).
+(``health.c``, ``cmd.c``, ``main.c``, ``events.c``, ``en_main.c``), ``drivers/infiniband/core/cache.c``,
+``drivers/net/bonding``, ``drivers/pci/pcie/aer.c`` and ``err.c``, ``arch/x86/kernel/cpu/mce``,
+``drivers/edac/edac_mc.c`` and ``sb_edac.c``/``skx_common.c``, ``acpi/apei/ghes.c`` and ``firmware/efi/cper.c``,
+``mm/memory-failure.c``, ``kernel/hung_task.c``, ``kernel/watchdog.c``, ``kernel/rcu/tree_stall.h``,
+``kernel/workqueue.c``, ``mm/oom_kill.c``, ``fs/nfs/``, ``net/sunrpc/clnt.c`` and NVIDIA's ``nv.c``/``osinit.c``.
+A report of several lines (an AER summary and its detail, the OOM killer's report) is one event: ``KernelJoiner``.
+Whatever precedes the driver prefix (a dmesg stamp, a syslog ``host kernel:``) is ignored, as in sources/xid.py.
+Pure: no verdicts (judge/kernel.py).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Literal
 
 from msgspec import Struct
+from msgspec.structs import replace
 
 from dgxdoctor.lazy_re import lazy_compile
 
@@ -23,17 +28,23 @@ Kind = Literal[
     "mlx5_cmd_timeout",
     "mlx5_health",
     "mlx5_fatal",
+    "mlx5_probe_failed",
     "link_down",
     "link_up",
     "module_event",
     "aer_corrected",
     "aer_nonfatal",
     "aer_fatal",
+    "aer_unrecovered",
     "mce",
+    "mce_uncorrected",
     "edac_ce",
     "edac_ue",
+    "memory_failure",
     "hung_task",
     "soft_lockup",
+    "rcu_stall",
+    "workqueue_lockup",
     "oom_kill",
     "nfs_not_responding",
     "nfs_ok",
@@ -64,6 +75,29 @@ MLX5_CMD_TIMEOUT_RE = lazy_compile(r"(?P<cmd>[A-Z][A-Z0-9_]{2,40})\(0x[0-9a-f]{1
 #   mlx5_core 0000:5e:00.0: mlx5_health_try_recover:327:(pid 1187): health recovery flow aborted, PCI reads still
 #   not working                                                                    (one line in the log)
 MLX5_HEALTH_RE = lazy_compile(r"health compromised|health recovery flow aborted|FW is unable to respond")
+# health.c print_health_info (5.19+ names the syndrome and its printk level; older kernels print only the dump lines):
+#   mlx5_core 0000:08:00.0: print_health_info:425:(pid 912): Health issue observed, firmware internal error,
+#   severity(3) ERROR:                          (one line; the net/mlx5 patch adding it, lore.kernel.org linux-rdma)
+#   mlx5_core 0000:08:00.0: print_health_info:429:(pid 912): assert_var[0] 0x08040700      (a line of its dump)
+#   mlx5_core 0000:08:00.0: mlx5_health_try_recover:335:(pid 1): handling bad device here   (the recovery it starts)
+MLX5_HEALTH_ISSUE_RE = lazy_compile(r"Health issue observed, (?P<synd>[^,]{1,80}), severity\((?P<sev>\d)\)")
+MLX5_HEALTH_DUMP_RE = lazy_compile(r"\b(?:print_health_info|mlx5_health_try_recover):\d{1,6}:")
+# cmd.c, a command the firmware never completed and one the driver could not even queue:
+#   mlx5_core 0000:56:00.0: wait_func_handle_exec_timeout:1159:(pid 72061): cmd[0]: ACCESS_REG(0x805) No done
+#   completion                                           (one line; a linux-rdma report, code index id 31492381258)
+#   mlx5_core 0000:3b:00.0: cmd_work_handler:877:(pid 6712): failed to allocate command entry
+MLX5_NO_COMPLETION_RE = lazy_compile(r"(?P<cmd>[A-Z][A-Z0-9_]{1,40})\(0x[0-9a-f]{1,4}\) No done completion")
+MLX5_CMD_ALLOC_RE = lazy_compile(r"cmd_work_handler:\d{1,6}:\(pid \d{1,10}\): failed to allocate")
+# main.c, the NIC function that never came up (its rail is missing until it does):
+#   mlx5_core 0000:3b:00.0: mlx5_init_one:1460:(pid 1): mlx5_load_one failed with error code -110
+#   mlx5_core 0000:3b:00.0: mlx5_function_setup:1104:(pid 1): handle_hca_cap failed
+MLX5_LOAD_FAILED_RE = lazy_compile(
+    r"\b(?:mlx5_load_one failed with error code (?P<err>-?\d{1,5})|handle_hca_cap failed)"
+)
+# infiniband/core/cache.c (6.14+), the IB device's own port state, beside the netdev's "Link down":
+#   [ 4443.974372] mlx5_core 0000:53:00.0 mlx5_3: Port: 1 Link DOWN   (a bond's flap, code index id 53115452667)
+#   mlx5_core 0000:08:00.0 rdmap8s0f0: Port: 2 Link ACTIVE                 (the patch's own example)
+IB_PORT_STATE_RE = lazy_compile(r"Port: (?P<port>\d{1,3}) Link (?P<state>DOWN|ACTIVE)\s*$")
 MLX5_FATAL_RE = lazy_compile(r"\bFatal error (?P<code>\d{1,10}) detected|\bsystem error event triggered|unrecoverable")
 
 # en_main.c mlx5e_update_carrier, and the IPoIB netdev of an InfiniBand rail alike:
@@ -92,11 +126,53 @@ AER_RE = lazy_compile(
     r"|Uncorrect(?:ed|able) \((?P<fatal>Non-Fatal|Fatal)\))"
 )
 
+# aer.c aer_isr_one_error, the root port's summary before the detail lines above; the erring device is the source
+# it names (``id=BBDF`` before 5.x, the address later, "error message received from" in 6.x):
+#   pcieport 0000:00:01.0: AER: Uncorrected (Fatal) error received: id=0008   (linux-pci, code index id 15130804285)
+#   pcieport 0002:00:00.0: AER: Uncorrected (Fatal) error received: 0002:01:00.0          (code index id 44844950347)
+#   pcieport 0000:00:01.1: AER: Multiple Uncorrected (Fatal) error received: 0000:00:01.0  (code index id 40949722272)
+#   pcieport 0000:00:1c.5: AER: Correctable error message received from 0000:03:00.0      (6.x wording)
+AER_SUMMARY_RE = lazy_compile(
+    r"\b[A-Za-z0-9_\-]{1,32} " + _PCI + r": AER: (?:Multiple )?(?P<sev>Correct(?:ed|able)|Uncorrect(?:ed|able) "
+    r"\((?P<fatal>Non-Fatal|Fatal)\)) error(?: message)? received(?::| from) ?(?:id=(?P<id>[0-9a-fA-F]{4})\b|"
+    r"(?P<src>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]))?"
+)
+# pci/pcie/err.c: the device whose driver cannot take part in the recovery, and the recovery that failed:
+#   e1000e 0000:03:00.0: AER: can't recover (no error_detected callback)
+#   pcieport 0000:00:02.0: AER: device has no AER-aware driver
+#   pcieport 0000:00:01.1: AER: Device recovery failed                      (code index id 40949722272)
+AER_UNRECOVERED_RE = lazy_compile(
+    r"\b[A-Za-z0-9_\-]{1,32} " + _PCI + r": (?:AER: )?(?P<what>[Cc]an't recover \(no error_detected callback\)"
+    r"|device has no AER-aware driver|[Dd]evice recovery failed)"
+)
+
 # arch/x86/kernel/cpu/mce: "mce: [Hardware Error]: Machine check events logged" (corrected, logged by the CMCI), and
 # the panic path's "Machine check: Processor context corrupt":
 #   mce: [Hardware Error]: Machine check events logged                    (radiasoft/devops#134)
 #   mce: [Hardware Error]: CPU 1: Machine Check: 0 Bank 11: 8c00004f000800c2
 MCE_RE = lazy_compile(r"mce: \[Hardware Error\]: (?:CPU (?P<cpu>\d{1,5}): Machine Check|Machine check)")
+# The bank's status names a corrected or an uncorrected error (MCi_STATUS bit 61, UC); the EDAC drivers (sb_edac.c,
+# skx_common.c, i10nm) print the same line after their own head:
+#   EDAC sbridge MC3: HANDLING MCE MEMORY ERROR                 (Documentation/firmware-guide/acpi/apei/einj.rst)
+#   EDAC sbridge MC3: CPU 0: Machine Check Event: 0 Bank 7: 8c00004000010090
+MACHINE_CHECK_RE = lazy_compile(
+    r"(?:EDAC (?:\w{1,16} )?(?P<mc>MC\d{1,3}): )?CPU (?P<cpu>\d{1,5}): Machine Check(?: (?:Event|Exception))?: "
+    r"(?:0x)?[0-9a-fA-F]{1,16} Bank (?P<bank>\d{1,3}): (?P<status>[0-9a-fA-F]{16})\b"
+)
+EDAC_HANDLING_RE = lazy_compile(r"EDAC (?:\w{1,16} )?(?P<mc>MC\d{1,3}): HANDLING MCE MEMORY ERROR")
+MCI_STATUS_UC = 1 << 61
+# acpi/apei/ghes.c and firmware/efi/cper.c: a firmware-first record, its severity before its section:
+#   {1}[Hardware Error]: event severity: corrected
+#   {1}[Hardware Error]: section_type: memory error
+GHES_SEVERITY_RE = lazy_compile(r"\{\d{1,6}\}\[Hardware Error\]: event severity: (?P<sev>corrected|recoverable|fatal)")
+GHES_MEMORY_RE = lazy_compile(r"\{\d{1,6}\}\[Hardware Error\]: {1,4}section_type: memory error")
+# mm/memory-failure.c: a poisoned page, and the task that touched it:
+#   Memory failure: 0x7dcdb: Sending SIGBUS to python3:48213 due to hardware memory corruption
+#   Memory failure: 0x7dcdb: recovery action for dirty LRU page: Failed
+MEMORY_FAILURE_RE = lazy_compile(
+    r"Memory failure: (?P<pfn>0x[0-9a-f]{1,16}): (?:Sending SIGBUS to (?P<comm>.{1,16}?):(?P<pid>\d{1,10}) due to"
+    r"|recovery action for (?P<page>[^:]{1,60}): Failed)"
+)
 
 # drivers/edac/edac_mc.c edac_mc_handle_error:
 #   EDAC MC1: 1 CE memory scrubbing error on CPU_SrcID#1_Ha#0_Chan#0_DIMM#0 (channel:0 slot:0 page:0xee30a0 ...)
@@ -107,6 +183,13 @@ EDAC_RE = lazy_compile(r"EDAC (?P<mc>MC\d{1,3}): (?P<count>\d{1,10}) (?P<type>CE
 # kernel/hung_task.c:
 #   INFO: task python3:48213 blocked for more than 120 seconds.
 HUNG_TASK_RE = lazy_compile(r"INFO: task (?P<comm>.{1,16}):(?P<pid>\d{1,10}) blocked for more than (?P<secs>\d{1,7}) s")
+
+# kernel/rcu/tree_stall.h and kernel/workqueue.c:
+#   rcu: INFO: rcu_sched detected stalls on CPUs/tasks:
+#   rcu: INFO: rcu_preempt self-detected stall on CPU
+#   BUG: workqueue lockup - pool cpus=5 node=0 flags=0x0 nice=0 stuck for 31s!
+RCU_STALL_RE = lazy_compile(r"INFO: (?P<flavor>rcu_\w{1,16}) (?:self-)?detected (?:expedited )?stalls?\b")
+WORKQUEUE_RE = lazy_compile(r"BUG: workqueue lockup - pool (?P<pool>.{1,80}?) stuck for (?P<secs>\d{1,7})s!")
 
 # kernel/watchdog.c:
 #   watchdog: BUG: soft lockup - CPU#7 stuck for 23s! [pytest:25222]        (deepspeedai/DeepSpeed#925)
@@ -125,6 +208,16 @@ OOM_KILL_RE = lazy_compile(
 # The killed task's owner, which the kernel itself writes after the sizes (5.x+): ``..., shmem-rss:0kB, UID:0
 # pgtables:123456kB oom_score_adj:0``. Unlike the comm, no user can write it.
 OOM_UID_RE = lazy_compile(r"\bUID:(?P<uid>\d{1,10})\b")
+# The report's head and its summary line (5.x+), which name the task that asked for memory and the victim:
+#   systemd invoked oom-killer: gfp_mask=0x6200ca(GFP_HIGHUSER_MOVABLE), order=0, oom_score_adj=0
+#   oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,global_oom,task_memcg=/system.slice/
+#   pm2-root.service,task=node,pid=2092,uid=0                   (one line; a CentOS messages file, code index id
+#   15097352197, with the kill and the reaper's line after it)
+OOM_INVOKED_RE = lazy_compile(r"(?P<comm>\S{1,16}) invoked oom-killer: ")
+OOM_CONSTRAINT_RE = lazy_compile(
+    r"oom-kill:constraint=(?P<constraint>\w{1,32}),.{0,600}?\btask=(?P<comm>[^,]{1,16}),pid=(?P<pid>\d{1,10}),"
+    r"uid=(?P<uid>\d{1,10})"
+)
 
 # fs/nfs and net/sunrpc: the server stops answering, then answers again (the "OK" line is the recovery):
 #   nfs: server 100.73.159.36 not responding, still trying       (nfs-ganesha/nfs-ganesha#1295)
@@ -132,10 +225,36 @@ OOM_UID_RE = lazy_compile(r"\bUID:(?P<uid>\d{1,10})\b")
 #   nfs: server thinkcentre OK                                   (linux-surface/linux-surface#1494: a look-alike)
 NFS_RE = lazy_compile(r"\bnfs: server (?P<server>\S{1,255}) (?P<what>not responding|OK)\b")
 
+# drivers/net/bonding/bond_main.c, a bond's member lost (the rail behind it is down):
+#   bond0: (slave enp83s0f0np0): link status definitely down, disabling slave   (5.x+; code index id 53115452667)
+#   bond0: link status definitely down for interface eth1, disabling it         (4.x and earlier)
+BOND_RE = lazy_compile(
+    r"[A-Za-z0-9_.\-]{1,15}: (?:\(slave (?P<slave>[A-Za-z0-9_.\-]{1,15})\): link status definitely (?P<state>up|down)"
+    r"|link status definitely (?P<state2>up|down) for interface (?P<slave2>[A-Za-z0-9_.\-]{1,15}))"
+)
+
 # NVIDIA driver faults without an Xid:
 #   NVRM: GPU 0000:98:00.0: RmInitAdapter failed! (0x62:0x65:1792)     (NVIDIA/open-gpu-kernel-modules#789)
 #   NVRM: RmInitAdapter failed! (0x22:0x56:667)                       (older drivers name no GPU)
 NVRM_INIT_RE = lazy_compile(r"NVRM: (?:GPU " + _PCI + r": )?RmInitAdapter failed! \((?P<code>[0-9a-fx:]{1,40})\)")
+#   NVRM: GPU0 RmInitAdapter: Cannot initialize GSP firmware RM           (code index id 55080197096, with the
+#   NVRM: GPU 0000:04:00.0: rm_init_adapter failed, device minor number 0   RmInitAdapter failed! line after it)
+NVRM_GSP_RE = lazy_compile(r"NVRM: (?:GPU(?P<gpu>\d{1,3}) )?RmInitAdapter: Cannot initialize GSP firmware RM")
+NVRM_RM_INIT_RE = lazy_compile(r"NVRM: (?:GPU " + _PCI + r": )?rm_init_adapter failed")
+# The driver's probe and module load giving up (nv.c), and the driver core's line for the device it failed:
+#   NVRM: The NVIDIA probe routine failed for 1 device(s).        (Bumblebee-Project/Bumblebee#550 and others)
+#   NVRM: None of the NVIDIA graphics adapters were initialized!  /  NVRM: None of the NVIDIA devices were initialized.
+#   NVRM: No NVIDIA graphics adapter probed!  /  NVRM: NVIDIA init module failed!
+#   nvidia: probe of 0000:01:00.0 failed with error -1                   (drivers/base/dd.c before 6.x)
+#   nvidia 0000:67:00.0: probe with driver nvidia failed with error -1   (6.x)
+NVRM_PROBE_RE = lazy_compile(
+    r"NVRM: (?P<what>The NVIDIA probe routine failed for \d{1,3} device|None of the NVIDIA (?:graphics adapters|"
+    r"devices) were initiali[sz]ed|No NVIDIA graphics adapter probed|NVIDIA init module failed)"
+)
+PROBE_OF_RE = lazy_compile(r"\b(?P<drv>nvidia|mlx5_core): probe of " + _PCI + r" failed with error (?P<err>-?\d{1,5})")
+PROBE_WITH_RE = lazy_compile(
+    r"\b(?P<drv>nvidia|mlx5_core) " + _PCI + r": probe with driver \S{1,32} failed with error (?P<err>-?\d{1,5})"
+)
 #   NVRM: API mismatch: the client has the version 535.54.03, but   (stackhpc/ansible-slurm-appliance#287)
 #   NVRM: API mismatch: the client 'kwin_wayland' (pid 1005)         (595 drivers; the versions follow on the next line)
 NVRM_API_RE = lazy_compile(
@@ -154,11 +273,18 @@ PEERMEM_RE = lazy_compile(
 )
 
 
+Part = Literal["", "head", "detail"]
+
+
 class KernelEvent(Struct, frozen=True):
     """One fault line: what kind, the device it names in its own words, and the line.
 
     ``pci`` is a full PCI address (``0000:3b:00.0``), ``netdev`` an interface name; ``other`` names what is not a
     PCI device (``MC0``, ``cpu7``, an NFS server). ``process``/``pid``: the task a hang or the OOM killer names.
+    ``level``: the printk level (0 emergency .. 7 debug) where the line states its own (mlx5's ``severity(N)``).
+    ``part``: ``head`` for a line that opens a report whose next lines name the device or the verdict (an AER
+    summary, the OOM killer's head, an EDAC head, a GHES record's severity, NVRM's GSP line); ``detail`` for a line
+    of a report already counted (an mlx5 health dump line, NVRM's probe summary). ``KernelJoiner`` joins them.
     """
 
     kind: Kind
@@ -170,11 +296,17 @@ class KernelEvent(Struct, frozen=True):
     pid: int | None = None
     detail: str = ""
     uid: int | None = None  # the task's owner, where the kernel writes it (the OOM killer's UID:)
+    level: int | None = None
+    part: Part = ""
 
     @property
     def named(self) -> str:
         """The device as the line names it ("" when it names none)."""
         return self.netdev or self.pci or self.other or ""
+
+
+def _said(rest: str) -> str:
+    return rest.split("): ", 1)[-1][:160]
 
 
 def _mlx5(line: str) -> KernelEvent | None:
@@ -183,65 +315,160 @@ def _mlx5(line: str) -> KernelEvent | None:
         return None
     rest = line[prefix.end() :].strip()
     pci, netdev = prefix["pci"].lower(), prefix["netdev"]
+    text = line.strip()
+    port = IB_PORT_STATE_RE.search(rest) if "Port: " in rest else None
+    if port is not None and netdev:
+        kind: Kind = "link_down" if port["state"] == "DOWN" else "link_up"
+        return KernelEvent(kind, text, pci, netdev, detail=f"Port {port['port']} Link {port['state']}")
     link = MLX5_LINK_RE.search(line) if "Link " in rest else None
     if link is not None and netdev:
-        kind: Kind = "link_down" if link["state"] == "down" else "link_up"
-        return KernelEvent(kind, line.strip(), pci, netdev, detail=f"Link {link['state']}")
+        kind = "link_down" if link["state"] == "down" else "link_up"
+        return KernelEvent(kind, text, pci, netdev, detail=f"Link {link['state']}")
     module = MODULE_EVENT_RE.search(rest) if "module event" in rest else None
     if module is not None:
         status = module["status"].strip()
         if status == "Cable plugged" and not module["error"]:
             return None  # a cable plugged in: the look-alike of a module fault
         detail = f"module {module['module']}: {status}" + (f", {module['why'].strip()}" if module["why"] else "")
-        return KernelEvent("module_event", line.strip(), pci, netdev, detail=detail)
-    timeout = MLX5_CMD_TIMEOUT_RE.search(rest) if "timeout" in rest else None
-    if timeout is not None:
-        return KernelEvent("mlx5_cmd_timeout", line.strip(), pci, netdev, detail=f"{timeout['cmd']} timed out")
+        return KernelEvent("module_event", text, pci, netdev, detail=detail)
+    if "timeout" in rest and (timeout := MLX5_CMD_TIMEOUT_RE.search(rest)) is not None:
+        return KernelEvent("mlx5_cmd_timeout", text, pci, netdev, detail=f"{timeout['cmd']} timed out")
+    if "No done completion" in rest and (stuck := MLX5_NO_COMPLETION_RE.search(rest)) is not None:
+        return KernelEvent("mlx5_cmd_timeout", text, pci, netdev, detail=f"{stuck['cmd']}: no done completion")
+    if MLX5_CMD_ALLOC_RE.search(rest):
+        return KernelEvent("mlx5_cmd_timeout", text, pci, netdev, detail="no free command entry")
+    if (issue := MLX5_HEALTH_ISSUE_RE.search(rest)) is not None:
+        detail = f"{issue['synd']}, severity({issue['sev']})"
+        return KernelEvent("mlx5_health", text, pci, netdev, detail=detail, level=int(issue["sev"]))
     if MLX5_FATAL_RE.search(rest):
-        return KernelEvent("mlx5_fatal", line.strip(), pci, netdev, detail=rest.split("): ", 1)[-1][:160])
+        return KernelEvent("mlx5_fatal", text, pci, netdev, detail=_said(rest))
     if MLX5_HEALTH_RE.search(rest):
-        return KernelEvent("mlx5_health", line.strip(), pci, netdev, detail=rest.split("): ", 1)[-1][:160])
-    return None
+        return KernelEvent("mlx5_health", text, pci, netdev, detail=_said(rest))
+    if MLX5_HEALTH_DUMP_RE.search(rest):  # the dump of a health report, or the recovery it starts
+        return KernelEvent("mlx5_health", text, pci, netdev, detail=_said(rest), part="detail")
+    if "failed" in rest and (load := MLX5_LOAD_FAILED_RE.search(rest)) is not None:
+        return KernelEvent("mlx5_probe_failed", text, pci, netdev, detail=load[0])
+    return _probe(line)
 
 
 _AER_KINDS: dict[str, Kind] = {"Fatal": "aer_fatal", "Non-Fatal": "aer_nonfatal"}
 
 
+def _aer_source(port: str, source_id: str | None, source: str | None) -> str:
+    """The erring device an AER summary names: its address, or its ``id`` (bus << 8 | devfn) in the port's domain."""
+    if source:
+        return source.lower()
+    if source_id:
+        value = int(source_id, 16)
+        domain = port.split(":", 1)[0]
+        return f"{domain}:{value >> 8:02x}:{(value >> 3) & 0x1F:02x}.{value & 7}"
+    return port
+
+
 def _aer(line: str) -> KernelEvent | None:
     match = AER_RE.search(line)
-    if match is None:
-        return None
-    kind = _AER_KINDS.get(match["fatal"] or "", "aer_corrected")
-    return KernelEvent(kind, line.strip(), match["pci"].lower(), detail=f"severity={match['sev']} ({match['driver']})")
+    if match is not None:
+        kind = _AER_KINDS.get(match["fatal"] or "", "aer_corrected")
+        detail = f"severity={match['sev']} ({match['driver']})"
+        return KernelEvent(kind, line.strip(), match["pci"].lower(), detail=detail)
+    summary = AER_SUMMARY_RE.search(line)
+    if summary is not None:
+        kind = _AER_KINDS.get(summary["fatal"] or "", "aer_corrected")
+        device = _aer_source(summary["pci"].lower(), summary["id"], summary["src"])
+        detail = f"{summary['sev']} error reported by {summary['pci'].lower()}"
+        return KernelEvent(kind, line.strip(), device, detail=detail, part="head")
+    unrecovered = AER_UNRECOVERED_RE.search(line)
+    if unrecovered is not None:
+        return KernelEvent("aer_unrecovered", line.strip(), unrecovered["pci"].lower(), detail=unrecovered["what"])
+    return None
 
 
-def _host(line: str) -> KernelEvent | None:
-    """Machine checks, EDAC, hangs, the OOM killer, NFS."""
+def _machine_check(line: str) -> KernelEvent | None:
+    if (m := MACHINE_CHECK_RE.search(line)) is not None:
+        uncorrected = int(m["status"], 16) & MCI_STATUS_UC
+        kind: Kind = "mce_uncorrected" if uncorrected else "mce"
+        where = m["mc"] or f"cpu{m['cpu']}"
+        detail = f"bank {m['bank']} status {m['status']}: {'uncorrected' if uncorrected else 'corrected'}"
+        return KernelEvent(kind, line.strip(), other=where, detail=detail)
+    if (m := EDAC_HANDLING_RE.search(line)) is not None:
+        return KernelEvent("mce", line.strip(), other=m["mc"], detail="memory error", part="head")
+    if (m := GHES_SEVERITY_RE.search(line)) is not None:
+        kind = "mce" if m["sev"] == "corrected" else "mce_uncorrected"
+        return KernelEvent(kind, line.strip(), detail=f"firmware-reported, {m['sev']}", part="head")
+    if GHES_MEMORY_RE.search(line):
+        return KernelEvent("mce", line.strip(), other="memory", detail="memory error (severity not stated)")
+    if (m := MCE_RE.search(line)) is not None:
+        return KernelEvent("mce", line.strip(), other=f"cpu{m['cpu']}" if m["cpu"] else None)
+    return None
+
+
+def _oom(line: str) -> KernelEvent | None:
     if (m := OOM_KILL_RE.search(line)) is not None and "Killed process" in line:
         owner = OOM_UID_RE.search(line, m.end())
         uid = int(owner["uid"]) if owner is not None else None
         return KernelEvent("oom_kill", line.strip(), process=m["comm"], pid=int(m["pid"]), uid=uid)
+    if (m := OOM_CONSTRAINT_RE.search(line)) is not None:
+        return KernelEvent("oom_kill", line.strip(), process=m["comm"], pid=int(m["pid"]), uid=int(m["uid"]),
+                           detail=m["constraint"], part="head")  # fmt: skip
+    if (m := OOM_INVOKED_RE.search(line)) is not None:
+        return KernelEvent("oom_kill", line.strip(), detail=f"invoked by {m['comm']}", part="head")
+    return None
+
+
+def _host(line: str) -> KernelEvent | None:
+    """Machine checks, EDAC, hangs, the OOM killer, NFS."""
+    if "oom" in line or "Killed process" in line:
+        event = _oom(line)
+        if event is not None:
+            return event
     if (m := HUNG_TASK_RE.search(line)) is not None:
         detail = f"blocked for more than {m['secs']} s"
         return KernelEvent("hung_task", line.strip(), process=m["comm"], pid=int(m["pid"]), detail=detail)
     if (m := SOFT_LOCKUP_RE.search(line)) is not None:
         cpu, detail = f"cpu{m['cpu']}", f"stuck for {m['secs']} s"
         return KernelEvent("soft_lockup", line.strip(), other=cpu, process=m["comm"], pid=int(m["pid"]), detail=detail)
+    if (m := RCU_STALL_RE.search(line)) is not None:
+        return KernelEvent("rcu_stall", line.strip(), detail=f"{m['flavor']} stall")
+    if (m := WORKQUEUE_RE.search(line)) is not None:
+        return KernelEvent("workqueue_lockup", line.strip(), detail=f"pool {m['pool']} stuck for {m['secs']} s")
     if (m := EDAC_RE.search(line)) is not None:
         kind: Kind = "edac_ue" if m["type"] == "UE" else "edac_ce"
         return KernelEvent(kind, line.strip(), other=m["mc"], detail=f"{m['count']} {m['type']} on {m['dimm']}")
-    if (m := MCE_RE.search(line)) is not None:
-        return KernelEvent("mce", line.strip(), other=f"cpu{m['cpu']}" if m["cpu"] else None)
+    if (m := MEMORY_FAILURE_RE.search(line)) is not None:
+        if m["comm"]:
+            return KernelEvent("memory_failure", line.strip(), other="memory", process=m["comm"], pid=int(m["pid"]),
+                               detail=f"page {m['pfn']} poisoned")  # fmt: skip
+        return KernelEvent("memory_failure", line.strip(), other="memory", detail=f"{m['page']} {m['pfn']}: Failed")
+    if (event := _machine_check(line)) is not None:
+        return event
     if (m := NFS_RE.search(line)) is not None:
         kind = "nfs_ok" if m["what"] == "OK" else "nfs_not_responding"
         return KernelEvent(kind, line.strip(), other=f"nfs:{m['server']}", detail=m["what"])
     return None
 
 
+def _probe(line: str) -> KernelEvent | None:
+    """The driver core's line for a GPU or NIC whose driver failed to probe it."""
+    m = PROBE_OF_RE.search(line) or PROBE_WITH_RE.search(line)
+    if m is None:
+        return None
+    kind: Kind = "nvrm_init_failed" if m["drv"] == "nvidia" else "mlx5_probe_failed"
+    return KernelEvent(kind, line.strip(), m["pci"].lower(), detail=f"probe failed with error {m['err']}")
+
+
 def _nvidia(line: str) -> KernelEvent | None:
     if (m := NVRM_INIT_RE.search(line)) is not None:
         pci = m["pci"].lower() if m["pci"] else None
         return KernelEvent("nvrm_init_failed", line.strip(), pci, detail=f"RmInitAdapter failed ({m['code']})")
+    if (m := NVRM_GSP_RE.search(line)) is not None:
+        other = f"GPU{m['gpu']}" if m["gpu"] else None
+        detail = "cannot initialize GSP firmware RM"
+        return KernelEvent("nvrm_init_failed", line.strip(), other=other, detail=detail, part="head")
+    if (m := NVRM_RM_INIT_RE.search(line)) is not None:
+        pci = m["pci"].lower() if m["pci"] else None
+        return KernelEvent("nvrm_init_failed", line.strip(), pci, detail="rm_init_adapter failed", part="detail")
+    if (m := NVRM_PROBE_RE.search(line)) is not None:
+        return KernelEvent("nvrm_init_failed", line.strip(), detail=m["what"], part="detail")
     if (m := NVRM_API_RE.search(line)) is not None:
         who = f"client version {m['client']}" if m["client"] else f"client {m['comm']}"
         return KernelEvent("nvrm_api_mismatch", line.strip(), detail=who)
@@ -250,7 +477,16 @@ def _nvidia(line: str) -> KernelEvent | None:
         return KernelEvent("nvswitch_fatal", line.strip(), pci, other=m["dev"])
     if (m := PEERMEM_RE.search(line)) is not None:
         return KernelEvent("peermem_load_failed", line.strip(), detail=f"{m['mod']}: symbol {m['sym']}")
-    return None
+    return _probe(line)
+
+
+def _bond(line: str) -> KernelEvent | None:
+    m = BOND_RE.search(line)
+    if m is None:
+        return None
+    state, slave = m["state"] or m["state2"], m["slave"] or m["slave2"]
+    kind: Kind = "link_down" if state == "down" else "link_up"
+    return KernelEvent(kind, line.strip(), netdev=slave, detail=f"bond member link {state}")
 
 
 # Substrings that every line of a kind contains, each naming the parsers that may take the line: one scan of a line
@@ -258,23 +494,34 @@ def _nvidia(line: str) -> KernelEvent | None:
 # (A loop of substring tests measured 1.4x faster than one alternation regex: benchmarks/kernel_scan.py.)
 _HOST = (_host,)
 _ROUTES: tuple[tuple[str, tuple[Callable[[str], KernelEvent | None], ...]], ...] = (
-    ("mlx5_core", (_mlx5, _aer)),
+    ("mlx5_core", (_mlx5, _aer, _probe)),
     ("PCIe Bus Error", (_aer,)),
+    ("AER: ", (_aer,)),
+    ("error_detected callback", (_aer,)),
     ("NVRM: ", (_nvidia,)),
     ("nvswitch", (_nvidia,)),
     ("peermem", (_nvidia,)),
     ("peer_mem", (_nvidia,)),
+    ("nvidia", (_probe,)),
+    ("link status definitely", (_bond,)),
     ("Hardware Error", _HOST),
     ("EDAC ", _HOST),
     ("blocked for more than", _HOST),
     ("soft lockup", _HOST),
+    ("detected stall", _HOST),
+    ("detected expedited stall", _HOST),
+    ("workqueue lockup", _HOST),
+    ("Memory failure:", _HOST),
     ("Killed process", _HOST),
+    ("oom-kill", _HOST),
     ("nfs: server", _HOST),
 )
 
 
 def parse_kernel_event(line: str) -> KernelEvent | None:
-    """The fault (or recovery) ``line`` reports, or None. XID/SXID lines are sources/xid.py's, not this."""
+    """The fault (or recovery) ``line`` reports, or None. XID/SXID lines are sources/xid.py's, not this.
+
+    One line alone: ``KernelJoiner`` joins a report's lines (``KernelEvent.part``) into one event."""
     parsers = next((route for hint, route in _ROUTES if hint in line), None)
     if parsers is None or "NVRM: Xid" in line or "SXid (" in line:
         return None
@@ -291,8 +538,108 @@ def may_hold_events(text: str) -> bool:
     return any(hint in text for hint, _ in _ROUTES)
 
 
-def scan_kernel_lines(lines: Iterable[str]) -> Iterator[KernelEvent]:
-    for line in lines:
+# ---- one report, one event ----
+
+# Kinds whose lines join: a report's head and the lines after it are one fault of one family.
+_FAMILY: dict[str, str] = {
+    "aer_corrected": "aer", "aer_nonfatal": "aer", "aer_fatal": "aer", "aer_unrecovered": "aer",
+    "mce": "mce", "mce_uncorrected": "mce", "edac_ce": "mce", "edac_ue": "mce",
+    "oom_kill": "oom", "nvrm_init_failed": "nvrm", "mlx5_health": "mlx5_health", "mlx5_fatal": "mlx5_health",
+}  # fmt: skip
+# Within a family, the worse of two kinds (a joined report keeps the worse).
+_RANK: dict[str, int] = {
+    "aer_corrected": 0, "aer_unrecovered": 1, "aer_nonfatal": 2, "aer_fatal": 3,
+    "mce": 0, "edac_ce": 1, "mce_uncorrected": 2, "edac_ue": 3,
+}  # fmt: skip
+
+
+def _family(event: KernelEvent) -> str:
+    return _FAMILY.get(event.kind, event.kind)
+
+
+def _merge(head: KernelEvent, event: KernelEvent) -> KernelEvent:
+    """``event`` completed by the ``head`` before it: the device and task where ``event`` names none, the worse
+    kind, both details; a head that joins a head stays a head (the OOM killer's summary after its head)."""
+    kind = event.kind
+    if _RANK.get(head.kind, 0) > _RANK.get(kind, 0):
+        kind = head.kind
+    if head.kind == "mce_uncorrected" and event.other == "memory":  # a GHES record's memory section
+        kind = "edac_ue"
+    elif head.kind == "mce" and head.part == "head" and event.other == "memory" and head.other is None:
+        kind = "edac_ce"
+    named = bool(event.pci or event.netdev or event.other)
+    details = [d for d in (head.detail, event.detail) if d]
+    return KernelEvent(
+        kind,
+        event.line,
+        event.pci if named else head.pci,
+        event.netdev if named else head.netdev,
+        event.other if named else head.other,
+        event.process or head.process,
+        event.pid if event.process else head.pid,
+        "; ".join(dict.fromkeys(details)),
+        event.uid if event.uid is not None else head.uid,
+        event.level if event.level is not None else head.level,
+        "head" if event.part == "head" else "",
+    )
+
+
+def _same_device(first: KernelEvent, then: KernelEvent) -> bool:
+    return not then.named or then.named == first.named or (then.pci is not None and then.pci == first.pci)
+
+
+class KernelJoiner:
+    """Joins a report's lines into one event, for the daemon's follower and ``diagnose`` alike.
+
+    A head is held until the next event: one of its family completes it (an AER summary and the detail line naming
+    the device, the OOM killer's head and the kill naming the victim), any other releases it alone. A detail line
+    right after an event of its family and device is part of it and counts nothing. ``flush`` releases a head still
+    held (the end of a paste, the end of a batch of the followed log: a head and its detail split across two batches
+    count twice).
+    """
+
+    def __init__(self) -> None:
+        self._held: KernelEvent | None = None
+        self._last: KernelEvent | None = None
+
+    def feed(self, line: str) -> list[KernelEvent]:
         event = parse_kernel_event(line)
-        if event is not None:
-            yield event
+        return self.add(event) if event is not None else []
+
+    def add(self, event: KernelEvent) -> list[KernelEvent]:
+        out: list[KernelEvent] = []
+        held, self._held = self._held, None
+        if held is not None:
+            if _family(held) == _family(event):
+                event = _merge(held, event)
+            else:
+                out.append(self._emit(held))
+        if event.part == "head":
+            self._held = event
+        elif (
+            event.part == "detail"
+            and self._last is not None
+            and _family(self._last) == _family(event)
+            and (_same_device(self._last, event))
+        ):
+            pass  # a line of the report just counted
+        else:
+            out.append(self._emit(event))
+        return out
+
+    def flush(self) -> list[KernelEvent]:
+        held, self._held = self._held, None
+        return [self._emit(held)] if held is not None else []
+
+    def _emit(self, event: KernelEvent) -> KernelEvent:
+        event = event if event.part == "" else replace(event, part="")
+        self._last = event
+        return event
+
+
+def scan_kernel_lines(lines: Iterable[str]) -> Iterator[KernelEvent]:
+    """The events of ``lines``, each report joined into one (``KernelJoiner``)."""
+    joiner = KernelJoiner()
+    for line in lines:
+        yield from joiner.feed(line)
+    yield from joiner.flush()

@@ -1,0 +1,91 @@
+"""What nobody catalogued still surfaces: a plain failure the catalog does not know is one UNCATALOGUED_ERROR warning
+per distinct message in `diagnose`, never "ok" and never UNRECOGNIZED_INPUT; what is not a failure stays silent.
+Excerpts: tests/fixtures/uncatalogued (SOURCES.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from dgxdoctor.diagnose.registry import diagnose
+from dgxdoctor.result import Finding, Status
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "uncatalogued"
+EXCERPTS = sorted(FIXTURES.glob("*.txt"))
+
+
+def _unknown(text: str) -> list[Finding]:
+    return [f for d in diagnose(text) for f in d.findings if f.code == "UNCATALOGUED_ERROR"]
+
+
+@pytest.mark.parametrize("path", EXCERPTS, ids=lambda p: p.stem)
+def test_an_uncatalogued_failure_is_a_warning_quoting_its_line(path: Path) -> None:
+    text = path.read_text()
+    found = diagnose(text)
+    assert all(f.code != "UNRECOGNIZED_INPUT" for d in found for f in d.findings)
+    assert all(d.status is not Status.OK for d in found)
+    unknown = _unknown(text)
+    assert unknown and all(f.status is Status.WARNING and f.action == "none" for f in unknown)
+    for finding in unknown:
+        assert finding.evidence is not None and finding.evidence in text
+        assert finding.evidence[:60] in finding.message
+
+
+def test_one_finding_per_distinct_message_counted() -> None:
+    text = "".join(
+        f"(APIServer pid=7) ERROR 12-05 08:00:{n:02d} [serving_chat.py:210] Error in preprocessing prompt inputs of "
+        f"request chatcmpl-{n}{n}\n"
+        for n in range(5)
+    )
+    text += "RuntimeError: CUDA error: an illegal instruction was encountered\n"
+    unknown = _unknown(text)
+    assert [f.message.split(",")[1].split(":")[0].strip() for f in unknown] == ["5 line(s)", "1 line(s)"]
+    assert unknown[0].subject == "line 1" and unknown[1].subject == "line 6"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "<3>[ 1234.567890] ata1.00: failed command: READ FPDMA QUEUED",
+        "3,1234,5678901234,-;ata1.00: failed command: READ FPDMA QUEUED",
+        "[rank0]:[E1205 08:00:01.123456 4242 ProcessGroupNCCL.cpp:616] [Rank 0] some new failure",
+        "2024-07-25 06:50:45,878\tERROR worker.py:1603 -- something nobody wrote a signature for",
+        "[2026-11-30 02:06:41,232 E 22797 22797] core_worker.cc:100: an unknown core worker failure",
+        "ERROR:root:an unknown failure",
+    ],
+)
+def test_error_records_of_every_source_surface(line: str) -> None:
+    (finding,) = _unknown(line + "\n")
+    assert finding.evidence == line
+
+
+BENIGN = [
+    'INFO 12-05 08:00:01 [metrics.py:100] vllm:request_success_total{finished_reason="error"} 3',
+    "(APIServer pid=7) WARNING 12-05 08:00:01 [utils.py:10] retrying after a transient error",
+    "<6>[ 12.345678] mlx5_core 0000:01:00.0: firmware version: 28.39.1002",
+    "12,1301,97612345678,-;a user-space write at warning level",
+    '    raise ValueError(f"unsupported dtype {dtype}")',
+    "CUBLAS_STATUS_SUCCESS",
+]
+
+
+def test_benign_lines_and_a_help_text_stay_silent() -> None:
+    assert _unknown("\n".join(BENIGN) + "\n") == []
+    for args in (("--help",), ("diagnose", "--help"), ("check", "--help")):
+        text = run_cli(*args).stdout
+        assert "Usage" in text
+        assert _unknown(text) == [], args
+
+
+def test_a_known_failure_and_its_traceback_are_the_catalogs() -> None:
+    """The catalog's line (and the rest of its traceback) is not also an unknown one."""
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/app/x.py", line 3, in <module>\n'
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        "79.10 GiB of which 1.00 GiB is free.\n"
+    )
+    found = [f for d in diagnose(text) for f in d.findings]
+    assert found and all(f.code != "UNCATALOGUED_ERROR" for f in found)
