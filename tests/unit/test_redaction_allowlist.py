@@ -35,6 +35,7 @@ from dgxdoctor.fleet.compare import compare
 from dgxdoctor.fleet.peers import validate_state
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.result import CheckResult, Status
+from dgxdoctor.settings.daemon import Credentials
 from dgxdoctor.sources.commands import CommandResult, run_command
 from dgxdoctor.sources.redact import digest
 from dgxdoctor.sources.serving_env import pick_serving_python
@@ -203,7 +204,7 @@ async def test_state_page_and_metrics_drift_shows_digests_not_values(tmp_path: P
     async def reload() -> list[str]:
         return []
 
-    state = AppState(store, make_registry(store), lambda: {"healthy": True}, TOKEN, reload)
+    state = AppState(store, make_registry(store), lambda: {"healthy": True}, Credentials(read=TOKEN), reload)
     client: TestClient[Any, Any] = TestClient(TestServer(make_app(state), host="127.0.0.1"))
     await client.start_server()
     try:

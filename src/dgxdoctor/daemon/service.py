@@ -346,17 +346,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         limit_malloc_arenas()
         host, port = parse_listen(self.listen_override or self.config.daemon.listen)
-        for warning in self.config.warnings():
-            log.warning("config_warning", detail=warning)
-        held = {"read": self.credentials.read or self.token, "alert": self.credentials.alert, "peer": self.token}
-        missing = [name for name, token in held.items() if token is None]
-        if missing:
-            log.warning(
-                "no_token",
-                missing=missing,
-                detail="the endpoints of these tokens refuse everyone, loopback included: set [daemon] "
-                "read_token_file, alert_token_file, peer_token_file (docs/daemon.md, Credentials)",
-            )
+        self._warn_at_start()
         try:
             tls = _server_tls(self.config)
         except OSError as exc:
@@ -404,6 +394,20 @@ class Daemon:
         self.notifier.close()
         log.info("stopped")
         return 0
+
+    def _warn_at_start(self) -> None:
+        """The config's warnings, and the tokens not configured: their endpoints refuse everyone."""
+        for warning in self.config.warnings():
+            log.warning("config_warning", detail=warning)
+        held = {"read": self.credentials.read or self.token, "alert": self.credentials.alert, "peer": self.token}
+        missing = [name for name, token in held.items() if token is None]
+        if missing:
+            log.warning(
+                "no_token",
+                missing=missing,
+                detail="the endpoints of these tokens refuse everyone, loopback included: set [daemon] "
+                "read_token_file, alert_token_file, peer_token_file (docs/daemon.md, Credentials)",
+            )
 
     def _on_stop(self, sig: signal.Signals) -> None:
         log.info("signal", signal=sig.name)
