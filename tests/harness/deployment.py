@@ -127,9 +127,9 @@ class Node:
         self.bin = root / "usr" / "bin"
         self.etc.mkdir(parents=True, mode=0o750)
         # The README's three token files: the peer token the same on every node, the read and alert tokens the node's.
-        for name, value in (("peer", token), ("read", new_token()), ("alert", new_token())):
-            (self.etc / f"{name}.token").write_text(value)
-            (self.etc / f"{name}.token").chmod(0o600)
+        for kind, value in (("peer", token), ("read", new_token()), ("alert", new_token())):
+            (self.etc / f"{kind}.token").write_text(value)
+            (self.etc / f"{kind}.token").chmod(0o600)
         self.state.mkdir(parents=True, mode=0o750)
         self.runtime.mkdir(parents=True, mode=0o700)
         self.kmsg.parent.mkdir(parents=True)
