@@ -289,6 +289,7 @@ def hard_load(url: str, stop: threading.Event) -> list[Any]:
 
 def daemon_state_checks(daemon: Daemon) -> set[str]:
     try:
-        return {c["name"] for c in httpx.get(f"{daemon.url}/state", timeout=5).json().get("checks", [])}
+        answer = httpx.get(f"{daemon.url}/state", timeout=5, headers={"Authorization": f"Bearer {daemon.token}"})
+        return {c["name"] for c in answer.json().get("checks", [])}
     except (httpx.HTTPError, ValueError):
         return set()
