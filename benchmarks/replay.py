@@ -370,6 +370,7 @@ class Sim:
         self.actions: list[dict[str, Any]] = []  # each action run: when, node, action, what stood behind it
         self.pages: list[dict[str, Any]] = []
         self.residual: tuple[Fault, float] | None = None
+        self.peer_check = self._peer_check()
         self.commands: list[tuple[float, str, tuple[str, ...]]] = []
         self.slow_health_run = False
         self.ray_pending_until = -math.inf
@@ -551,23 +552,29 @@ class Sim:
         return replace(judged_result(VllmExecutorCheck(VllmExecutorSettings(), env).run()),
                        started_at=self.worker.clock())  # fmt: skip
 
-    def peer_result(self) -> CheckResult:
-        """The head's peer_compare check: the worker's /state fetched over HTTP, validated, compared."""
-        worker = self.worker
-        down = self.now < worker.agent_down_until
-        body = json.dumps(ResultsDocument.of(WORKER, list(worker.results.values()), worker.clock()).state()).encode()
+    def _peer_check(self) -> PeerCompareCheck:
+        """The head's peer_compare check, one instance for the whole run as the daemon keeps it; the worker's
+        ``/state`` is its results document, served over HTTP (refused while its agent restarts)."""
 
         def serve(request: httpx.Request) -> httpx.Response:
-            if down:
+            worker = self.worker
+            if self.now < worker.agent_down_until:
                 raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
-            return httpx.Response(200, content=body, headers={"Content-Type": "application/json"})
+            doc = ResultsDocument.of(WORKER, list(worker.results.values()), worker.clock()).state()
+            return httpx.Response(200, content=json.dumps(doc).encode(), headers={"Content-Type": "application/json"})
 
-        local = ResultsDocument.of(HEAD, list(self.head.results.values()), self.head.clock()).state()
-        fleet = Fleet(local_state=lambda without: local, peers=lambda: Peers((WORKER_URL,), TOKEN, 5.0))
+        def local(without: str | None) -> dict[str, Any]:
+            results = [r for r in self.head.results.values() if r.check != without]
+            return ResultsDocument.of(HEAD, results, self.head.clock()).state()
+
+        fleet = Fleet(local_state=local, peers=lambda: Peers((WORKER_URL,), TOKEN, 5.0))
         env = Environment(node=HEAD, http_transport=httpx.MockTransport(serve), one_shot=False, fleet=fleet,
                           clock=self.head.clock)  # fmt: skip
-        result = judged_result(PeerCompareCheck(validate(PeerCompareSettings, {}), env).run())
-        return replace(result, started_at=self.head.clock())
+        return PeerCompareCheck(validate(PeerCompareSettings, {}), env)
+
+    def peer_result(self) -> CheckResult:
+        """The head's peer_compare check: the worker's /state fetched over HTTP, validated, compared."""
+        return replace(judged_result(self.peer_check.run()), started_at=self.head.clock())
 
     def write_logs(self, node: Node, lines: Sequence[str]) -> None:
         with node.log.open("a") as f:
