@@ -199,3 +199,35 @@ def test_a_peers_finding_is_bounded_not_refused() -> None:
         assert "more than 2000 findings" in str(exc)
     else:
         raise AssertionError("2,001 findings accepted")
+
+
+def test_a_peer_that_gives_no_state_keeps_its_last_hardware_cause(tmp_path: Path) -> None:
+    """The worker's agent restarting (or its node rebooting) while its GPU is off the bus: its causes are unknown,
+    not gone. The head's peer_compare keeps relaying the XID its last answer carried until the worker answers
+    again, so the head does not restart vLLM meanwhile (found by benchmarks/replay.py: before, the head restarted
+    vLLM and then the cluster the moment the worker's agent restarted during an XID 79)."""
+    answers = [wire("dgx-b", [kernel_log(tmp_path, XID_79)]), None, wire("dgx-b", [])]
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        body = answers[0]
+        if body is None:
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+        return httpx.Response(200, content=body, headers={"Content-Type": "application/json"})
+
+    local = ResultsDocument.of("dgx-a", [], time.time()).state()
+    fleet = Fleet(local_state=lambda without: local, peers=lambda: Peers((WORKER_URL,), TOKEN, 5.0))
+    env = Environment(node="dgx-a", http_transport=httpx.MockTransport(serve), one_shot=False, fleet=fleet)
+    check = PeerCompareCheck(validate(PeerCompareSettings, {}), env)  # one instance, as the daemon keeps it
+    seen = []
+    for _ in range(3):
+        result = judged_result(check.run())
+        seen.append([(f.code, f.message) for f in result.findings])
+        answers.pop(0)
+        if len(seen) == 2:
+            (cause,) = causes({"peer_compare": result}, "dgx-a")
+            assert cause.text == "XID 79 on 0000:3b:00 of dgx-b"
+            assert "gave no state now" in (cause.finding.evidence or "")
+    assert seen[0] == [("PEER_HARDWARE_FAULT", "XID 79 on 0000:3b:00 of dgx-b")]
+    assert [code for code, _ in seen[1]] == ["PEER_UNREACHABLE", "PEER_HARDWARE_FAULT"]
+    assert seen[1][1] == seen[0][0]  # the same cause: the gate's page for it is not sent again
+    assert seen[2] == []  # the worker answered without it: gone

@@ -19,11 +19,12 @@ from __future__ import annotations
 from typing import Annotated, ClassVar
 
 from msgspec import Meta, field
+from msgspec.structs import replace
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.compare import PEER_VIEW_FACT, RULE_KEYS, compare
-from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder, Sample
+from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample
 from dgxdoctor.settings.bounds import DAY_S
 from dgxdoctor.validation import field_rule
 
@@ -76,6 +77,10 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
     def __init__(self, settings: CheckSettings, env: Environment) -> None:
         super().__init__(settings, env)
         self.tolerances = self.settings.tolerances
+        # Per peer URL, the hardware causes its last answer relayed. A peer that gives no state (its agent
+        # restarting, the node rebooting) has causes unknown, not none: they stay until it answers again, so this
+        # node's remediation does not restart the group under a GPU that is still off the bus.
+        self._causes: dict[str, tuple[Finding, ...]] = {}
 
     def run(self) -> CheckResult:
         fleet = self.env.fleet
@@ -106,6 +111,8 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
                 if got.timed_out:
                     builder.timed_out("peer")
                 builder.add(peer_unreachable(url, str(got.error), got.label))
+                kept = f"{got.label} gave no state now ({str(got.error)[:100]}): its last answer's cause, kept"
+                builder.add(*(replace(f, evidence=kept) for f in self._causes.get(url, ())))
                 continue
             state = got.state
             newer = got.document.newer_schema() if got.document is not None else None
@@ -115,7 +122,9 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
                 builder.add(peer_name_clash(url, str(state["node"]), got.label))
                 state = {**state, "node": f"{state['node']}@{got.label}"}
             snapshots.append(state)
-            builder.add(*peer_cause_findings(state, got.label))
+            relayed = tuple(peer_cause_findings(state, got.label))
+            self._causes[url] = relayed
+            builder.add(*relayed)
         outcome = compare(snapshots, self.tolerances)
         for imbalance in outcome.imbalances:
             # Not builder.sample(): its first parameter is called ``metric`` too.

@@ -1,0 +1,42 @@
+"""The replay harness's short version (benchmarks/replay.py, issue 39): two nodes, the real remediation engine in act
+mode on a fake clock, fed benign life and one fault of every class the docs promise an answer for. Every fault is
+answered (its restart or its page) within its promised time, nothing is restarted without a fault behind it, and no
+restart runs while a fault a restart cannot cure lasts. And the harness is no tautology: with ``hold_s = 0`` the
+benign slow ``/health`` becomes a false restart it counts."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def replay() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("replay", REPO / "benchmarks" / "replay.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["replay"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_fault_class_is_answered_in_time_and_nothing_healthy_is_restarted() -> None:
+    r = replay()
+    fig = r.simulate({"ray": 0.8, "mp": 0.3}, 1, seed=39, gap_s=5400)
+    per = fig.per_class()
+    assert set(per) == {c.name for c in r.CATALOGUE}
+    assert {name: c["recall"] for name, c in per.items()} == dict.fromkeys(per, 1.0), r.report(fig)
+    assert fig.false_actions == [], r.report(fig)
+    assert all(c["restarts"] == 0 for c in per.values() if c["expect"] == "page")
+    assert all(fig.verdicts().values())
+
+
+def test_without_hold_a_slow_health_is_a_false_restart_the_harness_counts() -> None:
+    r = replay()
+    fig = r.simulate({"ray": 1.0}, 0, seed=39, settings={"hold_s": 0})
+    assert fig.false_actions, r.report(fig)
+    assert all(a["verdict"] == "false: no fault behind it" for a in fig.false_actions)
+    assert not fig.verdicts()["false actions <= 1 per 1,000 node-days"]
