@@ -138,6 +138,10 @@ FIRST_EVENT: dict[str, Gauges | Scenario] = {
     # kernel
     "DgxdoctorKernelAerFatal": kernel("KERNEL_AER_FATAL"),
     "DgxdoctorKernelAerNonfatal": kernel("KERNEL_AER_NONFATAL"),
+    "DgxdoctorKernelAerUnrecovered": kernel("KERNEL_AER_UNRECOVERED"),
+    "DgxdoctorKernelMceUncorrected": kernel("KERNEL_MCE_UNCORRECTED"),
+    "DgxdoctorKernelMemoryFailure": kernel("KERNEL_MEMORY_FAILURE"),
+    "DgxdoctorKernelMlx5ProbeFailed": kernel("KERNEL_MLX5_PROBE_FAILED"),
     "DgxdoctorKernelEdacUe": kernel("KERNEL_EDAC_UE"),
     "DgxdoctorKernelLinkDown": kernel("KERNEL_LINK_DOWN"),
     "DgxdoctorKernelMlx5CmdTimeout": kernel("KERNEL_MLX5_CMD_TIMEOUT"),
