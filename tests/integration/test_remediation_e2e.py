@@ -595,8 +595,14 @@ def test_sigkilled_agent_mid_action_leaves_audit_and_guard_intact(cluster: Clust
     _kill_vllm(cluster)
     wait_for("the slow restart to start", lambda: len([r for r in head.audit() if r["event"] ==
              "action_started"]) > started, 60, cluster)  # fmt: skip
-    state = json.loads((head.state / "remediation-state.json").read_text())
-    assert state["in_flight"]["action"] == "restart_vllm"
+
+    # The audit's action_started comes first, then the guard's state is saved, and only then the command starts:
+    # wait for the state that says it is in flight.
+    def in_flight() -> Any:
+        return json.loads((head.state / "remediation-state.json").read_text()).get("in_flight")
+
+    flight = wait_for("the restart in flight in the guard's state", in_flight, 30, cluster)
+    assert flight["action"] == "restart_vllm"
     head.stop_daemon(signal.SIGKILL)
     lines = (head.state / "remediation.jsonl").read_text().splitlines()
     assert all(json.loads(line) for line in lines)  # every line complete
@@ -605,7 +611,7 @@ def test_sigkilled_agent_mid_action_leaves_audit_and_guard_intact(cluster: Clust
     head.start_daemon()
     interrupted = wait_for("the interrupted record", lambda: [r for r in head.audit() if r.get("outcome") ==
                            "interrupted"], 60, cluster)  # fmt: skip
-    assert interrupted[0]["id"] == state["in_flight"]["id"]
+    assert interrupted[0]["id"] == flight["id"]
     assert json.loads((head.state / "remediation-state.json").read_text())["in_flight"] is None
     time.sleep(8)  # vLLM is still dead: the agent holds for the cooldown instead of repeating
     assert len([r for r in head.audit() if r["event"] == "action_started"]) == started + 1

@@ -118,6 +118,11 @@ def test_real_mp_worker_is_ok_then_a_stopped_rank_is_critical(deployment: tuple[
     (rank,) = [c.pid for c in children if c.cmdline()[:1] and c.cmdline()[0].startswith("VLLM::Worker_TP")]
     os.kill(rank, signal.SIGSTOP)
     try:
+        # A group stop lands once every thread of the rank has stopped (one in a system call under load takes a
+        # moment): the check is asked about a rank the kernel already shows stopped.
+        deadline = time.monotonic() + 15
+        while psutil.Process(rank).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+            time.sleep(0.1)
         stopped = check(tmp)
     finally:
         os.kill(rank, signal.SIGCONT)
