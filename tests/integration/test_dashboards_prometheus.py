@@ -470,8 +470,12 @@ def test_every_panel_returns_series_or_says_why_not(evaluation: Evaluation) -> N
 
 
 def test_status_matrix_has_skipped_checks_apart_from_ok(setup: Setup) -> None:
-    """The node x check matrix's real answer: the gpu check is SKIPPED here (-1), the peer comparison answers."""
-    answer = setup.query('max by (node, check) (dgxdoctor_check_status{node=~".+"})')
+    """The node x check matrix's real answer: the gpu check is SKIPPED here (-1), the peer comparison answers.
+
+    Asked at a moment both agents were freshly scraped: a scrape that timed out under load leaves no series.
+    """
+    at = _freshly_scraped(setup)
+    answer = setup.query('max by (node, check) (dgxdoctor_check_status{node=~".+"})', at=at)
     cells = {(r["metric"]["node"], r["metric"]["check"]): float(r["value"][1]) for r in answer["data"]["result"]}
     assert cells[("dgx-a", "gpu")] == -1 and cells[("dgx-b", "gpu")] == -1, cells
     assert ("dgx-a", "vllm") in cells and ("dgx-b", "peer_compare") in cells
