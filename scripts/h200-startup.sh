@@ -19,7 +19,7 @@ venv=/tmp/dgxdoctor
     "$venv/bin/python" -m pip --version 2>/dev/null || true
     python3 -m pip --python "$venv/bin/python" list 2>/dev/null
 } > "$OUT/install.txt" 2>&1
-python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/*.whl > "$OUT/pip.txt" 2>&1
+python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site .whl/house/*.whl > "$OUT/pip.txt" 2>&1
 cfg=docs/h200/h200-config.toml
 {
     date -u; nvidia-smi -L; "$venv/bin/python" --version
