@@ -16,7 +16,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Protocol
 
 from msgspec import Struct
@@ -90,6 +91,28 @@ def _timed_out(argv: Sequence[str], timeout_s: float) -> CommandTimeout:
     return CommandTimeout(f"{' '.join(argv)} did not finish in {timeout_s:g} s")
 
 
+@contextmanager
+def _deadline(proc: subprocess.Popen[str], argv: Sequence[str], timeout_s: float) -> Iterator[None]:
+    """Kill ``proc`` at ``timeout_s`` while the body reads its pipes, then raise CommandTimeout; however the body
+    ends, never leave the program running (a sink that raised must not wait for it either)."""
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout_s, expire)
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+    if expired.is_set():
+        raise _timed_out(argv, timeout_s)
+
+
 def run_command(argv: Sequence[str], timeout_s: float = 10.0) -> CommandResult:
     """Run ``argv`` to its end and capture both pipes; past ``timeout_s`` it is killed and CommandTimeout raised.
     Raises CommandNotFound when the program is absent."""
@@ -118,27 +141,13 @@ def run_command_lines(argv: Sequence[str], timeout_s: float, on_stderr_line: Cal
         out: list[str] = []
         drain = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""), daemon=True)
         drain.start()
-        expired = threading.Event()
-
-        def expire() -> None:
-            expired.set()
-            proc.kill()
-
-        timer = threading.Timer(timeout_s, expire)
-        timer.start()
         err: list[str] = []
-        try:
+        with _deadline(proc, argv, timeout_s):
             for line in proc.stderr:
                 err.append(line)
                 on_stderr_line(line.rstrip("\n"))
             proc.wait()
             drain.join()
-        finally:
-            timer.cancel()
-            if proc.poll() is None:  # the sink raised: never leave the program running (nor wait for it)
-                proc.kill()
-    if expired.is_set():
-        raise _timed_out(argv, timeout_s)
     return CommandResult(tuple(argv), proc.returncode, "".join(out), "".join(err))
 
 
@@ -172,15 +181,7 @@ def _run_head(argv: Sequence[str], timeout_s: float, max_chars: int, *, merge_st
 
         drain = threading.Thread(target=drain_stderr, daemon=True)
         drain.start()
-        expired = threading.Event()
-
-        def expire() -> None:
-            expired.set()
-            proc.kill()
-
-        timer = threading.Timer(timeout_s, expire)
-        timer.start()
-        try:
+        with _deadline(proc, argv, timeout_s):
             out = proc.stdout.read(max_chars + 1)
             cut = len(out) > max_chars
             if cut:
@@ -188,10 +189,4 @@ def _run_head(argv: Sequence[str], timeout_s: float, max_chars: int, *, merge_st
                 out = out[:max_chars]
             proc.wait()
             drain.join()
-        finally:
-            timer.cancel()
-            if proc.poll() is None:
-                proc.kill()
-    if expired.is_set():
-        raise _timed_out(argv, timeout_s)
     return CommandResult(tuple(argv), proc.returncode, out, "".join(err)[:STDERR_KEEP], cut)
