@@ -17,8 +17,6 @@ historical lines, then PASS/FAIL for the property; exits 1 on a miss. ``scripts/
 from __future__ import annotations
 
 import argparse
-import importlib
-import pkgutil
 import re
 import sys
 import time
@@ -30,7 +28,7 @@ from hypothesis import strategies as st
 
 import dgxdoctor.diagnose
 import dgxdoctor.sources
-from dgxdoctor.lazy_re import LazyPattern
+from dgxdoctor.lazy_re import module_patterns
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 SHORT, LONG = 1024, 8 * 1024
@@ -49,15 +47,7 @@ HISTORICAL = (
 
 @cache
 def parser_regexes() -> tuple[tuple[str, re.Pattern[str]], ...]:
-    found = []
-    for package in (dgxdoctor.sources, dgxdoctor.diagnose):
-        for info in pkgutil.iter_modules(package.__path__):
-            module = importlib.import_module(f"{package.__name__}.{info.name}")
-            for name, value in vars(module).items():
-                if isinstance(value, LazyPattern):  # compiled at first use (dgxdoctor.lazy_re)
-                    value = value.compiled
-                if isinstance(value, re.Pattern) and isinstance(value.pattern, str):
-                    found.append((f"{module.__name__}.{name}", value))
+    found = module_patterns(dgxdoctor.sources, dgxdoctor.diagnose)
     assert len(found) > 50
     return tuple(found)
 

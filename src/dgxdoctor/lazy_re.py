@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import Any
 
 
@@ -71,3 +72,21 @@ class LazyPattern:
 def lazy_compile(source: str, flags: int = 0) -> LazyPattern:
     """``re.compile`` for a module-level pattern, deferred to its first use."""
     return LazyPattern(source, flags)
+
+
+def module_patterns(*packages: ModuleType) -> list[tuple[str, re.Pattern[str]]]:
+    """Every compiled pattern (lazy ones compiled now) at module level in the modules of ``packages``, named
+    ``module.NAME``: what the regex-cost benchmark and the backtracking-shape test walk."""
+    import importlib  # a test's and a benchmark's walk: kept off the import path of every start
+    import pkgutil
+
+    found = []
+    for package in packages:
+        for info in pkgutil.iter_modules(package.__path__):
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+            for name, value in vars(module).items():
+                if isinstance(value, LazyPattern):
+                    value = value.compiled
+                if isinstance(value, re.Pattern) and isinstance(value.pattern, str):
+                    found.append((f"{module.__name__}.{name}", value))
+    return found

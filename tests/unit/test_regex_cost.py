@@ -7,8 +7,6 @@ perfquery dots that took 9 s before their fix) is measured by ``benchmarks/regex
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import re
 import sys
 from functools import cache
@@ -16,7 +14,7 @@ from typing import Any
 
 import dgxdoctor.diagnose
 import dgxdoctor.sources
-from dgxdoctor.lazy_re import LazyPattern
+from dgxdoctor.lazy_re import module_patterns
 
 if sys.version_info >= (3, 11):
     import re._constants as sre_constants
@@ -31,15 +29,7 @@ BACKTRACKING_REPEATS = (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT)
 
 @cache
 def parser_regexes() -> tuple[tuple[str, re.Pattern[str]], ...]:
-    found = []
-    for package in (dgxdoctor.sources, dgxdoctor.diagnose):
-        for info in pkgutil.iter_modules(package.__path__):
-            module = importlib.import_module(f"{package.__name__}.{info.name}")
-            for name, value in vars(module).items():
-                if isinstance(value, LazyPattern):  # compiled at first use (dgxdoctor.lazy_re)
-                    value = value.compiled
-                if isinstance(value, re.Pattern) and isinstance(value.pattern, str):
-                    found.append((f"{module.__name__}.{name}", value))
+    found = module_patterns(dgxdoctor.sources, dgxdoctor.diagnose)
     assert len(found) > 50
     return tuple(found)
 
