@@ -1,0 +1,168 @@
+"""``dgxdoctor slurm-health`` against a real slurmctld and slurmd (tests/integration/slurm_cluster.py) and a real
+dgxdoctor daemon, with ``scontrol show node`` as the truth.
+
+The daemon reads a sysfs-shaped InfiniBand tree (tests/fixtures/sysfs_ib: every rail Active); a rail written Down
+makes its infiniband check CRITICAL (IB_PORT_DOWN), written Active again clears it. Only that check runs: this
+machine's own state (an XID another test wrote to /dev/kmsg) stays out. slurm-health is run as slurmd runs its
+HealthCheckProgram: ``SLURMD_NODENAME`` in the environment, no argument but the config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from slurm_cluster import SlurmCluster, missing, slurm_cluster
+
+from conftest import REPO, CliRun, run_cli
+from daemonproc import DaemonProc
+from dgxdoctor.checks.registry import ALL_CHECKS
+from dgxdoctor.sources.slurm import SlurmNode
+from sysfstree import build_sysfs_tree
+
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(missing() is not None, reason=str(missing()))]
+
+TOKEN = "read-token-0123456789abcdef"
+RAIL = "class/infiniband/mlx5_3/ports/1"
+# slurmd kills its HealthCheckProgram after 60 s; ours reads one document and runs scontrol twice at most.
+WITHIN_S = 10.0
+
+
+def config(root: Path, sysfs: Path) -> str:
+    quiet = "".join(f"[checks.{f.name}]\nenabled = false\n" for f in ALL_CHECKS if f.name != "infiniband")
+    token = root / "read.token"
+    token.write_text(TOKEN + "\n")
+    token.chmod(0o600)
+    return (f'node = "dgx-a"\n[paths]\nstate_dir = "{root / "state"}"\nsysfs_root = "{sysfs}"\n'
+            f'[daemon]\nlisten = "@LISTEN@"\nread_token_file = "{token}"\n'
+            f"[checks.infiniband]\ninterval_s = 0.5\n{quiet}")  # fmt: skip
+
+
+class Node:
+    """The node under test: its Slurm record, its daemon, its rail."""
+
+    def __init__(self, slurm: SlurmCluster, daemon: DaemonProc, sysfs: Path) -> None:
+        self.slurm, self.daemon, self.sysfs = slurm, daemon, sysfs
+
+    def health(self) -> CliRun:
+        t0 = time.monotonic()
+        done = run_cli("slurm-health", "--config", str(self.daemon.workdir / "config.toml"),
+                       env={**self.slurm.env, "SLURMD_NODENAME": self.slurm.node}, timeout=60)  # fmt: skip
+        took = time.monotonic() - t0
+        assert took < WITHIN_S, f"slurm-health took {took:.1f} s"
+        return done
+
+    def rail(self, up: bool) -> None:
+        (self.sysfs / RAIL / "state").write_text("4: ACTIVE\n" if up else "1: DOWN\n")
+        (self.sysfs / RAIL / "phys_state").write_text("5: LinkUp\n" if up else "2: Polling\n")
+        want = "ok" if up else "critical"
+        self.daemon.wait_for(lambda: self.ib_status() == want, 30, f"infiniband {want}")
+
+    def ib_status(self) -> str:
+        doc = self.daemon.get("/state", auth=True).json()
+        return str(next(c["status"] for c in doc["checks"] if c["name"] == "infiniband"))
+
+
+@contextlib.contextmanager
+def started(root: Path, slurm_conf: str = "") -> Iterator[Node]:
+    sysfs = build_sysfs_tree(root / "sysfs", "dgx_ndr_healthy.txt")
+    daemon = DaemonProc(root / "agent", config(root, sysfs), token=TOKEN).start()
+    try:
+        daemon.wait_healthy()
+        with slurm_cluster(root / "slurm", slurm_conf) as slurm:
+            n = Node(slurm, daemon, sysfs)
+            daemon.wait_for(lambda: n.ib_status() == "ok", 30, "infiniband ok")
+            yield n
+    finally:
+        daemon.stop()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    with started(tmp_path) as n:
+        yield n
+
+
+def test_a_critical_drains_with_its_reason_and_clearing_resumes(node: Node) -> None:
+    healthy = node.health()
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    assert not node.slurm.show().drained
+
+    node.rail(up=False)
+    drained = node.health()
+    assert drained.returncode == 0, drained.stdout + drained.stderr
+    record = node.slurm.show()
+    assert record.drained, record
+    assert record.reason == "dgxdoctor:IB_PORT_DOWN:mlx5_3/1", record
+    again = node.health()  # still critical: nothing to change
+    assert again.returncode == 0 and "stays drained" in again.stdout, again.stdout
+    assert node.slurm.show().reason == "dgxdoctor:IB_PORT_DOWN:mlx5_3/1"
+
+    node.rail(up=True)
+    resumed = node.health()
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    record = node.slurm.show()
+    assert not record.drained and record.reason is None, record
+
+
+def test_an_operators_drain_is_left_alone(node: Node) -> None:
+    done = node.slurm.scontrol("update", f"nodename={node.slurm.node}", "state=drain", "reason=maintenance window")
+    assert done.returncode == 0, done.stderr
+    node.rail(up=False)
+    assert node.health().returncode == 0
+    record = node.slurm.show()
+    assert record.drained and record.reason == "maintenance window", record  # not replaced by ours
+    node.rail(up=True)
+    left = node.health()
+    assert left.returncode == 0 and "someone else" in left.stdout, left.stdout
+    record = node.slurm.show()
+    assert record.drained and record.reason == "maintenance window", record  # never resumed by us
+
+
+def test_no_answer_from_the_daemon_is_no_drain(node: Node) -> None:
+    node.rail(up=False)
+    node.daemon.stop()
+    done = node.health()
+    assert done.returncode == 69, done.stdout + done.stderr
+    assert "UNKNOWN" in done.stdout and "no drain" in done.stdout, done.stdout
+    assert not node.slurm.show().drained
+
+
+def hook(root: Path) -> Path:
+    """What docs/fleet.md puts in HealthCheckProgram: a script without arguments. slurmd runs it with only
+    SLURMD_NODENAME in its environment, so the script names this test's slurm.conf and Python."""
+    script = root / "dgxdoctor-slurm-health"
+    script.write_text(f"""#!/bin/sh
+export SLURM_CONF={root / "slurm" / "slurm.conf"} PATH={os.environ["PATH"]} PYTHONPATH={REPO / "src"}
+echo "SLURMD_NODENAME=$SLURMD_NODENAME" >>{root / "hook.log"}
+exec {sys.executable} -m dgxdoctor slurm-health --config {root / "agent" / "config.toml"} >>{root / "hook.log"} 2>&1
+""")
+    script.chmod(0o755)
+    return script
+
+
+def test_slurmd_runs_it_as_its_health_check_program(tmp_path: Path) -> None:
+    """slurmd itself runs the hook every HealthCheckInterval: the drain and the resume come without the test
+    running anything but the fault."""
+    lines = f"HealthCheckProgram={hook(tmp_path)}\nHealthCheckInterval=2\nHealthCheckNodeState=ANY"
+    with started(tmp_path, lines) as n:
+        n.rail(up=False)
+        slurm_waits(n, lambda r: r.drained and r.reason == "dgxdoctor:IB_PORT_DOWN:mlx5_3/1", "drained by the hook")
+        n.rail(up=True)
+        slurm_waits(n, lambda r: not r.drained, "resumed by the hook")
+    log = (tmp_path / "hook.log").read_text()
+    assert f"SLURMD_NODENAME={n.slurm.node}" in log, log
+
+
+def slurm_waits(n: Node, predicate: Callable[[SlurmNode], bool], what: str, limit_s: float = 30.0) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s:
+        if predicate(n.slurm.show()):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"not {what} within {limit_s} s: {n.slurm.show()}\n{n.slurm.logs()}")
