@@ -1,10 +1,7 @@
 """``dgxdoctor slurm-health`` against a real slurmctld and slurmd (tests/integration/slurm_cluster.py) and a real
-dgxdoctor daemon, with ``scontrol show node`` as the truth.
-
-The daemon reads a sysfs-shaped InfiniBand tree (tests/fixtures/sysfs_ib: every rail Active); a rail written Down
-makes its infiniband check CRITICAL (IB_PORT_DOWN), written Active again clears it. Only that check runs: this
-machine's own state (an XID another test wrote to /dev/kmsg) stays out. slurm-health is run as slurmd runs its
-HealthCheckProgram: ``SLURMD_NODENAME`` in the environment, no argument but the config.
+dgxdoctor daemon whose InfiniBand rail the test takes down and brings back (tests/integration/ib_agent.py), with
+``scontrol show node`` as the truth. slurm-health is run as slurmd runs its HealthCheckProgram: ``SLURMD_NODENAME``
+in the environment, no argument but the config; and in the last test slurmd runs it itself.
 """
 
 from __future__ import annotations
@@ -17,69 +14,40 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from ib_agent import RAIL_DOWN_REASON, IbAgent, ib_agent
 from slurm_cluster import SlurmCluster, missing, slurm_cluster
 
 from conftest import REPO, CliRun, run_cli
-from daemonproc import DaemonProc
-from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.sources.slurm import SlurmNode
-from sysfstree import build_sysfs_tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(missing() is not None, reason=str(missing()))]
 
-TOKEN = "read-token-0123456789abcdef"
-RAIL = "class/infiniband/mlx5_3/ports/1"
 # slurmd kills its HealthCheckProgram after 60 s; ours reads one document and runs scontrol twice at most.
 WITHIN_S = 10.0
 
 
-def config(root: Path, sysfs: Path) -> str:
-    quiet = "".join(f"[checks.{f.name}]\nenabled = false\n" for f in ALL_CHECKS if f.name != "infiniband")
-    token = root / "read.token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)
-    return (f'node = "dgx-a"\n[paths]\nstate_dir = "{root / "state"}"\nsysfs_root = "{sysfs}"\n'
-            f'[daemon]\nlisten = "@LISTEN@"\nread_token_file = "{token}"\n'
-            f"[checks.infiniband]\ninterval_s = 0.5\n{quiet}")  # fmt: skip
-
-
 class Node:
-    """The node under test: its Slurm record, its daemon, its rail."""
+    """The node under test: its Slurm record and its agent."""
 
-    def __init__(self, slurm: SlurmCluster, daemon: DaemonProc, sysfs: Path) -> None:
-        self.slurm, self.daemon, self.sysfs = slurm, daemon, sysfs
+    def __init__(self, slurm: SlurmCluster, agent: IbAgent) -> None:
+        self.slurm, self.agent = slurm, agent
 
     def health(self) -> CliRun:
         t0 = time.monotonic()
-        done = run_cli("slurm-health", "--config", str(self.daemon.workdir / "config.toml"),
+        done = run_cli("slurm-health", "--config", str(self.agent.config),
                        env={**self.slurm.env, "SLURMD_NODENAME": self.slurm.node}, timeout=60)  # fmt: skip
         took = time.monotonic() - t0
         assert took < WITHIN_S, f"slurm-health took {took:.1f} s"
         return done
 
     def rail(self, up: bool) -> None:
-        (self.sysfs / RAIL / "state").write_text("4: ACTIVE\n" if up else "1: DOWN\n")
-        (self.sysfs / RAIL / "phys_state").write_text("5: LinkUp\n" if up else "2: Polling\n")
-        want = "ok" if up else "critical"
-        self.daemon.wait_for(lambda: self.ib_status() == want, 30, f"infiniband {want}")
-
-    def ib_status(self) -> str:
-        doc = self.daemon.get("/state", auth=True).json()
-        return str(next(c["status"] for c in doc["checks"] if c["name"] == "infiniband"))
+        self.agent.rail(up)
 
 
 @contextlib.contextmanager
 def started(root: Path, slurm_conf: str = "") -> Iterator[Node]:
-    sysfs = build_sysfs_tree(root / "sysfs", "dgx_ndr_healthy.txt")
-    daemon = DaemonProc(root / "agent", config(root, sysfs), token=TOKEN).start()
-    try:
-        daemon.wait_healthy()
-        with slurm_cluster(root / "slurm", slurm_conf) as slurm:
-            n = Node(slurm, daemon, sysfs)
-            daemon.wait_for(lambda: n.ib_status() == "ok", 30, "infiniband ok")
-            yield n
-    finally:
-        daemon.stop()
+    with ib_agent(root) as agent, slurm_cluster(root / "slurm", slurm_conf) as slurm:
+        yield Node(slurm, agent)
 
 
 @pytest.fixture
@@ -98,10 +66,10 @@ def test_a_critical_drains_with_its_reason_and_clearing_resumes(node: Node) -> N
     assert drained.returncode == 0, drained.stdout + drained.stderr
     record = node.slurm.show()
     assert record.drained, record
-    assert record.reason == "dgxdoctor:IB_PORT_DOWN:mlx5_3/1", record
+    assert record.reason == RAIL_DOWN_REASON, record
     again = node.health()  # still critical: nothing to change
     assert again.returncode == 0 and "stays drained" in again.stdout, again.stdout
-    assert node.slurm.show().reason == "dgxdoctor:IB_PORT_DOWN:mlx5_3/1"
+    assert node.slurm.show().reason == RAIL_DOWN_REASON
 
     node.rail(up=True)
     resumed = node.health()
@@ -126,7 +94,7 @@ def test_an_operators_drain_is_left_alone(node: Node) -> None:
 
 def test_no_answer_from_the_daemon_is_no_drain(node: Node) -> None:
     node.rail(up=False)
-    node.daemon.stop()
+    node.agent.daemon.stop()
     done = node.health()
     assert done.returncode == 69, done.stdout + done.stderr
     assert "UNKNOWN" in done.stdout and "no drain" in done.stdout, done.stdout
@@ -152,7 +120,7 @@ def test_slurmd_runs_it_as_its_health_check_program(tmp_path: Path) -> None:
     lines = f"HealthCheckProgram={hook(tmp_path)}\nHealthCheckInterval=2\nHealthCheckNodeState=ANY"
     with started(tmp_path, lines) as n:
         n.rail(up=False)
-        slurm_waits(n, lambda r: r.drained and r.reason == "dgxdoctor:IB_PORT_DOWN:mlx5_3/1", "drained by the hook")
+        slurm_waits(n, lambda r: r.drained and r.reason == RAIL_DOWN_REASON, "drained by the hook")
         n.rail(up=True)
         slurm_waits(n, lambda r: not r.drained, "resumed by the hook")
     log = (tmp_path / "hook.log").read_text()
