@@ -124,3 +124,14 @@ def test_reasons_are_camel_case() -> None:
 def test_docs_fleet_names_every_condition() -> None:
     page = (PACKAGE.parents[1] / "docs" / "fleet.md").read_text(encoding="utf-8")
     assert [r.type for r in (*CONDITIONS, OTHER) if f"`{r.type}`" not in page] == []
+
+
+def test_a_peers_fault_is_the_peers_condition() -> None:
+    other = Finding("PEER_MP_WORKER_DOWN", Status.CRITICAL, "dgx-b's headless vLLM is not serving", "dgx-b")
+    found = {c.type: c.status for c in node_conditions(_doc(CheckResult("peer_compare", Status.CRITICAL, "x",
+                                                                        (other,))))}  # fmt: skip
+    assert found["ServingGroupStalled"] == "False"
+    mine = Finding("PEER_MP_WORKER_DOWN", Status.CRITICAL, "dgx-a's headless vLLM is not serving", "dgx-a")
+    found = {c.type: c.status for c in node_conditions(_doc(CheckResult("peer_compare", Status.CRITICAL, "x",
+                                                                        (mine,))))}  # fmt: skip
+    assert found["ServingGroupStalled"] == "True"

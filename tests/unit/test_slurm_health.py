@@ -92,3 +92,13 @@ def test_an_operators_drain_is_never_touched() -> None:
 def test_a_healthy_node_is_left_as_it_is() -> None:
     assert plan(_doc(OK), IDLE).verb == "none"
     assert plan(_doc(OK, RAY_UNKNOWN), IDLE).verb == "none"  # unknown is not critical: no drain
+
+
+def test_a_peers_fault_drains_the_peer_not_this_node() -> None:
+    """The peer comparison names the node whose rank stopped: that node's record, not ours."""
+    other = Finding("PEER_TP_RANK_STOPPED", Status.CRITICAL, "dgx-b's GPUs idle", "dgx-b")
+    assert plan(_doc(CheckResult("peer_compare", Status.CRITICAL, "x", (other,))), IDLE).verb == "none"
+    assert plan(_doc(CheckResult("peer_compare", Status.CRITICAL, "x", (other,))), OURS).verb == "resume"
+    mine = Finding("PEER_TP_RANK_STOPPED", Status.CRITICAL, "dgx-a's GPUs idle", "dgx-a")
+    decided = plan(_doc(CheckResult("peer_compare", Status.CRITICAL, "x", (mine,))), IDLE)
+    assert decided.reason == "dgxdoctor:PEER_TP_RANK_STOPPED:dgx-a"

@@ -4,7 +4,8 @@ condition (``CONDITIONS``), and the verdict over a results document (``node_cond
 A condition is True while a CRITICAL finding of one of its codes is in the results (its reason the code in
 CamelCase, ``IB_PORT_DOWN`` -> ``IbPortDown``; its message the subject and the finding's words), False when none is
 and every check it is read from answered, Unknown when one of those checks is UNKNOWN (a missing source is never
-"no problem") or when there are no results at all. A CRITICAL finding no row names sets ``DgxdoctorCritical``, so
+"no problem") or when there are no results at all. The peer comparison's findings count only where they name this
+node (``about_this_node``): a condition is this node's. A CRITICAL finding no row names sets ``DgxdoctorCritical``, so
 no fault is missing from the conditions. Warnings set none: a condition is what draino, the Node Readiness
 Controller or a cloud's auto-repair act on.
 
@@ -101,6 +102,14 @@ CONDITIONS: tuple[ConditionRule, ...] = (
 # Every other CRITICAL finding; read from every check.
 OTHER = ConditionRule("DgxdoctorCritical", "NoCriticalFinding", "no other critical finding", ())
 NO_RESULTS = "DgxdoctorUnavailable"
+# The check that compares this node with its peers: its findings are about the nodes' relation or another node.
+PEER_CHECK = "peer_compare"
+
+
+def about_this_node(check: str, subject: str | None, node: str) -> bool:
+    """Whether a finding describes this node: every check's own do; the peer comparison's only where it names this
+    node (a peer's stopped rank or dead worker is that peer's condition, and its drain, not ours)."""
+    return check != PEER_CHECK or subject == node
 
 
 class NodeCondition(Struct, frozen=True):
@@ -134,7 +143,7 @@ def _criticals(doc: ResultsDocument) -> list[_Critical]:
         _Critical(c.name, f.code, f.subject, f.message)
         for c in doc.checks
         for f in c.findings
-        if f.status == "critical"
+        if f.status == "critical" and about_this_node(c.name, f.subject, doc.node)
     ]
 
 

@@ -13,6 +13,7 @@ from typing import Literal
 from msgspec import Struct
 
 from dgxdoctor.documents import ResultsDocument
+from dgxdoctor.judge.conditions import about_this_node
 from dgxdoctor.lazy_re import LazyPattern, lazy_compile
 from dgxdoctor.sources.slurm import SlurmNode
 
@@ -55,16 +56,18 @@ def drain_reason(code: str, subject: str | None) -> str:
 
 
 def criticals(doc: ResultsDocument) -> list[Critical]:
-    """Every CRITICAL finding of the results, hardware faults first, then in the checks' order; a check CRITICAL
-    without a critical finding counts as ``<CHECK>_CRITICAL`` about the node."""
+    """Every CRITICAL finding about this node, hardware faults first, then in the checks' order; a check CRITICAL
+    without a critical finding counts as ``<CHECK>_CRITICAL`` about the node. The peer comparison's count only
+    where they name this node: a peer's fault drains the peer (its own slurm-health), not this node."""
     found: list[Critical] = []
     for check in doc.checks:
+        critical = [f for f in check.findings if f.status == "critical"]
         own = [
             Critical(check.name, f.code, f.subject, f.cure == "hardware")
-            for f in check.findings
-            if f.status == "critical"
+            for f in critical
+            if about_this_node(check.name, f.subject, doc.node)
         ]
-        if not own and check.status == "critical":
+        if not critical and check.status == "critical":
             own = [Critical(check.name, f"{check.name.upper()}_CRITICAL", None, False)]
         found += own
     return sorted(found, key=lambda c: not c.hardware)  # stable: the checks' order within each kind
