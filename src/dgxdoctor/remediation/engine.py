@@ -372,6 +372,7 @@ class Remediator:
         now = self.clock()
         latest = self.latest()
         fleet = self.fleet_health()
+        self.fleet_gate.health = fleet  # the metric follows the fleet, with or without a problem here
         self.fleet_reason = fleet.reason if fleet is not None and fleet.tripped else ""
         moment = self._moment()
         if self._unchanged(latest, now, moment):
