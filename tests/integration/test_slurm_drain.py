@@ -117,7 +117,7 @@ exec {sys.executable} -m dgxdoctor slurm-health --config {root / "agent" / "conf
 def test_slurmd_runs_it_as_its_health_check_program(tmp_path: Path) -> None:
     """slurmd itself runs the hook every HealthCheckInterval: the drain and the resume come without the test
     running anything but the fault."""
-    lines = f"HealthCheckProgram={hook(tmp_path)}\nHealthCheckInterval=2\nHealthCheckNodeState=ANY"
+    lines = f"HealthCheckProgram={hook(tmp_path)}\nHealthCheckInterval=2\nHealthCheckNodeState=ANY,CYCLE"
     with started(tmp_path, lines) as n:
         n.rail(up=False)
         slurm_waits(n, lambda r: r.drained and r.reason == RAIL_DOWN_REASON, "drained by the hook")
