@@ -15,6 +15,7 @@ from dgxdoctor.daemon.service import Daemon
 from dgxdoctor.documents import ResultsDocument
 from dgxdoctor.fleet.breaker import Member, fleet_health, members_from_states
 from dgxdoctor.fleet.peer_states import PeerState
+from dgxdoctor.fleet.peers import PeerFetch
 from dgxdoctor.result import CheckResult, Finding, Status
 
 FRACTION, MIN_NODES, MIN_GROUPS = 0.2, 5, 3
@@ -87,8 +88,13 @@ def test_the_daemon_feeds_remediation_its_peers(tmp_path: Path) -> None:
     daemon = Daemon(load_config(path), path, notifier=Notifier({}))
     daemon.store.put(CheckResult("infiniband", Status.OK, "8 rails", facts={"group": "g0"}))
     assert daemon.remediator.fleet is not None and daemon.remediator.fleet() == [Member("dgx-a", "g0", True)]
-    daemon.peer_states.record([])  # what a comparison records: replaced each time
-    assert daemon.remediator.fleet_health() is not None
+    doc = _doc("dgx-b", Status.CRITICAL, "g1")
+    fetched = PeerFetch("http://b:9835", "b:9835", doc.compared(), None, 0.1, document=doc, fetched_at=1.0)
+    daemon.peer_states.record([fetched, PeerFetch("http://c:9835", "c:9835", None, "refused", 0.1)])
+    assert daemon.remediator.fleet() == [Member("dgx-a", "g0", True), Member("dgx-b", "g1", False),
+                                         Member("c:9835", None, False)]  # fmt: skip
+    health = daemon.remediator.fleet_health()
+    assert health is not None and health.bad_nodes == ("c:9835", "dgx-b") and not health.tripped  # three nodes
 
 
 async def test_remediation_refuses_pages_and_resumes_when_the_fleet_recovers(tmp_path: Path) -> None:
