@@ -32,9 +32,9 @@ class Node:
     def __init__(self, slurm: SlurmCluster, agent: IbAgent) -> None:
         self.slurm, self.agent = slurm, agent
 
-    def health(self) -> CliRun:
+    def health(self, *more: str) -> CliRun:
         t0 = time.monotonic()
-        done = run_cli("slurm-health", "--config", str(self.agent.config),
+        done = run_cli("slurm-health", "--config", str(self.agent.config), *more,
                        env={**self.slurm.env, "SLURMD_NODENAME": self.slurm.node}, timeout=60)  # fmt: skip
         took = time.monotonic() - t0
         assert took < WITHIN_S, f"slurm-health took {took:.1f} s"
@@ -62,6 +62,9 @@ def test_a_critical_drains_with_its_reason_and_clearing_resumes(node: Node) -> N
     assert not node.slurm.show().drained
 
     node.rail(up=False)
+    rehearsed = node.health("--dry-run")
+    assert rehearsed.returncode == 0 and f"would drain {node.slurm.node}" in rehearsed.stdout, rehearsed.stdout
+    assert not node.slurm.show().drained
     drained = node.health()
     assert drained.returncode == 0, drained.stdout + drained.stderr
     record = node.slurm.show()
