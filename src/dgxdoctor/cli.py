@@ -442,6 +442,48 @@ def remediation_reset(config_path: Path | None) -> None:
     click.echo("remediation reset: breaker closed, budget restored")
 
 
+@cli.command("slurm-health")
+@config_option
+@click.option("--node-name", help="this node's Slurm NodeName (default: $SLURMD_NODENAME, else the short host name)")
+@click.option("--dry-run", is_flag=True, help="say what would be done to the node's record, change nothing")
+def slurm_health(config_path: Path | None, node_name: str | None, dry_run: bool) -> None:
+    """Slurm's HealthCheckProgram: drain this node on a CRITICAL in the daemon's latest results, resume a node it
+    drained once that clears. Runs no probe. Exit 0 done, 69 the daemon gave no results (nothing changed), 70
+    scontrol failed (docs/fleet.md)."""
+    from dgxdoctor.commands.slurm_health import slurm_health as run_health
+    from dgxdoctor.commands.slurm_health import slurm_node_name
+
+    config = _load(config_path, warn=False)  # slurmd logs what it prints: one line, the outcome
+    sys.exit(run_health(config, slurm_node_name(node_name), dry_run, click.echo))
+
+
+@cli.command()
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="print the conditions as JSON (node-problem-detector's format)")
+@click.option(
+    "--condition",
+    "one",
+    metavar="TYPE",
+    help="one condition, as a node-problem-detector custom plugin: its message, exit 0 False, 1 True, 2 Unknown",
+)
+def conditions(config_path: Path | None, as_json: bool, one: str | None) -> None:
+    """This node's conditions (GpuXidCritical, RdmaPortDown, NcclRankDead, ServingGroupStalled, ...) from the
+    daemon's latest results, as Kubernetes node conditions. Exit 0 all False, 2 one True, 3 one Unknown."""
+    from dgxdoctor.commands.conditions import conditions_document, conditions_table, exit_status, plugin_answer
+
+    config = _load(config_path, warn=False)
+    if one is not None:
+        try:
+            message, code = plugin_answer(config, one)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--condition") from None
+        click.echo(message)
+        sys.exit(code)
+    doc = conditions_document(config)
+    click.echo(json.dumps(doc, indent=2) if as_json else conditions_table(doc))
+    sys.exit(exit_status(doc))
+
+
 EX_DATAERR = 65  # sysexits.h: the input (a config.json) is unusable
 # `plan`'s choices, spelled here so the daemon (which loads this module) does not import the planner;
 # tests/unit/test_plan.py holds them equal to dgxdoctor.judge.plan's.

@@ -40,12 +40,13 @@ from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.exporters.incidents import IncidentCollector
 from dgxdoctor.exporters.remediation import RemediationCollector
 from dgxdoctor.exporters.textfile import write_textfile
+from dgxdoctor.fleet.breaker import Member, members_from_states
 from dgxdoctor.fleet.incidents import IncidentTracker
 from dgxdoctor.fleet.peer_states import PeerStates
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.remediation.audit import AuditLog
 from dgxdoctor.remediation.engine import Remediator
-from dgxdoctor.result import Sample
+from dgxdoctor.result import Sample, merged_facts, overall_status
 from dgxdoctor.sources.statefile import WRITE_ERRORS, note_file, write_failed
 
 log = eventlog.get_logger(__name__)
@@ -114,6 +115,7 @@ class Daemon:
         self.credentials = config.daemon.resolve_credentials()
         self.token = self.credentials.peer  # what this node sends its peers and signs steps with
         self.remediator: Remediator = build_remediator(config, self.token, self.store.latest)
+        self.remediator.fleet = self.fleet_members  # the fleet breaker's cluster view: the peers' latest states
         self._wire_evidence(config)
         self.registry.register(RemediationCollector(lambda: self.store.node, self.remediator.metrics))
         self.app_state = AppState(
@@ -176,6 +178,13 @@ class Daemon:
 
     def _token(self) -> str | None:
         return self.token
+
+    def fleet_members(self) -> list[Member]:
+        """This node's latest results and every peer's last /state (fleet.breaker), for the fleet breaker."""
+        latest = list(self.store.latest().values())
+        return members_from_states(
+            self.store.node, overall_status(latest).value, merged_facts(latest), self.peer_states.all()
+        )
 
     def _peers(self) -> Peers:
         d = self.config.daemon

@@ -66,6 +66,7 @@ COLD_START: dict[str, str] = {
     "dgxdoctor_remediation_actions_total": "0 for every action and outcome it can count (21 series)",
     "dgxdoctor_remediation_state_invalid_total": "0 from the start (one series)",
     "dgxdoctor_remediation_alerts_dropped_total": "0 from the start (one series)",
+    "dgxdoctor_remediation_fleet_refused_total": "0 from the start (one series)",
     "dgxdoctor_http_bad_requests_total": "0 from the start (one series)",
     "dgxdoctor_write_errors_total": "0 for each file the daemon keeps, from when the daemon sets it up (no alert "
     "reads it)",

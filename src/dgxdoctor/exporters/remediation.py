@@ -40,8 +40,23 @@ ALERTS_DROPPED = MetricSpec(
     "firing webhook alerts not queued because 32 distinct alert names were already queued",
     "counter",
 )
-REMEDIATION_METRICS = (ACTIONS_TOTAL, BREAKER_OPEN, MODE, STATE_INVALID, ALERTS_DROPPED)
+FLEET_BREAKER_OPEN = MetricSpec(
+    "dgxdoctor_remediation_fleet_breaker_open",
+    "1 while the fleet breaker is tripped: more than [remediation] fleet_breaker_fraction of the fleet's nodes or "
+    "serving groups unhealthy at once, so no restart runs and a page goes out instead; closes by itself when the "
+    "fleet recovers (docs/fleet.md)",
+)
+FLEET_REFUSED = MetricSpec(
+    "dgxdoctor_remediation_fleet_refused_total",
+    "restarts the fleet breaker refused since dgxdoctor started (each also audited as a refusal)",
+    "counter",
+)
+REMEDIATION_METRICS = (
+    ACTIONS_TOTAL, BREAKER_OPEN, MODE, STATE_INVALID, ALERTS_DROPPED, FLEET_BREAKER_OPEN, FLEET_REFUSED,
+)  # fmt: skip
 MODES = ("observe", "act", "disabled")
+# The counters of one series each: (spec, the key of Remediator.metrics()).
+COUNTERS = ((STATE_INVALID, "state_invalid"), (ALERTS_DROPPED, "alerts_dropped"), (FLEET_REFUSED, "fleet_refused"))
 
 
 class RemediationCollector(Collector):
@@ -66,7 +81,10 @@ class RemediationCollector(Collector):
         for name in MODES:
             mode.add_metric([node, name], 1.0 if snap["mode"] == name else 0.0)
         yield mode
-        for spec, key in ((STATE_INVALID, "state_invalid"), (ALERTS_DROPPED, "alerts_dropped")):
+        fleet = GaugeMetricFamily(FLEET_BREAKER_OPEN.name, FLEET_BREAKER_OPEN.help, labels=["node"])
+        fleet.add_metric([node], 1.0 if snap.get("fleet_breaker_open") else 0.0)
+        yield fleet
+        for spec, key in COUNTERS:
             family = CounterMetricFamily(spec.name, spec.help, labels=["node"])
             family.add_metric([node], float(snap.get(key, 0)))
             yield family

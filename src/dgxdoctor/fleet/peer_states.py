@@ -43,3 +43,8 @@ class PeerStates:
     def get(self, url: str) -> PeerState | None:
         with self._lock:
             return self._by_url.get(url)
+
+    def all(self) -> list[PeerState]:
+        """Every peer as last fetched (the fleet breaker's view of the others)."""
+        with self._lock:
+            return list(self._by_url.values())

@@ -36,6 +36,7 @@ from msgspec.structs import replace
 from dgxdoctor import eventlog
 from dgxdoctor.compat import aio
 from dgxdoctor.environment import Environment
+from dgxdoctor.fleet.breaker import FleetHealth, FleetView, fleet_health
 from dgxdoctor.remediation.actions import (
     StepResult,
     VllmTarget,
@@ -47,6 +48,7 @@ from dgxdoctor.remediation.actions import (
 )
 from dgxdoctor.remediation.audit import AUDIT_FILE, STATE_FILE, AuditLog, Throttle, WriteErrors, guard_state_file
 from dgxdoctor.remediation.capture import PreActionCapture
+from dgxdoctor.remediation.fleet_gate import FleetGate
 from dgxdoctor.remediation.guard import Decision, Guard, GuardState, in_start_grace
 from dgxdoctor.remediation.hardware_gate import HardwareGate, causes
 from dgxdoctor.remediation.intake import AlertIntake, FiringAlert
@@ -122,6 +124,7 @@ class Remediator:
         clock: Callable[[], float] = time.time,
         env: Environment | None = None,
         state_file: StateFile | None = None,
+        fleet: FleetView | None = None,
     ) -> None:
         # HTTP (capped clients, one TLS context) and commands (in /) go through the environment's seams; tests
         # inject an httpx transport and a runner there.
@@ -157,6 +160,10 @@ class Remediator:
         self.capture: PreActionCapture | None = None  # act mode: the evidence, taken before a restart runs
         self.planned_bundles: dict[str, Path] = {}  # action id -> where its capture goes (named before it runs)
         self.gate = HardwareGate()  # no restart while a hardware cause is active (remediation/hardware_gate.py)
+        # The cluster view (the daemon's peer states, or Prometheus's) for the fleet breaker; None: this node alone.
+        self.fleet = fleet
+        self.fleet_gate = FleetGate()  # no restart while too much of the fleet is unhealthy (fleet_gate.py)
+        self.fleet_reason = ""  # why the fleet breaker is tripped at the last evaluation ("" when it is not)
         self.settled: Settled | None = None  # what the last evaluation that changed nothing saw (settled.py)
 
     @property
@@ -319,7 +326,23 @@ class Remediator:
 
     def _moment(self) -> Moment:
         return Moment(dict(self.firing), file_stamp(self.state_file.path), self.finished_at, self.pending_finish,
-                      self.idle, self.breaker_open, self.busy.locked(), self.settings, self.node)  # fmt: skip
+                      self.idle, self.breaker_open, self.busy.locked(), self.settings, self.node,
+                      self.fleet_reason)  # fmt: skip
+
+    def fleet_health(self) -> FleetHealth | None:
+        """The fleet breaker's verdict over the cluster view now; None without a view (or when it fails: said)."""
+        if self.fleet is None:
+            return None
+        s = self.settings
+        try:
+            members = self.fleet()
+        except Exception as exc:  # the view is the daemon's own memory; a bug there must not stop remediation
+            say, quiet = self.loop_errors.say(f"fleet:{type(exc).__name__}")
+            if say:
+                log.error("remediation_fleet_view_failed", error=f"{type(exc).__name__}: {exc}"[:300],
+                          not_logged_since=quiet)  # fmt: skip
+            return None
+        return fleet_health(members, s.fleet_breaker_fraction, s.fleet_breaker_min_nodes, s.fleet_breaker_min_groups)
 
     def _view(self, latest: dict[str, CheckResult]) -> View:
         checks, _ = self._problems(latest)
@@ -348,6 +371,9 @@ class Remediator:
     async def evaluate(self) -> None:
         now = self.clock()
         latest = self.latest()
+        fleet = self.fleet_health()
+        self.fleet_gate.health = fleet  # the metric follows the fleet, with or without a problem here
+        self.fleet_reason = fleet.reason if fleet is not None and fleet.tripped else ""
         moment = self._moment()
         if self._unchanged(latest, now, moment):
             return
@@ -368,6 +394,8 @@ class Remediator:
             guard.observe(alerts, now, "alert")
             decisions = [guard.decide(p, now, vllm_uptime(latest)) for p in checks + alerts]
             decisions, pages = self.gate.apply(decisions, causes(latest, self.node), self.node)
+            decisions, fleet_pages = self.fleet_gate.apply(decisions, fleet)
+            pages += fleet_pages
             decisions, chosen = _one_at_a_time(decisions)
             dry = self.settings.mode == "observe"  # the dry run of act mode: the same decisions, nothing runs
             for decision in decisions:
@@ -618,6 +646,8 @@ class Remediator:
             "actions": dict(self.counts),
             "state_invalid": self.state_invalid,
             "alerts_dropped": self.intake.dropped,
+            "fleet_breaker_open": self.fleet_gate.open,
+            "fleet_refused": self.fleet_gate.refused,
         }
 
 

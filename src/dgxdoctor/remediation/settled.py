@@ -58,6 +58,7 @@ class Moment(Struct, frozen=True):
     busy: bool
     settings: Any  # compared by value: the same object, or an equal one after a reload
     node: str
+    fleet: str = ""  # why the fleet breaker is tripped ("" when it is not): a change is judged again
 
 
 class Settled:

@@ -11,3 +11,5 @@ HOUR_S = 3600.0
 DAY_S = 86400.0
 WEEK_S = 7 * DAY_S
 YEAR_S = 366 * DAY_S
+# Nodes or serving groups a fleet setting counts: far past any fleet, still a finite number.
+MAX_FLEET = 100_000

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from msgspec import Meta, field
 
 from dgxdoctor.settings.base import Frozen
-from dgxdoctor.settings.bounds import DAY_S, HOUR_S, WEEK_S
+from dgxdoctor.settings.bounds import DAY_S, HOUR_S, MAX_FLEET, WEEK_S
 from dgxdoctor.sources.container import Container
 from dgxdoctor.validation import field_rule, record_rule
 
@@ -143,6 +143,28 @@ class RemediationSettings(Frozen, frozen=True):
         float,
         Meta(gt=0, le=DAY_S, description="wait this long for vLLM to answer /health, list the model and complete"),
     ] = 1800.0
+    fleet_breaker_fraction: Annotated[
+        float,
+        Meta(
+            gt=0,
+            le=1,
+            description="the fleet breaker: no restart while more than this fraction of the fleet's nodes or serving "
+            "groups is unhealthy at once (a fabric fault, a bad rollout); pages instead (docs/fleet.md)",
+        ),
+    ] = 0.2
+    fleet_breaker_min_nodes: Annotated[
+        int,
+        Meta(
+            ge=2,
+            le=MAX_FLEET,
+            description="the fleet breaker counts nodes only in a fleet of at least this many (on two nodes one "
+            "fault is half the fleet)",
+        ),
+    ] = 5
+    fleet_breaker_min_groups: Annotated[
+        int,
+        Meta(ge=2, le=MAX_FLEET, description="the fleet breaker counts groups only when there are at least this many"),
+    ] = 3
     commands: RemediationCommands = RemediationCommands()  # no schema unless named: config.py
 
     @record_rule
