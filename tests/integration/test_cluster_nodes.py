@@ -125,6 +125,8 @@ def test_bundle_cluster_has_both_parts_offsets_and_no_secret(nodes: tuple[Node, 
         manifest = json.loads(files[f"cluster/{node}/manifest.json"])
         assert {e["file"] for e in manifest["files"]} >= {"results.json", "state.json", "kernel.log", "infiniband.txt"}
         assert f"cluster/{node}/infiniband.txt" in files and f"cluster/{node}/logs/vllm/vllm-{node}.log" in files
+        state = json.loads(files[f"cluster/{node}/state.json"])  # the daemon's own /state, read with its token
+        assert state["node"] == node and state["checks"], state
     everything = b"\n".join(files.values())
     for secret in (a.token, HF, URL_PASSWORD):
         assert secret.encode() not in everything, secret

@@ -13,7 +13,8 @@ from dgxdoctor.bundle.build import build_bundle, bundle_name
 from dgxdoctor.bundle.items import Sources
 from dgxdoctor.checks.base import CheckRunner, capped
 from dgxdoctor.checks.registry import ALL_CHECKS
-from dgxdoctor.config import Config, parse_listen
+from dgxdoctor.commands.local_daemon import local_url, read_token
+from dgxdoctor.config import Config
 from dgxdoctor.documents import ResultsDocument
 
 # 90s, 15m, 2h, 1d, 1h30m (as journalctl --since and Prometheus durations spell them)
@@ -61,15 +62,11 @@ def cli_sources(config: Config, since_s: float, deadline_s: float) -> Sources:
         return ResultsDocument.of(env.node, done, time.time()).report(role)
 
     def state() -> dict[str, Any]:
-        host, port = parse_listen(config.daemon.listen)
-        # The daemon's TLS certificate names the node, not loopback: over TLS the node's own name is asked.
-        tls = config.daemon.tls_cert_file is not None
-        host = (config.node if tls else "127.0.0.1") if host in ("0.0.0.0", "::", "") else host
-        creds = config.daemon.resolve_credentials()
-        token = creds.peer or creds.read
+        """The daemon's /state as it holds it (a bug report keeps every field), from where ``local_daemon`` says."""
+        token = read_token(config)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         with env.http_client(timeout_s=min(5.0, deadline_s), peer=True) as client:
-            answer = client.get(f"{'https' if tls else 'http'}://{host}:{port}/state", headers=headers)
+            answer = client.get(f"{local_url(config)}/state", headers=headers)
         if answer.status_code != 200:
             raise OSError(f"the local daemon answered HTTP {answer.status_code}")
         doc: dict[str, Any] = answer.json()
