@@ -66,10 +66,10 @@ class KernelEventLedger:
                 fault.recovered_at = when
                 self.counted += 1  # not a fault, but a change the memory across restarts must keep
             return
-        tally = self._tallies.get((event.kind, label))
+        tally = self._tallies.get((event.key, label))
         self.counted += 1
         if tally is None:
-            self._tallies[(event.kind, label)] = KernelTally(1, when, event, device)
+            self._tallies[(event.key, label)] = KernelTally(1, when, event, device)
             return
         tally.count += 1
         tally.last_seen = max(tally.last_seen, when)
@@ -91,7 +91,7 @@ class KernelEventLedger:
             for doc in docs:
                 tally = _tally_from_doc(doc)
                 if tally is not None:
-                    self._tallies[(tally.event.kind, str(doc["label"]))] = tally
+                    self._tallies[(tally.event.key, str(doc["label"]))] = tally
 
     def snapshot(self) -> list[tuple[tuple[str, str], KernelTally]]:
         with self._lock:
@@ -120,7 +120,7 @@ def _tally_from_doc(doc: dict[str, Any]) -> KernelTally | None:
         event = KernelEvent(**{k: v for k, v in doc["event"].items() if k in names})
         device = Device(**doc["device"]) if isinstance(doc.get("device"), dict) else None
         count, last_seen, recovered = int(doc["count"]), float(doc["last_seen"]), doc.get("recovered_at")
-        if not isinstance(doc["label"], str) or event.kind != doc["kind"] or count < 1:
+        if not isinstance(doc["label"], str) or event.key != doc["kind"] or count < 1:
             return None
         return KernelTally(count, last_seen, event, device, float(recovered) if recovered is not None else None)
     except (KeyError, TypeError, ValueError, AttributeError):
