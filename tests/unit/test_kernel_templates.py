@@ -17,7 +17,14 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.judge.kernel_families import FAMILIES, assess_message
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.kernel_events import parse_kernel_event, scan_kernel_lines
-from dgxdoctor.sources.kernel_templates import anchor, load_table, match_template, own_words, templates
+from dgxdoctor.sources.kernel_templates import (
+    anchor,
+    lines_to_look_at,
+    load_table,
+    match_template,
+    own_words,
+    templates,
+)
 
 KERNEL_LOG = Path(__file__).resolve().parents[1] / "fixtures" / "kernel_log"
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kernel-templates.py"
@@ -161,3 +168,13 @@ def test_the_daemon_and_diagnose_agree_on_every_family(tmp_path: Path) -> None:
     }
     assert _followed(tmp_path, text) == pasted
     assert {code for code, *_ in pasted} >= {"KERNEL_NFS_MESSAGE", "KERNEL_SUNRPC_MESSAGE", "KERNEL_WATCHDOG_MESSAGE"}
+
+
+def test_the_whole_text_pass_finds_every_line_a_format_names() -> None:
+    """``diagnose`` looks up only the lines one automaton pass over the text finds; the daemon looks up every line:
+    the pass must find every line the lookup names, or the two would differ."""
+    lines = [f"[ 12.3] {{1}}[Hardware Error]: {_filled(t.template.removeprefix('%s'))}" for t in templates()]
+    lines += [line for _, _, line in _real_lines()]
+    found = set(lines_to_look_at("\n".join(lines) + "\n"))
+    named = [line for line in lines if match_template(line) is not None]
+    assert named and all(line in found for line in named)

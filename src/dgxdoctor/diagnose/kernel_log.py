@@ -26,8 +26,9 @@ class KernelLogAnalyzer:
         if "NVRM: Xid" in text or "SXid (" in text or ("NVRM:" in text and "fallen off the bus" in text):
             return True
         # Only the lines a parser's hint or a format of the kernel's table names are read (most text: none).
-        lines = text.splitlines() if may_hold_events(text) else lines_to_look_at(text)
-        return any(_names_a_fault(event) for event in scan_kernel_lines(lines))
+        candidates = lines_to_look_at(text)
+        lines = text.splitlines() if may_hold_events(text) else candidates
+        return any(_names_a_fault(event) for event in scan_kernel_lines(lines, set(candidates)))
 
     def analyze(self, text: str) -> Diagnosis:
         catalog = load_catalog()
@@ -105,7 +106,7 @@ def _kernel_findings(text: str) -> tuple[list[Finding], list[dict[str, Any]]]:
     devices = DeviceMap()  # a paste comes from another machine: devices are named as the lines name them
     tallies: dict[tuple[str, str], KernelTally] = {}
     events: list[dict[str, Any]] = []
-    for event in scan_kernel_lines(text.splitlines()):
+    for event in scan_kernel_lines(text.splitlines(), set(lines_to_look_at(text))):
         device = devices.resolve(event.pci, event.netdev, event.other)
         label = device.label if device else ""
         if event.kind in RECOVERY_KINDS:

@@ -16,7 +16,7 @@ Pure: no verdicts (judge/kernel.py).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Literal
 
 from msgspec import Struct
@@ -527,8 +527,9 @@ _ROUTES: tuple[tuple[str, tuple[Callable[[str], KernelEvent | None], ...]], ...]
 )
 
 
-def parse_kernel_event(line: str) -> KernelEvent | None:
+def parse_kernel_event(line: str, templates: bool = True) -> KernelEvent | None:
     """The fault (or recovery) ``line`` reports, or None. XID/SXID lines are sources/xid.py's, not this.
+    ``templates`` False: the caller knows the line holds no format of the kernel's table (``lines_to_look_at``).
 
     One line alone: ``KernelJoiner`` joins a report's lines (``KernelEvent.part``) into one event."""
     if "NVRM: Xid" in line or "SXid (" in line:
@@ -538,7 +539,7 @@ def parse_kernel_event(line: str) -> KernelEvent | None:
         event = parse(line)
         if event is not None:
             return event
-    return _templated(line)
+    return _templated(line) if templates else None
 
 
 def _templated(line: str) -> KernelEvent | None:
@@ -643,9 +644,9 @@ class KernelJoiner:
         self._recent: dict[str, tuple[KernelEvent, int]] = {}  # family -> its last event, at which line
         self._lines = 0
 
-    def feed(self, line: str) -> list[KernelEvent]:
+    def feed(self, line: str, templates: bool = True) -> list[KernelEvent]:
         self._lines += 1
-        event = parse_kernel_event(line)
+        event = parse_kernel_event(line, templates)
         return self.add(event) if event is not None else []
 
     def add(self, event: KernelEvent) -> list[KernelEvent]:
@@ -689,9 +690,11 @@ class KernelJoiner:
         return event
 
 
-def scan_kernel_lines(lines: Iterable[str]) -> Iterator[KernelEvent]:
-    """The events of ``lines``, each report joined into one (``KernelJoiner``)."""
+def scan_kernel_lines(lines: Iterable[str], template_lines: Collection[str] | None = None) -> Iterator[KernelEvent]:
+    """The events of ``lines``, each report joined into one (``KernelJoiner``). ``template_lines``: the only lines
+    that may print a format of the kernel's table (``lines_to_look_at`` over the whole text, one automaton pass);
+    None: look every line up."""
     joiner = KernelJoiner()
     for line in lines:
-        yield from joiner.feed(line)
+        yield from joiner.feed(line, template_lines is None or line in template_lines)
     yield from joiner.flush()

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 from importlib import resources
-from typing import Protocol, cast
+from typing import NamedTuple, Protocol, cast
 
 from msgspec import Struct
 
@@ -91,21 +91,28 @@ def own_words(template: str) -> set[str]:
     return set(_OWN_WORD.findall(_PRINTF.sub("\0", template.removeprefix("%s"))))
 
 
+class _Index(NamedTuple):
+    words: frozenset[str]
+    by_word: dict[str, list[tuple[str, KernelTemplate, re.Pattern[str]]]]
+    findall: Callable[[str], list[str]]
+
+
 @cache
-def _by_word() -> dict[str, list[tuple[KernelTemplate, re.Pattern[str]]]]:
-    """Each format under its rarest word: a line's words find the few formats it may print. A format with no word
-    of its own is not looked for (it names too little to tell)."""
+def _by_word() -> _Index:
+    """Each format under its rarest word: a line's words find the few formats it may print, and its anchor (the
+    longest literal run) must be in the line before its regex runs. A format with no word of its own is not looked
+    for (it names too little to tell)."""
     words_of = {t: own_words(t.template) for t in templates()}
     frequency: dict[str, int] = {}
     for words in words_of.values():
         for word in words:
             frequency[word] = frequency.get(word, 0) + 1
-    index: dict[str, list[tuple[KernelTemplate, re.Pattern[str]]]] = {}
+    index: dict[str, list[tuple[str, KernelTemplate, re.Pattern[str]]]] = {}
     for t, words in words_of.items():
         if words:
             rarest = min(sorted(words), key=lambda w: frequency[w])
-            index.setdefault(rarest, []).append((t, re.compile(t.regex)))
-    return index
+            index.setdefault(rarest, []).append((anchor(t.template), t, re.compile(t.regex)))
+    return _Index(frozenset(index), index, _WORD.compiled.findall)
 
 
 @cache
@@ -128,9 +135,9 @@ def match_template(line: str) -> TemplateMatch | None:
     """The table's format that ``line`` prints, or None. Of several, the one with the most literal text."""
     index = _by_word()
     best: tuple[int, KernelTemplate] | None = None
-    for word in set(_WORD.findall(line)):
-        for template, regex in index.get(word, ()):
-            if (best is None or len(template.template) > best[0]) and regex.search(line):
+    for word in index.words.intersection(index.findall(line)):
+        for literal, template, regex in index.by_word[word]:
+            if literal in line and (best is None or len(template.template) > best[0]) and regex.search(line):
                 best = (len(template.template), template)
     if best is None:
         return None
@@ -142,10 +149,10 @@ def match_template(line: str) -> TemplateMatch | None:
 def lines_to_look_at(text: str) -> list[str]:
     """The lines of ``text`` that hold some format's anchor (one pass of the automaton over the whole text)."""
     search = _anchors()
-    found: dict[int, str] = {}
+    found: dict[int, list[str]] = {}
     for hit in search.finditer(text):
         start = text.rfind("\n", 0, hit.start()) + 1
         if start not in found:
             end = text.find("\n", hit.end())
-            found[start] = text[start : end if end >= 0 else len(text)]
-    return list(found.values())
+            found[start] = text[start : end if end >= 0 else len(text)].splitlines()  # as str.splitlines cuts it
+    return [line for lines in found.values() for line in lines]
