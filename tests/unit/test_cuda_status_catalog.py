@@ -115,6 +115,8 @@ The actor is dead because its worker process has died. Worker exit type: SYSTEM_
 
 def test_an_actor_lost_with_its_node_is_the_node_lost_not_a_dead_worker() -> None:
     assert _codes(NODE_DIED) == {"RAY_NODE_LOST"}
+    # Ray 2.2x+'s wording of the same (gcs_actor_manager.cc GenNodeDiedCause)
+    assert _codes(NODE_DIED.replace("The actor is dead because", "The actor died because")) == {"RAY_NODE_LOST"}
     assert _codes(WORKER_DIED) == {"RAY_WORKER_DIED"}
     health = "[2023-05-01 16:19:23,477 W 281 281] (gcs_server) gcs_health_check_manager.cc:108: Health check failed "
     assert _codes(health + "for node 2eea4cfb179ce7951c4bbdd5ba3029c3a4dcf7cb66db376084f7c270\n") == {"RAY_NODE_LOST"}
