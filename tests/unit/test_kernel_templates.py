@@ -178,3 +178,14 @@ def test_the_whole_text_pass_finds_every_line_a_format_names() -> None:
     found = set(lines_to_look_at("\n".join(lines) + "\n"))
     named = [line for line in lines if match_template(line) is not None]
     assert named and all(line in found for line in named)
+
+
+def test_the_follower_looks_up_only_records_the_kernel_logged_at_warning_or_above() -> None:
+    from dgxdoctor.checks.kernel_events import KernelEventLedger
+    from dgxdoctor.sources.kmsg import KmsgRecord
+
+    hard = "watchdog: Watchdog detected hard LOCKUP on cpu 12"
+    ledger = KernelEventLedger(clock=lambda: 1000.0, monotonic=lambda: 10.0)
+    assert ledger.ingest([KmsgRecord(hard, facility=0, level=6, seq=1, usec=1)]) == 0  # info: none of the table's
+    assert ledger.ingest([KmsgRecord(hard, facility=0, level=0, seq=2, usec=2)]) == 1  # emerg, as watchdog.c prints it
+    assert [key for key, _ in ledger.snapshot()] == [("watchdog_message", "")]

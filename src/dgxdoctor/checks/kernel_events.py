@@ -13,7 +13,7 @@ from typing import Any
 
 from msgspec.structs import fields, replace
 
-from dgxdoctor.judge.kernel import RECOVERS, KernelTally, tally_finding
+from dgxdoctor.judge.kernel import RECOVERS, WARNING_LEVEL, KernelTally, tally_finding
 from dgxdoctor.records import asdict
 from dgxdoctor.result import MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.device_map import Device, DeviceMap
@@ -50,8 +50,11 @@ class KernelEventLedger:
             when = now
             for record in records_since(records, self.min_usec):
                 when = boot_wall + record.usec / 1e6 if record.usec is not None else now
+                # The kernel's table holds messages at warning level and above: a record the kernel logged at
+                # notice, info or debug prints none of them (and is not looked up: most of a kmsg flood).
+                templates = record.level is None or record.level <= WARNING_LEVEL
                 for line in record.lines:
-                    for event in self._joiner.feed(line):
+                    for event in self._joiner.feed(line, templates):
                         self._count(event, when)
             for event in self._joiner.flush():  # a head whose report ends here
                 self._count(event, when)
