@@ -31,6 +31,7 @@ has a verdict (judge/kernel_families.py) and matches a real line of each family 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -153,7 +154,7 @@ def _args(text: str, start: int) -> list[str] | None:
     return None
 
 
-def _format(arg: str, fmts: dict[str, str]) -> tuple[str, int | None] | None:
+def _format(arg: str) -> tuple[str, int | None] | None:
     """The format a format argument prints, and a KERN_* level it names; None when it holds no string literal."""
     if '"' not in arg:
         return None
@@ -171,10 +172,8 @@ def _format(arg: str, fmts: dict[str, str]) -> tuple[str, int | None] | None:
         else:
             out.append("%s")  # a macro or variable whose text is not known here
     text = "".join(out)
-    try:
+    with contextlib.suppress(UnicodeDecodeError):  # a literal the codec cannot undo stays as written
         text = text.encode("latin-1", "backslashreplace").decode("unicode_escape")
-    except UnicodeDecodeError:
-        pass
     return text, level
 
 
@@ -220,7 +219,7 @@ def templates_of(source: str, path: str, family: str) -> Iterator[tuple[int, str
     """(line, template, regex, level, call) of every printk-family call at warning level and above in a file."""
     fmts: dict[str, str] = {}
     for m in FMT_DEFINE.finditer(source):
-        found = _format(m.group(2), {})
+        found = _format(m.group(2))
         if found is not None:
             fmts[m.group(1)] = found[0]
     for m in CALL_RE.finditer(source):
@@ -244,7 +243,7 @@ def templates_of(source: str, path: str, family: str) -> Iterator[tuple[int, str
         fmt_arg = args[index]
         if name in ("WARN", "WARN_ONCE", "WARN_RATELIMIT") and '"' not in fmt_arg:
             continue
-        found = _format(fmt_arg, fmts)
+        found = _format(fmt_arg)
         if found is None:
             continue
         text, kern = found
