@@ -6,6 +6,7 @@ from pathlib import Path
 
 from conftest import run_cli
 from dgxdoctor.diagnose.kernel_log import KernelLogAnalyzer
+from dgxdoctor.result import Status
 
 KERNEL_LOG = Path(__file__).resolve().parents[1] / "fixtures" / "kernel_log"
 
@@ -49,7 +50,8 @@ def test_sxid_events_from_stdin() -> None:
 def test_app_level_repeats_escalate_in_a_pasted_log() -> None:
     diagnosis = KernelLogAnalyzer().analyze((KERNEL_LOG / "gpud_pr46_dmesg_ctime.txt").read_text())
     by_code = {f.code: f.status.value for f in diagnosis.findings}
-    assert by_code == {"XID_13": "critical", "XID_109": "critical"}  # 13 three times on one GPU
+    # 13 three times on one GPU; nvidia-peermem's "detected invalid context" (peer_err, a healthy teardown) is INFO
+    assert by_code == {"XID_13": "critical", "XID_109": "critical", "KERNEL_PEERMEM_MESSAGE": "ok"}
 
 
 def test_detection_is_conservative() -> None:
@@ -60,5 +62,7 @@ def test_detection_is_conservative() -> None:
 
 def test_lookalikes_alone_are_ok() -> None:
     diagnosis = KernelLogAnalyzer().analyze((KERNEL_LOG / "lookalikes.txt").read_text())
-    assert diagnosis.data == {"xid_events": [], "sxid_events": [], "kernel_events": []}
-    assert [f.code for f in diagnosis.findings] == ["NO_XID_EVENTS"]
+    assert diagnosis.data["xid_events"] == diagnosis.data["sxid_events"] == []
+    assert all(e["kind"].endswith("_message") for e in diagnosis.data["kernel_events"])  # INFO at most
+    assert all(f.status == Status.OK for f in diagnosis.findings)
+    assert "NO_XID_EVENTS" in [f.code for f in diagnosis.findings]

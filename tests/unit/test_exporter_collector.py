@@ -202,7 +202,7 @@ def test_declared_counters_exist_at_zero_and_keep_their_value(tmp_path: Path) ->
     store = ResultStore("dgx-a")
     check = LogsCheck(LogsSettings(), Environment(state_dir=tmp_path))
     store.declare("logs", (), check.zero_samples())
-    assert _matches(store) == dict.fromkeys(signature_codes(), 0.0) and len(signature_codes()) == 30
+    assert _matches(store) == dict.fromkeys(signature_codes(), 0.0) and len(signature_codes()) == 33
     b = ResultBuilder("logs")
     b.sample(MATCHES_TOTAL, 2, code="NCCL_TIMEOUT")
     store.put(b.build("one signature"))

@@ -237,11 +237,13 @@ def test_an_uncatalogued_failure_is_counted_by_source_and_shown_never_acted_on(t
     check, vllm_log, _ = make(tmp_path, Clock())
     check.run()
     line = "(APIServer pid=7) ERROR 12-05 08:00:01 [serving_chat.py:210] Error in preprocessing prompt inputs"
-    append(vllm_log, f"{line}\n{line}\nRuntimeError: CUDA error: device-side assert triggered\n")
+    # (a device-side assert was the example here until the catalog grew to the CUDA runtime's errors)
+    odd = "RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"
+    append(vllm_log, f"{line}\n{line}\n{odd}\n")
     result = check.run()
     (finding,) = [f for f in result.findings if f.code == "LOGS_UNCATALOGUED_ERRORS"]
     assert finding.status is Status.OK and finding.action == "none" and finding.subject == str(vllm_log)
-    assert "3 line(s)" in finding.message and "device-side assert" in (finding.evidence or "")
+    assert "3 line(s)" in finding.message and "same device" in (finding.evidence or "")
     (sample,) = [s for s in result.samples if s.metric.name == "dgxdoctor_logs_uncatalogued_errors_total"]
     assert sample.value == 3 and sample.labels == {"source": str(vllm_log)}
     assert result.status is Status.OK

@@ -50,6 +50,10 @@ CORPUS_ONLY = [
     "CUDA_ECC_ERROR",
     "NO_GPU_VISIBLE",
     "GPU_LOST",
+    # Issue 35's classes built by construction (data/cuda_status_templates.json; safetensors' one exception type).
+    "CUDA_RUNTIME_ERROR",
+    "CUDA_LIBRARY_ERROR",
+    "CHECKPOINT_LOAD_FAILED",
 ]
 
 
@@ -95,6 +99,16 @@ def test_every_pattern_is_exercised_by_a_fixture() -> None:
     )
     text += "\n" + "\n".join(
         re.sub(r"\{\}", "8", entry["template"]) for entries in table["signatures"].values() for entry in entries
+    )
+    # The CUDA runtime's errors and the CUDA libraries' statuses, as PyTorch prints them (data/cuda_status_templates
+    # .json, from NVIDIA's wheels: tests/unit/test_cuda_status_catalog.py prints every one).
+    status = json.loads(
+        (Path(__file__).resolve().parents[2] / "src/dgxdoctor/data/cuda_status_templates.json").read_text()
+    )
+    for entry in status["cuda_runtime"]:
+        text += f"\ncuda runtime error ({entry['value']}) : {entry['message']}\nSearch for `{entry['name']}' in https://docs.nvidia.com/cuda"
+    text += "\n" + "\n".join(
+        f"CUDA error: {e['name']} when calling" for lib in ("cublas", "cusparse", "cudnn") for e in status[lib]
     )
     for sig in catalog.signatures:
         for pattern in sig.patterns:

@@ -13,7 +13,7 @@ from typing import Any
 
 from msgspec.structs import fields, replace
 
-from dgxdoctor.judge.kernel import RECOVERS, KernelTally, tally_finding
+from dgxdoctor.judge.kernel import RECOVERS, WARNING_LEVEL, KernelTally, tally_finding
 from dgxdoctor.records import asdict
 from dgxdoctor.result import MetricSpec, ResultBuilder, Status
 from dgxdoctor.sources.device_map import Device, DeviceMap
@@ -50,8 +50,11 @@ class KernelEventLedger:
             when = now
             for record in records_since(records, self.min_usec):
                 when = boot_wall + record.usec / 1e6 if record.usec is not None else now
+                # The kernel's table holds messages at warning level and above: a record the kernel logged at
+                # notice, info or debug prints none of them (and is not looked up: most of a kmsg flood).
+                templates = record.level is None or record.level <= WARNING_LEVEL
                 for line in record.lines:
-                    for event in self._joiner.feed(line):
+                    for event in self._joiner.feed(line, templates):
                         self._count(event, when)
             for event in self._joiner.flush():  # a head whose report ends here
                 self._count(event, when)
@@ -66,10 +69,10 @@ class KernelEventLedger:
                 fault.recovered_at = when
                 self.counted += 1  # not a fault, but a change the memory across restarts must keep
             return
-        tally = self._tallies.get((event.kind, label))
+        tally = self._tallies.get((event.key, label))
         self.counted += 1
         if tally is None:
-            self._tallies[(event.kind, label)] = KernelTally(1, when, event, device)
+            self._tallies[(event.key, label)] = KernelTally(1, when, event, device)
             return
         tally.count += 1
         tally.last_seen = max(tally.last_seen, when)
@@ -91,7 +94,7 @@ class KernelEventLedger:
             for doc in docs:
                 tally = _tally_from_doc(doc)
                 if tally is not None:
-                    self._tallies[(tally.event.kind, str(doc["label"]))] = tally
+                    self._tallies[(tally.event.key, str(doc["label"]))] = tally
 
     def snapshot(self) -> list[tuple[tuple[str, str], KernelTally]]:
         with self._lock:
@@ -120,7 +123,7 @@ def _tally_from_doc(doc: dict[str, Any]) -> KernelTally | None:
         event = KernelEvent(**{k: v for k, v in doc["event"].items() if k in names})
         device = Device(**doc["device"]) if isinstance(doc.get("device"), dict) else None
         count, last_seen, recovered = int(doc["count"]), float(doc["last_seen"]), doc.get("recovered_at")
-        if not isinstance(doc["label"], str) or event.kind != doc["kind"] or count < 1:
+        if not isinstance(doc["label"], str) or event.key != doc["kind"] or count < 1:
             return None
         return KernelTally(count, last_seen, event, device, float(recovered) if recovered is not None else None)
     except (KeyError, TypeError, ValueError, AttributeError):

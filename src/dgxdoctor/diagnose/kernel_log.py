@@ -7,10 +7,12 @@ from typing import Any, ClassVar
 
 from dgxdoctor.diagnose.base import Diagnosis
 from dgxdoctor.judge.kernel import RECOVERS, KernelTally, tally_finding
+from dgxdoctor.judge.kernel_families import assess_message
 from dgxdoctor.judge.xid import DEFAULT_APP_LEVEL_XIDS, assess_sxid, assess_xid, escalate
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.device_map import DeviceMap
-from dgxdoctor.sources.kernel_events import RECOVERY_KINDS, may_hold_events, scan_kernel_lines
+from dgxdoctor.sources.kernel_events import RECOVERY_KINDS, KernelEvent, may_hold_events, scan_kernel_lines
+from dgxdoctor.sources.kernel_templates import lines_to_look_at
 from dgxdoctor.sources.xid import SxidEvent, XidEvent, load_catalog, scan_text
 
 # Repeats in a pasted log have no reliable clock; the same XID on the same GPU this often escalates.
@@ -23,9 +25,10 @@ class KernelLogAnalyzer:
     def detect(self, text: str) -> bool:
         if "NVRM: Xid" in text or "SXid (" in text or ("NVRM:" in text and "fallen off the bus" in text):
             return True
-        if not may_hold_events(text):
-            return False
-        return any(event.kind not in RECOVERY_KINDS for event in scan_kernel_lines(text.splitlines()))
+        # Only the lines a parser's hint or a format of the kernel's table names are read (most text: none).
+        candidates = lines_to_look_at(text)
+        lines = text.splitlines() if may_hold_events(text) else candidates
+        return any(_names_a_fault(event) for event in scan_kernel_lines(lines, set(candidates)))
 
     def analyze(self, text: str) -> Diagnosis:
         catalog = load_catalog()
@@ -83,10 +86,18 @@ class KernelLogAnalyzer:
             )
         kernel, kernel_events = _kernel_findings(text)
         findings += kernel
-        if not findings:
+        if not groups and all(f.status is Status.OK for f in findings):  # nothing, or INFO messages only
             findings.append(Finding("NO_XID_EVENTS", Status.OK, "no XID or SXID errors in this log"))
         data = {"xid_events": xid_events, "sxid_events": sxid_events, "kernel_events": kernel_events}
         return Diagnosis(self.kind, tuple(findings), data)
+
+
+def _names_a_fault(event: KernelEvent) -> bool:
+    """A fault of a parser's kind, or a templated message its family judges a warning (an INFO-only message alone
+    does not make a paste a kernel log)."""
+    if event.kind == "kernel_message":
+        return assess_message(event.family, event.level).status is not Status.OK
+    return event.kind not in RECOVERY_KINDS
 
 
 def _kernel_findings(text: str) -> tuple[list[Finding], list[dict[str, Any]]]:
@@ -95,7 +106,7 @@ def _kernel_findings(text: str) -> tuple[list[Finding], list[dict[str, Any]]]:
     devices = DeviceMap()  # a paste comes from another machine: devices are named as the lines name them
     tallies: dict[tuple[str, str], KernelTally] = {}
     events: list[dict[str, Any]] = []
-    for event in scan_kernel_lines(text.splitlines()):
+    for event in scan_kernel_lines(text.splitlines(), set(lines_to_look_at(text))):
         device = devices.resolve(event.pci, event.netdev, event.other)
         label = device.label if device else ""
         if event.kind in RECOVERY_KINDS:
@@ -103,10 +114,10 @@ def _kernel_findings(text: str) -> tuple[list[Finding], list[dict[str, Any]]]:
             if fault is not None:
                 fault.recovered_at = 0.0
             continue
-        events.append({"kind": event.kind, "device": label, "line": event.line})
-        tally = tallies.get((event.kind, label))
+        events.append({"kind": event.key, "device": label, "line": event.line})
+        tally = tallies.get((event.key, label))
         if tally is None:
-            tallies[(event.kind, label)] = KernelTally(1, 0.0, event, device)
+            tallies[(event.key, label)] = KernelTally(1, 0.0, event, device)
         else:
             tally.count, tally.event, tally.recovered_at = tally.count + 1, event, None
     return [tally_finding(kind, t, None) for (kind, _), t in tallies.items()], events

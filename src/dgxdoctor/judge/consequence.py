@@ -77,10 +77,12 @@ TABLE: Mapping[str, Consequence] = {
     **_rows("peer_compare", PAGE, Cure.PERSON, codes.PEER_HARDWARE_DRIFT, codes.PEER_VERSION_SKEW,
             codes.PEER_MODEL_MISMATCH, "PEER_MP_LAYOUT_DRIFT"),
     # logs check signatures: version drift between the nodes, a GPU or driver fault, the container's /dev/shm or
-    # GPU set-up, the host's RAM (not a CUDA OOM), an unreachable MASTER_ADDR.
+    # GPU set-up, the host's RAM (not a CUDA OOM), an unreachable MASTER_ADDR, a corrupt checkpoint (no restart
+    # reads the file back whole). The CUDA runtime's and libraries' errors (CUDA_RUNTIME_ERROR, _LIBRARY_ERROR) ask
+    # nothing here: the serving process dies with them and VLLM_DEAD restarts it, as an application XID.
     **_rows("logs", PAGE, Cure.PERSON, "RAY_VERSION_MISMATCH", "CUDA_ECC_ERROR", "CUDA_DRIVER_INIT",
             "NO_GPU_VISIBLE", "CUDA_P2P_UNSUPPORTED", "NCCL_DUPLICATE_GPU", "SHM_TOO_SMALL", "RAY_HOST_OOM",
-            "TORCH_RENDEZVOUS_TIMEOUT"),
+            "TORCH_RENDEZVOUS_TIMEOUT", "CHECKPOINT_LOAD_FAILED"),
     # Hardware and driver faults: paged, and while they last no restart is run (remediation/hardware_gate.py).
     **_rows("infiniband", PAGE, Cure.HARDWARE, codes.IB_PORT_DOWN),  # a rail of the group down
     **_rows("gpu", PAGE, Cure.HARDWARE, "GPU_LOST"),  # NVML lost the GPU (the logs check's signature too)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from msgspec import Struct
 from msgspec.structs import replace
 
+from dgxdoctor.judge.kernel_families import assess_message
 from dgxdoctor.judge.xid import ago
 from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.result import Finding, Status
@@ -251,6 +252,8 @@ def tally_finding(kind: str, tally: KernelTally, now: float | None, owners: froz
     another host). A line without its task's uid (kernels before 5.x) is judged by the name."""
     device = tally.device
     event = tally.event
+    if event.kind == "kernel_message":
+        return _message_finding(tally, now)
     role = device.role if device else None
     uid = event.uid if isinstance(event.uid, int) else None
     trusted = owners is None or uid is None or uid in owners
@@ -264,3 +267,13 @@ def tally_finding(kind: str, tally: KernelTally, now: float | None, owners: froz
         detail = f"{event.process}, pid {event.pid}{owner}" + (f", {detail}" if detail else "")
     age = ago(now - tally.last_seen) if now is not None else None
     return kernel_finding(verdict, device.label if device else None, where, tally.count, age, detail, event.line)
+
+
+def _message_finding(tally: KernelTally, now: float | None) -> Finding:
+    """A templated message's finding: its family's verdict (judge/kernel_families.py), the format it printed."""
+    event, device = tally.event, tally.device
+    verdict = assess_message(event.family, event.level)
+    age = ago(now - tally.last_seen) if now is not None else None
+    kernel = KernelVerdict(verdict.code, verdict.status, verdict.title, verdict.remedy)
+    label = device.label if device else None
+    return kernel_finding(kernel, label, device.text if device else "", tally.count, age, event.template, event.line)

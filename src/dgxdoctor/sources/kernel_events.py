@@ -16,13 +16,14 @@ Pure: no verdicts (judge/kernel.py).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Literal
 
 from msgspec import Struct
 from msgspec.structs import replace
 
 from dgxdoctor.lazy_re import lazy_compile
+from dgxdoctor.sources.kernel_templates import match_template
 
 Kind = Literal[
     "mlx5_cmd_timeout",
@@ -52,6 +53,7 @@ Kind = Literal[
     "nvrm_api_mismatch",
     "nvswitch_fatal",
     "peermem_load_failed",
+    "kernel_message",  # a message of the kernel's own table (sources/kernel_templates.py) no parser above names
 ]
 # Kinds that report a recovery, not a fault: they clear an earlier fault of the same device and count nowhere.
 RECOVERY_KINDS: frozenset[str] = frozenset({"link_up", "nfs_ok"})
@@ -298,6 +300,13 @@ class KernelEvent(Struct, frozen=True):
     uid: int | None = None  # the task's owner, where the kernel writes it (the OOM killer's UID:)
     level: int | None = None
     part: Part = ""
+    family: str = ""  # a kernel_message's family (data/kernel_templates.json)
+    template: str = ""  # a kernel_message's format, as its source prints it
+
+    @property
+    def key(self) -> str:
+        """What a tally counts by: the kind, or a templated message's family (``mlx5_message``)."""
+        return f"{self.family}_message" if self.kind == "kernel_message" else self.kind
 
     @property
     def named(self) -> str:
@@ -518,18 +527,31 @@ _ROUTES: tuple[tuple[str, tuple[Callable[[str], KernelEvent | None], ...]], ...]
 )
 
 
-def parse_kernel_event(line: str) -> KernelEvent | None:
+def parse_kernel_event(line: str, templates: bool = True) -> KernelEvent | None:
     """The fault (or recovery) ``line`` reports, or None. XID/SXID lines are sources/xid.py's, not this.
+    ``templates`` False: the caller knows the line holds no format of the kernel's table (``lines_to_look_at``).
 
     One line alone: ``KernelJoiner`` joins a report's lines (``KernelEvent.part``) into one event."""
-    parsers = next((route for hint, route in _ROUTES if hint in line), None)
-    if parsers is None or "NVRM: Xid" in line or "SXid (" in line:
+    if "NVRM: Xid" in line or "SXid (" in line:
         return None
+    parsers = next((route for hint, route in _ROUTES if hint in line), ())
     for parse in parsers:
         event = parse(line)
         if event is not None:
             return event
-    return None
+    return _templated(line) if templates else None
+
+
+def _templated(line: str) -> KernelEvent | None:
+    """A message of the kernel's own table; a line of a report (``detail``) where its family has one."""
+    if "fallen off the bus" in line:
+        return None  # XID 79's own words, sources/xid.py's (with or without the Xid line)
+    found = match_template(line)
+    if found is None:
+        return None
+    t = found.template
+    return KernelEvent("kernel_message", line.strip(), found.pci, found.netdev, detail=t.template, level=t.level,
+                       part="detail", family=t.family, template=t.template)  # fmt: skip
 
 
 def may_hold_events(text: str) -> bool:
@@ -553,7 +575,19 @@ _RANK: dict[str, int] = {
 }  # fmt: skip
 
 
+# A templated message's family, as the kinds above join: the lines of a report a parser names (AER's detail lines,
+# an MCE's banks, the OOM report, an mlx5 health dump, a stall's dump) join the event they follow.
+_TEMPLATE_FAMILY: dict[str, str] = {
+    "aer": "aer", "mce": "mce", "edac": "mce", "ghes": "mce", "memory_failure": "memory_failure", "oom": "oom",
+    "nvrm": "nvrm", "mlx5": "mlx5_health", "hung_task": "hung_task", "watchdog": "soft_lockup", "rcu": "rcu_stall",
+    "workqueue": "workqueue_lockup", "nfs": "nfs", "sunrpc": "sunrpc",
+    "bonding": "link_down", "peermem": "peermem_load_failed",
+}  # fmt: skip
+
+
 def _family(event: KernelEvent) -> str:
+    if event.kind == "kernel_message":
+        return _TEMPLATE_FAMILY.get(event.family, event.family)
     return _FAMILY.get(event.kind, event.kind)
 
 
@@ -593,22 +627,34 @@ class KernelJoiner:
 
     A head is held until the next event: one of its family completes it (an AER summary and the detail line naming
     the device, the OOM killer's head and the kill naming the victim), any other releases it alone. A detail line
-    right after an event of its family and device is part of it and counts nothing. ``flush`` releases a head still
-    held (the end of a paste, the end of a batch of the followed log: a head and its detail split across two batches
+    right after an event of its family and device is part of it and counts nothing; a templated message of a
+    family (an AER error's status line, an MCE's banks, a stall's dump) is part of the last event of its family
+    within ``ADJACENT_LINES`` lines, or of its family and device within ``REPORT_LINES``, interleaved with other
+    lines or not. ``flush`` releases a head still held
+    (the end of a paste, the end of a batch of the followed log: a head and its detail split across two batches
     count twice).
     """
+
+    REPORT_LINES = 40
+    ADJACENT_LINES = 8
 
     def __init__(self) -> None:
         self._held: KernelEvent | None = None
         self._last: KernelEvent | None = None
+        self._recent: dict[str, tuple[KernelEvent, int]] = {}  # family -> its last event, at which line
+        self._lines = 0
 
-    def feed(self, line: str) -> list[KernelEvent]:
-        event = parse_kernel_event(line)
+    def feed(self, line: str, templates: bool = True) -> list[KernelEvent]:
+        self._lines += 1
+        event = parse_kernel_event(line, templates)
         return self.add(event) if event is not None else []
 
     def add(self, event: KernelEvent) -> list[KernelEvent]:
         out: list[KernelEvent] = []
         held, self._held = self._held, None
+        if held is not None and event.kind == "kernel_message" and _family(held) == _family(event):
+            self._held = held  # a line of the report between its head and the line that names the device
+            return out
         if held is not None:
             if _family(held) == _family(event):
                 event = _merge(held, event)
@@ -616,16 +662,22 @@ class KernelJoiner:
                 out.append(self._emit(held))
         if event.part == "head":
             self._held = event
-        elif (
-            event.part == "detail"
-            and self._last is not None
-            and _family(self._last) == _family(event)
-            and (_same_device(self._last, event))
-        ):
+        elif event.part == "detail" and self._part_of_recent(event):
             pass  # a line of the report just counted
         else:
             out.append(self._emit(event))
         return out
+
+    def _part_of_recent(self, event: KernelEvent) -> bool:
+        if event.kind != "kernel_message":
+            last = self._last
+            return last is not None and _family(last) == _family(event) and _same_device(last, event)
+        recent = self._recent.get(_family(event))
+        if recent is None:
+            return False
+        since = self._lines - recent[1]
+        # Right after its event, a line of the report may name the reporting port (AER's root port) instead.
+        return since <= self.ADJACENT_LINES or (since <= self.REPORT_LINES and _same_device(recent[0], event))
 
     def flush(self) -> list[KernelEvent]:
         held, self._held = self._held, None
@@ -634,12 +686,15 @@ class KernelJoiner:
     def _emit(self, event: KernelEvent) -> KernelEvent:
         event = event if event.part == "" else replace(event, part="")
         self._last = event
+        self._recent[_family(event)] = (event, self._lines)
         return event
 
 
-def scan_kernel_lines(lines: Iterable[str]) -> Iterator[KernelEvent]:
-    """The events of ``lines``, each report joined into one (``KernelJoiner``)."""
+def scan_kernel_lines(lines: Iterable[str], template_lines: Collection[str] | None = None) -> Iterator[KernelEvent]:
+    """The events of ``lines``, each report joined into one (``KernelJoiner``). ``template_lines``: the only lines
+    that may print a format of the kernel's table (``lines_to_look_at`` over the whole text, one automaton pass);
+    None: look every line up."""
     joiner = KernelJoiner()
     for line in lines:
-        yield from joiner.feed(line)
+        yield from joiner.feed(line, template_lines is None or line in template_lines)
     yield from joiner.flush()
