@@ -23,7 +23,7 @@ from msgspec.structs import replace
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
-from dgxdoctor.fleet.compare import PEER_VIEW_FACT, RULE_KEYS, compare
+from dgxdoctor.fleet.compare import PEER_VIEW_FACT, RULE_KEYS, compare, group_of
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample
 from dgxdoctor.settings.bounds import DAY_S
 from dgxdoctor.validation import field_rule
@@ -92,6 +92,12 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
         from dgxdoctor.judge.peers import peer_name_clash, peer_unreachable
 
         peers = fleet.peers()
+        if peers.prometheus_url is not None:
+            return CheckResult.skipped(
+                self.name,
+                f"the comparison runs in Prometheus ([fleet] prometheus_url = {peers.prometheus_url}): "
+                "the shipped rules compare the nodes of each serving group, no peer's /state is fetched",
+            )
         if not peers.urls:
             return CheckResult.skipped(self.name, "no peers configured ([daemon] peers)")
         builder = ResultBuilder(self.name)
@@ -126,7 +132,10 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
             self._causes[url] = relayed
             builder.add(*relayed)
         outcome = compare(snapshots, self.tolerances)
+        mine = group_of(local)
         for imbalance in outcome.imbalances:
+            if imbalance.group not in ("", mine):  # another group's, or between the groups: theirs to export
+                continue
             # Not builder.sample(): its first parameter is called ``metric`` too.
             labels = {"metric": imbalance.key, "rail": imbalance.rail}
             builder.samples.append(Sample(PEER_IMBALANCE, imbalance.ratio, labels))

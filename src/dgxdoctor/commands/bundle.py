@@ -58,7 +58,7 @@ def cli_sources(config: Config, since_s: float, deadline_s: float) -> Sources:
             if config.check_settings(f.name).enabled and f.name != "peer_compare"
         ]
         done = CheckRunner(env).run_once_blocking(checks)
-        return ResultsDocument.of(env.node, done, time.time()).report(role)
+        return ResultsDocument.of(env.node, done, time.time(), env.group).report(role)
 
     def state() -> dict[str, Any]:
         host, port = parse_listen(config.daemon.listen)

@@ -50,7 +50,7 @@ async def _run(config: Config, checks: list[Check], token: str | None, deadline_
 
     async def local() -> NodeRun:
         results = await runner.run_once(checks)
-        doc = ResultsDocument.of(env.node, results, env.clock()).state()
+        doc = ResultsDocument.of(env.node, results, env.clock(), env.group).state()
         return NodeRun(env.node, None, doc, None, round(time.monotonic() - t0, 6), 0.0, 0.0)
 
     async with env.async_http_client(deadline_s, peer=True) as client:

@@ -68,7 +68,7 @@ FIRST_RUN_SPREAD_S = 2.0
 def config_changes(old: Config, new: Config, token_changed: bool) -> list[str]:
     """What a reload changed outside the checks, as dotted keys (``daemon.peers``; a token only by name)."""
     changed = ["daemon.token"] if token_changed else []
-    for section in ("node", "paths", "daemon", "remediation", "alerts"):
+    for section in ("node", "paths", "daemon", "remediation", "alerts", "fleet"):
         before, after = getattr(old.model, section, None), getattr(new.model, section, None)
         if before == after:
             continue
@@ -107,7 +107,7 @@ class Daemon:
             record_peers=self.peer_states.record,
         )
         self.env: Environment = replace(config.environment(one_shot=False), fleet=self.fleet, token=self._token)
-        self.store = ResultStore(self.env.node)
+        self.store = ResultStore(self.env.node, group=self.env.group)
         self.runner = CheckRunner(self.env)
         self.scheduler = CheckScheduler(self.runner, self.store)
         self.registry = make_registry(self.store, lambda: self.runner.timeouts_total, self.own_samples)
@@ -179,7 +179,7 @@ class Daemon:
 
     def _peers(self) -> Peers:
         d = self.config.daemon
-        return Peers(d.peers, self.token, d.peer_timeout_s)
+        return Peers(d.peers, self.token, d.peer_timeout_s, self.config.fleet.prometheus_url)
 
     def _build(self, factory: CheckFactory) -> Check:
         return factory(self.config.check_settings(factory.name), self.env)

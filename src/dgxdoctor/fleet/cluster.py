@@ -219,7 +219,13 @@ def cluster_document(view: ClusterView) -> dict[str, Any]:
             "compared_facts": view.comparison.compared_facts,
             "findings": [FindingDoc.of(f).dumped() for f in view.comparison.findings],
             "imbalances": [
-                {"metric": i.key, "rail": i.rail, "ratio": round(i.ratio, 6), "values": dict(i.values)}
+                {
+                    "metric": i.key,
+                    "rail": i.rail,
+                    "group": i.group,
+                    "ratio": round(i.ratio, 6),
+                    "values": dict(i.values),
+                }
                 for i in view.comparison.imbalances
             ],
             # A fact the nodes disagree on: every node's value; "odd" only where a majority of 3+ nodes agree.
