@@ -194,8 +194,8 @@ def _check_cluster(
     from dgxdoctor.fleet.cluster_table import cluster_table
     from dgxdoctor.result import exit_code
 
-    if not config.daemon.peers:
-        raise click.UsageError("--cluster needs the other nodes in [daemon] peers")
+    if not config.daemon.peers and config.fleet.prometheus_url is None:
+        raise click.UsageError("--cluster needs the other nodes in [daemon] peers, or [fleet] prometheus_url")
     try:
         token = config.daemon.resolve_token()
     except (OSError, ValueError) as exc:

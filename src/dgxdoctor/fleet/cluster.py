@@ -54,6 +54,9 @@ class NodeRun(Struct, frozen=True):
     rtt_s: float | None = None  # the exchange's round trip, the offset's uncertainty is half of it
     cached: bool = False
     fetched_at: float | None = None  # wall clock of results fetched earlier (the status page's peers)
+    # Where the document came from: "agent" (the node's own API) or "prometheus" (fleet.prom_view: statuses, codes
+    # and subjects, no messages).
+    source: str = "agent"
 
     @property
     def status(self) -> Status:
@@ -208,6 +211,7 @@ def cluster_document(view: ClusterView) -> dict[str, Any]:
                 "error": n.error,
                 "seconds": n.seconds,
                 "cached": n.cached,
+                "source": n.source,
                 "clock_offset_s": n.clock_offset_s,
                 "rtt_s": n.rtt_s,
                 "results": n.doc,
