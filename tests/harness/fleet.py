@@ -204,7 +204,7 @@ class FleetRig:
         (self.root / "dgxdoctor.rules.yml").write_text(rules.stdout)
         interval = f"{self.scrape_s:g}s"
         prom = {
-            "global": {"scrape_interval": interval, "evaluation_interval": "1s", "scrape_timeout": interval},
+            "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
             "rule_files": [str(self.root / "dgxdoctor.rules.yml")],
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
             "scrape_configs": [{"job_name": JOB, "static_configs": [
