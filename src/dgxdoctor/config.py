@@ -34,8 +34,10 @@ from dgxdoctor.validation import Invalid, Problem, bare_type, child_type, valida
 
 if TYPE_CHECKING:
     import ssl
+    from collections.abc import Callable
 
     from dgxdoctor.checks.base import CheckSettings
+    from dgxdoctor.fleet.discovery import Where
 
 S = TypeVar("S", bound="CheckSettings")
 
@@ -256,6 +258,26 @@ class Config:
     @property
     def fleet(self) -> FleetSettings:
         return self.model.fleet
+
+    def peer_sources(self) -> Where:
+        """Where ``fleet.discovery`` finds the peers: ``[fleet] peer_sources`` and what each needs."""
+        from dgxdoctor.checks.ray import RaySettings
+        from dgxdoctor.fleet.discovery import Where
+
+        fleet, daemon = self.fleet, self.daemon
+        return Where(
+            static=daemon.peers, sources=fleet.peer_sources,
+            ray_dashboard=self.settings_of("ray", RaySettings).dashboard_url, prometheus_url=fleet.prometheus_url,
+            job=fleet.job, dns_name=fleet.dns_name, agent_port=fleet.agent_port, agent_scheme=fleet.agent_scheme,
+            timeout_s=daemon.peer_timeout_s,
+        )  # fmt: skip
+
+    def own_agent(self) -> Callable[[str], bool]:
+        """Whether a peer URL is this node's own agent (``[daemon] listen``)."""
+        from dgxdoctor.fleet.discovery import own_agent
+
+        host, port = parse_listen(self.daemon.listen)
+        return own_agent(host, port, (self.node,))
 
     def check_settings(self, name: str) -> CheckSettings:
         """``[checks.<name>]`` as the check's own model (KeyError for a name the registry does not have)."""

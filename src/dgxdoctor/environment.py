@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from msgspec import Struct, field
 
-from dgxdoctor.result import DEFAULT_GROUP
+from dgxdoctor.result import DEFAULT_GROUP, Finding
 from dgxdoctor.sources.commands import (
     CommandRunner,
     HeadCommandRunner,
@@ -147,6 +147,8 @@ class Peers(Struct, frozen=True):
     timeout_s: float
     # ``[fleet] prometheus_url``: the Prometheus that is the cluster view; set, the agents fetch no peer's /state.
     prometheus_url: str | None = None
+    # What discovering the peers found this round (``fleet.discovery``: a source kept stale, a node that left Ray).
+    findings: tuple[Finding, ...] = ()
 
 
 class Fleet(Struct, frozen=True):

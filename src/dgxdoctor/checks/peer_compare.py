@@ -25,6 +25,7 @@ from msgspec.structs import replace
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment, Peers
 from dgxdoctor.fleet.compare import PEER_VIEW_FACT, RULE_KEYS, Imbalance, compare, group_of
+from dgxdoctor.fleet.discovery import Round
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample
 from dgxdoctor.settings.bounds import DAY_S
 from dgxdoctor.validation import field_rule
@@ -113,6 +114,7 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
         if not peers.urls:
             return CheckResult.skipped(self.name, "no peers configured ([daemon] peers)")
         builder = ResultBuilder(self.name)
+        builder.add(*peers.findings)  # what discovering them found: a source kept stale, a node that left Ray
         local = fleet.local_state(self.name)
         snapshots = [local]
         down = 0
@@ -160,3 +162,15 @@ def imbalance_samples(imbalances: Iterable[Imbalance], group: str) -> list[Sampl
     return [
         Sample(PEER_IMBALANCE, i.ratio, {"metric": i.key, "rail": i.rail}) for i in imbalances if i.group in ("", group)
     ]
+
+
+def discovery_findings(seen: Round) -> tuple[Finding, ...]:
+    """What discovering the peers saw (``fleet.discovery.Round``), judged: a source kept stale, a node that left
+    Ray, more peers than are compared."""
+    from dgxdoctor.judge.peers import discovery_source_failed, peer_left_ray, peers_capped
+
+    found = [discovery_source_failed(source, error, kept) for source, error, kept in seen.stale]
+    found += [peer_left_ray(ip, state, message) for ip, state, message in seen.left_ray]
+    if seen.capped is not None:
+        found.append(peers_capped(*seen.capped))
+    return tuple(found)

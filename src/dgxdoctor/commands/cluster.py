@@ -16,6 +16,7 @@ from dgxdoctor.checks.peer_compare import PeerCompareSettings
 from dgxdoctor.config import Config
 from dgxdoctor.documents import ResultsDocument
 from dgxdoctor.fleet.cluster import ClusterView, NodeRun, ask_peers, assemble
+from dgxdoctor.fleet.discovery import Membership, discover
 from dgxdoctor.fleet.prom_view import GONE_WINDOW, PrometheusUnavailable, ViewNode, fetch_view
 from dgxdoctor.validation import validate
 
@@ -53,7 +54,10 @@ async def _run(
     peers: list[str] | None = None,
 ) -> ClusterView:  # fmt: skip
     env = config.environment()
-    urls = list(config.daemon.peers) if peers is None else peers
+    if peers is None:
+        found, _ = discover(Membership(), config.peer_sources(), config.own_agent(), env.http_client)
+        peers = list(found)
+    urls = peers
     runner = CheckRunner(env)
     t0 = time.monotonic()
 

@@ -23,6 +23,7 @@ from msgspec.structs import replace
 
 from dgxdoctor import __version__, eventlog
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner
+from dgxdoctor.checks.peer_compare import discovery_findings
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import Config, ConfigError, load_config, parse_listen
 from dgxdoctor.daemon import bundle_part, checknow, connections, memory
@@ -40,6 +41,7 @@ from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.exporters.incidents import IncidentCollector
 from dgxdoctor.exporters.remediation import RemediationCollector
 from dgxdoctor.exporters.textfile import write_textfile
+from dgxdoctor.fleet.discovery import Membership, discover
 from dgxdoctor.fleet.incidents import IncidentTracker
 from dgxdoctor.fleet.peer_states import PeerStates
 from dgxdoctor.fleet.store import ResultStore
@@ -100,6 +102,7 @@ class Daemon:
         # Checks reach the store and the peers through this seam; it reads self.config at each call, so a reload's
         # peers and token apply without rebuilding a check.
         self.peer_states = PeerStates()  # the peer comparison's last fetch of every peer: the status page's peers
+        self.membership = Membership()  # the peers discovered, each source's last answer kept (fleet.discovery)
         self.fleet = Fleet(
             local_state=self._local_state,
             peers=self._peers,
@@ -178,8 +181,14 @@ class Daemon:
         return self.token
 
     def _peers(self) -> Peers:
-        d = self.config.daemon
-        return Peers(d.peers, self.token, d.peer_timeout_s, self.config.fleet.prometheus_url)
+        """The peers now (called from the peer comparison's thread): discovered (``fleet.discovery``), unless
+        Prometheus is the cluster view and no peer's /state is fetched."""
+        config = self.config
+        d, prometheus = config.daemon, config.fleet.prometheus_url
+        if prometheus is not None:
+            return Peers(d.peers, self.token, d.peer_timeout_s, prometheus)
+        urls, seen = discover(self.membership, config.peer_sources(), config.own_agent(), self.env.http_client)
+        return Peers(urls, self.token, d.peer_timeout_s, None, discovery_findings(seen))
 
     def _build(self, factory: CheckFactory) -> Check:
         return factory(self.config.check_settings(factory.name), self.env)

@@ -8,12 +8,15 @@ and the agents stop fetching each other's ``/state``.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from msgspec import Meta
 
 from dgxdoctor.settings.base import Frozen
-from dgxdoctor.sources.fields import HttpUrl
+from dgxdoctor.sources.fields import Host, HttpUrl
+from dgxdoctor.validation import record_rule
+
+PeerSource = Literal["static", "ray", "prometheus", "dns"]
 
 DEFAULT_JOB = "dgxdoctor"
 
@@ -43,3 +46,33 @@ class FleetSettings(Frozen, frozen=True):
             description="the Prometheus scrape job of the dgxdoctor agents (its `up` series name the agents down)",
         ),
     ] = DEFAULT_JOB
+    peer_sources: Annotated[
+        tuple[PeerSource, ...],
+        Meta(
+            max_length=4,
+            description='where the peers come from: "static" ([daemon] peers), "ray" (Ray\'s node table, from '
+            '[checks.ray] dashboard_url), "prometheus" (prometheus_url\'s targets of job), "dns" (every address of '
+            "dns_name). A source that fails keeps its last known members; a node that leaves the Ray cluster stays a "
+            'peer, with a PEER_LEFT_RAY finding (docs/fleet.md, "Peer discovery")',
+            examples=[["static", "ray"]],
+        ),
+    ] = ("static",)
+    dns_name: Annotated[
+        Host | None, Meta(description='with peer_sources "dns": a name whose addresses are the nodes')
+    ] = None
+    agent_port: Annotated[
+        int, Meta(ge=1, le=65535, description="the port of the agents at the addresses Ray and DNS give")
+    ] = 9835
+    agent_scheme: Annotated[
+        Literal["http", "https"], Meta(description="the scheme of the agents at the addresses Ray and DNS give")
+    ] = "http"
+
+    @record_rule
+    def _sources_have_what_they_need(self) -> FleetSettings:
+        if len(set(self.peer_sources)) != len(self.peer_sources):
+            raise ValueError("peer_sources: a source is listed twice")
+        if "dns" in self.peer_sources and self.dns_name is None:
+            raise ValueError('peer_sources "dns" needs dns_name')
+        if "prometheus" in self.peer_sources and self.prometheus_url is None:
+            raise ValueError('peer_sources "prometheus" needs prometheus_url')
+        return self
