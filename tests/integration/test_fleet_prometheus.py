@@ -95,3 +95,18 @@ def test_the_agents_fetch_no_peer_state(rig: FleetRig) -> None:
     doc = json.loads(done.stdout)
     assert sorted(n["node"] for n in doc["nodes"]) == sorted(n for names in GROUPS.values() for n in names)
     assert all(n["results"] is not None for n in doc["nodes"]), doc
+
+
+def test_the_peers_discovered_from_prometheus_targets(rig: FleetRig) -> None:
+    """[fleet] peer_sources = ["prometheus"]: the other five agents, from the real Prometheus's targets."""
+    from dgxdoctor.config import parse_config
+    from dgxdoctor.fleet.discovery import Membership, discover
+
+    asker = rig.agents[0]
+    config = parse_config(
+        {"node": {"name": asker.name}, "daemon": {"listen": f"127.0.0.1:{asker.port}"},
+         "fleet": {"prometheus_url": rig.prometheus_url, "peer_sources": ["prometheus"]}}
+    )  # fmt: skip
+    peers, seen = discover(Membership(), config.peer_sources(), config.own_agent(), config.environment().http_client)
+    assert sorted(peers) == sorted(a.url for a in rig.agents if a is not asker)
+    assert seen.stale == ()
