@@ -341,3 +341,22 @@ def test_critical_kernel_faults_and_the_fabric_manager(tmp_path: Path, rules: Pa
          "exp_alerts": [expect("DgxdoctorFabricManagerDown", **fm)]},
     ]  # fmt: skip
     run_tests(tmp_path, rules, inputs, cases)
+
+
+def test_a_down_agent_is_paged_with_its_node_and_group(tmp_path: Path, rules: Path) -> None:
+    """The agent stops answering: its series vanish, but the node and group it last exported on that instance name
+    the page (and group it at Alertmanager); an instance that never exported them still pages, by instance."""
+    inputs = [
+        series("up", "1 1 0x20", job="dgxdoctor", instance="10.0.0.2:9835"),
+        series(
+            "dgxdoctor_node_info", "1 1 _x20", job="dgxdoctor", instance="10.0.0.2:9835", node="dgx-b", group="glm-a"
+        ),
+        series("up", "0x22", job="dgxdoctor", instance="10.0.0.9:9835"),
+    ]
+    cases = [
+        {"eval_time": "4m", "alertname": "DgxdoctorAgentDown", "exp_alerts": [
+            expect("DgxdoctorAgentDown", job="dgxdoctor", instance="10.0.0.2:9835", node="dgx-b", group="glm-a"),
+            expect("DgxdoctorAgentDown", job="dgxdoctor", instance="10.0.0.9:9835"),
+        ]},
+    ]  # fmt: skip
+    run_tests(tmp_path, rules, inputs, cases)

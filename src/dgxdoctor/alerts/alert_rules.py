@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from msgspec import Struct, field
 from msgspec.structs import replace
 
-from dgxdoctor.alerts.peer_rules import GROUP_INFO, odd_member_expr
+from dgxdoctor.alerts.peer_rules import GROUP_INFO, NODE_INFO, odd_member_expr
 from dgxdoctor.checks import xid as checks_xid
 from dgxdoctor.fleet.compare import GROUP_CAUSE, GROUP_IMBALANCE_CODE, RULES
 from dgxdoctor.judge.consequence import TABLE as CONSEQUENCES
@@ -262,6 +262,11 @@ def asymmetry_alerts() -> list[Alert]:
 
 
 def fleet_alerts() -> list[Alert]:
+    # A down agent exports nothing: its node and serving group come from what it last exported on that instance, so
+    # the page names them and Alertmanager groups it with its group.
+    down = 'up{job="dgxdoctor"} == 0'
+    last_info = f"topk by (instance) (1, last_over_time({NODE_INFO}[1d]))"
+    agent_down = f"({down}) * on(instance) group_left(node, group) {last_info} or on(instance) ({down})"
     versions = 'dgxdoctor_node_fact_info{key=~".*_version|kernel_release|model_fingerprint"}'
     return [
         Alert("DgxdoctorCheckCritical", "dgxdoctor_check_status == 2", "10m", "critical",
@@ -271,9 +276,10 @@ def fleet_alerts() -> list[Alert]:
               "{{ $labels.node }} cannot reach its peer {{ $labels.peer }}",
               "the peer's dgxdoctor does not answer /state: the node is down, dgxdoctor stopped, or the network "
               "or the token between them is wrong."),
-        Alert("DgxdoctorAgentDown", 'up{job="dgxdoctor"} == 0', "2m", "critical",
+        Alert("DgxdoctorAgentDown", agent_down, "2m", "critical",
               "dgxdoctor on {{ $labels.instance }} is not scraped",
-              "the node or its agent is down (this rule assumes the scrape job is named \"dgxdoctor\")."),
+              "the node or its agent is down (this rule assumes the scrape job is named \"dgxdoctor\"); node and "
+              "group are those the agent last exported on that instance, within a day."),
         # By serving group ([node] group, dgxdoctor_node_info): two groups on different versions are no drift; nodes
         # whose agent exports no group (an older release) are one group.
         Alert("DgxdoctorVersionDrift",
