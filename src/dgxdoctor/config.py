@@ -264,10 +264,10 @@ class Config:
         from dgxdoctor.checks.ray import RaySettings
         from dgxdoctor.fleet.discovery import Where
 
-        fleet, daemon = self.fleet, self.daemon
+        fleet, daemon, ray = self.fleet, self.daemon, self.settings_of("ray", RaySettings)
         return Where(
-            static=daemon.peers, sources=fleet.peer_sources,
-            ray_dashboard=self.settings_of("ray", RaySettings).dashboard_url, prometheus_url=fleet.prometheus_url,
+            static=daemon.peers, sources=fleet.peer_sources, ray_dashboard=ray.dashboard_url,
+            ray_token_file=ray.auth_token_file, prometheus_url=fleet.prometheus_url,
             job=fleet.job, dns_name=fleet.dns_name, agent_port=fleet.agent_port, agent_scheme=fleet.agent_scheme,
             timeout_s=daemon.peer_timeout_s,
         )  # fmt: skip

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -45,6 +46,7 @@ class Where(Struct, frozen=True):
     static: tuple[str, ...] = ()
     sources: tuple[str, ...] = ("static",)
     ray_dashboard: str | None = None
+    ray_token_file: Path | None = None  # [checks.ray] auth_token_file: Ray's token (RAY_AUTH_MODE=token)
     prometheus_url: str | None = None
     job: str = "dgxdoctor"
     dns_name: str | None = None
@@ -70,7 +72,9 @@ def _ask(source: str, where: Where, client: httpx.Client) -> SourceAnswer:
     if source == "static":
         return SourceAnswer(source, where.static)
     if source == "ray":
-        got = client.get(f"{where.ray_dashboard}{NODES_DETAIL_PATH}", timeout=where.timeout_s)
+        token = where.ray_token_file.read_text(encoding="utf-8").strip() if where.ray_token_file else None
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        got = client.get(f"{where.ray_dashboard}{NODES_DETAIL_PATH}", headers=headers, timeout=where.timeout_s)
         got.raise_for_status()
         nodes = parse_nodes_detail(got.content)
         urls = tuple(agent_url(n.node_ip, where.agent_port, where.agent_scheme) for n in nodes if n.node_ip)
