@@ -177,7 +177,7 @@ def check(
             raise click.UsageError("--cached and --deadline go with --cluster")
         results = CheckRunner(env).run_once_blocking(checks)
         if as_json:
-            click.echo(json.dumps(report_dict(env.node, results, env.role), indent=2))
+            click.echo(json.dumps(report_dict(env.node, results, env.role, env.group), indent=2))
         else:
             click.echo(report_table(env.node, results, verbose, env.role))
     finally:
@@ -194,8 +194,8 @@ def _check_cluster(
     from dgxdoctor.fleet.cluster_table import cluster_table
     from dgxdoctor.result import exit_code
 
-    if not config.daemon.peers:
-        raise click.UsageError("--cluster needs the other nodes in [daemon] peers")
+    if not config.daemon.peers and config.fleet.prometheus_url is None:
+        raise click.UsageError("--cluster needs the other nodes in [daemon] peers, or [fleet] prometheus_url")
     try:
         token = config.daemon.resolve_token()
     except (OSError, ValueError) as exc:
@@ -687,5 +687,6 @@ def bench_compare(config_path: Path | None, as_json: bool) -> None:
     check = BenchCheck(config.check_settings("bench"), config.environment())
     result = check.run_now()
     env = config.environment()
-    click.echo(json.dumps(report_dict(env.node, [result]), indent=2) if as_json else report_table(env.node, [result]))
+    shown = report_dict(env.node, [result], group=env.group)
+    click.echo(json.dumps(shown, indent=2) if as_json else report_table(env.node, [result]))
     sys.exit(exit_code(result.status))

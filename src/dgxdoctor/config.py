@@ -19,12 +19,14 @@ from msgspec import UNSET, Meta, Struct, defstruct
 
 from dgxdoctor.environment import Environment, ExecutorKind, Role
 from dgxdoctor.lazy_re import lazy_compile
+from dgxdoctor.result import DEFAULT_GROUP
 from dgxdoctor.settings.alerts import AlertsSettings as AlertsSettings
 from dgxdoctor.settings.base import Frozen
 from dgxdoctor.settings.bundle import BundleSettings as BundleSettings
 from dgxdoctor.settings.daemon import DEFAULT_LISTEN as DEFAULT_LISTEN
 from dgxdoctor.settings.daemon import DaemonSettings as DaemonSettings
 from dgxdoctor.settings.daemon import parse_listen as parse_listen
+from dgxdoctor.settings.fleet import FleetSettings as FleetSettings
 from dgxdoctor.settings.remediation import RemediationSettings as RemediationSettings
 from dgxdoctor.sources.container import DEFAULT_RUNTIME, Container, ContainerName, RuntimeProgram
 from dgxdoctor.sources.statefile import state_dir_problem
@@ -32,13 +34,20 @@ from dgxdoctor.validation import Invalid, Problem, bare_type, child_type, valida
 
 if TYPE_CHECKING:
     import ssl
+    from collections.abc import Callable
 
     from dgxdoctor.checks.base import CheckSettings
+    from dgxdoctor.fleet.discovery import Where
 
 S = TypeVar("S", bound="CheckSettings")
 
 DEFAULT_CONFIG_PATH = Path("/etc/dgxdoctor/config.toml")
 EX_CONFIG = 78  # sysexits.h EX_CONFIG
+
+
+# A serving group's name: a Prometheus label value and a word in messages, so short and plain. "unknown" is what an
+# older agent's document (which names no group) is read as.
+GroupName = Annotated[str, Meta(min_length=1, max_length=63, pattern=r"^(?!unknown$)[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 
 
 # A login name (useradd's rule, as Debian allows: letters, digits, _ . -, a trailing $) or a uid in digits.
@@ -96,6 +105,17 @@ class NodeSettings(Frozen, frozen=True):
         RuntimeProgram,
         Meta(description="the container runtime's program: a name found in PATH or an absolute path (podman too)"),
     ] = DEFAULT_RUNTIME
+    group: Annotated[
+        GroupName | None,
+        Meta(
+            description="the serving group this node belongs to: the nodes of one tensor/pipeline-parallel vLLM "
+            'replica, e.g. "glm-a" (letters, digits, _ . -, at most 63, not "unknown"). On every finding, in /state '
+            "and as dgxdoctor_node_info{node,group}, which the shipped rules join: the peer comparison compares "
+            "within a group and the groups with each other, and Alertmanager groups the alerts by it "
+            f'(docs/fleet.md). Unset: "{DEFAULT_GROUP}", one group for every node without one',
+            examples=["glm-a"],
+        ),
+    ] = None
 
 
 class PathsSettings(Frozen, frozen=True):
@@ -126,6 +146,7 @@ class Sections(Frozen, frozen=True):
     remediation: RemediationSettings = RemediationSettings()
     alerts: AlertsSettings = AlertsSettings()
     bundle: BundleSettings = BundleSettings()
+    fleet: FleetSettings = FleetSettings()
     checks: Frozen = Frozen()
 
 
@@ -190,6 +211,11 @@ class Config:
         return self.model.node.name or socket.gethostname()
 
     @property
+    def group(self) -> str:
+        """``[node] group``, or the group of every node that names none."""
+        return self.model.node.group or DEFAULT_GROUP
+
+    @property
     def role(self) -> Role | None:
         return self.model.node.role
 
@@ -229,6 +255,30 @@ class Config:
     def bundle(self) -> BundleSettings:
         return self.model.bundle
 
+    @property
+    def fleet(self) -> FleetSettings:
+        return self.model.fleet
+
+    def peer_sources(self) -> Where:
+        """Where ``fleet.discovery`` finds the peers: ``[fleet] peer_sources`` and what each needs."""
+        from dgxdoctor.checks.ray import RaySettings
+        from dgxdoctor.fleet.discovery import Where
+
+        fleet, daemon, ray = self.fleet, self.daemon, self.settings_of("ray", RaySettings)
+        return Where(
+            static=daemon.peers, sources=fleet.peer_sources, ray_dashboard=ray.dashboard_url,
+            ray_token_file=ray.auth_token_file, prometheus_url=fleet.prometheus_url,
+            job=fleet.job, dns_name=fleet.dns_name, agent_port=fleet.agent_port, agent_scheme=fleet.agent_scheme,
+            timeout_s=daemon.peer_timeout_s,
+        )  # fmt: skip
+
+    def own_agent(self) -> Callable[[str], bool]:
+        """Whether a peer URL is this node's own agent (``[daemon] listen``)."""
+        from dgxdoctor.fleet.discovery import own_agent
+
+        host, port = parse_listen(self.daemon.listen)
+        return own_agent(host, port, (self.node,))
+
     def check_settings(self, name: str) -> CheckSettings:
         """``[checks.<name>]`` as the check's own model (KeyError for a name the registry does not have)."""
         from dgxdoctor.checks.base import CheckSettings
@@ -250,6 +300,7 @@ class Config:
         return Environment(
             one_shot=one_shot,
             node=self.node,
+            group=self.group,
             role=self.role,
             executor=self.executor,
             serving_uid=self.serving_uid,

@@ -13,7 +13,7 @@ from msgspec import Meta, Struct, field
 from msgspec.structs import force_setattr
 
 from dgxdoctor import __version__
-from dgxdoctor.result import CheckResult, Finding, merged_facts, overall_status
+from dgxdoctor.result import DEFAULT_GROUP, UNKNOWN_GROUP, CheckResult, Finding, merged_facts, overall_status
 from dgxdoctor.validation import record_rule, rule
 
 MAX_CHECKS = 200
@@ -26,8 +26,9 @@ MAX_NAME = 256
 # no ``schema`` and no ``agent_version`` and whose findings carry no evidence, remedy, action or cure. 2: those
 # keys. A reader knows every schema up to SCHEMA: it reads an older one with the missing keys absent (unknown,
 # never OK) and a newer one for the keys it knows (the rest are ignored), and a peer of another release is
-# compared like any other (the version difference is a PEER_VERSION_SKEW warning, fleet/compare.py).
-SCHEMA = 2
+# compared like any other (the version difference is a PEER_VERSION_SKEW warning, fleet/compare.py). 3: the node's
+# serving ``group``, at the top and on every finding (absent: result.UNKNOWN_GROUP).
+SCHEMA = 3
 UNNUMBERED_SCHEMA = 1
 
 Text = Annotated[str, Meta(max_length=MAX_TEXT)]
@@ -74,10 +75,14 @@ class FindingDoc(_Doc, frozen=True):
     # None: not sent (a schema 1 document): unknown, never "nothing follows" (judge/hardware_cause.py).
     action: LooseStatus | None = None
     cure: LooseStatus | None = None
+    # The serving group of the node that found it ([node] group); None: not sent (a schema 1 or 2 document), read
+    # as result.UNKNOWN_GROUP.
+    group: ClippedName | None = None
 
     @classmethod
-    def of(cls, finding: Finding) -> FindingDoc:
+    def of(cls, finding: Finding, group: str | None = None) -> FindingDoc:
         return cls(
+            group=group,
             code=finding.code,
             status=finding.status.value,
             subject=finding.subject,
@@ -117,12 +122,12 @@ class CheckDoc(_Doc, frozen=True):
     facts: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, r: CheckResult) -> CheckDoc:
+    def of(cls, r: CheckResult, group: str | None = None) -> CheckDoc:
         return cls(
             name=r.check,
             status=r.status.value,
             summary=r.summary,
-            findings=[FindingDoc.of(f) for f in r.findings],
+            findings=[FindingDoc.of(f, group) for f in r.findings],
             action=ActionDoc(kind=r.action.kind, remedy=r.action.remedy) if r.action else None,
             duration_s=round(r.duration_s, 6),
             error=r.error,
@@ -138,6 +143,8 @@ class ResultsDocument(_Doc, kw_only=True, frozen=True):
     node: Annotated[str, Meta(min_length=1, max_length=253)]
     schema: Annotated[int, Meta(ge=1, le=1_000_000)] = UNNUMBERED_SCHEMA  # absent: the unnumbered release
     agent_version: ClippedName | None = None  # dgxdoctor's version on the node; None: not sent (schema 1)
+    # The node's serving group ([node] group); None: not sent (schema 1 and 2), read as result.UNKNOWN_GROUP.
+    group: ClippedName | None = None
     status: LooseStatus = "unknown"
     generated_at: float | None = None
     checks: Annotated[list[CheckDoc], Meta(max_length=MAX_CHECKS)]
@@ -159,14 +166,17 @@ class ResultsDocument(_Doc, kw_only=True, frozen=True):
                     force_setattr(sample, "value", None)
 
     @classmethod
-    def of(cls, node: str, results: Sequence[CheckResult], generated_at: float | None = None) -> ResultsDocument:
+    def of(
+        cls, node: str, results: Sequence[CheckResult], generated_at: float | None = None, group: str = DEFAULT_GROUP
+    ) -> ResultsDocument:
         return cls(
             node=node,
             schema=SCHEMA,
             agent_version=__version__,
+            group=group,
             status=overall_status(results).value,
             generated_at=None if generated_at is None else round(generated_at, 3),
-            checks=[CheckDoc.of(r) for r in results],
+            checks=[CheckDoc.of(r, group) for r in results],
             facts=merged_facts(results),
         )
 
@@ -174,6 +184,7 @@ class ResultsDocument(_Doc, kw_only=True, frozen=True):
         """The shape of ``dgxdoctor check --json``; ``role`` is the node's declared role (None: nothing required)."""
         return {
             "node": self.node,
+            "group": self.group_name,
             "role": role,
             "required": role is not None,
             "status": self.status,
@@ -191,10 +202,16 @@ class ResultsDocument(_Doc, kw_only=True, frozen=True):
             "node": self.node,
             "schema": self.schema,
             "agent_version": self.agent_version,
+            "group": self.group_name,
             "status": self.status,
             "checks": [c.dumped(COMPARED_CHECK_KEYS) for c in self.checks],
             "facts": dict(self.facts),
         }
+
+    @property
+    def group_name(self) -> str:
+        """The node's serving group; ``UNKNOWN_GROUP`` for a document of a release that sends none."""
+        return self.group or UNKNOWN_GROUP
 
     def newer_schema(self) -> str | None:
         """What to say of a document of a schema this release does not know (a newer agent's), or None."""

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from msgspec import Struct, field
 
+from dgxdoctor.result import DEFAULT_GROUP, Finding
 from dgxdoctor.sources.commands import (
     CommandRunner,
     HeadCommandRunner,
@@ -144,6 +145,10 @@ class Peers(Struct, frozen=True):
     urls: tuple[str, ...]
     token: str | None
     timeout_s: float
+    # ``[fleet] prometheus_url``: the Prometheus that is the cluster view; set, the agents fetch no peer's /state.
+    prometheus_url: str | None = None
+    # What discovering the peers found this round (``fleet.discovery``: a source kept stale, a node that left Ray).
+    findings: tuple[Finding, ...] = ()
 
 
 class Fleet(Struct, frozen=True):
@@ -168,6 +173,7 @@ class Environment(Struct, frozen=True):
     """Where the outside world is. Every path is a root so a test can lay out a copy of the real tree."""
 
     node: str = field(default_factory=socket.gethostname)
+    group: str = DEFAULT_GROUP  # ``[node] group``: the serving group (result.DEFAULT_GROUP when unset)
     role: Role | None = None
     executor: ExecutorKind | None = None
     # The uid of ``[node] serving_user``: its processes are believed beside root's and the agent's own

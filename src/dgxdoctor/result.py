@@ -8,6 +8,12 @@ from typing import Any, Literal
 
 from msgspec import Struct, field
 
+# The serving group of a node that names none (``[node] group`` unset): every such node is one group.
+DEFAULT_GROUP = "default"
+# The group of a document that names none: an agent of a release before serving groups (read, compared, never
+# refused: fleet.compare puts it with the one group there is, or on its own beside several).
+UNKNOWN_GROUP = "unknown"
+
 
 class Status(enum.Enum):
     """Check and finding status. ``code`` is the Nagios exit code and the exported gauge value."""

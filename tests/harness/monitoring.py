@@ -62,8 +62,8 @@ class Monitoring:
             for n in self.nodes
         ]  # fmt: skip
         # The docs' route; group_wait/interval short so a test sees the webhook within seconds.
-        am = {"route": {"receiver": "default", "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h",
-                        "routes": routes}, "receivers": receivers}  # fmt: skip
+        am = {"route": {"receiver": "default", "group_by": ["group"], "group_wait": "1s", "group_interval": "1s",
+                        "repeat_interval": "1h", "routes": routes}, "receivers": receivers}  # fmt: skip
         (root / "alertmanager.yml").write_text(json.dumps(am))
         rules = run_cli("rules")
         assert rules.returncode == 0, rules.stderr

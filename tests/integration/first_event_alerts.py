@@ -89,19 +89,27 @@ def kernel(code: str) -> Gauges:
     return finding("xid", code, "1m")
 
 
+# Each agent's serving group, from its start (exporters.collector.NODE_INFO): what the comparison rules join.
+GROUP_INFO = (
+    s("dgxdoctor_node_info", "1x80", node="dgx-a", group="glm-a"),
+    s("dgxdoctor_node_info", "1x80", node="dgx-b", group="glm-a"),
+)
+
+
 def asymmetric(metric: str, floor: float, bad: str, rail: bool = False) -> Gauges:
-    """Two nodes born at their first readings, dgx-b the odd one: 10x the floor against the floor. The deviation
-    from the median of two is then (1 - 5.5) / 5.5 or (10 - 5.5) / 5.5: 81.82%."""
+    """Two nodes of one serving group born at their first readings, dgx-b the odd one: 10x the floor against the
+    floor, 90% off the best node ((10 - 1) / 10 either way)."""
     where = {"device": "mlx5_0", "port": "1"} if rail else {}
     good, odd = (10 * floor, floor) if bad == "low" else (floor, 10 * floor)
     return Gauges(
         (
+            *GROUP_INFO,
             s(metric, f"{num(good)}x80", node="dgx-a", **where),
             s(metric, f"{num(odd)}x80", node="dgx-b", **where),
         ),
-        {"node": "dgx-b", **where},
+        {"node": "dgx-b", "group": "glm-a", **where},
         "12m",
-        "-81.82%" if bad == "low" else "81.82%",
+        "90%",
     )
 
 
@@ -239,4 +247,16 @@ FIRST_EVENT: dict[str, Gauges | Scenario] = {
         "dgxdoctor_nccl_rail_busbw_bytes_per_second", 1e9, "low", rail=True
     ),
     "DgxdoctorNodeAsymmetricVllmKvCacheUsage": asymmetric("dgxdoctor_vllm_kv_cache_usage_ratio", 0.1, "high"),
+    # Two serving groups of one node each: glm-b's GPUs at a tenth of glm-a's.
+    "DgxdoctorGroupAsymmetric": Gauges(
+        (
+            s("dgxdoctor_node_info", "1x80", node="dgx-a", group="glm-a"),
+            s("dgxdoctor_node_info", "1x80", node="dgx-c", group="glm-b"),
+            s("dgxdoctor_gpu_utilization_ratio", "0.9x80", node="dgx-a", gpu="0"),
+            s("dgxdoctor_gpu_utilization_ratio", "0.09x80", node="dgx-c", gpu="0"),
+        ),
+        {"group": "glm-b", "metric": "gpu_utilization"},
+        "12m",
+        "90%",
+    ),
 }

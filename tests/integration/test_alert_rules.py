@@ -166,19 +166,25 @@ def test_xid_alerts_hold_until_the_check_clears_them(tmp_path: Path, rules: Path
     run_tests(tmp_path, rules, inputs, cases)
 
 
-def test_asymmetric_node_through_the_median(tmp_path: Path, rules: Path) -> None:
-    """Two nodes: dgx-b's GPUs at 0.1 while dgx-a's are at 0.9 is an 80% deviation below the median; three nodes
-    with one odd one name that one alone."""
+def info(node: str, group: str) -> dict[str, str]:
+    return series("dgxdoctor_node_info", "1x60", node=node, group=group)
+
+
+def test_asymmetric_node_within_its_serving_group(tmp_path: Path, rules: Path) -> None:
+    """Two nodes: dgx-b's GPUs at 0.1 while dgx-a's are at 0.9 is 89% off the best node; three nodes with one odd
+    one name that one alone; a node idle in another group is compared with its own group only."""
     util = "dgxdoctor_gpu_utilization_ratio"
-    two = [series(util, "0.9x60", node="dgx-a", gpu="0"), series(util, "0.1x60", node="dgx-b", gpu="0")]
-    three = [series(util, f"{u}x60", node=n, gpu="0", cluster="c3") for n, u in (("n1", 0.8), ("n2", 0.8), ("n3", 0.2))]
+    two = [info("dgx-a", "g"), info("dgx-b", "g"),
+           series(util, "0.9x60", node="dgx-a", gpu="0"), series(util, "0.1x60", node="dgx-b", gpu="0")]  # fmt: skip
     name = "DgxdoctorNodeAsymmetricGpuUtilization"
     cases = [
         {"eval_time": "5m", "alertname": name, "exp_alerts": []},
-        {"eval_time": "12m", "alertname": name, "exp_alerts": [expect(name, "-80%", node="dgx-b")]},
+        {"eval_time": "12m", "alertname": name, "exp_alerts": [expect(name, "88.89%", node="dgx-b", group="g")]},
     ]
     run_tests(tmp_path, rules, two, cases)
-    cases = [{"eval_time": "12m", "alertname": name, "exp_alerts": [expect(name, "-75%", node="n3")]}]
+    three = [series(util, f"{u}x60", node=n, gpu="0") for n, u in (("n1", 0.8), ("n2", 0.8), ("n3", 0.2), ("m1", 0))]
+    three += [info("n1", "c3"), info("n2", "c3"), info("n3", "c3"), info("m1", "other")]
+    cases = [{"eval_time": "12m", "alertname": name, "exp_alerts": [expect(name, "75%", node="n3", group="c3")]}]
     run_tests(tmp_path, rules, three, cases)
 
 
@@ -258,20 +264,24 @@ def test_a_gpu_spinning_without_memory_traffic_is_waiting_on_a_peer(tmp_path: Pa
     run_tests(tmp_path, rules, inputs, cases)
 
 
-def test_version_drift_compares_the_nodes_of_one_cluster(tmp_path: Path, rules: Path) -> None:
+def test_version_drift_compares_the_nodes_of_one_serving_group(tmp_path: Path, rules: Path) -> None:
     """Two separate two-node deployments on different vLLM versions are no drift; within one, a difference is."""
     fact = "dgxdoctor_node_fact_info"
     inputs = [
-        series(fact, "1x40", cluster="chat", node="dgx-a", key="vllm_version", value="0.32.0"),
-        series(fact, "1x40", cluster="chat", node="dgx-b", key="vllm_version", value="0.32.0"),
-        series(fact, "1x40", cluster="code", node="dgx-c", key="vllm_version", value="0.30.1"),
-        series(fact, "1x40", cluster="code", node="dgx-d", key="vllm_version", value="0.30.1"),
-        series(fact, "1x40", cluster="code", node="dgx-c", key="driver_version", value="580.159.04"),
-        series(fact, "1x40", cluster="code", node="dgx-d", key="driver_version", value="570.86.15"),
+        series(fact, "1x40", node="dgx-a", key="vllm_version", value="0.32.0"),
+        series(fact, "1x40", node="dgx-b", key="vllm_version", value="0.32.0"),
+        series(fact, "1x40", node="dgx-c", key="vllm_version", value="0.30.1"),
+        series(fact, "1x40", node="dgx-d", key="vllm_version", value="0.30.1"),
+        series(fact, "1x40", node="dgx-c", key="driver_version", value="580.159.04"),
+        series(fact, "1x40", node="dgx-d", key="driver_version", value="570.86.15"),
+        info("dgx-a", "chat"),
+        info("dgx-b", "chat"),
+        info("dgx-c", "code"),
+        info("dgx-d", "code"),
     ]
     cases = [
         {"eval_time": "6m", "alertname": "DgxdoctorVersionDrift",
-         "exp_alerts": [expect("DgxdoctorVersionDrift", cluster="code", key="driver_version")]},
+         "exp_alerts": [expect("DgxdoctorVersionDrift", group="code", key="driver_version")]},
     ]  # fmt: skip
     run_tests(tmp_path, rules, inputs, cases)
 
@@ -329,5 +339,24 @@ def test_critical_kernel_faults_and_the_fabric_manager(tmp_path: Path, rules: Pa
         {"eval_time": "30s", "alertname": "DgxdoctorFabricManagerDown", "exp_alerts": []},
         {"eval_time": "2m", "alertname": "DgxdoctorFabricManagerDown",
          "exp_alerts": [expect("DgxdoctorFabricManagerDown", **fm)]},
+    ]  # fmt: skip
+    run_tests(tmp_path, rules, inputs, cases)
+
+
+def test_a_down_agent_is_paged_with_its_node_and_group(tmp_path: Path, rules: Path) -> None:
+    """The agent stops answering: its series vanish, but the node and group it last exported on that instance name
+    the page (and group it at Alertmanager); an instance that never exported them still pages, by instance."""
+    inputs = [
+        series("up", "1 1 0x20", job="dgxdoctor", instance="10.0.0.2:9835"),
+        series(
+            "dgxdoctor_node_info", "1 1 _x20", job="dgxdoctor", instance="10.0.0.2:9835", node="dgx-b", group="glm-a"
+        ),
+        series("up", "0x22", job="dgxdoctor", instance="10.0.0.9:9835"),
+    ]
+    cases = [
+        {"eval_time": "4m", "alertname": "DgxdoctorAgentDown", "exp_alerts": [
+            expect("DgxdoctorAgentDown", job="dgxdoctor", instance="10.0.0.2:9835", node="dgx-b", group="glm-a"),
+            expect("DgxdoctorAgentDown", job="dgxdoctor", instance="10.0.0.9:9835"),
+        ]},
     ]  # fmt: skip
     run_tests(tmp_path, rules, inputs, cases)

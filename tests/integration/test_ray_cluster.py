@@ -36,6 +36,10 @@ import httpx
 import pytest
 
 from conftest import REPO, run_cli
+from dgxdoctor.checks.peer_compare import discovery_findings
+from dgxdoctor.config import parse_config
+from dgxdoctor.fleet.discovery import Membership, discover
+from dgxdoctor.result import Finding
 
 pytestmark = pytest.mark.integration
 
@@ -260,6 +264,23 @@ def _ray_check(report: dict[str, Any]) -> dict[str, Any]:
     return check
 
 
+# The peers discovered from Ray's node table, remembered across this module's tests as the daemon remembers them.
+MEMBERS = Membership()
+
+
+def discovered(cluster: Cluster) -> tuple[tuple[str, ...], tuple[Finding, ...]]:
+    """One round of discovery as a node's daemon runs it, with [fleet] peer_sources = ["ray"] and the cluster's
+    token; this host's agent left out."""
+    config = parse_config({"checks": {"ray": {"dashboard_url": DASHBOARD, "auth_token_file": str(cluster.token_file)}},
+                           "fleet": {"peer_sources": ["ray"]}, "daemon": {"listen": f"{HOST_IP}:9835"}})  # fmt: skip
+    peers, seen = discover(MEMBERS, config.peer_sources(), config.own_agent(), config.environment().http_client)
+    return peers, discovery_findings(seen)
+
+
+def test_the_peers_from_rays_node_table(cluster: Cluster) -> None:
+    assert discovered(cluster) == ((f"http://{HEAD_IP}:9835", f"http://{WORKER_IP}:9835"), ())
+
+
 def test_healthy_cluster_is_ok(cluster: Cluster) -> None:
     run = run_cli("check", "--only", "ray", "--json", "--config", str(cluster.config()))
     assert run.returncode == 0, run.stdout + run.stderr
@@ -332,6 +353,12 @@ def test_killed_worker_is_critical(cluster: Cluster) -> None:
     assert "8 of 16 GPUs" in by_code["RAY_GPUS_MISSING"]["message"]
     assert check["action"] and "ray start --address=" in check["action"]["remedy"]
 
+    # Discovery keeps the worker as a peer and says it left Ray: not a silently shorter list.
+    peers, found = discovered(cluster)
+    assert f"http://{WORKER_IP}:9835" in peers
+    assert [(f.code, f.subject) for f in found] == [("PEER_LEFT_RAY", WORKER_IP)]
+    assert "DEAD" in found[0].message
+
     # The worker machine itself: no dashboard, no raylet left -> Ray is not here.
     done = _cli_in_ns(WORKER_NS, "check", "--only", "ray", "--json")
     assert _ray_check(json.loads(done.stdout))["status"] == "skipped", done.stdout
@@ -360,6 +387,7 @@ def test_rejoined_worker_is_ok_again(cluster: Cluster) -> None:
     assert "16/16 GPUs" in check["summary"]
     (old,) = [f for f in check["findings"] if f["code"] == "RAY_NODE_REJOINED"]
     assert old["subject"] == cluster.worker_node_id
+    assert discovered(cluster) == ((f"http://{HEAD_IP}:9835", f"http://{WORKER_IP}:9835"), ())
 
 
 def test_dashboard_down_on_the_head_falls_back_to_ray_status(cluster: Cluster) -> None:

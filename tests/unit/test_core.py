@@ -175,7 +175,7 @@ def test_report_shape_and_table() -> None:
     b.add(Finding("X", Status.CRITICAL, "broken", "gpu0", remedy="reset it"))
     results.append(b.build("one fault"))
     doc = report_dict("n1", results)
-    assert doc["node"] == "n1" and doc["status"] == "critical"
+    assert doc["node"] == "n1" and doc["status"] == "critical" and doc["group"] == "default"
     assert set(doc["checks"][3]) == {"name", "status", "summary", "findings", "action", "duration_s", "error"}
     assert doc["checks"][3]["findings"][0] == {
         "code": "X",
@@ -186,6 +186,7 @@ def test_report_shape_and_table() -> None:
         "remedy": "reset it",
         "action": "none",  # what follows from it: judge/ decides (judge.consequence); an unknown code asks nothing
         "cure": "n/a",
+        "group": "default",  # the node's serving group ([node] group unset)
     }
     assert overall_status(results[:3]) is Status.OK
     table = report_table("n1", results)

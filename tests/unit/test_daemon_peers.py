@@ -69,7 +69,8 @@ def test_valid_state_keeps_only_what_is_compared() -> None:
         "remedy": None,
         "action": None,
         "cure": None,
-    }  # fmt: skip  (an older peer's: what follows, not sent: unknown, never "none")
+        "group": None,
+    }  # fmt: skip  (an older peer's: what follows and its group, not sent: unknown, never "none")
     assert clean["checks"][0] == {"name": "gpu", "status": "ok", "findings": [finding],
                                   "samples": doc["checks"][0]["samples"]}  # fmt: skip
 

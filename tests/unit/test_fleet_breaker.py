@@ -63,8 +63,8 @@ def test_groups_trip_it_below_the_node_count() -> None:
 
 def _doc(node: str, status: Status, group: str) -> ResultsDocument:
     finding = (Finding("IB_PORT_DOWN", Status.CRITICAL, "Down", "mlx5_0/1"),) if status is Status.CRITICAL else ()
-    result = CheckResult("infiniband", status, "x", finding, facts={"group": group})
-    return ResultsDocument.of(node, [result], 0.0)
+    result = CheckResult("infiniband", status, "x", finding)
+    return ResultsDocument.of(node, [result], 0.0, group=group)
 
 
 def test_members_from_the_peers_last_state() -> None:
@@ -73,7 +73,7 @@ def test_members_from_the_peers_last_state() -> None:
         PeerState("http://c:9835", "c:9835", _doc("dgx-c", Status.WARNING, "g1"), None, 0.0),
         PeerState("http://d:9835", "d:9835", None, "ConnectError: refused", 0.0),  # no answer: not healthy
     ]
-    members = members_from_states("dgx-a", "unknown", {"group": "g0"}, peers)
+    members = members_from_states("dgx-a", "g0", "unknown", peers)
     assert members == [
         Member("dgx-a", "g0", True),  # unknown is no fault
         Member("dgx-b", "g1", False),
@@ -84,9 +84,9 @@ def test_members_from_the_peers_last_state() -> None:
 
 def test_the_daemon_feeds_remediation_its_peers(tmp_path: Path) -> None:
     path = tmp_path / "config.toml"
-    path.write_text(f'node = "dgx-a"\n[paths]\nstate_dir = "{tmp_path / "state"}"\n')
+    path.write_text(f'[node]\nname = "dgx-a"\ngroup = "g0"\n[paths]\nstate_dir = "{tmp_path / "state"}"\n')
     daemon = Daemon(load_config(path), path, notifier=Notifier({}))
-    daemon.store.put(CheckResult("infiniband", Status.OK, "8 rails", facts={"group": "g0"}))
+    daemon.store.put(CheckResult("infiniband", Status.OK, "8 rails"))
     assert daemon.remediator.fleet is not None and daemon.remediator.fleet() == [Member("dgx-a", "g0", True)]
     doc = _doc("dgx-b", Status.CRITICAL, "g1")
     fetched = PeerFetch("http://b:9835", "b:9835", doc.compared(), None, 0.1, document=doc, fetched_at=1.0)

@@ -17,10 +17,11 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 
 from msgspec import Struct, field
+from msgspec.structs import replace
 
-from dgxdoctor.alerts.peer_rules import rule_names
+from dgxdoctor.alerts.peer_rules import GROUP_INFO, NODE_INFO, odd_member_expr
 from dgxdoctor.checks import xid as checks_xid
-from dgxdoctor.fleet.compare import RULES
+from dgxdoctor.fleet.compare import GROUP_CAUSE, GROUP_IMBALANCE_CODE, RULES
 from dgxdoctor.judge.consequence import TABLE as CONSEQUENCES
 from dgxdoctor.judge.infiniband import DEFAULT_THRESHOLDS
 from dgxdoctor.judge.kernel import RULES as KERNEL_RULES
@@ -235,26 +236,37 @@ def vllm_alerts() -> list[Alert]:
 
 
 def asymmetry_alerts() -> list[Alert]:
+    """Per compared metric, the node its serving group's comparison names (the mesh's verdict, ``peer_rules``), and
+    one alert for a serving group the comparison between the groups names."""
     alerts = []
     for rule in RULES:
-        per_node, _, deviation = rule_names(rule)
-        # For two nodes the deviation from the median is (x - y) / (x + y); the check's imbalance tolerance t,
-        # (max - min) / max, is the deviation t / (2 - t). More nodes: the same limit from the median.
-        limit = rule.tolerance / (2 - rule.tolerance)
-        test = f"{deviation} < -{limit:.4g}" if rule.bad == "low" else f"{deviation} > {limit:.4g}"
-        by = "device, port" if rule.per_rail else ""
-        floor = f"max by ({by}) ({per_node}) >= {rule.floor:g}"
-        expr = f"{test} and on({by}) ({floor})"
         alerts.append(
-            Alert(f"DgxdoctorNodeAsymmetric{camel(rule.key)}", expr, "10m", "warning",
-                  f"{{{{ $labels.node }}}} is the odd node on {rule.what}",
-                  f"{rule.code}: {{{{ $labels.node }}}} deviates {{{{ $value | humanizePercentage }}}} from the "
-                  f"cluster median. Likely cause: {rule.cause}")
+            Alert(f"DgxdoctorNodeAsymmetric{camel(rule.key)}", odd_member_expr(rule, rule.tolerance, False), "10m",
+                  "warning", f"{{{{ $labels.node }}}} is the odd node of serving group {{{{ $labels.group }}}} on "
+                  f"{rule.what}",
+                  f"{rule.code}: {{{{ $labels.node }}}} is {{{{ $value | humanizePercentage }}}} off the best node of "
+                  f"its group (tolerance {rule.tolerance:.0%}). Likely cause: {rule.cause}")
         )  # fmt: skip
+    across = " or ".join(
+        f'label_replace({odd_member_expr(rule, rule.tolerance, True)}, "metric", "{rule.key}", "", "")'
+        for rule in RULES
+    )
+    alerts.append(
+        Alert("DgxdoctorGroupAsymmetric", across, "10m", "warning",
+              "serving group {{ $labels.group }} is the odd group on {{ $labels.metric }}",
+              f"{GROUP_IMBALANCE_CODE}: the mean of {{{{ $labels.metric }}}} over the group's nodes is "
+              f"{{{{ $value | humanizePercentage }}}} off the best group's (the peer comparison's tolerance for that "
+              f"metric). Likely cause: {GROUP_CAUSE}")
+    )  # fmt: skip
     return alerts
 
 
 def fleet_alerts() -> list[Alert]:
+    # A down agent exports nothing: its node and serving group come from what it last exported on that instance, so
+    # the page names them and Alertmanager groups it with its group.
+    down = 'up{job="dgxdoctor"} == 0'
+    last_info = f"topk by (instance) (1, last_over_time({NODE_INFO}[1d]))"
+    agent_down = f"({down}) * on(instance) group_left(node, group) {last_info} or on(instance) ({down})"
     versions = 'dgxdoctor_node_fact_info{key=~".*_version|kernel_release|model_fingerprint"}'
     return [
         Alert("DgxdoctorCheckCritical", "dgxdoctor_check_status == 2", "10m", "critical",
@@ -264,12 +276,14 @@ def fleet_alerts() -> list[Alert]:
               "{{ $labels.node }} cannot reach its peer {{ $labels.peer }}",
               "the peer's dgxdoctor does not answer /state: the node is down, dgxdoctor stopped, or the network "
               "or the token between them is wrong."),
-        Alert("DgxdoctorAgentDown", 'up{job="dgxdoctor"} == 0', "2m", "critical",
+        Alert("DgxdoctorAgentDown", agent_down, "2m", "critical",
               "dgxdoctor on {{ $labels.instance }} is not scraped",
-              "the node or its agent is down (this rule assumes the scrape job is named \"dgxdoctor\")."),
-        # `cluster`: the target label the scrape config gives each serving group (docs/dashboards.md); nodes
-        # without one are one group. Two separate deployments on different versions are no drift.
-        Alert("DgxdoctorVersionDrift", f"count by (cluster, key) (count by (cluster, key, value) ({versions})) > 1",
+              "the node or its agent is down (this rule assumes the scrape job is named \"dgxdoctor\"); node and "
+              "group are those the agent last exported on that instance, within a day."),
+        # By serving group ([node] group, dgxdoctor_node_info): two groups on different versions are no drift; nodes
+        # whose agent exports no group (an older release) are one group.
+        Alert("DgxdoctorVersionDrift",
+              f"count by (group, key) (count by (group, key, value) ({with_group(versions)})) > 1",
               "5m", "critical", "nodes disagree on {{ $labels.key }}",
               "the runbook: both machines must run the same driver, CUDA, vLLM, Ray and model files; see "
               "dgxdoctor_node_fact_info{key=\"{{ $labels.key }}\"} for which node differs."),
@@ -286,7 +300,19 @@ def camel(key: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in key.split("_"))
 
 
+def with_group(expr: str) -> str:
+    """``expr`` with each series' serving group (``group``, from ``dgxdoctor_node_info`` joined on ``node``), so that
+    Alertmanager groups by it: one stuck group, one page. Series of a node that exports no group (an agent of a
+    release before groups) and series with no ``node`` pass unchanged: a missing label never hides an alert."""
+    return f"({expr}) * on(node) group_left(group) {GROUP_INFO} or on(node) ({expr})"
+
+
 def all_alerts() -> list[tuple[str, list[Alert]]]:
+    """Every alert, its expression carrying the node's serving group (``with_group``)."""
+    return [(name, [replace(a, expr=with_group(a.expr)) for a in alerts]) for name, alerts in _alerts()]
+
+
+def _alerts() -> list[tuple[str, list[Alert]]]:
     return [
         ("dgxdoctor-remediation", remediation_alerts()),
         ("dgxdoctor-gpu", xid_alerts()),

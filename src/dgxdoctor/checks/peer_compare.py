@@ -16,14 +16,16 @@ schema is said in this check's fact ``peer_schema.<peer>``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, ClassVar
 
 from msgspec import Meta, field
 from msgspec.structs import replace
 
 from dgxdoctor.checks.base import Check, CheckSettings
-from dgxdoctor.environment import Environment
-from dgxdoctor.fleet.compare import PEER_VIEW_FACT, RULE_KEYS, compare
+from dgxdoctor.environment import Environment, Peers
+from dgxdoctor.fleet.compare import PEER_VIEW_FACT, RULE_KEYS, Imbalance, compare, group_of
+from dgxdoctor.fleet.discovery import Round
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample
 from dgxdoctor.settings.bounds import DAY_S
 from dgxdoctor.validation import field_rule
@@ -82,6 +84,17 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
         # node's remediation does not restart the group under a GPU that is still off the bus.
         self._causes: dict[str, tuple[Finding, ...]] = {}
 
+    def _not_here(self, peers: Peers) -> CheckResult | None:
+        if peers.prometheus_url is not None:
+            return CheckResult.skipped(
+                self.name,
+                f"the comparison runs in Prometheus ([fleet] prometheus_url = {peers.prometheus_url}): "
+                "the shipped rules compare the nodes of each serving group, no peer's /state is fetched",
+            )
+        if not peers.urls:
+            return CheckResult.skipped(self.name, "no peers configured ([daemon] peers)")
+        return None
+
     def run(self) -> CheckResult:
         fleet = self.env.fleet
         if fleet is None:
@@ -92,9 +105,16 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
         from dgxdoctor.judge.peers import peer_name_clash, peer_unreachable
 
         peers = fleet.peers()
+        if peers.prometheus_url is not None:
+            return CheckResult.skipped(
+                self.name,
+                f"the comparison runs in Prometheus ([fleet] prometheus_url = {peers.prometheus_url}): "
+                "the shipped rules compare the nodes of each serving group, no peer's /state is fetched",
+            )
         if not peers.urls:
             return CheckResult.skipped(self.name, "no peers configured ([daemon] peers)")
         builder = ResultBuilder(self.name)
+        builder.add(*peers.findings)  # what discovering them found: a source kept stale, a node that left Ray
         local = fleet.local_state(self.name)
         snapshots = [local]
         down = 0
@@ -126,10 +146,7 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
             self._causes[url] = relayed
             builder.add(*relayed)
         outcome = compare(snapshots, self.tolerances)
-        for imbalance in outcome.imbalances:
-            # Not builder.sample(): its first parameter is called ``metric`` too.
-            labels = {"metric": imbalance.key, "rail": imbalance.rail}
-            builder.samples.append(Sample(PEER_IMBALANCE, imbalance.ratio, labels))
+        builder.samples.extend(imbalance_samples(outcome.imbalances, group_of(local)))
         builder.add(*outcome.findings)
         up = len(peers.urls) - down
         summary = (
@@ -137,3 +154,23 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
             f"{outcome.compared_facts} fact(s) compared, {len(outcome.findings)} difference(s)"
         )
         return builder.build(summary)
+
+
+def imbalance_samples(imbalances: Iterable[Imbalance], group: str) -> list[Sample]:
+    """``dgxdoctor_peer_imbalance_ratio`` of this node's own serving group (another group's, and the one between the
+    groups, are for their own nodes and the rules)."""
+    return [
+        Sample(PEER_IMBALANCE, i.ratio, {"metric": i.key, "rail": i.rail}) for i in imbalances if i.group in ("", group)
+    ]
+
+
+def discovery_findings(seen: Round) -> tuple[Finding, ...]:
+    """What discovering the peers saw (``fleet.discovery.Round``), judged: a source kept stale, a node that left
+    Ray, more peers than are compared."""
+    from dgxdoctor.judge.peers import discovery_source_failed, peer_left_ray, peers_capped
+
+    found = [discovery_source_failed(source, error, kept) for source, error, kept in seen.stale]
+    found += [peer_left_ray(ip, state, message) for ip, state, message in seen.left_ray]
+    if seen.capped is not None:
+        found.append(peers_capped(*seen.capped))
+    return tuple(found)

@@ -59,7 +59,7 @@ def cli_sources(config: Config, since_s: float, deadline_s: float) -> Sources:
             if config.check_settings(f.name).enabled and f.name != "peer_compare"
         ]
         done = CheckRunner(env).run_once_blocking(checks)
-        return ResultsDocument.of(env.node, done, time.time()).report(role)
+        return ResultsDocument.of(env.node, done, time.time(), env.group).report(role)
 
     def state() -> dict[str, Any]:
         """The daemon's /state as it holds it (a bug report keeps every field), from where ``local_daemon`` says."""

@@ -7,7 +7,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from dgxdoctor.result import CheckResult, Status, exit_code, overall_status
+from dgxdoctor.result import DEFAULT_GROUP, CheckResult, Status, exit_code, overall_status
 
 
 def role_note(role: str | None, results: Sequence[CheckResult]) -> str:
@@ -18,11 +18,13 @@ def role_note(role: str | None, results: Sequence[CheckResult]) -> str:
     return f"no [node] role declared: nothing was required, {skipped} of {len(results)} checks skipped"
 
 
-def report_dict(node: str, results: Sequence[CheckResult], role: str | None = None) -> dict[str, Any]:
+def report_dict(
+    node: str, results: Sequence[CheckResult], role: str | None = None, group: str = DEFAULT_GROUP
+) -> dict[str, Any]:
     """``dgxdoctor check --json`` (documents.ResultsDocument: its models are built only for a JSON report)."""
     from dgxdoctor.documents import ResultsDocument
 
-    return ResultsDocument.of(node, results).report(role)
+    return ResultsDocument.of(node, results, group=group).report(role)
 
 
 _MARK = {

@@ -80,7 +80,7 @@ class CheckNow:
         t0 = self.monotonic()
         results = await self.runner.run_once(checks)
         log.info("check_run_for_peer", checks=len(results), seconds=round(self.monotonic() - t0, 3))
-        return ResultsDocument.of(env.node, results, self.clock()).state()
+        return ResultsDocument.of(env.node, results, self.clock(), env.group).state()
 
 
 def add_routes(app: web.Application, service: CheckNow) -> None:

@@ -23,6 +23,7 @@ from msgspec.structs import replace
 
 from dgxdoctor import __version__, eventlog
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner
+from dgxdoctor.checks.peer_compare import discovery_findings
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.config import Config, ConfigError, load_config, parse_listen
 from dgxdoctor.daemon import bundle_part, checknow, connections, memory
@@ -41,12 +42,13 @@ from dgxdoctor.exporters.incidents import IncidentCollector
 from dgxdoctor.exporters.remediation import RemediationCollector
 from dgxdoctor.exporters.textfile import write_textfile
 from dgxdoctor.fleet.breaker import Member, members_from_states
+from dgxdoctor.fleet.discovery import Membership, discover
 from dgxdoctor.fleet.incidents import IncidentTracker
 from dgxdoctor.fleet.peer_states import PeerStates
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.remediation.audit import AuditLog
 from dgxdoctor.remediation.engine import Remediator
-from dgxdoctor.result import Sample, merged_facts, overall_status
+from dgxdoctor.result import Sample, overall_status
 from dgxdoctor.sources.statefile import WRITE_ERRORS, note_file, write_failed
 
 log = eventlog.get_logger(__name__)
@@ -69,7 +71,7 @@ FIRST_RUN_SPREAD_S = 2.0
 def config_changes(old: Config, new: Config, token_changed: bool) -> list[str]:
     """What a reload changed outside the checks, as dotted keys (``daemon.peers``; a token only by name)."""
     changed = ["daemon.token"] if token_changed else []
-    for section in ("node", "paths", "daemon", "remediation", "alerts"):
+    for section in ("node", "paths", "daemon", "remediation", "alerts", "fleet"):
         before, after = getattr(old.model, section, None), getattr(new.model, section, None)
         if before == after:
             continue
@@ -101,6 +103,7 @@ class Daemon:
         # Checks reach the store and the peers through this seam; it reads self.config at each call, so a reload's
         # peers and token apply without rebuilding a check.
         self.peer_states = PeerStates()  # the peer comparison's last fetch of every peer: the status page's peers
+        self.membership = Membership()  # the peers discovered, each source's last answer kept (fleet.discovery)
         self.fleet = Fleet(
             local_state=self._local_state,
             peers=self._peers,
@@ -108,7 +111,7 @@ class Daemon:
             record_peers=self.peer_states.record,
         )
         self.env: Environment = replace(config.environment(one_shot=False), fleet=self.fleet, token=self._token)
-        self.store = ResultStore(self.env.node)
+        self.store = ResultStore(self.env.node, group=self.env.group)
         self.runner = CheckRunner(self.env)
         self.scheduler = CheckScheduler(self.runner, self.store)
         self.registry = make_registry(self.store, lambda: self.runner.timeouts_total, self.own_samples)
@@ -183,12 +186,18 @@ class Daemon:
         """This node's latest results and every peer's last /state (fleet.breaker), for the fleet breaker."""
         latest = list(self.store.latest().values())
         return members_from_states(
-            self.store.node, overall_status(latest).value, merged_facts(latest), self.peer_states.all()
+            self.store.node, self.config.group, overall_status(latest).value, self.peer_states.all()
         )
 
     def _peers(self) -> Peers:
-        d = self.config.daemon
-        return Peers(d.peers, self.token, d.peer_timeout_s)
+        """The peers now (called from the peer comparison's thread): discovered (``fleet.discovery``), unless
+        Prometheus is the cluster view and no peer's /state is fetched."""
+        config = self.config
+        d, prometheus = config.daemon, config.fleet.prometheus_url
+        if prometheus is not None:
+            return Peers(d.peers, self.token, d.peer_timeout_s, prometheus)
+        urls, seen = discover(self.membership, config.peer_sources(), config.own_agent(), self.env.http_client)
+        return Peers(urls, self.token, d.peer_timeout_s, None, discovery_findings(seen))
 
     def _build(self, factory: CheckFactory) -> Check:
         return factory(self.config.check_settings(factory.name), self.env)

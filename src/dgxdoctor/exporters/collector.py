@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 
 from dgxdoctor import __version__, eventlog
 from dgxdoctor.fleet.store import ResultStore
-from dgxdoctor.result import MetricSpec, Sample, Status
+from dgxdoctor.result import CheckResult, MetricSpec, Sample, Status
 
 log = eventlog.get_logger(__name__)
 
@@ -74,6 +74,25 @@ NODE_FACT = MetricSpec(
     "info",
     ("key", "value"),
 )
+NODE_INFO = MetricSpec(
+    "dgxdoctor_node_info",
+    'this node\'s serving group ([node] group; "default" when unset); value always 1. The one series that carries '
+    "the group: the shipped rules join it on node (docs/fleet.md)",
+    "info",
+    ("group",),
+)
+FINDING_INFO = MetricSpec(
+    "dgxdoctor_finding_info",
+    "a warning, critical or unknown finding of the check's latest result, by code and subject (what it is about: a "
+    "GPU, a port, a node; empty when none), value always 1: Prometheus as the cluster view reads these (the message "
+    "is never a label: it is read from the node's /state). At most 64 series per node, the worst first",
+    "info",
+    ("check", "code", "subject", "status"),
+)
+# The finding series are bounded: a node with many findings (a flood of XIDs on 8 GPUs) exports its worst 64, and a
+# subject is cut to a label's worth; the rest is in /state.
+MAX_FINDING_SERIES = 64
+MAX_SUBJECT_CHARS = 128
 BUILD_INFO = MetricSpec("dgxdoctor_build_info", "the running dgxdoctor version; value always 1", "info", ("version",))
 
 # The daemon's own health: its HTTP port, the files it writes.
@@ -137,6 +156,8 @@ DAEMON_METRICS: tuple[MetricSpec, ...] = (
 
 OWN_METRICS: tuple[MetricSpec, ...] = (
     BUILD_INFO,
+    NODE_INFO,
+    FINDING_INFO,
     CHECK_STATUS,
     CHECK_SUCCESS,
     CHECK_DURATION,
@@ -188,6 +209,10 @@ class StoreCollector(Collector):
         build = _family(BUILD_INFO)
         build.add_metric([node, __version__], 1.0)
         yield build
+        info = _family(NODE_INFO)
+        info.add_metric([node, self.store.group], 1.0)
+        yield info
+        yield _finding_family(node, latest)
         status = _family(CHECK_STATUS)
         success = _family(CHECK_SUCCESS)
         duration = _family(CHECK_DURATION)
@@ -262,6 +287,22 @@ class StoreCollector(Collector):
 
 
 _OWN_NAMES = frozenset(spec.name for spec in OWN_METRICS)
+
+
+def _finding_family(node: str, latest: Mapping[str, CheckResult]) -> Metric:
+    """``dgxdoctor_finding_info``: one series per (check, code, subject, status) of the latest results' findings
+    that are not ok, the worst ``MAX_FINDING_SERIES`` of them."""
+    family = _family(FINDING_INFO)
+    rows = {
+        (name, f.code, (f.subject or "")[:MAX_SUBJECT_CHARS], f.status)
+        for name, r in latest.items()
+        for f in r.findings
+        if f.status in _FINDING_LEVELS
+    }
+    worst = sorted(rows, key=lambda row: (-row[3].rank, row[0], row[1], row[2]))[:MAX_FINDING_SERIES]
+    for check, code, subject, status in sorted(worst, key=lambda row: row[:3]):
+        family.add_metric([node, check, code, subject, status.value], 1.0)
+    return family
 
 
 def _own_families(node: str, samples: Iterable[Sample]) -> Iterator[Metric]:

@@ -13,7 +13,7 @@ the same list (``FleetView``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from msgspec import Struct
@@ -24,10 +24,9 @@ if TYPE_CHECKING:
 # One unhealthy node or group is that node's or group's fault, never the fleet's: the breaker needs at least this
 # many at once (so on three groups one stuck group is restarted, two trip it: 67 % > 20 %).
 MIN_UNHEALTHY = 2
+
+
 # The fact that names a node's serving group in its results document (``[node] group`` once the node declares it).
-GROUP_FACT = "group"
-
-
 class Member(Struct, frozen=True):
     """One node of the fleet as the cluster view sees it. ``group``: its serving group; None: none declared."""
 
@@ -79,15 +78,16 @@ def fleet_health(members: Iterable[Member], max_fraction: float, min_nodes: int,
     return FleetHealth(len(healthy), bad_nodes, len(groups), bad_groups, bool(why), reason)
 
 
-def members_from_states(node: str, status: str, facts: Mapping[str, str], peers: Iterable[PeerState]) -> list[Member]:
-    """This node (its overall ``status`` and ``facts``) and every peer as last fetched: a peer is unhealthy when its
+def members_from_states(node: str, group: str, status: str, peers: Iterable[PeerState]) -> list[Member]:
+    """This node (its ``[node] group`` and overall ``status``) and every peer as last fetched (a peer's document of a
+    release before groups names none: None): a peer is unhealthy when its
     results are CRITICAL or when it gave none (unreachable, refused, invalid: a node that cannot answer is no
     healthy node). UNKNOWN or WARNING results are not counted as unhealthy: the breaker counts faults."""
-    out = [Member(node, facts.get(GROUP_FACT) or None, status != "critical")]
+    out = [Member(node, group, status != "critical")]
     for peer in peers:
         doc = peer.document
         if doc is None:
             out.append(Member(peer.label, None, False))
         else:
-            out.append(Member(doc.node, doc.facts.get(GROUP_FACT) or None, doc.status != "critical"))
+            out.append(Member(doc.node, doc.group, doc.status != "critical"))
     return out

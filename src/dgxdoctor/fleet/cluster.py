@@ -54,6 +54,9 @@ class NodeRun(Struct, frozen=True):
     rtt_s: float | None = None  # the exchange's round trip, the offset's uncertainty is half of it
     cached: bool = False
     fetched_at: float | None = None  # wall clock of results fetched earlier (the status page's peers)
+    # Where the document came from: "agent" (the node's own API) or "prometheus" (fleet.prom_view: statuses, codes
+    # and subjects, no messages).
+    source: str = "agent"
 
     @property
     def status(self) -> Status:
@@ -208,6 +211,7 @@ def cluster_document(view: ClusterView) -> dict[str, Any]:
                 "error": n.error,
                 "seconds": n.seconds,
                 "cached": n.cached,
+                "source": n.source,
                 "clock_offset_s": n.clock_offset_s,
                 "rtt_s": n.rtt_s,
                 "results": n.doc,
@@ -219,7 +223,13 @@ def cluster_document(view: ClusterView) -> dict[str, Any]:
             "compared_facts": view.comparison.compared_facts,
             "findings": [FindingDoc.of(f).dumped() for f in view.comparison.findings],
             "imbalances": [
-                {"metric": i.key, "rail": i.rail, "ratio": round(i.ratio, 6), "values": dict(i.values)}
+                {
+                    "metric": i.key,
+                    "rail": i.rail,
+                    "group": i.group,
+                    "ratio": round(i.ratio, 6),
+                    "values": dict(i.values),
+                }
                 for i in view.comparison.imbalances
             ],
             # A fact the nodes disagree on: every node's value; "odd" only where a majority of 3+ nodes agree.

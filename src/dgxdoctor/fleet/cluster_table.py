@@ -29,13 +29,17 @@ def _checks(nodes: tuple[NodeRun, ...]) -> list[str]:
 
 
 def _node_line(n: NodeRun, width: int) -> str:
+    group = (n.doc or {}).get("group")
+    grouped = f"group {group}: " if group else ""
     if n.url is None:
-        where = "this node"
+        where = f"{grouped}this node"
+    elif n.source == "prometheus":
+        where = f"{grouped}{n.url} (Prometheus: codes and subjects{'; ' + str(n.error) if n.error else ''})"
     elif n.doc is None:
         where = f"{n.url}: UNREACHABLE: {n.error}"
     else:
         offset = "" if n.clock_offset_s is None else f", clock {n.clock_offset_s:+.3f} s (rtt {n.rtt_s or 0:.3f} s)"
-        where = f"{n.url}{' (cached results)' if n.cached else ''}{offset}"
+        where = f"{grouped}{n.url}{' (cached results)' if n.cached else ''}{offset}"
     return f"{n.node:<{width}}  {_mark(n.status.value):<4}  {n.seconds:>6.2f}s  {where}"
 
 

@@ -21,11 +21,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from msgspec import Struct, field
+from msgspec.structs import replace
 
 from dgxdoctor import codes
 from dgxdoctor.fleet.store import NODE_LOCAL_FACTS
 from dgxdoctor.fleet.stuck_rank import STUCK_CODE, stuck_rank_findings
-from dgxdoctor.result import Finding, Status
+from dgxdoctor.result import UNKNOWN_GROUP, Finding, Status
 
 Aggregate = Literal["sum", "mean", "max"]
 
@@ -269,12 +270,19 @@ UNSET = "(unset)"
 
 
 class Imbalance(Struct, frozen=True):
-    """The imbalance of one compared metric (``rail`` empty for node-wide metrics)."""
+    """The imbalance of one compared metric (``rail`` empty for node-wide metrics) over the nodes of ``group``, or
+    over the groups (``values`` by group) when ``group`` is ``ACROSS_GROUPS``."""
 
     key: str
     rail: str
     ratio: float
     values: Mapping[str, float]
+    group: str = ""
+
+
+# The ``group`` of an imbalance between the serving groups (no group is named "*": config.GroupName).
+ACROSS_GROUPS = "*"
+GROUP_IMBALANCE_CODE = "PEER_GROUP_IMBALANCE"
 
 
 class Drift(Struct, frozen=True):
@@ -314,16 +322,54 @@ GPU_SPINNING_FROM = 0.9
 CODES = frozenset(
     {rule.code for rule in RULES}
     | {code for _, code, _, _ in _DRIFT}
-    | {"PEER_TP_RANK_STOPPED", "PEER_MP_WORKER_DOWN", STUCK_CODE}
+    | {"PEER_TP_RANK_STOPPED", "PEER_MP_WORKER_DOWN", STUCK_CODE, GROUP_IMBALANCE_CODE}
 )
 
 
 def compare(snapshots: Iterable[Mapping[str, Any]], tolerances: Mapping[str, float] | None = None) -> Comparison:
     """Compare validated ``/state`` documents (see ``peers.validate_state``); one per node, names unique.
 
-    Every node that compares the same documents gets the same findings: nothing depends on which one is local."""
+    Within each serving group (the document's ``group``) the nodes are compared as one tensor-parallel replica;
+    with several groups, the groups are also compared with each other (``across_groups``). Every node that compares
+    the same documents gets the same findings: nothing depends on which one is local."""
     tolerances = tolerances or {}
-    snapshots = list(snapshots)
+    members = group_members(list(snapshots))
+    if len(members) <= 1:
+        group, snaps = next(iter(members.items()), ("", []))
+        return _compare_group(snaps, tolerances, group, named=False)
+    parts = [_compare_group(snaps, tolerances, group, named=True) for group, snaps in members.items()]
+    across, across_imbalances = across_groups({g: [_view(s) for s in snaps] for g, snaps in members.items()},
+                                              tolerances)  # fmt: skip
+    return Comparison(
+        findings=tuple(f for part in parts for f in part.findings) + tuple(across),
+        imbalances=tuple(i for part in parts for i in part.imbalances) + tuple(across_imbalances),
+        drifts=tuple(d for part in parts for d in part.drifts),
+        nodes=tuple(sorted(n for part in parts for n in part.nodes)),
+        compared_facts=sum(part.compared_facts for part in parts),
+    )
+
+
+def group_of(snap: Mapping[str, Any]) -> str:
+    group = snap.get("group")
+    return group if isinstance(group, str) and group else UNKNOWN_GROUP
+
+
+def group_members(snapshots: list[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """The documents by serving group, groups by name. A document that names no group (an agent of a release before
+    groups, in a rolling upgrade) joins the one group there is; beside several it is a group of its own, "unknown"."""
+    known = sorted({group_of(s) for s in snapshots} - {UNKNOWN_GROUP})
+    if len(known) <= 1:
+        return {known[0] if known else UNKNOWN_GROUP: snapshots} if snapshots else {}
+    out: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for snap in snapshots:
+        out[group_of(snap)].append(snap)
+    return dict(sorted(out.items()))
+
+
+def _compare_group(
+    snapshots: list[Mapping[str, Any]], tolerances: Mapping[str, float], group: str, named: bool
+) -> Comparison:
+    """The nodes of one serving group; ``named``: beside other groups, each message says which group."""
     views: dict[str, _NodeView] = {}
     for snap in snapshots:
         views[str(snap["node"])] = _view(snap)
@@ -345,10 +391,10 @@ def compare(snapshots: Iterable[Mapping[str, Any]], tolerances: Mapping[str, flo
             if len(values) < 2:
                 continue
             ratio = imbalance_ratio(values.values())
-            imbalances.append(Imbalance(rule.key, rail, ratio, values))
-            if max(values.values()) < rule.floor or ratio <= tolerance:
+            imbalances.append(Imbalance(rule.key, rail, ratio, values, group))
+            bad = odd_ones(values, rule, tolerance)
+            if not bad:
                 continue
-            bad = _bad_side(values, rule, tolerance)
             shown = ", ".join(f"{n} {_fmt(values[n], rule.unit)}" for n in bad)
             others = ", ".join(f"{n} {_fmt(values[n], rule.unit)}" for n in values if n not in bad)
             where = f" on rail {rail}" if rail else ""
@@ -369,7 +415,68 @@ def compare(snapshots: Iterable[Mapping[str, Any]], tolerances: Mapping[str, flo
     findings.extend(_mp_worker_down(views))
     drifts, compared = _drift(views)
     findings.extend(drift_finding(d) for d in drifts)
+    if named:
+        findings = [replace(f, message=f"serving group {group}: {f.message}") for f in findings]
     return Comparison(tuple(findings), tuple(imbalances), tuple(drifts), nodes, compared)
+
+
+def odd_ones(values: Mapping[str, float], rule: Rule, tolerance: float) -> list[str]:
+    """The members (nodes of a group, or groups of the fleet) the rule names: none when every value is under the
+    rule's floor (the cluster idles on it) or the spread is within the tolerance. The shipped alert rules compute
+    the same verdict in PromQL (``alerts.peer_rules``; ``tests/integration/test_peer_rules_equal.py`` holds them
+    equal)."""
+    if len(values) < 2 or max(values.values()) < rule.floor or imbalance_ratio(values.values()) <= tolerance:
+        return []
+    return _bad_side(values, rule, tolerance)
+
+
+# What likely makes one serving group do less than the others (or err more): the load balancer in front of the groups,
+# or the group itself degraded (a slow rank, a degraded link).
+GROUP_CAUSE = (
+    "the load balancer in front of the serving groups sends this group less (or more) than the others, or the group "
+    "itself is degraded (a slow rank, a degraded link: see its nodes' own findings)"
+)
+
+
+def across_groups(
+    members: Mapping[str, list[_NodeView]], tolerances: Mapping[str, float]
+) -> tuple[list[Finding], list[Imbalance]]:
+    """The serving groups compared with each other: per compared metric (and rail), a group's value is the mean of its
+    nodes' values; the odd group is named by the same rule as the odd node within a group."""
+    findings: list[Finding] = []
+    imbalances: list[Imbalance] = []
+    for rule in RULES:
+        tolerance = tolerances.get(rule.key, rule.tolerance)
+        rails = sorted({rail for views in members.values() for v in views for (key, rail) in v.values
+                        if key == rule.key})  # fmt: skip
+        for rail in rails:
+            values = {}
+            for group, views in members.items():
+                per_node = [_aggregate(rule.aggregate, v.values[(rule.key, rail)]) for v in views
+                            if (rule.key, rail) in v.values]  # fmt: skip
+                if per_node:
+                    values[group] = sum(per_node) / len(per_node)
+            if len(values) < 2:
+                continue
+            ratio = imbalance_ratio(values.values())
+            imbalances.append(Imbalance(rule.key, rail, ratio, values, ACROSS_GROUPS))
+            bad = odd_ones(values, rule, tolerance)
+            if not bad:
+                continue
+            shown = ", ".join(f"{g} {_fmt(values[g], rule.unit)}" for g in bad)
+            others = ", ".join(f"{g} {_fmt(values[g], rule.unit)}" for g in values if g not in bad)
+            where = f" on rail {rail}" if rail else ""
+            findings.append(
+                Finding(
+                    GROUP_IMBALANCE_CODE,
+                    Status.WARNING,
+                    f"serving groups' mean {rule.what}{where}: {shown} vs {others} (imbalance {ratio:.0%} > "
+                    f"{tolerance:.0%}); likely cause: {GROUP_CAUSE}",
+                    subject=",".join(bad),
+                    remedy=GROUP_CAUSE,
+                )
+            )
+    return findings, imbalances
 
 
 def _bad_side(values: Mapping[str, float], rule: Rule, tolerance: float) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from msgspec import Struct
 
-from dgxdoctor.result import CheckResult, Sample, Status, merged_facts
+from dgxdoctor.result import DEFAULT_GROUP, CheckResult, Sample, Status, merged_facts
 
 # Fact keys that differ between nodes by design; peers never compare them and /state still shows them.
 # container.name: vLLM's container is named per node (vllm-head, vllm-worker); its image (container.image) is compared.
@@ -28,8 +28,9 @@ class Transition(Struct, frozen=True):
 
 
 class ResultStore:
-    def __init__(self, node: str, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, node: str, clock: Callable[[], float] | None = None, group: str = DEFAULT_GROUP) -> None:
         self.node = node
+        self.group = group  # the node's serving group ([node] group), on /state and dgxdoctor_node_info
         self._latest: dict[str, CheckResult] = {}
         self._clock = clock or time.time
         self._runs: dict[str, int] = {}
@@ -112,7 +113,7 @@ class ResultStore:
         results = [r for name, r in self.latest().items() if name not in exclude]
         from dgxdoctor.documents import ResultsDocument  # models built at the first /state, not at import
 
-        return ResultsDocument.of(self.node, results, self._clock()).state()
+        return ResultsDocument.of(self.node, results, self._clock(), self.group).state()
 
 
 def _series(sample: Sample) -> tuple[str, tuple[str, ...]]:
