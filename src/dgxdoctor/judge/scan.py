@@ -14,19 +14,24 @@ the lines after a match (an OOM's phase) are there when it is read; ``flush`` re
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterator
+from functools import cache
 
 from msgspec import Struct, field
 
 from dgxdoctor.judge.context import reading
-from dgxdoctor.judge.records import Shape, Trust, clean, shape
-from dgxdoctor.judge.signatures import Catalog, Match, Signature
+from dgxdoctor.judge.records import ANSI_HINT, CLIENT_SOURCE, Shape, Trust, clean, may_hold_colour, shape
+from dgxdoctor.judge.signatures import BytesSearch, Catalog, Match, Signature, block_regex
 
 # Lines before a match that its reading may look at (judge.oom looks 400 back), and after it (50).
 LOOK_BACK = 400
 LOOK_AHEAD = 50
 # How far back the record that owns a line is looked for (a traceback under a client record).
 OWNER_LOOK_BACK = 200
+# What every line that may open a client record holds (see _Owners); RE2 runs it in linear time (Python's engine
+# tries each ``\w*`` of CLIENT_SOURCE from every place: ~2 MB/s).
+CLIENT_HINT = "|".join((CLIENT_SOURCE.pattern, ANSI_HINT.pattern, r"\x1b", r"\r"))
 # A line this long or longer may have been wrapped by a mail client, an editor or a terminal.
 WRAP_MIN = 40
 
@@ -223,27 +228,41 @@ class _Reading:
 
     def alone(self, index: int) -> list[Signature]:
         if index not in self._alone:
-            own = self._owners.shape(index)
             found: list[Signature] = []
-            if own.trust is not Trust.DENIED:
-                text = self._owners.cleaned(index)
-                found = self.catalog.find(text, self.kind, start=own.message, quoted=own.trust is not Trust.CLIENT)
+            if self._may_match(index):
+                own = self._owners.shape(index)
+                if own.trust is not Trust.DENIED:
+                    text = self._owners.cleaned(index)
+                    quoted = own.trust is not Trust.CLIENT
+                    found = self.catalog.find(text, self.kind, start=own.message, quoted=quoted)
             self._alone[index] = found
         return self._alone[index]
 
+    def _may_match(self, index: int) -> bool:
+        """Whether line ``index`` can show a signature on its own: the catalog reads a part of the line cleaned,
+        which is a part of the line itself unless cleaning takes out a carriage return or a colour code."""
+        line = self.window[index]
+        return "\r" in line or may_hold_colour(line) or self.catalog.may_match(line)
+
     def candidates(self, index: int) -> Iterator[tuple[int, Signature, str, Trust]]:
         """The signatures of line ``index`` on its own, then of it joined with a wrapped line before or after."""
-        own = self._owners.shape(index)
-        for sig in self.alone(index):
-            yield index, sig, self.window[index], own.trust
+        found_alone = self.alone(index)
+        if found_alone:
+            own = self._owners.shape(index)
+            for sig in found_alone:
+                yield index, sig, self.window[index], own.trust
         for first in (index - 1, index):
             joined = self._joined(first)
             if joined is None:
                 continue
             head, texts = joined
-            seen = {s.code for s in [*self.alone(first), *self.alone(first + 1)]}
+            if not self.catalog.may_match("\n".join(texts)):  # one pass of the automaton for both joins
+                continue
             quoted = head.trust is not Trust.CLIENT
             found = {s.code: s for t in texts for s in self.catalog.find(t, self.kind, quoted=quoted)}
+            if not found:
+                continue
+            seen = {s.code for s in [*self.alone(first), *self.alone(first + 1)]}
             for sig in found.values():
                 if sig.code not in seen:
                     yield first, sig, self.window[first] + "\n" + self.window[first + 1], head.trust
@@ -253,28 +272,38 @@ class _Reading:
         window = self.window
         if first < 0 or first + 1 >= len(window):
             return None
-        head = self._owners.shape(first)
-        if head.trust is Trust.DENIED:
+        two = window[first + 1]
+        if not two or two[:1].isspace():  # the cheap tests first: most lines are no wrapped record
             return None
-        one, two = self._owners.cleaned(first), window[first + 1]
-        if len(one) < WRAP_MIN or not two or two[:1].isspace():
+        one = self._owners.cleaned(first)
+        if len(one) < WRAP_MIN:
             return None
         rest = self._owners.cleaned(first + 1)
         if not rest or self._owners.own(first + 1).head:
+            return None
+        head = self._owners.shape(first)
+        if head.trust is Trust.DENIED:
             return None
         one = one[head.message :]
         # Both joins: a terminal cuts inside a word ("colle" / "ctive"), a mail client drops the space it broke at.
         return head, (one + rest, one + ("" if one.endswith(" ") else " ") + rest)
 
 
+@cache
+def _client_hint() -> BytesSearch:
+    return block_regex(CLIENT_HINT)
+
+
 class _Owners:
     """The trust of lines of a window, each read with the record that owns it: the nearest line before it that
-    opens a record (at most OWNER_LOOK_BACK back), cached."""
+    opens a record (at most OWNER_LOOK_BACK back), cached. Only a client record's head changes what a line reads
+    as: where none of the OWNER_LOOK_BACK lines before a line can be one, the line is read on its own."""
 
     def __init__(self, window: list[str]) -> None:
         self.window = window
         self._shapes: dict[int, Shape] = {}
         self._cleaned: dict[int, str] = {}
+        self._client_lines: list[int] | None = None
 
     def cleaned(self, index: int) -> str:
         """``clean`` of line ``index``, once per window (a hit's lines are read alone, joined and as owners)."""
@@ -288,11 +317,31 @@ class _Owners:
             self._shapes[index] = shape(self.cleaned(index))
         return self._shapes[index]
 
+    def _may_open_client_record(self, lo: int, hi: int) -> bool:
+        """Whether a line of ``lo`` to ``hi`` (exclusive) may open a client record: its text names a client
+        source file (``records.CLIENT_SOURCE``), or cleaning may change more than its start (a colour code, a
+        carriage return). Found for the whole window in one search, on the first question."""
+        if self._client_lines is None:
+            text = "\n".join(self.window).encode("utf-8", errors="surrogatepass")
+            lines: list[int] = []
+            line = pos = 0
+            for m in _client_hint().finditer(text):
+                line += text.count(b"\n", pos, m.start())
+                pos = m.start()
+                if not lines or lines[-1] != line:
+                    lines.append(line)
+            self._client_lines = lines
+        n = bisect_left(self._client_lines, lo)
+        return n < len(self._client_lines) and self._client_lines[n] < hi
+
     def shape(self, index: int) -> Shape:
         own = self.own(index)
         if own.head:
             return own
-        for back in range(index - 1, max(-1, index - OWNER_LOOK_BACK - 1), -1):
+        lo = max(0, index - OWNER_LOOK_BACK)
+        if not self._may_open_client_record(lo, index):
+            return own
+        for back in range(index - 1, lo - 1, -1):
             head = self.own(back)
             if head.head:
                 if head.trust is Trust.CLIENT:
