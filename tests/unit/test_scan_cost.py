@@ -5,6 +5,9 @@ to GCS at``) but matches nothing is not read record by record, and no line looks
 
 from __future__ import annotations
 
+import random
+from pathlib import Path
+
 import pytest
 
 from dgxdoctor.judge import scan
@@ -46,3 +49,48 @@ def test_a_real_line_among_them_is_still_named() -> None:
     scanner = Scanner(load_catalog())
     found = [*scanner.feed(text), *scanner.flush()]
     assert [(m.code, m.number) for m in found] == [("RAY_GCS_UNREACHABLE", 501)]
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+# What pasting and collectors put before a line (judge.records.PREFIXES).
+PREFIXES = ("", "", "Dec 18 10:00:00 dgx-a vllm[1234]: ", "vllm-1  | ", "[pod/vllm-0/vllm] ", "(Worker pid=7) ")
+
+
+def real_lines() -> list[str]:
+    names = [*sorted((FIXTURES / "corpus" / "failures").glob("*.txt")), *sorted((FIXTURES / "logs").glob("*.log"))]
+    names += [*sorted((FIXTURES / "corpus" / "healthy").glob("*.txt")), FIXTURES / "kernel_log" / "lookalikes.txt"]
+    return [line for name in names for line in name.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def test_the_automaton_pass_changes_no_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real lines in random order, some behind a prefix and some wrapped in two at a random place: the scanner
+    finds the same with its pass over each hit line and its neighbours as when it reads every hit line in full."""
+    rng = random.Random(35)
+    pool = real_lines()
+    catalog = load_catalog()
+    docs = []
+    for _ in range(150):
+        lines: list[str] = []
+        for text in rng.sample(pool, 30):
+            prefix = rng.choice(PREFIXES)
+            line = prefix + text
+            if len(line) > 45 and rng.random() < 0.3:
+                cut = rng.randrange(40, len(line))
+                rest = line[cut:].lstrip(" ") if rng.random() < 0.5 else line[cut:]
+                # A collector stamps each line it reads, the continuation of a wrapped record too.
+                lines += [line[:cut], (prefix if rng.random() < 0.5 else "") + rest]
+            else:
+                lines.append(line)
+        docs.append("\n".join(lines) + "\n")
+
+    def scanned(doc: str) -> list[tuple[str, str, bool, int]]:
+        found = []
+        for kind in (None, "ray"):
+            scanner = Scanner(catalog, kind)
+            found += [(m.code, m.line, m.trusted, m.number) for m in [*scanner.feed(doc), *scanner.flush()]]
+        return found
+
+    fast = [scanned(doc) for doc in docs]
+    monkeypatch.setattr(Scanner, "_worth_reading", lambda self, data, hit: True)
+    assert fast == [scanned(doc) for doc in docs]
+    assert sum(map(len, fast)) > 100  # the documents do show signatures

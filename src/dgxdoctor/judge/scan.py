@@ -14,6 +14,7 @@ the lines after a match (an OOM's phase) are there when it is read; ``flush`` re
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left
 from collections.abc import Iterator
 from functools import cache
@@ -21,7 +22,7 @@ from functools import cache
 from msgspec import Struct, field
 
 from dgxdoctor.judge.context import reading
-from dgxdoctor.judge.records import ANSI_HINT, CLIENT_SOURCE, Shape, Trust, clean, may_hold_colour, shape
+from dgxdoctor.judge.records import ANSI_HINT, CLIENT_SOURCE, PREFIXES, Shape, Trust, clean, may_hold_colour, shape
 from dgxdoctor.judge.signatures import BytesSearch, Catalog, Match, Signature, block_regex
 
 # Lines before a match that its reading may look at (judge.oom looks 400 back), and after it (50).
@@ -128,10 +129,13 @@ class Scanner:
         """Decode only the lines around the hits: LOOK_BACK before and LOOK_AHEAD after each run of hits that
         lie closer together than that (the logs check feeds what a poll read as one block: a 16 MB block with
         a hit near each end decodes two windows, not 16 MB)."""
+        kept = [(h, n) for h, n in zip(block.hits, block.hit_lines, strict=True) if self._worth_reading(block.data, h)]
+        if not kept:
+            return
         buffer = self._tail + block.data + _first_lines(ahead, LOOK_AHEAD)
         base = len(self._tail)
         done: set[tuple[int, str]] = set()  # (line number in the input, code): each once, whichever hit found it
-        for hits, hit_lines in _runs(block.hits, block.hit_lines):
+        for hits, hit_lines in _runs([h for h, _ in kept], [n for _, n in kept]):
             start = _line_start_before(buffer, base + hits[0], LOOK_BACK)
             stop = _line_end_after(buffer, base + hits[-1], LOOK_AHEAD)
             window = buffer[start:stop].decode("utf-8", errors="replace").split("\n")
@@ -140,6 +144,28 @@ class Scanner:
             first_in_block = block.first - first
             indexes = [first_in_block + n for n in hit_lines]
             yield from self._read_block(window, first, indexes, first_in_block, block, done)
+
+    def _worth_reading(self, data: bytes, hit: int) -> bool:
+        """Whether the hit line that starts at ``hit`` can show a signature, on its own or joined with a
+        neighbour as a wrapped record (``_Reading.candidates``): one pass of the catalog's automaton over the line
+        and the two joins (``Catalog.may_match``), before any of it is cleaned, shaped or searched line by line.
+
+        What the reading searches is a part of one of these texts: a cleaned line is the line less a prefix,
+        except where cleaning takes out a colour code or a carriage return (those lines, and text that is not
+        ASCII, are read in full), and the second line of a join is cleaned here when a prefix may open it. A hit
+        on the first or last line of the block is read in full (its neighbour lies in another block)."""
+        end = data.find(b"\n", hit)
+        if hit == 0 or end + 1 >= len(data):
+            return True
+        before = data.rfind(b"\n", 0, hit - 1) + 1
+        after = data.find(b"\n", end + 1)
+        raw = data[before : after if after != -1 else len(data)]
+        if not raw.isascii() or b"\x1b" in raw or ANSI_HINT_BYTES.search(raw) is not None:
+            return True
+        prev, line, nxt = raw.decode("ascii").split("\n")[:3]
+        two, three = _as_second(line), _as_second(nxt)
+        probe = "\n".join((line, prev + two, prev + " " + two, line + three, line + " " + three))
+        return self.catalog.may_match(probe)
 
     def _read_block(
         self, window: list[str], first: int, indexes: list[int], lo: int, block: _Block, done: set[tuple[int, str]]
@@ -287,6 +313,17 @@ class _Reading:
         one = one[head.message :]
         # Both joins: a terminal cuts inside a word ("colle" / "ctive"), a mail client drops the space it broke at.
         return head, (one + rest, one + ("" if one.endswith(" ") else " ") + rest)
+
+
+# Where clean() may take a prefix off a line (a line it leaves alone is its own cleaned text).
+_PREFIX_START = re.compile("|".join(f"(?:{p.pattern})" for p in PREFIXES))
+ANSI_HINT_BYTES = re.compile(ANSI_HINT.pattern.encode())
+
+
+def _as_second(line: str) -> str:
+    """What ``_Reading._joined`` appends of ``line`` as the second line of a wrapped record (cleaned), or a text
+    that holds it."""
+    return clean(line) if _PREFIX_START.match(line) else line
 
 
 @cache
