@@ -94,3 +94,19 @@ def test_the_automaton_pass_changes_no_match(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(Scanner, "_worth_reading", lambda self, data, hit: True)
     assert fast == [scanned(doc) for doc in docs]
     assert sum(map(len, fast)) > 100  # the documents do show signatures
+
+
+def test_the_uncatalogued_pass_asks_the_shipped_catalog(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether the catalog knows a plain failure is asked of the catalog the scan used, not of a new one whose
+    search structures are built again (~30 ms of every `diagnose` that holds one)."""
+    from dgxdoctor.diagnose.registry import diagnose
+    from dgxdoctor.judge import signatures
+
+    load_catalog()
+    built = []
+    init = signatures.Catalog.__init__
+    monkeypatch.setattr(signatures.Catalog, "__init__", lambda self, sigs: built.append(1) or init(self, sigs))
+    text = (FIXTURES / "uncatalogued" / "device_side_assert.txt").read_text(encoding="utf-8")
+    codes = [f.code for d in diagnose(text) for f in d.findings]
+    assert "UNCATALOGUED_ERROR" in codes
+    assert built == []
