@@ -3,8 +3,11 @@
 A ``Scanner`` takes blocks of whole lines (``feed``) and returns the matches in order, each read as the record
 it belongs to (``judge.records``) and, with ``context=True``, in the context of the lines around it
 (``judge.context``: the OOM phase, a requested stop). The catalog's prefilter (one regex of every pattern's literal
-anchor, ``judge.signatures``) runs over the whole block at once, in C; only the lines it hits are cleaned,
-shaped and searched with the patterns, so the cost of a log is the cost of one regex search over its bytes.
+anchor, ``judge.signatures``) runs over the whole block at once, in C; a line it hits goes with its two joins
+(below) through one pass of the catalog's RE2 ``Set`` of whole patterns (``Catalog.may_match``), and only the
+lines that pass are cleaned, shaped and searched with the patterns: a line that merely shares a word with a
+signature ("Unable to" in a kernel line) costs one pass of an automaton, and the cost of a log is about that of
+one regex search over its bytes.
 
 What the per-line reading gives is the same as reading every line: the normaliser only takes off prefixes,
 colour codes and carriage returns, which never sit inside an anchor; a record wrapped over two lines is found by

@@ -9,8 +9,10 @@ Most log lines match nothing, so one combined regex of every pattern's anchor (a
 matching line contains, from a capital letter where that leaves 10 characters; for a ``(?i)`` pattern its lower,
 Capitalised and UPPER forms), built as a prefix tree, is tried first, and the per-signature regexes run only on
 the rare line it hits. Over a block of raw bytes the same tree also accepts a line break between two characters
-(a wrapped record) and runs in RE2 where ``google-re2`` is installed. A pattern is searched cut at its top-level
-``.*`` (``_gap_pieces``), so a long line costs linear time.
+(a wrapped record) and runs in RE2 where ``google-re2`` is installed. On a line it hits, one RE2 ``Set`` of every
+prefilter form and of every whole pattern (``judge.line_set``) says in one pass which patterns can match, so a
+line's cost does not grow with how many signatures share a word with it; ``may_match`` says a text matches none.
+A pattern is searched cut at its top-level ``.*`` (``_gap_pieces``), so a long line costs linear time.
 
 The data's schema is unchanged by the record-shape rules: they are code (``judge.records``), not keys, so a
 signature needs nothing new to be matched only in the records that print it.
