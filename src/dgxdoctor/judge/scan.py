@@ -146,7 +146,8 @@ class Scanner:
             first = block.first + hit_lines[0] - buffer.count(b"\n", start, base + hits[0])
             first_in_block = block.first - first
             indexes = [first_in_block + n for n in hit_lines]
-            yield from self._read_block(window, first, indexes, first_in_block, block, done)
+            source = (buffer, start, stop)
+            yield from self._read_block(window, source, first, indexes, first_in_block, block, done)
 
     def _worth_reading(self, data: bytes, hit: int) -> bool:
         """Whether the hit line that starts at ``hit`` can show a signature, on its own or joined with a
@@ -171,10 +172,18 @@ class Scanner:
         return self.catalog.may_match(probe)
 
     def _read_block(
-        self, window: list[str], first: int, indexes: list[int], lo: int, block: _Block, done: set[tuple[int, str]]
+        self,
+        window: list[str],
+        source: _Source,
+        first: int,
+        indexes: list[int],
+        lo: int,
+        block: _Block,
+        done: set[tuple[int, str]],
     ) -> Iterator[Match]:
-        """The matches of the hit lines ``indexes`` of ``window``; only lines of the block (``lo`` on) count."""
-        reading_ = _Reading(self, window)
+        """The matches of the hit lines ``indexes`` of ``window`` (decoded from ``source``); only lines of the
+        block (``lo`` on) count."""
+        reading_ = _Reading(self, window, source)
         hi = lo + block.lines
         for hit in indexes:
             for index, sig, line, trust in reading_.candidates(hit):
@@ -246,13 +255,17 @@ def _line_end_after(data: bytes, pos: int, n: int) -> int:
         span *= 4
 
 
+# The bytes a window was decoded from: the buffer, and where the window starts and stops in it.
+_Source = tuple[bytes, int, int]
+
+
 class _Reading:
     """The lines of one window read as records: each line's shape (with the record that owns it, looked up
     backwards), what it shows alone, and what it shows joined with a wrapped neighbour."""
 
-    def __init__(self, scanner: Scanner, window: list[str]) -> None:
+    def __init__(self, scanner: Scanner, window: list[str], source: _Source) -> None:
         self.catalog, self.kind, self.window = scanner.catalog, scanner.kind, window
-        self._owners = _Owners(window)
+        self._owners = _Owners(window, source)
         self._alone: dict[int, list[Signature]] = {}
 
     def alone(self, index: int) -> list[Signature]:
@@ -339,8 +352,9 @@ class _Owners:
     opens a record (at most OWNER_LOOK_BACK back), cached. Only a client record's head changes what a line reads
     as: where none of the OWNER_LOOK_BACK lines before a line can be one, the line is read on its own."""
 
-    def __init__(self, window: list[str]) -> None:
+    def __init__(self, window: list[str], source: _Source) -> None:
         self.window = window
+        self._source = source
         self._shapes: dict[int, Shape] = {}
         self._cleaned: dict[int, str] = {}
         self._client_lines: list[int] | None = None
@@ -362,11 +376,11 @@ class _Owners:
         source file (``records.CLIENT_SOURCE``), or cleaning may change more than its start (a colour code, a
         carriage return). Found for the whole window in one search, on the first question."""
         if self._client_lines is None:
-            text = "\n".join(self.window).encode("utf-8", errors="surrogatepass")
+            data, pos, stop = self._source  # the window's bytes, searched where they lie (no copy)
             lines: list[int] = []
-            line = pos = 0
-            for m in _client_hint().finditer(text):
-                line += text.count(b"\n", pos, m.start())
+            line = 0
+            for m in _client_hint().finditer(data, pos, stop):
+                line += data.count(b"\n", pos, m.start())
                 pos = m.start()
                 if not lines or lines[-1] != line:
                     lines.append(line)
