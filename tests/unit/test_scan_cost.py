@@ -6,11 +6,12 @@ to GCS at``) but matches nothing is not read record by record, and no line looks
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 
 import pytest
 
-from dgxdoctor.judge import scan
+from dgxdoctor.judge import scan, signatures
 from dgxdoctor.judge.scan import Scanner
 from dgxdoctor.judge.signatures import load_catalog
 
@@ -100,7 +101,6 @@ def test_the_uncatalogued_pass_asks_the_shipped_catalog(monkeypatch: pytest.Monk
     """Whether the catalog knows a plain failure is asked of the catalog the scan used, not of a new one whose
     search structures are built again (~30 ms of every `diagnose` that holds one)."""
     from dgxdoctor.diagnose.registry import diagnose
-    from dgxdoctor.judge import signatures
 
     load_catalog()
     built = []
@@ -110,3 +110,29 @@ def test_the_uncatalogued_pass_asks_the_shipped_catalog(monkeypatch: pytest.Monk
     codes = [f.code for d in diagnose(text) for f in d.findings]
     assert "UNCATALOGUED_ERROR" in codes
     assert built == []
+
+
+def test_without_re2_the_scanner_finds_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """google-re2 is a dependency; where it cannot be imported every pass runs in Python's engine and every hit
+    line is read in full, with the same matches."""
+    rng = random.Random(36)
+    pool = real_lines()
+    docs = ["\n".join(rng.sample(pool, 40)) + "\n" for _ in range(20)]
+
+    def scanned(catalog: signatures.Catalog) -> list[tuple[str, int]]:
+        out = []
+        for doc in docs:
+            scanner = Scanner(catalog)
+            out += [(m.code, m.number) for m in [*scanner.feed(doc), *scanner.flush()]]
+        return out
+
+    with_re2 = scanned(signatures.Catalog(load_catalog().signatures))
+    monkeypatch.setitem(sys.modules, "re2", None)  # import re2 raises ImportError
+    scan._client_hint.cache_clear()
+    try:
+        plain = signatures.Catalog(load_catalog().signatures)
+        assert plain._line_set is None
+        assert scanned(plain) == with_re2
+    finally:
+        scan._client_hint.cache_clear()
+    assert with_re2

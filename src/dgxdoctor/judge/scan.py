@@ -343,7 +343,12 @@ def _as_second(line: str) -> str:
 
 
 @cache
-def _client_hint() -> BytesSearch:
+def _client_hint() -> BytesSearch | None:
+    """CLIENT_HINT in RE2; None without it (Python's engine would cost more than the look-back it saves)."""
+    try:
+        import re2  # type: ignore[import-not-found,import-untyped,unused-ignore]  # noqa: F401
+    except ImportError:
+        return None
     return block_regex(CLIENT_HINT)
 
 
@@ -375,11 +380,14 @@ class _Owners:
         """Whether a line of ``lo`` to ``hi`` (exclusive) may open a client record: its text names a client
         source file (``records.CLIENT_SOURCE``), or cleaning may change more than its start (a colour code, a
         carriage return). Found for the whole window in one search, on the first question."""
+        hint = _client_hint()
+        if hint is None:
+            return True
         if self._client_lines is None:
             data, pos, stop = self._source  # the window's bytes, searched where they lie (no copy)
             lines: list[int] = []
             line = 0
-            for m in _client_hint().finditer(data, pos, stop):
+            for m in hint.finditer(data, pos, stop):
                 line += data.count(b"\n", pos, m.start())
                 pos = m.start()
                 if not lines or lines[-1] != line:
