@@ -1,6 +1,7 @@
 """`dgxdoctor diagnose` over a big log beside `grep -c` on the same file: MB/s and peak resident memory.
 
     PYTHONPATH=src python benchmarks/diagnose_scan.py [--sizes 50,1000] [--stdin] [--runs 3] [--every 10000]
+    PYTHONPATH=src python benchmarks/diagnose_scan.py --sizes '' --kinds [--kind-mb 20] [--runs 3]
 
 For each size (MB) a vLLM/Ray/NCCL log of ordinary lines with one real failure line every 10,000 lines (``--every``:
 a failing service that logs its error every few lines makes every line it hits cost a record's reading) is written
@@ -9,6 +10,14 @@ to a temporary directory (deleted after), then read by `python -m dgxdoctor diag
 50 MB/s scanned (the seconds of `diagnose` on a one-line file, Python's start-up and imports, left out; the
 end-to-end rate is printed beside it), at most 150 MB peak RSS whatever the size, and every failure line
 named. Prints PASS/FAIL per figure and exits 1 on a miss.
+
+With ``--kinds``, also ``--kind-mb`` MB of each kind of real log the corpus holds (``real_logs.py``: vLLM start-up
+with KV-cache profiling, PyTorch's ProcessGroupNCCL banners, NCCL INIT lines, start-up warnings, serving access
+logs, Ray logs, kernel logs), each its own file: the rate of each kind, the worst kind, `grep -c` on the same file as
+the peer, the child's peak RSS, and PASS/FAIL on the worst kind (at least 50 MB/s by CPU time, at most 150 MB
+resident): the cost of a log must not depend on what healthy text it holds. Beside each, the rate of the
+uncatalogued-error pass (``judge.uncatalogued``) over every line of the kind, in this process (``diagnose`` runs it
+on the head, the logs check on every line it reads), with the same target.
 
 On a machine shared with other work the wall time of one run moves by a factor of two: each figure is the best
 of ``--runs`` runs, each run of the big file right after one of the one-line file (the two see the same load),
@@ -27,6 +36,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from real_logs import KINDS, write_kind
 
 ORDINARY = [
     "INFO 05-16 18:43:01 [loader.py:447] Loading weights took 2.60 seconds",
@@ -86,10 +97,117 @@ def run_diagnose(path: Path, via_stdin: bool) -> Run:
     return Run(seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, json.loads(out))
 
 
-def run_grep(path: Path) -> float:
+def run_grep(path: Path, word: str = "NCCL WARN") -> float:
     t0 = time.perf_counter()
-    subprocess.run(["grep", "-c", "NCCL WARN", str(path)], stdout=subprocess.DEVNULL, check=False)
+    subprocess.run(["grep", "-c", word, str(path)], stdout=subprocess.DEVNULL, check=False)
     return time.perf_counter() - t0
+
+
+def findings(report: dict[str, object]) -> list[str]:
+    """The codes of every finding of a `diagnose --json` report."""
+    inputs = report["inputs"]
+    assert isinstance(inputs, list)
+    return [f["code"] for i in inputs if isinstance(i, dict) for f in i.get("findings", []) if isinstance(f, dict)]
+
+
+@dataclass(frozen=True)
+class KindRate:
+    kind: str
+    size_mb: float
+    wall_rate: float  # MB/s after start-up, wall clock
+    cpu_rate: float  # MB/s after start-up, the child's CPU time
+    grep_s: float
+    wall_s: float
+    rss_mb: float
+    codes: list[str]
+    uncatalogued_rate: float  # MB/s of judge.uncatalogued over every line, in this process
+
+
+# Run in a child of its own: a child forked from a parent holding a big log inherits its peak RSS (ru_maxrss
+# survives exec), which would be counted to every `diagnose` run after it.
+_UNCATALOGUED = """
+import sys, time
+from dgxdoctor.diagnose.logs import _Known
+from dgxdoctor.judge.signatures import load_catalog
+from dgxdoctor.judge.uncatalogued import uncatalogued
+
+known = _Known(load_catalog().by_code())
+uncatalogued(["ERROR:root:warm-up"], set(), known)
+with open(sys.argv[1], encoding="utf-8") as fh:
+    lines = fh.read().splitlines()
+t0 = time.process_time()
+uncatalogued(lines, set(), known)
+print(time.process_time() - t0)
+"""
+
+
+def uncatalogued_rate(path: Path) -> float:
+    """MB/s of the uncatalogued-error pass over every line of ``path`` (``diagnose`` runs it on the head; the logs
+    check on every line it reads): CPU seconds of the pass alone, in a child, the catalog loaded before."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    out = subprocess.run(
+        [sys.executable, "-c", _UNCATALOGUED, str(path)], env=env, capture_output=True, text=True, check=True
+    )
+    return path.stat().st_size / 1e6 / max(float(out.stdout.split()[-1]), 1e-3)
+
+
+def bench_kind(path: Path, kind: str, n: int, one_line: Path) -> KindRate:
+    """One kind of real log: the best of ``n`` runs of `diagnose`, each after one of the one-line file."""
+    size_mb = path.stat().st_size / 1e6
+    grep_s = min(run_grep(path) for _ in range(n))
+    start, full = runs(path, one_line, False, n)
+    wall, cpu = min(r.wall_s for r in full), min(r.cpu_s for r in full)
+    start_wall, start_cpu = min(r.wall_s for r in start), min(r.cpu_s for r in start)
+    return KindRate(
+        kind,
+        size_mb,
+        size_mb / max(wall - start_wall, 1e-3),
+        size_mb / max(cpu - start_cpu, 1e-3),
+        grep_s,
+        wall,
+        max(r.rss_mb for r in full),
+        sorted(set(findings(full[0].report))),
+        uncatalogued_rate(path),
+    )
+
+
+def bench_kinds(tmp: Path, megabytes: float, n: int, one_line: Path) -> bool:
+    """Every kind of real log, then the worst kind against the targets."""
+    print(f"each kind of real log, {megabytes:g} MB (best of {n}; MB/s after start-up, by CPU time and wall clock):")
+    head = ("kind", "CPU MB/s", "wall MB/s", "diagnose s", "grep -c s", "x grep", "RSS MB", "uncat MB/s")
+    print("  {:26} {:>9} {:>9} {:>10} {:>9} {:>6} {:>6} {:>10}  findings".format(*head))
+    rates = []
+    for kind in KINDS:
+        path = tmp / f"{kind}.log"
+        write_kind(path, kind, megabytes)
+        r = bench_kind(path, kind, n, one_line)
+        path.unlink()
+        rates.append(r)
+        print(
+            f"  {r.kind:26} {r.cpu_rate:9.1f} {r.wall_rate:9.1f} {r.wall_s:10.2f} {r.grep_s:9.3f} "
+            f"{r.wall_s / max(r.grep_s, 1e-3):6.0f} {r.rss_mb:6.0f} {r.uncatalogued_rate:10.1f}  "
+            f"{', '.join(r.codes) or '-'}",
+            flush=True,
+        )
+    worst = min(rates, key=lambda r: r.cpu_rate)
+    unc = min(rates, key=lambda r: r.uncatalogued_rate)
+    rss = max(r.rss_mb for r in rates)
+    checks = [
+        (
+            f"worst kind {worst.kind}: {worst.cpu_rate:.1f} MB/s by CPU time ({worst.wall_rate:.1f} by wall clock) "
+            f"(target >= {MIN_MB_S:g})",
+            worst.cpu_rate >= MIN_MB_S,
+        ),
+        (f"peak RSS {rss:.0f} MB over every kind (target <= {MAX_RSS_MB:g})", rss <= MAX_RSS_MB),
+        (
+            f"uncatalogued-error pass over every line, worst kind {unc.kind}: {unc.uncatalogued_rate:.1f} MB/s "
+            f"(target >= {MIN_MB_S:g})",
+            unc.uncatalogued_rate >= MIN_MB_S,
+        ),
+    ]
+    for text, ok in checks:
+        print(f"  {'PASS' if ok else 'FAIL'} {text}")
+    return all(ok for _, ok in checks)
 
 
 def named(report: dict[str, object]) -> int:
@@ -151,6 +269,8 @@ def main() -> int:
     parser.add_argument("--stdin", action="store_true", help="also read each log from a pipe")
     parser.add_argument("--runs", type=int, default=3, help="runs per figure, the best kept (default 3)")
     parser.add_argument("--every", type=int, default=10_000, help="lines per failure line (default 10000)")
+    parser.add_argument("--kinds", action="store_true", help="also each kind of real log (real_logs.py)")
+    parser.add_argument("--kind-mb", type=float, default=20.0, help="MB of each kind of real log (default 20)")
     args = parser.parse_args()
     ok = True
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
@@ -164,6 +284,8 @@ def main() -> int:
             for via_stdin in (False, True) if args.stdin else (False,):
                 ok &= bench(path, failures, via_stdin, max(1, args.runs), one_line)
             path.unlink()
+        if args.kinds:
+            ok &= bench_kinds(tmp, args.kind_mb, max(1, args.runs), one_line)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1

@@ -6,8 +6,10 @@ from __future__ import annotations
 import io
 import tracemalloc
 
+import pytest
+
 from dgxdoctor.diagnose.registry import diagnose
-from dgxdoctor.diagnose.stream import MAX_LINE, StreamStats, blocks, diagnose_stream
+from dgxdoctor.diagnose.stream import HEAD_BYTES, MAX_LINE, StreamStats, blocks, diagnose_stream
 
 HEALTHY = b"INFO 05-16 18:43:01 [loader.py:447] Loading weights took 2.60 seconds\n"
 # vllm-project/vllm#5094 (tests/fixtures/logs/gloo_socket.log)
@@ -67,3 +69,18 @@ def test_a_paste_reads_as_before() -> None:
     assert [(d.kind, [f.code for f in d.findings]) for d in streamed] == [
         (d.kind, [f.code for f in d.findings]) for d in diagnose(paste.decode())
     ]
+
+
+def test_the_sections_read_the_whole_lines_of_the_first_mib_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The section kinds judge the head (``HEAD_BYTES``): before, a block of whole lines ends a little short of
+    1 MiB, so the next block went in whole and the head was nearly 2 MiB, every section's test run twice as long."""
+    from dgxdoctor.diagnose import logs
+
+    seen: list[str] = []
+    detect = logs.VllmLogAnalyzer.detect
+    monkeypatch.setattr(logs.VllmLogAnalyzer, "detect", lambda self, text: seen.append(text) or detect(self, text))
+    (result,) = diagnose_stream(Generated(5 * HEAD_BYTES))
+    assert result.kind == "vllm-log"
+    assert seen
+    assert all(HEAD_BYTES - len(HEALTHY) < len(text.encode()) <= HEAD_BYTES for text in seen)
+    assert all(text.endswith("seconds\n") for text in seen)

@@ -85,14 +85,20 @@ def diagnose_stream(
     stats = stats or StreamStats()
     scanner = Scanner(load_catalog())
     head = bytearray()
+    head_open = True
     tally = Tally()
     for block in blocks(fh, stats):
         if not head:
             for magic, name, reader in COMPRESSED_MAGIC:  # before reading a gigabyte of it
                 if block.startswith(magic):
                     raise CompressedInput(name, reader)
-        if len(head) < HEAD_BYTES:
-            head += block
+        if head_open:  # the whole lines of the first HEAD_BYTES (a block of whole lines ends a little short of it)
+            room = HEAD_BYTES - len(head)
+            if len(block) <= room or stats.bytes_read <= HEAD_BYTES:
+                head += block
+            else:
+                head += block[: block.rfind(b"\n", 0, room) + 1]
+                head_open = False
         tally.add(scanner.feed(block))
     tally.add(scanner.flush())
     if stats.bytes_read <= HEAD_BYTES:

@@ -9,8 +9,10 @@ Most log lines match nothing, so one combined regex of every pattern's anchor (a
 matching line contains, from a capital letter where that leaves 10 characters; for a ``(?i)`` pattern its lower,
 Capitalised and UPPER forms), built as a prefix tree, is tried first, and the per-signature regexes run only on
 the rare line it hits. Over a block of raw bytes the same tree also accepts a line break between two characters
-(a wrapped record) and runs in RE2 where ``google-re2`` is installed. A pattern is searched cut at its top-level
-``.*`` (``_gap_pieces``), so a long line costs linear time.
+(a wrapped record) and runs in RE2 where ``google-re2`` is installed. On a line it hits, one RE2 ``Set`` of every
+prefilter form and of every whole pattern (``judge.line_set``) says in one pass which patterns can match, so a
+line's cost does not grow with how many signatures share a word with it; ``may_match`` says a text matches none.
+A pattern is searched cut at its top-level ``.*`` (``_gap_pieces``), so a long line costs linear time.
 
 The data's schema is unchanged by the record-shape rules: they are code (``judge.records``), not keys, so a
 signature needs nothing new to be matched only in the records that print it.
@@ -28,6 +30,7 @@ from msgspec import Struct
 
 from dgxdoctor.compat import tomllib
 from dgxdoctor.judge.consequence import judged
+from dgxdoctor.judge.line_set import LineSet
 from dgxdoctor.result import Finding, Status
 
 SEVERITIES: Mapping[str, Status] = {"warning": Status.WARNING, "critical": Status.CRITICAL}
@@ -229,11 +232,14 @@ class _Searcher:
         return start, pos
 
 
-class _BytesSearch(Protocol):
+class BytesSearch(Protocol):
     def search(self, data: bytes, pos: int = 0) -> re.Match[bytes] | None: ...
 
+    def finditer(self, data: bytes, pos: int = ..., endpos: int = ...) -> Iterator[re.Match[bytes]]: ...
 
-def _block_regex(source: str) -> _BytesSearch:
+
+def block_regex(source: str) -> BytesSearch:
+    """``source`` over raw bytes, in RE2 where installed (linear in the text), else in Python's engine."""
     pattern = source.encode("utf-8")
     try:
         import re2  # type: ignore[import-not-found,import-untyped,unused-ignore]
@@ -243,7 +249,7 @@ def _block_regex(source: str) -> _BytesSearch:
     options.max_mem = 64 << 20  # the DFA of a few hundred anchors with their line-break gaps
     options.log_errors = False
     try:
-        return cast(_BytesSearch, re2.compile(pattern, options))
+        return cast(BytesSearch, re2.compile(pattern, options))
     except re2.error:
         return re.compile(pattern)
 
@@ -279,10 +285,33 @@ class Catalog:
         return re.compile(_trie_regex(self._forms)) if self._forms else None
 
     @cached_property
-    def block_prefilter(self) -> _BytesSearch:
+    def block_prefilter(self) -> BytesSearch:
         """The same over a block of raw bytes (judge.scan): RE2's automaton where installed, linear and several
         times faster than Python's engine over a long text; Python's otherwise."""
-        return _block_regex(_trie_regex(self._forms, gaps=True) if self._forms else "(?!)")
+        return block_regex(_trie_regex(self._forms, gaps=True) if self._forms else "(?!)")
+
+    @cached_property
+    def _line_set(self) -> LineSet | None:
+        """The gate and candidates of ``find`` in one RE2 ``Set`` (``judge.line_set``); None without RE2."""
+        try:
+            import re2  # type: ignore[import-not-found,import-untyped,unused-ignore]
+        except ImportError:
+            return None
+        plain: dict[str, set[int]] = {}
+        patterns, folded = [], set()
+        for n, sig in enumerate(self.signatures):
+            for p in sig.patterns:
+                text = anchor(p.pattern)
+                patterns.append((p.pattern, text, n))
+                if p.pattern.startswith("(?i)"):
+                    folded.add(n)
+                else:
+                    plain.setdefault(text, set()).add(n)
+        forms = [(f, frozenset(plain.get(f, ()))) for f in sorted(self._forms)]
+        try:
+            return LineSet(re2, forms, patterns, frozenset(folded))
+        except re2.error:
+            return None
 
     @cached_property
     def _searchers(self) -> dict[str, _Searcher]:
@@ -328,17 +357,33 @@ class Catalog:
     def by_code(self) -> dict[str, Signature]:
         return {s.code: s for s in self.signatures}
 
+    def may_match(self, text: str) -> bool:
+        """False only when ``find`` finds nothing in ``text`` nor in any part of it, whatever it is asked (one pass
+        of RE2's automaton: ``judge.scan`` reads no more of a line that cannot match)."""
+        line_set = self._line_set
+        return bool(self._forms) and (line_set is None or line_set.may_match(text))
+
     def find(self, text: str, kind: str | None = None, *, start: int = 0, quoted: bool = True) -> list[Signature]:
         """Signatures whose patterns occur in ``text`` from ``start`` on (a cleaned record's message); with
         ``quoted=False`` a match lying wholly inside quotes (a prompt a client sent) does not count."""
         from dgxdoctor.judge.records import inside_quotes
 
         text = text[:MAX_MATCH_CHARS]
-        if self.prefilter is None or (first := self.prefilter.search(text, start)) is None:
+        if not self._forms:
             return []
         body = text[start:]
+        line_set = self._line_set
+        if line_set is not None:
+            hit = line_set.candidates(body)
+            if hit is None:
+                return []
+            candidates = sorted(hit)
+        elif self.prefilter is None or (first := self.prefilter.search(text, start)) is None:
+            return []
+        else:
+            candidates = self._candidates(text, first)
         found = []
-        for n in self._candidates(text, first):
+        for n in candidates:
             sig = self.signatures[n]
             if kind is not None and kind not in sig.kinds:
                 continue
