@@ -20,6 +20,7 @@ import pytest
 from daemonproc import DaemonProc, free_port
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.remediation.audit import AUDIT_FILE
+from harness.fleet import fake_systemctl
 from sysfstree import build_sysfs_tree
 
 pytestmark = pytest.mark.integration
@@ -53,15 +54,6 @@ def config(root: Path, name: str, sysfs: Path, peers: list[str]) -> str:
             f'[checks.infiniband]\ninterval_s = 0.5\n{quiet}'
             f'[daemon]\nlisten = "@LISTEN@"\npeer_token_file = "{token}"\npeers = {json.dumps(peers)}\n'
             f"peer_timeout_s = 2.0\n{ACTOR.format(token=token) if peers else ''}")  # fmt: skip
-
-
-def fake_systemctl(root: Path) -> Path:
-    bin_dir = root / "bin"
-    bin_dir.mkdir(parents=True)
-    script = bin_dir / "systemctl"
-    script.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {root / "systemctl.calls"}\n')
-    script.chmod(0o755)
-    return bin_dir
 
 
 def rail(sysfs: Path, active: bool) -> None:
