@@ -151,7 +151,7 @@ class PromFleet:
         self._lock = threading.Lock()
         self._answer: FleetAnswer | None = None
         self._answered_at: float | None = None
-        self._error: str | None = "no answer from Prometheus yet"
+        self._error: str | None = "not asked yet"
         # This node's group peers: each one's last document while it was scraped (its critical findings, maybe
         # none), and the node and group it was kept for.
         self._peer_docs: dict[str, dict[str, Any]] = {}
