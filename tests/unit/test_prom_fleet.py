@@ -222,3 +222,23 @@ async def test_the_loop_says_what_it_could_not_count_and_refuses_for_the_groups_
             assert f"cause: XID 79 on {BUS} of c1 (PEER_HARDWARE_FAULT)" in refused["reason"], refused
             assert [e for e in events(home) if e["event"] == "page"]
             assert not [e for e in events(home) if e["event"] == "action"]
+
+
+def test_the_age_of_a_kept_answer_ticking_is_no_new_moment() -> None:
+    """Prometheus silent, its kept answer's age changes every second: remediation's settled evaluation still holds
+    (the moment is the same); a change of the verdict is a new one."""
+    from dgxdoctor.remediation.engine import _fleet_moment
+
+    clock = Clock()
+    view = PromFleet(clock)
+    view.record(answer("fleet_b1_down_c1_xid79.json"), "a1", "glm-a")
+    me = Member("a1", "glm-a", True)
+    moments = []
+    for _ in range(2):
+        clock.now += 17
+        view.failed("http://prom:9090: ConnectError: refused")
+        reading = view.reading(me)
+        moments.append(_fleet_moment(fleet_health(reading.members, 0.2, 5, 3, reading.unknown)))
+    assert moments[0] == moments[1] and "2 of 3 (67 %) groups" in moments[0]
+    healthy = view.reading(Member("a1", "glm-a", True))
+    assert _fleet_moment(fleet_health(healthy.members[:1], 0.2, 5, 3, healthy.unknown)) != moments[0]

@@ -105,6 +105,16 @@ class Interrupted(Exception):
         self.steps = steps
 
 
+def _fleet_moment(fleet: FleetHealth | None) -> str:
+    """What of the fleet's verdict is judged again when it changes: why it tripped, and what the view could not
+    read, without the age of what it kept ("412 s" ticking is no change)."""
+    if fleet is None:
+        return ""
+    steady = _NUMBER.sub("#", fleet.unknown)
+    reason = fleet.reason.replace(fleet.unknown, steady) if fleet.tripped and fleet.unknown else fleet.reason
+    return (reason if fleet.tripped else "") + steady
+
+
 def vllm_uptime(results: dict[str, CheckResult]) -> float | None:
     result = results.get("vllm")
     if result is None:
@@ -393,8 +403,7 @@ class Remediator:
         latest = self.latest()
         fleet = self.fleet_health()
         self.fleet_gate.health = fleet  # the metric follows the fleet, with or without a problem here
-        # A change of the verdict, or of what the view could not read, is judged again (and audited)
-        self.fleet_reason = "" if fleet is None else (fleet.reason if fleet.tripped else "") + fleet.unknown
+        self.fleet_reason = _fleet_moment(fleet)
         moment = self._moment()
         if self._unchanged(latest, now, moment):
             return
