@@ -109,6 +109,9 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
 def test_two_of_five_down_refuse_the_restart_until_they_recover(fleet: Fleet) -> None:
     for name in ("n1", "n2"):
         rail(fleet.sysfs[name], active=False)
+    for name in ("n1", "n2"):  # their own check says so first: a peer that n0 could not reach yet opened it too
+        peer = fleet.nodes[name]
+        peer.wait_for(lambda p=peer: p.metric("dgxdoctor_check_status", check="infiniband") == 2.0, 30, "rail down")
     n0 = fleet.n0
     n0.wait_for(lambda: n0.metric("dgxdoctor_remediation_fleet_breaker_open") == 1.0, 30, "the fleet breaker open")
     answer = httpx.post(f"{n0.url}/alertmanager", json=ALERT, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)
