@@ -67,7 +67,12 @@ class Fleet:
         self.sysfs: dict[str, Path] = {}
 
     def start(self) -> Fleet:
-        ports = {f"n{i}": free_port() for i in range(5)}
+        ports: dict[str, int] = {}
+        for i in range(5):  # a port just freed can be handed out again: never two nodes on one
+            port = free_port()
+            while port in ports.values():
+                port = free_port()
+            ports[f"n{i}"] = port
         for name, port in ports.items():
             home = self.root / name
             home.mkdir()
