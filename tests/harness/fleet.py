@@ -110,6 +110,9 @@ class FleetRig:
     scrape_s: float = 1.0
     compare_s: float = 15.0  # peer_compare's interval (the mesh's N x N fetching, when no Prometheus)
     extra_config: str = ""  # appended to every agent's config
+    agent_extra: Mapping[str, str] = field(default_factory=dict)  # node name -> appended to that agent's config
+    daemon_extra: Mapping[str, str] = field(default_factory=dict)  # node name -> lines of its [daemon] table
+    agent_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # node name -> its environment's extra
     agents: list[Agent] = field(default_factory=list)
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     prometheus_url: str = ""
@@ -136,8 +139,9 @@ class FleetRig:
             f'sysfs_root = "{agent.root / "sys"}"\n'
             f'[daemon]\nlisten = "127.0.0.1:{agent.port}"\npeer_token_file = "{self.root / "peer.token"}"\n'
             f"check_run_min_interval_s = 0\npeers = {peers}\npeer_timeout_s = 5.0\n"
+            f"{self.daemon_extra.get(agent.name, '')}"
             f"{fleet}[checks.xid]\ninterval_s = 30.0\n[checks.peer_compare]\ninterval_s = {self.compare_s:g}\n"
-            f"timeout_s = 60.0\n{off}{self.extra_config}"
+            f"timeout_s = 60.0\n{off}{self.extra_config}{self.agent_extra.get(agent.name, '')}"
         )
 
     def write_agents(self, prometheus: bool = True) -> None:
@@ -154,19 +158,40 @@ class FleetRig:
 
     def start_agents(self, parallel: int = 4) -> None:
         """Start every agent, ``parallel`` starting at a time (an interpreter start is a core-second here)."""
-        env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
         for i in range(0, len(self.agents), parallel):
             batch = self.agents[i : i + parallel]
             for agent in batch:
-                with (agent.root / "daemon.log").open("ab") as log:
-                    agent.proc = subprocess.Popen(
-                        ["nice", "-n", "5", sys.executable, "-m", "dgxdoctor", "run", "--config", str(agent.config)],
-                        env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                        start_new_session=True,
-                    )  # fmt: skip
+                self.spawn(agent)
             for agent in batch:
-                wait(lambda a=agent: httpx.get(f"{a.url}/healthz", timeout=2).status_code == 200, 120,
-                     f"{agent.name} healthy", lambda a=agent: self.log_tail(a))  # fmt: skip
+                self.wait_healthy(agent)
+
+    def spawn(self, agent: Agent) -> None:
+        """Start one agent (again: its port, config and state directory as before)."""
+        env = {**os.environ, "PYTHONPATH": str(REPO / "src"), **self.agent_env.get(agent.name, {})}
+        with (agent.root / "daemon.log").open("ab") as log:
+            agent.proc = subprocess.Popen(
+                ["nice", "-n", "5", sys.executable, "-m", "dgxdoctor", "run", "--config", str(agent.config)],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+
+    def wait_healthy(self, agent: Agent) -> None:
+        wait(lambda: httpx.get(f"{agent.url}/healthz", timeout=2).status_code == 200, 120,
+             f"{agent.name} healthy", lambda: self.log_tail(agent))  # fmt: skip
+
+    def stop_agent(self, agent: Agent) -> None:
+        """Stop one agent (SIGTERM to its process group, by its PID): its target goes down in Prometheus."""
+        proc = agent.proc
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        agent.proc = None
 
     def log_tail(self, agent: Agent) -> str:
         path = agent.root / "daemon.log"
@@ -256,6 +281,17 @@ class FleetRig:
                 proc.wait(10)
         if self.recorder is not None:
             self.recorder.stop()
+
+
+def fake_systemctl(root: Path) -> Path:
+    """A directory to put first on an agent's PATH: its ``systemctl`` records every call in ``root/systemctl.calls``
+    and does nothing (remediation's commands reach no real unit)."""
+    bin_dir = root / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    script = bin_dir / "systemctl"
+    script.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {root / "systemctl.calls"}\n')
+    script.chmod(0o755)
+    return bin_dir
 
 
 def wait(predicate: Callable[[], bool], limit_s: float, what: str, tail: Callable[[], str] = str) -> float:

@@ -20,6 +20,7 @@ import pytest
 from daemonproc import DaemonProc, free_port
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.remediation.audit import AUDIT_FILE
+from harness.fleet import fake_systemctl
 from sysfstree import build_sysfs_tree
 
 pytestmark = pytest.mark.integration
@@ -55,15 +56,6 @@ def config(root: Path, name: str, sysfs: Path, peers: list[str]) -> str:
             f"peer_timeout_s = 2.0\n{ACTOR.format(token=token) if peers else ''}")  # fmt: skip
 
 
-def fake_systemctl(root: Path) -> Path:
-    bin_dir = root / "bin"
-    bin_dir.mkdir(parents=True)
-    script = bin_dir / "systemctl"
-    script.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {root / "systemctl.calls"}\n')
-    script.chmod(0o755)
-    return bin_dir
-
-
 def rail(sysfs: Path, active: bool) -> None:
     (sysfs / RAIL / "state").write_text("4: ACTIVE\n" if active else "2: INIT\n")
 
@@ -75,7 +67,12 @@ class Fleet:
         self.sysfs: dict[str, Path] = {}
 
     def start(self) -> Fleet:
-        ports = {f"n{i}": free_port() for i in range(5)}
+        ports: dict[str, int] = {}
+        for i in range(5):  # a port just freed can be handed out again: never two nodes on one
+            port = free_port()
+            while port in ports.values():
+                port = free_port()
+            ports[f"n{i}"] = port
         for name, port in ports.items():
             home = self.root / name
             home.mkdir()
@@ -117,6 +114,9 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
 def test_two_of_five_down_refuse_the_restart_until_they_recover(fleet: Fleet) -> None:
     for name in ("n1", "n2"):
         rail(fleet.sysfs[name], active=False)
+    for name in ("n1", "n2"):  # their own check says so first: a peer that n0 could not reach yet opened it too
+        peer = fleet.nodes[name]
+        peer.wait_for(lambda p=peer: p.metric("dgxdoctor_check_status", check="infiniband") == 2.0, 30, "rail down")
     n0 = fleet.n0
     n0.wait_for(lambda: n0.metric("dgxdoctor_remediation_fleet_breaker_open") == 1.0, 30, "the fleet breaker open")
     answer = httpx.post(f"{n0.url}/alertmanager", json=ALERT, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5)

@@ -181,8 +181,11 @@ class CheckScheduler:
         if forget:
             self.store.forget(name)
 
-    def add_job(self, job_id: str, func: Callable[[], Any], interval_s: float) -> None:
-        """A non-check periodic job (the textfile writer): a plain function, run in a thread."""
+    def add_job(
+        self, job_id: str, func: Callable[[], Any], interval_s: float, first_run_in_s: float | None = None
+    ) -> None:
+        """A non-check periodic job (the textfile writer): a plain function, run in a thread; its first run
+        ``first_run_in_s`` from now (None: one interval)."""
 
         def guarded() -> None:
             try:
@@ -190,7 +193,7 @@ class CheckScheduler:
             except Exception as exc:  # a job's failure is logged, and its next run still comes
                 log.error("job_failed", job=job_id, error=f"{type(exc).__name__}: {exc}")
 
-        self._add(job_id, guarded, interval_s)
+        self._add(job_id, guarded, interval_s, first_run_in_s)
 
     def remove_job(self, job_id: str) -> None:
         self._cancel(job_id)

@@ -41,19 +41,23 @@ from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.exporters.incidents import IncidentCollector
 from dgxdoctor.exporters.remediation import RemediationCollector
 from dgxdoctor.exporters.textfile import write_textfile
-from dgxdoctor.fleet.breaker import Member, members_from_states
+from dgxdoctor.fleet.breaker import FleetReading, Member, members_from_states
 from dgxdoctor.fleet.discovery import Membership, discover
 from dgxdoctor.fleet.incidents import IncidentTracker
 from dgxdoctor.fleet.peer_states import PeerStates
+from dgxdoctor.fleet.prom_fleet import PromFleet
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.remediation.audit import AuditLog
 from dgxdoctor.remediation.engine import Remediator
-from dgxdoctor.result import Sample, overall_status
+from dgxdoctor.result import Finding, Sample, overall_status
 from dgxdoctor.sources.statefile import WRITE_ERRORS, note_file, write_failed
 
 log = eventlog.get_logger(__name__)
 
 TEXTFILE_JOB = "__textfile__"
+# With [fleet] prometheus_url: the fleet as Prometheus sees it, asked at the peer comparison's interval
+# (fleet.prom_fleet); remediation reads the last answer and never waits on Prometheus.
+PROM_FLEET_JOB = "__prometheus_fleet__"
 TEXTFILE_LABEL = "textfile"  # the file label of dgxdoctor_write_errors_total for the node_exporter textfile
 # glibc mallopt(3) parameter M_ARENA_MAX (malloc.h) and the arenas the daemon keeps. Every check run is a thread of
 # its own (base.CheckRunner), and glibc gives threads up to 8 arenas per core, each keeping freed memory resident:
@@ -118,7 +122,9 @@ class Daemon:
         self.credentials = config.daemon.resolve_credentials()
         self.token = self.credentials.peer  # what this node sends its peers and signs steps with
         self.remediator: Remediator = build_remediator(config, self.token, self.store.latest)
-        self.remediator.fleet = self.fleet_members  # the fleet breaker's cluster view: the peers' latest states
+        self.prom_fleet = PromFleet()  # with [fleet] prometheus_url: the fleet as Prometheus last answered
+        self.remediator.fleet = self.fleet_members  # the fleet breaker's cluster view: the peers' or Prometheus's
+        self.remediator.relayed = self.relayed_causes  # with Prometheus: the group peers' hardware causes
         self._wire_evidence(config)
         self.registry.register(RemediationCollector(lambda: self.store.node, self.remediator.metrics))
         self.app_state = AppState(
@@ -182,12 +188,44 @@ class Daemon:
     def _token(self) -> str | None:
         return self.token
 
-    def fleet_members(self) -> list[Member]:
-        """This node's latest results and every peer's last /state (fleet.breaker), for the fleet breaker."""
+    def fleet_members(self) -> list[Member] | FleetReading:
+        """This node's latest results and every peer's last /state (fleet.breaker), for the fleet breaker; with
+        Prometheus as the cluster view, the others as Prometheus last said (fleet.prom_fleet)."""
         latest = list(self.store.latest().values())
-        return members_from_states(
-            self.store.node, self.config.group, overall_status(latest).value, self.peer_states.all()
-        )
+        status = overall_status(latest).value
+        if self.config.fleet.prometheus_url is not None:
+            return self.prom_fleet.reading(Member(self.store.node, self.config.group, status != "critical"))
+        return members_from_states(self.store.node, self.config.group, status, self.peer_states.all())
+
+    def relayed_causes(self) -> list[Finding]:
+        """With Prometheus as the cluster view: the hardware causes among the critical findings of the other nodes
+        of this node's serving group, judged as the mesh's peer_compare relays them (PEER_HARDWARE_FAULT); a
+        peer not scraped now, or Prometheus silent, keeps its last ones. Without: none (peer_compare relays)."""
+        if self.config.fleet.prometheus_url is None:
+            return []
+        from dgxdoctor.judge.hardware_cause import peer_cause_findings
+
+        out: list[Finding] = []
+        for peer, doc, kept in self.prom_fleet.group_peers():
+            found = peer_cause_findings(doc, peer)
+            out += [replace(f, evidence=kept) for f in found] if kept else found
+        return out
+
+    def _configure_prom_fleet(self) -> None:
+        """Ask Prometheus for the fleet at the peer comparison's interval, the first time now."""
+        fleet = self.config.fleet
+        url = fleet.prometheus_url
+        if url is None:
+            self.scheduler.remove_job(PROM_FLEET_JOB)
+            return
+        timeout_s = fleet.prometheus_timeout_s
+
+        def refresh() -> None:
+            self.prom_fleet.refresh(lambda: self.env.async_http_client(timeout_s), url, fleet.job, timeout_s,
+                                    self.store.node, self.config.group)  # fmt: skip
+
+        interval = self.config.check_settings("peer_compare").interval_s
+        self.scheduler.add_job(PROM_FLEET_JOB, refresh, interval, first_run_in_s=0.0)
 
     def _peers(self) -> Peers:
         """The peers now (called from the peer comparison's thread): discovered (``fleet.discovery``), unless
@@ -354,6 +392,7 @@ class Daemon:
             self.scheduler.add(self._build(factory))
             changed.append(f"~{name}" if current is not None else f"+{name}")
         self._configure_textfile()
+        self._configure_prom_fleet()
         self.remediator.reconfigure(build_remediator(new, token, self.store.latest))
         log.info("config_reloaded", source=new.source, changed=changed)
         return []
@@ -375,6 +414,7 @@ class Daemon:
         self._schedule_all()
         self.remediator.start()
         self._configure_textfile()
+        self._configure_prom_fleet()
         app = make_app(self.app_state, outer=(self.guard.middleware,))
         runner = connections.make_runner(app, self.guard.limits, self.request_log)
         try:

@@ -7,8 +7,9 @@ groups (counted by groups), as EKS applies its 20 % rule only above five nodes. 
 fault is half the fleet, and the breaker must never stop an action there.
 
 The input is a list of ``Member`` (node, group, healthy) tuples, whatever the cluster view: today the daemon's own
-results and the peers' latest ``/state`` it already holds (``members_from_states``); a Prometheus-backed view feeds
-the same list (``FleetView``).
+results and the peers' latest ``/state`` it already holds (``members_from_states``), or with Prometheus as the
+cluster view the nodes Prometheus scrapes (``fleet.prom_fleet``), which also says what it could not read
+(``FleetReading``).
 """
 
 from __future__ import annotations
@@ -35,8 +36,17 @@ class Member(Struct, frozen=True):
     healthy: bool
 
 
-# The cluster view's one duty towards the breaker: the fleet's members now.
-FleetView = Callable[[], Sequence[Member]]
+class FleetReading(Struct, frozen=True):
+    """The members a view could read, and ``unknown``: why part of the fleet could not be read ("" when all was).
+    The breaker counts only what is known, and the audit says what was not."""
+
+    members: tuple[Member, ...]
+    unknown: str = ""
+
+
+# The cluster view's one duty towards the breaker: the fleet's members now (or a FleetReading that says what of the
+# fleet it could not read: fleet.prom_fleet).
+FleetView = Callable[[], Sequence[Member] | FleetReading]
 
 
 class FleetHealth(Struct, frozen=True):
@@ -46,6 +56,7 @@ class FleetHealth(Struct, frozen=True):
     bad_groups: tuple[str, ...]
     tripped: bool
     reason: str  # why it tripped ("" when it did not)
+    unknown: str = ""  # what of the fleet the view could not read ("" when it read all)
 
 
 def _over(bad: int, total: int, max_fraction: float) -> bool:
@@ -56,10 +67,13 @@ def _share(bad: int, total: int) -> str:
     return f"{bad} of {total} ({100 * bad / total:.0f} %)"
 
 
-def fleet_health(members: Iterable[Member], max_fraction: float, min_nodes: int, min_groups: int) -> FleetHealth:
+def fleet_health(
+    members: Iterable[Member], max_fraction: float, min_nodes: int, min_groups: int, unknown: str = ""
+) -> FleetHealth:
     """Trips when more than ``max_fraction`` of the nodes (a fleet of ``min_nodes`` or more) or of the groups
     (``min_groups`` or more) is unhealthy, and at least ``MIN_UNHEALTHY`` of them. A group is unhealthy when one of
-    its nodes is. A node listed twice counts once, unhealthy if either says so."""
+    its nodes is. A node listed twice counts once, unhealthy if either says so. ``unknown``: what the view could
+    not read (counted as nothing, carried into the verdict so the audit says it)."""
     healthy: dict[str, bool] = {}
     group_of: dict[str, str] = {}
     for m in members:
@@ -75,7 +89,9 @@ def fleet_health(members: Iterable[Member], max_fraction: float, min_nodes: int,
     if len(groups) >= min_groups and _over(len(bad_groups), len(groups), max_fraction):
         why.append(f"{_share(len(bad_groups), len(groups))} groups unhealthy: {', '.join(bad_groups[:8])}")
     reason = "; ".join(why) + (f", more than {100 * max_fraction:g} % at once" if why else "")
-    return FleetHealth(len(healthy), bad_nodes, len(groups), bad_groups, bool(why), reason)
+    if why and unknown:
+        reason += f" ({unknown})"
+    return FleetHealth(len(healthy), bad_nodes, len(groups), bad_groups, bool(why), reason, unknown)
 
 
 def members_from_states(node: str, group: str, status: str, peers: Iterable[PeerState]) -> list[Member]:

@@ -2,6 +2,10 @@
 ``Cure.HARDWARE`` (judge.consequence) become PEER_HARDWARE_FAULT findings of this node's peer_compare check, so this
 node's remediation does not restart the group they share (remediation/hardware_gate.py reads them as causes).
 
+With Prometheus as the cluster view no peer's ``/state`` is fetched: the daemon reads the critical findings of the
+other nodes of its serving group from Prometheus (``fleet.prom_fleet``, code and subject, no cure, no message) and
+relays them through the same ``peer_cause_findings`` into remediation's hardware gate.
+
 Nothing is re-judged here: the peer's document says what follows from each of its findings (``cure``), as this
 node's own results do. A peer of the release before findings carried it (results schema 1) sends no ``cure``: that
 is unknown, never "no hardware fault": its critical finding is read with this node's table (judge.consequence), and a
@@ -38,8 +42,10 @@ def peer_causes(doc: dict[str, object]) -> list[str]:
             if code.startswith(("XID_", "SXID_")):
                 family, number = code.split("_", 1)
                 out.append(f"{family} {number} on {subject} of {node}")
-            else:
-                out.append(f"{code} on {node}: {f.get('message', '')}")
+            elif f.get("message"):
+                out.append(f"{code} on {node}: {f.get('message')}")
+            else:  # a document from Prometheus's labels: no message, the subject names the part
+                out.append(f"{code} on {subject or 'the node'} of {node}")
     return out
 
 

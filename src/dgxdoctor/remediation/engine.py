@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, get_args
@@ -36,7 +36,7 @@ from msgspec.structs import replace
 from dgxdoctor import eventlog
 from dgxdoctor.compat import aio
 from dgxdoctor.environment import Environment
-from dgxdoctor.fleet.breaker import FleetHealth, FleetView, fleet_health
+from dgxdoctor.fleet.breaker import FleetHealth, FleetReading, FleetView, fleet_health
 from dgxdoctor.remediation.actions import (
     StepResult,
     VllmTarget,
@@ -50,13 +50,13 @@ from dgxdoctor.remediation.audit import AUDIT_FILE, STATE_FILE, AuditLog, Thrott
 from dgxdoctor.remediation.capture import PreActionCapture
 from dgxdoctor.remediation.fleet_gate import FleetGate
 from dgxdoctor.remediation.guard import Decision, Guard, GuardState, in_start_grace
-from dgxdoctor.remediation.hardware_gate import HardwareGate, causes
+from dgxdoctor.remediation.hardware_gate import HardwareCause, HardwareGate, causes
 from dgxdoctor.remediation.intake import AlertIntake, FiringAlert
 from dgxdoctor.remediation.policy import RESTARTS, Problem, problems_from_results
 from dgxdoctor.remediation.settled import Moment, Settled, View, file_stamp
 from dgxdoctor.remediation.state_doc import Step
 from dgxdoctor.remediation.worker import WorkerSteps
-from dgxdoctor.result import CheckResult
+from dgxdoctor.result import CheckResult, Finding
 from dgxdoctor.settings.remediation import RemediationSettings
 from dgxdoctor.sources.statefile import StateFile
 
@@ -103,6 +103,16 @@ class Interrupted(Exception):
     def __init__(self, steps: list[StepResult]) -> None:
         super().__init__("the agent stopped")
         self.steps = steps
+
+
+def _fleet_moment(fleet: FleetHealth | None) -> str:
+    """What of the fleet's verdict is judged again when it changes: why it tripped, and what the view could not
+    read, without the age of what it kept ("412 s" ticking is no change)."""
+    if fleet is None:
+        return ""
+    steady = _NUMBER.sub("#", fleet.unknown)
+    reason = fleet.reason.replace(fleet.unknown, steady) if fleet.tripped and fleet.unknown else fleet.reason
+    return (reason if fleet.tripped else "") + steady
 
 
 def vllm_uptime(results: dict[str, CheckResult]) -> float | None:
@@ -164,6 +174,9 @@ class Remediator:
         self.fleet = fleet
         self.fleet_gate = FleetGate()  # no restart while too much of the fleet is unhealthy (fleet_gate.py)
         self.fleet_reason = ""  # why the fleet breaker is tripped at the last evaluation ("" when it is not)
+        # Hardware causes relayed from beyond this node's results (with Prometheus as the cluster view: the critical
+        # findings of the other nodes of this node's serving group, judged); None: only the results' own.
+        self.relayed: Callable[[], Sequence[Finding]] | None = None
         self.settled: Settled | None = None  # what the last evaluation that changed nothing saw (settled.py)
 
     @property
@@ -335,20 +348,35 @@ class Remediator:
             return None
         s = self.settings
         try:
-            members = self.fleet()
+            got = self.fleet()
         except Exception as exc:  # the view is the daemon's own memory; a bug there must not stop remediation
             say, quiet = self.loop_errors.say(f"fleet:{type(exc).__name__}")
             if say:
                 log.error("remediation_fleet_view_failed", error=f"{type(exc).__name__}: {exc}"[:300],
                           not_logged_since=quiet)  # fmt: skip
             return None
-        return fleet_health(members, s.fleet_breaker_fraction, s.fleet_breaker_min_nodes, s.fleet_breaker_min_groups)
+        members, unknown = (got.members, got.unknown) if isinstance(got, FleetReading) else (got, "")
+        return fleet_health(members, s.fleet_breaker_fraction, s.fleet_breaker_min_nodes, s.fleet_breaker_min_groups,
+                            unknown)  # fmt: skip
+
+    def causes(self, latest: dict[str, CheckResult]) -> list[HardwareCause]:
+        """The hardware causes now: this node's results' and the relayed ones (a failing relay: said, none)."""
+        relayed: Sequence[Finding] = ()
+        if self.relayed is not None:
+            try:
+                relayed = self.relayed()
+            except Exception as exc:  # the daemon's own memory, as the fleet view
+                say, quiet = self.loop_errors.say(f"relayed:{type(exc).__name__}")
+                if say:
+                    log.error("remediation_relayed_causes_failed", error=f"{type(exc).__name__}: {exc}"[:300],
+                              not_logged_since=quiet)  # fmt: skip
+        return causes(latest, self.node, relayed)
 
     def _view(self, latest: dict[str, CheckResult]) -> View:
         checks, _ = self._problems(latest)
         uptime = vllm_uptime(latest)
         grace = in_start_grace(self.settings, uptime) if uptime is not None else None
-        return View(tuple(checks), tuple(causes(latest, self.node)), grace)
+        return View(tuple(checks), tuple(self.causes(latest)), grace)
 
     def _unchanged(self, latest: dict[str, CheckResult], now: float, moment: Moment) -> bool:
         """Whether this evaluation would decide what the last settled one did (settled.py): then it is skipped."""
@@ -359,6 +387,8 @@ class Remediator:
             if self._view(latest) != settled.view:
                 return False
             settled.results = dict(latest)  # new runs saying the same: not looked into again
+        elif self.relayed is not None and tuple(self.causes(latest)) != settled.view.causes:
+            return False  # a cause relayed from beyond the results came or went
         return True
 
     def _settle(self, latest: dict[str, CheckResult], before: Moment, until: float) -> None:
@@ -373,7 +403,7 @@ class Remediator:
         latest = self.latest()
         fleet = self.fleet_health()
         self.fleet_gate.health = fleet  # the metric follows the fleet, with or without a problem here
-        self.fleet_reason = fleet.reason if fleet is not None and fleet.tripped else ""
+        self.fleet_reason = _fleet_moment(fleet)
         moment = self._moment()
         if self._unchanged(latest, now, moment):
             return
@@ -393,7 +423,7 @@ class Remediator:
             guard.observe(checks, now, "check")
             guard.observe(alerts, now, "alert")
             decisions = [guard.decide(p, now, vllm_uptime(latest)) for p in checks + alerts]
-            decisions, pages = self.gate.apply(decisions, causes(latest, self.node), self.node)
+            decisions, pages = self.gate.apply(decisions, self.causes(latest), self.node)
             decisions, fleet_pages = self.fleet_gate.apply(decisions, fleet)
             pages += fleet_pages
             decisions, chosen = _one_at_a_time(decisions)

@@ -3,6 +3,9 @@ serving groups unhealthy at once (``fleet.breaker``). Restarts cannot cure what 
 driver rollout) and would multiply the outage; every restart decision is refused, audited with the fleet's
 figures, and one page per problem says so while the breaker stays tripped. It closes by itself when the fleet is
 healthy again: it opens on the fleet's state, not on what this node did (that is the guard's budget breaker).
+
+A view that could not read all of the fleet (Prometheus silent: ``fleet.prom_fleet``) counts only what it knows;
+a restart it then lets run says so in its audited reason, never a silent "all healthy".
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ class FleetGate:
         self.health = health
         if health is None or not health.tripped:
             self.paged.clear()
+            if health is not None and health.unknown:  # not tripped on what it could read: the audit says the rest
+                return [_noted(d, health.unknown) for d in decisions], []
             return list(decisions), []
         out: list[Decision] = []
         pages: list[Decision] = []
@@ -49,3 +54,10 @@ class FleetGate:
                 message = f"{d.action} for {d.problem.reason} not run: {health.reason}"
                 pages.append(Decision("page", "page", message, replace(d.problem, action="page")))
         return out, pages
+
+
+def _noted(d: Decision, unknown: str) -> Decision:
+    """A restart that would run, its reason saying what of the fleet the breaker could not count."""
+    if d.verdict != "act" or d.action not in RESTARTS:
+        return d
+    return replace(d, reason=f"{d.reason}; fleet breaker not tripped on what it could read: {unknown}")

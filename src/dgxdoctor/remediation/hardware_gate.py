@@ -5,9 +5,11 @@ A restart of vLLM on a GPU that fell off the bus (XID 79), a GPU that NVML lost,
 manager is down, or a group whose IB rail is down only fails again, burns the restart budget and hides the cause.
 The causes are the findings of the checks' latest results that judge/ marked ``Cure.HARDWARE`` (judge.consequence:
 XIDs needing a GPU reset or a reboot, fatal SXIDs, the kernel's link-down and NIC firmware faults, lost GPUs, the
-fabric manager down, IB ports down), the peer's among them as the peer_compare check relays them
-(PEER_HARDWARE_FAULT, judge/hardware_cause.py). ``HardwareGate.apply`` turns restart decisions into refusals and
-says which page to send, once per (problem, cause) while the cause lasts.
+fabric manager down, IB ports down), and the peer's: as the mesh's peer_compare check relays them, or with
+Prometheus as the cluster view from the critical findings of the other nodes of this node's serving group
+(PEER_HARDWARE_FAULT, judge/hardware_cause.py, relayed by the daemon from fleet.prom_fleet).
+``HardwareGate.apply`` turns restart decisions into refusals and says which page to send, once per (problem, cause)
+while the cause lasts.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def _cause(node: str, results: Mapping[str, CheckResult], result: CheckResult, f
     if f.cure is not Cure.HARDWARE:
         return None
     if f.code == PEER_CAUSE_CODE:
-        return HardwareCause(f"peer:{f.subject}:{f.message}", f.message, f)
+        return _relayed(f)
     if f.code.startswith(("XID_", "SXID_")):
         number = f.code.split("_", 1)[1]
         family = "XID" if f.code.startswith("XID_") else "SXID"
@@ -75,14 +77,25 @@ def _cause(node: str, results: Mapping[str, CheckResult], result: CheckResult, f
     return HardwareCause(f"{node}:{f.code}:{f.subject}", f"{f.code} on {node}: {f.message}", f)
 
 
-def causes(results: Mapping[str, CheckResult], node: str) -> list[HardwareCause]:
-    """The active hardware and driver causes in this node's latest results (the peer's, as relayed)."""
+def _relayed(f: Finding) -> HardwareCause:
+    """A peer's cause as relayed (PEER_HARDWARE_FAULT: the message names the fault, the subject the peer)."""
+    return HardwareCause(f"peer:{f.subject}:{f.message}", f.message, f)
+
+
+def causes(results: Mapping[str, CheckResult], node: str, relayed: Iterable[Finding] = ()) -> list[HardwareCause]:
+    """The active hardware and driver causes in this node's latest results (the peer's, as the mesh's peer_compare
+    relays them), and ``relayed``: the PEER_HARDWARE_FAULT findings relayed from beyond the results (with
+    Prometheus as the cluster view, the group's, judge.hardware_cause)."""
     found: dict[str, HardwareCause] = {}
     for result in results.values():
         for finding in result.findings:
             cause = _cause(node, results, result, finding)
             if cause is not None:
                 found.setdefault(cause.key, cause)
+    for f in relayed:
+        if f.code == PEER_CAUSE_CODE and f.cure is Cure.HARDWARE:
+            cause = _relayed(f)
+            found.setdefault(cause.key, cause)
     return list(found.values())
 
 
