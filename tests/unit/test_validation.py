@@ -134,3 +134,14 @@ def test_a_peers_non_finite_sample_is_absent_and_the_rest_kept() -> None:
     doc = validate(ResultsDocument, response_json(body))
     assert [s.value for s in doc.checks[0].samples] == [None, 2.0]
     assert json.loads(json.dumps(doc.dumped()))["checks"][0]["samples"][0]["value"] is None
+
+
+def test_no_record_is_written_after_it_is_built() -> None:
+    """Issue 36: a rule raises, a hook returns the value to keep; nothing writes into a frozen record."""
+    src = Path(__file__).resolve().parents[2] / "src" / "dgxdoctor"
+    writers = [
+        str(path.relative_to(src))
+        for path in src.rglob("*.py")
+        if any(word in path.read_text(encoding="utf-8") for word in ("force_setattr", "object.__setattr__"))
+    ]
+    assert writers == []

@@ -43,7 +43,7 @@ KEEP_RUNS = 8
 
 
 class JoinRequest(Frozen, frozen=True):
-    """What the head may ask for: the same field types as ``NcclSettings`` (``sources.fields``)."""
+    """What the head may ask for: the same field types as ``NcclSettings`` (``validation``)."""
 
     run_id: Annotated[str, Meta(pattern=r"^[0-9a-f]{32}\Z")]
     master_addr: Host
