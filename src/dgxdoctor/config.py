@@ -1,24 +1,23 @@
 """TOML config -> validated, frozen Config. Every error is reported at once, each with its key path.
 
 The ``[checks.<name>]`` tables are validated by each check's own ``settings_model``; the root model is
-assembled from the explicit registry, so a check's keys live beside its code. Each table a config names is validated
-by its own model (``dgxdoctor.validation``) and the root built from the parts; a table it does not name is its
-model's default.
+assembled from the explicit registry, so a check's keys live beside its code. Each table a config names is decoded
+on its own by msgspec (``dgxdoctor.validation``), so every table's problem is reported at once (msgspec stops at a
+table's first); the root is built from the parts, and a table the config does not name is its model's default.
 """
 
 from __future__ import annotations
 
-import json
 import pwd
 import socket
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
-from msgspec import UNSET, Meta, Struct, defstruct
+import msgspec
+from msgspec import Meta, Struct, defstruct
 
 from dgxdoctor.environment import Environment, ExecutorKind, Role
-from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.result import DEFAULT_GROUP
 from dgxdoctor.settings.alerts import AlertsSettings as AlertsSettings
 from dgxdoctor.settings.base import Frozen
@@ -30,7 +29,7 @@ from dgxdoctor.settings.fleet import FleetSettings as FleetSettings
 from dgxdoctor.settings.remediation import RemediationSettings as RemediationSettings
 from dgxdoctor.sources.container import DEFAULT_RUNTIME, Container, ContainerName, RuntimeProgram
 from dgxdoctor.sources.statefile import state_dir_problem
-from dgxdoctor.validation import Invalid, Problem, bare_type, child_type, validate
+from dgxdoctor.validation import validate
 
 if TYPE_CHECKING:
     import ssl
@@ -181,15 +180,9 @@ def config_model() -> type[Sections]:
     return cast(type[Sections], root)
 
 
-# user:password@ in a URL (http://admin:pw@dgx-b:9835): a password in a URL is not repeated in an error.
-_USERINFO = lazy_compile(r"://[^/@\s'\"]*@")
-# validation's "expected float, got str": the value follows the type's name.
-_GOT_TYPE = lazy_compile(r"^expected .*, got \w+$")
-_LENGTH = lazy_compile(r"^expected array of length ([<>]=) (\d+)")
-
-
 class ConfigError(Exception):
-    """Invalid configuration. ``problems`` holds (key path, reason) pairs, all of them."""
+    """Invalid configuration. ``problems`` holds (key path, reason) pairs, all of them: for a table msgspec
+    refused, the table and msgspec's message (which ends with the full key path, ``- at `$.daemon.port```)."""
 
     def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
         self.source = source
@@ -325,10 +318,6 @@ class Config:
         return self.daemon.deprecations()
 
 
-def _key_path(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(part) for part in loc) or "(top level)"
-
-
 Problems = list[tuple[str, str]]
 
 
@@ -358,10 +347,11 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
 
 def _validated_config(data: dict[str, Any], problems: Problems) -> Sections | None:
     """Each table ``data`` names validated by its own model, every other one its default. Problems in the order
-    of the tables, then unknown keys."""
+    of the tables, then unknown tables."""
     tables = {name: _validated(model, data[name], (name,), problems) for name, model in _present(data)}
     checks = _validated_checks(data["checks"], problems) if "checks" in data else None
-    problems += [_unknown((key,), data[key]) for key in data if key not in Sections.__struct_fields__]
+    known = Sections.__struct_fields__
+    problems += [(key, _unknown(key, known, "table")) for key in data if key not in known]
     if problems:
         return None
     values: dict[str, Any] = {name: tables.get(name) or model() for name, model in section_models().items()}
@@ -374,31 +364,64 @@ def _present(data: dict[str, Any]) -> list[tuple[str, type[Frozen]]]:
 
 
 def _validated_checks(value: object, problems: Problems) -> Frozen | None:
-    """``[checks]``: each named check's table by its own ``settings_model``; an unknown name is an unknown key."""
+    """``[checks]``: each named check's table by its own ``settings_model``; an unknown name is an unknown table."""
     if not isinstance(value, dict):
-        problems.append(("checks", _reason(Problem(("checks",), "expected a table", value), ("checks",))))
+        problems.append(("checks", f"expected a table of check tables, got {type(value).__name__}"))
         return None
     models = check_models()
     present = [(name, model) for name, model in models.items() if name in value]
     tables = {name: _validated(model, value[name], ("checks", name), problems) for name, model in present}
-    problems += [_unknown(("checks", name), value[name]) for name in value if name not in models]
+    problems += [(f"checks.{name}", _unknown(name, tuple(models), "check")) for name in value if name not in models]
     if problems:
         return None
     return checks_model()(**{name: tables.get(name) or model() for name, model in models.items()})
 
 
 def _validated(model: type[Frozen], value: object, loc: tuple[str, ...], problems: Problems) -> Frozen | None:
+    """``value`` as ``model``, decoded where it sits in the file (``{"checks": {"nccl": value}}``) so that
+    msgspec's message names the whole key path; None, and the table's problem added, when it is refused."""
+    for key in reversed(loc):
+        value = {key: value}
     try:
-        return validate(model, value)
-    except Invalid as exc:
-        for problem in exc.problems:
-            full_loc = (*loc, *problem.path)
-            problems.append((_key_path(full_loc), _reason(problem, full_loc)))
+        decoded: Any = validate(_placed(model, loc), value)
+    except msgspec.ValidationError as exc:
+        problems.append((".".join(loc), f"{exc}{_did_you_mean(model, value, loc)}"))
         return None
+    for key in loc:
+        decoded = getattr(decoded, key)
+    return cast(Frozen, decoded)
 
 
-def _unknown(loc: tuple[str, ...], value: object) -> tuple[str, str]:
-    return (_key_path(loc), _reason(Problem(loc, "unknown key", value, unknown_key=True), loc))
+@cache
+def _placed(model: type[Frozen], loc: tuple[str, ...]) -> type[Struct]:
+    """A record holding ``model`` at ``loc``: ``_validated`` decodes a table as the file holds it."""
+    placed: type[Struct] = model
+    for key in reversed(loc):
+        placed = defstruct("_" + "_".join(loc), [(key, placed)], module=__name__)
+    return placed
+
+
+def _did_you_mean(model: type[Frozen], value: Any, loc: tuple[str, ...]) -> str:
+    """A hint for a mistyped key of the table itself (msgspec names it; this names the key it resembles)."""
+    for key in loc:
+        value = value[key]
+    if not isinstance(value, dict):
+        return ""
+    import difflib  # only for a config with a problem: the daemon does not keep it loaded
+
+    for key in value:
+        if key not in model.__struct_fields__:
+            close = difflib.get_close_matches(str(key), model.__struct_fields__, n=1, cutoff=0.6)
+            if close:
+                return f" ({key!r}: did you mean {close[0]!r}?)"
+    return ""
+
+
+def _unknown(key: str, known: tuple[str, ...], what: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f"unknown {what}" + (f" (did you mean {close[0]!r}?)" if close else "")
 
 
 def user_uid(user: str) -> int | None:
@@ -436,47 +459,6 @@ def _one_role(data: dict[str, Any], source: str) -> dict[str, Any]:
         problem = f"{own!r} contradicts node.role {node_role!r} (leave remediation.role unset: it follows [node] role)"
         raise ConfigError(source, [("remediation.role", problem)])
     return data
-
-
-def _keys_at(loc: tuple[int | str, ...]) -> list[str]:
-    """The keys the table at ``loc`` accepts (for "did you mean"); empty where it is not a settings table."""
-    model: Any = config_model()
-    for part in loc:
-        model = child_type(model, part)
-    kind = bare_type(model)
-    return list(kind.__struct_fields__) if isinstance(kind, type) and issubclass(kind, Struct) else []
-
-
-# Keys whose value is a secret: an error names the key and what is wrong, never the value (logs, /reload answers
-# and terminals are read by more people than the token file).
-SECRET_KEYS = frozenset({"token", "api_key"})
-
-
-def _is_secret(loc: tuple[int | str, ...]) -> bool:
-    return any(isinstance(part, str) and part in SECRET_KEYS for part in loc)
-
-
-def _reason(problem: Problem, loc: tuple[int | str, ...]) -> str:
-    if problem.unknown_key:
-        import difflib  # only for a config with a typo: the daemon does not keep it loaded
-
-        close = difflib.get_close_matches(str(loc[-1]), _keys_at(loc[:-1]), n=1, cutoff=0.6)
-        return f"unknown key (did you mean {close[0]!r}?)" if close else "unknown key"
-    value, msg = problem.value, problem.reason
-    if _is_secret(loc):
-        return f"{msg} (value not shown: a secret)"
-    if msg.startswith("expected object"):  # JSON's word: a TOML table
-        msg = msg.replace("expected object", "expected a table", 1)
-    length = _LENGTH.match(msg)
-    if length and isinstance(value, list | tuple):  # a TOML array, of the wrong length: say so, not its type
-        return f"{'at most' if length[1] == '<=' else 'at least'} {length[2]} entries, got {len(value)}"
-    if msg.startswith("expected array"):
-        hint = f", e.g. [{json.dumps(value)}]" if isinstance(value, str) else ""
-        return _USERINFO.sub("://***@", f"expected a TOML array{hint}, got {type(value).__name__} {value!r}")
-    if value is UNSET or isinstance(value, dict) or repr(value) in msg:
-        return _USERINFO.sub("://***@", msg)
-    shown = f" {value!r}" if _GOT_TYPE.match(msg) else f" (got {value!r})"  # "expected float, got str 'a'"
-    return _USERINFO.sub("://***@", f"{msg}{shown}")
 
 
 def load_config(path: Path | None) -> Config:

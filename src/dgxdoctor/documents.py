@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from msgspec import Meta, Struct, field
-from msgspec.structs import force_setattr
 
 from dgxdoctor import __version__
 from dgxdoctor.result import DEFAULT_GROUP, UNKNOWN_GROUP, CheckResult, Finding, merged_facts, overall_status
-from dgxdoctor.validation import record_rule, rule
+from dgxdoctor.validation import Clipped, enc_hook
 
 MAX_CHECKS = 200
 MAX_SAMPLES = 20_000
@@ -34,11 +33,29 @@ UNNUMBERED_SCHEMA = 1
 Text = Annotated[str, Meta(max_length=MAX_TEXT)]
 # A status (or a finding's action or cure) as another node wrote it: kept as text (at most 32 characters), never
 # trusted to be one of ours.
-LooseStatus = Annotated[str, rule(lambda value: value[:32])]
+
+
+class LooseStatus(Clipped):
+    limit = 32
+
+
 # A finding's words as another node wrote them: cut to a bound rather than refused, so one long log line in a
 # peer's evidence does not cost the whole peer (the body itself is read up to MAX_STATE_BYTES).
-ClippedName = Annotated[str, rule(lambda value: value[:MAX_NAME])]
-ClippedText = Annotated[str, rule(lambda value: value[:MAX_TEXT])]
+class ClippedName(Clipped):
+    limit = MAX_NAME
+
+
+class ClippedText(Clipped):
+    limit = MAX_TEXT
+
+
+C = TypeVar("C", bound=Clipped)
+
+
+def _clipped(kind: type[C], value: str | None) -> C | None:
+    return None if value is None else kind(value)
+
+
 # The checks' part of the per-check document in `check --json` (the rest is /state's).
 REPORT_CHECK_KEYS = ("name", "status", "summary", "findings", "action", "duration_s", "error")
 # What the node comparison reads of each check (fleet/compare.py, fleet/stuck_rank.py, judge/hardware_cause.py):
@@ -56,7 +73,7 @@ class _Doc(Struct, frozen=True, kw_only=True):
 
     def dumped(self, keys: Sequence[str] | None = None) -> dict[str, Any]:
         """The document as JSON-ready builtins; only ``keys`` when given."""
-        out: dict[str, Any] = msgspec.to_builtins(self)
+        out: dict[str, Any] = msgspec.to_builtins(self, enc_hook=enc_hook)
         return out if keys is None else {key: out[key] for key in keys}
 
 
@@ -69,7 +86,7 @@ class FindingDoc(_Doc, frozen=True):
     code: ClippedName
     status: LooseStatus
     subject: ClippedName | None = None
-    message: ClippedText = ""
+    message: ClippedText = ClippedText("")
     evidence: ClippedText | None = None
     remedy: ClippedText | None = None
     # None: not sent (a schema 1 document): unknown, never "nothing follows" (judge/hardware_cause.py).
@@ -82,15 +99,15 @@ class FindingDoc(_Doc, frozen=True):
     @classmethod
     def of(cls, finding: Finding, group: str | None = None) -> FindingDoc:
         return cls(
-            group=group,
-            code=finding.code,
-            status=finding.status.value,
-            subject=finding.subject,
-            message=finding.message,
-            evidence=finding.evidence,
-            remedy=finding.remedy,
-            action=finding.action,
-            cure=finding.cure.value,
+            group=_clipped(ClippedName, group),
+            code=ClippedName(finding.code),
+            status=LooseStatus(finding.status.value),
+            subject=_clipped(ClippedName, finding.subject),
+            message=ClippedText(finding.message),
+            evidence=_clipped(ClippedText, finding.evidence),
+            remedy=_clipped(ClippedText, finding.remedy),
+            action=_clipped(LooseStatus, finding.action),
+            cure=LooseStatus(finding.cure.value),
         )
 
 
@@ -102,7 +119,7 @@ class ActionDoc(_Doc, frozen=True):
 class SampleDoc(_Doc, frozen=True):
     name: str
     labels: dict[str, Text] = field(default_factory=dict)
-    value: float | None = None  # a non-finite one is made absent by ResultsDocument._bounded
+    value: float | None = None  # a peer's non-finite one is read as absent (fleet.peers.response_json)
 
     @classmethod
     def of_value(cls, name: str, labels: dict[str, str], value: float | None) -> SampleDoc:
@@ -111,7 +128,7 @@ class SampleDoc(_Doc, frozen=True):
 
 class CheckDoc(_Doc, frozen=True):
     name: str
-    status: LooseStatus = "unknown"
+    status: LooseStatus = LooseStatus("unknown")
     summary: str = ""
     findings: list[FindingDoc] = field(default_factory=list)
     action: ActionDoc | None = None
@@ -125,7 +142,7 @@ class CheckDoc(_Doc, frozen=True):
     def of(cls, r: CheckResult, group: str | None = None) -> CheckDoc:
         return cls(
             name=r.check,
-            status=r.status.value,
+            status=LooseStatus(r.status.value),
             summary=r.summary,
             findings=[FindingDoc.of(f, group) for f in r.findings],
             action=ActionDoc(kind=r.action.kind, remedy=r.action.remedy) if r.action else None,
@@ -145,25 +162,19 @@ class ResultsDocument(_Doc, kw_only=True, frozen=True):
     agent_version: ClippedName | None = None  # dgxdoctor's version on the node; None: not sent (schema 1)
     # The node's serving group ([node] group); None: not sent (schema 1 and 2), read as result.UNKNOWN_GROUP.
     group: ClippedName | None = None
-    status: LooseStatus = "unknown"
+    status: LooseStatus = LooseStatus("unknown")
     generated_at: float | None = None
     checks: Annotated[list[CheckDoc], Meta(max_length=MAX_CHECKS)]
     facts: Annotated[dict[Annotated[str, Meta(max_length=256)], Text], Meta(max_length=MAX_FACTS)] = field(
         default_factory=dict
     )
 
-    @record_rule
-    def _bounded(self) -> None:
-        """At most MAX_SAMPLES samples and MAX_FINDINGS findings; a non-finite value (Python's JSON reads NaN and
-        Infinity) made absent. One loop here, not a rule on every sample: a document holds up to 20,000."""
+    def __post_init__(self) -> None:
+        """At most MAX_SAMPLES samples and MAX_FINDINGS findings in all the checks."""
         if sum(len(c.samples) for c in self.checks) > MAX_SAMPLES:
             raise ValueError(f"more than {MAX_SAMPLES} samples")
         if sum(len(c.findings) for c in self.checks) > MAX_FINDINGS:
             raise ValueError(f"more than {MAX_FINDINGS} findings")
-        for check in self.checks:
-            for sample in check.samples:
-                if sample.value is not None and not math.isfinite(sample.value):
-                    force_setattr(sample, "value", None)
 
     @classmethod
     def of(
@@ -172,9 +183,9 @@ class ResultsDocument(_Doc, kw_only=True, frozen=True):
         return cls(
             node=node,
             schema=SCHEMA,
-            agent_version=__version__,
-            group=group,
-            status=overall_status(results).value,
+            agent_version=ClippedName(__version__),
+            group=ClippedName(group),
+            status=LooseStatus(overall_status(results).value),
             generated_at=None if generated_at is None else round(generated_at, 3),
             checks=[CheckDoc.of(r, group) for r in results],
             facts=merged_facts(results),

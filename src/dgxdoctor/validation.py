@@ -1,68 +1,39 @@
-"""Untrusted data (a config table, a peer's JSON) into ``msgspec.Struct`` records, every problem at once, each with
-its key path.
+"""Untrusted data (a config table, a peer's document, a request body) into ``msgspec.Struct`` records, by msgspec.
 
-msgspec checks the types and the ``Meta`` bounds (``Annotated[float, Meta(gt=0)]``), and stops at the first
-problem. The value at that path is then left out (its default stands in) and the rest is validated again, so one
-pass reports what one bad key would hide. What a type cannot say is a rule: ``Annotated[str, rule(http_url)]`` runs
-``http_url`` on the value (a ValueError is the problem; what it returns replaces the value: ``http://x/`` becomes
-``http://x``); a ``field_rule`` method does the same for the fields it names, and a ``record_rule`` method checks
-what spans a record's fields (``min_bytes <= max_bytes``).
+msgspec checks the types and the ``Meta`` bounds and raises ``msgspec.ValidationError`` at the first problem, its
+message ending in the key path (``Expected `int` >= 1 - at `$.checks.nccl.master_port```). What spans a record's
+fields is its ``__post_init__``: a ValueError raised there is reported the same way, with the record's path. A value
+msgspec has no type for is one of the classes below, built by ``dec_hook`` (a ValueError or TypeError there names
+what is wrong, and msgspec adds the path): a URL, a host, a byte size written ``"64M"``, a secret, a path.
 
-A class msgspec does not know is decoded by its ``decode`` classmethod (``Secret``, a byte count written ``"64M"``);
-``Path`` from a string. Constructing a record in code validates nothing: code and defaults are trusted, input is not.
+Nothing here reads msgspec's messages: callers report them as they are.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
-from collections.abc import Callable
-from functools import cache
 from pathlib import Path, PurePath
-from types import EllipsisType, UnionType
-from typing import Annotated, Any, ClassVar, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, TypeVar
+from urllib.parse import urlsplit
 
 import msgspec
-from msgspec import Meta, Struct
-from msgspec.structs import force_setattr
 
 T = TypeVar("T")
-D = TypeVar("D")
-KeyPath = tuple[str | int, ...]
-RULE = "rule"
-# How many problems one validation reports: a pasted file of garbage is not reported line by line.
-MAX_PROBLEMS = 50
 
-
-class Problem(Struct, frozen=True):
-    """What is wrong at ``path`` (keys and list indexes below the validated value); ``value`` is what was there."""
-
-    path: KeyPath
-    reason: str
-    value: Any = msgspec.UNSET  # UNSET: the problem is about no one value (a rule across fields)
-    unknown_key: bool = False
-
-
-class Invalid(ValueError):
-    """The data does not validate; ``problems`` holds all of them, in the order of the data."""
-
-    def __init__(self, problems: list[Problem]) -> None:
-        self.problems = problems
-        super().__init__("; ".join(f"{key_path(p.path)}: {p.reason}" for p in problems))
-
-
-def key_path(path: KeyPath) -> str:
-    """``("peers", 1)`` -> ``peers.1``: the dotted spelling a TOML key and a JSON pointer reader both follow."""
-    return ".".join(str(part) for part in path)
-
-
-def rule(check: Callable[[Any], Any]) -> Meta:
-    """``Annotated[str, rule(host)]``: ``check`` runs on the decoded value (on each item of a list or tuple of such
-    values); it raises ValueError naming what is wrong, or returns the value to keep."""
-    return Meta(extra={RULE: check})
+# The patterns are compiled at their first use (``re``'s own cache): ``check`` imports this module on every run.
+# One DNS label (RFC 1123): letters, digits, inner hyphens; a host name is dot-separated labels, 253 at most.
+_LABEL = r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)\Z"
+# A message size as nccl-tests and the bundled probe take it: 8M, 1G, 512K, 1048576, 8MB (any case).
+_BYTE_SIZE = r"(?i)^(?P<number>[0-9]{1,12})(?P<unit>[KMG]?)B?$"
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+# user:password@ in a URL (http://admin:pw@dgx-b:9835): a password is not repeated in an error.
+_USERINFO = r"://[^/@\s'\"]*@"
+MASK = "**********"
 
 
 class Secret:
-    """A secret setting: never shown by ``repr``, ``str`` or a dump (``encode_hook``), only by
+    """A secret setting: never shown by ``repr``, ``str`` or a dump (``enc_hook``), only by
     ``get_secret_value()``."""
 
     __slots__ = ("_value",)
@@ -70,12 +41,6 @@ class Secret:
 
     def __init__(self, value: str) -> None:
         self._value = value
-
-    @classmethod
-    def decode(cls, value: object) -> Secret:
-        if not isinstance(value, str):
-            raise TypeError(f"expected a string, got {type(value).__name__}")
-        return cls(value)
 
     def get_secret_value(self) -> str:
         return self._value
@@ -87,365 +52,202 @@ class Secret:
         return hash(self._value)
 
     def __repr__(self) -> str:
-        return "Secret('**********')"
+        return f"Secret('{MASK}')"
 
     __str__ = __repr__
 
 
-def decode_hook(kind: type, value: Any) -> Any:
-    """msgspec's ``dec_hook``: ``Path`` from a string, other classes by their ``decode`` classmethod."""
-    if kind is Path or kind is PurePath:
-        if isinstance(value, PurePath):
-            return Path(value)
-        if not isinstance(value, str):
-            raise TypeError(f"expected a path (string), got {type(value).__name__}")
-        if "\x00" in value:
-            raise ValueError("a path may not contain a NUL character")
+def parse_byte_size(value: str) -> int:
+    """``8M`` -> 8388608 (K, M, G are binary, as nccl-tests reads them); ValueError when it is not a size."""
+    match = re.match(_BYTE_SIZE, value.strip())
+    if match is None:
+        raise ValueError(f"{value!r} is not a size (use e.g. 8M, 1G, 512K or a number of bytes)")
+    return int(match["number"]) * _UNITS[match["unit"].upper()]
+
+
+def spelled(size: int) -> str:
+    """16 GiB -> "16G", 1 -> "1 B": a size as the operator writes it."""
+    for unit in ("G", "M", "K"):
+        if size >= _UNITS[unit] and size % _UNITS[unit] == 0:
+            return f"{size // _UNITS[unit]}{unit}"
+    return f"{size} B"
+
+
+class ByteCount(int):
+    """A number of bytes a setting holds, ``low`` .. ``high``: 67108864 or, in ``ByteSize``'s units, ``"64M"``.
+    A setting with other bounds is a subclass naming them."""
+
+    toml_type: ClassVar[str] = "int"
+    low: ClassVar[int] = 0
+    high: ClassVar[int] = 1 << 50
+
+    @classmethod
+    def parse(cls, value: object) -> ByteCount:
+        if isinstance(value, str):
+            count = parse_byte_size(value)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            count = value
+        else:
+            raise TypeError(f"expected a number of bytes or a size such as 64M, got {type(value).__name__}")
+        if count < cls.low:
+            raise ValueError(f"expected at least {cls.low} bytes ({spelled(cls.low)}), got {count}")
+        if count > cls.high:
+            raise ValueError(f"expected at most {spelled(cls.high)} ({cls.high} bytes), got {count}")
+        return cls(count)
+
+
+class ByteSize(str):
+    """A message size in its canonical spelling (``8m`` -> ``8M``), ``low`` .. ``high`` bytes, as the probe and a
+    peer are given it. A size with other bounds is a subclass naming them."""
+
+    toml_type: ClassVar[str] = "str"
+    low: ClassVar[int] = 0
+    high: ClassVar[int] = 1 << 50
+
+    @classmethod
+    def parse(cls, value: str) -> ByteSize:
+        size = parse_byte_size(value)
+        if not cls.low <= size <= cls.high:
+            raise ValueError(f"{value!r} is outside {spelled(cls.low)} .. {spelled(cls.high)}")
+        match = re.match(_BYTE_SIZE, value.strip())
+        assert match is not None
+        return cls(match["number"] + match["unit"].upper())
+
+
+def sizes_in_order(smaller: str, larger: str, names: tuple[str, str] = ("min_bytes", "max_bytes")) -> None:
+    """ValueError when the size meant to be the smaller is the larger."""
+    if parse_byte_size(smaller) > parse_byte_size(larger):
+        raise ValueError(f"{names[0]} {smaller} is larger than {names[1]} {larger}")
+
+
+def host(value: str) -> str:
+    """A host name or an IPv4/IPv6 address (no port, no scheme); ValueError otherwise."""
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    labels = value.rstrip(".").split(".")
+    if len(value) > 253 or not all(re.match(_LABEL, label) for label in labels):
+        raise ValueError(f"{value!r} is not a host name or IP address")
+    return value
+
+
+def http_url(value: str, *, path: bool = True) -> str:
+    """The one check of a configured URL: http(s) with a host and a valid port, no query, fragment or user name;
+    ``path=False`` also refuses a path (a peer is scheme, host and port). Returns it without a trailing ``/``;
+    ValueError naming what is wrong (a password in it not repeated)."""
+    parts = urlsplit(value)
+    shape = "http(s)://HOST:PORT" + ("[/PATH]" if path else "")
+    shown = re.sub(_USERINFO, "://***@", repr(value))
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port only when asked
+    except ValueError as exc:
+        raise ValueError(f"{shown} is not an {shape} URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{shown} is not an {shape} URL")
+    if parts.query or parts.fragment or parts.username:
+        raise ValueError(f"{shown}: give no query, fragment or user name ({shape})")
+    if not path and parts.path not in ("", "/"):
+        raise ValueError(f"{shown}: give only scheme, host and port")
+    return value.rstrip("/")
+
+
+class HttpUrl(str):
+    """An http(s) URL (``http_url``), kept without a trailing ``/``."""
+
+    toml_type: ClassVar[str] = "str"
+
+
+class PeerUrl(str):
+    """A peer's agent: scheme, host and port only."""
+
+    toml_type: ClassVar[str] = "str"
+
+
+class OptionalHttpUrl(str):
+    """An http(s) URL, or ``""`` for "none" (a TOML file cannot write null): falsy when none."""
+
+    toml_type: ClassVar[str] = "str"
+
+
+class Host(str):
+    """A host name or an IP address (``host``)."""
+
+    toml_type: ClassVar[str] = "str"
+
+
+class Clipped(str):
+    """Text another node wrote, cut to ``limit`` characters rather than refused: one long log line in a peer's
+    evidence does not cost the whole peer. A text with another limit is a subclass naming it."""
+
+    limit: ClassVar[int] = 4096
+
+
+def _path(value: object) -> Path:
+    if isinstance(value, PurePath):
         return Path(value)
-    decode = getattr(kind, "decode", None)
-    if decode is None:
-        raise NotImplementedError(f"no decoder for {kind.__name__}")
-    return decode(value)
+    if not isinstance(value, str):
+        raise TypeError(f"expected a path (string), got {type(value).__name__}")
+    if "\x00" in value:
+        raise ValueError("a path may not contain a NUL character")
+    return Path(value)
 
 
-def encode_hook(value: Any) -> Any:
-    """msgspec's ``enc_hook`` for a dump (``to_builtins``): paths as strings, secrets masked, ints as ints."""
+def _string(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def dec_hook(kind: type, value: Any) -> Any:
+    """msgspec's ``dec_hook``: the classes above (and ``Path``) from what a config or a JSON body holds."""
+    if kind is Path or kind is PurePath:
+        return _path(value)
+    if kind is Secret:
+        return Secret(_string(value))
+    if issubclass(kind, ByteCount):
+        return kind.parse(value)
+    if issubclass(kind, ByteSize):
+        return kind.parse(_string(value))
+    if kind is HttpUrl:
+        return HttpUrl(http_url(_string(value)))
+    if kind is PeerUrl:
+        return PeerUrl(http_url(_string(value), path=False))
+    if kind is OptionalHttpUrl:
+        text = _string(value)
+        return OptionalHttpUrl(text and http_url(text))
+    if kind is Host:
+        return Host(host(_string(value)))
+    if issubclass(kind, Clipped):
+        return kind(_string(value)[: kind.limit])
+    raise NotImplementedError(f"no decoder for {kind.__name__}")
+
+
+def enc_hook(value: Any) -> Any:
+    """msgspec's ``enc_hook``: paths as strings, secrets masked, the classes above as the str or int they are."""
     if isinstance(value, PurePath):
         return str(value)
     if isinstance(value, Secret):
-        return "**********"
+        return MASK
     if isinstance(value, int):
         return int(value)
     if isinstance(value, str):
         return str(value)
-    raise NotImplementedError(f"cannot dump {type(value).__name__}")
+    raise NotImplementedError(f"cannot encode {type(value).__name__}")
+
+
+def validate(model: type[T], data: Any) -> T:
+    """``data`` as ``model``; ``msgspec.ValidationError`` at the first problem, naming its key path."""
+    return msgspec.convert(data, model, dec_hook=dec_hook)
+
+
+def decode_json(raw: bytes, model: type[T]) -> T:
+    """A JSON body as ``model``: ``msgspec.DecodeError`` when it is not JSON (NaN and Infinity are not),
+    ``msgspec.ValidationError`` (a DecodeError too) naming the key path of the first problem otherwise."""
+    return msgspec.json.decode(raw, type=model, dec_hook=dec_hook)
 
 
 def dump(record: Any) -> Any:
     """``record`` as JSON-ready builtins (a config table for the bundle or the example config): secrets masked."""
-    return msgspec.to_builtins(record, enc_hook=encode_hook)
-
-
-def validate(model: type[T], data: Any, limit: int = MAX_PROBLEMS) -> T:
-    """``data`` as ``model``; ``Invalid`` with every problem found otherwise, at most ``limit`` of them (each one
-    more is another conversion of the whole: a peer's document is refused at its first)."""
-    problems: list[Problem] = []
-    value = _converted(model, data, problems, limit)
-    if value is not None and len(problems) < limit:
-        _check_rules(value, (), problems, cross=not problems)
-    if problems:
-        problems.sort(key=lambda problem: _order(model, data, problem.path))
-        raise Invalid(problems[:limit])
-    assert value is not None
-    return value
-
-
-def _converted(model: type[T], data: Any, problems: list[Problem], limit: int) -> T | None:
-    """msgspec's conversion, again without each bad value until it passes (or nothing more can be left out)."""
-    left_out: set[KeyPath] = set()
-    while True:
-        try:
-            return msgspec.convert(data, model, dec_hook=decode_hook)
-        except msgspec.ValidationError as exc:
-            problem = _problem(exc, model, data)
-            if problem.path in left_out:  # a required key left out for its bad value: already reported
-                return None
-            problems.append(problem)
-            left_out.add(_holder(problem.path))
-            data = _without(data, problem.path)
-            if data is None or len(problems) >= limit:
-                return None
-
-
-# "Expected `int` >= 1 - at `$.checks[0].port`", "Object contains unknown field `x` - at `$.a`",
-# "Invalid enum value 'z' - at `key` in `$.cd`" (msgspec's ValidationError texts)
-_AT = re.compile(r"^(?P<msg>.*?) - at (?:`key` in )?`\$(?P<path>[^`]*)`$", re.DOTALL)
-_PART = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
-_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>.*)`$", re.DOTALL)
-_MISSING = re.compile(r"^Object missing required field `(?P<key>.*)`$", re.DOTALL)
-
-
-def _problem(exc: msgspec.ValidationError, model: Any, data: Any) -> Problem:
-    text = str(exc)
-    match = _AT.match(text)
-    message, parts = (match["msg"], _parts(match["path"])) if match else (text, ())
-    path = _keyed(model, data, parts, message) if ... in parts else tuple(p for p in parts if p is not ...)
-    unknown = _UNKNOWN.match(message)
-    if unknown:
-        path = (*path, unknown["key"])
-        return Problem(path, "unknown key", _at(data, path), unknown_key=True)
-    missing = _MISSING.match(message)
-    if missing:
-        return Problem((*path, missing["key"]), "required, missing")
-    reason = _plain_words(message)
-    if message.startswith("Invalid enum value"):
-        choices = [repr(c) for c in get_args(bare_type(_type_at(model, path))) if isinstance(c, str | int)]
-        if choices:
-            reason += f" (expected {' or '.join(filter(None, [', '.join(choices[:-1]), choices[-1]]))})"
-    return Problem(path, reason, _at(data, path))
-
-
-def child_type(model: Any, part: str | int) -> Any:
-    """The declared type one step below ``model``: a record's field, a dict's value, a list's item; Any where it
-    cannot be told."""
-    hint = bare_type(model)
-    if isinstance(hint, type) and issubclass(hint, Struct):
-        return get_type_hints(hint, include_extras=True)[part] if part in hint.__struct_fields__ else Any
-    args = get_args(hint)
-    if get_origin(hint) is dict and len(args) == 2:
-        return args[1]
-    if get_origin(hint) in (list, tuple, set, frozenset) and args:
-        return args[0]
-    return Any
-
-
-def _type_at(model: Any, path: KeyPath) -> Any:
-    for part in path:
-        model = child_type(model, part)
-    return model
-
-
-def _order(model: Any, data: Any, path: KeyPath) -> tuple[int, ...]:
-    """Where ``path`` comes in the documented order: a record's fields in their order (unknown keys after them, as
-    written), a dict's keys and a list's items as written."""
-    key: list[int] = []
-    for part in path:
-        hint = bare_type(model)
-        fields = hint.__struct_fields__ if isinstance(hint, type) and issubclass(hint, Struct) else None
-        if fields is not None and part in fields:
-            key.append(fields.index(str(part)))
-        else:
-            key.append((len(fields) if fields is not None else 0) + _index(data, part))
-        model, data = child_type(model, part), _at(data, (part,))
-    return tuple(key)
-
-
-def _index(data: Any, part: str | int) -> int:
-    if isinstance(part, int):
-        return part
-    return list(data).index(part) if isinstance(data, dict) and part in data else 0
-
-
-def _parts(text: str) -> tuple[str | int | EllipsisType, ...]:
-    """``.a[0].b`` -> ("a", 0, "b"); msgspec writes a dict's key as ``[...]``: Ellipsis."""
-    return tuple(name if not index else ... if index == "..." else int(index) for name, index in _PART.findall(text))
-
-
-def _keyed(model: Any, data: Any, parts: tuple[str | int | EllipsisType, ...], message: str) -> KeyPath:
-    """``parts`` with each ``[...]`` replaced by the dict key whose value fails the same way: converted alone
-    against the dict's value type, the first key that raises ``message``."""
-    path: list[str | int] = []
-    for index, part in enumerate(parts):
-        if part is ...:
-            key = _failing_key(child_type(model, ""), data, message) if isinstance(data, dict) else None
-            if key is None:
-                return (*path, *(p for p in parts[index:] if p is not ...))  # type: ignore[misc]
-            part = key
-        path.append(part)
-        model, data = child_type(model, part), _at(data, (part,))
-    return tuple(path)
-
-
-def _failing_key(value_type: Any, data: dict[Any, Any], message: str) -> str | None:
-    for key, value in data.items():
-        try:
-            msgspec.convert(value, value_type, dec_hook=decode_hook)
-        except msgspec.ValidationError as exc:
-            if str(exc).startswith(message):
-                return str(key)
-    return None
-
-
-def bare_type(hint: Any) -> Any:
-    """``hint`` without ``Annotated`` and ``| None``."""
-    while get_origin(hint) is Annotated:
-        hint = get_args(hint)[0]
-    if get_origin(hint) is Union or isinstance(hint, UnionType):
-        kinds = [arg for arg in get_args(hint) if arg is not type(None)]
-        return bare_type(kinds[0]) if len(kinds) == 1 else hint
-    return hint
-
-
-# "Expected `str` of length >= 16": a reader of a config file counts characters
-_LENGTH = re.compile(r"^Expected `str` of length (>=|<=) (\d+)$")
-
-
-def _plain_words(message: str) -> str:
-    length = _LENGTH.match(message)
-    if length:
-        bound = "at least" if length[1] == ">=" else "at most"
-        return f"expected a string of {bound} {length[2]} characters"
-    return _lower_first(message.replace("`", ""))
-
-
-def _lower_first(text: str) -> str:
-    return text[:1].lower() + text[1:] if text[:2] != text[:2].upper() else text
-
-
-def _at(data: Any, path: KeyPath) -> Any:
-    """The value at ``path`` in ``data``; UNSET where there is none."""
-    for part in path:
-        try:
-            data = data[part]
-        except (KeyError, IndexError, TypeError):
-            return msgspec.UNSET
-    return data
-
-
-def _holder(path: KeyPath) -> KeyPath:
-    """The key ``_without`` leaves out for a problem at ``path``: the whole list for a bad item."""
-    return path[: next((i for i, part in enumerate(path) if isinstance(part, int)), len(path))]
-
-
-def _without(data: Any, path: KeyPath) -> Any:
-    """``data`` less the key that holds the bad value (``_holder``); None when there is no such key (the problem is
-    the value as a whole)."""
-    keys = _holder(path)
-    if not keys or not isinstance(data, dict):
-        return None
-    head, rest = keys[0], keys[1:]
-    if head not in data:
-        return None
-    if not rest:
-        return {k: v for k, v in data.items() if k != head}
-    inner = _without(data[head], rest)
-    return None if inner is None else {**data, head: inner}
-
-
-def field_rule(*fields: str) -> Callable[[D], D]:
-    """Marks a classmethod ``(cls, value) -> value`` of a record as the rule of ``fields`` (the whole value of each)."""
-
-    def mark(method: D) -> D:
-        target: Any = getattr(method, "__func__", method)
-        target.__rule_fields__ = fields
-        return method
-
-    return mark
-
-
-def record_rule(method: D) -> D:
-    """Marks a method ``(self) -> Any`` of a record that checks what spans its fields; it raises ValueError."""
-    method.__record_rule__ = True  # type: ignore[attr-defined]
-    return method
-
-
-def _check_rules(value: Any, path: KeyPath, problems: list[Problem], cross: bool) -> None:
-    """Every rule below ``value``; the cross-field ones (``cross``) only where no value had a problem: they would
-    read the default that stands in for a bad value."""
-    if isinstance(value, Struct):
-        _check_record(value, path, problems, cross)
-    elif isinstance(value, (list, tuple)):
-        kind: type = type(value[0]) if value else type(None)
-        if value and _inert(kind) and all(type(item) is kind for item in value):
-            return  # records with no rule anywhere (a document's thousands of samples)
-        for index, item in enumerate(value):
-            _check_rules(item, (*path, index), problems, cross)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_rules(item, (*path, key), problems, cross)
-
-
-def _checked(check: Callable[[Any], Any], value: Any, per_item: bool, path: KeyPath, problems: list[Problem]) -> Any:
-    """``check`` over the value (or each item, each dict value); a ValueError is a problem at its path."""
-    if not per_item:
-        try:
-            return check(value)
-        except ValueError as exc:
-            problems.append(Problem(path, str(exc), value))
-            return value
-    items = value.items() if isinstance(value, dict) else enumerate(value)
-    done = {key: _checked(check, item, False, (*path, key), problems) for key, item in items}
-    return done if isinstance(value, dict) else type(value)(done.values())
-
-
-def _check_record(record: Struct, path: KeyPath, problems: list[Problem], cross: bool) -> None:
-    before = len(problems)
-    for name, check, per_item in _rules(type(record)):
-        current = getattr(record, name)
-        if current is None:
-            continue
-        checked = _checked(check, current, per_item, (*path, name), problems)
-        if checked is not current:
-            force_setattr(record, name, checked)
-    for name in _nested(type(record)):
-        _check_rules(getattr(record, name), (*path, name), problems, cross)
-    if not cross or len(problems) > before:  # a cross-field rule reads fields that passed their own
-        return
-    for name in _record_rules(type(record)):
-        try:
-            getattr(record, name)()
-        except ValueError as exc:
-            problems.append(Problem(path, str(exc)))
-
-
-Rule = tuple[str, Callable[[Any], Any], bool]
-
-
-@cache
-def _rules(model: type[Struct]) -> tuple[Rule, ...]:
-    """(field, check, on each item) for each rule on ``model``'s fields (its types', then its ``field_rule``
-    methods'), in field order."""
-    hints = get_type_hints(model, include_extras=True)
-    methods = _marked(model, "__rule_fields__")
-    return tuple(
-        (name, check, per_item)
-        for name in model.__struct_fields__
-        for check, per_item in [
-            *_rules_of(hints[name]),
-            *((getattr(model, method), False) for method, fields in methods if name in fields),
-        ]
-    )
-
-
-@cache
-def _inert(kind: type) -> bool:
-    """A record type with no rule of any kind, nor records inside: nothing to check below it."""
-    if not issubclass(kind, Struct):
-        return not issubclass(kind, (list, tuple, dict))
-    return not (_rules(kind) or _nested(kind) or _record_rules(kind))
-
-
-@cache
-def _nested(model: type[Struct]) -> tuple[str, ...]:
-    """The fields whose values may hold records (their rules are checked in turn); the others are leaves."""
-    hints = get_type_hints(model, include_extras=True)
-    return tuple(name for name in model.__struct_fields__ if _holds_record(hints[name]))
-
-
-def _holds_record(hint: Any) -> bool:
-    # ``get_origin``: Python 3.10 says ``isinstance(list[X], type)``; a generic alias is never a record itself.
-    if isinstance(hint, type) and get_origin(hint) is None:
-        return issubclass(hint, Struct)
-    return hint is Any or any(_holds_record(arg) for arg in get_args(hint) if arg is not Ellipsis)
-
-
-@cache
-def _record_rules(model: type[Struct]) -> tuple[str, ...]:
-    return tuple(name for name, _ in _marked(model, "__record_rule__"))
-
-
-def _marked(model: type, mark: str) -> list[tuple[str, Any]]:
-    """(name, mark's value) of the methods of ``model`` and its bases that carry ``mark``."""
-    found: dict[str, Any] = {}
-    for klass in reversed(model.__mro__):
-        for name, attr in vars(klass).items():
-            value = getattr(getattr(attr, "__func__", attr), mark, None)
-            if value is not None:
-                found[name] = value
-    return list(found.items())
-
-
-def _rules_of(hint: Any, per_item: bool = False) -> list[tuple[Callable[[Any], Any], bool]]:
-    """The rules on a field's type: on it, inside ``X | None``, or on the items of a list or tuple (a dict's
-    values)."""
-    origin, args = get_origin(hint), get_args(hint)
-    if origin is Annotated:
-        extras = [m.extra for m in hint.__metadata__ if isinstance(m, Meta) and m.extra and RULE in m.extra]
-        return [(extra[RULE], per_item) for extra in extras] + _rules_of(args[0], per_item)
-    if origin is Union or isinstance(hint, UnionType):
-        return [found for arg in args for found in _rules_of(arg, per_item)]
-    if origin in (list, tuple, set, frozenset) and not per_item:
-        return [found for arg in args if arg is not Ellipsis for found in _rules_of(arg, True)]
-    if origin is dict and args and not per_item:  # the values' rules
-        return _rules_of(args[1], True)
-    return []
+    return msgspec.to_builtins(record, enc_hook=enc_hook)

@@ -54,15 +54,18 @@ def test_start_times_as_go_writes_them(starts_at: str, seconds: float) -> None:
     ("body", "named"),
     [
         (b"{not json", "not JSON"),
-        (b"[]", "JSON object"),
-        (json.dumps({"version": "3", "alerts": []}).encode(), "version"),
-        (json.dumps({"version": "4"}).encode(), "'alerts'"),
-        (json.dumps({"version": "4", "alerts": [1]}).encode(), r"alerts\[0\]"),
-        (json.dumps({"version": "4", "alerts": [{"status": "firing"}]}).encode(), "'labels'"),
-        (json.dumps({"version": "4", "alerts": [{"status": "odd", "labels": {}}]}).encode(), "status"),
-        (json.dumps({"version": "4", "alerts": [{"status": "firing", "labels": {"a": 1}}]}).encode(), "labels.a"),
-        (b"[" * 100_000, "JSON"),
-        (json.dumps({"version": "4", "alerts": [BAD_START]}).encode(), "startsAt"),
+        (b"[]", "Expected `object`, got `array`"),
+        (json.dumps({"version": "3", "alerts": []}).encode(), r"'3' - at `\$.version`"),
+        (json.dumps({"version": "4"}).encode(), "missing required field `alerts`"),
+        (json.dumps({"version": "4", "alerts": [1]}).encode(), r"got `int` - at `\$.alerts\[0\]`"),
+        (json.dumps({"version": "4", "alerts": [{"status": "firing"}]}).encode(), "missing required field `labels`"),
+        (json.dumps({"version": "4", "alerts": [{"status": "odd", "labels": {}}]}).encode(), r"\.alerts\[0\]\.status"),
+        (
+            json.dumps({"version": "4", "alerts": [{"status": "firing", "labels": {"a": 1}}]}).encode(),
+            r"Expected `str`, got `int` - at `\$\.alerts\[0\]\.labels",
+        ),
+        (b"[" * 100_000, "Expected `object`, got `array`"),
+        (json.dumps({"version": "4", "alerts": [BAD_START]}).encode(), r"startsAt: expected an RFC 3339 time"),
     ],
 )
 def test_bad_payloads_name_the_problem(body: bytes, named: str) -> None:
@@ -133,3 +136,17 @@ async def test_step_needs_a_configured_token(tmp_path: Path) -> None:
         assert resp.status == 403
     finally:
         await c.close()
+
+
+async def test_bad_bodies_leave_the_server_answering(client: Any) -> None:
+    """A bad payload is refused (a 400 naming where, msgspec's path; 413 past the body cap), and the next good one
+    is queued."""
+    c, got, _ = client
+    bad = json.dumps({"version": "4", "alerts": [{"status": "firing", "labels": {"a": 1}}]}).encode()
+    for body in (bad, b"[" * 100_000, b'{"version": "4", "alerts": [' + b"1," * 2000 + b"1]}"):
+        resp = await c.post("/alertmanager", data=body, headers=AUTH)
+        assert resp.status in (400, 413) and not got
+    resp = await c.post("/alertmanager", data=bad, headers=AUTH)
+    assert "- at `$.alerts[0].labels" in (await resp.json())["error"]
+    resp = await c.post("/alertmanager", data=FIRING, headers=AUTH)
+    assert resp.status == 200 and len(got) == 1

@@ -189,7 +189,7 @@ def test_maintenance_windows() -> None:
     for bad in ("Sat 2:00-4:00", "Caturday 02:00-04:00", "02:00-02:00", "25:00-26:00"):
         with pytest.raises(ValueError):
             parse_window(bad)
-    with pytest.raises(ConfigError, match=r"checks\.bench\.maintenance_windows"):
+    with pytest.raises(ConfigError, match=r"maintenance_windows: 'whenever' is not .* - at `\$\.checks\.bench`"):
         parse_config({"checks": {"bench": {"maintenance_windows": ["whenever"]}}})
 
 

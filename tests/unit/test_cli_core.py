@@ -9,11 +9,15 @@ from conftest import REPO, run_cli
 
 def test_invalid_config_exits_78_and_names_every_bad_key(tmp_path: Path) -> None:
     bad = tmp_path / "config.toml"
-    bad.write_text('nodee = "x"\n[paths]\nsysfs_root = 5\nbogus = true\n')
+    bad.write_text('nodee = "x"\n[paths]\nsysfs_root = 5\nbogus = true\n[checks.gpu]\nexpected_count = "8"\n')
     done = run_cli("check", "--config", str(bad))
     assert done.returncode == 78
-    for key in ("nodee", "paths.sysfs_root", "paths.bogus"):
-        assert key in done.stderr
+    for problem in (
+        "nodee: unknown table",
+        "paths: expected a path (string), got int - at `$.paths.sysfs_root`",  # a table's first problem
+        "checks.gpu: Expected `int`, got `str` - at `$.checks.gpu.expected_count`",
+    ):
+        assert problem in done.stderr
     assert str(bad) in done.stderr
 
 

@@ -191,20 +191,20 @@ async def test_the_askers_deadline_caps_the_peers_check_timeouts() -> None:
 @pytest.mark.parametrize(
     ("body", "error"),
     [
-        (b"[]", "nothing else"),
-        (b'{"deadline_s": "9"}', "number"),
-        (b'{"deadline_s": 0}', "(0, 600]"),
-        (b'{"deadline_s": 1e9}', "(0, 600]"),
-        (b'{"deadline_s": true}', "number"),
-        (b'{"deadline_s": 5, "checks": ["gpu"]}', "nothing else"),
-        (b"{", "must be JSON"),
+        (b"[]", "Expected `object`, got `array`"),
+        (b'{"deadline_s": "9"}', "Expected `float`, got `str` - at `$.deadline_s`"),
+        (b'{"deadline_s": 0}', "Expected `float` > 0.0 - at `$.deadline_s`"),
+        (b'{"deadline_s": 1e9}', "Expected `float` <= 600.0 - at `$.deadline_s`"),
+        (b'{"deadline_s": true}', "Expected `float`, got `bool` - at `$.deadline_s`"),
+        (b'{"deadline_s": 5, "checks": ["gpu"]}', "unknown field `checks`"),
+        (b'{"deadline_s": NaN}', "JSON is malformed"),
+        (b"{", "truncated"),
     ],
 )
 def test_the_peer_refuses_a_bad_body(body: bytes, error: str) -> None:
-    with pytest.raises(
-        ValueError, match=error.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")
-    ):
+    with pytest.raises(ValueError) as caught:
         parse_deadline(body)
+    assert error in str(caught.value)
 
 
 def test_clock_offset_is_ntps_estimate() -> None:

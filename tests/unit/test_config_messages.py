@@ -1,4 +1,4 @@
-"""Config errors an operator can act on: no doubled value, arrays named as arrays, a did-you-mean for typos;
+"""Config errors an operator can act on: msgspec's message with the key path, a did-you-mean for a table's typos;
 and the generated example spells out every choice on lines a terminal can show."""
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ def problems(data: dict[str, Any]) -> dict[str, str]:
 
 
 def test_value_error_names_the_value_once() -> None:
-    assert problems({"daemon": {"listen": "localhost"}}) == {"daemon.listen": "expected HOST:PORT, got 'localhost'"}
+    assert problems({"daemon": {"listen": "localhost"}}) == {
+        "daemon": "listen: expected HOST:PORT, got 'localhost' - at `$.daemon`"
+    }
 
 
 def test_a_string_where_an_array_is_expected() -> None:
     found = problems({"daemon": {"peers": "http://dgx-b:9835"}})
-    assert found == {"daemon.peers": "expected a TOML array, e.g. [\"http://dgx-b:9835\"], got str 'http://dgx-b:9835'"}
+    assert found == {"daemon": "Expected `array`, got `str` - at `$.daemon.peers`"}
 
 
 def test_a_toml_array_is_accepted_where_a_tuple_is_kept() -> None:
@@ -36,25 +38,31 @@ def test_a_toml_array_is_accepted_where_a_tuple_is_kept() -> None:
 def test_an_array_too_long_is_said_so_not_called_a_wrong_type() -> None:
     peers = [f"http://10.0.0.{i}:9835" for i in range(65)]
     found = problems(tomllib.loads(f"[daemon]\npeers = {json.dumps(peers)}\n"))
-    assert found == {"daemon.peers": "at most 64 entries, got 65"}  # was: "expected a TOML array, got list [...]"
+    assert found == {"daemon": "Expected `array` of length <= 64 - at `$.daemon.peers`"}
 
 
 @pytest.mark.parametrize(
     ("data", "key", "reason"),
     [
-        ({"daemon": {"lisen": "x"}}, "daemon.lisen", "unknown key (did you mean 'listen'?)"),
-        ({"checks": {"vlm": {}}}, "checks.vlm", "unknown key (did you mean 'vllm'?)"),
+        (
+            {"daemon": {"lisen": "x"}},
+            "daemon",
+            "Object contains unknown field `lisen` - at `$.daemon` ('lisen': did you mean 'listen'?)",
+        ),
+        ({"checks": {"vlm": {}}}, "checks.vlm", "unknown check (did you mean 'vllm'?)"),
+        ({"nod": {}}, "nod", "unknown table (did you mean 'node'?)"),
         (
             {"checks": {"gpu": {"expected_cout": 8}}},
-            "checks.gpu.expected_cout",
-            "unknown key (did you mean 'expected_count'?)",
+            "checks.gpu",
+            "Object contains unknown field `expected_cout` - at `$.checks.gpu` ('expected_cout': did you mean "
+            "'expected_count'?)",
         ),
         (
             {"checks": {"infiniband": {"thresholds": {"link_downed": {"limt": 1}}}}},
-            "checks.infiniband.thresholds.link_downed.limt",
-            "unknown key (did you mean 'limit'?)",
+            "checks.infiniband",
+            "Object contains unknown field `limt` - at `$.checks.infiniband.thresholds[...]`",
         ),
-        ({"daemon": {"zzzz": 1}}, "daemon.zzzz", "unknown key"),
+        ({"daemon": {"zzzz": 1}}, "daemon", "Object contains unknown field `zzzz` - at `$.daemon`"),
     ],
 )
 def test_did_you_mean(data: dict[str, Any], key: str, reason: str) -> None:

@@ -40,13 +40,16 @@ def peer_state(node: str = "dgx-b", util: float = 0.9) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("doc", "problem"),
     [
-        ([], "top level"),
-        ({"checks": []}, "'node'"),
-        ({"node": "b", "checks": {}}, "'checks'"),
-        ({"node": "b", "checks": [{"samples": []}]}, r"checks\[0\]"),
-        ({"node": "b", "checks": [{"name": "g", "samples": [{"name": "m", "value": "1"}]}]}, r"samples\[0\]\.value"),
-        ({"node": "b", "checks": [{"name": "g", "samples": [{"name": "m", "labels": {"a": 1}}]}]}, "labels"),
-        ({"node": "b", "checks": [], "facts": {"k": 1}}, "facts"),
+        ([], "Expected `object`, got `array`$"),
+        ({"checks": []}, "missing required field `node`"),
+        ({"node": "b", "checks": {}}, r"got `object` - at `\$\.checks`"),
+        ({"node": "b", "checks": [{"samples": []}]}, r"missing required field `name` - at `\$\.checks\[0\]`"),
+        ({"node": "b", "checks": [{"name": "g", "samples": [{"name": "m", "value": "1"}]}]}, r"samples\[0\]\.value`"),
+        (
+            {"node": "b", "checks": [{"name": "g", "samples": [{"name": "m", "labels": {"a": 1}}]}]},
+            r"\.labels\[\.\.\.\]`",
+        ),
+        ({"node": "b", "checks": [], "facts": {"k": 1}}, r"\$\.facts\[\.\.\.\]`"),
     ],
 )
 def test_invalid_state_names_the_problem(doc: Any, problem: str) -> None:
@@ -159,5 +162,5 @@ def test_skipped_outside_the_daemon_and_without_peers() -> None:
 def test_tolerance_keys_are_validated() -> None:
     with pytest.raises(ValueError, match="unknown metric"):
         validate(PeerCompareSettings, {"tolerances": {"gpu_utilisation": 0.3}})
-    with pytest.raises(ValueError, match=r"tolerances.gpu_utilization: expected float <= 1"):
+    with pytest.raises(ValueError, match=r"Expected `float` <= 1.0 - at `\$\.tolerances\[\.\.\.\]`"):
         validate(PeerCompareSettings, {"tolerances": {"gpu_utilization": 3}})

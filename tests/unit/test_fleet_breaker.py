@@ -134,11 +134,13 @@ async def test_on_two_nodes_both_down_it_still_acts(tmp_path: Path) -> None:
 
 
 def test_the_settings_are_bounded() -> None:
+    import msgspec
+
     from dgxdoctor.config import RemediationSettings
-    from dgxdoctor.validation import Invalid, validate
+    from dgxdoctor.validation import validate
 
     assert validate(RemediationSettings, {}).fleet_breaker_fraction == 0.2
     for bad in ({"fleet_breaker_fraction": 0}, {"fleet_breaker_fraction": 1.5}, {"fleet_breaker_min_nodes": 1},
                 {"fleet_breaker_min_groups": 10**9}):  # fmt: skip
-        with pytest.raises(Invalid):
+        with pytest.raises(msgspec.ValidationError):
             validate(RemediationSettings, bad)

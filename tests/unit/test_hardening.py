@@ -111,8 +111,8 @@ def test_config_errors_never_show_a_secret(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(config)
     text = str(caught.value)
-    assert "daemon.token" in text and "at least 16 characters" in text
-    assert "checks.vllm.api_key" in text and "12345678" not in text
+    assert "Expected `str` of length >= 16 - at `$.daemon.token`" in text
+    assert "expected a string, got int - at `$.checks.vllm.api_key`" in text and "12345678" not in text
     assert SECRET not in text and "admin" not in text
 
 

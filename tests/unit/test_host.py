@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from dgxdoctor.checks.host import HostCheck, HostSettings, existing_ancestor, weights_size
@@ -14,7 +15,7 @@ from dgxdoctor.judge.host import DiskUsage
 from dgxdoctor.judge.host import free_space as evaluate_free_space
 from dgxdoctor.judge.host import weights as evaluate_weights
 from dgxdoctor.result import Status
-from dgxdoctor.validation import Invalid, validate
+from dgxdoctor.validation import validate
 from proctree import write_process
 
 GiB = 2**30
@@ -182,9 +183,9 @@ def test_required_processes(tmp_path: Path) -> None:
 
 
 def test_settings_are_validated() -> None:
-    with pytest.raises(Invalid, match="disk_critical_free_percent must not exceed"):
+    with pytest.raises(msgspec.ValidationError, match="disk_critical_free_percent must not exceed"):
         validate(HostSettings, {"disk_warn_free_percent": 5, "disk_critical_free_percent": 10})
-    with pytest.raises(Invalid, match="must not be empty"):
+    with pytest.raises(msgspec.ValidationError, match="must not be empty"):
         validate(HostSettings, {"required_processes": [" "]})
 
 

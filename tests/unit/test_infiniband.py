@@ -568,11 +568,16 @@ def test_thresholds_from_config_override_defaults(tmp_path: Path) -> None:
 def test_bad_threshold_config_names_the_key() -> None:
     from dgxdoctor.config import ConfigError
 
-    with pytest.raises(ConfigError) as err:
-        parse_config({"checks": {"infiniband": {"thresholds": {"x": {"per": "week"}}, "link_layer": "IB"}}})
-    paths = [p for p, _ in err.value.problems]
-    assert "checks.infiniband.thresholds.x.per" in paths
-    assert "checks.infiniband.link_layer" in paths
+    for table, says in (
+        (
+            {"thresholds": {"x": {"per": "week"}}},
+            "Invalid enum value 'week' - at `$.checks.infiniband.thresholds[...].per`",
+        ),
+        ({"link_layer": "IB"}, "Invalid enum value 'IB' - at `$.checks.infiniband.link_layer`"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            parse_config({"checks": {"infiniband": table}})
+        assert err.value.problems == [("checks.infiniband", says)]
 
 
 def test_vanished_port_keeps_only_its_flaps(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from dgxdoctor.checks.nccl import NcclCheck, NcclSettings, ProbeRun, judge, judge_runs, probe_env
@@ -138,10 +139,10 @@ def test_probe_env_pins_algo_and_proto_reads_the_env_file_and_sets_the_rail(tmp_
 
 
 def test_bad_settings_are_refused() -> None:
-    from dgxdoctor.validation import Invalid, validate
+    from dgxdoctor.validation import validate
 
     for bad in ({"algo": "Ring; rm -rf /"}, {"rails": ["mlx5_0 --x"]}, {"maintenance_windows": ["Sat 25:00-26:00"]}):
-        with pytest.raises(Invalid):
+        with pytest.raises(msgspec.ValidationError):
             validate(NcclSettings, bad)
 
 

@@ -247,7 +247,7 @@ def test_node_table_and_the_older_node_string() -> None:
 def test_bad_role_and_a_contradicting_ray_role_are_config_errors() -> None:
     with pytest.raises(ConfigError) as bad:
         parse_config({"node": {"role": "leader"}})
-    assert bad.value.problems[0][0] == "node.role"
+    assert bad.value.problems[0] == ("node", "Invalid enum value 'leader' - at `$.node.role`")
     with pytest.raises(ConfigError) as contradicts:
         parse_config({"node": {"role": "worker"}, "checks": {"ray": {"role": "head"}}})
     assert contradicts.value.problems[0][0] == "checks.ray.role"

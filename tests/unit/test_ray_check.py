@@ -369,10 +369,15 @@ def test_declared_head_without_ray_is_critical(tmp_path: Path) -> None:
 
 
 def test_bad_settings_name_their_keys() -> None:
-    with pytest.raises(ConfigError) as err:
-        parse_config({"checks": {"ray": {"dashboard_url": "10.0.0.1:8265", "role": "boss", "gcs_port": 0}}})
-    paths = {path for path, _ in err.value.problems}
-    assert {"checks.ray.dashboard_url", "checks.ray.role", "checks.ray.gcs_port"} <= paths
+    for key, value, says in (
+        ("dashboard_url", "10.0.0.1:8265", "is not an http(s)://HOST:PORT[/PATH] URL"),
+        ("role", "boss", "Invalid enum value 'boss'"),
+        ("gcs_port", 0, "Expected `int` >= 1"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            parse_config({"checks": {"ray": {key: value}}})
+        [(table, reason)] = err.value.problems
+        assert table == "checks.ray" and reason.endswith(f" - at `$.checks.ray.{key}`") and says in reason, reason
 
 
 # --- diagnose `ray status`

@@ -65,7 +65,7 @@ def test_peers_are_bounded() -> None:
     peers = [f"http://10.{i // 250}.{i % 250}.1:9835" for i in range(10_000)]
     with pytest.raises(ConfigError) as caught:
         parse_config({"daemon": {"peers": peers}})
-    assert caught.value.problems[0][0] == "daemon.peers" and "64" in caught.value.problems[0][1]
+    assert caught.value.problems == [("daemon", "Expected `array` of length <= 64 - at `$.daemon.peers`")]
 
 
 # -- the state file --------------------------------------------------------------------------------------
@@ -91,7 +91,7 @@ def test_a_state_of_the_wrong_shape_is_refused_naming_where(tmp_path: Path, doc:
 
 
 def test_state_errors_name_the_key() -> None:
-    with pytest.raises(StateDocError, match=r"in_flight\.id"):
+    with pytest.raises(StateDocError, match=r"unknown field `bogus` - at `\$\.in_flight`"):
         GuardState.from_doc({"in_flight": {"bogus": 1}})
     with pytest.raises(StateDocError, match="breaker"):
         GuardState.from_doc({"breaker": "open"})

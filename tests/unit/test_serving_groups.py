@@ -26,7 +26,8 @@ def test_the_group_is_validated() -> None:
     for bad in ("", "unknown", "a b", "-x", "g" * 64, 'x"y'):
         with pytest.raises(ConfigError) as err:
             parse_config({"node": {"group": bad}})
-        assert [path for path, _ in err.value.problems] == ["node.group"], bad
+        ((path, reason),) = err.value.problems
+        assert path == "node" and reason.endswith("- at `$.node.group`"), (bad, reason)
 
 
 def store(node: str, group: str, util: float, *findings: Finding) -> ResultStore:

@@ -24,12 +24,13 @@ from msgspec.structs import fields
 import dgxdoctor
 from dgxdoctor.config import ConfigError, config_model, load_config
 from dgxdoctor.settings.base import Frozen
+from dgxdoctor.validation import ByteCount
 
 
 def _bounds(metas: list[Meta]) -> tuple[list[float], list[float]]:
-    """Lower and upper bounds of a field: msgspec's own, or a rule's (``bytes_within`` keeps them in ``extra``)."""
-    low = [v for m in metas for v in (m.ge, m.gt, (m.extra or {}).get("ge")) if v is not None]
-    high = [v for m in metas for v in (m.le, m.lt, (m.extra or {}).get("le")) if v is not None]
+    """Lower and upper bounds of a field: msgspec's own (``_numbers`` gives a ``ByteCount``'s as a ``Meta``)."""
+    low = [v for m in metas for v in (m.ge, m.gt) if v is not None]
+    high = [v for m in metas for v in (m.le, m.lt) if v is not None]
     return low, high
 
 
@@ -46,6 +47,8 @@ def _numbers(hint: Any, metas: tuple[Meta, ...] = ()) -> Iterator[tuple[type, li
         for arg in get_args(hint):  # a container's own Meta bounds its length, not its items
             if arg is not Ellipsis:
                 yield from _numbers(arg)
+    elif isinstance(hint, type) and issubclass(hint, ByteCount):  # its class names its bounds (validation.py)
+        yield hint, [*metas, Meta(ge=hint.low, le=hint.high)]
     elif isinstance(hint, type) and issubclass(hint, int | float) and not issubclass(hint, bool):
         yield hint, list(metas)
 
@@ -123,15 +126,16 @@ def problems_of(tmp_path: Path, text: str) -> str:
 def test_infinite_nan_and_huge_durations_are_refused_naming_the_key(tmp_path: Path, table: str, key: str,
                                                                      value: str) -> None:  # fmt: skip
     message = problems_of(tmp_path, f"[{table}]\n{key} = {value}\n")
-    # "remediation.command_timeout_s: expected float <= 3600.0 (got inf)", "...: expected float > 0.0 (got nan)"
-    line = rf"^  {re.escape(table)}\.{key}: expected float (?:<=|>=|>) [0-9.]+ \(got "
+    # "  remediation: Expected `float` <= 3600.0 - at `$.remediation.command_timeout_s`" (> 0.0 for nan)
+    line = rf"^  {re.escape(table)}: Expected `float` (?:<=|>=|>) [0-9.]+ - at `\$\.{re.escape(table)}\.{key}`$"
     assert re.search(line, message, re.M), message
 
 
 @pytest.mark.parametrize("value", ["inf", "nan", "1e30"])
 def test_cooldowns_are_bounded(tmp_path: Path, value: str) -> None:
     message = problems_of(tmp_path, f"[remediation]\ncooldown_s = {{restart_vllm = {value}}}\n")
-    assert "remediation.cooldown_s.restart_vllm:" in message
+    assert re.search(r"^  remediation: Expected `float` [<>]=? [0-9.]+ - at `\$\.remediation\.cooldown_s\[\.\.\.\]`$",
+                     message, re.M), message  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -141,4 +145,5 @@ def test_cooldowns_are_bounded(tmp_path: Path, value: str) -> None:
 )  # fmt: skip
 def test_huge_counts_are_refused_naming_the_key(tmp_path: Path, table: str, key: str, value: str) -> None:
     message = problems_of(tmp_path, f"[{table}]\n{key} = {value}\n")
-    assert f"{table}.{key}:" in message and ("<=" in message or "at most" in message), message
+    assert f"{table}: " in message and f"at `$.{table}.{key}`" in message, message
+    assert "<=" in message or "at most" in message, message

@@ -1,4 +1,4 @@
-"""The shared field types (sources/fields.py): NcclSettings validates its URLs, hosts and sizes with them, the
+"""The shared field types (validation.py): NcclSettings validates its URLs, hosts and sizes with them, the
 peer's join request uses the same ones (what the local check accepts, the peer accepts), and the bundled
 probe's own stdlib copy of the size parser and defaults agree with them."""
 
@@ -15,8 +15,7 @@ from dgxdoctor.config import ConfigError, parse_config
 from dgxdoctor.daemon.nccl_join import JoinRequest
 from dgxdoctor.environment import Environment
 from dgxdoctor.probes import allreduce
-from dgxdoctor.sources.fields import parse_byte_size
-from dgxdoctor.validation import validate
+from dgxdoctor.validation import parse_byte_size, validate
 
 
 def problems(**nccl: object) -> dict[str, str]:
@@ -37,8 +36,8 @@ def problems(**nccl: object) -> dict[str, str]:
     ],
 )
 def test_nccl_settings_name_what_is_wrong(key: str, value: str, says: str) -> None:
-    found = problems(**{key: value})
-    assert f"checks.nccl.{key}" in found and says in found[f"checks.nccl.{key}"], found
+    reason = problems(**{key: value})["checks.nccl"]
+    assert f"at `$.checks.nccl.{key}`" in reason and says in reason, reason
 
 
 def test_sizes_in_order() -> None:
@@ -51,7 +50,7 @@ def test_empty_vllm_url_means_none_and_good_values_pass() -> None:
         NcclSettings,
         {"vllm_url": "", "peer": "http://dgx-b:9835", "master_addr": "fe80::1", "min_bytes": "8m", "max_bytes": "1g"},
     )
-    assert s.vllm_url is None and s.min_bytes == "8M" and s.max_bytes == "1G"
+    assert not s.vllm_url and s.min_bytes == "8M" and s.max_bytes == "1G"
 
 
 def test_the_peer_accepts_the_join_request_the_local_check_builds() -> None:
@@ -116,7 +115,7 @@ def test_the_peer_and_the_config_accept_the_same_probe_sizes(text: str) -> None:
     def accepted(make: Callable[[], object]) -> str | None:
         try:
             make()
-        except ValueError as exc:  # validation's Invalid is a ValueError
+        except ValueError as exc:  # msgspec's ValidationError is a ValueError
             return "refused: outside" if "outside 1 B .. 16G" in str(exc) else "refused"
         return None
 
@@ -127,7 +126,7 @@ def test_the_peer_and_the_config_accept_the_same_probe_sizes(text: str) -> None:
 
 
 def test_one_size_parser() -> None:
-    """checks/nccl.py had its own (size_bytes, check_size_range, SIZE_RE): every size goes through sources.fields."""
+    """checks/nccl.py had its own (size_bytes, check_size_range, SIZE_RE): every size goes through validation.py."""
     import re
     from pathlib import Path
 
@@ -139,15 +138,15 @@ def test_one_size_parser() -> None:
     owners = sorted(
         str(p.relative_to(src)) for p in src.rglob("*.py") if size_regex.search(p.read_text(encoding="utf-8"))
     )
-    assert owners == ["sources/fields.py"]  # probes/allreduce.py keeps a stdlib copy, held equal above
+    assert owners == ["validation.py"]  # probes/allreduce.py keeps a stdlib copy, held equal above
 
 
 def _settings_fields() -> list[tuple[type, str]]:
     from msgspec import Struct
     from msgspec.structs import fields
 
+    from dgxdoctor.commands.config_doc import bare_type
     from dgxdoctor.config import config_model
-    from dgxdoctor.validation import bare_type
 
     seen: list[tuple[type, str]] = []
     todo: list[type[Struct]] = [config_model()]
@@ -199,4 +198,5 @@ def test_every_byte_count_takes_a_size_as_the_probe_does(table: str, key: str) -
     assert getattr(section, key) == 64 << 20
     with pytest.raises(ConfigError) as err:
         parse_config(_table(table, key, "64X"))
-    assert "not a size" in dict(err.value.problems)[f"{table}.{key}"]
+    reason = dict(err.value.problems)[table]
+    assert "not a size" in reason and f"at `$.{table}.{key}`" in reason, reason

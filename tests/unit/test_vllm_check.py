@@ -422,10 +422,15 @@ def test_a_restart_resets_the_windows(fixtures: Path, proc_root: Path) -> None:
 
 
 def test_bad_settings_name_their_key() -> None:
-    with pytest.raises(ConfigError) as err:
-        parse_config({"checks": {"vllm": {"base_url": "localhost:8000", "canary": "sometimes", "kv_cache_warn": 2}}})
-    keys = {path for path, _ in err.value.problems}
-    assert {"checks.vllm.base_url", "checks.vllm.canary", "checks.vllm.kv_cache_warn"} <= keys
+    for key, value, says in (
+        ("base_url", "localhost:8000", "is not an http(s)://HOST:PORT[/PATH] URL"),
+        ("canary", "sometimes", "Invalid enum value 'sometimes'"),
+        ("kv_cache_warn", 2, "Expected `float` <= "),
+    ):
+        with pytest.raises(ConfigError) as err:
+            parse_config({"checks": {"vllm": {key: value}}})
+        [(table, reason)] = err.value.problems
+        assert table == "checks.vllm" and reason.endswith(f" - at `$.checks.vllm.{key}`") and says in reason, reason
 
 
 def test_settings_document_every_key() -> None:

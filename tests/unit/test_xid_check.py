@@ -6,6 +6,7 @@ import os
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from dgxdoctor.checks.xid import XidCheck, XidSettings
@@ -13,7 +14,7 @@ from dgxdoctor.config import ConfigError, parse_config
 from dgxdoctor.environment import Environment
 from dgxdoctor.result import CheckResult, Status
 from dgxdoctor.sources.kmsg import KmsgRecord
-from dgxdoctor.validation import Invalid, validate
+from dgxdoctor.validation import validate
 
 KERNEL_LOG = Path(__file__).resolve().parents[1] / "fixtures" / "kernel_log"
 XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1101234, name=nvc:[driver], GPU has fallen off the bus."
@@ -244,14 +245,17 @@ def test_unreadable_log_is_a_clear_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
-    [({"thirteen": "critical"}, "XID numbers"), ({"13": "fatal"}, "'ok', 'warning' or 'critical'")],
+    [
+        ({"thirteen": "critical"}, "overrides: keys must be XID numbers"),
+        ({"13": "fatal"}, "Invalid enum value 'fatal'"),
+    ],
 )
 def test_bad_overrides_name_the_key(overrides: dict[str, str], message: str) -> None:
-    with pytest.raises(Invalid, match=message):
+    with pytest.raises(msgspec.ValidationError, match=message):
         validate(XidSettings, {"overrides": overrides})
     with pytest.raises(ConfigError) as err:
         parse_config({"checks": {"xid": {"overrides": overrides}}})
-    assert "checks.xid.overrides" in str(err.value)
+    assert message in str(err.value) and "- at `$.checks.xid" in str(err.value)
 
 
 async def test_start_follows_the_log_in_the_daemon_only(tmp_path: Path) -> None:

@@ -8,11 +8,13 @@ The shape (Alertmanager's ``notify/webhook`` package): ``{"version": "4", "group
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Literal
 
-from msgspec import Struct
+import msgspec
+from msgspec import Meta, Struct, field
+
+from dgxdoctor.validation import decode_json
 
 MAX_ALERTS = 1000
 
@@ -27,15 +29,6 @@ class IncomingAlert(Struct, frozen=True):
     fingerprint: str
     starts_at: str
     started: float | None  # startsAt as Unix time (parse_payload refuses one that does not parse)
-
-
-def _field(obj: dict[str, Any], key: str, kind: type, where: str) -> Any:
-    if key not in obj:
-        raise PayloadError(f"{where}: missing {key!r}")
-    value = obj[key]
-    if not isinstance(value, kind):
-        raise PayloadError(f"{where}.{key}: expected {kind.__name__}, got {type(value).__name__}")
-    return value
 
 
 def _timestamp(text: str) -> float | None:
@@ -54,37 +47,34 @@ def _timestamp(text: str) -> float | None:
         return None
 
 
+class AlertDoc(Struct, frozen=True):
+    """One alert of the payload: what remediation reads of it (Alertmanager's other keys are ignored)."""
+
+    status: Literal["firing", "resolved"]
+    labels: dict[str, str]
+    fingerprint: Annotated[str, Meta(min_length=1, max_length=64)]
+    starts_at: Annotated[str, Meta(max_length=64)] = field(name="startsAt")
+
+    def __post_init__(self) -> None:
+        if _timestamp(self.starts_at) is None:  # the replay protection orders episodes by it
+            raise ValueError(f"startsAt: expected an RFC 3339 time, got {self.starts_at[:40]!r}")
+
+
+class Payload(Struct, frozen=True):
+    """Alertmanager's webhook payload, version 4."""
+
+    version: Literal["4"]
+    alerts: Annotated[list[AlertDoc], Meta(max_length=MAX_ALERTS)]
+
+
 def parse_payload(raw: bytes) -> list[IncomingAlert]:
+    """The alerts of a webhook body; PayloadError with msgspec's message (what and where) otherwise."""
     try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
+        payload = decode_json(raw, Payload)
+    except msgspec.ValidationError as exc:
+        raise PayloadError(f"payload: {str(exc)[:300]}") from None
+    except msgspec.DecodeError as exc:
         raise PayloadError(f"body is not JSON: {str(exc)[:120]}") from None
-    if not isinstance(doc, dict):
-        raise PayloadError(f"body must be a JSON object, got {type(doc).__name__}")
-    version = _field(doc, "version", str, "payload")
-    if version != "4":
-        raise PayloadError(f'payload.version: expected "4" (Alertmanager\'s webhook), got {version!r}')
-    alerts = _field(doc, "alerts", list, "payload")
-    if len(alerts) > MAX_ALERTS:
-        raise PayloadError(f"payload.alerts: {len(alerts)} alerts, at most {MAX_ALERTS}")
-    return [_alert(item, f"payload.alerts[{i}]") for i, item in enumerate(alerts)]
-
-
-def _alert(item: Any, where: str) -> IncomingAlert:
-    if not isinstance(item, dict):
-        raise PayloadError(f"{where}: expected object, got {type(item).__name__}")
-    status = _field(item, "status", str, where)
-    if status not in ("firing", "resolved"):
-        raise PayloadError(f'{where}.status: expected "firing" or "resolved", got {status[:40]!r}')
-    labels = _field(item, "labels", dict, where)
-    for key, value in labels.items():
-        if not isinstance(value, str):
-            raise PayloadError(f"{where}.labels.{key[:60]}: expected string, got {type(value).__name__}")
-    fingerprint = _field(item, "fingerprint", str, where)
-    if not fingerprint or len(fingerprint) > 64:
-        raise PayloadError(f"{where}.fingerprint: expected 1-64 characters")
-    starts_at = _field(item, "startsAt", str, where)
-    started = _timestamp(starts_at[:64])
-    if started is None:  # the replay protection orders episodes by it: a time, or the payload is refused
-        raise PayloadError(f"{where}.startsAt: expected an RFC 3339 time, got {starts_at[:40]!r}")
-    return IncomingAlert(status, dict(labels), fingerprint, starts_at[:64], started)
+    return [
+        IncomingAlert(a.status, a.labels, a.fingerprint, a.starts_at, _timestamp(a.starts_at)) for a in payload.alerts
+    ]

@@ -40,7 +40,6 @@ from dgxdoctor.sources.vllm_bench import (
     parse_bench_result,
     run_step,
 )
-from dgxdoctor.validation import field_rule
 
 OUTPUT_THROUGHPUT = MetricSpec(
     "dgxdoctor_bench_output_throughput_tokens_per_second",
@@ -107,12 +106,12 @@ class BenchCheckSettings(CheckSettings, frozen=True):
         0.50
     )
 
-    @field_rule("maintenance_windows")
-    @classmethod
-    def _windows(cls, value: list[str]) -> list[str]:
-        for window in value:
-            parse_window(window)  # the NCCL probe's window syntax: one rule for both
-        return value
+    def __post_init__(self) -> None:
+        for window in self.maintenance_windows:
+            try:
+                parse_window(window)  # the NCCL probe's window syntax: one rule for both
+            except ValueError as exc:
+                raise ValueError(f"maintenance_windows: {exc}") from None
 
 
 def vllm_launcher(python: str) -> list[str]:

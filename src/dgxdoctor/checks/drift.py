@@ -26,9 +26,9 @@ from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, St
 from dgxdoctor.settings.bounds import DAY_S, HOUR_S
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
 from dgxdoctor.sources.container import serving, serving_python_in
-from dgxdoctor.sources.fields import ByteCount, bytes_within
 from dgxdoctor.sources.fingerprint import ShardHasher, listing_fingerprint, sample_shards, scan_model_dir
 from dgxdoctor.sources.serving_env import DISTRIBUTIONS, PROBE, find_serving_python, parse_probe_output
+from dgxdoctor.validation import ByteCount
 
 NODE_INFO = MetricSpec(
     "dgxdoctor_node_info",
@@ -43,6 +43,13 @@ MODEL_INFO = MetricSpec(
     ("model_dir", "fingerprint"),
 )
 VERSION_KEYS = ("kernel_release", *DISTRIBUTIONS, "python_version")
+
+
+class HashBytes(ByteCount):
+    """Shard bytes hashed in one run: 1 B .. 1 TiB."""
+
+    low = 1
+    high = 1 << 40
 
 
 class DriftSettings(CheckSettings, frozen=True):
@@ -73,13 +80,12 @@ class DriftSettings(CheckSettings, frozen=True):
         ),
     ] = 0
     hash_bytes_per_run: Annotated[
-        ByteCount,
-        bytes_within(1, 1 << 40),
+        HashBytes,
         Meta(
             description="read at most this many shard bytes per run (a number or a size: 256M); "
             "a hash completes over runs"
         ),
-    ] = ByteCount(256 * 1024 * 1024)
+    ] = HashBytes(256 * 1024 * 1024)
 
 
 class DriftCheck(Check[DriftSettings]):

@@ -34,7 +34,6 @@ from dgxdoctor.sources.device_map import CLASS_BRIDGE_OTHER
 from dgxdoctor.sources.nvml import NvmlError, NvmlNotSupported
 from dgxdoctor.sources.pci import VENDOR_NVIDIA, mellanox_nics, nvidia_gpus, read_pci_devices
 from dgxdoctor.sources.systemd import UNIT_NAME_RE, UnitState, read_unit
-from dgxdoctor.validation import field_rule
 
 UNIT_ACTIVE = MetricSpec(
     "dgxdoctor_driver_unit_active",
@@ -59,12 +58,11 @@ class DriverStackSettings(CheckSettings, frozen=True):
     dcgm: Annotated[bool, Meta(description="the DCGM host engine is part of this node's setup: check its unit")] = False
     dcgm_unit: Annotated[str, Meta(description="the DCGM host engine's unit")] = "nvidia-dcgm.service"
 
-    @field_rule("fabric_manager_unit", "persistenced_unit", "dcgm_unit")
-    @classmethod
-    def _unit_name(cls, value: str) -> str:
-        if not UNIT_NAME_RE.match(value):
-            raise ValueError(f"not a systemd unit name (letters, digits, ':-_.\\@'): {value[:80]!r}")
-        return value
+    def __post_init__(self) -> None:
+        for name in ("fabric_manager_unit", "persistenced_unit", "dcgm_unit"):
+            value = getattr(self, name)
+            if not UNIT_NAME_RE.match(value):
+                raise ValueError(f"{name}: not a systemd unit name (letters, digits, ':-_.\\@'): {value[:80]!r}")
 
 
 class DriverStackCheck(Check[DriverStackSettings]):

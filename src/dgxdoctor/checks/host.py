@@ -22,9 +22,8 @@ from dgxdoctor.judge import host
 from dgxdoctor.judge.host import DiskUsage, gib
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
 from dgxdoctor.settings.bounds import DAY_S
-from dgxdoctor.sources.fields import ByteCount, bytes_within
 from dgxdoctor.sources.procfs import iter_processes, parse_meminfo
-from dgxdoctor.validation import record_rule
+from dgxdoctor.validation import ByteCount
 
 HOST_MEMORY_TOTAL = MetricSpec("dgxdoctor_host_memory_total_bytes", "Total system memory (RAM)")
 HOST_MEMORY_AVAILABLE = MetricSpec(
@@ -58,7 +57,7 @@ class HostSettings(CheckSettings, frozen=True):
         Meta(description="directory of the served model's weights (the same path on every node); unset: skipped"),
     ] = None
     weights_bytes: Annotated[
-        Annotated[ByteCount, bytes_within(0, 1 << 50)] | None,
+        ByteCount | None,
         Meta(
             description="size of the weights in bytes (or a size: 140G), instead of summing the files under model_dir"
         ),
@@ -98,13 +97,11 @@ class HostSettings(CheckSettings, frozen=True):
         ),
     ] = field(default_factory=list)
 
-    @record_rule
-    def _thresholds_ordered(self) -> HostSettings:
+    def __post_init__(self) -> None:
         if self.disk_critical_free_percent > self.disk_warn_free_percent:
             raise ValueError("disk_critical_free_percent must not exceed disk_warn_free_percent")
         if any(not name.strip() for name in self.required_processes):
             raise ValueError("required_processes entries must not be empty")
-        return self
 
 
 class HostProbe(Protocol):

@@ -53,12 +53,11 @@ from dgxdoctor.judge.log_files import (
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample, Status
 from dgxdoctor.settings.bounds import DAY_S, WEEK_S
 from dgxdoctor.sources.container import ContainerLogFollower, LogRead
-from dgxdoctor.sources.fields import ByteCount, bytes_within
 from dgxdoctor.sources.journal import CURSOR_RE, JournalFollower, JournalRead
 from dgxdoctor.sources.logtail import LogFollower, expand_paths, read_recent
 from dgxdoctor.sources.statefile import StateFile
 from dgxdoctor.sources.systemd import UNIT_NAME_RE
-from dgxdoctor.validation import field_rule
+from dgxdoctor.validation import ByteCount
 
 if TYPE_CHECKING:  # the matching code is imported with the catalog, at the first line to match
     from dgxdoctor.judge.scan import Scanner
@@ -117,6 +116,13 @@ def journal_kind(unit: str) -> str:
     return "ray" if unit.startswith("ray") else "vllm"
 
 
+class LogBytes(ByteCount):
+    """Log bytes read in one run: 1 B .. 4 GiB."""
+
+    low = 1
+    high = 4 << 30
+
+
 class LogsSettings(CheckSettings, frozen=True):
     """The logs check: vLLM and Ray log files followed for known failure signatures."""
 
@@ -132,13 +138,12 @@ class LogsSettings(CheckSettings, frozen=True):
         ]
     )
     max_bytes_per_run: Annotated[
-        ByteCount,
-        bytes_within(1, 4 << 30),
+        LogBytes,
         Meta(
             description="read at most this many new bytes per run over all files (or a size: 32M), and as much of "
             "journalctl's output; rest next run"
         ),
-    ] = ByteCount(32 * 1024 * 1024)
+    ] = LogBytes(32 * 1024 * 1024)
     from_start: Annotated[
         bool,
         Meta(
@@ -150,13 +155,12 @@ class LogsSettings(CheckSettings, frozen=True):
         float, Meta(gt=0, le=DAY_S, description="keep reporting a match this many seconds after it was last seen")
     ] = 900.0
     check_window_bytes: Annotated[
-        ByteCount,
-        bytes_within(1, 4 << 30),
+        LogBytes,
         Meta(
             description="one-shot `dgxdoctor check`: read the last this many bytes (or a size: 8M) of each log file "
             "(the recent past; the daemon follows files from their end instead)"
         ),
-    ] = ByteCount(8 * 1024 * 1024)
+    ] = LogBytes(8 * 1024 * 1024)
     check_window_s: Annotated[
         float,
         Meta(
@@ -185,13 +189,10 @@ class LogsSettings(CheckSettings, frozen=True):
         int, Meta(ge=1, le=10_000_000, description="read at most this many journal entries per run; rest next run")
     ] = 20000
 
-    @field_rule("journal_units")
-    @classmethod
-    def _unit_names(cls, value: list[str]) -> list[str]:
-        for unit in value:
+    def __post_init__(self) -> None:
+        for unit in self.journal_units:
             if not UNIT_NAME_RE.match(unit):
-                raise ValueError(f"not a systemd unit name (letters, digits, ':-_.\\@'): {unit[:80]!r}")
-        return value
+                raise ValueError(f"journal_units: not a systemd unit name (letters, digits, ':-_.\\@'): {unit[:80]!r}")
 
 
 class _Recent(Struct):

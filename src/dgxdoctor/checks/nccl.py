@@ -44,14 +44,13 @@ from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.settings.bounds import DAY_S
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout, python_argv
-from dgxdoctor.sources.fields import Host, OptionalHttpUrl, PeerUrl, sizes_in_order
 from dgxdoctor.sources.nccl_env import read_env_file
 from dgxdoctor.sources.nccl_info import NcclTransport, parse_nccl_info
 from dgxdoctor.sources.nccl_tests import NcclTestsReport, parse_nccl_tests
 from dgxdoctor.sources.serving_env import find_serving_python
 from dgxdoctor.sources.statefile import atomic_write, write_failed
 from dgxdoctor.sources.sysfs_ib import ports_by_device
-from dgxdoctor.validation import field_rule, record_rule
+from dgxdoctor.validation import Host, OptionalHttpUrl, PeerUrl, sizes_in_order
 
 # The probe's exit statuses, repeated from ``dgxdoctor.probes.allreduce`` so the daemon does not import the probe
 # (argparse and all) to compare numbers; a test holds them equal.
@@ -133,7 +132,7 @@ class NcclSettings(CheckSettings, frozen=True):
     ] = False
     vllm_url: Annotated[
         OptionalHttpUrl, Meta(description="vLLM whose running requests make the probe refuse; empty: none")
-    ] = "http://127.0.0.1:8000"
+    ] = OptionalHttpUrl("http://127.0.0.1:8000")
     maintenance_windows: Annotated[
         list[str],
         Meta(
@@ -173,32 +172,20 @@ class NcclSettings(CheckSettings, frozen=True):
         Meta(gt=0, le=1, description="busbw below this fraction of expected_busbw_gbps is critical (the tutorial)"),
     ] = DEFAULT_MIN_FRACTION
 
-    @record_rule
-    def _sizes_ordered(self) -> NcclSettings:
+    def __post_init__(self) -> None:
         sizes_in_order(self.min_bytes, self.max_bytes)
-        return self
-
-    @field_rule("algo", "proto")
-    @classmethod
-    def _nccl_choice(cls, value: str) -> str:
-        if not NCCL_CHOICE_RE.match(value):
-            raise ValueError(f"{value!r} is not an NCCL_ALGO/NCCL_PROTO value (e.g. Ring, Simple, ^NVLS)")
-        return value
-
-    @field_rule("rails")
-    @classmethod
-    def _rails(cls, value: list[str]) -> list[str]:
-        bad = [r for r in value if not HCA_RE.match(r)]
+        for name in ("algo", "proto"):
+            value = getattr(self, name)
+            if not NCCL_CHOICE_RE.match(value):
+                raise ValueError(f"{name}: {value!r} is not an NCCL_ALGO/NCCL_PROTO value (e.g. Ring, Simple, ^NVLS)")
+        bad = [r for r in self.rails if not HCA_RE.match(r)]
         if bad:
-            raise ValueError(f"not HCA names (mlx5_0 or mlx5_0:1): {bad}")
-        return value
-
-    @field_rule("maintenance_windows")
-    @classmethod
-    def _windows(cls, value: list[str]) -> list[str]:
-        for window in value:
-            parse_window(window)
-        return value
+            raise ValueError(f"rails: not HCA names (mlx5_0 or mlx5_0:1): {bad}")
+        for window in self.maintenance_windows:
+            try:
+                parse_window(window)
+            except ValueError as exc:
+                raise ValueError(f"maintenance_windows: {exc}") from None
 
 
 class NcclCheck(Check[NcclSettings]):

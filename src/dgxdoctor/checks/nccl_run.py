@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 from msgspec import Struct
 
-from dgxdoctor.sources.fields import ByteSize, byte_size_within
-from dgxdoctor.validation import rule
+from dgxdoctor.validation import ByteSize
 
 # The bundled probe's exit status when a node did not join in time (``probes.allreduce.EX_PEER_MISSING``).
 EX_PEER_MISSING = 4
-# The bundled probe's message sizes unless configured (its own stdlib copy, ``probes.allreduce``, is held equal by
-# tests/unit/test_settings_types.py).
-DEFAULT_MIN_BYTES = "8M"
-DEFAULT_MAX_BYTES = "1G"
 # Every size in 1 B .. 16 GiB (nccl-tests' customary -e is 8G): "0" would never end the doubling loop.
 MAX_PROBE_BYTES = 16 << 30
-# A probe's message size, in the config ([checks.nccl] min_bytes/max_bytes) and in a peer's join request alike.
-ProbeSize = Annotated[ByteSize, rule(lambda value: byte_size_within(value, 1, MAX_PROBE_BYTES))]
+
+
+class ProbeSize(ByteSize):
+    """A probe's message size, 1 B .. 16 GiB: in the config ([checks.nccl] min_bytes/max_bytes) and in a peer's
+    join request alike."""
+
+    low = 1
+    high = MAX_PROBE_BYTES
+
+
+# The bundled probe's message sizes unless configured (its own stdlib copy, ``probes.allreduce``, is held equal by
+# tests/unit/test_settings_types.py).
+DEFAULT_MIN_BYTES = ProbeSize("8M")
+DEFAULT_MAX_BYTES = ProbeSize("1G")
 
 
 class ProbeRun(Struct, frozen=True):

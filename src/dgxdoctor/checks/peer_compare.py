@@ -28,7 +28,6 @@ from dgxdoctor.fleet.compare import PEER_VIEW_FACT, RULE_KEYS, Imbalance, compar
 from dgxdoctor.fleet.discovery import Round
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample
 from dgxdoctor.settings.bounds import DAY_S
-from dgxdoctor.validation import field_rule
 
 PEER_UP = MetricSpec(
     "dgxdoctor_peer_up",
@@ -63,13 +62,10 @@ class PeerCompareSettings(CheckSettings, frozen=True):
         ),
     ] = field(default_factory=dict)
 
-    @field_rule("tolerances")
-    @classmethod
-    def _known_keys(cls, value: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(value) - RULE_KEYS)
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.tolerances) - RULE_KEYS)
         if unknown:
-            raise ValueError(f"unknown metric(s) {unknown}; known: {sorted(RULE_KEYS)}")
-        return value
+            raise ValueError(f"tolerances: unknown metric(s) {unknown}; known: {sorted(RULE_KEYS)}")
 
 
 class PeerCompareCheck(Check[PeerCompareSettings]):

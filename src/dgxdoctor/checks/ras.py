@@ -23,13 +23,12 @@ from dgxdoctor.environment import Environment
 from dgxdoctor.judge.ras import layout_findings, rank_findings, stuck_processes, unreachable_finding
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Status
 from dgxdoctor.settings.bounds import DAY_S, HOUR_S
-from dgxdoctor.sources.fields import ByteCount, bytes_within
 from dgxdoctor.sources.nccl_env import parse_environ
 from dgxdoctor.sources.procfs import ProcessInfo, iter_processes, read_process, trusted_process
 from dgxdoctor.sources.ras_client import DEFAULT_HOST, DEFAULT_PORT, RasError, RasReply, parse_ras_addr, query
 from dgxdoctor.sources.ras_report import RasReport, RasReportError, parse_report
 from dgxdoctor.sources.vllm_api import is_vllm_process
-from dgxdoctor.validation import field_rule
+from dgxdoctor.validation import ByteCount
 
 RAS_UP = MetricSpec("dgxdoctor_ras_up", "1 if NCCL's RAS answered a status query in the last run, else 0")
 RAS_SECONDS = MetricSpec(
@@ -57,6 +56,13 @@ LOCAL_RANK = MetricSpec(
 LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "ip6-localhost"})
 
 
+class ReplyBytes(ByteCount):
+    """A RAS reply's size cap: 4K .. 1G."""
+
+    low = 4096
+    high = 1 << 30
+
+
 class RasSettings(CheckSettings, frozen=True):
     interval_s: Annotated[float, Meta(gt=0, le=DAY_S, description="daemon: seconds between RAS queries")] = 10.0
     timeout_s: Annotated[float, Meta(gt=0, le=DAY_S, description="a run that takes longer is UNKNOWN")] = 30.0
@@ -74,10 +80,9 @@ class RasSettings(CheckSettings, frozen=True):
         float, Meta(gt=0, le=HOUR_S, description="the whole query's hard deadline, connect to last byte")
     ] = 15.0
     max_bytes: Annotated[
-        ByteCount,
-        bytes_within(4096, 1 << 30),
+        ReplyBytes,
         Meta(description="a RAS reply larger than this many bytes (or a size: 4M) is refused"),
-    ] = ByteCount(4 << 20)
+    ] = ReplyBytes(4 << 20)
     tensor_parallel_size: Annotated[
         int, Meta(ge=0, le=1024, description="vLLM's TP size; 0: read from vLLM's command line")
     ] = 0
@@ -88,15 +93,12 @@ class RasSettings(CheckSettings, frozen=True):
         bool, Meta(description="RAS must answer even without a vLLM process (an NCCL job other than vLLM serves)")
     ] = False
 
-    @field_rule("address")
-    @classmethod
-    def _address(cls, value: str) -> str:
-        if value:
+    def __post_init__(self) -> None:
+        if self.address:
             try:
-                parse_ras_addr(value)
+                parse_ras_addr(self.address)
             except RasError as exc:
-                raise ValueError(str(exc)) from exc
-        return value
+                raise ValueError(f"address: {exc}") from None
 
 
 def parallel_size(argv: tuple[str, ...], long: str, short: str) -> int | None:

@@ -40,7 +40,6 @@ from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, St
 from dgxdoctor.settings.bounds import HOUR_S
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
 from dgxdoctor.sources.container import serving
-from dgxdoctor.sources.fields import HttpUrl
 from dgxdoctor.sources.procfs import ProcessInfo, listening_ports, processes_named, trusted_process
 from dgxdoctor.sources.ray_api import (
     CLUSTER_STATUS_PATH,
@@ -58,6 +57,7 @@ from dgxdoctor.sources.ray_api import (
 )
 from dgxdoctor.sources.ray_status import RayStatusError, parse_ray_status
 from dgxdoctor.sources.vllm_launch import LaunchError, parse_launch, serving_process
+from dgxdoctor.validation import HttpUrl
 
 if TYPE_CHECKING:
     import httpx
@@ -84,7 +84,7 @@ PORT_LISTENING = MetricSpec(
 class RaySettings(CheckSettings, frozen=True):
     dashboard_url: Annotated[
         HttpUrl, Meta(description="Ray dashboard of the head node (started with --dashboard-host)")
-    ] = "http://127.0.0.1:8265"
+    ] = HttpUrl("http://127.0.0.1:8265")
     expected_nodes: Annotated[int, Meta(ge=1, le=4096, description="Ray nodes that must be ALIVE")] = (
         DEFAULT_EXPECTED_NODES
     )

@@ -55,7 +55,6 @@ from dgxdoctor.judge.vllm import (
 from dgxdoctor.result import CheckResult, MetricSpec, ResultBuilder
 from dgxdoctor.settings.bounds import DAY_S, HOUR_S
 from dgxdoctor.sources.container import Serving, serving
-from dgxdoctor.sources.fields import HttpUrl
 from dgxdoctor.sources.procfs import CLK_TCK, ProcessInfo
 from dgxdoctor.sources.prom_text import PromTextError
 from dgxdoctor.sources.redact import shown_argv
@@ -77,7 +76,7 @@ from dgxdoctor.sources.vllm_api import (
 )
 from dgxdoctor.sources.vllm_launch import LaunchError, is_headless_server, parse_launch
 from dgxdoctor.sources.vllm_metrics import NotVllmMetrics, VllmMetrics
-from dgxdoctor.validation import Secret
+from dgxdoctor.validation import HttpUrl, Secret
 
 if TYPE_CHECKING:
     import httpx
@@ -144,7 +143,7 @@ class VllmSettings(CheckSettings, frozen=True):
         float, Meta(gt=0, le=DAY_S, description="a run that takes longer is UNKNOWN (covers the canary)")
     ] = 90.0
     interval_s: Annotated[float, Meta(gt=0, le=DAY_S, description="daemon: seconds between runs")] = 15.0
-    base_url: Annotated[HttpUrl, Meta(description="vLLM's OpenAI-compatible server on this node")] = (
+    base_url: Annotated[HttpUrl, Meta(description="vLLM's OpenAI-compatible server on this node")] = HttpUrl(
         "http://127.0.0.1:8000"
     )
     required: Annotated[

@@ -52,7 +52,6 @@ from dgxdoctor.sources.nvml_xid import NvmlEventsUnavailable, NvmlXidFollower, P
 from dgxdoctor.sources.procfs import trusted_uids
 from dgxdoctor.sources.statefile import boot_id
 from dgxdoctor.sources.xid import SxidEvent, XidCatalog, XidEvent, load_catalog
-from dgxdoctor.validation import field_rule
 
 XID_ERRORS_TOTAL = MetricSpec(
     "dgxdoctor_xid_errors_total",
@@ -149,13 +148,11 @@ class XidSettings(CheckSettings, frozen=True):
         Meta(description='status per XID code, overriding the catalog, e.g. {"13" = "critical", "63" = "ok"}'),
     ] = field(default_factory=dict)
 
-    @field_rule("overrides")
-    @classmethod
-    def _xid_keys(cls, value: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in value if not (k.isascii() and k.isdigit() and len(k) <= 3 and 0 < int(k) < 1000)]
+    def __post_init__(self) -> None:
+        bad = [k for k in self.overrides if not (k.isascii() and k.isdigit() and len(k) <= 3 and 0 < int(k) < 1000)]
         if bad:
-            raise ValueError(f"keys must be XID numbers 1..999 as strings, got {', '.join(repr(k) for k in bad)}")
-        return value
+            keys = ", ".join(repr(k) for k in bad)
+            raise ValueError(f"overrides: keys must be XID numbers 1..999 as strings, got {keys}")
 
 
 class XidCheck(Check[XidSettings]):

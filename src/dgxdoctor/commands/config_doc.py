@@ -13,7 +13,7 @@ from msgspec import NODEFAULT, Meta, Struct
 from msgspec.structs import FieldInfo, fields
 
 from dgxdoctor.config import config_model
-from dgxdoctor.validation import Secret, bare_type, dump
+from dgxdoctor.validation import Secret, dump
 
 WIDTH = 118  # comment lines wrap here
 
@@ -54,7 +54,7 @@ def type_text(annotation: Any) -> str:
     origin, args = get_origin(annotation), get_args(annotation)
     if annotation is type(None):
         return "None"
-    if origin is Annotated:  # a validated field type (sources.fields): its base type is what TOML holds
+    if origin is Annotated:  # a field with its Meta: the type inside is what TOML holds
         return type_text(args[0])
     if origin is Literal:
         return " | ".join(json.dumps(a) if isinstance(a, str) else str(a) for a in args)
@@ -102,6 +102,16 @@ def _default(field: FieldInfo) -> Any:
     if field.default_factory is not NODEFAULT:
         return field.default_factory()
     return None if field.default is NODEFAULT else field.default
+
+
+def bare_type(hint: Any) -> Any:
+    """``hint`` without ``Annotated`` and ``| None``."""
+    while get_origin(hint) is Annotated:
+        hint = get_args(hint)[0]
+    if get_origin(hint) in (Union, UnionType):
+        kinds = [arg for arg in get_args(hint) if arg is not type(None)]
+        return bare_type(kinds[0]) if len(kinds) == 1 else hint
+    return hint
 
 
 def _table(field: FieldInfo) -> type[Struct] | None:

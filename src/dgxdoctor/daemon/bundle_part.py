@@ -17,12 +17,13 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from aiohttp import web
+from msgspec import Meta, Struct
 
 from dgxdoctor.config import Config
-from dgxdoctor.daemon.gated import RunGate, seconds_body
+from dgxdoctor.daemon.gated import RunGate, json_body
 from dgxdoctor.fleet.store import ResultStore
 from dgxdoctor.remediation.capture import CaptureSettings, PreActionCapture, Writer
 
@@ -33,12 +34,21 @@ if TYPE_CHECKING:
 MAX_SINCE_S = 30 * 86400.0
 
 
+class BundlePartBody(Struct, frozen=True, forbid_unknown_fields=True):
+    """``POST /bundle/part``'s body: ``{"since_s": N, "deadline_s": N}``, either or none (this node's own
+    ``[bundle]`` values)."""
+
+    since_s: Annotated[float, Meta(gt=0, le=MAX_SINCE_S)] | None = None
+    deadline_s: Annotated[float, Meta(gt=0, le=3600.0)] | None = None
+
+
 def parse_request(raw: bytes, config: Config) -> tuple[float, float]:
     """(since_s, deadline_s) from ``{"since_s": N, "deadline_s": N}``; ValueError saying what is wrong. The
     deadline is never past this node's own ``[bundle] deadline_s``."""
     b = config.bundle
-    asked = seconds_body(raw, {"since_s": (b.since_s, MAX_SINCE_S), "deadline_s": (b.deadline_s, 3600.0)})
-    return asked["since_s"], min(asked["deadline_s"], b.deadline_s)
+    asked = json_body(raw, BundlePartBody)
+    since_s = b.since_s if asked.since_s is None else asked.since_s
+    return since_s, b.deadline_s if asked.deadline_s is None else min(asked.deadline_s, b.deadline_s)
 
 
 def daemon_sources(store: ResultStore, role: str | None, since_s: float, bug_report: bool) -> Sources:

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 from aiohttp import web
+from msgspec import Meta, Struct
 
 from dgxdoctor import eventlog
 from dgxdoctor.checks.base import Check, CheckFactory, CheckRunner, capped
 from dgxdoctor.config import Config
-from dgxdoctor.daemon.gated import RunGate, seconds_body
+from dgxdoctor.daemon.gated import RunGate, json_body
 from dgxdoctor.documents import ResultsDocument
 from dgxdoctor.environment import Environment
 
@@ -42,9 +43,15 @@ def build_now(config: Config, factories: tuple[CheckFactory, ...], limit_s: floa
     return out
 
 
+class CheckRunBody(Struct, frozen=True, forbid_unknown_fields=True):
+    """``POST /check/run``'s body: ``{"deadline_s": N}`` or nothing."""
+
+    deadline_s: Annotated[float, Meta(gt=0, le=MAX_DEADLINE_S)] = MAX_DEADLINE_S
+
+
 def parse_deadline(raw: bytes) -> float:
     """``{"deadline_s": N}`` with 0 < N <= MAX_DEADLINE_S; ValueError saying what is wrong."""
-    return seconds_body(raw, {"deadline_s": (MAX_DEADLINE_S, MAX_DEADLINE_S)})["deadline_s"]
+    return json_body(raw, CheckRunBody).deadline_s
 
 
 class CheckNow:

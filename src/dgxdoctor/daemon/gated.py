@@ -1,6 +1,6 @@
 """The one shape of an expensive request a peer may make (``POST /check/run``, ``POST /bundle/part``): a small JSON
-body of seconds, validated; one run at a time (409), at most one start per interval (429 with ``Retry-After``);
-the connection's deadline lifted only once the request is authenticated and admitted.
+body of seconds, validated by its model (``json_body``); one run at a time (409), at most one start per interval
+(429 with ``Retry-After``); the connection's deadline lifted only once the request is authenticated and admitted.
 
 The token is checked before any of this (``app.auth_middleware``); the body is untrusted input.
 """
@@ -8,38 +8,30 @@ The token is checked before any of this (``app.auth_middleware``); the body is u
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import msgspec
 from aiohttp import web
 
 from dgxdoctor.daemon.connections import lift_deadline
+from dgxdoctor.validation import decode_json
 
 T = TypeVar("T")
+B = TypeVar("B", bound=msgspec.Struct)
 
 
-def seconds_body(raw: bytes, fields: Mapping[str, tuple[float, float]]) -> dict[str, float]:
-    """``{"name": SECONDS, ...}`` with only the keys of ``fields`` (name -> (default, top)), each a finite number
-    in (0, top]; ValueError saying what is wrong. An empty body takes the defaults."""
-    shape = "{" + ", ".join(f'"{name}": SECONDS' for name in fields) + "}"
+def json_body(raw: bytes, model: type[B]) -> B:
+    """The body as ``model`` (a record of bounded seconds that forbids other keys); an empty body is its defaults.
+    ValueError with msgspec's message otherwise (``Expected `float` <= 600.0 - at `$.deadline_s```)."""
+    if not raw.strip():
+        return model()
     try:
-        doc = json.loads(raw) if raw.strip() else {}
-    except (ValueError, RecursionError):
-        raise ValueError(f"body must be JSON: {shape}") from None
-    if not isinstance(doc, dict) or set(doc) - set(fields):
-        raise ValueError(f"body must be {shape} and nothing else")
-    out = {}
-    for name, (default, top) in fields.items():
-        value = doc.get(name, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ValueError(f"{name} must be a number of seconds")
-        if not 0 < value <= top:
-            raise ValueError(f"{name} must be in (0, {top:g}]")
-        out[name] = float(value)
-    return out
+        return decode_json(raw, model)
+    except msgspec.DecodeError as exc:  # not JSON, or JSON of another shape (a ValidationError)
+        raise ValueError(f"body: {exc}") from None
 
 
 class RunGate:

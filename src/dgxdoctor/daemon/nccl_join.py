@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
+import msgspec
 from aiohttp import web
 from msgspec import Meta, Struct, field
 from msgspec.structs import replace
@@ -32,9 +33,8 @@ from dgxdoctor.checks.nccl_run import DEFAULT_MAX_BYTES, DEFAULT_MIN_BYTES, Prob
 from dgxdoctor.environment import Environment
 from dgxdoctor.settings.base import Frozen
 from dgxdoctor.sources.commands import CommandNotFound, CommandTimeout
-from dgxdoctor.sources.fields import Host, sizes_in_order
 from dgxdoctor.sources.sysfs_ib import ports_by_device
-from dgxdoctor.validation import Invalid, key_path, record_rule, validate
+from dgxdoctor.validation import Host, sizes_in_order, validate
 
 log = eventlog.get_logger(__name__)
 
@@ -43,7 +43,7 @@ KEEP_RUNS = 8
 
 
 class JoinRequest(Frozen, frozen=True):
-    """What the head may ask for: the same field types as ``NcclSettings`` (``sources.fields``)."""
+    """What the head may ask for: the same field types as ``NcclSettings`` (``validation``)."""
 
     run_id: Annotated[str, Meta(pattern=r"^[0-9a-f]{32}\Z")]
     master_addr: Host
@@ -58,10 +58,10 @@ class JoinRequest(Frozen, frozen=True):
     proto: Annotated[str, Meta(pattern=NCCL_CHOICE_RE.pattern)] = "Simple"
     rail: Annotated[str, Meta(pattern=HCA_RE.pattern)] | None = None
 
-    @record_rule
-    def _sizes_ordered(self) -> JoinRequest:
+    def __post_init__(self) -> None:
         sizes_in_order(self.min_bytes, self.max_bytes)
-        return self
+        if self.node_rank >= self.nnodes:
+            raise ValueError("node_rank must be below nnodes")
 
 
 class Job(Struct):
@@ -104,14 +104,9 @@ class NcclJoinService:
 
     def parse(self, doc: Any) -> JoinRequest:
         try:
-            request = validate(JoinRequest, doc, limit=1)
-        except Invalid as exc:
-            first = exc.problems[0]
-            where = key_path(first.path) or "(body)"
-            raise Refused(400, f"{where}: {first.reason}") from None
-        if request.node_rank >= request.nnodes:
-            raise Refused(400, "node_rank must be below nnodes")
-        return request
+            return validate(JoinRequest, doc)
+        except msgspec.ValidationError as exc:
+            raise Refused(400, str(exc)) from None
 
     def start(self, request: JoinRequest) -> Job:
         env = self._env()

@@ -127,19 +127,7 @@ class Daemon:
         self.remediator.relayed = self.relayed_causes  # with Prometheus: the group peers' hardware causes
         self._wire_evidence(config)
         self.registry.register(RemediationCollector(lambda: self.store.node, self.remediator.metrics))
-        self.app_state = AppState(
-            self.store,
-            self.registry,
-            self.health,
-            self.credentials,
-            self.reload,
-            alerts=self.remediator.accept_alerts,
-            step=self.remediator.run_step,
-            metrics_require_token=config.daemon.metrics_require_token,
-            client_cert_required=config.daemon.tls_client_ca_file is not None,
-        )
-        self.app_state.extra_routes = self._routes
-        self.app_state.page = StatusPage(self.store, lambda: self.config, self.peer_states, self.incidents)
+        self.app_state = self._app_state(config)
         self.started_at = time.time()
         self.stopping = asyncio.Event()
         self.bound: tuple[str, int] | None = None
@@ -153,6 +141,23 @@ class Daemon:
         self._tasks: list[asyncio.Task[Any]] = []
         self.textfile_written_at: float | None = None
         self._textfile_writing: float | None = None
+
+    def _app_state(self, config: Config) -> AppState:
+        """What the HTTP routes reach: the store, the metrics, the credentials, remediation's two entry points."""
+        state = AppState(
+            self.store,
+            self.registry,
+            self.health,
+            self.credentials,
+            self.reload,
+            alerts=self.remediator.accept_alerts,
+            step=self.remediator.run_step,
+            metrics_require_token=config.daemon.metrics_require_token,
+            client_cert_required=config.daemon.tls_client_ca_file is not None,
+        )
+        state.extra_routes = self._routes
+        state.page = StatusPage(self.store, lambda: self.config, self.peer_states, self.incidents)
+        return state
 
     def _wire_evidence(self, config: Config) -> None:
         """The cluster side: the capture before a restart, the incident figures, the peer's check run."""

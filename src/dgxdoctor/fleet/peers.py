@@ -17,11 +17,12 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
+import msgspec
 from msgspec import Struct
 
 from dgxdoctor.compat import aio
 from dgxdoctor.documents import ResultsDocument
-from dgxdoctor.validation import Invalid, validate
+from dgxdoctor.validation import validate
 
 MAX_STATE_BYTES = 4 * 2**20
 # Of an answer that is not 200: enough for the peer's ``error`` text, never the whole of a large body.
@@ -216,13 +217,12 @@ def _finite_or_none(text: str) -> float | None:
 
 
 def validated_document(doc: Any) -> ResultsDocument:
-    """A peer's results document through the results model (sizes bounded); BadAnswer naming the first bad
-    part (``checks[0].samples[2].value``)."""
+    """A peer's results document through the results model (sizes bounded); BadAnswer with msgspec's message,
+    naming the first bad part (``... - at `$.checks[0].samples[2].value```)."""
     try:
-        return validate(ResultsDocument, doc, limit=1)
-    except Invalid as exc:
-        first = exc.problems[0]
-        raise BadAnswer(f"{_where(first.path)}: {first.reason}") from None
+        return validate(ResultsDocument, doc)
+    except msgspec.ValidationError as exc:
+        raise BadAnswer(str(exc)) from None
     except RecursionError:  # nesting deeper than the validator's stack
         raise BadAnswer("nested too deeply") from None
 
@@ -230,15 +230,3 @@ def validated_document(doc: Any) -> ResultsDocument:
 def validate_state(doc: Any) -> dict[str, Any]:
     """The parts a comparison reads of a peer's /state (``validated_document``)."""
     return validated_document(doc).compared()
-
-
-def _where(loc: tuple[int | str, ...]) -> str:
-    """("checks", 0, "samples", 2, "value") -> "checks[0].samples[2].value"; a top-level key quoted."""
-    if not loc:
-        return "top level"
-    if len(loc) == 1:
-        return f"'{loc[0]}'"
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text

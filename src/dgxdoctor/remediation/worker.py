@@ -15,12 +15,14 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import msgspec
+
 from dgxdoctor.environment import Environment
 from dgxdoctor.remediation.actions import STEP_WINDOW_S, StepRequest, run_argv
 from dgxdoctor.remediation.guard import Guard
 from dgxdoctor.settings.remediation import RemediationSettings
 from dgxdoctor.sources.statefile import StateFile
-from dgxdoctor.validation import Invalid, key_path, validate
+from dgxdoctor.validation import validate
 
 # Steps per executor: a worker of an mp deployment runs no Ray, a worker of a Ray one no headless vLLM.
 MP_WORKER_STEPS = ("vllm_stop", "vllm_start")
@@ -61,11 +63,9 @@ class WorkerSteps:
         """(HTTP status, answer) for one step request."""
         r, s = self.owner, self.owner.settings
         try:
-            request = validate(StepRequest, doc, limit=1)
-        except Invalid as exc:
-            first = exc.problems[0]
-            where = key_path(first.path) or "(body)"
-            return 400, {"ok": False, "detail": f"{where}: {first.reason}"[:300]}
+            request = validate(StepRequest, doc)
+        except msgspec.ValidationError as exc:
+            return 400, {"ok": False, "detail": str(exc)[:300]}
         if s.mode != "act" or s.role != "worker":
             return 409, {"ok": False, "detail": f"this agent is mode={s.mode}, role={s.role}: it runs no steps"}
         if r.targets.token is None or not request.signed_by(r.targets.token):

@@ -7,7 +7,7 @@ from typing import Annotated
 from msgspec import Meta
 
 from dgxdoctor.settings.base import Frozen
-from dgxdoctor.sources.fields import HttpUrl
+from dgxdoctor.validation import HttpUrl
 
 
 class AlertsSettings(Frozen, frozen=True):

@@ -8,19 +8,25 @@ from msgspec import Meta
 
 from dgxdoctor.settings.base import Frozen
 from dgxdoctor.settings.bounds import HOUR_S, WEEK_S
-from dgxdoctor.sources.fields import ByteCount, bytes_within
+from dgxdoctor.validation import ByteCount
+
+
+class PartBytes(ByteCount):
+    """One node's part of a bundle: 64K .. 16G."""
+
+    low = 2**16
+    high = 16 << 30
 
 
 class BundleSettings(Frozen, frozen=True):
     """``dgxdoctor bundle`` and the capture before a restart: limits of one evidence archive."""
 
     size_cap_bytes: Annotated[
-        ByteCount,
-        bytes_within(2**16, 16 << 30),
+        PartBytes,
         Meta(
             description="bytes (or a size: 64M) of all files of one node's part; past it files are cut, and it says so"
         ),
-    ] = ByteCount(64 * 2**20)
+    ] = PartBytes(64 * 2**20)
     deadline_s: Annotated[
         float, Meta(gt=0, le=3600, description="`dgxdoctor bundle`: the whole collection's deadline")
     ] = 120.0

@@ -17,9 +17,8 @@ from msgspec import Meta, Struct
 
 from dgxdoctor.settings.base import Frozen
 from dgxdoctor.settings.bounds import DAY_S
-from dgxdoctor.sources.fields import http_url
 from dgxdoctor.sources.statefile import read_private_file
-from dgxdoctor.validation import field_rule, record_rule
+from dgxdoctor.validation import PeerUrl
 
 DEFAULT_PORT = 9835
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
@@ -106,7 +105,7 @@ class DaemonSettings(Frozen, frozen=True):
         Path | None, Meta(description="PEM CA(s) that https:// peers' certificates are verified against")
     ] = None
     peers: Annotated[
-        tuple[str, ...],
+        tuple[PeerUrl, ...],
         Meta(
             max_length=MAX_PEERS,
             description=f'dgxdoctor on the other nodes, e.g. ["http://dgx-b:9835"]; at most {MAX_PEERS}',
@@ -142,34 +141,21 @@ class DaemonSettings(Frozen, frozen=True):
         ),
     ] = 30
 
-    @field_rule("listen")
-    @classmethod
-    def _check_listen(cls, value: str) -> str:
-        parse_listen(value)
-        return value
-
-    @field_rule("peers")
-    @classmethod
-    def _check_peers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        peers = tuple(http_url(peer, path=False) for peer in value)
-        if len(set(peers)) != len(peers):
-            raise ValueError("a peer is listed twice")
-        return peers
-
-    @record_rule
-    def _one_token_source(self) -> DaemonSettings:
+    def __post_init__(self) -> None:
+        """What spans fields, and the listen address (msgspec reports a ValueError here at ``$.daemon``)."""
+        try:
+            parse_listen(self.listen)
+        except ValueError as exc:
+            raise ValueError(f"listen: {exc}") from None
+        if len(set(self.peers)) != len(self.peers):
+            raise ValueError("peers: a peer is listed twice")
         given = [k for k in ("token", "token_file", "peer_token_file") if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(f"set one of {' / '.join(given)} (the peer token), not several")
-        return self
-
-    @record_rule
-    def _tls_pair(self) -> DaemonSettings:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("set tls_cert_file and tls_key_file together")
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
             raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file (client certificates are TLS)")
-        return self
 
     def deprecations(self) -> list[str]:
         """Config warnings: keys that still work but should be migrated (docs/daemon.md "Credentials")."""

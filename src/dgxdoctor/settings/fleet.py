@@ -13,8 +13,7 @@ from typing import Annotated, Literal
 from msgspec import Meta
 
 from dgxdoctor.settings.base import Frozen
-from dgxdoctor.sources.fields import Host, HttpUrl
-from dgxdoctor.validation import record_rule
+from dgxdoctor.validation import Host, HttpUrl
 
 PeerSource = Literal["static", "ray", "prometheus", "dns"]
 
@@ -67,12 +66,10 @@ class FleetSettings(Frozen, frozen=True):
         Literal["http", "https"], Meta(description="the scheme of the agents at the addresses Ray and DNS give")
     ] = "http"
 
-    @record_rule
-    def _sources_have_what_they_need(self) -> FleetSettings:
+    def __post_init__(self) -> None:
         if len(set(self.peer_sources)) != len(self.peer_sources):
             raise ValueError("peer_sources: a source is listed twice")
         if "dns" in self.peer_sources and self.dns_name is None:
             raise ValueError('peer_sources "dns" needs dns_name')
         if "prometheus" in self.peer_sources and self.prometheus_url is None:
             raise ValueError('peer_sources "prometheus" needs prometheus_url')
-        return self

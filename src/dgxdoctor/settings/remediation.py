@@ -9,7 +9,6 @@ from msgspec import Meta, field
 from dgxdoctor.settings.base import Frozen
 from dgxdoctor.settings.bounds import DAY_S, HOUR_S, MAX_FLEET, WEEK_S
 from dgxdoctor.sources.container import Container
-from dgxdoctor.validation import field_rule, record_rule
 
 Argv = tuple[str, ...]
 
@@ -57,14 +56,11 @@ class RemediationCommands(Frozen, frozen=True):
         ),
     ] = None
 
-    @field_rule(
-        "restart_vllm", "stop_vllm", "start_vllm", "ray_stop", "ray_start", "worker_vllm_stop", "worker_vllm_start"
-    )
-    @classmethod
-    def _non_empty(cls, value: Argv | None) -> Argv | None:
-        if value is not None and (not value or not value[0]):
-            raise ValueError("an argv list needs at least the program")
-        return value
+    def __post_init__(self) -> None:
+        for name in self.__struct_fields__:
+            argv = getattr(self, name)
+            if argv is not None and (not argv or not argv[0]):
+                raise ValueError(f"{name}: an argv list needs at least the program")
 
     def vllm(self, verb: Literal["restart", "stop", "start"], container: Container | None = None) -> Argv:
         """vLLM's own step here: as configured, else through ``container``'s runtime, else vllm.service."""
@@ -167,8 +163,6 @@ class RemediationSettings(Frozen, frozen=True):
     ] = 3
     commands: RemediationCommands = RemediationCommands()  # no schema unless named: config.py
 
-    @record_rule
-    def _role_when_acting(self) -> RemediationSettings:
+    def __post_init__(self) -> None:
         if self.mode == "act" and self.role is None:
             raise ValueError('mode = "act" needs [node] role = "head" or "worker" (only the head orchestrates)')
-        return self
