@@ -20,7 +20,7 @@ from conftest import REPO
 SCRIPT = REPO / "scripts" / "install-system-deps"
 # What the script itself runs; everything it checks for is a stub that exists, except prometheus-node-exporter.
 TOOLS = ("bash", "env", "mktemp", "mv", "rm", "chmod", "cat", "sleep", "kill", "pgrep", "pkill", "ps")
-PRESENT = ("promtool", "prometheus-alertmanager", "ip", "systemd-analyze", "chromium", "python3", "dockerd")
+PRESENT = ("promtool", "prometheus-alertmanager", "ip", "systemd-analyze", "chromium", "python3", "dockerd", "haproxy")
 
 # apt-get: records each call, and for `install` whether policy-rc.d is there and what it answers to a start.
 APT_GET = """#!/bin/bash
