@@ -45,6 +45,7 @@ DEAD = Finding("VLLM_DEAD", Status.CRITICAL, "connection refused")
         ({}, "down"),  # no source: never ready
         ({"vllm": CheckResult.unknown("vllm", "timed out")}, "down"),
         ({"vllm": vllm(1, 0.0, DEAD)}, "down"),
+        ({"vllm": vllm(1, 0.0, Finding("VLLM_LOADING", Status.OK, "started 20 s ago, loading"))}, "down"),
         ({"vllm": vllm(1, 16.0, HUNG)}, "down"),
         ({"vllm": vllm(1, 6.0, Finding("ENGINE_NO_PROGRESS", Status.WARNING, "6 s"))}, "suspect"),
         ({"vllm": vllm(1, 2.0, Finding("ENGINE_NO_PROGRESS", Status.WARNING, "2 s"))}, "ready"),  # a short gap

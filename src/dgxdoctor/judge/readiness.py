@@ -4,10 +4,10 @@ vLLM's own ``/health`` stays 200 on a hung engine, so no balancer can tell by it
 checks found. One state, worst first:
 
 - ``restarting`` / ``draining``: remediation holds the node out (a restart, or the drain before it);
-- ``down``: no vllm result yet or an unknown one (a missing source is never "ready"), vLLM dead or hung or any
-  critical vllm finding, the engine making no progress (ENGINE_HUNG), a finding that asks for a cluster restart (a
-  Ray node or a peer worker down, NCCL between the nodes failing), a dead NCCL RAS rank, a hardware cause here or
-  relayed from the peer (``Cure.HARDWARE``);
+- ``down``: no vllm result yet or an unknown one (a missing source is never "ready"), vLLM still loading
+  (VLLM_LOADING), vLLM dead or hung or any critical vllm finding, the engine making no progress (ENGINE_HUNG), a
+  finding that asks for a cluster restart (a Ray node or a peer worker down, NCCL between the nodes failing), a
+  dead NCCL RAS rank, a hardware cause here or relayed from the peer (``Cure.HARDWARE``);
 - ``suspect``: requests running or waiting while the engine made no progress for ``suspect_after_s``: out of
   rotation without a restart (a long prefill costs a short absence), back when progress resumes;
 - ``ready``.
@@ -32,6 +32,8 @@ STATES: tuple[State, ...] = ("ready", "suspect", "draining", "restarting", "down
 Hold = Literal["draining", "restarting"]
 PROGRESS_METRIC = "dgxdoctor_vllm_seconds_since_progress"  # the vllm check's sample (checks/vllm.py)
 RAS_DEAD = frozenset({"RAS_RANK_DEAD"})
+# Not a fault (status OK, within the start-up grace) and not serving either: loading weights, profiling.
+NOT_SERVING_YET = frozenset({"VLLM_LOADING"})
 
 
 class Verdict(Struct, frozen=True):
@@ -78,6 +80,9 @@ def verdict(results: Mapping[str, CheckResult], hold: Hold | None, suspect_after
             why = _down_reason(result.check, f)
             if why is not None:
                 return Verdict("down", why)
+    loading = next((f for f in vllm.findings if f.code in NOT_SERVING_YET), None)
+    if loading is not None:
+        return Verdict("down", f"{loading.code}: not serving yet")
     if vllm.status is Status.CRITICAL:
         return Verdict("down", f"vllm check critical: {vllm.summary}"[:200])
     stalled = stall_s(vllm)
