@@ -22,6 +22,7 @@ from dgxdoctor.judge.consequence import judged
 from dgxdoctor.remediation.actions import VllmTarget
 from dgxdoctor.remediation.audit import AuditLog
 from dgxdoctor.remediation.engine import Remediator, Targets
+from dgxdoctor.remediation.policy import Problem
 from dgxdoctor.result import CheckResult, Finding, Status
 from dgxdoctor.settings.daemon import Credentials
 from dgxdoctor.validation import validate
@@ -125,6 +126,16 @@ async def test_a_hung_engine_is_not_drained_the_balancer_period_is_waited(tmp_pa
     )
     assert "/metrics" not in vllm.seen  # nothing waited for
     assert held == ["draining", "restarting", "released"] and r.metrics()["drains"]["hung"] == 1
+
+
+async def test_a_cluster_restart_over_a_hung_engine_does_not_wait_for_its_requests(tmp_path: Path) -> None:
+    hung = CheckResult("vllm", Status.CRITICAL, "hung", (judged(Finding("ENGINE_HUNG", Status.CRITICAL, "")),))
+    vllm = Vllm(in_flight=4, stuck=True)
+    r, _ = remediator(tmp_path, vllm, {"vllm": hung}, drain_timeout_s=30)
+    alert = Problem("alert:DgxdoctorNcclFailure:restart_cluster", "restart_cluster", "alert", "alert firing")
+    steps = await asyncio.to_thread(r._leave_and_drain, alert)
+    assert steps[-1].step == "drain" and steps[-1].detail.startswith("ENGINE_HUNG: the engine is hung")
+    assert "/metrics" not in vllm.seen and steps[-1].duration_s < 5
 
 
 async def test_a_failed_verification_releases_the_hold_and_leaves_readiness_to_the_checks(tmp_path: Path) -> None:

@@ -506,9 +506,9 @@ class Remediator:
             if problem.code in DEAD_CODES:
                 why = f"{problem.code}: vLLM is gone, nothing in flight to wait for"
                 step, outcome = StepResult("drain", True, why, time.monotonic() - t0), "dead"
-            elif problem.code in HUNG_CODES:
+            elif (hung := self._hung(problem)) is not None:
                 self._pause(s.balancer_period_s)
-                why = (f"{problem.code}: the engine is hung and cannot drain; waited the balancer's period "
+                why = (f"{hung}: the engine is hung and cannot drain; waited the balancer's period "
                        f"({s.balancer_period_s:g} s), restarting without waiting for in-flight requests")  # fmt: skip
                 step, outcome = StepResult("drain", True, why, time.monotonic() - t0), "hung"
             else:
@@ -520,6 +520,14 @@ class Remediator:
         self.rotation.drained(outcome, time.monotonic() - t0)
         log.info("remediation_drain", outcome=outcome, detail=step.detail)
         return [*steps, step]
+
+    def _hung(self, problem: Problem) -> str | None:
+        """The code saying the engine cannot finish what it holds: the problem's own, or (a cluster restart for a
+        dead Ray node, an alert) the vllm check's latest result's."""
+        if problem.code in HUNG_CODES:
+            return problem.code
+        vllm = self.latest().get("vllm")
+        return next((f.code for f in (vllm.findings if vllm else ()) if f.code in HUNG_CODES), None)
 
     def _rejoin(self, steps: list[StepResult]) -> StepResult:
         """After a verified restart: release the hold and wait until the readiness signal says ready again (its
