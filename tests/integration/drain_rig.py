@@ -147,7 +147,9 @@ def _daemon_config(r: Replica, drain: bool) -> str:
         "recheck_s = 1",
         f'[remediation]\nmode = "act"\nrole = "head"\nhold_s = 0\nvllm_start_grace_s = 0\nverify_timeout_s = 300\n'
         f"drain = {'true' if drain else 'false'}\ndrain_timeout_s = 40\nbalancer_period_s = {BALANCER_PERIOD_S}\n"
-        "rejoin_timeout_s = 60\ncommand_timeout_s = 60\ncooldown_s = { restart_vllm = 0.0 }\nbudget = 20",
+        "rejoin_timeout_s = 60\ncommand_timeout_s = 60\ncooldown_s = { restart_vllm = 0.0 }\nbudget = 20\n"
+        # shorter than a scenario: each hung engine is a first restart_vllm, not the ladder's next step
+        "ladder_window_s = 5.0",
         f"[remediation.commands]\nrestart_vllm = {restart}",
         "[bundle]\ncapture_deadline_s = 3",
         f'[checks.vllm]\nbase_url = "{r.url}"\npid_file = "{r.dir / "vllm.pid"}"\nserved_model_name = "{MODEL}"\n'
@@ -423,6 +425,7 @@ class Figures:
     out_s: float | None  # fault (or the restart asked) -> out of HAProxy's rotation
     first_good_s: float | None  # fault -> the first good completion served by A again
     failures: list[Sent] = field(default_factory=list)
+    b_while_out: int = 0  # good completions B served while A was out of rotation (until A's first good one)
 
 
 def hung_engine(the_rig: Rig, settle_s: float = 20.0) -> tuple[Figures, float | None, float]:
@@ -492,5 +495,6 @@ def _figures(name: str, traffic: Traffic, fault: float, out: float | None, a: Re
     after = [r for r in failed if out is not None and r.sent >= out]
     spawned = respawned(a, fault)
     good = traffic.first_good("a", spawned) if spawned is not None else None
+    b_served = [r for r in records if r.ok and r.server == "b" and out is not None and out <= r.sent < (good or 0)]
     return Figures(name, len(records), len(failed), len(after), None if out is None else out - fault,
-                   None if good is None else good - fault, failed)  # fmt: skip
+                   None if good is None else good - fault, failed, len(b_served))  # fmt: skip

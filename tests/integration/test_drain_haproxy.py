@@ -59,5 +59,5 @@ def test_a_stopped_engine_leaves_rotation_is_restarted_and_only_its_in_flight_re
     assert action["outcome"] == "success" and action["problem"] == "check:vllm:restart_vllm"
     drain = next(s for s in action["steps"] if s["step"] == "drain")
     assert "cannot drain" in drain["detail"], drain
-    b_served = [r for r in figures.failures if r.server == "b"]
-    assert not b_served  # B served throughout: none of its requests failed
+    assert not [r for r in figures.failures if r.server == "b"]  # B served throughout: none of its requests failed
+    assert figures.b_while_out >= 4, figures  # and it took A's share while A was out
