@@ -41,6 +41,12 @@ def _row(f: Figures, verdict: str) -> str:
             f"{num(f.first_good_s):>12}  {verdict}")  # fmt: skip
 
 
+def _failures(f: Figures) -> None:
+    """Each failed request: when it was sent (Unix time), how it failed, which server answered (if any)."""
+    for r in f.failures:
+        print(f"    failed: sent {r.sent:.1f}, {r.error}, server {r.server or '-'}, after {r.done - r.sent:.1f} s")
+
+
 def _cold(the_rig: Rig, cold: bool) -> None:
     the_rig.balancer.agents(not cold)
     for r in (the_rig.a, the_rig.b):
@@ -67,6 +73,7 @@ def main() -> int:
                 failed |= drain and not ok
                 rows.append(_row(figures, ("PASS" if ok else "FAIL") if drain else "baseline"))
                 print(rows[-1], flush=True)
+                _failures(figures)
         if args.only in (None, "hung"):
             for drain in (True, False):
                 _cold(the_rig, cold=not drain)
@@ -76,6 +83,7 @@ def main() -> int:
                 failed |= drain and not ok
                 rows.append(_row(figures, ("PASS" if ok else "FAIL") if drain else "baseline"))
                 print(rows[-1], flush=True)
+                _failures(figures)
     print()
     print(f"{'scenario':<28} {'sent':>5} {'failed':>7} {'after out':>13} {'out (s)':>9} {'first good':>12}  verdict")
     print("\n".join(rows))

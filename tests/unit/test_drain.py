@@ -33,23 +33,29 @@ PEER = "p" * 32
 class Vllm:
     """vLLM's HTTP face: ``in_flight`` requests that finish one per /metrics read, or never (``stuck``)."""
 
-    def __init__(self, in_flight: int, stuck: bool = False) -> None:
+    def __init__(self, in_flight: int, stuck: bool = False, sneaks: tuple[int, ...] = ()) -> None:
         self.in_flight = in_flight
         self.stuck = stuck
         self.seen: list[str] = []
+        self.sneaks = sneaks  # /metrics readings before which a short request came and went (tokens counted)
+        self.tokens = 100
 
     def transport(self) -> httpx.MockTransport:
         def handle(request: httpx.Request) -> httpx.Response:
             self.seen.append(request.url.path)
             if request.url.path == "/metrics":
                 running = self.in_flight
+                if self.seen.count("/metrics") in self.sneaks:
+                    self.tokens += 7
                 if not self.stuck:
                     self.in_flight = max(self.in_flight - 1, 0)
                 return httpx.Response(200, text=(
                     "# TYPE vllm:num_requests_running gauge\n"
                     f'vllm:num_requests_running{{engine="0",model_name="tiny"}} {running}\n'
                     "# TYPE vllm:num_requests_waiting gauge\n"
-                    'vllm:num_requests_waiting{engine="0",model_name="tiny"} 0\n'))  # fmt: skip
+                    'vllm:num_requests_waiting{engine="0",model_name="tiny"} 0\n'
+                    "# TYPE vllm:prompt_tokens_total counter\n"
+                    f'vllm:prompt_tokens_total{{engine="0",model_name="tiny"}} {self.tokens}\n'))  # fmt: skip
             if request.url.path == "/health":
                 return httpx.Response(200)
             if request.url.path == "/v1/models":
@@ -94,13 +100,22 @@ async def test_a_planned_drained_restart_leaves_waits_restarts_verifies_and_rejo
     assert steps == [("leave_rotation", True), ("drain", True), ("restart_vllm", True), ("verify", True),
                      ("rejoin", True)]  # fmt: skip
     assert re.match(r"drained: 0 running, 0 waiting after \d", record["steps"][1]["detail"])
-    assert vllm.seen.count("/metrics") == 4  # 3, 2, 1, then 0: it waited for every one
+    assert vllm.seen.count("/metrics") == 5  # 3, 2, 1, then 0 twice with no token between: it waited for each
     assert held == ["draining", "restarting", "released"]
     assert r.rotation.current is None
     m = r.metrics()
     assert m["drains"]["drained"] == 1 and m["drain_s_total"] >= 0.2 and m["last_drain_s"] is not None
     started = [e for e in AuditLog(tmp_path).tail(100) if e["event"] == "action_started"]
     assert started[-1]["requested_by"] == "operator" and started[-1]["problem"] == "operator:restart_vllm"
+
+
+async def test_a_request_between_two_empty_readings_is_not_drained_yet(tmp_path: Path) -> None:
+    """A balancer that has not seen the drain yet still sends: 0 in flight at each reading, tokens counted between."""
+    vllm = Vllm(in_flight=0, sneaks=(2, 3))
+    r, _ = remediator(tmp_path, vllm, {})
+    _, record = await r.planned_restart(drain=True)
+    assert record["steps"][1]["detail"].startswith("drained: 0 running, 0 waiting")
+    assert vllm.seen.count("/metrics") == 4  # tokens moved before the 2nd and 3rd readings: the 4th confirms
 
 
 async def test_the_drain_timeout_restarts_with_requests_in_flight_and_says_so(tmp_path: Path) -> None:

@@ -254,7 +254,11 @@ def drain_vllm(
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[StepResult, str]:
     """The node left rotation: wait the balancer's period (it stops sending), then until vLLM's own
-    ``num_requests_running + num_requests_waiting`` reaches 0, at most ``timeout_s`` in all. (step, outcome)."""
+    ``num_requests_running + num_requests_waiting`` is 0 at two readings in a row with no token counted between
+    them, at most ``timeout_s`` in all. (step, outcome).
+
+    One reading of 0 is not enough: a client's next request arrives milliseconds after its last one ends, and a
+    balancer that has not yet seen the drain (its check running late) still sends it here, past the SIGTERM."""
     from dgxdoctor.sources.vllm_metrics import parse_vllm_metrics  # the parser loads with the first drain
 
     started = time.monotonic()
@@ -262,6 +266,7 @@ def drain_vllm(
     sleep(min(balancer_s, timeout_s))
     headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
     url = f"{target.base_url.rstrip('/')}/metrics"
+    quiet: tuple[float | None, ...] | None = None  # the token counters at the last reading with nothing in flight
     while True:
         try:
             answer = client.get(url, headers=headers, timeout=target.request_timeout_s)
@@ -272,7 +277,10 @@ def drain_vllm(
             return StepResult("drain", True, why, time.monotonic() - started), "unreadable"
         left = (m.num_requests_running or 0) + (m.num_requests_waiting or 0)
         took = time.monotonic() - started
-        if left <= 0:
+        counters = (m.prompt_tokens_total, m.generation_tokens_total, m.requests_finished_total)
+        settled = left <= 0 and quiet == counters
+        quiet = counters if left <= 0 else None
+        if settled:
             return StepResult("drain", True, f"drained: 0 running, 0 waiting after {took:.1f} s", took), "drained"
         if deadline.left <= 0:
             why = (f"drain_timeout_s {timeout_s:g} s reached with {left:g} requests in flight: SIGTERM lets vLLM's "
