@@ -37,7 +37,8 @@ NODE_SCRIPT = Path(__file__).with_name("remediation_node.py")
 MODEL = "tiny"
 PEER_TOKEN = "drain-rig-peer-token-0123456789abcdef"
 SHUTDOWN_TIMEOUT_S = 20  # vLLM's --shutdown-timeout; remediation_node.py's stop waits 30 s before SIGKILL
-BALANCER_PERIOD_S = 3.0  # agent-inter 1 s; what the agent says is seen within it
+# agent-inter 1 s, but on this loaded 2-core machine HAProxy was seen taking up to 3 s to act on the agent's word
+BALANCER_PERIOD_S = 5.0
 MAX_TOKENS = 160  # each completion lasts seconds on this machine
 
 

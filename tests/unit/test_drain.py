@@ -100,7 +100,7 @@ async def test_a_planned_drained_restart_leaves_waits_restarts_verifies_and_rejo
     assert steps == [("leave_rotation", True), ("drain", True), ("restart_vllm", True), ("verify", True),
                      ("rejoin", True)]  # fmt: skip
     assert re.match(r"drained: 0 running, 0 waiting after \d", record["steps"][1]["detail"])
-    assert vllm.seen.count("/metrics") == 5  # 3, 2, 1, then 0 twice with no token between: it waited for each
+    assert vllm.seen.count("/metrics") >= 7  # 3, 2, 1, then 0 for DRAIN_QUIET_S (1 s of 0.25 s polls)
     assert held == ["draining", "restarting", "released"]
     assert r.rotation.current is None
     m = r.metrics()
@@ -111,11 +111,11 @@ async def test_a_planned_drained_restart_leaves_waits_restarts_verifies_and_rejo
 
 async def test_a_request_between_two_empty_readings_is_not_drained_yet(tmp_path: Path) -> None:
     """A balancer that has not seen the drain yet still sends: 0 in flight at each reading, tokens counted between."""
-    vllm = Vllm(in_flight=0, sneaks=(2, 3))
+    vllm = Vllm(in_flight=0, sneaks=(3,))
     r, _ = remediator(tmp_path, vllm, {})
     _, record = await r.planned_restart(drain=True)
     assert record["steps"][1]["detail"].startswith("drained: 0 running, 0 waiting")
-    assert vllm.seen.count("/metrics") == 4  # tokens moved before the 2nd and 3rd readings: the 4th confirms
+    assert vllm.seen.count("/metrics") >= 7  # tokens moved before the 3rd reading: quiet from it, 1 s on
 
 
 async def test_the_drain_timeout_restarts_with_requests_in_flight_and_says_so(tmp_path: Path) -> None:
