@@ -284,7 +284,8 @@ class Traffic:
                         rec.server = answer.headers.get("x-served-by")
                         usage = answer.json().get("usage", {}) if answer.status_code == 200 else {}
                         rec.ok = usage.get("completion_tokens") == MAX_TOKENS
-                        rec.error = None if rec.ok else f"HTTP {answer.status_code}"
+                        cut = f", {usage.get('completion_tokens')} of {MAX_TOKENS} tokens" if usage else ""
+                        rec.error = None if rec.ok else f"HTTP {answer.status_code}{cut}"
                     except (httpx.HTTPError, ValueError) as exc:
                         rec.error = type(exc).__name__
                     rec.done = time.time()
