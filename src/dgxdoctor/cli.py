@@ -409,7 +409,7 @@ def rules(only: str | None) -> None:
 
 @cli.group()
 def remediation() -> None:
-    """Remediation's state: mode, breaker, budget, last actions; reset the breaker."""
+    """Remediation's state: mode, breaker, budget, last actions; reset the breaker; an operator's restart."""
 
 
 @remediation.command("status")
@@ -426,6 +426,25 @@ def remediation_status(config_path: Path | None, as_json: bool, last: int) -> No
     except (OSError, ValueError) as exc:
         raise click.ClickException(f"cannot read the remediation state: {exc}") from None
     click.echo(json.dumps(doc, indent=2) if as_json else render_status(doc))
+
+
+@remediation.command("restart")
+@config_option
+@click.option("--drain", is_flag=True, help="leave the balancer's rotation and let in-flight requests finish first")
+def remediation_restart(config_path: Path | None, drain: bool) -> None:
+    """Restart vLLM here now, through the daemon's guard and audit (act mode; the peer token)."""
+    import httpx
+
+    from dgxdoctor.commands.restart import planned_restart, render
+
+    config = _load(config_path)
+    try:
+        status, doc = planned_restart(config, drain)
+    except (OSError, ValueError, httpx.HTTPError) as exc:
+        raise click.ClickException(f"cannot reach the local daemon: {type(exc).__name__}: {exc}") from None
+    click.echo(render(doc))
+    if status != 200 or doc.get("outcome") != "success":
+        raise SystemExit(1)
 
 
 @remediation.command("reset")

@@ -26,6 +26,7 @@ from dgxdoctor.settings.daemon import DEFAULT_LISTEN as DEFAULT_LISTEN
 from dgxdoctor.settings.daemon import DaemonSettings as DaemonSettings
 from dgxdoctor.settings.daemon import parse_listen as parse_listen
 from dgxdoctor.settings.fleet import FleetSettings as FleetSettings
+from dgxdoctor.settings.readiness import ReadinessSettings as ReadinessSettings
 from dgxdoctor.settings.remediation import RemediationSettings as RemediationSettings
 from dgxdoctor.sources.container import DEFAULT_RUNTIME, Container, ContainerName, RuntimeProgram
 from dgxdoctor.sources.statefile import state_dir_problem
@@ -143,6 +144,7 @@ class Sections(Frozen, frozen=True):
     paths: PathsSettings = PathsSettings()
     daemon: DaemonSettings = DaemonSettings()
     remediation: RemediationSettings = RemediationSettings()
+    readiness: ReadinessSettings = ReadinessSettings()
     alerts: AlertsSettings = AlertsSettings()
     bundle: BundleSettings = BundleSettings()
     fleet: FleetSettings = FleetSettings()
@@ -239,6 +241,10 @@ class Config:
     @property
     def remediation(self) -> RemediationSettings:
         return self.model.remediation
+
+    @property
+    def readiness(self) -> ReadinessSettings:
+        return self.model.readiness
 
     @property
     def alerts(self) -> AlertsSettings:

@@ -4,8 +4,9 @@ start|stop|restart vllm.service / ray-head.service / ray-worker.service`).
 ``python remediation_node.py DIR vllm-start|vllm-stop|vllm-restart|ray-start|ray-stop``. ``DIR/node.json`` holds
 the node's vLLM and Ray command lines and environments. Like systemd with Type=simple units, a start returns once
 the process is spawned (in its own session, so it outlives whoever started it); a stop ends the whole process
-group (vLLM: SIGCONT, SIGTERM, SIGKILL after 10 s) or the node's PID namespace (Ray). Each spawn and stop is
-appended to ``DIR/events.jsonl`` with its time (the benchmark reads vLLM's spawn time there).
+group (vLLM: SIGCONT, SIGTERM, SIGKILL after the spec's ``stop_grace_s``, default 10 s) or the node's PID namespace
+(Ray). Each spawn and stop is appended to ``DIR/events.jsonl`` with its time (the benchmark reads vLLM's spawn time
+there).
 Stdlib only: it runs under any Python.
 """
 
@@ -70,12 +71,13 @@ def _stop(node: Path, name: str, grace_s: float) -> None:
 
 def main(node: Path, verb: str) -> int:
     spec = json.loads((node / "node.json").read_text())
+    grace = float(spec.get("vllm", {}).get("stop_grace_s", 10.0))  # SIGTERM to SIGKILL, as a unit's TimeoutStopSec
     if verb == "vllm-stop":
-        _stop(node, "vllm", 10.0)
+        _stop(node, "vllm", grace)
     elif verb == "vllm-start":
         _spawn(node, "vllm", spec["vllm"])
     elif verb == "vllm-restart":
-        _stop(node, "vllm", 10.0)
+        _stop(node, "vllm", grace)
         _spawn(node, "vllm", spec["vllm"])
     elif verb == "ray-stop":
         _stop(node, "ray", 0.0)  # --kill-child: the PID namespace dies with its first process

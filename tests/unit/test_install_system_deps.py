@@ -29,6 +29,7 @@ PRESENT = (
     "python3",
     "dockerd",
     "slurmctld",
+    "haproxy",
 )
 
 # apt-get: records each call, and for `install` whether policy-rc.d is there and what it answers to a start.

@@ -58,7 +58,14 @@ async def test_back_after_a_restart_climbs_the_ladder_into_the_breaker(tmp_path:
 def remediator(
     tmp_path: Path, transport: httpx.BaseTransport, results: dict[str, CheckResult], **kw: Any
 ) -> Remediator:
-    cfg: dict[str, Any] = {"mode": "act", "role": "head", "hold_s": 0, "vllm_start_grace_s": 0, "verify_timeout_s": 1}
+    cfg: dict[str, Any] = {
+        "mode": "act",
+        "role": "head",
+        "hold_s": 0,
+        "vllm_start_grace_s": 0,
+        "verify_timeout_s": 1,
+        "drain": False,
+    }  # the cold restart; the drained one: test_drain.py
     cfg["commands"] = {"restart_vllm": ["true"], **kw.pop("commands", {})}
     settings = validate(RemediationSettings, {**cfg, **kw})
     targets = Targets(VllmTarget("http://vllm:8000", "tiny"), "http://ray:8265", 2, 16, (), "t" * 16)

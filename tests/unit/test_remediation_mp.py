@@ -82,7 +82,7 @@ def signed(step: str, action_id: str) -> dict[str, Any]:
 def settings(role: str, **kw: Any) -> RemediationSettings:
     commands = {"stop_vllm": ["systemctl", "stop", "vllm-head-mp.service"],
                 "start_vllm": ["systemctl", "start", "vllm-head-mp.service"]}  # fmt: skip
-    base = {"mode": "act", "role": role, "hold_s": 0, "vllm_start_grace_s": 0, "verify_timeout_s": 1}
+    base = {"mode": "act", "role": role, "hold_s": 0, "vllm_start_grace_s": 0, "verify_timeout_s": 1, "drain": False}
     return validate(RemediationSettings, {**base, "commands": commands, **kw})
 
 

@@ -7,7 +7,8 @@ Three scopes (docs/daemon.md "Credentials"):
 - alert: ``POST /alertmanager``, which may restart things in act mode. Only the alert token opens it: the page's
   password does not, and what Alertmanager holds opens nothing else.
 - peer: ``/bundle/part`` (the kernel log, log tails, the serving processes' environments), ``/check/run``,
-  ``/reload``, ``/remediation/step`` and ``/nccl/*``. Only the peer token, the same on every node.
+  ``/reload``, ``/remediation/step``, ``/remediation/restart`` and ``/nccl/*``. Only the peer token, the same on
+  every node.
 
 A scope whose token is not configured refuses everyone, loopback included (any local user reaches loopback): 403
 naming the key to set. A token configured but not sent, or wrong, is 401 with a challenge; a valid token of another
@@ -29,7 +30,7 @@ READ, ALERT, PEER = "read", "alert", "peer"
 
 READ_PATHS = frozenset({"/", "/state"})
 ALERT_PATHS = frozenset({"/alertmanager"})
-PEER_PATHS = frozenset({"/bundle/part", "/check/run", "/reload", "/remediation/step"})
+PEER_PATHS = frozenset({"/bundle/part", "/check/run", "/reload", "/remediation/step", "/remediation/restart"})
 PEER_PREFIXES = ("/nccl/",)
 
 # The key that gives each scope's token, for the refusal's text.
@@ -45,7 +46,7 @@ class Refusal(Struct, frozen=True):
 
 
 def scope_of(path: str, metrics_require_token: bool = False) -> str | None:
-    """The scope ``path`` needs; None for the open endpoints (``/healthz``, ``/metrics`` by default)."""
+    """The scope ``path`` needs; None for the open endpoints (``/healthz``, ``/ready``, ``/metrics`` by default)."""
     if path in READ_PATHS or (path == "/metrics" and metrics_require_token):
         return READ
     if path in ALERT_PATHS:

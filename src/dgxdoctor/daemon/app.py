@@ -1,9 +1,11 @@
 """The HTTP face of the daemon (an aiohttp app, served by ``daemon.connections``): ``/metrics``, ``/healthz``,
-``/state``, ``POST /reload``, ``POST /alertmanager`` (Alertmanager's webhook), ``POST /remediation/step`` (the head
-asking a worker), ``POST /check/run`` (a peer's ``check --cluster``), ``POST /bundle/part`` (a peer's ``bundle
---cluster``) and ``GET /`` (the status page).
+``/ready`` (the readiness a load balancer reads, daemon.readiness), ``/state``, ``POST /reload``, ``POST
+/alertmanager`` (Alertmanager's webhook), ``POST /remediation/step`` (the head asking a worker), ``POST
+/remediation/restart`` (an operator's planned restart), ``POST /check/run`` (a peer's ``check --cluster``), ``POST
+/bundle/part`` (a peer's ``bundle --cluster``) and ``GET /`` (the status page).
 
-``/healthz`` is open, and ``/metrics`` unless ``metrics_require_token``, as Prometheus and load balancers expect.
+``/healthz`` and ``/ready`` are open, and ``/metrics`` unless ``metrics_require_token``, as Prometheus and load
+balancers expect.
 Every other endpoint takes one of three scoped tokens (``daemon.access``: read, alert, peer), sent as
 ``Authorization: Bearer <token>`` (``GET /`` also takes the read token as the password of HTTP Basic, which a
 browser asks for); an endpoint whose token is not configured refuses everyone, loopback included. Request bodies
@@ -58,6 +60,8 @@ class AppState(Struct):
     alerts: Callable[[list[IncomingAlert]], tuple[int, int]] | None = None
     # The head asks this worker to run a step (the request's JSON object): (HTTP status, answer).
     step: Callable[[dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]] | None = None
+    # An operator's planned restart (its drain flag): (HTTP status, the action's audit record or the refusal).
+    restart: Callable[[bool], Awaitable[tuple[int, dict[str, Any]]]] | None = None
     # GET /: the status page (HTML); None: the JSON index of endpoints.
     page: Callable[[], Awaitable[str]] | None = None
     # GET /metrics takes the read (or peer) token too ([daemon] metrics_require_token).
@@ -173,6 +177,22 @@ async def remediation_step(request: web.Request) -> web.Response:
     return web.json_response(answer, status=status)
 
 
+async def remediation_restart(request: web.Request) -> web.Response:
+    """``{"drain": true|false}``: restart vLLM here now through remediation's guard and audit; answers when done."""
+    app_state = request.app[STATE_KEY]
+    try:
+        doc = json.loads(await request.read() or b"{}")
+    except (ValueError, RecursionError):
+        return _error(400, 'body must be {"drain": true|false}')
+    if not isinstance(doc, dict) or set(doc) - {"drain"} or not isinstance(doc.get("drain", False), bool):
+        return _error(400, 'body must be {"drain": true|false}')
+    if app_state.restart is None:
+        return _error(409, "remediation not running")
+    lift_deadline(request)  # authenticated: the restart has its own timeouts (drain, commands, verification)
+    status, answer = await app_state.restart(bool(doc.get("drain", False)))
+    return web.json_response(answer, status=status)
+
+
 async def index(request: web.Request) -> web.Response:
     page = request.app[STATE_KEY].page
     if page is not None and "application/json" not in request.headers.get("Accept", ""):
@@ -190,6 +210,8 @@ async def index(request: web.Request) -> web.Response:
                 "/reload",
                 "/alertmanager",
                 "/remediation/step",
+                "/remediation/restart",
+                "/ready",
                 "/check/run",
                 "/bundle/part",
             ],
@@ -210,6 +232,7 @@ def make_app(app_state: AppState, outer: tuple[Any, ...] = ()) -> web.Applicatio
     app.router.add_post("/reload", reload)
     app.router.add_post("/alertmanager", alertmanager)
     app.router.add_post("/remediation/step", remediation_step)
+    app.router.add_post("/remediation/restart", remediation_restart)
     if app_state.extra_routes is not None:
         app_state.extra_routes(app)
     return app

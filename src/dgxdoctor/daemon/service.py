@@ -32,6 +32,8 @@ from dgxdoctor.daemon.bundle_part import BundlePart, pre_action_capture
 from dgxdoctor.daemon.checknow import CheckNow
 from dgxdoctor.daemon.page import StatusPage
 from dgxdoctor.daemon.ratelog import LoopErrors, RequestLog
+from dgxdoctor.daemon.readiness import AgentServer, Readiness
+from dgxdoctor.daemon.readiness import add_routes as readiness_routes
 from dgxdoctor.daemon.remediation import build_remediator
 from dgxdoctor.daemon.scheduler import CheckScheduler
 from dgxdoctor.daemon.sdnotify import Notifier
@@ -39,6 +41,7 @@ from dgxdoctor.environment import Environment, Fleet, Peers
 from dgxdoctor.exporters import collector
 from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.exporters.incidents import IncidentCollector
+from dgxdoctor.exporters.readiness import ReadinessCollector
 from dgxdoctor.exporters.remediation import RemediationCollector
 from dgxdoctor.exporters.textfile import write_textfile
 from dgxdoctor.fleet.breaker import FleetReading, Member, members_from_states
@@ -75,7 +78,7 @@ FIRST_RUN_SPREAD_S = 2.0
 def config_changes(old: Config, new: Config, token_changed: bool) -> list[str]:
     """What a reload changed outside the checks, as dotted keys (``daemon.peers``; a token only by name)."""
     changed = ["daemon.token"] if token_changed else []
-    for section in ("node", "paths", "daemon", "remediation", "alerts", "fleet"):
+    for section in ("node", "paths", "daemon", "remediation", "readiness", "alerts", "fleet"):
         before, after = getattr(old.model, section, None), getattr(new.model, section, None)
         if before == after:
             continue
@@ -126,6 +129,7 @@ class Daemon:
         self.remediator.fleet = self.fleet_members  # the fleet breaker's cluster view: the peers' or Prometheus's
         self.remediator.relayed = self.relayed_causes  # with Prometheus: the group peers' hardware causes
         self._wire_evidence(config)
+        self._wire_readiness()
         self.registry.register(RemediationCollector(lambda: self.store.node, self.remediator.metrics))
         self.app_state = self._app_state(config)
         self.started_at = time.time()
@@ -152,6 +156,7 @@ class Daemon:
             self.reload,
             alerts=self.remediator.accept_alerts,
             step=self.remediator.run_step,
+            restart=self.remediator.planned_restart,
             metrics_require_token=config.daemon.metrics_require_token,
             client_cert_required=config.daemon.tls_client_ca_file is not None,
         )
@@ -172,6 +177,25 @@ class Daemon:
             lambda: self.config.environment(),
             lambda: self.config.daemon.check_run_min_interval_s,
         )
+
+    def _wire_readiness(self) -> None:
+        """/ready and the agent-check port: the checks' verdict and remediation's hold (daemon.readiness)."""
+        self.readiness = Readiness(
+            lambda: self.config.readiness,
+            self.store.latest,
+            lambda: self.remediator.rotation.current,
+            recheck=lambda: self.scheduler.wake("vllm"),
+        )
+        self.store.listeners.append(self.readiness.observe)
+        self.registry.register(ReadinessCollector(lambda: self.store.node, self.readiness.metrics))
+        self._hook_rotation()
+        self.agent = AgentServer(self.readiness)
+
+    def _hook_rotation(self) -> None:
+        """Remediation's hold reaches the readiness at once; its rejoin step waits on the readiness state."""
+        rotation = self.remediator.rotation
+        rotation.on_change = self.readiness.evaluate
+        rotation.ready = lambda: self.readiness.state
 
     # -- checks ----------------------------------------------------------------------------------------
 
@@ -255,6 +279,7 @@ class Daemon:
     def _routes(self, app: web.Application) -> None:
         self._nccl_routes(app)
         checknow.add_routes(app, self.check_now)
+        readiness_routes(app, self.readiness)
         bundle_part.add_routes(app, BundlePart(lambda: self.config, lambda: self.env, self.store))
 
     def _nccl_routes(self, app: web.Application) -> None:
@@ -418,6 +443,7 @@ class Daemon:
         self.scheduler.start()
         self._schedule_all()
         self.remediator.start()
+        self.readiness.start()
         self._configure_textfile()
         self._configure_prom_fleet()
         app = make_app(self.app_state, outer=(self.guard.middleware,))
@@ -429,6 +455,7 @@ class Daemon:
             self.scheduler.shutdown()
             return 1
         self.bound = http.address
+        await self._start_agent_check()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_stop, sig)
         loop.add_signal_handler(signal.SIGHUP, self._on_hup)
@@ -453,10 +480,21 @@ class Daemon:
             loop.remove_signal_handler(sig)
         self.scheduler.shutdown()
         await self.remediator.stop()
+        await self.readiness.stop()
+        await self.agent.stop()
         await http.stop()
         self.notifier.close()
         log.info("stopped")
         return 0
+
+    async def _start_agent_check(self) -> None:
+        """HAProxy's agent-check on ``[readiness] agent_listen``, where set."""
+        agent_listen = self.config.readiness.agent_listen
+        if agent_listen is not None:
+            try:
+                await self.agent.start(*parse_listen(agent_listen))
+            except OSError as exc:  # the balancer reads down: said, never a crash of the health agent
+                log.error("agent_check_listen_failed", listen=agent_listen, error=str(exc))
 
     def _warn_at_start(self) -> None:
         """The config's warnings, and the tokens not configured: their endpoints refuse everyone."""

@@ -276,6 +276,87 @@ def incidents() -> Panels:
     ]
 
 
+ROTATION_MAPPINGS: list[dash.ValueMapping] = [
+    dash.ValueMap(
+        options={
+            "0": dash.ValueMappingResult(text="OUT", color="red", index=0),
+            "1": dash.ValueMappingResult(text="IN", color="green", index=1),
+        }
+    )
+]
+
+
+def _drain_panels(per_node: str) -> Panels:
+    """The drains before restarts and the time to recover: their means and their last values."""
+    return [
+        timeseries(
+            f"Drain and time to recover (mean over {INCIDENT_RANGE})",
+            "Mean drain before a restart (out of rotation until vLLM's requests reached 0) and mean time from "
+            "leaving rotation to ready again. A drain near drain_timeout_s: the balancer kept sending (check its "
+            "agent-check or probe period).",
+            [
+                Q(
+                    f"{per_node.format(m='dgxdoctor_drain_seconds_total')} / "
+                    f"{per_node.format(m='dgxdoctor_drains_total')}",
+                    "{{node}} drain",
+                ),
+                Q(
+                    f"{per_node.format(m='dgxdoctor_serving_recover_seconds_total')} / "
+                    f"{per_node.format(m='dgxdoctor_serving_recoveries_total')}",
+                    "{{node}} recover",
+                ),
+            ],
+            "s",
+            min_val=0,
+            width=8,
+        ),
+        timeseries(
+            "Last drain and last recovery",
+            "The last drain's duration and the last incident's time from leaving rotation to ready again, per "
+            "node; a step up after a release or a driver change shows here first.",
+            [
+                Q(f"dgxdoctor_drain_last_seconds{{{NODE}}}", "{{node}} last drain"),
+                Q(f"dgxdoctor_serving_last_recover_seconds{{{NODE}}}", "{{node}} last recovery"),
+            ],
+            "s",
+            min_val=0,
+            width=8,
+        ),
+    ]
+
+
+def rotation() -> Panels:
+    """The readiness signal a balancer reads (GET /ready, HAProxy's agent) and the drains before restarts."""
+    per_node = "sum by (node) (increase({m}{{" + NODE + "}}[" + INCIDENT_RANGE + "]))"
+    return [
+        row("Rotation"),
+        state_timeline(
+            "In the balancer's rotation",
+            "GET /ready 200 (IN) or 503 (OUT) per node: OUT while vLLM is dead or hung, the engine makes no "
+            "progress (suspect), a hardware cause or a peer is down, or a restart drains and runs. A node OUT "
+            "for long with nothing in the remediation audit needs a person.",
+            [Q(f"dgxdoctor_ready{{{NODE}}}", "{{node}}")],
+            ROTATION_MAPPINGS,
+            height=5,
+        ),
+        timeseries(
+            f"Readiness changes (over {INCIDENT_RANGE})",
+            "Times each node became each state (suspect, draining, restarting, down, ready). Suspect without "
+            "restarts: long prefills or stalls that resolved; many downs: look at the checks and the audit.",
+            [
+                Q(
+                    f"sum by (node, state) (increase(dgxdoctor_readiness_changes_total{{{NODE}}}[{INCIDENT_RANGE}]))",
+                    "{{node}} {{state}}",
+                )
+            ],
+            "none",
+            min_val=0,
+            width=8,
+        ),
+        *_drain_panels(per_node),
+    ]
+
+
 def hardware() -> Panels:
     per_gpu = "{{node}} GPU {{gpu}}"
     return [
@@ -332,7 +413,7 @@ def build() -> dash_b.Dashboard:
         "hardware state of the same nodes; XIDs mark the time axis.",
         ["dgxdoctor", "vllm"],
     )
-    for section in (vllm, latencies, throughput, incidents, hardware):
+    for section in (vllm, latencies, throughput, incidents, rotation, hardware):
         for item in section():
             board = board.with_row(item) if isinstance(item, dash_b.Row) else board.with_panel(item)
     return board

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.exporters.collector import NODE_LABEL, OWN_METRICS
 from dgxdoctor.exporters.incidents import INCIDENT_METRICS
+from dgxdoctor.exporters.readiness import READINESS_METRICS
 from dgxdoctor.exporters.remediation import REMEDIATION_METRICS
 from dgxdoctor.fleet.compare import IGNORED_FACTS, RULES
 from dgxdoctor.result import MetricSpec
@@ -42,6 +43,9 @@ def all_specs() -> Iterator[tuple[MetricSpec, str]]:
     for spec in INCIDENT_METRICS:
         seen.add(spec.name)
         yield spec, "incidents"
+    for spec in READINESS_METRICS:
+        seen.add(spec.name)
+        yield spec, "readiness"
     for factory in ALL_CHECKS:
         module = sys.modules[factory.__module__]
         for value in vars(module).values():
@@ -67,6 +71,11 @@ COLD_START: dict[str, str] = {
     "dgxdoctor_remediation_state_invalid_total": "0 from the start (one series)",
     "dgxdoctor_remediation_alerts_dropped_total": "0 from the start (one series)",
     "dgxdoctor_remediation_fleet_refused_total": "0 from the start (one series)",
+    "dgxdoctor_drains_total": "0 for every outcome from the start (5 series)",
+    "dgxdoctor_drain_seconds_total": "0 from the start (one series)",
+    "dgxdoctor_readiness_changes_total": "0 for every state from the start (5 series)",
+    "dgxdoctor_serving_recoveries_total": "0 from the start (one series)",
+    "dgxdoctor_serving_recover_seconds_total": "0 from the start (one series)",
     "dgxdoctor_http_bad_requests_total": "0 from the start (one series)",
     "dgxdoctor_write_errors_total": "0 for each file the daemon keeps, from when the daemon sets it up (no alert "
     "reads it)",

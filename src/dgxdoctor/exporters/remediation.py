@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -51,8 +52,25 @@ FLEET_REFUSED = MetricSpec(
     "restarts the fleet breaker refused since dgxdoctor started (each also audited as a refusal)",
     "counter",
 )
+DRAINS_TOTAL = MetricSpec(
+    "dgxdoctor_drains_total",
+    "drains before a restart since dgxdoctor started, by how they ended: drained (vLLM's running and waiting "
+    "requests reached 0), timeout (drain_timeout_s first), hung (the engine could not drain: the balancer's period "
+    "only), dead (nothing in flight), unreadable (vLLM's counters unreadable); every outcome at 0 from the start",
+    "counter",
+    ("outcome",),
+)
+DRAIN_SECONDS_TOTAL = MetricSpec(
+    "dgxdoctor_drain_seconds_total",
+    "seconds spent draining (out of rotation, before the restart), summed: with dgxdoctor_drains_total, the mean",
+    "counter",
+)
+DRAIN_LAST_SECONDS = MetricSpec(
+    "dgxdoctor_drain_last_seconds", "the last drain's duration, seconds (NaN before the first)"
+)
 REMEDIATION_METRICS = (
-    ACTIONS_TOTAL, BREAKER_OPEN, MODE, STATE_INVALID, ALERTS_DROPPED, FLEET_BREAKER_OPEN, FLEET_REFUSED,
+    ACTIONS_TOTAL, BREAKER_OPEN, MODE, STATE_INVALID, ALERTS_DROPPED, FLEET_BREAKER_OPEN, FLEET_REFUSED, DRAINS_TOTAL,
+    DRAIN_SECONDS_TOTAL, DRAIN_LAST_SECONDS,
 )  # fmt: skip
 MODES = ("observe", "act", "disabled")
 # The counters of one series each: (spec, the key of Remediator.metrics()).
@@ -88,3 +106,14 @@ class RemediationCollector(Collector):
             family = CounterMetricFamily(spec.name, spec.help, labels=["node"])
             family.add_metric([node], float(snap.get(key, 0)))
             yield family
+        drains = CounterMetricFamily(DRAINS_TOTAL.name, DRAINS_TOTAL.help, labels=["node", "outcome"])
+        for outcome, count in sorted(snap.get("drains", {}).items()):
+            drains.add_metric([node, outcome], float(count))
+        yield drains
+        seconds = CounterMetricFamily(DRAIN_SECONDS_TOTAL.name, DRAIN_SECONDS_TOTAL.help, labels=["node"])
+        seconds.add_metric([node], float(snap.get("drain_s_total", 0.0)))
+        yield seconds
+        last = GaugeMetricFamily(DRAIN_LAST_SECONDS.name, DRAIN_LAST_SECONDS.help, labels=["node"])
+        last_s = snap.get("last_drain_s")
+        last.add_metric([node], math.nan if last_s is None else float(last_s))
+        yield last

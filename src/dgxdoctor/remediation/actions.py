@@ -238,3 +238,56 @@ def ask_worker(
     ok = answer.status_code == 200 and isinstance(doc, dict) and doc.get("ok") is True
     detail = str(doc.get("detail") if isinstance(doc, dict) else doc)[:OUTPUT_TAIL]
     return StepResult(name, ok, f"HTTP {answer.status_code}: {detail}", time.monotonic() - started)
+
+
+# How a drain ended (dgxdoctor_drains_total{outcome}): the requests reached 0, the timeout came first, the engine was
+# hung and could not drain (the restart did not wait), vLLM was dead (nothing to drain), vLLM's counters could not
+# be read (not waited for).
+DRAIN_OUTCOMES = ("drained", "timeout", "hung", "dead", "unreadable")
+# Nothing in flight and no token counted for this long: the balancer stopped sending (a busy one sends the next
+# request within milliseconds of the last one's end; one that still routes here shows within this).
+DRAIN_QUIET_S = 1.0
+
+
+def drain_vllm(
+    target: VllmTarget,
+    timeout_s: float,
+    balancer_s: float,
+    client: httpx.Client,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[StepResult, str]:
+    """The node left rotation: wait the balancer's period (it stops sending), then until vLLM's own
+    ``num_requests_running + num_requests_waiting`` stays 0 with no token counted for ``DRAIN_QUIET_S``, at most
+    ``timeout_s`` in all. (step, outcome).
+
+    One reading of 0 is not enough: a client's next request arrives milliseconds after its last one ends, and a
+    balancer that has not yet seen the drain (its check running late) still sends it here, past the SIGTERM."""
+    from dgxdoctor.sources.vllm_metrics import parse_vllm_metrics  # the parser loads with the first drain
+
+    started = time.monotonic()
+    deadline = Deadline(timeout_s)
+    sleep(min(balancer_s, timeout_s))
+    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+    url = f"{target.base_url.rstrip('/')}/metrics"
+    quiet: tuple[float | None, ...] | None = None  # the token counters since nothing is in flight
+    quiet_since = 0.0
+    while True:
+        try:
+            answer = client.get(url, headers=headers, timeout=target.request_timeout_s)
+            answer.raise_for_status()
+            m = parse_vllm_metrics(answer.text)
+        except (httpx.HTTPError, ValueError) as exc:
+            why = f"vLLM's /metrics cannot be read ({type(exc).__name__}): in-flight requests not waited for"
+            return StepResult("drain", True, why, time.monotonic() - started), "unreadable"
+        left = (m.num_requests_running or 0) + (m.num_requests_waiting or 0)
+        took = time.monotonic() - started
+        counters = (m.prompt_tokens_total, m.generation_tokens_total, m.requests_finished_total)
+        if left > 0 or counters != quiet:
+            quiet, quiet_since = (counters if left <= 0 else None), time.monotonic()
+        if quiet is not None and time.monotonic() - quiet_since >= DRAIN_QUIET_S:
+            return StepResult("drain", True, f"drained: 0 running, 0 waiting after {took:.1f} s", took), "drained"
+        if deadline.left <= 0:
+            why = (f"drain_timeout_s {timeout_s:g} s reached with {left:g} requests in flight: SIGTERM lets vLLM's "
+                   "--shutdown-timeout finish them")  # fmt: skip
+            return StepResult("drain", True, why, took), "timeout"
+        sleep(min(POLL_S, max(deadline.left, 0)))

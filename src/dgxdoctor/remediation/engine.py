@@ -38,9 +38,11 @@ from dgxdoctor.compat import aio
 from dgxdoctor.environment import Environment
 from dgxdoctor.fleet.breaker import FleetHealth, FleetReading, FleetView, fleet_health
 from dgxdoctor.remediation.actions import (
+    Deadline,
     StepResult,
     VllmTarget,
     ask_worker,
+    drain_vllm,
     port_impostor,
     run_argv,
     verify_vllm,
@@ -53,6 +55,7 @@ from dgxdoctor.remediation.guard import Decision, Guard, GuardState, in_start_gr
 from dgxdoctor.remediation.hardware_gate import HardwareCause, HardwareGate, causes
 from dgxdoctor.remediation.intake import AlertIntake, FiringAlert
 from dgxdoctor.remediation.policy import RESTARTS, Problem, problems_from_results
+from dgxdoctor.remediation.rotation import DEAD_CODES, HUNG_CODES, Rotation
 from dgxdoctor.remediation.settled import Moment, Settled, View, file_stamp
 from dgxdoctor.remediation.state_doc import Step
 from dgxdoctor.remediation.worker import WorkerSteps
@@ -165,7 +168,7 @@ class Remediator:
         self.wake = asyncio.Event()
         self.busy = asyncio.Lock()
         self.task: asyncio.Task[None] | None = None
-        self.acting: asyncio.Task[None] | None = None  # the action running, if any (``stop`` ends it)
+        self.acting: asyncio.Task[Any] | None = None  # the action running, if any (``stop`` ends it)
         self.stopping = threading.Event()  # set by ``stop``: seen by the action's thread between steps and polls
         self.capture: PreActionCapture | None = None  # act mode: the evidence, taken before a restart runs
         self.planned_bundles: dict[str, Path] = {}  # action id -> where its capture goes (named before it runs)
@@ -178,6 +181,7 @@ class Remediator:
         # findings of the other nodes of this node's serving group, judged); None: only the results' own.
         self.relayed: Callable[[], Sequence[Finding]] | None = None
         self.settled: Settled | None = None  # what the last evaluation that changed nothing saw (settled.py)
+        self.rotation = Rotation()  # out of the balancer's rotation while a restart drains and runs (rotation.py)
 
     @property
     def firing(self) -> dict[str, Problem]:
@@ -496,11 +500,29 @@ class Remediator:
 
     # -- acting ----------------------------------------------------------------------------------------
 
-    async def _act(self, decision: Decision, action_id: str, started: float) -> None:
+    async def _act(
+        self, decision: Decision, action_id: str, started: float, drain: bool | None = None
+    ) -> dict[str, Any]:
+        """Run the action (after the drain, when on) and audit its end; returns the audit's action record."""
+        drain = self.settings.drain if drain is None else drain
         async with self.busy:
             planned = self.planned_bundles.pop(action_id, None)
-            evidence = await self.capture.before(decision.action, action_id, planned) if self.capture else {}
-            steps = await asyncio.to_thread(self._execute, decision.action, action_id)
+            evidence: dict[str, Any] = {}
+            try:
+                steps = await asyncio.to_thread(self._leave_and_drain, decision.problem) if drain else []
+            except Interrupted as stopped:
+                steps = [*stopped.steps, StepResult(INTERRUPTED, False, "the agent stopped: the action ended here", 0)]
+            try:
+                if not steps or steps[-1].step != INTERRUPTED:
+                    # The evidence after the drain: what is captured is the engine that ran, not requests cut short
+                    evidence = await self.capture.before(decision.action, action_id, planned) if self.capture else {}
+                    if drain:
+                        self.rotation.hold("restarting")
+                    steps += await asyncio.to_thread(self._execute, decision.action, action_id)
+                    if drain and steps[-1].step != INTERRUPTED:
+                        steps.append(await asyncio.to_thread(self._rejoin, steps))
+            finally:
+                self.rotation.release()
             ok = all(s.ok for s in steps if not s.step.startswith("stop")) and bool(steps)
             interrupted = bool(steps) and steps[-1].step == INTERRUPTED
             outcome = "interrupted" if interrupted else "success" if ok else "failed"
@@ -510,12 +532,12 @@ class Remediator:
             verification = next((s.to_doc() for s in steps if s.step == "verify"), None)
             unrun = None if interrupted else could_not_run(decision.action, steps)
             end = self.clock()
-            self.audit_record(
-                {"ts": end, "event": "action", "id": action_id, "action": decision.action,
-                 "problem": decision.problem.key, "seen": decision.problem.reason, "mode": "act",
-                 "steps": [s.to_doc() for s in steps], "verification": verification, "outcome": outcome,
-                 "duration_s": round(end - started, 3), **evidence, **({"detail": unrun} if unrun else {})}
-            )  # fmt: skip
+            record = {"ts": end, "event": "action", "id": action_id, "action": decision.action,
+                      "problem": decision.problem.key, "seen": decision.problem.reason, "mode": "act",
+                      "steps": [s.to_doc() for s in steps], "verification": verification, "outcome": outcome,
+                      "duration_s": round(end - started, 3), "drained": drain, **evidence,
+                      **({"detail": unrun} if unrun else {})}  # fmt: skip
+            self.audit_record(record)
             self.counts[(decision.action, outcome)] += 1
             self.intake.clear(decision.problem.key, decision.problem.action)
             if unrun is not None:
@@ -527,6 +549,67 @@ class Remediator:
                 # Not "restarts did not cure it": nothing was restarted. Said at once, whatever the page cooldown.
                 await self._page(Decision("page", decision.action, unrun, decision.problem), end)
         self.wake.set()
+        return record
+
+    # -- out of rotation -------------------------------------------------------------------------------
+
+    def _leave_and_drain(self, problem: Problem) -> list[StepResult]:
+        """Leave rotation (/ready 503, agent ``drain``), then wait for the balancer to stop sending and vLLM's
+        requests to finish. A hung engine cannot finish them: wait the balancer's period only, and say so."""
+        s = self.settings
+        t0 = time.monotonic()
+        self.rotation.hold("draining")
+        steps = [StepResult("leave_rotation", True, "out of rotation: /ready 503, agent-check drain", 0.0)]
+        try:
+            if problem.code in DEAD_CODES:
+                why = f"{problem.code}: vLLM is gone, nothing in flight to wait for"
+                step, outcome = StepResult("drain", True, why, time.monotonic() - t0), "dead"
+            elif (hung := self._hung(problem)) is not None:
+                self._pause(s.balancer_period_s)
+                why = (f"{hung}: the engine is hung and cannot drain; waited the balancer's period "
+                       f"({s.balancer_period_s:g} s), restarting without waiting for in-flight requests")  # fmt: skip
+                step, outcome = StepResult("drain", True, why, time.monotonic() - t0), "hung"
+            else:
+                with self.env.http_client() as client:
+                    step, outcome = drain_vllm(self.targets.vllm, s.drain_timeout_s, s.balancer_period_s, client,
+                                               self._pause)  # fmt: skip
+        except Interrupted:
+            raise Interrupted(steps) from None
+        self.rotation.drained(outcome, time.monotonic() - t0)
+        log.info("remediation_drain", outcome=outcome, detail=step.detail)
+        return [*steps, step]
+
+    def _hung(self, problem: Problem) -> str | None:
+        """The code saying the engine cannot finish what it holds: the problem's own, or (a cluster restart for a
+        dead Ray node, an alert) the vllm check's latest result's."""
+        if problem.code in HUNG_CODES:
+            return problem.code
+        vllm = self.latest().get("vllm")
+        return next((f.code for f in (vllm.findings if vllm else ()) if f.code in HUNG_CODES), None)
+
+    def _rejoin(self, steps: list[StepResult]) -> StepResult:
+        """After a verified restart: release the hold and wait until the readiness signal says ready again (its
+        good evaluations, each a fresh vllm check run). After a failed one: released, the checks decide."""
+        t0 = time.monotonic()
+        verified = any(x.step == "verify" and x.ok for x in steps)
+        self.rotation.release()
+        if not verified:
+            return StepResult("rejoin", True, "not verified: left to the readiness checks", 0.0)
+        if self.rotation.ready is None:
+            return StepResult("rejoin", True, "in rotation (no readiness signal here)", 0.0)
+        deadline = Deadline(self.settings.rejoin_timeout_s)
+        while True:
+            state = self.rotation.ready()
+            if state == "ready":
+                return StepResult("rejoin", True, f"ready again after {time.monotonic() - t0:.1f} s",
+                                  time.monotonic() - t0)  # fmt: skip
+            if deadline.left <= 0:
+                why = f"not ready within rejoin_timeout_s {self.settings.rejoin_timeout_s:g} s (readiness: {state})"
+                return StepResult("rejoin", False, why, time.monotonic() - t0)
+            try:
+                self._pause(0.25)
+            except Interrupted:
+                return StepResult("rejoin", False, "the agent stopped while waiting", time.monotonic() - t0)
 
     def _finish(self, action_id: str, end: float) -> None:
         """Clear the action in flight; when the disk refuses, the end is kept and saved by a later evaluation."""
@@ -645,6 +728,36 @@ class Remediator:
         self.counts[("page", outcome)] += 1
         log.warning("remediation_page", problem=decision.problem.key, outcome=outcome, detail=detail)
 
+    # -- an operator's planned restart ------------------------------------------------------------------
+
+    async def planned_restart(self, drain: bool) -> tuple[int, dict[str, Any]]:
+        """``dgxdoctor remediation restart [--drain]``: restart vLLM here now, through the guard (act mode, the
+        breaker, the budget, one action at a time) and the audit; (HTTP status, the action's audit record or why it
+        was refused). With ``drain``, out of rotation first, as every restart with ``[remediation] drain``."""
+        now = self.clock()
+        how = "drained" if drain else "cold"
+        problem = Problem("operator:restart_vllm", "restart_vllm", "operator", f"an operator's planned {how} restart")
+        action_id = uuid.uuid4().hex[:12]
+        with self.state_file.locked():
+            guard = self.load_guard()
+            before = guard.state.to_doc()
+            decision = guard.decide_planned(problem, now)
+            if decision.verdict == "act" and self.busy.locked():
+                decision = replace(decision, verdict="refuse", reason="an action is already running here")
+            self._audit_decision(decision, now)
+            if decision.verdict != "act":
+                return 409, {"outcome": "refused", "detail": decision.reason}
+            if not self.audit_record({**self._started_record(decision, action_id, now), "requested_by": "operator"}):
+                return 503, {"outcome": "not_started", "detail": "the audit cannot be written: nothing runs unrecorded"}
+            guard.begin(decision, action_id, now, os.getpid(), ladder=False)
+            if not self.store_guard(guard, before):
+                self.audit_record(self._not_started_record(decision, action_id, now))
+                return 503, {"outcome": "not_started", "detail": "the state file could not be written: not run"}
+        task = asyncio.get_running_loop().create_task(self._act(decision, action_id, now, drain=drain))
+        self.acting = task
+        record = await asyncio.shield(task)
+        return 200, record
+
     # -- the worker's side -----------------------------------------------------------------------------
 
     async def run_step(self, doc: Any) -> tuple[int, dict[str, Any]]:
@@ -678,6 +791,7 @@ class Remediator:
             "alerts_dropped": self.intake.dropped,
             "fleet_breaker_open": self.fleet_gate.open,
             "fleet_refused": self.fleet_gate.refused,
+            **self.rotation.metrics(),
         }
 
 
@@ -697,7 +811,7 @@ def _would(d: Decision) -> Decision:
 
 
 # Steps that are not commands run for the action: the waits and the verification after them.
-_NOT_COMMANDS = ("verify", "wait_ray", INTERRUPTED)
+_NOT_COMMANDS = ("verify", "wait_ray", "leave_rotation", "drain", "rejoin", INTERRUPTED)
 
 
 def could_not_run(action: str, steps: list[StepResult]) -> str | None:

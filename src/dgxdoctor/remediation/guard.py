@@ -172,6 +172,24 @@ class Guard:
             return out("refuse", f"breaker opened: {self.state.breaker_reason}")
         return out("act", f"{problem.reason} held {held:.0f} s")
 
+    def decide_planned(self, problem: Problem, now: float) -> Decision:
+        """An operator's planned restart (``dgxdoctor remediation restart``): act mode only, never beside another
+        action, within the budget and its breaker. No hold, start grace or cooldown: a person asked for it now."""
+        s = self.settings
+
+        def out(verdict: Verdict, reason: str) -> Decision:
+            return Decision(verdict, problem.action, reason, problem)
+
+        if s.mode != "act":
+            return out("refuse", 'mode = "observe": nothing runs (set [remediation] mode = "act")')
+        if self.state.breaker_open:
+            return out("refuse", f"breaker open ({self.state.breaker_reason}); `dgxdoctor remediation reset`")
+        if self.state.in_flight is not None:
+            return out("refuse", f"{self.state.in_flight.action} in flight: one action at a time")
+        if self.budget_used(now) >= s.budget:
+            return out("refuse", f"the budget of {s.budget} actions per {s.budget_window_s:g} s is spent")
+        return out("act", problem.reason)
+
     def next_change(self, now: float) -> float:
         """The earliest time, from ``now`` on, at which a decision over this state may change with time alone: a
         hold, a cooldown, the budget's or the ladder's window running out (inf: none). Every time ``decide`` and
@@ -214,13 +232,15 @@ class Guard:
         st.steps = [*st.steps, {"id": action_id, "step": step, "at": sent_at}][-MAX_STEPS:]
         return None
 
-    def begin(self, decision: Decision, action_id: str, now: float, pid: int) -> None:
+    def begin(self, decision: Decision, action_id: str, now: float, pid: int, ladder: bool = True) -> None:
+        """``ladder`` False: an operator's planned restart, no step of any problem's ladder."""
         st = self.state
         st.in_flight = InFlight(action_id, decision.action, decision.problem.key, now, pid)
         st.actions = [a for a in st.actions if now - float(a["at"]) <= self.settings.budget_window_s]
         st.actions = [*st.actions, {"action": decision.action, "at": now}][-MAX_ACTIONS:]
         st.last[decision.action] = now
-        self._attempt(decision.problem.action, decision.action, now)
+        if ladder:
+            self._attempt(decision.problem.action, decision.action, now)
 
     def paged(self, decision: Decision, now: float) -> None:
         self.state.last["page"] = now

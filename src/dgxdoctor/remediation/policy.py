@@ -28,7 +28,7 @@ class Problem(Struct, frozen=True):
 
     key: str
     action: ActionName
-    source: Literal["check", "alert"]
+    source: Literal["check", "alert", "operator"]
     reason: str
     since: float | None = None  # when the condition began, if the source says (an alert's startsAt)
     code: str | None = None  # the finding that asks for it (None: an alert)

@@ -161,6 +161,34 @@ class RemediationSettings(Frozen, frozen=True):
         int,
         Meta(ge=2, le=MAX_FLEET, description="the fleet breaker counts groups only when there are at least this many"),
     ] = 3
+    drain: Annotated[
+        bool,
+        Meta(
+            description="a restart leaves the balancer's rotation first and waits for in-flight requests "
+            '(docs/remediation.md, "Out of rotation"); off: the cold restart'
+        ),
+    ] = True
+    drain_timeout_s: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=HOUR_S,
+            description="drain: wait at most this long for vLLM's running and waiting requests to reach 0",
+        ),
+    ] = 120.0
+    balancer_period_s: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=600,
+            description="drain: how long the balancer takes to see the node leave (its agent or health check "
+            "interval times its fall count); waited before the drain counts, and before restarting a hung engine",
+        ),
+    ] = 5.0
+    rejoin_timeout_s: Annotated[
+        float,
+        Meta(gt=0, le=HOUR_S, description="after a verified restart: wait this long for /ready to say ready again"),
+    ] = 120.0
     commands: RemediationCommands = RemediationCommands()  # no schema unless named: config.py
 
     def __post_init__(self) -> None:
