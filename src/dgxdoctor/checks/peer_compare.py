@@ -23,7 +23,7 @@ from msgspec.structs import replace
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
-from dgxdoctor.fleet.compare import PEER_VIEW_FACT, RULE_KEYS, compare
+from dgxdoctor.fleet.compare import PEER_VIEW_FACT, RULE_KEYS, compare, relayed_age
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample
 from dgxdoctor.settings.bounds import DAY_S
 from dgxdoctor.validation import field_rule
@@ -102,6 +102,7 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
         fetched = fetch_all(
             lambda: self.env.async_http_client(peers.timeout_s, peer=True), peers.urls, peers.token, peers.timeout_s
         )
+        fetched_at = self.env.clock()
         fleet.record_peers(fetched)  # the status page shows these; it asks no peer itself
         for url, got in zip(peers.urls, fetched, strict=True):
             builder.sample(PEER_UP, 1.0 if got.up else 0.0, peer=got.label)
@@ -130,7 +131,11 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
             # Not builder.sample(): its first parameter is called ``metric`` too.
             labels = {"metric": imbalance.key, "rail": imbalance.rail}
             builder.samples.append(Sample(PEER_IMBALANCE, imbalance.ratio, labels))
-        builder.add(*outcome.findings)
+        # A finding relaying a peer's result is as old as that result (remediation acts on no evidence from before
+        # its last action: a worker's check that has not run since the restart still says what it saw before).
+        ages = [relayed_age(f, snapshots) for f in outcome.findings]
+        builder.add(*(f if age is None else replace(f, seen_at=fetched_at - age)
+                      for f, age in zip(outcome.findings, ages, strict=True)))  # fmt: skip
         up = len(peers.urls) - down
         summary = (
             f"{up}/{len(peers.urls)} peer(s) answered; {len(outcome.imbalances)} metric(s) and "

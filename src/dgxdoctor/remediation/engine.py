@@ -315,7 +315,7 @@ class Remediator:
         """(from the checks, from the alerts), both without what describes the world before the last action."""
         alerts = list({p.key: p for p in self.firing.values() if self._fresh_alert(p)}.values())
         fresh = [r for r in latest.values() if self.finished_at is None or r.started_at > self.finished_at]
-        return problems_from_results(fresh), alerts
+        return problems_from_results(fresh, self.finished_at), alerts
 
     def _moment(self) -> Moment:
         return Moment(dict(self.firing), file_stamp(self.state_file.path), self.finished_at, self.pending_finish,
