@@ -48,7 +48,7 @@ from dgxdoctor.remediation.actions import (
 from dgxdoctor.remediation.audit import AUDIT_FILE, STATE_FILE, AuditLog, Throttle, WriteErrors, guard_state_file
 from dgxdoctor.remediation.capture import PreActionCapture
 from dgxdoctor.remediation.guard import Decision, Guard, GuardState, in_start_grace
-from dgxdoctor.remediation.hardware_gate import HardwareGate, causes
+from dgxdoctor.remediation.hardware_gate import HardwareCause, HardwareGate, causes
 from dgxdoctor.remediation.intake import AlertIntake, FiringAlert
 from dgxdoctor.remediation.policy import RESTARTS, Problem, problems_from_results
 from dgxdoctor.remediation.settled import Moment, Settled, View, file_stamp
@@ -353,6 +353,7 @@ class Remediator:
             return
         self.settled = None
         checks, alerts = self._problems(latest)
+        self._forget_ended(checks + alerts, causes(latest, self.node))
         quiet = self.idle and not self.breaker_open and self.pending_finish is None
         if not checks and not alerts and quiet:
             self.settled = Settled(latest, self._view(latest), moment, math.inf)
@@ -400,6 +401,16 @@ class Remediator:
             await self._page(chosen, now)
         for page in pages:
             await self._page(page, now)
+
+    def _forget_ended(self, present: list[Problem], active: list[HardwareCause]) -> None:
+        """An episode that ended is forgotten, so the next one is audited and paged afresh: the last decision of a
+        problem no longer seen, the gate's page for a cause no longer active. Done before the quiet return below,
+        which skips the gate: a fault fixed and back on the same port or GPU was otherwise neither re-audited (a
+        "suggest" the same as the last) nor paged by the gate."""
+        keys = {p.key for p in present}
+        for key in [k for k in self.last_decision if k not in keys]:
+            del self.last_decision[key]
+        self.gate.forget({c.key for c in active})
 
     def _apply_pending_finish(self, guard: Guard) -> None:
         pending = self.pending_finish
