@@ -24,8 +24,9 @@ them): the decisions are the same functions of the same inputs at every scale (b
 shipped defaults over 450 node-days); what this adds is the real path. Needs root, iproute2, util-linux,
 systemd-journal-remote, prometheus and prometheus-alertmanager (as tests/integration/test_deployment.py).
 
-    .venv/bin/python benchmarks/replay_deployed.py                  # 3 faults per class, ~25 minutes
-    .venv/bin/python benchmarks/replay_deployed.py --faults 1 --json  # the suite's version (~3 minutes)
+    .venv/bin/python benchmarks/replay_deployed.py                  # 3 faults per class, ~13 minutes
+    .venv/bin/python benchmarks/replay_deployed.py --faults 1 --json  # about the suite's version (~4 minutes)
+    .venv/bin/python benchmarks/replay_deployed.py --only ray --classes api_hung --no-benign  # to look into one
 """
 
 from __future__ import annotations
@@ -269,7 +270,21 @@ class World:
             self.vllm = None
 
     def _start_headless(self) -> None:
+        """The worker's headless vLLM, returned once it is up (its ranks started, its first line printed): calls are
+        answered in order, so the head's vLLM starts after it, as a real mp head serves only once its workers
+        joined (the stand-in head would serve alone, and pass the restart's verification too early)."""
+        log = self.worker.root / "vllm-worker-mp.service.log"
+
+        def banners() -> int:
+            with contextlib.suppress(OSError):
+                return log.read_text(errors="replace").count("vLLM stand-in:")
+            return 0
+
+        before = banners()
         self.headless = self.cluster.start_unit(self.worker, "vllm-worker-mp.service", HEAD_ADDR=self.head.ip)
+        deadline = time.monotonic() + 30
+        while banners() <= before and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def _stop_headless(self) -> None:
         if self.headless is not None:
