@@ -23,7 +23,7 @@ from msgspec.structs import replace
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
-from dgxdoctor.fleet.compare import PEER_VIEW_FACT, RULE_KEYS, compare, relayed_age
+from dgxdoctor.fleet.compare import PEER_VIEW_FACT, RULE_KEYS, compare
 from dgxdoctor.result import CheckResult, Finding, MetricSpec, ResultBuilder, Sample
 from dgxdoctor.settings.bounds import DAY_S
 from dgxdoctor.validation import field_rule
@@ -87,6 +87,7 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
         if fleet is None:
             return CheckResult.skipped(self.name, "compares nodes inside the daemon (dgxdoctor run) only")
         # The fetch (httpx) and the peer verdicts load with the daemon's first comparison, not with `check`.
+        from dgxdoctor.fleet.compare import relayed_age
         from dgxdoctor.fleet.peers import fetch_all
         from dgxdoctor.judge.hardware_cause import peer_cause_findings
         from dgxdoctor.judge.peers import peer_name_clash, peer_unreachable
@@ -131,12 +132,14 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
             # Not builder.sample(): its first parameter is called ``metric`` too.
             labels = {"metric": imbalance.key, "rail": imbalance.rail}
             builder.samples.append(Sample(PEER_IMBALANCE, imbalance.ratio, labels))
+        builder.add(*outcome.findings)
+        up = len(peers.urls) - down
         # A finding relaying a peer's result is as old as that result (remediation acts on no evidence from before
         # its last action: a worker's check that has not run since the restart still says what it saw before).
-        ages = [relayed_age(f, snapshots) for f in outcome.findings]
-        builder.add(*(f if age is None else replace(f, seen_at=fetched_at - age)
-                      for f, age in zip(outcome.findings, ages, strict=True)))  # fmt: skip
-        up = len(peers.urls) - down
+        for i, f in enumerate(builder.findings):
+            age = relayed_age(f, snapshots)
+            if age is not None:
+                builder.findings[i] = replace(f, seen_at=fetched_at - age)
         summary = (
             f"{up}/{len(peers.urls)} peer(s) answered; {len(outcome.imbalances)} metric(s) and "
             f"{outcome.compared_facts} fact(s) compared, {len(outcome.findings)} difference(s)"
