@@ -59,8 +59,9 @@ def _clipped(kind: type[C], value: str | None) -> C | None:
 # The checks' part of the per-check document in `check --json` (the rest is /state's).
 REPORT_CHECK_KEYS = ("name", "status", "summary", "findings", "action", "duration_s", "error")
 # What the node comparison reads of each check (fleet/compare.py, fleet/stuck_rank.py, judge/hardware_cause.py):
-# the peer's findings are its verdicts (a headless worker down, an engine stalled, an XID with its kernel line).
-COMPARED_CHECK_KEYS = ("name", "status", "findings", "samples")
+# the peer's findings are its verdicts (a headless worker down, an engine stalled, an XID with its kernel line);
+# ``started_at`` with the document's ``generated_at`` dates what a relayed verdict rests on (fleet.compare).
+COMPARED_CHECK_KEYS = ("name", "status", "findings", "samples", "started_at")
 
 
 def _finite(value: float) -> float | None:
@@ -81,7 +82,8 @@ class FindingDoc(_Doc, frozen=True):
     """A finding whole, with what follows from it as judge/ decided: a peer's findings decide this node's actions
     (the hardware gate reads ``cure``, the kernel's XID/SXID line is ``evidence``). ``action`` and ``cure`` are
     result.FindingAction and result.Cure's values; a peer's are kept as text, never trusted to be one of ours.
-    A new field of ``Finding`` gets a field here and a line in ``of``."""
+    A new field of ``Finding`` gets a field here and a line in ``of`` (but ``seen_at``: this node's clock, and a
+    peer's evidence is dated by its check's ``started_at``)."""
 
     code: ClippedName
     status: LooseStatus
@@ -215,6 +217,7 @@ class ResultsDocument(_Doc, kw_only=True, frozen=True):
             "agent_version": self.agent_version,
             "group": self.group_name,
             "status": self.status,
+            "generated_at": self.generated_at,
             "checks": [c.dumped(COMPARED_CHECK_KEYS) for c in self.checks],
             "facts": dict(self.facts),
         }

@@ -129,6 +129,11 @@ class Finding(Struct, frozen=True):
     remedy: str | None = None
     action: FindingAction = "none"
     cure: Cure = Cure.NA
+    # When the evidence was seen, on this node's clock, where it is older than the run that reports it (a log line
+    # the logs check holds for its hold_s, a peer's result relayed): remediation does not act on evidence from
+    # before its last action ended (policy.problems_from_results). None: the run's own observation. Not sent to
+    # peers (documents.FindingDoc): a peer's age is its check's started_at in its own document.
+    seen_at: float | None = None
 
     def to_diagnose_dict(self) -> dict[str, Any]:
         """``dgxdoctor diagnose --json``: the results document's finding (documents.FindingDoc) without its action

@@ -28,6 +28,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -247,6 +248,9 @@ class Node:
             assert time.monotonic() - t0 < limit_s, f"{self.name}: no READY=1 in {limit_s} s:\n{self.log_tail()}"
             try:
                 if b"READY=1" in notify.recv(4096).split(b"\n"):
+                    # Read from then on, as systemd does: a queue left full blocks the daemon's next WATCHDOG=1
+                    # (a blocking send on its event loop) after a few minutes.
+                    threading.Thread(target=_drain, args=(notify,), daemon=True).start()
                     return time.monotonic() - t0
             except TimeoutError:
                 continue
@@ -302,6 +306,17 @@ class Node:
 
     def wait_for(self, what: str, predicate: Callable[[], Any], limit_s: float, *others: Node) -> Any:
         return wait_for(what, predicate, limit_s, self, *others)
+
+
+def _drain(notify: socket.socket) -> None:
+    """Read the notify socket until it is closed (stop_daemon)."""
+    while True:
+        try:
+            notify.recv(4096)
+        except TimeoutError:
+            continue
+        except OSError:
+            return
 
 
 def wait_for(what: str, predicate: Callable[[], Any], limit_s: float, *nodes: Node) -> Any:

@@ -75,7 +75,9 @@ def test_valid_state_keeps_only_what_is_compared() -> None:
         "group": None,
     }  # fmt: skip  (an older peer's: what follows and its group, not sent: unknown, never "none")
     assert clean["checks"][0] == {"name": "gpu", "status": "ok", "findings": [finding],
-                                  "samples": doc["checks"][0]["samples"]}  # fmt: skip
+                                  "samples": doc["checks"][0]["samples"],
+                                  "started_at": doc["checks"][0].get("started_at", 0.0)}  # fmt: skip
+    assert clean["generated_at"] == doc["generated_at"]  # with started_at: how old a relayed verdict is
 
 
 def transport(handler: Any) -> httpx.MockTransport:

@@ -1,8 +1,8 @@
 """The replay harness's short version (benchmarks/replay.py, issue 39): two nodes, the real remediation engine in act
 mode on a fake clock, fed benign life and one fault of every class the docs promise an answer for. Every fault is
-answered (its restart or its page) within its promised time, nothing is restarted without a fault behind it, and no
-restart runs while a fault a restart cannot cure lasts. And the harness is no tautology: with ``hold_s = 0`` the
-benign slow ``/health`` becomes a false restart it counts."""
+answered (its restart or its page) within its promised time, nothing is restarted without a fault behind it, no
+restart runs while a fault a restart cannot cure lasts, and no page goes out with no fault open. And the harness
+is no tautology: with ``hold_s = 0`` the benign slow ``/health`` becomes a false restart it counts."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ def test_every_fault_class_is_answered_in_time_and_nothing_healthy_is_restarted(
     assert fig.false_actions == [], r.report(fig)
     assert all(c["restarts"] == 0 for c in per.values() if c["expect"] == "page")
     assert all(fig.verdicts().values())
+    # Every page has a fault behind it: none cites a log line or a worker's result from before a cured restart.
+    assert [p for p in fig.pages if not p["faults"]] == [], r.report(fig)
 
 
 def test_without_hold_a_slow_health_is_a_false_restart_the_harness_counts() -> None:

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Annotated, ClassVar
 
 from msgspec import Meta, Struct, field
+from msgspec.structs import replace
 
 from dgxdoctor.checks.base import Check, CheckSettings
 from dgxdoctor.environment import Environment
@@ -432,7 +433,8 @@ class LogsCheck(Check[LogsSettings]):
         """The matches held (worst first), the match counters, the files that could not be read."""
         b = ResultBuilder(self.name)
         for recent in sorted(self._recent.values(), key=lambda r: (-r.signature.severity.rank, r.path)):
-            b.add(recent.signature.finding(recent.path, recent.line[:EVIDENCE_MAX], recent.count))
+            found = recent.signature.finding(recent.path, recent.line[:EVIDENCE_MAX], recent.count)
+            b.add(replace(found, seen_at=recent.last_seen))  # held lines are as old as their last match
         for code in sorted(self._totals):
             b.sample(MATCHES_TOTAL, self._totals[code], code=code)
         for source, unknown in sorted(self._unknown.items()):

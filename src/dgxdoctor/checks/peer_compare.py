@@ -96,6 +96,7 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
         if fleet is None:
             return CheckResult.skipped(self.name, "compares nodes inside the daemon (dgxdoctor run) only")
         # The fetch (httpx) and the peer verdicts load with the daemon's first comparison, not with `check`.
+        from dgxdoctor.fleet.compare import relayed_age
         from dgxdoctor.fleet.peers import fetch_all
         from dgxdoctor.judge.hardware_cause import peer_cause_findings
         from dgxdoctor.judge.peers import peer_name_clash, peer_unreachable
@@ -118,6 +119,7 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
         fetched = fetch_all(
             lambda: self.env.async_http_client(peers.timeout_s, peer=True), peers.urls, peers.token, peers.timeout_s
         )
+        fetched_at = self.env.clock()
         fleet.record_peers(fetched)  # the status page shows these; it asks no peer itself
         for url, got in zip(peers.urls, fetched, strict=True):
             builder.sample(PEER_UP, 1.0 if got.up else 0.0, peer=got.label)
@@ -145,6 +147,12 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
         builder.samples.extend(imbalance_samples(outcome.imbalances, group_of(local)))
         builder.add(*outcome.findings)
         up = len(peers.urls) - down
+        # A finding relaying a peer's result is as old as that result (remediation acts on no evidence from before
+        # its last action: a worker's check that has not run since the restart still says what it saw before).
+        for i, f in enumerate(builder.findings):
+            age = relayed_age(f, snapshots)
+            if age is not None:
+                builder.findings[i] = replace(f, seen_at=fetched_at - age)
         summary = (
             f"{up}/{len(peers.urls)} peer(s) answered; {len(outcome.imbalances)} metric(s) and "
             f"{outcome.compared_facts} fact(s) compared, {len(outcome.findings)} difference(s)"

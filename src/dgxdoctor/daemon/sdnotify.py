@@ -34,7 +34,12 @@ class Notifier:
             return False
         try:
             if self._sock is None:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                # Non-blocking: it is sent from the event loop, and a receiver that does not read (PID 1 busy, a
+                # supervisor that only waits for READY=1) would otherwise stop the whole daemon, remediation included,
+                # at the first full queue. A ping that does not fit is dropped: the next one comes.
+                self._sock = socket.socket(
+                    socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
+                )
             self._sock.sendto(message.encode(), self.address)
         except OSError as exc:
             # systemd gone or the socket path wrong: log once per failure, never stop the daemon for it.

@@ -537,6 +537,27 @@ def _mp_worker_down(views: Mapping[str, _NodeView]) -> list[Finding]:
     ]
 
 
+# A finding that relays one check of the node it names, whose evidence is as old as that check's result there.
+RELAYED_CHECK = {"PEER_MP_WORKER_DOWN": "vllm_executor"}
+
+
+def relayed_age(finding: Finding, snapshots: Iterable[Mapping[str, Any]]) -> float | None:
+    """How old the result a relaying finding rests on was when its node sent the document: the document's
+    ``generated_at`` minus that check's ``started_at``, both on that node's clock (so no clock between the nodes
+    is compared); None when the finding relays nothing or the document does not say."""
+    check = RELAYED_CHECK.get(finding.code)
+    if check is None:
+        return None
+    for snap in snapshots:
+        if snap.get("node") != finding.subject:
+            continue
+        sent = snap.get("generated_at")
+        started = next((c.get("started_at") for c in snap.get("checks", ()) if c.get("name") == check), None)
+        if isinstance(sent, int | float) and isinstance(started, int | float) and math.isfinite(sent - started):
+            return max(0.0, float(sent) - float(started))
+    return None
+
+
 def imbalance_ratio(values: Iterable[float]) -> float:
     vals = list(values)
     top = max(vals)

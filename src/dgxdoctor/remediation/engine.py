@@ -339,7 +339,7 @@ class Remediator:
         """(from the checks, from the alerts), both without what describes the world before the last action."""
         alerts = list({p.key: p for p in self.firing.values() if self._fresh_alert(p)}.values())
         fresh = [r for r in latest.values() if self.finished_at is None or r.started_at > self.finished_at]
-        return problems_from_results(fresh), alerts
+        return problems_from_results(fresh, self.finished_at), alerts
 
     def _moment(self) -> Moment:
         return Moment(dict(self.firing), file_stamp(self.state_file.path), self.finished_at, self.pending_finish,
@@ -413,6 +413,7 @@ class Remediator:
             return
         self.settled = None
         checks, alerts = self._problems(latest)
+        self._forget_ended(checks + alerts, causes(latest, self.node))
         quiet = self.idle and not self.breaker_open and self.pending_finish is None
         if not checks and not alerts and quiet:
             self.settled = Settled(latest, self._view(latest), moment, math.inf)
@@ -462,6 +463,16 @@ class Remediator:
             await self._page(chosen, now)
         for page in pages:
             await self._page(page, now)
+
+    def _forget_ended(self, present: list[Problem], active: list[HardwareCause]) -> None:
+        """An episode that ended is forgotten, so the next one is audited and paged afresh: the last decision of a
+        problem no longer seen, the gate's page for a cause no longer active. Done before the quiet return below,
+        which skips the gate: a fault fixed and back on the same port or GPU was otherwise neither re-audited (a
+        "suggest" the same as the last) nor paged by the gate."""
+        keys = {p.key for p in present}
+        for key in [k for k in self.last_decision if k not in keys]:
+            del self.last_decision[key]
+        self.gate.forget({c.key for c in active})
 
     def _apply_pending_finish(self, guard: Guard) -> None:
         pending = self.pending_finish

@@ -110,6 +110,10 @@ class HardwareGate:
     def __init__(self) -> None:
         self.paged: set[tuple[str, str]] = set()
 
+    def forget(self, active: set[str]) -> None:
+        """Forget the pages of causes no longer active (by key): the cause's next episode is paged again."""
+        self.paged = {p for p in self.paged if p[1] in active}
+
     def apply(
         self, decisions: Sequence[Decision], found: Iterable[HardwareCause], node: str
     ) -> tuple[list[Decision], list[Decision]]:

@@ -34,13 +34,19 @@ class Problem(Struct, frozen=True):
     code: str | None = None  # the finding that asks for it (None: an alert)
 
 
-def problems_from_results(results: Iterable[CheckResult]) -> list[Problem]:
-    """One problem per (check, action): the critical findings of the latest results whose action is not "none"."""
+def problems_from_results(results: Iterable[CheckResult], after: float | None = None) -> list[Problem]:
+    """One problem per (check, action): the critical findings of the latest results whose action is not "none".
+
+    ``after``: when the last action ended. A finding whose evidence was seen before then (``Finding.seen_at``: a
+    log line the logs check still holds, a peer's result from before the restart) describes the world before the
+    action, even in a run that started after it: it is no problem, and no sign that the action did not cure."""
     found: dict[str, Problem] = {}
     for result in results:
         for finding in result.findings:
             action = finding.action
             if finding.status is not Status.CRITICAL or action == "none":
+                continue
+            if after is not None and finding.seen_at is not None and finding.seen_at <= after:
                 continue
             key = f"check:{result.check}:{action}"
             if key not in found:

@@ -17,7 +17,22 @@ import sys
 import threading
 
 # VLLM_STANDIN_ENGINE=stalled: requests in flight and no counter moving (an engine that makes no step).
+# VLLM_STANDIN_ENGINE_FILE: the engine's state read from that file at each /metrics request instead ("idle",
+# "busy": requests in flight and the token counter moving, "stalled"), so a test can change it while vLLM runs.
 STALLED = os.environ.get("VLLM_STANDIN_ENGINE") == "stalled"
+ENGINE_FILE = os.environ.get("VLLM_STANDIN_ENGINE_FILE")
+
+
+def engine():
+    if ENGINE_FILE is None:
+        return "stalled" if STALLED else "idle"
+    try:
+        with open(ENGINE_FILE) as f:
+            return f.read().strip() or "idle"
+    except OSError:
+        return "idle"
+
+
 METRICS = (
     "# TYPE vllm:num_requests_running gauge\n"
     'vllm:num_requests_running{{engine="0",model_name="{model}"}} {running}\n'
@@ -98,11 +113,14 @@ def main():
             elif self.path == "/v1/models":
                 self.send(json.dumps({"object": "list", "data": [{"id": model, "object": "model"}]}).encode())
             elif self.path == "/metrics":
+                state = engine()
+                if state == "busy":
+                    tokens[0] += 37  # the engine steps: every read sees the counter moved
                 text = METRICS.format(
                     model=model,
-                    tokens=float(1200 if STALLED else tokens[0]),
-                    running=4.0 if STALLED else 0.0,
-                    waiting=2.0 if STALLED else 0.0,
+                    tokens=float(1200 if state == "stalled" else tokens[0]),
+                    running=0.0 if state == "idle" else 4.0,
+                    waiting=2.0 if state == "stalled" else 0.0,
                 )
                 self.send(text.encode(), "text/plain; version=0.0.4")
             else:
