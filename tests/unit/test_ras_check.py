@@ -208,7 +208,7 @@ def test_joined_finding_names_node_gpu_rail(tmp_path: Path) -> None:
     assert msg.startswith("rank 11 on dgx-b, GPU 3, unresponsive since ")
     assert "dgx-b's GPU 3 idle (0%), as a stopped rank's" in msg
     assert "dgx-a's GPUs spin in the collective, waiting for it" in msg
-    assert "dgx-b mlx5_3/1 link down;" in msg  # when: only for the local node's rails (peers send no times)
+    assert "dgx-b mlx5_3/1 link down (seen " in msg  # when: the rails check's start, on the node that saw it
     assert "disagree" not in msg and "NCCL: communicator 0x7f3a9e0c21d4b6a1: missing rank 11" in msg
     assert "PEER_TP_RANK_STOPPED" not in {f.code for f in out.findings}
 

@@ -17,7 +17,7 @@ schema is said in this check's fact ``peer_schema.<peer>``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Annotated, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from msgspec import Meta, field
 from msgspec.structs import replace
@@ -96,20 +96,14 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
         if fleet is None:
             return CheckResult.skipped(self.name, "compares nodes inside the daemon (dgxdoctor run) only")
         # The fetch (httpx) and the peer verdicts load with the daemon's first comparison, not with `check`.
-        from dgxdoctor.fleet.compare import relayed_age
         from dgxdoctor.fleet.peers import fetch_all
         from dgxdoctor.judge.hardware_cause import peer_cause_findings
         from dgxdoctor.judge.peers import peer_name_clash, peer_unreachable
 
         peers = fleet.peers()
-        if peers.prometheus_url is not None:
-            return CheckResult.skipped(
-                self.name,
-                f"the comparison runs in Prometheus ([fleet] prometheus_url = {peers.prometheus_url}): "
-                "the shipped rules compare the nodes of each serving group, no peer's /state is fetched",
-            )
-        if not peers.urls:
-            return CheckResult.skipped(self.name, "no peers configured ([daemon] peers)")
+        skipped = self._not_here(peers)
+        if skipped is not None:
+            return skipped
         builder = ResultBuilder(self.name)
         builder.add(*peers.findings)  # what discovering them found: a source kept stale, a node that left Ray
         local = fleet.local_state(self.name)
@@ -147,17 +141,23 @@ class PeerCompareCheck(Check[PeerCompareSettings]):
         builder.samples.extend(imbalance_samples(outcome.imbalances, group_of(local)))
         builder.add(*outcome.findings)
         up = len(peers.urls) - down
-        # A finding relaying a peer's result is as old as that result (remediation acts on no evidence from before
-        # its last action: a worker's check that has not run since the restart still says what it saw before).
-        for i, f in enumerate(builder.findings):
-            age = relayed_age(f, snapshots)
-            if age is not None:
-                builder.findings[i] = replace(f, seen_at=fetched_at - age)
+        _date_relayed(builder, snapshots, fetched_at)
         summary = (
             f"{up}/{len(peers.urls)} peer(s) answered; {len(outcome.imbalances)} metric(s) and "
             f"{outcome.compared_facts} fact(s) compared, {len(outcome.findings)} difference(s)"
         )
         return builder.build(summary)
+
+
+def _date_relayed(builder: ResultBuilder, snapshots: list[dict[str, Any]], fetched_at: float) -> None:
+    """A finding relaying a peer's result is as old as that result (remediation acts on no evidence from before its
+    last action: a worker's check that has not run since the restart still says what it saw before)."""
+    from dgxdoctor.fleet.compare import relayed_age
+
+    for i, f in enumerate(builder.findings):
+        age = relayed_age(f, snapshots)
+        if age is not None:
+            builder.findings[i] = replace(f, seen_at=fetched_at - age)
 
 
 def imbalance_samples(imbalances: Iterable[Imbalance], group: str) -> list[Sample]:

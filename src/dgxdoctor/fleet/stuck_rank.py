@@ -90,7 +90,7 @@ def signals(snapshot: Mapping[str, Any]) -> NodeSignals:
             value = s.get("value")
             if isinstance(value, int | float):
                 _sample(out, node, str(s.get("name", "")), s.get("labels", {}), float(value))
-        if check.get("name") == "infiniband":  # when: on the local snapshot only (peers send no started_at)
+        if check.get("name") == "infiniband":  # when: its check's start on that node's clock (peers send it too)
             out.rails_seen_at = float(check.get("started_at") or 0.0)
         if check.get("name") == "ras":
             # silent = critical with dgxdoctor_ras_up 0 (the status and samples say it, whatever the findings' words)

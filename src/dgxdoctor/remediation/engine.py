@@ -402,12 +402,17 @@ class Remediator:
         if after.stamp == before.stamp:
             self.settled = Settled(latest, self._view(latest), after, until)
 
+    def _read_fleet(self) -> FleetHealth | None:
+        """The fleet's health now; the breaker's metric follows it, with or without a problem here."""
+        fleet = self.fleet_health()
+        self.fleet_gate.health = fleet
+        self.fleet_reason = _fleet_moment(fleet)
+        return fleet
+
     async def evaluate(self) -> None:
         now = self.clock()
         latest = self.latest()
-        fleet = self.fleet_health()
-        self.fleet_gate.health = fleet  # the metric follows the fleet, with or without a problem here
-        self.fleet_reason = _fleet_moment(fleet)
+        fleet = self._read_fleet()
         moment = self._moment()
         if self._unchanged(latest, now, moment):
             return
