@@ -189,3 +189,17 @@ def test_the_follower_looks_up_only_records_the_kernel_logged_at_warning_or_abov
     assert ledger.ingest([KmsgRecord(hard, facility=0, level=6, seq=1, usec=1)]) == 0  # info: none of the table's
     assert ledger.ingest([KmsgRecord(hard, facility=0, level=0, seq=2, usec=2)]) == 1  # emerg, as watchdog.c prints it
     assert [key for key, _ in ledger.snapshot()] == [("watchdog_message", "")]
+
+
+def test_a_line_no_anchor_names_runs_no_regex_of_the_table() -> None:
+    """One pass of the anchors' automaton decides; only the formats a line may print compile and run their regex
+    (compiling the whole table took ~80 ms of a ``diagnose`` that met one kernel-looking line)."""
+    from dgxdoctor.sources.kernel_templates import _by_word
+
+    index = _by_word()
+    index._regexes.clear()
+    assert match_template("[    1.000000] IPv6: ADDRCONF(NETDEV_CHANGE): enp1s0f0: link becomes ready") is None
+    assert not index._regexes
+    found = match_template("[ 1024.5] watchdog: Watchdog detected hard LOCKUP on cpu 12")
+    assert found is not None and found.template.family == "watchdog"
+    assert 0 < len(index._regexes) <= 3
