@@ -203,3 +203,19 @@ def test_a_line_no_anchor_names_runs_no_regex_of_the_table() -> None:
     found = match_template("[ 1024.5] watchdog: Watchdog detected hard LOCKUP on cpu 12")
     assert found is not None and found.template.family == "watchdog"
     assert 0 < len(index._regexes) <= 3
+
+
+def test_the_gated_pass_over_a_text_gives_what_parsing_every_line_gives() -> None:
+    """``diagnose`` parses only the lines one automaton pass names (``scan_kernel_text``); the daemon parses every
+    line: on every kernel fixture the two give the same events, and the pass leaves most look-alike lines out."""
+    from dgxdoctor.sources.kernel_events import _gate_patterns, _gated_lines, scan_kernel_text
+
+    assert len(_gate_patterns()) >= 35  # every parser's pattern but the two that alone name nothing
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(KERNEL_LOG.rglob("*")) if p.is_file()]
+    texts.append("".join(line + "\n" for _, _, line in _real_lines()))
+    texts.append("NVRM: GPU 0000:98:00.0: RmInitAdapter failed! (0x62:0x65:1792) ünïcode\r\nx\x0cy\n")
+    for text in texts:
+        assert list(scan_kernel_text(text)) == list(scan_kernel_lines(text.splitlines()))
+    lookalikes = (KERNEL_LOG / "lookalikes.txt").read_text().splitlines()
+    gated = _gated_lines(lookalikes)
+    assert gated is not None and len(gated) < len(lookalikes) / 2

@@ -121,6 +121,10 @@ class _Index:
         self.anchor_set = _anchor_set(list(anchors))
         self._regexes: dict[int, re.Pattern[str]] = {}
 
+    def by_word_entries(self) -> Iterator[_Entry]:
+        for entries in self.by_word.values():
+            yield from entries
+
     def regex(self, entry: _Entry) -> re.Pattern[str]:
         compiled = self._regexes.get(entry.order)
         if compiled is None:
@@ -210,6 +214,12 @@ def match_template(line: str) -> TemplateMatch | None:
     netdev = _NETDEV.search(line)
     pci = address.group().lower() if address else None
     return TemplateMatch(best.template, pci, netdev["netdev"] if netdev else None)
+
+
+def anchor_texts() -> list[str]:
+    """Every format's anchor: a line that holds none prints no format of the table (``match_template`` reads no
+    more of it)."""
+    return sorted({entry.literal for entry in _by_word().by_word_entries()})
 
 
 def lines_to_look_at(text: str) -> list[str]:
