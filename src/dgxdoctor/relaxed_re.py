@@ -3,9 +3,14 @@ ASCII text (it may match more, never less): what an automaton pass over a whole 
 with (``judge.line_set`` for the signature catalog, ``sources.kernel_events`` for the kernel log's parsers).
 
 The zero-width assertions (lookarounds, ``\\b``, ``^``, ``$``) are left out and ``\\s`` is spelt as Python's set.
+``may_search`` runs that form over a whole text before Python's engine searches it (``diagnose``'s log readers).
 """
 
 from __future__ import annotations
+
+import re
+from functools import cache
+from typing import Any
 
 # Python's \s on ASCII text: RE2's \s lacks \v and the separators \x1c-\x1f, which str.isspace() counts.
 _SPACE = r"\t\n\v\f\r \x1c-\x1f"
@@ -89,3 +94,32 @@ def relaxed(source: str) -> str | None:
             i += 1
     text = "".join(out)
     return f"(?i:{text})" if flag else f"(?:{text})"
+
+
+@cache
+def _automaton(source: str, flags: int) -> Any | None:
+    """``source`` relaxed, in RE2 over bytes; None without RE2 or where RE2 cannot run it."""
+    try:
+        import re2  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    except ImportError:
+        return None
+    whole = relaxed(f"(?i){source}" if flags & re.IGNORECASE and not source.startswith("(?i)") else source)
+    if whole is None:
+        return None
+    options = re2.Options()
+    options.max_mem = 64 << 20
+    options.log_errors = False
+    try:
+        return re2.compile(whole.encode(), options)
+    except re2.error:
+        return None
+
+
+def may_search(pattern: re.Pattern[str], text: str) -> bool:
+    """False only when ``pattern.search(text)`` finds nothing: one pass of RE2's automaton of the relaxed form over
+    ``text``, linear where Python's engine may retry a pattern from every line start (True where it cannot tell:
+    no RE2, a pattern RE2 cannot run, text that is not ASCII)."""
+    if not text.isascii():
+        return True
+    found = _automaton(pattern.pattern, pattern.flags)
+    return found is None or found.search(text.encode("ascii")) is not None

@@ -19,6 +19,7 @@ from dgxdoctor.judge.frames import frame_findings
 from dgxdoctor.judge.scan import Scanner, scan_text
 from dgxdoctor.judge.signatures import Catalog, Match, Signature, load_catalog
 from dgxdoctor.judge.uncatalogued import shows_plain_failure, uncatalogued_findings
+from dgxdoctor.relaxed_re import may_search
 from dgxdoctor.result import Finding
 from dgxdoctor.sources.kernel_events import parse_kernel_event
 
@@ -137,14 +138,14 @@ class VllmLogAnalyzer(_LogAnalyzer):
     kind: ClassVar[str] = "vllm-log"
 
     def detect(self, text: str) -> bool:
-        return VLLM_LINE.search(text) is not None
+        return may_search(VLLM_LINE, text) and VLLM_LINE.search(text) is not None
 
 
 class RayLogAnalyzer(_LogAnalyzer):
     kind: ClassVar[str] = "ray-log"
 
     def detect(self, text: str) -> bool:
-        return RAY_PY_LINE.search(text) is not None or RAY_MARKER.search(text) is not None
+        return any(may_search(p, text) and p.search(text) is not None for p in (RAY_PY_LINE, RAY_MARKER))
 
 
 class NcclLogAnalyzer(_LogAnalyzer):
@@ -154,7 +155,7 @@ class NcclLogAnalyzer(_LogAnalyzer):
     kind: ClassVar[str] = "nccl-log"
 
     def detect(self, text: str) -> bool:
-        if NCCL_LINE.search(text) is not None:
+        if may_search(NCCL_LINE, text) and NCCL_LINE.search(text) is not None:
             return True
         return "ProcessGroupNCCL.cpp:" in text and PG_NCCL_LINE.search(text) is not None
 
