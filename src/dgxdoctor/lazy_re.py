@@ -37,6 +37,11 @@ class LazyPattern:
         return self._source
 
     @property
+    def source_flags(self) -> int:
+        """The flags given, without compiling (``flags`` is the compiled pattern's, with ``re.UNICODE``)."""
+        return self._flags
+
+    @property
     def flags(self) -> int:
         return self.compiled.flags
 

@@ -117,3 +117,29 @@ def test_rows_of_an_nccl_tests_table_without_its_header() -> None:
     table = [r for r in rows if r.strip() and not r.lstrip().startswith("#")][-3:]
     (d,) = diagnose("\n".join(table) + "\n")
     assert d.kind == "nccl-tests" and d.summary is not None and "busbw peak" in d.summary
+
+
+# PyTorch's ProcessGroupNCCL banner as ProcessGroupNCCL.cpp logs it at INFO: 2.0's option records, 2.4's
+# environments with the torchrun rank prefix, 2.6's HeartbeatMonitor line in glog's own format.
+PG_NCCL_BANNER = (
+    "[I ProcessGroupNCCL.cpp:850] [Rank 0] NCCL watchdog thread started!\n"
+    "[I ProcessGroupNCCL.cpp:672] [Rank 0] ProcessGroupNCCL initialized with following options:\n"
+    "NCCL_ASYNC_ERROR_HANDLING: 1\n"
+    "NCCL_BLOCKING_WAIT: 0\n"
+    "TIMEOUT(ms): 1800000\n"
+    "[rank3]:[I1205 08:00:01.123456789 ProcessGroupNCCL.cpp:914] [PG ID 1 PG GUID 1 Rank 3] ProcessGroupNCCL "
+    "environments: NCCL version: 2.21.5, TORCH_NCCL_ASYNC_ERROR_HANDLING: 1, TORCH_NCCL_DUMP_ON_TIMEOUT: 0\n"
+    "I1205 08:00:01.123456 4030959 ProcessGroupNCCL.cpp:1669] [PG ID 0 PG GUID 0 Rank 3] HeartbeatMonitor "
+    "environments: TORCH_NCCL_ENABLE_MONITORING (Whether to kill program when no watchdog heartbeat detected): 1\n"
+)
+
+
+@pytest.mark.parametrize("start", [0, 5, 6], ids=["whole", "2.4-form", "glog-form"])
+def test_a_pytorch_process_group_nccl_banner_alone_is_a_healthy_nccl_log(start: int) -> None:
+    """A recognised log with no failure: "ok", not UNRECOGNIZED_INPUT (PyTorch's NCCL process group's own log)."""
+    text = "".join(PG_NCCL_BANNER.splitlines(keepends=True)[start:])
+    (d,) = diagnose(text)
+    assert d.kind == "nccl-log" and d.findings == () and d.status is Status.OK
+    run = run_cli("diagnose", "-", stdin=text)
+    assert run.returncode == 0, run.stderr
+    assert "UNRECOGNIZED" not in run.stdout

@@ -189,3 +189,33 @@ def test_the_follower_looks_up_only_records_the_kernel_logged_at_warning_or_abov
     assert ledger.ingest([KmsgRecord(hard, facility=0, level=6, seq=1, usec=1)]) == 0  # info: none of the table's
     assert ledger.ingest([KmsgRecord(hard, facility=0, level=0, seq=2, usec=2)]) == 1  # emerg, as watchdog.c prints it
     assert [key for key, _ in ledger.snapshot()] == [("watchdog_message", "")]
+
+
+def test_a_line_no_anchor_names_runs_no_regex_of_the_table() -> None:
+    """One pass of the anchors' automaton decides; only the formats a line may print compile and run their regex
+    (compiling the whole table took ~80 ms of a ``diagnose`` that met one kernel-looking line)."""
+    from dgxdoctor.sources.kernel_templates import _by_word
+
+    index = _by_word()
+    index._regexes.clear()
+    assert match_template("[    1.000000] IPv6: ADDRCONF(NETDEV_CHANGE): enp1s0f0: link becomes ready") is None
+    assert not index._regexes
+    found = match_template("[ 1024.5] watchdog: Watchdog detected hard LOCKUP on cpu 12")
+    assert found is not None and found.template.family == "watchdog"
+    assert 0 < len(index._regexes) <= 3
+
+
+def test_the_gated_pass_over_a_text_gives_what_parsing_every_line_gives() -> None:
+    """``diagnose`` parses only the lines one automaton pass names (``scan_kernel_text``); the daemon parses every
+    line: on every kernel fixture the two give the same events, and the pass leaves most look-alike lines out."""
+    from dgxdoctor.sources.kernel_events import _gate_patterns, _gated_lines, scan_kernel_text
+
+    assert len(_gate_patterns()) >= 35  # every parser's pattern but the two that alone name nothing
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(KERNEL_LOG.rglob("*")) if p.is_file()]
+    texts.append("".join(line + "\n" for _, _, line in _real_lines()))
+    texts.append("NVRM: GPU 0000:98:00.0: RmInitAdapter failed! (0x62:0x65:1792) ünïcode\r\nx\x0cy\n")
+    for text in texts:
+        assert list(scan_kernel_text(text)) == list(scan_kernel_lines(text.splitlines()))
+    lookalikes = (KERNEL_LOG / "lookalikes.txt").read_text().splitlines()
+    gated = _gated_lines(lookalikes)
+    assert gated is not None and len(gated) < len(lookalikes) / 2

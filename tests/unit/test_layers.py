@@ -19,6 +19,7 @@ LAYERS = {
     "codes": 0,  # the finding codes other layers key on (one name per contract)
     "records": 0,  # asdict for the msgspec Struct records every layer defines
     "lazy_re": 0,  # a pattern compiled at its first use (module-level patterns of sources, judge, checks)
+    "relaxed_re": 0,  # a regex's RE2 form that matches wherever it does (the automaton passes of judge, sources)
     "eventlog": 0,  # structured event lines (JSON for the daemon), from every layer
     "compat": 0,  # Python 3.10 stand-ins for 3.11's tomllib and asyncio.timeout, one module each
     "validation": 0,  # untrusted data into msgspec Structs: config tables, a peer's documents, request bodies

@@ -117,3 +117,25 @@ def test_a_line_sharing_a_word_with_many_signatures_runs_none_of_their_regexes(
     assert calls == []
     assert [s.code for s in catalog.find("Health check failed for node beta42")] == ["NODE_42"]
     assert len(calls) <= 2  # NODE_4 and NODE_42: the relaxed form has no \b
+
+
+def test_may_search_never_says_no_where_the_pattern_finds_a_line() -> None:
+    """``diagnose``'s log readers skip Python's search where RE2's pass of the relaxed form finds nothing: on every
+    fixture text, never where Python's search would have found a line."""
+    from pathlib import Path
+
+    from dgxdoctor.diagnose.logs import NCCL_LINE, PG_NCCL_LINE, RAY_MARKER, RAY_PY_LINE, VLLM_LINE
+    from dgxdoctor.relaxed_re import may_search
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in sorted(fixtures.rglob("*.txt"))]
+    texts += [p.read_text(encoding="utf-8", errors="replace") for p in sorted(fixtures.rglob("*.log"))]
+    found = 0
+    for pattern in (VLLM_LINE, RAY_PY_LINE, RAY_MARKER, NCCL_LINE, PG_NCCL_LINE):
+        for text in texts:
+            if pattern.search(text) is not None:
+                found += 1
+                assert may_search(pattern, text), (pattern.pattern, text[:200])
+    assert found > 50
+    kernel = (fixtures / "kernel_log" / "faults_lookalikes.txt").read_text()
+    assert not may_search(VLLM_LINE, kernel) and not may_search(RAY_PY_LINE, kernel)

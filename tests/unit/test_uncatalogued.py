@@ -110,3 +110,39 @@ def test_a_known_failure_and_its_traceback_are_the_catalogs() -> None:
     )
     found = [f for d in diagnose(text) for f in d.findings]
     assert found and all(f.code != "UNCATALOGUED_ERROR" for f in found)
+
+
+CORPUS = FIXTURES.parent / "corpus" / "healthy"
+KERNEL_LOG = FIXTURES.parent / "kernel_log"
+# The healthy kernel logs: look-alikes of faults and a healthy boot's /dev/kmsg records (benchmarks/real_logs.py's
+# kernel kind is read from these three).
+HEALTHY_KERNEL = ("lookalikes.txt", "faults_lookalikes.txt", "kmsg_records_h200_580.txt")
+HEALTHY = [*sorted(CORPUS.glob("*.txt")), *(KERNEL_LOG / name for name in HEALTHY_KERNEL)]
+
+
+@pytest.mark.parametrize("path", HEALTHY, ids=lambda p: p.stem)
+def test_the_healthy_corpus_gives_no_uncatalogued_error_and_no_warning(path: Path) -> None:
+    found = [f for d in diagnose(path.read_text()) for f in d.findings]
+    assert [f for f in found if f.code == "UNCATALOGUED_ERROR" or f.status in (Status.WARNING, Status.CRITICAL)] == []
+
+
+def test_a_benign_kernel_line_is_named_with_its_reason_and_a_failure_beside_it_still_surfaces() -> None:
+    from dgxdoctor.judge.benign import KNOWN_BENIGN, known_benign
+    from dgxdoctor.judge.uncatalogued import uncatalogued
+
+    banner = (
+        "3,355,437110,-;NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (nixbld@)"
+    )
+    old = "<3>[    3.45] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023"
+    for line in (banner, old):
+        entry = known_benign(line)
+        assert entry is not None and entry.reason and entry.seen
+    assert all(entry.reason and entry.seen for entry in KNOWN_BENIGN)
+    # The daemon's logs check and diagnose share the pass: the banner is silent there too.
+    assert uncatalogued([banner, old], set()) == []
+    failure = "3,356,437111,-;nvme nvme0: controller is down; will reset: CSTS=0xffffffff, PCI_STATUS=0xffff"
+    found = uncatalogued([banner, failure], set())
+    assert [u.line for u in found] == [failure]
+    (one,) = _unknown(banner + "\n" + failure + "\n")
+    assert one.status is Status.WARNING and "nvme0" in one.message
+    assert known_benign("3,357,437112,-;NVRM: loading failed: RmInitAdapter") is None

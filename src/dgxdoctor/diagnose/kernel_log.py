@@ -11,8 +11,7 @@ from dgxdoctor.judge.kernel_families import assess_message
 from dgxdoctor.judge.xid import DEFAULT_APP_LEVEL_XIDS, assess_sxid, assess_xid, escalate
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.device_map import DeviceMap
-from dgxdoctor.sources.kernel_events import RECOVERY_KINDS, KernelEvent, may_hold_events, scan_kernel_lines
-from dgxdoctor.sources.kernel_templates import lines_to_look_at
+from dgxdoctor.sources.kernel_events import RECOVERY_KINDS, KernelEvent, scan_kernel_text
 from dgxdoctor.sources.xid import SxidEvent, XidEvent, load_catalog, scan_text
 
 # Repeats in a pasted log have no reliable clock; the same XID on the same GPU this often escalates.
@@ -25,10 +24,8 @@ class KernelLogAnalyzer:
     def detect(self, text: str) -> bool:
         if "NVRM: Xid" in text or "SXid (" in text or ("NVRM:" in text and "fallen off the bus" in text):
             return True
-        # Only the lines a parser's hint or a format of the kernel's table names are read (most text: none).
-        candidates = lines_to_look_at(text)
-        lines = text.splitlines() if may_hold_events(text) else candidates
-        return any(_names_a_fault(event) for event in scan_kernel_lines(lines, set(candidates)))
+        # Only the lines a parser's pattern or a format of the kernel's table may name are parsed (most: none).
+        return any(_names_a_fault(event) for event in scan_kernel_text(text))
 
     def analyze(self, text: str) -> Diagnosis:
         catalog = load_catalog()
@@ -106,7 +103,7 @@ def _kernel_findings(text: str) -> tuple[list[Finding], list[dict[str, Any]]]:
     devices = DeviceMap()  # a paste comes from another machine: devices are named as the lines name them
     tallies: dict[tuple[str, str], KernelTally] = {}
     events: list[dict[str, Any]] = []
-    for event in scan_kernel_lines(text.splitlines(), set(lines_to_look_at(text))):
+    for event in scan_kernel_text(text):
         device = devices.resolve(event.pci, event.netdev, event.other)
         label = device.label if device else ""
         if event.kind in RECOVERY_KINDS:

@@ -19,6 +19,7 @@ from dgxdoctor.judge.frames import frame_findings
 from dgxdoctor.judge.scan import Scanner, scan_text
 from dgxdoctor.judge.signatures import Catalog, Match, Signature, load_catalog
 from dgxdoctor.judge.uncatalogued import shows_plain_failure, uncatalogued_findings
+from dgxdoctor.relaxed_re import may_search
 from dgxdoctor.result import Finding
 from dgxdoctor.sources.kernel_events import parse_kernel_event
 
@@ -42,6 +43,15 @@ RAY_MARKER = re.compile(r"\((?:raylet|autoscaler|gcs_server)[^)]*\)|ray\.excepti
 # NCCL version 2.4.7+cuda9.2                                              (NVIDIA/nccl#226)
 # (RayWorkerWrapper pid=581, ip=10.225.128.18) k8s17:581:581 [0] NCCL INFO P2P Chunksize set to 131072   (ray#59778)
 NCCL_LINE = re.compile(r"^(?:\([^()\n]{1,200}\) ?){0,3}\S+:\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)\b|^NCCL version \d", re.M)
+# PyTorch's ProcessGroupNCCL, as c10/glog print its records (the banner of options and environments it logs at start):
+# [I ProcessGroupNCCL.cpp:850] [Rank 0] NCCL watchdog thread started!                          (PyTorch 2.0)
+# [rank0]:[I1205 08:00:01.123456 ProcessGroupNCCL.cpp:905] [PG ID 1 PG GUID 1 Rank 0] ProcessGroupNCCL initialization
+# I1205 08:00:01.123456 4030959 ProcessGroupNCCL.cpp:1669] [PG ID 0 PG GUID 0 Rank 0] HeartbeatMonitor environments: ...
+PG_NCCL_LINE = re.compile(
+    r"^(?:\([^()\n]{1,200}\) ?){0,3}(?:\[rank\d{1,6}\]:)?\[?[IWEF](?:\d{4} \d\d:\d\d:\d\d\.\d{1,9}(?: \d{1,10})?)? "
+    r"ProcessGroupNCCL\.cpp:\d{1,6}\]",
+    re.M,
+)
 
 
 # Lines kept per code for the rules that read them all (judge.cause); a huge log keeps the first ones.
@@ -128,23 +138,26 @@ class VllmLogAnalyzer(_LogAnalyzer):
     kind: ClassVar[str] = "vllm-log"
 
     def detect(self, text: str) -> bool:
-        return VLLM_LINE.search(text) is not None
+        return may_search(VLLM_LINE, text) and VLLM_LINE.search(text) is not None
 
 
 class RayLogAnalyzer(_LogAnalyzer):
     kind: ClassVar[str] = "ray-log"
 
     def detect(self, text: str) -> bool:
-        return RAY_PY_LINE.search(text) is not None or RAY_MARKER.search(text) is not None
+        return any(may_search(p, text) and p.search(text) is not None for p in (RAY_PY_LINE, RAY_MARKER))
 
 
 class NcclLogAnalyzer(_LogAnalyzer):
-    """NCCL's own log (NCCL_DEBUG=INFO lines) outside a vLLM or Ray log: a healthy one is recognised, not unknown."""
+    """NCCL's own log (NCCL_DEBUG=INFO lines), or PyTorch's ProcessGroupNCCL records (its banner of options at
+    start), outside a vLLM or Ray log: a healthy one is recognised and "ok", not unknown input."""
 
     kind: ClassVar[str] = "nccl-log"
 
     def detect(self, text: str) -> bool:
-        return NCCL_LINE.search(text) is not None
+        if may_search(NCCL_LINE, text) and NCCL_LINE.search(text) is not None:
+            return True
+        return "ProcessGroupNCCL.cpp:" in text and PG_NCCL_LINE.search(text) is not None
 
 
 class TextAnalyzer(_LogAnalyzer):

@@ -19,88 +19,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-# Python's \s on ASCII text: RE2's \s lacks \v and the separators \x1c-\x1f, which str.isspace() counts.
-_SPACE = r"\t\n\v\f\r \x1c-\x1f"
-_LOOKAROUNDS = ("(?=", "(?!", "(?<=", "(?<!")
+from dgxdoctor.relaxed_re import relaxed
 
-
-def _class_end(body: str, i: int) -> int:
-    """The index after the character class that opens at ``body[i]`` (``[``)."""
-    j = i + 1
-    if body.startswith("^", j):
-        j += 1
-    if body.startswith("]", j):  # a leading "]" is literal
-        j += 1
-    while j < len(body):
-        if body[j] == "\\":
-            j += 2
-            continue
-        if body[j] == "]":
-            return j + 1
-        j += 1
-    return len(body)
-
-
-def _group_end(body: str, i: int) -> int:
-    """The index after the group that opens at ``body[i]`` (``(``)."""
-    depth, j = 0, i
-    while j < len(body):
-        ch = body[j]
-        if ch == "\\":
-            j += 2
-            continue
-        if ch == "[":
-            j = _class_end(body, j)
-            continue
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        j += 1
-        if depth == 0:
-            return j
-    return len(body)
-
-
-def _class(text: str) -> str:
-    """A character class with ``\\s`` spelt out (see ``_SPACE``)."""
-    out, j = [], 0
-    while j < len(text):
-        if text[j] == "\\":
-            out.append(_SPACE if text[j + 1 : j + 2] == "s" else text[j : j + 2])
-            j += 2
-            continue
-        out.append(text[j])
-        j += 1
-    return "".join(out)
-
-
-def relaxed(source: str) -> str | None:
-    """An RE2 pattern that matches wherever the Python pattern ``source`` matches in ASCII text; None when the
-    pattern holds what the two engines may read differently (``{,n}``: RE2 reads it as text)."""
-    flag, body = ("(?i)", source[4:]) if source.startswith("(?i)") else ("", source)
-    if "{," in body:
-        return None
-    out, i = [], 0
-    while i < len(body):
-        ch = body[i]
-        if ch == "\\":
-            nxt = body[i + 1 : i + 2]
-            if nxt == "s":
-                out.append(f"[{_SPACE}]")
-            elif nxt not in ("b", "B", "A", "Z"):
-                out.append(body[i : i + 2])
-            i += 2
-        elif ch == "[":
-            end = _class_end(body, i)
-            out.append(_class(body[i:end]))
-            i = end
-        elif body.startswith(_LOOKAROUNDS, i):
-            i = _group_end(body, i)
-        elif ch in "^$":
-            i += 1
-        else:
-            out.append(ch)
-            i += 1
-    text = "".join(out)
-    return f"(?i:{text})" if flag else f"(?:{text})"
+__all__ = ["LineSet", "relaxed"]
 
 
 class LineSet:

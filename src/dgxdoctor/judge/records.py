@@ -109,12 +109,18 @@ CLIENT_SOURCE = re.compile(
 QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
 
 
+# Whether any prefix may open a line (the same patterns, tried in one regex; all have the same flags).
+_ANY_PREFIX = re.compile("|".join(f"(?:{p.pattern})" for p in PREFIXES))
+
+
 def clean(line: str) -> str:
     """The record as its process printed it: the line without pasting artefacts (see the module docstring)."""
     text = line.replace("\r", "")
     if may_hold_colour(text):
         text = ANSI.sub("", text)
     text = text.lstrip()
+    if _ANY_PREFIX.match(text) is None:  # most lines: one match of the alternation instead of one a prefix
+        return text
     for _ in range(MAX_PREFIXES):
         for prefix in PREFIXES:
             m = prefix.match(text)

@@ -21,5 +21,7 @@ LOOK_BACK = 60
 
 
 def intended_stop_before(lines: Sequence[str], index: int) -> bool:
-    """True when a requested shutdown began in the ``LOOK_BACK`` lines before ``lines[index]``."""
-    return any(SHUTDOWN_STARTED.search(line) for line in lines[max(0, index - LOOK_BACK) : index])
+    """True when a requested shutdown began in the ``LOOK_BACK`` lines before ``lines[index]``: one search of the
+    lines joined (the pattern is literal text, which never spans a line break), not one a line."""
+    text = "\n".join(lines[max(0, index - LOOK_BACK) : index])
+    return "[shutdown] " in text and SHUTDOWN_STARTED.search(text) is not None

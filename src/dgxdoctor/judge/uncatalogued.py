@@ -9,7 +9,8 @@ finding ``UNCATALOGUED_ERROR`` quoting its first line and counting its lines: ne
 carry ERROR lines all day (client errors, aborted requests), but never "ok" either.
 
 What is not a failure stays silent: an INFO or WARNING record (``finished_reason="error"`` in a metric name), a
-``--help`` text, a ``raise ValueError(...)`` line of a traceback's source.
+``--help`` text, a ``raise ValueError(...)`` line of a traceback's source, and the lines judge/benign.py names (a
+healthy boot's kernel records at err priority, each with its reason).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from functools import cache
 from typing import NamedTuple, Protocol, cast
 
+from dgxdoctor.judge.benign import known_benign
 from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.result import Finding, Status
 
@@ -175,6 +177,8 @@ def uncatalogued(
             continue
         seen_line = number
         if PLAIN_FAILURE_RE.search(lines[number]) is None:  # cuBLAS's success: the one thing RE2 cannot tell
+            continue
+        if known_benign(lines[number]) is not None:  # a healthy boot's line at err priority (judge.benign)
             continue
         block = blocks.get(number)
         if block is None:

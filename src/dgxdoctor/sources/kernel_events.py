@@ -16,14 +16,16 @@ Pure: no verdicts (judge/kernel.py).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import Literal
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from functools import cache
+from typing import Literal, Protocol, cast
 
 from msgspec import Struct
 from msgspec.structs import replace
 
-from dgxdoctor.lazy_re import lazy_compile
-from dgxdoctor.sources.kernel_templates import match_template
+from dgxdoctor.lazy_re import LazyPattern, lazy_compile
+from dgxdoctor.relaxed_re import relaxed
+from dgxdoctor.sources.kernel_templates import anchor_texts, match_template
 
 Kind = Literal[
     "mlx5_cmd_timeout",
@@ -554,12 +556,6 @@ def _templated(line: str) -> KernelEvent | None:
                        part="detail", family=t.family, template=t.template)  # fmt: skip
 
 
-def may_hold_events(text: str) -> bool:
-    """False when no line of ``text`` can hold a fault or recovery: none of the routes' substrings occurs (a test
-    over the whole text instead of one per line, for the head of a big log that ``diagnose`` reads)."""
-    return any(hint in text for hint, _ in _ROUTES)
-
-
 # ---- one report, one event ----
 
 # Kinds whose lines join: a report's head and the lines after it are one fault of one family.
@@ -649,6 +645,10 @@ class KernelJoiner:
         event = parse_kernel_event(line, templates)
         return self.add(event) if event is not None else []
 
+    def skip(self) -> None:
+        """A line the caller knows names no event (``scan_kernel_text``): counted, not parsed."""
+        self._lines += 1
+
     def add(self, event: KernelEvent) -> list[KernelEvent]:
         out: list[KernelEvent] = []
         held, self._held = self._held, None
@@ -688,6 +688,94 @@ class KernelJoiner:
         self._last = event
         self._recent[_family(event)] = (event, self._lines)
         return event
+
+
+# What alone names no event: the mlx5 prefix (each mlx5 event needs a pattern of what follows it) and the OOM kill's
+# owner (read only after the kill's own pattern). Every other pattern above is a parser's, in the gate below.
+_NOT_IN_GATE = frozenset({"MLX5_PREFIX_RE", "OOM_UID_RE"})
+
+
+def _gate_patterns() -> list[LazyPattern]:
+    """The parsers' patterns: a line that none of them matches is no event of a parser (every parser returns an
+    event only after one of these matched in the line)."""
+    return [v for k, v in globals().items() if isinstance(v, LazyPattern) and k not in _NOT_IN_GATE]
+
+
+class _Searcher(Protocol):
+    def search(self, text: bytes, pos: int = ...) -> re.Match[bytes] | None: ...
+
+
+@cache
+def _gate() -> _Searcher | None:
+    """One RE2 automaton over Latin-1 bytes of every parser's pattern (``relaxed_re.relaxed``: it matches wherever
+    the pattern matches in ASCII text; its groups unnamed, its counted repetitions unbounded), every anchor of the
+    kernel's table (``match_template`` names no line without one) and any byte outside ASCII (where Python's
+    ``\\w``, ``\\d`` and case folding are Unicode's, the line is parsed). None without RE2: every line is parsed."""
+    try:
+        import re2  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    except ImportError:
+        return None
+    parts = []
+    for pattern in _gate_patterns():
+        source = pattern.pattern
+        if pattern.source_flags & re.IGNORECASE and not source.startswith("(?i)"):
+            source = "(?i)" + source
+        whole = relaxed(source)
+        if whole is None:
+            return None
+        parts.append(_COUNTED.sub("*", _GROUP_NAME.sub("(?:", whole)))
+    parts += [re2.escape(literal) for literal in anchor_texts()]
+    options = re2.Options()
+    options.max_mem = 64 << 20
+    options.log_errors = False
+    options.encoding = re2.Options.Encoding.LATIN1
+    try:
+        return cast(_Searcher, re2.compile("|".join([*parts, r"[\x80-\xff]"]).encode(), options))
+    except re2.error:
+        return None
+
+
+_GROUP_NAME = re.compile(r"\(\?P<\w+>")
+# A counted repetition ``{m,n}`` as ``*`` (it matches more, never less): bounds of hundreds (``.{0,600}?``) swell
+# the automaton past RE2's DFA into its NFA, ~40 MB/s instead of hundreds.
+_COUNTED = re.compile(r"(?<!\\)\{\d+,\d*\}")
+
+
+def _gated_lines(lines: Sequence[str]) -> set[int] | None:
+    """The indexes of ``lines`` that may name an event, in one pass of ``_gate`` over the text; None without the
+    gate. A match that spans lines names its first; the search goes on at the line after it, so every line in
+    which a pattern matches is named."""
+    gate = _gate()
+    if gate is None:
+        return None
+    data = "\n".join(lines).encode("utf-8", errors="surrogatepass")
+    found: set[int] = set()
+    line, pos, counted = 0, 0, 0
+    while (m := gate.search(data, pos)) is not None:
+        line += data.count(b"\n", counted, m.start())
+        counted = m.start()
+        found.add(line)
+        nxt = data.find(b"\n", m.start())
+        if nxt == -1:
+            break
+        pos = counted = nxt + 1
+        line += 1
+    return found
+
+
+def scan_kernel_text(text: str) -> Iterator[KernelEvent]:
+    """The events of the lines of ``text`` (``str.splitlines``), as ``scan_kernel_lines`` gives them, parsing only
+    the lines one pass of ``_gate`` names (a healthy kernel log's lines hold the parsers' words, "NVRM: ",
+    "mlx5_core", and no fault: most cost nothing more)."""
+    lines = text.splitlines()
+    gated = _gated_lines(lines)
+    joiner = KernelJoiner()
+    for n, line in enumerate(lines):
+        if gated is None or n in gated:
+            yield from joiner.feed(line)
+        else:
+            joiner.skip()
+    yield from joiner.flush()
 
 
 def scan_kernel_lines(lines: Iterable[str], template_lines: Collection[str] | None = None) -> Iterator[KernelEvent]:

@@ -6,19 +6,20 @@ versions, and NVIDIA's open kernel modules (NVRM messages of a GPU that failed t
 ``match_template`` names the message a kernel line prints (its family, printk level and format), for the lines the
 hand-written parsers of sources/kernel_events.py do not take. Pure: no verdicts (judge/kernel_families.py).
 
-Per line, the words of the line look up the formats whose literal text ("anchor") holds that word as its rarest
-(most lines: none), then only their regexes run; ``lines_to_look_at`` finds, for a whole pasted text at once, the
-lines that hold any anchor (one RE2 automaton).
+Per line, one pass of an RE2 ``Set`` of every format's longest literal run ("anchor") says which formats the line
+may print (most lines: none, and then nothing more runs); of those, the formats whose rarest word is a word of the
+line run their regexes, each compiled on its first use. Without RE2 the line's words look the formats up instead.
+``lines_to_look_at`` finds, for a whole pasted text at once, the lines that hold any anchor (one RE2 automaton).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import cache
 from importlib import resources
-from typing import NamedTuple, Protocol, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 from msgspec import Struct
 
@@ -91,28 +92,90 @@ def own_words(template: str) -> set[str]:
     return set(_OWN_WORD.findall(_PRINTF.sub("\0", template.removeprefix("%s"))))
 
 
-class _Index(NamedTuple):
-    words: frozenset[str]
-    by_word: dict[str, list[tuple[str, KernelTemplate, re.Pattern[str]]]]
-    findall: Callable[[str], list[str]]
+class _Entry(NamedTuple):
+    """A format of the table as the lookup holds it: its rarest word, its anchor, its regex (compiled when a line
+    first holds its anchor and word: most of the table's are never compiled in a run)."""
+
+    order: int
+    word: str
+    literal: str
+    template: KernelTemplate
+
+
+class _Index:
+    """Each format under its rarest word (a line's words find the few formats it may print) and under its anchor
+    (the longest literal run, which the line must hold): with RE2, one ``Set`` of every anchor says in one pass
+    which formats a line may print, and a line that holds none costs nothing more."""
+
+    def __init__(self, entries: list[_Entry]) -> None:
+        self.by_word: dict[str, list[_Entry]] = {}
+        self.by_anchor: list[list[_Entry]] = []
+        anchors: dict[str, int] = {}
+        for entry in entries:
+            self.by_word.setdefault(entry.word, []).append(entry)
+            n = anchors.setdefault(entry.literal, len(anchors))
+            if n == len(self.by_anchor):
+                self.by_anchor.append([])
+            self.by_anchor[n].append(entry)
+        self.words = frozenset(self.by_word)
+        self.anchor_set = _anchor_set(list(anchors))
+        self._regexes: dict[int, re.Pattern[str]] = {}
+
+    def by_word_entries(self) -> Iterator[_Entry]:
+        for entries in self.by_word.values():
+            yield from entries
+
+    def regex(self, entry: _Entry) -> re.Pattern[str]:
+        compiled = self._regexes.get(entry.order)
+        if compiled is None:
+            compiled = self._regexes[entry.order] = re.compile(entry.template.regex)
+        return compiled
+
+    def candidates(self, line: str) -> Iterator[_Entry]:
+        """The formats whose anchor ``line`` holds and whose rarest word is a word of it."""
+        if self.anchor_set is not None:
+            ids = self.anchor_set.Match(line)
+            if not ids:
+                return
+            words = set(_WORD.compiled.findall(line))
+            for n in ids:
+                yield from (e for e in self.by_anchor[n] if e.word in words)
+            return
+        for word in self.words.intersection(_WORD.compiled.findall(line)):
+            yield from (e for e in self.by_word[word] if e.literal in line)
+
+
+def _anchor_set(anchors: list[str]) -> Any:
+    """An RE2 ``Set`` of the literal ``anchors`` (ids in their order); None without RE2."""
+    try:
+        import re2  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    except ImportError:
+        return None
+    options = re2.Options()
+    options.max_mem = 64 << 20
+    options.log_errors = False
+    found = re2.Set.SearchSet(options)
+    for literal in anchors:
+        found.Add(re2.escape(literal))
+    found.Compile()
+    return found
 
 
 @cache
 def _by_word() -> _Index:
-    """Each format under its rarest word: a line's words find the few formats it may print, and its anchor (the
-    longest literal run) must be in the line before its regex runs. A format with no word of its own is not looked
-    for (it names too little to tell)."""
+    """Each format under its rarest word; a format with no word of its own is not looked for (it names too little
+    to tell)."""
     words_of = {t: own_words(t.template) for t in templates()}
     frequency: dict[str, int] = {}
     for words in words_of.values():
         for word in words:
             frequency[word] = frequency.get(word, 0) + 1
-    index: dict[str, list[tuple[str, KernelTemplate, re.Pattern[str]]]] = {}
-    for t, words in words_of.items():
+    entries = []
+    for order, (t, words) in enumerate(words_of.items()):
         if words:
             rarest = min(sorted(words), key=lambda w: frequency[w])
-            index.setdefault(rarest, []).append((anchor(t.template), t, re.compile(t.regex)))
-    return _Index(frozenset(index), index, _WORD.compiled.findall)
+            entries.append(_Entry(order, rarest, anchor(t.template), t))
+    return _Index(entries)
 
 
 @cache
@@ -131,19 +194,32 @@ def _anchors() -> _Search:
         return re.compile(source)
 
 
+def _rank(entry: _Entry) -> tuple[int, int]:
+    return len(entry.template.template), -entry.order
+
+
 def match_template(line: str) -> TemplateMatch | None:
-    """The table's format that ``line`` prints, or None. Of several, the one with the most literal text."""
+    """The table's format that ``line`` prints, or None. Of several, the one with the most literal text (the first
+    in the table of those as long)."""
     index = _by_word()
-    best: tuple[int, KernelTemplate] | None = None
-    for word in index.words.intersection(index.findall(line)):
-        for literal, template, regex in index.by_word[word]:
-            if literal in line and (best is None or len(template.template) > best[0]) and regex.search(line):
-                best = (len(template.template), template)
+    best: _Entry | None = None
+    for entry in index.candidates(line):
+        if best is not None and _rank(entry) <= _rank(best):
+            continue
+        if index.regex(entry).search(line):
+            best = entry
     if best is None:
         return None
     address = _ADDRESS.search(line)
     netdev = _NETDEV.search(line)
-    return TemplateMatch(best[1], address.group().lower() if address else None, netdev["netdev"] if netdev else None)
+    pci = address.group().lower() if address else None
+    return TemplateMatch(best.template, pci, netdev["netdev"] if netdev else None)
+
+
+def anchor_texts() -> list[str]:
+    """Every format's anchor: a line that holds none prints no format of the table (``match_template`` reads no
+    more of it)."""
+    return sorted({entry.literal for entry in _by_word().by_word_entries()})
 
 
 def lines_to_look_at(text: str) -> list[str]:
