@@ -56,10 +56,15 @@ def test_one_shot_commands_load_no_server_scheduler_or_renderers(command: tuple[
     assert loaded(modules_after(*command), *heavy) == []
 
 
-def test_check_loads_only_what_this_node_needs() -> None:
+def test_check_loads_only_what_this_node_needs(tmp_path: Path) -> None:
     """Every default check on a node without GPUs, logs or vLLM (this machine): the exporter's library, the log
-    catalog's RE2 and psutil are loaded by the check that needs them, and none needs them here."""
-    modules = modules_after("check")
+    catalog's RE2 and psutil are loaded by the check that needs them, and none needs them here. The kernel log is a
+    private empty one: the machine's own holds what other tests wrote there, and its fault lines rightly load RE2."""
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    config = tmp_path / "dgxdoctor.toml"
+    config.write_text(f'[paths]\nkmsg_path = "{kmsg}"\nstate_dir = "{tmp_path / "state"}"\n')
+    modules = modules_after("check", "--config", str(config))
     assert "dgxdoctor.checks.logs" in modules and "dgxdoctor.checks.host" in modules
     assert loaded(modules, "prometheus_client", "re2", "psutil", "structlog", "aiohttp") == []
 
