@@ -135,7 +135,7 @@ async def restart_vllm_fails(tmp_path: Path) -> Scrapes:
     env = Environment(node="dgx-a", http_transport=httpx.MockTransport(lambda r: httpx.Response(503)))
     settings = validate(
         RemediationSettings,
-        {"mode": "act", "role": "head", "hold_s": 0, "vllm_start_grace_s": 0, "verify_timeout_s": 1,
+        {"mode": "act", "role": "head", "hold_s": 0, "vllm_start_grace_s": 0, "verify_timeout_s": 1, "drain": False,
          "commands": {"restart_vllm": ["false"]}},
     )  # fmt: skip
     pager = make_pager(AlertsSettings(), env)

@@ -274,7 +274,8 @@ async def test_restart_vllm_is_docker_restart_of_the_container(container: str, t
     from dgxdoctor.remediation.engine import Remediator, Targets
     from dgxdoctor.result import CheckResult, Finding
 
-    remediation = {"mode": "act", "role": "head", "hold_s": 0, "vllm_start_grace_s": 0, "verify_timeout_s": 5}
+    remediation = {"mode": "act", "role": "head", "hold_s": 0, "vllm_start_grace_s": 0, "verify_timeout_s": 5,
+                   "drain": False}  # fmt: skip
     config = _config(container, tmp_path, remediation=remediation, daemon={"token": "t" * 16})
     started = inspect(config.environment().run_command, Container(container))
     assert not isinstance(started, str)

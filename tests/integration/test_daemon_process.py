@@ -134,7 +134,8 @@ def test_notify_serve_reload_stop(
     notify.wait_for("STOPPING=1")
     out, _ = proc.communicate(timeout=20)
     assert proc.returncode == 0, out
-    assert '"event": "config_reload_rejected"' in out and "daemon.surprise" in out
+    # msgspec's own words for the [daemon] table: "unknown field `surprise` - at `$.daemon`"
+    assert '"event": "config_reload_rejected"' in out and "surprise" in out and "$.daemon" in out
     assert '"event": "config_reloaded"' in out and '"event": "stopped"' in out
     # One JSON object per line on stdout.
     for line in out.splitlines():
@@ -147,7 +148,7 @@ def test_bad_config_at_start_exits_78(tmp_path: Path) -> None:
     config = tmp_path / "bad.toml"
     config.write_text('[daemon]\nlisten = "nowhere"\n')
     done = run_cli("run", "--config", str(config), timeout=60)
-    assert done.returncode == 78 and "daemon.listen" in done.stderr
+    assert done.returncode == 78 and "listen: expected HOST:PORT" in done.stderr and "$.daemon" in done.stderr
 
 
 def test_bad_listen_flag_is_a_usage_error() -> None:
@@ -169,7 +170,7 @@ def test_a_stop_during_an_action_ends_it_interrupted_and_exits_cleanly(tmp_path:
     quiet = "".join(f"[checks.{f.name}]\nenabled = false\n" for f in ALL_CHECKS if f.name != "vllm")
     body = (f'node = "dgx-a"\n[paths]\nstate_dir = "{tmp_path / "state"}"\n[daemon]\nlisten = "@LISTEN@"\n'
             f'token = "{TOKEN}"\n[bundle]\ncapture_before_restart = false\n'
-            f'[remediation]\nmode = "act"\nrole = "head"\nhold_s = 0\nvllm_start_grace_s = 0\n'
+            f'[remediation]\nmode = "act"\nrole = "head"\nhold_s = 0\nvllm_start_grace_s = 0\ndrain = false\n'
             f'verify_timeout_s = 600\n[remediation.commands]\nrestart_vllm = ["touch", "{restarted}"]\n'
             f'[checks.vllm]\nenabled = false\nbase_url = "http://127.0.0.1:{free_port()}"\n{quiet}')  # fmt: skip
     proc = DaemonProc(tmp_path, body, token=TOKEN).start()

@@ -43,6 +43,7 @@ def token_file(root: Path) -> Path:
 ACTOR = (
     'alert_token_file = "{token}"\n[checks.peer_compare]\ninterval_s = 1.0\n'
     '[remediation]\nmode = "act"\nrole = "head"\nhold_s = 0\nvllm_start_grace_s = 0\nverify_timeout_s = 1\n'
+    "drain = false\n"
 )
 
 

@@ -33,6 +33,7 @@ ACTORS = ("a1", "c2")
 # loaded the machine, and the code before this gate restarts once the hold is over.
 REMEDIATION = (
     '[remediation]\nmode = "act"\nrole = "head"\nhold_s = {hold}\nvllm_start_grace_s = 0\nverify_timeout_s = 1\n'
+    "drain = false\n"
 )
 HOLD_S = {"a1": 0, "c2": 10}
 

@@ -92,7 +92,7 @@ def cluster() -> Iterator[Cluster]:
             node.install_nccl_env(VLLM_HOST_IP=node.ip)
         cluster.start_unit(head, "vllm-head-mp.service", HEAD_ADDR=head.ip)
         cluster.start_unit(worker, "vllm-worker-mp.service", HEAD_ADDR=head.ip)
-        remediation = {"mode": "act", "hold_s": 0, "vllm_start_grace_s": 0}
+        remediation = {"mode": "act", "hold_s": 0, "vllm_start_grace_s": 0, "drain": False}
         worker.configure(extra={"checks.vllm_executor": {"interval_s": 1.0}, "remediation": remediation},
                          only=("vllm_executor",), node={"executor": "mp"})  # fmt: skip
         worker.start_daemon()

@@ -59,7 +59,7 @@ class Pair:
         watching the head's API server (a stand-in, stalled)."""
         node = self.worker_node
         node.kmsg.write_text("".join(f"{line}\n" for line in kernel_lines))
-        remediation = {"mode": "act", "hold_s": 0, "vllm_start_grace_s": 0}
+        remediation = {"mode": "act", "hold_s": 0, "vllm_start_grace_s": 0, "drain": False}
         if gpu_util is None:
             tables: dict[str, dict[str, Any]] = {"checks.vllm_executor": {"interval_s": 1.0},
                                                  "checks.xid": {"interval_s": 1.0}}  # fmt: skip
@@ -78,7 +78,7 @@ class Pair:
         argv = {verb: ["systemctl", verb, "vllm-head-mp.service"] for verb in ("stop", "start")}
         extra: dict[str, dict[str, Any]] = {
             "daemon": {"peer_timeout_s": 2.0},
-            "remediation": {"mode": "act", "hold_s": 0, "vllm_start_grace_s": 0, "verify_timeout_s": 10,
+            "remediation": {"mode": "act", "hold_s": 0, "vllm_start_grace_s": 0, "verify_timeout_s": 10, "drain": False,
                             "cooldown_s": {"restart_vllm": 3600.0, "restart_cluster": 3600.0, "page": 0.0}},
             "remediation.commands": {"stop_vllm": argv["stop"], "start_vllm": argv["start"]},
             "checks.peer_compare": {"interval_s": 1.0},

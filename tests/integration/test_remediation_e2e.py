@@ -228,6 +228,7 @@ def _config(cluster: Cluster, node: Node, mode: str, overrides: dict[str, Any]) 
         "command_timeout_s": 60.0,
         "ray_ready_timeout_s": 120.0,
         "verify_timeout_s": VLLM_START_S,
+        "drain": False,  # the cold sequences these scenarios assert; the drain has its own proof
     }
     commands = {
         "restart_vllm": node.script("vllm-restart"),
