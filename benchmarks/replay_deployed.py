@@ -70,6 +70,9 @@ SETTINGS: dict[str, Any] = {
     "ray_ready_timeout_s": 30.0,
     "verify_timeout_s": 30.0,
     "command_timeout_s": 30.0,
+    # Which action is taken and when is what the replay judges; the stand-in vLLM serves no requests to drain, and
+    # the drain before a restart has its own proof (tests/integration/test_drain_haproxy.py).
+    "drain": False,
 }
 STALL_S = 3.0  # [checks.vllm] stall_s (shipped 15)
 VLLM_GRACE_S = 2.0  # [checks.vllm] startup_grace_s (shipped 900)
