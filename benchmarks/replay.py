@@ -36,7 +36,6 @@ import math
 import os
 import random
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -77,6 +76,8 @@ from dgxdoctor.validation import validate
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
 sys.path.insert(0, str(REPO / "tests"))
+import replay_figures as figures  # noqa: E402  (beside this file)
+
 from proctree import write_process  # type: ignore[import-not-found]  # noqa: E402  (the /proc tree stand-in the suite uses)
 
 DAY_S = 86_400.0
@@ -828,33 +829,15 @@ class Figures:
         return [a for a in self.actions if a["verdict"] != "true"]
 
     def per_class(self) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
-        for cls in CATALOGUE:
-            mine = [f for f in self.faults if f.cls is cls]
-            if not mine:
-                continue
-            hit = [f for f in mine if f.answered_at is not None and f.answered_at - f.start <= cls.deadline_s]
-            delays = sorted(f.answered_at - f.start for f in mine if f.answered_at is not None)
-            restarts = [a for a in self.actions if cls.name in a["faults"] and a["verdict"] != "true"]
-            out[cls.name] = {
-                "injected": len(mine), "answered": len(hit), "recall": len(hit) / len(mine),
-                "expect": cls.expect, "deadline_s": cls.deadline_s,
-                "median_s": statistics.median(delays) if delays else None, "max_s": max(delays) if delays else None,
-                "restarts": len(restarts), "missed": [f"{f.node} at +{f.start - T0:.0f} s: "
-                                                      f"{f.answer or 'nothing'}"
-                                                      + (f" after {f.answered_at - f.start:.0f} s"
-                                                         if f.answered_at else "") for f in mine if f not in hit],
-            }  # fmt: skip
-        return out
+        return figures.per_class(CATALOGUE, self.faults, self.actions, _missed)
 
     def verdicts(self) -> dict[str, bool]:
-        per = self.per_class()
-        rate = len(self.false_actions) / self.node_days * 1000
-        return {
-            "false actions <= 1 per 1,000 node-days": rate <= 1.0,
-            "recall >= 95 % per class": all(c["recall"] >= 0.95 for c in per.values()),
-            "0 restarts for faults a restart cannot cure": all(c["restarts"] == 0 for c in per.values()),
-        }
+        return figures.verdicts(self.per_class(), len(self.false_actions), self.node_days)
+
+
+def _missed(f: Fault) -> str:
+    after = f" after {f.answered_at - f.start:.0f} s" if f.answered_at else ""
+    return f"{f.node} at +{f.start - T0:.0f} s: {f.answer or 'nothing'}{after}"
 
 
 def simulate(days: dict[str, float], faults_per_class: int, seed: int, settings: dict[str, Any] | None = None,
@@ -891,21 +874,13 @@ def report(fig: Figures) -> str:
     for a in fig.false_actions:
         lines.append(f"  FALSE {a['action']} on {a['node']} at +{a['t'] - T0:.0f} s: {a['verdict']}; benign events "
                      f"within 30 min: {a['benign'] or 'none'}; load {a['load']}; seen: {a['seen']}")  # fmt: skip
-    lines.append(f"{'class':<16} {'expect':<16} {'recall':>8} {'within':>7} {'median':>7} {'max':>7} {'restarts':>8}")
-    for name, c in fig.per_class().items():
-        med = "-" if c["median_s"] is None else f"{c['median_s']:.0f} s"
-        mx = "-" if c["max_s"] is None else f"{c['max_s']:.0f} s"
-        lines.append(f"{name:<16} {c['expect']:<16} {c['answered']:>3}/{c['injected']:<4} {c['deadline_s']:>5.0f} s "
-                     f"{med:>7} {mx:>7} {c['restarts']:>8}")  # fmt: skip
-        for miss in c["missed"][:3]:
-            lines.append(f"    missed: {miss}")
+    lines += figures.class_table(fig.per_class(), digits=0)
     stray = [p for p in fig.pages if not p["faults"]]
     lines.append(f"pages sent by remediation (not an action; no target): {len(fig.pages)}, "
                  f"{len(stray)} with no fault open")  # fmt: skip
     for page in stray[:5]:
         lines.append(f"  page on {page['node']} at +{page['t'] - T0:.0f} s: {page['problem']}: {page['reason']}")
-    for target, ok in fig.verdicts().items():
-        lines.append(f"{'PASS' if ok else 'FAIL'}  {target}")
+    lines += figures.verdict_lines(fig.verdicts())
     return "\n".join(lines)
 
 

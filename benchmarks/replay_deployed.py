@@ -38,7 +38,6 @@ import os
 import random
 import shutil
 import signal
-import statistics
 import sys
 import threading
 import time
@@ -51,6 +50,8 @@ REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
 FIXTURES = TESTS / "fixtures"
 sys.path.insert(0, str(TESTS))
+import replay_figures as figures  # noqa: E402  (beside this file)
+
 from harness import Cluster, Node, wait_for  # type: ignore[import-not-found]  # noqa: E402
 from harness.namespaces import Spawned  # type: ignore[import-not-found]  # noqa: E402
 from sysfstree import build_sysfs_tree  # type: ignore[import-not-found]  # noqa: E402
@@ -625,34 +626,18 @@ class Figures:
         return [a for a in self.record.actions if a["verdict"] != "true"]
 
     def per_class(self) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
-        for cls in CATALOGUE:
-            mine = [f for f in self.record.faults if f.cls is cls]
-            if not mine:
-                continue
-            hit = [f for f in mine if f.answered_at is not None and f.answered_at - f.start <= cls.deadline_s]
-            delays = sorted(f.answered_at - f.start for f in mine if f.answered_at is not None)
-            restarts = [a for a in self.record.actions if cls.name in a["faults"] and a["verdict"] != "true"]
-            out[cls.name] = {
-                "injected": len(mine), "answered": len(hit), "recall": len(hit) / len(mine), "expect": cls.expect,
-                "deadline_s": cls.deadline_s, "median_s": statistics.median(delays) if delays else None,
-                "max_s": max(delays) if delays else None, "restarts": len(restarts),
-                "missed": [f"{f.node}: {f.answer or 'nothing'}" + (f" after {f.answered_at - f.start:.1f} s"
-                           if f.answered_at else "") for f in mine if f not in hit],
-            }  # fmt: skip
-        return out
+        return figures.per_class(CATALOGUE, self.record.faults, self.record.actions, _missed)
 
     def stray_pages(self) -> list[dict[str, Any]]:
         return [p for p in self.record.pages if not p["faults"]]
 
     def verdicts(self) -> dict[str, bool]:
-        per = self.per_class()
-        return {
-            "false actions <= 1 per 1,000 node-days": not self.false_actions
-            or len(self.false_actions) / self.node_days * 1000 <= 1.0,
-            "recall >= 95 % per class": all(c["recall"] >= 0.95 for c in per.values()),
-            "0 restarts for faults a restart cannot cure": all(c["restarts"] == 0 for c in per.values()),
-        }
+        return figures.verdicts(self.per_class(), len(self.false_actions), self.node_days)
+
+
+def _missed(f: Fault) -> str:
+    after = f" after {f.answered_at - f.start:.1f} s" if f.answered_at else ""
+    return f"{f.node}: {f.answer or 'nothing'}{after}"
 
 
 def replay(
@@ -687,21 +672,13 @@ def report(fig: Figures) -> str:
     for a in fig.false_actions:
         lines.append(f"  FALSE {a['action']} on {a['node']} ({a['problem']}): {a['verdict']}; benign within 60 s: "
                      f"{a['benign'] or 'none'}")  # fmt: skip
-    lines.append(f"{'class':<16} {'expect':<16} {'recall':>8} {'within':>7} {'median':>8} {'max':>8} {'restarts':>8}")
-    for name, c in fig.per_class().items():
-        med = "-" if c["median_s"] is None else f"{c['median_s']:.1f} s"
-        mx = "-" if c["max_s"] is None else f"{c['max_s']:.1f} s"
-        lines.append(f"{name:<16} {c['expect']:<16} {c['answered']:>3}/{c['injected']:<4} {c['deadline_s']:>5.0f} s "
-                     f"{med:>8} {mx:>8} {c['restarts']:>8}")  # fmt: skip
-        for miss in c["missed"][:3]:
-            lines.append(f"    missed: {miss}")
+    lines += figures.class_table(fig.per_class(), digits=1)
     stray = fig.stray_pages()
     lines.append(f"pages sent: {len(r.pages)}, {len(stray)} with no fault open; alerts delivered to a webhook and "
                  f"decided on: {', '.join(sorted(r.alerts)) or 'none'}")  # fmt: skip
     for p in stray[:5]:
         lines.append(f"  page on {p['node']}: {p['problem']}: {p['reason']}")
-    for target, ok in fig.verdicts().items():
-        lines.append(f"{'PASS' if ok else 'FAIL'}  {target}")
+    lines += figures.verdict_lines(fig.verdicts())
     return "\n".join(lines)
 
 

@@ -1,7 +1,8 @@
-"""Shared test helpers: run the real CLI in a subprocess, find fixtures."""
+"""Shared test helpers: run the real CLI in a subprocess, find fixtures, load a benchmark as a module."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -10,12 +11,14 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
+BENCHMARKS = REPO / "benchmarks"
 
 
 @dataclass
@@ -64,6 +67,20 @@ def fresh_python(code: str) -> str:
         timeout=120,
     )
     return done.stdout
+
+
+def load_benchmark(name: str, module_name: str | None = None) -> ModuleType:
+    """benchmarks/NAME.py, run afresh as the module ``module_name`` (default NAME), registered in sys.modules (its
+    dataclasses look their module up). benchmarks/ goes on the end of sys.path: run as a script, a benchmark finds
+    the modules beside it (installed.py, ...) the same way, and nothing of the suite's is shadowed."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(module_name or name, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture

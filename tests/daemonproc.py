@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,6 +127,12 @@ class DaemonProc:
             time.sleep(0.2)
         raise AssertionError(f"not {what} within {limit_s} s:\n{self.log_tail()}")
 
+    def check(self, name: str) -> dict[str, Any]:
+        """The check ``name`` of the daemon's /state; ``{"summary": ""}`` while it has not run yet."""
+        doc = self.get("/state", auth=True).json()
+        found: dict[str, Any] = next((c for c in doc["checks"] if c["name"] == name), {"summary": ""})
+        return found
+
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         text = self.get("/metrics").text
         out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
@@ -170,3 +176,19 @@ class DaemonProc:
             os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
+
+
+@contextlib.contextmanager
+def running(*procs: DaemonProc, healthy_s: float = 30.0, stop_s: float = 20.0) -> Iterator[tuple[DaemonProc, ...]]:
+    """Start every daemon first, then wait until each answers /healthz (peers find each other already up); on the
+    way out stop each one that was started, whatever happened inside."""
+    try:
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.wait_healthy(healthy_s)
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.proc is not None:
+                proc.stop(stop_s)

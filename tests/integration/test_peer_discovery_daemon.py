@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from daemonproc import DaemonProc, free_port
+from daemonproc import DaemonProc, free_port, running
 
 pytestmark = pytest.mark.integration
 
@@ -33,22 +32,8 @@ def pair(tmp_path: Path) -> Iterator[tuple[DaemonProc, DaemonProc]]:
     b_port = free_port()
     b = DaemonProc(tmp_path / "b", config("dgx-b", tmp_path / "b", "localhost", 1), port=b_port, token=TOKEN)
     a = DaemonProc(tmp_path / "a", config("dgx-a", tmp_path / "a", "localhost", b_port), token=TOKEN)
-    try:
-        for proc in (a, b):
-            proc.start()
-        for proc in (a, b):
-            proc.wait_healthy(30)
+    with running(a, b):
         yield a, b
-    finally:
-        for proc in (a, b):
-            if proc.proc is not None:
-                proc.stop(20)
-
-
-def compare(node: DaemonProc) -> dict[str, Any]:
-    doc = node.get("/state", auth=True).json()
-    found: dict[str, Any] = next((c for c in doc["checks"] if c["name"] == "peer_compare"), {"summary": ""})
-    return found
 
 
 def test_peers_from_a_dns_name_and_kept_when_it_fails(pair: tuple[DaemonProc, DaemonProc]) -> None:
@@ -61,8 +46,8 @@ def test_peers_from_a_dns_name_and_kept_when_it_fails(pair: tuple[DaemonProc, Da
     a.workdir.joinpath("config.toml").write_text(body)
     assert a.proc is not None
     a.proc.send_signal(1)  # SIGHUP: reload
-    a.wait_for(lambda: any(f["code"] == "PEER_DISCOVERY_STALE" for f in compare(a)["findings"]), 30, "stale")
-    seen = compare(a)
+    a.wait_for(lambda: "PEER_DISCOVERY_STALE" in {f["code"] for f in a.check("peer_compare")["findings"]}, 30, "stale")
+    seen = a.check("peer_compare")
     assert a.metric("dgxdoctor_peer_up", peer=label) == 1.0, seen  # dgx-b kept, still compared
     stale = [f for f in seen["findings"] if f["code"] == "PEER_DISCOVERY_STALE"]
     assert stale[0]["subject"] == "dns" and "last known" in stale[0]["message"]

@@ -12,33 +12,19 @@ cores (the guard's times scaled down: replay_deployed.SETTINGS).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
+from conftest import load_benchmark
 from harness import skip_unless_runnable
 from journalwriter import journal_remote
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
-
-
-def replay_deployed() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("replay_deployed", REPO / "benchmarks" / "replay_deployed.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["replay_deployed"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_deployed_agents_answer_every_fault_and_restart_nothing_healthy() -> None:
     skip_unless_runnable(with_monitoring=True)
     journal_remote()  # skips naming the package when it is missing
-    r = replay_deployed()
+    r = load_benchmark("replay_deployed")
     fig = r.replay(1, seed=39, say=print, extra_benign=False)
     report = r.report(fig)
     print(report)

@@ -12,12 +12,11 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from conftest import REPO
-from daemonproc import DaemonProc, free_port
+from daemonproc import DaemonProc, free_port, running
 from dgxdoctor import __version__
 from dgxdoctor.checks.registry import ALL_CHECKS
 from dgxdoctor.documents import SCHEMA
@@ -71,34 +70,21 @@ def nodes(tmp_path: Path) -> Iterator[tuple[DaemonProc, DaemonProc]]:
         program=("-I", "-m", "dgxdoctor", "run", "--config"),
         env={"PYTHONPATH": ""},
     )  # fmt: skip  (-I: the release's own package, never this tree's src)
-    try:
-        for proc in (new, old):
-            proc.start()
-        for proc in (new, old):
-            proc.wait_healthy(30)
+    with running(new, old):
         yield new, old
-    finally:
-        for proc in (new, old):
-            if proc.proc is not None:
-                proc.stop(20)
-
-
-def peer_compare(node: DaemonProc) -> dict[str, Any]:
-    doc = node.get("/state", auth=True).json()
-    found: dict[str, Any] = next((c for c in doc["checks"] if c["name"] == "peer_compare"), {"summary": ""})
-    return found
 
 
 def test_the_previous_release_and_this_one_compare_each_other(nodes: tuple[DaemonProc, DaemonProc]) -> None:
     new, old = nodes
+    answered = "1/1 peer(s) answered"
     for node in (new, old):
-        node.wait_for(lambda n=node: peer_compare(n)["summary"].startswith("1/1 peer(s) answered"), 30, "peer answer")
+        node.wait_for(lambda n=node: n.check("peer_compare")["summary"].startswith(answered), 30, "peer answer")
     assert old.get("/healthz").json()["version"] == "0.1.0"  # the release itself, not this tree
     state = new.get("/state", auth=True).json()
     assert (state["schema"], state["agent_version"]) == (SCHEMA, __version__)
     assert "schema" not in old.get("/state", auth=True).json()
 
-    seen = peer_compare(new)
+    seen = new.check("peer_compare")
     skew = [f for f in seen["findings"] if f["code"] == "PEER_VERSION_SKEW"]
     assert [(f["status"], f["subject"]) for f in skew] == [("warning", None)], seen
     assert skew[0]["message"] == (
@@ -106,7 +92,7 @@ def test_the_previous_release_and_this_one_compare_each_other(nodes: tuple[Daemo
         "dgx-b runs dgxdoctor of an earlier release (results schema 1, which sends no version)"
     )
     for node in (new, old):
-        compare = peer_compare(node)
+        compare = node.check("peer_compare")
         assert compare["status"] in ("ok", "warning"), compare
         assert [f["code"] for f in compare["findings"] if f["status"] in ("critical", "unknown")] == [], compare
         assert "PEER_UNREACHABLE" not in {f["code"] for f in compare["findings"]}, compare

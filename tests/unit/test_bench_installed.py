@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, load_benchmark
 
-SPEC = importlib.util.spec_from_file_location("bench_installed", REPO / "benchmarks" / "installed.py")
-assert SPEC is not None and SPEC.loader is not None
-installed = importlib.util.module_from_spec(SPEC)
-sys.modules["bench_installed"] = installed  # dataclasses look their module up
-SPEC.loader.exec_module(installed)
+installed = load_benchmark("installed", "bench_installed")
 
 
 def test_the_installed_product_runs_its_console_script_without_pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,21 +6,13 @@ is no tautology: with ``hold_s = 0`` the benign slow ``/health`` becomes a false
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
-REPO = Path(__file__).resolve().parents[2]
+from conftest import load_benchmark
 
 
 def replay() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("replay", REPO / "benchmarks" / "replay.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["replay"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("replay")
 
 
 def test_every_fault_class_is_answered_in_time_and_nothing_healthy_is_restarted() -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.core import Metric
 
+from dgxdoctor.exporters.snapshot import SnapshotCollector, family, one_hot, single
 from dgxdoctor.judge.readiness import STATES
 from dgxdoctor.result import MetricSpec
 
@@ -42,31 +41,11 @@ LAST_RECOVER = MetricSpec(
 READINESS_METRICS = (READY, STATE, CHANGES, RECOVERIES, RECOVER_SECONDS, LAST_RECOVER)
 
 
-class ReadinessCollector(Collector):
-    def __init__(self, node: Callable[[], str], snapshot: Callable[[], dict[str, Any]]) -> None:
-        self.node = node
-        self.snapshot = snapshot
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        node = self.node()
-        snap = self.snapshot()
-        ready = GaugeMetricFamily(READY.name, READY.help, labels=["node"])
-        ready.add_metric([node], 1.0 if snap["state"] == "ready" else 0.0)
-        yield ready
-        state = GaugeMetricFamily(STATE.name, STATE.help, labels=["node", "state"])
-        changes = CounterMetricFamily(CHANGES.name, CHANGES.help, labels=["node", "state"])
-        for name in STATES:
-            state.add_metric([node, name], 1.0 if snap["state"] == name else 0.0)
-            changes.add_metric([node, name], float(snap["changes"].get(name, 0)))
-        yield state
-        yield changes
-        for spec, value in ((RECOVERIES, snap["recoveries"]), (RECOVER_SECONDS, snap["recover_s_total"])):
-            family = CounterMetricFamily(spec.name, spec.help, labels=["node"])
-            family.add_metric([node], float(value))
-            yield family
-        last = GaugeMetricFamily(LAST_RECOVER.name, LAST_RECOVER.help, labels=["node"])
-        last.add_metric([node], math.nan if snap["last_recover_s"] is None else float(snap["last_recover_s"]))
-        yield last
+class ReadinessCollector(SnapshotCollector):
+    def families(self, node: str, snap: dict[str, Any]) -> Iterator[Metric]:
+        yield single(READY, node, 1.0 if snap["state"] == "ready" else 0.0)
+        yield one_hot(STATE, node, STATES, snap["state"])
+        yield family(CHANGES, node, (((name,), snap["changes"].get(name, 0)) for name in STATES))
+        yield single(RECOVERIES, node, snap["recoveries"])
+        yield single(RECOVER_SECONDS, node, snap["recover_s_total"])
+        yield single(LAST_RECOVER, node, snap["last_recover_s"])

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.core import Metric
 
+from dgxdoctor.exporters.snapshot import SnapshotCollector, family, one_hot, single
 from dgxdoctor.result import MetricSpec
 
 ACTIONS_TOTAL = MetricSpec(
@@ -77,43 +76,14 @@ MODES = ("observe", "act", "disabled")
 COUNTERS = ((STATE_INVALID, "state_invalid"), (ALERTS_DROPPED, "alerts_dropped"), (FLEET_REFUSED, "fleet_refused"))
 
 
-class RemediationCollector(Collector):
-    def __init__(self, node: Callable[[], str], snapshot: Callable[[], dict[str, Any]]) -> None:
-        self.node = node
-        self.snapshot = snapshot
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        node = self.node()
-        snap = self.snapshot()
-        actions = CounterMetricFamily(ACTIONS_TOTAL.name, ACTIONS_TOTAL.help, labels=["node", "action", "outcome"])
-        for (action, outcome), count in sorted(snap["actions"].items()):
-            actions.add_metric([node, action, outcome], float(count))
-        yield actions
-        breaker = GaugeMetricFamily(BREAKER_OPEN.name, BREAKER_OPEN.help, labels=["node"])
-        breaker.add_metric([node], 1.0 if snap["breaker_open"] else 0.0)
-        yield breaker
-        mode = GaugeMetricFamily(MODE.name, MODE.help, labels=["node", "mode"])
-        for name in MODES:
-            mode.add_metric([node, name], 1.0 if snap["mode"] == name else 0.0)
-        yield mode
-        fleet = GaugeMetricFamily(FLEET_BREAKER_OPEN.name, FLEET_BREAKER_OPEN.help, labels=["node"])
-        fleet.add_metric([node], 1.0 if snap.get("fleet_breaker_open") else 0.0)
-        yield fleet
+class RemediationCollector(SnapshotCollector):
+    def families(self, node: str, snap: dict[str, Any]) -> Iterator[Metric]:
+        yield family(ACTIONS_TOTAL, node, sorted(snap["actions"].items()))
+        yield single(BREAKER_OPEN, node, 1.0 if snap["breaker_open"] else 0.0)
+        yield one_hot(MODE, node, MODES, snap["mode"])
+        yield single(FLEET_BREAKER_OPEN, node, 1.0 if snap.get("fleet_breaker_open") else 0.0)
         for spec, key in COUNTERS:
-            family = CounterMetricFamily(spec.name, spec.help, labels=["node"])
-            family.add_metric([node], float(snap.get(key, 0)))
-            yield family
-        drains = CounterMetricFamily(DRAINS_TOTAL.name, DRAINS_TOTAL.help, labels=["node", "outcome"])
-        for outcome, count in sorted(snap.get("drains", {}).items()):
-            drains.add_metric([node, outcome], float(count))
-        yield drains
-        seconds = CounterMetricFamily(DRAIN_SECONDS_TOTAL.name, DRAIN_SECONDS_TOTAL.help, labels=["node"])
-        seconds.add_metric([node], float(snap.get("drain_s_total", 0.0)))
-        yield seconds
-        last = GaugeMetricFamily(DRAIN_LAST_SECONDS.name, DRAIN_LAST_SECONDS.help, labels=["node"])
-        last_s = snap.get("last_drain_s")
-        last.add_metric([node], math.nan if last_s is None else float(last_s))
-        yield last
+            yield single(spec, node, snap.get(key, 0))
+        yield family(DRAINS_TOTAL, node, (((outcome,), n) for outcome, n in sorted(snap.get("drains", {}).items())))
+        yield single(DRAIN_SECONDS_TOTAL, node, snap.get("drain_s_total", 0.0))
+        yield single(DRAIN_LAST_SECONDS, node, snap.get("last_drain_s"))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 from msgspec import Struct, field
@@ -379,36 +379,21 @@ def _compare_group(
         return Comparison(nodes=nodes)
     findings: list[Finding] = []
     imbalances: list[Imbalance] = []
-    for rule in RULES:
-        tolerance = tolerances.get(rule.key, rule.tolerance)
-        rails = sorted({rail for v in views.values() for (key, rail) in v.values if key == rule.key})
-        for rail in rails:
-            values = {
-                node: _aggregate(rule.aggregate, v.values[(rule.key, rail)])
-                for node, v in views.items()
-                if (rule.key, rail) in v.values
-            }
-            if len(values) < 2:
-                continue
-            ratio = imbalance_ratio(values.values())
-            imbalances.append(Imbalance(rule.key, rail, ratio, values, group))
-            bad = odd_ones(values, rule, tolerance)
-            if not bad:
-                continue
-            shown = ", ".join(f"{n} {_fmt(values[n], rule.unit)}" for n in bad)
-            others = ", ".join(f"{n} {_fmt(values[n], rule.unit)}" for n in values if n not in bad)
-            where = f" on rail {rail}" if rail else ""
+    for rule, tolerance, rail in _compared(views.values(), tolerances):
+        values = {
+            node: _aggregate(rule.aggregate, v.values[(rule.key, rail)])
+            for node, v in views.items()
+            if (rule.key, rail) in v.values
+        }
+        if len(values) < 2:
+            continue
+        imbalance, bad, spread = _judged(rule, rail, values, tolerance, group)
+        imbalances.append(imbalance)
+        if bad:
             odd = ",".join(bad)
-            findings.append(
-                Finding(
-                    rule.code,
-                    Status.WARNING,
-                    f"{rule.what}{where}: {shown} vs {others} "
-                    f"(imbalance {ratio:.0%} > {tolerance:.0%}); likely cause on {', '.join(bad)}: {rule.cause}",
-                    subject=f"{odd} {rail}" if rail else odd,
-                    remedy=rule.cause,
-                )
-            )
+            message = f"{spread}; likely cause on {', '.join(bad)}: {rule.cause}"
+            subject = f"{odd} {rail}" if rail else odd
+            findings.append(Finding(rule.code, Status.WARNING, message, subject=subject, remedy=rule.cause))
     # RAS, GPU and rail views joined name the rank; without RAS, the GPUs alone still name the node.
     stuck = stuck_rank_findings(snapshots, stalled=(n for n, v in views.items() if v.engine_stalled))
     findings.extend(stuck or _stopped_rank(views))
@@ -430,6 +415,31 @@ def odd_ones(values: Mapping[str, float], rule: Rule, tolerance: float) -> list[
     return _bad_side(values, rule, tolerance)
 
 
+def _compared(views: Iterable[_NodeView], tolerances: Mapping[str, float]) -> Iterator[tuple[Rule, float, str]]:
+    """Each rule with its tolerance, once per rail (``""`` for a node-wide metric) that any of ``views`` has."""
+    held = list(views)
+    for rule in RULES:
+        tolerance = tolerances.get(rule.key, rule.tolerance)
+        for rail in sorted({rail for v in held for (key, rail) in v.values if key == rule.key}):
+            yield rule, tolerance, rail
+
+
+def _judged(
+    rule: Rule, rail: str, values: Mapping[str, float], tolerance: float, group: str
+) -> tuple[Imbalance, list[str], str]:
+    """One metric (and rail) over ``values`` by member (node, or group): its imbalance, the odd members, and when
+    there are any, what the finding says of the spread (whose values against whose, and the tolerance)."""
+    imbalance = Imbalance(rule.key, rail, imbalance_ratio(values.values()), values, group)
+    bad = odd_ones(values, rule, tolerance)
+    if not bad:
+        return imbalance, bad, ""
+    shown = ", ".join(f"{m} {_fmt(values[m], rule.unit)}" for m in bad)
+    others = ", ".join(f"{m} {_fmt(values[m], rule.unit)}" for m in values if m not in bad)
+    where = f" on rail {rail}" if rail else ""
+    spread = f"{rule.what}{where}: {shown} vs {others} (imbalance {imbalance.ratio:.0%} > {tolerance:.0%})"
+    return imbalance, bad, spread
+
+
 # What likely makes one serving group do less than the others (or err more): the load balancer in front of the groups,
 # or the group itself degraded (a slow rank, a degraded link).
 GROUP_CAUSE = (
@@ -445,37 +455,21 @@ def across_groups(
     nodes' values; the odd group is named by the same rule as the odd node within a group."""
     findings: list[Finding] = []
     imbalances: list[Imbalance] = []
-    for rule in RULES:
-        tolerance = tolerances.get(rule.key, rule.tolerance)
-        rails = sorted({rail for views in members.values() for v in views for (key, rail) in v.values
-                        if key == rule.key})  # fmt: skip
-        for rail in rails:
-            values = {}
-            for group, views in members.items():
-                per_node = [_aggregate(rule.aggregate, v.values[(rule.key, rail)]) for v in views
-                            if (rule.key, rail) in v.values]  # fmt: skip
-                if per_node:
-                    values[group] = sum(per_node) / len(per_node)
-            if len(values) < 2:
-                continue
-            ratio = imbalance_ratio(values.values())
-            imbalances.append(Imbalance(rule.key, rail, ratio, values, ACROSS_GROUPS))
-            bad = odd_ones(values, rule, tolerance)
-            if not bad:
-                continue
-            shown = ", ".join(f"{g} {_fmt(values[g], rule.unit)}" for g in bad)
-            others = ", ".join(f"{g} {_fmt(values[g], rule.unit)}" for g in values if g not in bad)
-            where = f" on rail {rail}" if rail else ""
-            findings.append(
-                Finding(
-                    GROUP_IMBALANCE_CODE,
-                    Status.WARNING,
-                    f"serving groups' mean {rule.what}{where}: {shown} vs {others} (imbalance {ratio:.0%} > "
-                    f"{tolerance:.0%}); likely cause: {GROUP_CAUSE}",
-                    subject=",".join(bad),
-                    remedy=GROUP_CAUSE,
-                )
-            )
+    for rule, tolerance, rail in _compared((v for views in members.values() for v in views), tolerances):
+        values = {}
+        for group, views in members.items():
+            per_node = [_aggregate(rule.aggregate, v.values[(rule.key, rail)]) for v in views
+                        if (rule.key, rail) in v.values]  # fmt: skip
+            if per_node:
+                values[group] = sum(per_node) / len(per_node)
+        if len(values) < 2:
+            continue
+        imbalance, bad, spread = _judged(rule, rail, values, tolerance, ACROSS_GROUPS)
+        imbalances.append(imbalance)
+        if bad:
+            message = f"serving groups' mean {spread}; likely cause: {GROUP_CAUSE}"
+            subject = ",".join(bad)
+            findings.append(Finding(GROUP_IMBALANCE_CODE, Status.WARNING, message, subject=subject, remedy=GROUP_CAUSE))
     return findings, imbalances
 
 

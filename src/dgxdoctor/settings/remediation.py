@@ -7,7 +7,15 @@ from typing import Annotated, Literal
 from msgspec import Meta, field
 
 from dgxdoctor.settings.base import Frozen
-from dgxdoctor.settings.bounds import DAY_S, HOUR_S, MAX_FLEET, WEEK_S
+from dgxdoctor.settings.bounds import (
+    HOUR_S,
+    MAX_FLEET,
+    WEEK_S,
+    TimeoutUpToADay,
+    TimeoutUpToAnHour,
+    WaitUpToADay,
+    WindowUpToAWeek,
+)
 from dgxdoctor.sources.container import Container
 
 Argv = tuple[str, ...]
@@ -107,11 +115,10 @@ class RemediationSettings(Frozen, frozen=True):
         ),
     ] = None
     hold_s: Annotated[
-        float, Meta(ge=0, le=DAY_S, description="a condition must hold this long (since it appeared) before acting")
+        WaitUpToADay, Meta(description="a condition must hold this long (since it appeared) before acting")
     ] = 30.0
     vllm_start_grace_s: Annotated[
-        float,
-        Meta(ge=0, le=DAY_S, description="no action while the vLLM process is younger than this (it is still loading)"),
+        WaitUpToADay, Meta(description="no action while the vLLM process is younger than this (it is still loading)")
     ] = 900.0
     cooldown_s: Annotated[
         dict[RemediationAction, Annotated[float, Meta(ge=0, le=WEEK_S)]],
@@ -120,24 +127,17 @@ class RemediationSettings(Frozen, frozen=True):
     budget: Annotated[
         int, Meta(ge=1, le=1000, description="actions allowed per budget_window_s; one more opens the breaker")
     ] = 3
-    budget_window_s: Annotated[float, Meta(gt=0, le=WEEK_S, description="the budget's sliding window, seconds")] = (
-        3600.0
-    )
+    budget_window_s: Annotated[WindowUpToAWeek, Meta(description="the budget's sliding window, seconds")] = 3600.0
     ladder_window_s: Annotated[
-        float,
-        Meta(
-            gt=0,
-            le=WEEK_S,
-            description="a problem back within this after a restart climbs the ladder (vLLM, cluster, page)",
-        ),
+        WindowUpToAWeek,
+        Meta(description="a problem back within this after a restart climbs the ladder (vLLM, cluster, page)"),
     ] = 3600.0
-    command_timeout_s: Annotated[float, Meta(gt=0, le=HOUR_S, description="each command's timeout, seconds")] = 120.0
+    command_timeout_s: Annotated[TimeoutUpToAnHour, Meta(description="each command's timeout, seconds")] = 120.0
     ray_ready_timeout_s: Annotated[
-        float, Meta(gt=0, le=DAY_S, description="cluster restart: wait this long for all Ray nodes and GPUs")
+        TimeoutUpToADay, Meta(description="cluster restart: wait this long for all Ray nodes and GPUs")
     ] = 300.0
     verify_timeout_s: Annotated[
-        float,
-        Meta(gt=0, le=DAY_S, description="wait this long for vLLM to answer /health, list the model and complete"),
+        TimeoutUpToADay, Meta(description="wait this long for vLLM to answer /health, list the model and complete")
     ] = 1800.0
     fleet_breaker_fraction: Annotated[
         float,
@@ -186,8 +186,7 @@ class RemediationSettings(Frozen, frozen=True):
         ),
     ] = 5.0
     rejoin_timeout_s: Annotated[
-        float,
-        Meta(gt=0, le=HOUR_S, description="after a verified restart: wait this long for /ready to say ready again"),
+        TimeoutUpToAnHour, Meta(description="after a verified restart: wait this long for /ready to say ready again")
     ] = 120.0
     commands: RemediationCommands = RemediationCommands()  # no schema unless named: config.py
 
