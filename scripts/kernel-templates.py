@@ -13,13 +13,21 @@ than MIN_LITERAL letters of its own is left out (``"%s: %s\\n"`` names nothing) 
 Sources, any number of each:
   --tree  NAME@VERSION=DIR   an unpacked kernel source tree (only the FILES need be there)
   --git   NAME@TAG=GITDIR    a git directory, read at TAG with ``git show`` (no work tree needed)
+  --git   NAME@VERSION=GITDIR#COMMIT[:FOLDER]
+                             the same at a commit, for a repository without release tags whose commit holds one
+                             release's tree (at its top, or in FOLDER); VERSION names it as its Makefile (and, for
+                             a distribution's tree, its changelog) says
 
-The committed table was built from (scripts/kernel-templates.sources lists the same arguments, one a line):
+The committed table was built from (scripts/kernel-templates.sources lists the same arguments, one a line, and how
+each source was had):
   Debian's source packages of three long-term kernels, unpacked with
   ``apt-get download linux-source-5.10=5.10.223-1 linux-source-6.1=6.1.176-1 linux-source-6.12=6.12.117-1`` (from
   bullseye, bookworm and trixie) and ``dpkg-deb --fsys-tarfile X.deb | tar -xO ./usr/src/linux-source-*.tar.xz |
-  xz -dc | tar -x --strip-components=1``, and NVIDIA/open-gpu-kernel-modules at the release tags listed there (a
-  bare clone). The table records each source's name, version and commit; the sources themselves are not kept.
+  xz -dc | tar -x --strip-components=1``; the kernels GPU servers run besides, each read at the commit of a public
+  repository that imported that release's tree whole (no later commit of it read): Linux 5.4.286, 6.2.12, 6.8.0,
+  6.11.11 and 6.14.0, and Ubuntu's own 5.15.0-138.148 (jammy, 22.04) and 6.5.0-14.14+lenovo2 (mantic, a vendor's
+  rebuild); and NVIDIA/open-gpu-kernel-modules at the release tags listed there (a bare clone). The table records
+  each source's name, version and commit; the sources themselves are not kept.
 
     python3 scripts/kernel-templates.py --sources scripts/kernel-templates.sources \\
         --out src/dgxdoctor/data/kernel_templates.json
@@ -279,6 +287,7 @@ class Source:
     name: str
     version: str
     path: Path
+    rev: str | None = None  # git: the commit read (``COMMIT`` or ``COMMIT:SUBDIR``); None: the tag VERSION
 
     @classmethod
     def parse(cls, kind: str, text: str) -> Source:
@@ -286,7 +295,15 @@ class Source:
         name, at, version = spec.partition("@")
         if not (sep and at and name and version and path):
             raise SystemExit(f"--{kind} {text!r}: want NAME@VERSION=PATH")
-        return cls(kind, name, version, Path(path))
+        rev = None
+        if kind == "git" and "#" in path:
+            path, _, rev = path.rpartition("#")
+        return cls(kind, name, version, Path(path), rev or None)
+
+    def _at(self) -> tuple[str, str]:
+        """The commit-ish to read and the folder of the tree within it ("" for the top)."""
+        commit, _, subdir = (self.rev or self.version).partition(":")
+        return commit, subdir.strip("/")
 
     def files(self) -> Iterator[tuple[str, str]]:
         if self.kind == "tree":
@@ -298,17 +315,27 @@ class Source:
                         yield str(p.relative_to(self.path)), p.read_text(encoding="utf-8", errors="replace")
             return
         git = ["git", f"--git-dir={self.path}"]
-        listed = subprocess.run([*git, "ls-tree", "-r", "--name-only", self.version], capture_output=True, text=True)
+        commit, subdir = self._at()
+        top = f"{commit}:{subdir}" if subdir else commit
+        listed = subprocess.run([*git, "ls-tree", "-r", "--name-only", top], capture_output=True, text=True)
         for name in listed.stdout.splitlines():
             if any(name == w or (w.endswith("/") and name.startswith(w)) for w in FILES):
-                shown = subprocess.run([*git, "show", f"{self.version}:{name}"], capture_output=True)
+                shown = subprocess.run([*git, "show", f"{commit}:{subdir + '/' if subdir else ''}{name}"],
+                                       capture_output=True)  # fmt: skip
                 yield name, shown.stdout.decode("utf-8", errors="replace")
 
-    def commit(self) -> str | None:
+    def described(self) -> dict[str, str]:
+        """What the table records of this source: its name, version, kind, and for git the commit (and folder)."""
+        found: dict[str, str] = {"name": self.name, "version": self.version, "kind": self.kind}
         if self.kind != "git":
-            return None
-        git = ["git", f"--git-dir={self.path}", "rev-parse", f"{self.version}^{{commit}}"]
-        return subprocess.run(git, capture_output=True, text=True).stdout.strip() or None
+            return found
+        commit, subdir = self._at()
+        git = ["git", f"--git-dir={self.path}", "rev-parse", f"{commit}^{{commit}}"]
+        if sha := subprocess.run(git, capture_output=True, text=True).stdout.strip():
+            found["commit"] = sha
+        if subdir:
+            found["folder"] = subdir
+        return found
 
 
 def family_of(path: str) -> str | None:
@@ -323,8 +350,7 @@ def build(sources: list[Source]) -> dict[str, object]:
     dropped = 0
     described = []
     for source in sources:
-        described.append({"name": source.name, "version": source.version, "kind": source.kind,
-                          **({"commit": c} if (c := source.commit()) else {})})  # fmt: skip
+        described.append(source.described())
         for path, text in source.files():
             family = family_of(path)
             if family is None:

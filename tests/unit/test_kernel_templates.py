@@ -56,10 +56,18 @@ def test_the_table_says_where_it_came_from() -> None:
     assert table["generated_by"] == "scripts/kernel-templates.py" and SCRIPT.is_file()
     sources = table["sources"]
     assert isinstance(sources, list)
-    kernels = [s["version"] for s in sources if s["name"] == "linux"]
+    kernels = [s for s in sources if s["name"] in ("linux", "linux-ubuntu")]
     nvidia = [s for s in sources if s["name"] == "NVIDIA/open-gpu-kernel-modules"]
-    assert len(kernels) >= 3 and len(nvidia) >= 5
-    assert all(re.fullmatch(r"[0-9a-f]{40}", s["commit"]) for s in nvidia)  # the commit each tag was read at
+    # The series GPU servers run (Ubuntu 20.04's 5.4, 22.04's 5.15, 24.04's 6.8 and its later HWE kernels), each
+    # read as its own release, not assumed to sit between others.
+    series = {".".join(s["version"].split(".")[:2]) for s in kernels}
+    assert series >= {"5.4", "5.10", "5.15", "6.1", "6.2", "6.5", "6.8", "6.11", "6.12", "6.14"}
+    assert {s["version"] for s in kernels if s["name"] == "linux-ubuntu"} >= {"5.15.0-138.148"}
+    assert len(nvidia) >= 5
+    git = [s for s in sources if s["kind"] == "git"]  # the commit each tag or snapshot was read at
+    assert len(git) >= len(nvidia) + 5 and all(re.fullmatch(r"[0-9a-f]{40}", s["commit"]) for s in git)
+    versions = {s["version"] for s in sources}
+    assert all(set(t.versions) <= versions for t in templates())
 
 
 @pytest.mark.parametrize("template", templates(), ids=lambda t: f"{t.family}:{t.template[:50]}")
