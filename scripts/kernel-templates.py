@@ -32,22 +32,26 @@ each source was had):
     python3 scripts/kernel-templates.py --sources scripts/kernel-templates.sources \\
         --out src/dgxdoctor/data/kernel_templates.json
 
-Standard library only. tests/unit/test_kernel_templates.py loads the table, compiles every regex, checks each family
-has a verdict (judge/kernel_families.py) and matches a real line of each family from a public report.
+Standard library only; the sources' arguments, git reads and the write are scripts/template_sources.py's, shared
+with scripts/signature-templates.py. tests/unit/test_kernel_templates.py loads the table, compiles every regex,
+checks each family has a verdict (judge/kernel_families.py) and matches a real line of each family from a public
+report.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from template_sources import git, git_show, parse_command_line, split_spec, write_table
+
+FORM = "NAME@VERSION=PATH"
+KINDS = ("tree", "git")
 
 # File (a path, or a folder ending in /) -> family. Families are judged in src/dgxdoctor/judge/kernel_families.py.
 FILES: dict[str, str] = {
@@ -291,10 +295,7 @@ class Source:
 
     @classmethod
     def parse(cls, kind: str, text: str) -> Source:
-        spec, sep, path = text.partition("=")
-        name, at, version = spec.partition("@")
-        if not (sep and at and name and version and path):
-            raise SystemExit(f"--{kind} {text!r}: want NAME@VERSION=PATH")
+        name, version, path = split_spec(kind, text, FORM)
         rev = None
         if kind == "git" and "#" in path:
             path, _, rev = path.rpartition("#")
@@ -314,15 +315,12 @@ class Source:
                     if p.is_file():
                         yield str(p.relative_to(self.path)), p.read_text(encoding="utf-8", errors="replace")
             return
-        git = ["git", f"--git-dir={self.path}"]
         commit, subdir = self._at()
         top = f"{commit}:{subdir}" if subdir else commit
-        listed = subprocess.run([*git, "ls-tree", "-r", "--name-only", top], capture_output=True, text=True)
-        for name in listed.stdout.splitlines():
+        for name in git(self.path, "ls-tree", "-r", "--name-only", top).decode().splitlines():
             if any(name == w or (w.endswith("/") and name.startswith(w)) for w in FILES):
-                shown = subprocess.run([*git, "show", f"{commit}:{subdir + '/' if subdir else ''}{name}"],
-                                       capture_output=True)  # fmt: skip
-                yield name, shown.stdout.decode("utf-8", errors="replace")
+                shown = git_show(self.path, commit, f"{subdir}/{name}" if subdir else name)
+                yield name, shown.decode("utf-8", errors="replace")
 
     def described(self) -> dict[str, str]:
         """What the table records of this source: its name, version, kind, and for git the commit (and folder)."""
@@ -330,8 +328,7 @@ class Source:
         if self.kind != "git":
             return found
         commit, subdir = self._at()
-        git = ["git", f"--git-dir={self.path}", "rev-parse", f"{commit}^{{commit}}"]
-        if sha := subprocess.run(git, capture_output=True, text=True).stdout.strip():
+        if sha := git(self.path, "rev-parse", f"{commit}^{{commit}}").decode().strip():
             found["commit"] = sha
         if subdir:
             found["folder"] = subdir
@@ -379,30 +376,11 @@ def build(sources: list[Source]) -> dict[str, object]:
     }
 
 
-def read_sources(path: Path) -> list[Source]:
-    found = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            kind, _, text = os.path.expandvars(line.strip()).partition(" ")
-            if kind.removeprefix("--") not in ("tree", "git"):
-                raise SystemExit(f"{path}: {line!r}: want --tree or --git NAME@VERSION=PATH")
-            found.append(Source.parse(kind.removeprefix("--"), text.strip()))
-    return found
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    for kind in ("tree", "git"):
-        parser.add_argument(f"--{kind}", action="append", default=[], metavar="NAME@VERSION=PATH")
-    parser.add_argument("--sources", type=Path, help="a file of those arguments, one a line ($VARS expanded)")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    sources = [Source.parse(kind, text) for kind in ("tree", "git") for text in getattr(args, kind)]
-    sources += read_sources(args.sources) if args.sources else []
-    if not sources:
-        parser.error("give at least one --tree or --git source")
+    description = (__doc__ or "").split("\n\n")[0]
+    sources, out = parse_command_line(description, KINDS, FORM, Source.parse, argv)
     table = build(sources)
-    args.out.write_text(json.dumps(table, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_table(out, table)
     counts: dict[str, int] = {}
     for item in table["templates"]:  # type: ignore[attr-defined]
         counts[item["family"]] = counts.get(item["family"], 0) + 1
