@@ -5,7 +5,10 @@ text gives the same findings from the daemon's followed kernel log and from ``di
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,6 +71,33 @@ def test_the_table_says_where_it_came_from() -> None:
     assert len(git) >= len(nvidia) + 5 and all(re.fullmatch(r"[0-9a-f]{40}", s["commit"]) for s in git)
     versions = {s["version"] for s in sources}
     assert all(set(t.versions) <= versions for t in templates())
+
+
+def test_the_generator_reads_a_release_tree_at_a_commit_in_a_folder(tmp_path: Path) -> None:
+    """A repository without release tags whose commit holds one release's tree in a folder (how 6.2.12 was read):
+    ``--git NAME@VERSION=GITDIR#COMMIT:FOLDER`` reads the FILES there and records the commit and the folder."""
+    work = tmp_path / "work"
+    source = work / "linux-9.9.1" / "kernel" / "hung_task.c"
+    source.parent.mkdir(parents=True)
+    source.write_text('static void f(void)\n{\n\tpr_err("INFO: task %s:%d blocked for more than %ld seconds.\\n",'
+                      " t->comm, t->pid, timeout);\n}\n")  # fmt: skip
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+           "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # fmt: skip
+    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "a release's tree in a folder"]):
+        subprocess.run(["git", "-C", str(work), *args], check=True, env=env)
+    commit = subprocess.run(["git", "-C", str(work), "rev-parse", "HEAD"], capture_output=True, text=True, env=env)
+    sha = commit.stdout.strip()
+    out = tmp_path / "table.json"
+    spec = f"linux@9.9.1={work / '.git'}#{sha}:linux-9.9.1"
+    subprocess.run([sys.executable, str(SCRIPT), "--git", spec, "--out", str(out)], check=True, capture_output=True)
+    table = json.loads(out.read_text())
+    assert table["sources"] == [
+        {"name": "linux", "version": "9.9.1", "kind": "git", "commit": sha, "folder": "linux-9.9.1"}
+    ]
+    (found,) = table["templates"]
+    assert (found["family"], found["level"], found["versions"]) == ("hung_task", 3, ["9.9.1"])
+    assert found["origins"] == ["9.9.1:kernel/hung_task.c:3"]
+    assert re.search(found["regex"], "[ 1.0] INFO: task python3:123 blocked for more than 120 seconds.")
 
 
 @pytest.mark.parametrize("template", templates(), ids=lambda t: f"{t.family}:{t.template[:50]}")
