@@ -13,33 +13,45 @@ than MIN_LITERAL letters of its own is left out (``"%s: %s\\n"`` names nothing) 
 Sources, any number of each:
   --tree  NAME@VERSION=DIR   an unpacked kernel source tree (only the FILES need be there)
   --git   NAME@TAG=GITDIR    a git directory, read at TAG with ``git show`` (no work tree needed)
+  --git   NAME@VERSION=GITDIR#COMMIT[:FOLDER]
+                             the same at a commit, for a repository without release tags whose commit holds one
+                             release's tree (at its top, or in FOLDER); VERSION names it as its Makefile (and, for
+                             a distribution's tree, its changelog) says
 
-The committed table was built from (scripts/kernel-templates.sources lists the same arguments, one a line):
+The committed table was built from (scripts/kernel-templates.sources lists the same arguments, one a line, and how
+each source was had):
   Debian's source packages of three long-term kernels, unpacked with
   ``apt-get download linux-source-5.10=5.10.223-1 linux-source-6.1=6.1.176-1 linux-source-6.12=6.12.117-1`` (from
   bullseye, bookworm and trixie) and ``dpkg-deb --fsys-tarfile X.deb | tar -xO ./usr/src/linux-source-*.tar.xz |
-  xz -dc | tar -x --strip-components=1``, and NVIDIA/open-gpu-kernel-modules at the release tags listed there (a
-  bare clone). The table records each source's name, version and commit; the sources themselves are not kept.
+  xz -dc | tar -x --strip-components=1``; the kernels GPU servers run besides, each read at the commit of a public
+  repository that imported that release's tree whole (no later commit of it read): Linux 5.4.286, 6.2.12, 6.8.0,
+  6.11.11 and 6.14.0, and Ubuntu's own 5.15.0-138.148 (jammy, 22.04) and 6.5.0-14.14+lenovo2 (mantic, a vendor's
+  rebuild); and NVIDIA/open-gpu-kernel-modules at the release tags listed there (a bare clone). The table records
+  each source's name, version and commit; the sources themselves are not kept.
 
     python3 scripts/kernel-templates.py --sources scripts/kernel-templates.sources \\
         --out src/dgxdoctor/data/kernel_templates.json
 
-Standard library only. tests/unit/test_kernel_templates.py loads the table, compiles every regex, checks each family
-has a verdict (judge/kernel_families.py) and matches a real line of each family from a public report.
+Standard library only; the sources' arguments, git reads and the write are scripts/template_sources.py's, shared
+with scripts/signature-templates.py. tests/unit/test_kernel_templates.py loads the table, compiles every regex,
+checks each family has a verdict (judge/kernel_families.py) and matches a real line of each family from a public
+report.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import os
 import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from template_sources import git, git_show, parse_command_line, split_spec, write_table
+
+FORM = "NAME@VERSION=PATH"
+KINDS = ("tree", "git")
 
 # File (a path, or a folder ending in /) -> family. Families are judged in src/dgxdoctor/judge/kernel_families.py.
 FILES: dict[str, str] = {
@@ -279,14 +291,20 @@ class Source:
     name: str
     version: str
     path: Path
+    rev: str | None = None  # git: the commit read (``COMMIT`` or ``COMMIT:SUBDIR``); None: the tag VERSION
 
     @classmethod
     def parse(cls, kind: str, text: str) -> Source:
-        spec, sep, path = text.partition("=")
-        name, at, version = spec.partition("@")
-        if not (sep and at and name and version and path):
-            raise SystemExit(f"--{kind} {text!r}: want NAME@VERSION=PATH")
-        return cls(kind, name, version, Path(path))
+        name, version, path = split_spec(kind, text, FORM)
+        rev = None
+        if kind == "git" and "#" in path:
+            path, _, rev = path.rpartition("#")
+        return cls(kind, name, version, Path(path), rev or None)
+
+    def _at(self) -> tuple[str, str]:
+        """The commit-ish to read and the folder of the tree within it ("" for the top)."""
+        commit, _, subdir = (self.rev or self.version).partition(":")
+        return commit, subdir.strip("/")
 
     def files(self) -> Iterator[tuple[str, str]]:
         if self.kind == "tree":
@@ -297,18 +315,24 @@ class Source:
                     if p.is_file():
                         yield str(p.relative_to(self.path)), p.read_text(encoding="utf-8", errors="replace")
             return
-        git = ["git", f"--git-dir={self.path}"]
-        listed = subprocess.run([*git, "ls-tree", "-r", "--name-only", self.version], capture_output=True, text=True)
-        for name in listed.stdout.splitlines():
+        commit, subdir = self._at()
+        top = f"{commit}:{subdir}" if subdir else commit
+        for name in git(self.path, "ls-tree", "-r", "--name-only", top).decode().splitlines():
             if any(name == w or (w.endswith("/") and name.startswith(w)) for w in FILES):
-                shown = subprocess.run([*git, "show", f"{self.version}:{name}"], capture_output=True)
-                yield name, shown.stdout.decode("utf-8", errors="replace")
+                shown = git_show(self.path, commit, f"{subdir}/{name}" if subdir else name)
+                yield name, shown.decode("utf-8", errors="replace")
 
-    def commit(self) -> str | None:
+    def described(self) -> dict[str, str]:
+        """What the table records of this source: its name, version, kind, and for git the commit (and folder)."""
+        found: dict[str, str] = {"name": self.name, "version": self.version, "kind": self.kind}
         if self.kind != "git":
-            return None
-        git = ["git", f"--git-dir={self.path}", "rev-parse", f"{self.version}^{{commit}}"]
-        return subprocess.run(git, capture_output=True, text=True).stdout.strip() or None
+            return found
+        commit, subdir = self._at()
+        if sha := git(self.path, "rev-parse", f"{commit}^{{commit}}").decode().strip():
+            found["commit"] = sha
+        if subdir:
+            found["folder"] = subdir
+        return found
 
 
 def family_of(path: str) -> str | None:
@@ -323,8 +347,7 @@ def build(sources: list[Source]) -> dict[str, object]:
     dropped = 0
     described = []
     for source in sources:
-        described.append({"name": source.name, "version": source.version, "kind": source.kind,
-                          **({"commit": c} if (c := source.commit()) else {})})  # fmt: skip
+        described.append(source.described())
         for path, text in source.files():
             family = family_of(path)
             if family is None:
@@ -353,30 +376,11 @@ def build(sources: list[Source]) -> dict[str, object]:
     }
 
 
-def read_sources(path: Path) -> list[Source]:
-    found = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            kind, _, text = os.path.expandvars(line.strip()).partition(" ")
-            if kind.removeprefix("--") not in ("tree", "git"):
-                raise SystemExit(f"{path}: {line!r}: want --tree or --git NAME@VERSION=PATH")
-            found.append(Source.parse(kind.removeprefix("--"), text.strip()))
-    return found
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    for kind in ("tree", "git"):
-        parser.add_argument(f"--{kind}", action="append", default=[], metavar="NAME@VERSION=PATH")
-    parser.add_argument("--sources", type=Path, help="a file of those arguments, one a line ($VARS expanded)")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    sources = [Source.parse(kind, text) for kind in ("tree", "git") for text in getattr(args, kind)]
-    sources += read_sources(args.sources) if args.sources else []
-    if not sources:
-        parser.error("give at least one --tree or --git source")
+    description = (__doc__ or "").split("\n\n")[0]
+    sources, out = parse_command_line(description, KINDS, FORM, Source.parse, argv)
     table = build(sources)
-    args.out.write_text(json.dumps(table, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_table(out, table)
     counts: dict[str, int] = {}
     for item in table["templates"]:  # type: ignore[attr-defined]
         counts[item["family"]] = counts.get(item["family"], 0) + 1

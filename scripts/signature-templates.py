@@ -20,22 +20,25 @@ Sources, each ``REPO@TAG=PATH`` (any number of each):
 
 scripts/signature-templates.sources lists the sources the committed table was built from (the same arguments,
 one a line, with $MIRRORS, $WHEELS, $VLLM_SITE, $RAY_SITE); ``--sources FILE`` reads such a file. Standard library
-only.
+only; the sources' arguments, git reads and the write are scripts/template_sources.py's, shared with
+scripts/kernel-templates.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
-import os
 import re
-import subprocess
 import sys
 import zipfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from template_sources import git, git_show, parse_command_line, split_spec, write_table
+
+FORM = "REPO@TAG=PATH"
+KINDS = ("git", "wheel", "tree")
 
 # Literal text per signature code; a needle must sit inside one string literal of the source. ``samples`` fill the
 # template's placeholders in order where the default ("8") would not read as the real message does.
@@ -296,10 +299,7 @@ class Source:
 
     @classmethod
     def parse(cls, kind: str, text: str) -> Source:
-        spec, sep, path = text.partition("=")
-        repo, at, tag = spec.partition("@")
-        if not (sep and at and repo and tag and path):
-            raise SystemExit(f"--{kind} {text!r}: want REPO@TAG=PATH")
+        repo, tag, path = split_spec(kind, text, FORM)
         return cls(kind, repo, tag, Path(path))
 
     def files(self) -> Iterator[tuple[str, bytes]]:
@@ -318,13 +318,11 @@ class Source:
                     yield rel, path.read_bytes()
 
     def _git_files(self) -> Iterator[tuple[str, bytes]]:
-        git = ["git", f"--git-dir={self.path}"]
         pattern = [arg for n in {n for ns in NEEDLES.values() for n in ns} for arg in ("-e", n)]
-        listed = subprocess.run([*git, "grep", "-l", "-F", *pattern, self.tag, "--", "src"], capture_output=True)
-        for line in listed.stdout.decode().splitlines():
+        for line in git(self.path, "grep", "-l", "-F", *pattern, self.tag, "--", "src").decode().splitlines():
             name = line.split(":", 1)[1]
             if name.endswith(C_SUFFIXES):
-                yield name, subprocess.run([*git, "show", f"{self.tag}:{name}"], capture_output=True).stdout
+                yield name, git_show(self.path, self.tag, name)
 
 
 def scan(source: Source) -> Iterator[tuple[str, int, str, str]]:
@@ -368,30 +366,10 @@ def build(sources: Iterable[Source]) -> dict[str, object]:
     return {"generated_by": "scripts/signature-templates.py", "sources": listed, "signatures": signatures}
 
 
-def read_sources(path: Path) -> list[Source]:
-    found = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            kind, _, text = os.path.expandvars(line.strip()).partition(" ")
-            if kind.removeprefix("--") not in ("git", "wheel", "tree"):
-                raise SystemExit(f"{path}: {line!r}: want --git, --wheel or --tree REPO@TAG=PATH")
-            found.append(Source.parse(kind.removeprefix("--"), text.strip()))
-    return found
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for kind in ("git", "wheel", "tree"):
-        parser.add_argument(f"--{kind}", action="append", default=[], metavar="REPO@TAG=PATH")
-    parser.add_argument("--sources", type=Path, help="a file of those arguments, one a line ($VARS expanded)")
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    sources = [Source.parse(kind, text) for kind in ("git", "wheel", "tree") for text in getattr(args, kind)]
-    sources += read_sources(args.sources) if args.sources else []
-    if not sources:
-        parser.error("give at least one --git, --wheel or --tree source")
+    sources, out = parse_command_line(__doc__.split("\n\n")[0], KINDS, FORM, Source.parse, argv)
     table = build(sources)
-    args.out.write_text(json.dumps(table, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_table(out, table)
     counts = {code: len(items) for code, items in table["signatures"].items()}  # type: ignore[attr-defined]
     print(json.dumps(counts, indent=1), file=sys.stderr)
     return 0

@@ -120,3 +120,21 @@ def test_an_actor_lost_with_its_node_is_the_node_lost_not_a_dead_worker() -> Non
     assert _codes(WORKER_DIED) == {"RAY_WORKER_DIED"}
     health = "[2023-05-01 16:19:23,477 W 281 281] (gcs_server) gcs_health_check_manager.cc:108: Health check failed "
     assert _codes(health + "for node 2eea4cfb179ce7951c4bbdd5ba3029c3a4dcf7cb66db376084f7c270\n") == {"RAY_NODE_LOST"}
+
+
+def test_a_task_lost_with_its_node_is_the_node_lost() -> None:
+    # ray-project/ray#54970 (Ray 3.0.dev): the NodeDiedError a task's caller raises, in a pytest report.
+    old = (
+        "E                       ray.exceptions.NodeDiedError: Task failed due to the node (where this task was "
+        "running)  was dead or unavailable.\n"
+        "E                       The node IP: 10.244.1.4, node ID: "
+        "74673a353f8e0caba3dcb01d6e777d7dc64490656fa0b38ccf9ed161\n"
+    )
+    assert _codes(old) == {"RAY_NODE_LOST"}
+    # Ray 2.60's wording (a string of its _raylet.so, ray-project/ray#58638), printed alone without the class name.
+    new = (
+        "Task failed because the node it was running on is dead or unavailable. Node IP: 10.0.0.2, node ID: "
+        "e55b8ca03ebf3f7418f51533d8d55abeaab75fa9b29e2e6282b47646. This can happen if the node was preempted, had a "
+        "hardware failure, or its raylet crashed unexpectedly.\n"
+    )
+    assert _codes(new) == {"RAY_NODE_LOST"}

@@ -5,7 +5,10 @@ text gives the same findings from the daemon's followed kernel log and from ``di
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,10 +59,45 @@ def test_the_table_says_where_it_came_from() -> None:
     assert table["generated_by"] == "scripts/kernel-templates.py" and SCRIPT.is_file()
     sources = table["sources"]
     assert isinstance(sources, list)
-    kernels = [s["version"] for s in sources if s["name"] == "linux"]
+    kernels = [s for s in sources if s["name"] in ("linux", "linux-ubuntu")]
     nvidia = [s for s in sources if s["name"] == "NVIDIA/open-gpu-kernel-modules"]
-    assert len(kernels) >= 3 and len(nvidia) >= 5
-    assert all(re.fullmatch(r"[0-9a-f]{40}", s["commit"]) for s in nvidia)  # the commit each tag was read at
+    # The series GPU servers run (Ubuntu 20.04's 5.4, 22.04's 5.15, 24.04's 6.8 and its later HWE kernels), each
+    # read as its own release, not assumed to sit between others.
+    series = {".".join(s["version"].split(".")[:2]) for s in kernels}
+    assert series >= {"5.4", "5.10", "5.15", "6.1", "6.2", "6.5", "6.8", "6.11", "6.12", "6.14"}
+    assert {s["version"] for s in kernels if s["name"] == "linux-ubuntu"} >= {"5.15.0-138.148"}
+    assert len(nvidia) >= 5
+    git = [s for s in sources if s["kind"] == "git"]  # the commit each tag or snapshot was read at
+    assert len(git) >= len(nvidia) + 5 and all(re.fullmatch(r"[0-9a-f]{40}", s["commit"]) for s in git)
+    versions = {s["version"] for s in sources}
+    assert all(set(t.versions) <= versions for t in templates())
+
+
+def test_the_generator_reads_a_release_tree_at_a_commit_in_a_folder(tmp_path: Path) -> None:
+    """A repository without release tags whose commit holds one release's tree in a folder (how 6.2.12 was read):
+    ``--git NAME@VERSION=GITDIR#COMMIT:FOLDER`` reads the FILES there and records the commit and the folder."""
+    work = tmp_path / "work"
+    source = work / "linux-9.9.1" / "kernel" / "hung_task.c"
+    source.parent.mkdir(parents=True)
+    source.write_text('static void f(void)\n{\n\tpr_err("INFO: task %s:%d blocked for more than %ld seconds.\\n",'
+                      " t->comm, t->pid, timeout);\n}\n")  # fmt: skip
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+           "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # fmt: skip
+    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "a release's tree in a folder"]):
+        subprocess.run(["git", "-C", str(work), *args], check=True, env=env)
+    commit = subprocess.run(["git", "-C", str(work), "rev-parse", "HEAD"], capture_output=True, text=True, env=env)
+    sha = commit.stdout.strip()
+    out = tmp_path / "table.json"
+    spec = f"linux@9.9.1={work / '.git'}#{sha}:linux-9.9.1"
+    subprocess.run([sys.executable, str(SCRIPT), "--git", spec, "--out", str(out)], check=True, capture_output=True)
+    table = json.loads(out.read_text())
+    assert table["sources"] == [
+        {"name": "linux", "version": "9.9.1", "kind": "git", "commit": sha, "folder": "linux-9.9.1"}
+    ]
+    (found,) = table["templates"]
+    assert (found["family"], found["level"], found["versions"]) == ("hung_task", 3, ["9.9.1"])
+    assert found["origins"] == ["9.9.1:kernel/hung_task.c:3"]
+    assert re.search(found["regex"], "[ 1.0] INFO: task python3:123 blocked for more than 120 seconds.")
 
 
 @pytest.mark.parametrize("template", templates(), ids=lambda t: f"{t.family}:{t.template[:50]}")
