@@ -14,6 +14,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -175,11 +176,19 @@ def set_drain(r: Replica, drain: bool) -> None:
     time.sleep(1.0)
 
 
+# As docs/remediation.md's HAProxy configuration: a connection the server refused (a replica between its stop and its
+# new start) is tried again on another server (`option redispatch`), never a request a server has seen. Every request
+# and every server state change is logged, so a failure names where it failed.
 HAPROXY_CFG = """global
     stats socket {sock} mode 600 level admin
     maxconn 256
+    log stdout format raw local0
 defaults
     mode http
+    log global
+    option httplog
+    retries 3
+    option redispatch 1
     timeout connect 2s
     timeout client 300s
     timeout server 300s
@@ -191,6 +200,8 @@ backend vllm
     http-response set-header X-Served-By %s
 {servers}
 """
+# httplog: `client [date] frontend backend/server Tq/Tw/Tc/Tr/Ta status bytes ...`
+HTTP_LOG_STATUS = re.compile(r"\] \S+ \S+ \S+ (-?\d+) ")
 SERVER_LINE = ("    server {name} 127.0.0.1:{port} check inter 1s fall 2 rise 1 agent-check agent-addr 127.0.0.1 "
                "agent-port {agent} agent-inter 1s")  # fmt: skip
 
@@ -325,6 +336,13 @@ class Rig:
     b: Replica
     balancer: Balancer
     tmp: Path
+
+    def balancer_trouble(self) -> list[str]:
+        """HAProxy's log lines of every request not answered 200 and every server state change: what a failure
+        assertion prints, so a failed request names where it failed (the retries, the server, the session flags)."""
+        log = self.tmp / "haproxy.log"
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        return [line for line in lines if (m := HTTP_LOG_STATUS.search(line)) is None or m.group(1) != "200"]
 
     def replica(self, name: str) -> Replica:
         return self.a if name == "a" else self.b
