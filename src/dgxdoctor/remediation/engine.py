@@ -54,7 +54,7 @@ from dgxdoctor.remediation.fleet_gate import FleetGate
 from dgxdoctor.remediation.guard import Decision, Guard, GuardState, in_start_grace
 from dgxdoctor.remediation.hardware_gate import HardwareCause, HardwareGate, causes
 from dgxdoctor.remediation.intake import AlertIntake, FiringAlert
-from dgxdoctor.remediation.policy import RESTARTS, Problem, problems_from_results
+from dgxdoctor.remediation.policy import RESTARTS, Problem, fresh_alert, problems_from_results
 from dgxdoctor.remediation.rotation import DEAD_CODES, HUNG_CODES, Rotation
 from dgxdoctor.remediation.settled import Moment, Settled, View, file_stamp
 from dgxdoctor.remediation.state_doc import Step
@@ -289,9 +289,6 @@ class Remediator:
             self.wake.set()
         return accepted, ignored
 
-    def _fresh_alert(self, problem: Problem) -> bool:
-        return self.finished_at is None or problem.since is None or problem.since > self.finished_at
-
     def poke(self) -> None:
         self.wake.set()
 
@@ -336,8 +333,10 @@ class Remediator:
                               not_logged_since=quiet, disabled=self.disabled)  # fmt: skip
 
     def _problems(self, latest: dict[str, CheckResult]) -> tuple[list[Problem], list[Problem]]:
-        """(from the checks, from the alerts), both without what describes the world before the last action."""
-        alerts = list({p.key: p for p in self.firing.values() if self._fresh_alert(p)}.values())
+        """(from the checks, from the alerts), both without what describes the world before the last action
+        (an alert's evidence: ``policy.fresh_alert``)."""
+        after = self.finished_at
+        alerts = list({p.key: p for p in self.firing.values() if fresh_alert(p, latest, after)}.values())
         fresh = [r for r in latest.values() if self.finished_at is None or r.started_at > self.finished_at]
         return problems_from_results(fresh, self.finished_at), alerts
 
@@ -377,10 +376,10 @@ class Remediator:
         return causes(latest, self.node, relayed)
 
     def _view(self, latest: dict[str, CheckResult]) -> View:
-        checks, _ = self._problems(latest)
+        checks, alerts = self._problems(latest)
         uptime = vllm_uptime(latest)
         grace = in_start_grace(self.settings, uptime) if uptime is not None else None
-        return View(tuple(checks), tuple(self.causes(latest)), grace)
+        return View(tuple(checks), tuple(self.causes(latest)), grace, tuple(alerts))
 
     def _unchanged(self, latest: dict[str, CheckResult], now: float, moment: Moment) -> bool:
         """Whether this evaluation would decide what the last settled one did (settled.py): then it is skipped."""

@@ -16,6 +16,7 @@ from typing import Literal
 
 from msgspec import Struct
 
+from dgxdoctor.judge.consequence import TABLE
 from dgxdoctor.result import CheckResult, Status
 
 ActionName = Literal["restart_vllm", "restart_cluster", "page"]
@@ -32,6 +33,8 @@ class Problem(Struct, frozen=True):
     reason: str
     since: float | None = None  # when the condition began, if the source says (an alert's startsAt)
     code: str | None = None  # the finding that asks for it (None: an alert)
+    # An alert's ``code`` label: the finding its rule reads (judge.consequence names the check that reports it).
+    alert_code: str | None = None
 
 
 def problems_from_results(results: Iterable[CheckResult], after: float | None = None) -> list[Problem]:
@@ -62,7 +65,34 @@ def problem_from_alert(labels: Mapping[str, str], node: str, since: float | None
     if labels.get("node") != node or action not in RESTARTS:
         return None
     name = printable(labels.get("alertname", "alert"))[:MAX_ALERT_NAME]
-    return Problem(f"alert:{name}:{action}", action, "alert", f"alert {name} firing", since)  # type: ignore[arg-type]
+    code = printable(labels["code"])[:MAX_ALERT_NAME] if labels.get("code") else None
+    return Problem(f"alert:{name}:{action}", action, "alert", f"alert {name} firing", since,  # type: ignore[arg-type]
+                   alert_code=code)  # fmt: skip
+
+
+def fresh_alert(problem: Problem, results: Mapping[str, CheckResult], after: float | None) -> bool:
+    """Whether a firing alert's evidence is from after the last action ended (``after``): only then is it a reason.
+
+    An alert's ``startsAt`` is when Prometheus first found its expression true, not when the evidence was seen: a
+    rule over a counter's ``increase(...[5m])`` describes a log line for five minutes after it, and a Prometheus
+    that evaluates late (load, its interval, Alertmanager's ``group_wait``) starts firing after the restart that
+    cured it. So where this node reports the alert's code itself (``judge.consequence``: the check that reports it
+    has a result here), the alert is corroborated by that check: its latest run, started after the action, must
+    hold a finding of the code whose evidence (``Finding.seen_at``, else the run) is from after it. An alert this
+    node cannot check (no code, or a check that does not run here: a peer's or the fleet's view) has its
+    ``startsAt`` alone, which must be after the action ended. Before any action, every firing alert is fresh."""
+    if after is None:
+        return True
+    if problem.since is not None and problem.since <= after:
+        return False
+    code = problem.alert_code
+    own = results.get(TABLE[code].check) if code is not None and code in TABLE else None
+    if own is None:
+        return True
+    if own.started_at <= after:
+        return False  # the check has not looked again since the action
+    return any(f.code == code and (f.seen_at if f.seen_at is not None else own.started_at) > after
+               for f in own.findings)  # fmt: skip
 
 
 MAX_ALERT_NAME = 128

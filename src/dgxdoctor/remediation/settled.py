@@ -4,10 +4,10 @@ The loop wakes once a second. An evaluation reads the checks' latest results, th
 file (under its lock, validated) and the time; with the same inputs it decides the same, until a hold, a cooldown,
 the budget's or the ladder's window runs out (``Guard.next_change``). So after an evaluation that changed nothing
 (no write, no action, no page) the loop keeps what it saw and skips the next ones while all of it holds: the same
-result objects, or new ones that say the same to remediation (the same problems, hardware causes and vLLM start-up
-grace), the same alerts, the same state file (inode, size, mtime and ctime: any writer, ``dgxdoctor remediation
-reset`` included, replaces it), the same settings. An idle daemon then costs a ``stat`` a second, not a locked
-read, a validation and two deep copies.
+result objects, or new ones that say the same to remediation (the same problems, hardware causes, vLLM start-up
+grace and alerts their evidence corroborates), the same alerts, the same state file (inode, size, mtime and
+ctime: any writer, ``dgxdoctor remediation reset`` included, replaces it), the same settings. An idle daemon then
+costs a ``stat`` a second, not a locked read, a validation and two deep copies.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ class View(Struct, frozen=True):
     checks: tuple[Problem, ...]
     causes: tuple[HardwareCause, ...]
     in_grace: bool | None  # vLLM within its start-up grace; None: no uptime known
+    alerts: tuple[Problem, ...] = ()  # the queued alerts whose evidence the results corroborate (policy.fresh_alert)
 
 
 class Moment(Struct, frozen=True):
