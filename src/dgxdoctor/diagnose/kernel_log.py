@@ -108,7 +108,8 @@ def kernel_shaped(text: str) -> bool:
     (blank and indented continuation lines aside) carry a kernel log's prefix and one of them names the kernel or
     has its message shape; or, with no prefix, each of its few lines is one the kernel parsers know."""
     head: list[str] = []
-    for line in text.splitlines():
+    cut = text[: SHAPE_LINES * 1024]  # the head only: a detection costs the same on a 1 GB log
+    for line in cut.splitlines():
         if line.strip() and line[:1] not in (" ", "\t"):
             head.append(line)
             if len(head) == SHAPE_LINES:
@@ -119,7 +120,9 @@ def kernel_shaped(text: str) -> bool:
     prefixed = sum(s is not None for s in said)
     if prefixed:
         return 2 * prefixed >= len(head) and any(said)
-    return len(head) <= BARE_LINES and all(parse_kernel_event(line) is not None for line in head)
+    if len(head) > BARE_LINES or len(cut) < len(text):
+        return False
+    return all(parse_kernel_event(line) is not None for line in head)
 
 
 def _names_a_fault(event: KernelEvent) -> bool:
