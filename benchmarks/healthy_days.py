@@ -26,7 +26,7 @@ Two more rows hold no false-warning target. The Ray drivers' own output (stdout 
 run the tasks, as a Ray executor's vLLM would log them) carries the application's exceptions, here a task's
 ``ValueError`` that no one fetched (Ray's ``Unhandled error``): a plain failure of the application, which `diagnose`
 is meant to show (issue 35), not a node fault; it is printed for the record. And the drivers of the collection's
-first minutes, refused by the head (Ray's token authentication, on by default since 2.5x, before the collector set
+first minutes, refused by the head (Ray's token authentication, on by default in 2.60, before the collector set
 ``RAY_AUTH_MODE``): a real failure, which must surface.
 
 The kernel log is read twice: the kernel's own records (``dmesg -x`` facility ``kern``, in the ISO form for their

@@ -52,7 +52,7 @@ HOST = socket.gethostname()
 # The driver each Ray round runs: tasks that succeed, tasks and an actor method that raise, an actor that exits.
 RAY_DRIVER = r"""
 import os, random, sys, time
-os.environ.setdefault("RAY_AUTH_MODE", "token")  # the head enables token auth by default (Ray 2.5x)
+os.environ.setdefault("RAY_AUTH_MODE", "token")  # the head enables token auth by default (Ray 2.60)
 import ray
 ray.init(address=sys.argv[1], logging_level="INFO")
 
