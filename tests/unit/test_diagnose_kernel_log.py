@@ -57,7 +57,13 @@ def test_app_level_repeats_escalate_in_a_pasted_log() -> None:
 def test_detection_is_conservative() -> None:
     analyzer = KernelLogAnalyzer()
     assert analyzer.detect((KERNEL_LOG / "nvsentinel_155_dmesg_fallen_off_no_xid.txt").read_text())
-    assert not analyzer.detect("Feb 14 05:03:41 host kernel: mlx5_core 0000:ab:00.0 mlx5_5: Port: 1 Link ACTIVE\n")
+    # A healthy kernel line is a kernel log by its shape (issue 35), and says ok; text that is not the kernel's is
+    # none (tests/unit/test_kernel_shape.py holds the forms).
+    healthy = "Feb 14 05:03:41 host kernel: mlx5_core 0000:ab:00.0 mlx5_5: Port: 1 Link ACTIVE\n"
+    assert analyzer.detect(healthy)
+    assert analyzer.analyze(healthy).status is Status.OK
+    assert not analyzer.detect("Feb 14 05:03:41 host sshd[812]: Accepted publickey for root from 10.0.0.2\n")
+    assert not analyzer.detect("[ 12.5] the cache warmed up in twelve seconds\n")
 
 
 def test_lookalikes_alone_are_ok() -> None:

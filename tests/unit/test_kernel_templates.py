@@ -150,12 +150,13 @@ def test_a_templated_message_is_judged_by_its_family_and_level() -> None:
     assert "Watchdog detected hard LOCKUP on cpu %d" in findings["KERNEL_WATCHDOG_MESSAGE"].message
 
 
-def test_a_pasted_hard_lockup_alone_is_a_kernel_log_and_an_info_line_alone_is_not() -> None:
+def test_a_pasted_hard_lockup_alone_is_a_kernel_log_and_an_info_line_alone_is_an_ok_one() -> None:
     (found,) = diagnose("[ 1024.5] watchdog: Watchdog detected hard LOCKUP on cpu 12\n")
     assert found.kind == "kernel-log"
     assert [(f.code, f.status) for f in found.findings] == [("KERNEL_WATCHDOG_MESSAGE", Status.WARNING)]
-    assert not KernelLogAnalyzer().detect("[ 461.6] workqueue: x hogged CPU for >10000us 4 times, consider "
-                                          "switching to WQ_UNBOUND\n")  # fmt: skip
+    # A kernel line by its shape (issue 35): a kernel log, and a healthy one (the message is INFO at most).
+    (info,) = diagnose("[ 461.6] workqueue: x hogged CPU for >10000us 4 times, consider switching to WQ_UNBOUND\n")
+    assert info.kind == "kernel-log" and info.status is Status.OK
 
 
 def test_aer_detail_lines_join_the_error_they_follow() -> None:

@@ -273,3 +273,19 @@ def test_a_fragment_leaves_unknown_what_it_lacks() -> None:
     assert report.nodes_alive is None and report.view().gpus_total == 8.0
     report = parse_ray_status("Active:\n 1 node_7cf0e4d13538d46a83b175ecc2c9162830812885b35ce9a2a1d7170c\n")
     assert report.nodes_alive == 1 and report.view().gpus_total is None
+
+
+def test_diagnose_of_ray_monitor_log_reads_the_latest_status_report() -> None:
+    """Ray's monitor.log prints the autoscaler status every 5 s: a day of it is one cluster of one node, not 17,280
+    (a healthy run's monitor.log read 120 nodes ALIVE before, benchmarks/healthy_days.py)."""
+    from dgxdoctor.diagnose.registry import Thresholds, diagnose
+
+    text = (RAY / "monitor-log-repeated-status.txt").read_text()
+    assert text.count("Autoscaler status:") == 2
+    report = parse_ray_status(text)
+    assert report.timestamp == "2026-12-05 15:17:13.941486"
+    assert report.view().nodes_alive == 1
+    (status,) = [d for d in diagnose(text, thresholds=Thresholds(ray_expected_nodes=1, ray_expected_gpus=0))
+                 if d.kind == "ray-status"]  # fmt: skip
+    assert status.data["nodes_alive"] == 1
+    assert all(f.status.value == "ok" for f in status.findings), status.findings

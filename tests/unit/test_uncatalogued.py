@@ -146,3 +146,32 @@ def test_a_benign_kernel_line_is_named_with_its_reason_and_a_failure_beside_it_s
     (one,) = _unknown(banner + "\n" + failure + "\n")
     assert one.status is Status.WARNING and "nvme0" in one.message
     assert known_benign("3,357,437112,-;NVRM: loading failed: RmInitAdapter") is None
+
+
+# Real lines of a healthy server (benchmarks/healthy_days.py over benchmarks/serve_for_hours.py's run, vLLM 0.32 CPU)
+# and of a vLLM 0.10 report: the server answering a request for a model it does not serve (404).
+UNKNOWN_MODEL = [
+    "(APIServer pid=15597) ERROR 12-05 15:10:47 [serving.py:274] Error with model error=ErrorInfo(message='The model "
+    "`tiny-v2` does not exist. Valid aliases: tiny.', type='NotFoundError', param='model', code=404)",
+    "ERROR 08-13 16:59:20 [serving_chat.py:140] Error with model object='error' message='The model "
+    "`meta-llama/Meta-Llama-3-8B-Instruct` does not exist.' type='NotFoundError' param=None code=404",
+]
+
+
+def test_a_request_for_a_model_not_served_is_the_clients_and_a_server_error_still_surfaces() -> None:
+    from dgxdoctor.judge.benign import known_benign
+    from dgxdoctor.judge.uncatalogued import uncatalogued
+
+    access = 'INFO:     127.0.0.1:46338 - "POST /v1/chat/completions HTTP/1.1" 404 Not Found'
+    for line in UNKNOWN_MODEL:
+        entry = known_benign(line)
+        assert entry is not None and entry.name == "vllm_unknown_model"
+        assert _unknown(line + "\n" + access + "\n") == []
+        assert uncatalogued([line, access], set()) == []  # the daemon's logs check counts none either
+    # The same words with a server error, and another ERROR record of the server: still failures nobody catalogued.
+    server = UNKNOWN_MODEL[0].replace("type='NotFoundError'", "type='InternalServerError'").replace("404", "500")
+    other = "(APIServer pid=7) ERROR 12-05 08:00:01 [serving_chat.py:210] Error in preprocessing prompt inputs"
+    assert known_benign(server) is None
+    found = _unknown("\n".join([UNKNOWN_MODEL[0], server, other]) + "\n")
+    assert [f.evidence for f in found] == [server, other]
+    assert all(f.status is Status.WARNING for f in found)

@@ -1,5 +1,12 @@
 """`dgxdoctor diagnose` for kernel logs (dmesg, journalctl -k, syslog): NVIDIA XID and NVSwitch SXID errors, and
-the faults beyond them (sources/kernel_events.py, judged by judge/kernel.py as the live xid check does)."""
+the faults beyond them (sources/kernel_events.py, judged by judge/kernel.py as the live xid check does).
+
+A paste is a kernel log when it names a fault of the kernel's, or when its lines are the kernel's
+(sources/kernel_lines.py): most of its first lines carry a kernel log's prefix (a dmesg stamp, ``host kernel:``,
+``kern  :info  :``, a /dev/kmsg record) and at least one of them names the kernel or has its shape; or it is a few
+bare lines, each one the kernel parsers know (an ``Link ACTIVE``, a templated message). A healthy one is "ok, no XID
+or SXID errors", not unrecognised input.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +18,16 @@ from dgxdoctor.judge.kernel_families import assess_message
 from dgxdoctor.judge.xid import DEFAULT_APP_LEVEL_XIDS, assess_sxid, assess_xid, escalate
 from dgxdoctor.result import Finding, Status
 from dgxdoctor.sources.device_map import DeviceMap
-from dgxdoctor.sources.kernel_events import RECOVERY_KINDS, KernelEvent, scan_kernel_text
+from dgxdoctor.sources.kernel_events import RECOVERY_KINDS, KernelEvent, parse_kernel_event, scan_kernel_text
+from dgxdoctor.sources.kernel_lines import kernel_line
 from dgxdoctor.sources.xid import SxidEvent, XidEvent, load_catalog, scan_text
 
 # Repeats in a pasted log have no reliable clock; the same XID on the same GPU this often escalates.
 REPEAT_THRESHOLD = 3
+# The lines a paste's shape is judged on (its head: the cost of a detection stays flat whatever the size).
+SHAPE_LINES = 400
+# A bare paste (no prefix) is read line by line with the kernel parsers only this short.
+BARE_LINES = 20
 
 
 class KernelLogAnalyzer:
@@ -25,7 +37,9 @@ class KernelLogAnalyzer:
         if "NVRM: Xid" in text or "SXid (" in text or ("NVRM:" in text and "fallen off the bus" in text):
             return True
         # Only the lines a parser's pattern or a format of the kernel's table may name are parsed (most: none).
-        return any(_names_a_fault(event) for event in scan_kernel_text(text))
+        if any(_names_a_fault(event) for event in scan_kernel_text(text)):
+            return True
+        return kernel_shaped(text)
 
     def analyze(self, text: str) -> Diagnosis:
         catalog = load_catalog()
@@ -87,6 +101,28 @@ class KernelLogAnalyzer:
             findings.append(Finding("NO_XID_EVENTS", Status.OK, "no XID or SXID errors in this log"))
         data = {"xid_events": xid_events, "sxid_events": sxid_events, "kernel_events": kernel_events}
         return Diagnosis(self.kind, tuple(findings), data)
+
+
+def kernel_shaped(text: str) -> bool:
+    """Whether ``text``'s lines are the kernel's, faults or not: at least half of its first ``SHAPE_LINES`` lines
+    (blank and indented continuation lines aside) carry a kernel log's prefix and one of them names the kernel or
+    has its message shape; or, with no prefix, each of its few lines is one the kernel parsers know."""
+    head: list[str] = []
+    cut = text[: SHAPE_LINES * 1024]  # the head only: a detection costs the same on a 1 GB log
+    for line in cut.splitlines():
+        if line.strip() and line[:1] not in (" ", "\t"):
+            head.append(line)
+            if len(head) == SHAPE_LINES:
+                break
+    if not head:
+        return False
+    said = [kernel_line(line) for line in head]
+    prefixed = sum(s is not None for s in said)
+    if prefixed:
+        return 2 * prefixed >= len(head) and any(said)
+    if len(head) > BARE_LINES or len(cut) < len(text):
+        return False
+    return all(parse_kernel_event(line) is not None for line in head)
 
 
 def _names_a_fault(event: KernelEvent) -> bool:

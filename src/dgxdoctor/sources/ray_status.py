@@ -148,7 +148,8 @@ def looks_like_ray_status(text: str) -> bool:
 
 def parse_ray_status(text: str) -> RayStatusReport:
     """Parse ``ray status`` (plain or ``-v``), whole or a fragment; only the cluster totals, not the per-node
-    sections. What a fragment lacks stays unknown (``nodes_known``/``usage_known``)."""
+    sections. What a fragment lacks stays unknown (``nodes_known``/``usage_known``). Of several reports (a
+    monitor.log, a paste of a watch loop), the last one: earlier ones would add their nodes to its count."""
     state = _State()
     for raw in text.splitlines():
         line = raw.rstrip()
@@ -157,6 +158,8 @@ def parse_ray_status(text: str) -> RayStatusReport:
             continue
         header = HEADER_RE.match(stripped)
         if header:
+            if state.seen:  # another report after one read (Ray's monitor.log prints one every few seconds)
+                state = _State()  # the latest is the cluster's state; the ones before it are its past
             state.timestamp = header.group("ts")
             continue
         if stripped.startswith("Node: ") and not line.startswith(" ") and state.seen:
