@@ -199,7 +199,10 @@ def rows(logs: Path, tmp: Path) -> list[tuple[Row, list[Path]]]:
         "Ray monitor, log_monitor, runtime_env": ["monitor.*", "log_monitor.*", "runtime_env*.log", "events/*.log"],
     }
     for name, globs in groups.items():
-        files = sorted({p for g in globs for p in session.glob(g) if p.is_file() and p.stat().st_size})
+        # In the order the globs name them: a component's .out (where a stop's context is) before its .err
+        # (which repeats only the ERROR records: read alone, a requested stop's echo has no context)
+        found = [p for g in globs for p in sorted(session.glob(g)) if p.is_file() and p.stat().st_size]
+        files = list(dict.fromkeys(found))
         if files:
             out.append(
                 (Row(name, _concat(files, tmp / (name.replace(" ", "_").replace("/", "_") + ".txt")), "ray"), files)

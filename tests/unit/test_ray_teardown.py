@@ -43,3 +43,20 @@ def test_diagnose_and_the_daemon_still_name_a_worker_that_died_by_itself(tmp_pat
     assert _codes(text).get("RAY_WORKER_DIED") is Status.CRITICAL
     assert _daemon(tmp_path, text).get("RAY_WORKER_DIED") is Status.CRITICAL
     assert _codes(CRASH.read_text()).get("RAY_WORKER_DIED") is Status.CRITICAL
+
+
+RAYLET_STOP = FIXTURES / "corpus" / "healthy" / "ray_2.60_raylet_sigterm_stop.txt"
+
+
+def test_a_raylet_stopped_by_sigterm_reads_as_healthy_its_agent_error_is_the_stops_echo() -> None:
+    # `ray stop` / `systemctl stop`: the raylet logs its graceful shutdown, then at ERROR that one agent "failed"
+    # (the dashboard agent, exit code 0, stopped with it): no UNCATALOGUED_ERROR.
+    text = RAYLET_STOP.read_text()
+    assert "received SIGTERM" in text and "The raylet exited immediately because one Ray agent failed" in text
+    assert _codes(text) == {}
+
+
+def test_the_same_agent_error_without_a_requested_stop_still_surfaces() -> None:
+    lines = RAYLET_STOP.read_text().splitlines(keepends=True)
+    text = "".join(line for line in lines if "SIGTERM" not in line and "graceful shutdown" not in line)
+    assert _codes(text) == {"UNCATALOGUED_ERROR": Status.WARNING}

@@ -21,6 +21,7 @@ from functools import cache
 from typing import NamedTuple, Protocol, cast
 
 from dgxdoctor.judge.benign import known_benign
+from dgxdoctor.judge.shutdown import intended_stop_before
 from dgxdoctor.lazy_re import lazy_compile
 from dgxdoctor.result import Finding, Status
 
@@ -179,6 +180,8 @@ def uncatalogued(
         if PLAIN_FAILURE_RE.search(lines[number]) is None:  # cuBLAS's success: the one thing RE2 cannot tell
             continue
         if known_benign(lines[number]) is not None:  # a healthy boot's line at err priority (judge.benign)
+            continue
+        if intended_stop_before(lines, number):  # the echo of a requested stop (judge.shutdown)
             continue
         block = blocks.get(number)
         if block is None:
