@@ -181,8 +181,6 @@ def uncatalogued(
             continue
         if known_benign(lines[number]) is not None:  # a healthy boot's line at err priority (judge.benign)
             continue
-        if intended_stop_before(lines, number):  # the echo of a requested stop (judge.shutdown)
-            continue
         block = blocks.get(number)
         if block is None:
             block = _block(lines, number)
@@ -205,6 +203,8 @@ def uncatalogued(
                 theirs.add(block.start)
                 continue
             cleared.add(block.start)
+        if intended_stop_before(lines, number):  # the echo of a requested stop (judge.shutdown); last: it reads 60
+            continue  # lines back
         counts[key] = counts.get(key, 0) + 1
         first.setdefault(key, (number, line))
     return [Unknown(index, line, counts[key]) for key, (index, line) in sorted(first.items(), key=lambda kv: kv[1][0])]
