@@ -9,8 +9,9 @@ finding ``UNCATALOGUED_ERROR`` quoting its first line and counting its lines: ne
 carry ERROR lines all day (client errors, aborted requests), but never "ok" either.
 
 What is not a failure stays silent: an INFO or WARNING record (``finished_reason="error"`` in a metric name), a
-``--help`` text, a ``raise ValueError(...)`` line of a traceback's source, and the lines judge/benign.py names (a
-healthy boot's kernel records at err priority, each with its reason).
+``--help`` text, a ``raise ValueError(...)`` line of a traceback's source, the lines judge/benign.py names (a
+healthy boot's kernel records at err priority, each with its reason), and a line in the 60 after a requested stop
+began (judge/shutdown.py: the stop's echo).
 """
 
 from __future__ import annotations
