@@ -26,20 +26,18 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
-from urllib.parse import urlencode
 
 import httpx
 from msgspec import Struct
 
 from dgxdoctor.fleet.breaker import FleetReading, Member
-from dgxdoctor.fleet.peers import BadAnswer, read_answer, response_json, within
 from dgxdoctor.fleet.prom_view import (
     CHECK_STATUS,
     FINDING_INFO,
     GONE_WINDOW,
-    MAX_ANSWER_BYTES,
     NODE_INFO,
     PrometheusUnavailable,
+    instant_query,
 )
 from dgxdoctor.result import Status
 
@@ -129,17 +127,7 @@ def parse_fleet(result: Sequence[Any]) -> FleetAnswer:
 async def fetch_fleet(client: httpx.AsyncClient, url: str, job: str, timeout_s: float) -> FleetAnswer:
     """One request to ``url``'s query API, held to ``timeout_s`` connect to last byte; PrometheusUnavailable when
     it gives no usable answer."""
-    target = f"{url}/api/v1/query?{urlencode({'query': query(job)})}"
-    try:
-        body = await within(read_answer(client, "GET", target, None, max_bytes=MAX_ANSWER_BYTES), timeout_s)
-        answer = response_json(body)
-    except TimeoutError:
-        raise PrometheusUnavailable(f"{url}: no answer within {timeout_s:g} s") from None
-    except (httpx.HTTPError, BadAnswer) as exc:
-        raise PrometheusUnavailable(f"{url}: {type(exc).__name__}: {exc}"[:400]) from None
-    result = answer.get("data", {}).get("result") if isinstance(answer, dict) else None
-    if not isinstance(answer, dict) or answer.get("status") != "success" or not isinstance(result, list):
-        raise PrometheusUnavailable(f"{url}: the query failed: {str(answer)[:300]}")
+    result = await instant_query(client, url, query(job), timeout_s)
     return parse_fleet(result)
 
 

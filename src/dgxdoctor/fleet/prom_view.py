@@ -70,11 +70,10 @@ def query(job: str) -> str:
     return f'{{__name__=~"{names}",{sel}}} or label_replace({gone}, "__name__", "{GONE}", "", "") or {alerts}'
 
 
-async def fetch_view(client: httpx.AsyncClient, url: str, job: str, timeout_s: float) -> PromView:
-    """Every node's latest status, findings' codes and subjects and the comparison's alerts: one request to
-    ``url``'s query API, held to ``timeout_s`` connect to last byte. PrometheusUnavailable when it gives none."""
-    t0 = time.monotonic()
-    target = f"{url}/api/v1/query?{urlencode({'query': query(job)})}"
+async def instant_query(client: httpx.AsyncClient, url: str, expr: str, timeout_s: float) -> list[Any]:
+    """The series of one instant query (``data.result``) to ``url``'s query API, held to ``timeout_s`` connect to
+    last byte and to MAX_ANSWER_BYTES; PrometheusUnavailable, saying why, when it gives no usable answer."""
+    target = f"{url}/api/v1/query?{urlencode({'query': expr})}"
     try:
         body = await within(read_answer(client, "GET", target, None, max_bytes=MAX_ANSWER_BYTES), timeout_s)
         answer = response_json(body)
@@ -84,9 +83,18 @@ async def fetch_view(client: httpx.AsyncClient, url: str, job: str, timeout_s: f
         raise PrometheusUnavailable(f"{url}: {type(exc).__name__}: {exc}"[:400]) from None
     if not isinstance(answer, dict) or answer.get("status") != "success":
         raise PrometheusUnavailable(f"{url}: the query failed: {str(answer)[:300]}")
-    result = answer.get("data", {}).get("result")
+    data = answer.get("data")
+    result = data.get("result") if isinstance(data, dict) else None
     if not isinstance(result, list):
         raise PrometheusUnavailable(f"{url}: not an instant vector")
+    return result
+
+
+async def fetch_view(client: httpx.AsyncClient, url: str, job: str, timeout_s: float) -> PromView:
+    """Every node's latest status, findings' codes and subjects and the comparison's alerts: one request to
+    ``url``'s query API, held to ``timeout_s`` connect to last byte. PrometheusUnavailable when it gives none."""
+    t0 = time.monotonic()
+    result = await instant_query(client, url, query(job), timeout_s)
     return parse_view(result, round(time.monotonic() - t0, 6))
 
 
