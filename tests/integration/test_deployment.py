@@ -186,7 +186,11 @@ def test_mp_executor_layout() -> None:
             node.configure(extra=fast, only=SERVING, node={"executor": "mp"})
         cluster.start_unit(head, "vllm-head-mp.service", HEAD_ADDR=head.ip)
         headless = cluster.start_unit(worker, "vllm-worker-mp.service", HEAD_ADDR=head.ip)
-        # Each node's /proc holds its own processes only: one `vllm serve` each, its own rank.
+        # Each node's /proc holds its own processes only: one `vllm serve` each, its own rank. Counted once each
+        # printed its banner: until then a rank it is forking still carries its command line, not yet sleep's.
+        for node, unit in ((head, "vllm-head-mp.service"), (worker, "vllm-worker-mp.service")):
+            log = node.root / f"{unit}.log"
+            wait_for(f"{unit} started", lambda p=log: p.exists() and "vLLM stand-in" in p.read_text(), 30, node)
         for node, rank in ((head, "0"), (worker, "1")):
             seen = node.ns.run(["pgrep", "-af", "vllm serve"]).stdout.splitlines()
             assert len(seen) == 1 and f"--node-rank {rank}" in seen[0], seen
