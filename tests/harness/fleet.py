@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -263,6 +263,19 @@ class FleetRig:
     def firing(self, alertname: str) -> list[dict[str, Any]]:
         alerts = httpx.get(f"{self.prometheus_url}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
         return [a for a in alerts if a["labels"]["alertname"] == alertname and a["state"] == "firing"]
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[FleetRig]:
+        """The agents written and started, Prometheus and Alertmanager up and every agent scraped; all stopped
+        after (a module's fixture)."""
+        try:
+            self.write_agents()
+            self.start_monitoring()
+            self.start_agents()
+            self.wait_scraped()
+            yield self
+        finally:
+            self.stop()
 
     # -- teardown ------------------------------------------------------------------------------------------
 

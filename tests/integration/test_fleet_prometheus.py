@@ -28,15 +28,8 @@ GROUPS = {"glm-a": ["a1", "a2"], "glm-b": ["b1", "b2"], "glm-c": ["c1", "c2"]}
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetRig]:
-    rig = FleetRig(tmp_path_factory.mktemp("fleet"), GROUPS)
-    try:
-        rig.write_agents()
-        rig.start_monitoring()
-        rig.start_agents()
-        rig.wait_scraped()
+    with FleetRig(tmp_path_factory.mktemp("fleet"), GROUPS).running() as rig:
         yield rig
-    finally:
-        rig.stop()
 
 
 def test_the_cluster_view_names_the_bad_node_and_its_group_and_pages_the_group(rig: FleetRig) -> None:

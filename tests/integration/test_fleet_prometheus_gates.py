@@ -55,14 +55,8 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetRig]:
         agent_extra={a: REMEDIATION.format(hold=HOLD_S[a]) for a in ACTORS},
         agent_env={a: {"PATH": f"{fake_systemctl(root / a)}:/usr/bin:/bin"} for a in ACTORS},
     )  # fmt: skip
-    try:
-        rig.write_agents()
-        rig.start_monitoring()
-        rig.start_agents()
-        rig.wait_scraped()
+    with rig.running():
         yield rig
-    finally:
-        rig.stop()
 
 
 def agent(rig: FleetRig, name: str) -> Agent:
