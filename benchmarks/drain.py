@@ -13,7 +13,7 @@ HAProxy reading each agent's agent-check port; four clients post completions tha
 
 Printed per scenario: requests sent, failed, failed after A left HAProxy's rotation, seconds from the fault (or the
 restart asked) to A out of rotation, seconds from the fault to the first good completion served by A again, and
-PASS/FAIL for the drained ones (planned: 0 failed; hung: out within 30 s, 0 failed after it). About 8 minutes.
+PASS/FAIL for the drained ones (planned: 0 failed; hung: out within 30 s, 0 failed after it). About 4 minutes.
 
     PYTHONPATH=src .venv/bin/python benchmarks/drain.py [--only planned|hung]
 

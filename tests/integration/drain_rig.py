@@ -134,8 +134,11 @@ def _node_spec(r: Replica, model: Path) -> dict[str, Any]:
             "--max-model-len", "512", "--enforce-eager", "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]  # fmt: skip
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1",
            "VLLM_NO_USAGE_STATS": "1", "VLLM_CPU_OMP_THREADS_BIND": str(r.core)}  # fmt: skip
-    # Like TimeoutStopSec above --shutdown-timeout: SIGKILL only after vLLM had its time to finish in-flight work
-    return {"vllm": {"argv": argv, "env": env, "stop_grace_s": SHUTDOWN_TIMEOUT_S + 10}}
+    # Like TimeoutStopSec above --shutdown-timeout: SIGKILL only after vLLM had its time to finish in-flight work.
+    # Each replica's processes run on its own core, as each replica has machines of its own: a serving vLLM's
+    # engine spins on the worker's shared-memory queue (vLLM's busy loop), and on shared cores B under the full
+    # load starved A's restarting process (seconds of CPU in minutes), so A's restart outlived its verification.
+    return {"vllm": {"argv": argv, "env": env, "stop_grace_s": SHUTDOWN_TIMEOUT_S + 10, "cpus": [r.core]}}
 
 
 def _daemon_config(r: Replica, drain: bool) -> str:
@@ -368,7 +371,7 @@ def _start_daemon(r: Replica, drain: bool) -> None:
 
 @contextlib.contextmanager
 def rig(tmp: Path, drain: bool = True) -> Iterator[Rig]:
-    """Both replicas started at once (a cold start takes 30-90 s on 2 shared cores), their agents, HAProxy."""
+    """Both replicas started at once (each on its own core: a cold start takes 20-40 s), their agents, HAProxy."""
     model = tmp / "model"
     subprocess.run([str(VLLM_PYTHON), str(MODEL_SCRIPT), str(model)], check=True, capture_output=True, timeout=300)
     replicas = []

@@ -2,11 +2,11 @@
 start|stop|restart vllm.service / ray-head.service / ray-worker.service`).
 
 ``python remediation_node.py DIR vllm-start|vllm-stop|vllm-restart|ray-start|ray-stop``. ``DIR/node.json`` holds
-the node's vLLM and Ray command lines and environments. Like systemd with Type=simple units, a start returns once
-the process is spawned (in its own session, so it outlives whoever started it); a stop ends the whole process
-group (vLLM: SIGCONT, SIGTERM, SIGKILL after the spec's ``stop_grace_s``, default 10 s) or the node's PID namespace
-(Ray). Each spawn and stop is appended to ``DIR/events.jsonl`` with its time (the benchmark reads vLLM's spawn time
-there).
+the node's vLLM and Ray command lines and environments (with ``cpus``, the cores each may run on). Like systemd
+with Type=simple units, a start returns once the process is spawned (in its own session, so it outlives whoever
+started it); a stop ends the whole process group (vLLM: SIGCONT, SIGTERM, SIGKILL after the spec's
+``stop_grace_s``, default 10 s) or the node's PID namespace (Ray). Each spawn and stop is appended to
+``DIR/events.jsonl`` with its time (the benchmark reads vLLM's spawn time there).
 Stdlib only: it runs under any Python.
 """
 
@@ -43,8 +43,14 @@ def _spawn(node: Path, name: str, spec: dict[str, object]) -> None:
     env = {**os.environ, **spec.get("env", {})}  # type: ignore[dict-item]
     log = (node / f"{name}.log").open("ab")
     argv = [str(a) for a in spec["argv"]]  # type: ignore[attr-defined]
+    cpus = spec.get("cpus")  # the cores it may run on, as a machine of its own has its own (none: any)
+
+    def pin() -> None:
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)  # type: ignore[arg-type]
+
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                            start_new_session=True, cwd=node)  # fmt: skip
+                            start_new_session=True, cwd=node, preexec_fn=pin)  # fmt: skip
     (node / f"{name}.pid").write_text(f"{proc.pid}\n")
     _event(node, f"{name}-start", pid=proc.pid)
 
