@@ -43,7 +43,7 @@ def _spawn(node: Path, name: str, spec: dict[str, object]) -> None:
     env = {**os.environ, **spec.get("env", {})}  # type: ignore[dict-item]
     log = (node / f"{name}.log").open("ab")
     argv = [str(a) for a in spec["argv"]]  # type: ignore[attr-defined]
-    cpus = spec.get("cpus")  # the cores it may run on, as a machine of its own has its own (none: any)
+    cpus = spec.get("cpus")  # the cores it may run on, as if they were its machine's own (absent: any core)
 
     def pin() -> None:
         if cpus is not None:
