@@ -20,6 +20,7 @@ from dgxdoctor.judge.consequence import judged
 from dgxdoctor.remediation.actions import VllmTarget, step_mac
 from dgxdoctor.remediation.audit import AuditLog, guard_state_file
 from dgxdoctor.remediation.engine import Remediator, Targets
+from dgxdoctor.remediation.policy import OLD_EVIDENCE
 from dgxdoctor.result import CheckResult, Finding, Status
 from dgxdoctor.validation import validate
 
@@ -270,7 +271,7 @@ async def test_an_alert_older_than_the_last_action_is_stale(tmp_path: Path) -> N
     r.finished_at = now - 10
     assert r.accept_alerts([IncomingAlert("firing", labels, "f1", "t1", now - 60)]) == (1, 0)
     await settle(r)
-    assert events(tmp_path) == []
+    assert [(e["event"], e["verdict"], e["reason"]) for e in events(tmp_path)] == [("decision", "hold", OLD_EVIDENCE)]
     assert r.accept_alerts([IncomingAlert("firing", labels, "f1", "t2", now - 1)]) == (1, 0)  # fired again since
     await settle(r)
-    assert [e["event"] for e in events(tmp_path)] == ["decision", "action_started", "action"]
+    assert [e["event"] for e in events(tmp_path)][1:] == ["decision", "action_started", "action"]

@@ -4,7 +4,8 @@
 for five minutes after it, and a Prometheus that evaluates late (a loaded host, its interval, Alertmanager's
 ``group_wait``) starts firing after the cluster restart that cured it. The deployed replay saw it restart a healthy
 cluster during the next fault. Remediation corroborates an alert with this node's own check where the node reports
-the alert's code itself (``policy.fresh_alert``); an alert it cannot check still acts on its ``startsAt``.
+the alert's code itself (``policy.fresh_alert``); an alert it cannot check still acts on its ``startsAt``. An alert
+held for old evidence is written to the audit once, with why.
 
 Through the real path: Alertmanager's webhook body posted to the daemon's app (its token, its validation), the logs
 check following a file and run by the check runner, the engine in act mode on an injected clock with a stand-in
@@ -27,6 +28,7 @@ from dgxdoctor.daemon.app import AppState, make_app
 from dgxdoctor.environment import Environment
 from dgxdoctor.exporters.collector import make_registry
 from dgxdoctor.fleet.store import ResultStore
+from dgxdoctor.remediation.policy import OLD_EVIDENCE
 from dgxdoctor.validation import validate
 from tokens import one_token
 from webtest import TestClient, TestServer
@@ -107,11 +109,13 @@ async def test_a_late_alert_about_the_cured_fault_restarts_nothing(node: Node) -
     await live(head, 600, node.every)
     assert "NCCL_TIMEOUT" in [f.code for f in head.results["logs"].findings]  # the check still holds the old line
     assert head.actions() == ["restart_cluster"] and head.pages == [], head.pages
-    assert node.decided(NCCL_ALERT) == []  # never a reason: its evidence is from before the restart
+    # Never a reason: its evidence is from before the restart. Held, and the audit says why, once in ten minutes.
+    held = node.decided(NCCL_ALERT)
+    assert [(d["verdict"], d["reason"], d["source"]) for d in held] == [("hold", OLD_EVIDENCE, "alert")], held
     # The watchdog fires again after the restart: the same alert, still firing, is now what this node sees too.
     node.watchdog(NCCL_TIMEOUT[-1:])
     await live(head, 60, node.every)
-    judged = node.decided(NCCL_ALERT)  # a reason again: the ladder's page, sent once for both
+    judged = node.decided(NCCL_ALERT)[1:]  # a reason again: the ladder's page, sent once for both
     assert [(d["action"], d["verdict"]) for d in judged][:1] == [("page", "refuse")], judged
     ended = "the ladder ended (restarts did not cure it): page an operator"
     assert [p.split(": ", 1)[1] for p in head.pages] == [ended]
@@ -126,6 +130,7 @@ async def test_a_fresh_alert_this_node_cannot_check_acts(node: Node, code: str |
     await node.post(firing("DgxdoctorVllmDown", "restart_vllm", finished - 5, code, "77b0e1"))
     await live(head, 60, node.every)
     assert head.actions() == ["restart_cluster"]
+    assert [d["verdict"] for d in node.decided("alert:DgxdoctorVllmDown:restart_vllm")] == ["hold"]
     await node.post(firing("DgxdoctorVllmDown", "restart_vllm", finished + 20, code, "77b0e1"))
     await live(head, 60, node.every)
     assert head.actions() == ["restart_cluster", "restart_vllm"], _records(head.remediator)

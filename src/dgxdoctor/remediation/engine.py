@@ -54,7 +54,7 @@ from dgxdoctor.remediation.fleet_gate import FleetGate
 from dgxdoctor.remediation.guard import Decision, Guard, GuardState, in_start_grace
 from dgxdoctor.remediation.hardware_gate import HardwareCause, HardwareGate, causes
 from dgxdoctor.remediation.intake import AlertIntake, FiringAlert
-from dgxdoctor.remediation.policy import RESTARTS, Problem, fresh_alert, problems_from_results
+from dgxdoctor.remediation.policy import OLD_EVIDENCE, RESTARTS, Problem, fresh_alert, problems_from_results
 from dgxdoctor.remediation.rotation import DEAD_CODES, HUNG_CODES, Rotation
 from dgxdoctor.remediation.settled import Moment, Settled, View, file_stamp
 from dgxdoctor.remediation.state_doc import Step
@@ -340,6 +340,15 @@ class Remediator:
         fresh = [r for r in latest.values() if self.finished_at is None or r.started_at > self.finished_at]
         return problems_from_results(fresh, self.finished_at), alerts
 
+    def _hold_old_alerts(self, fresh: list[Problem], now: float) -> list[Problem]:
+        """The firing alerts not taken as reasons (``_problems``: their evidence predates the last action), each
+        audited as held (once per episode: ``_audit_decision``)."""
+        taken = {p.key for p in fresh}
+        held = list({p.key: p for p in self.firing.values() if p.key not in taken}.values())
+        for problem in held:
+            self._audit_decision(Decision("hold", problem.action, OLD_EVIDENCE, problem), now)
+        return held
+
     def _moment(self) -> Moment:
         return Moment(dict(self.firing), file_stamp(self.state_file.path), self.finished_at, self.pending_finish,
                       self.idle, self.breaker_open, self.busy.locked(), self.settings, self.node,
@@ -417,7 +426,7 @@ class Remediator:
             return
         self.settled = None
         checks, alerts = self._problems(latest)
-        self._forget_ended(checks + alerts, causes(latest, self.node))
+        self._forget_ended(checks + alerts + self._hold_old_alerts(alerts, now), causes(latest, self.node))
         quiet = self.idle and not self.breaker_open and self.pending_finish is None
         if not checks and not alerts and quiet:
             self.settled = Settled(latest, self._view(latest), moment, math.inf)

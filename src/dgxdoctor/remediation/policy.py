@@ -70,6 +70,14 @@ def problem_from_alert(labels: Mapping[str, str], node: str, since: float | None
                    alert_code=code)  # fmt: skip
 
 
+# Why a firing alert that is not fresh (below) is held: written to the audit once per episode, so an operator who
+# sees the alert firing and nothing done reads why.
+OLD_EVIDENCE = (
+    "its evidence is from before the last action ended: it started before it, or this node's own check has not "
+    "seen its code since"
+)
+
+
 def fresh_alert(problem: Problem, results: Mapping[str, CheckResult], after: float | None) -> bool:
     """Whether a firing alert's evidence is from after the last action ended (``after``): only then is it a reason.
 
