@@ -135,8 +135,9 @@ async def test_observe_mode_decides_what_act_mode_does_at_the_same_times(tmp_pat
         (40, {"vllm": dead_vllm(T0 + 39, 70)}, [VLLM_DOWN]),  # restart_vllm for the check; the alert waits its turn
         (50, {"vllm": dead_vllm(T0 + 49, 80)}, []),  # back after the restart: must hold again; the ladder's next step
         (61, {"vllm": dead_vllm(T0 + 60, 91)}, []),  # restart_cluster
-        (70, {"vllm": dead_vllm(T0 + 69, 100)}, []),  # back again: the ladder ends, page
-        (80, {"vllm": dead_vllm(T0 + 79, 110)}, []),  # the page's cooldown
+        (70, {"vllm": dead_vllm(T0 + 69, 100)}, []),  # back again: must hold again
+        (81, {"vllm": dead_vllm(T0 + 80, 111)}, []),  # held: the ladder ends, page
+        (90, {"vllm": dead_vllm(T0 + 89, 120)}, []),  # the page's cooldown
         (300, {"vllm": dead_vllm(T0 + 299, 330)}, []),  # the ladder's window passed: restart_vllm, over budget
         (320, {"vllm": dead_vllm(T0 + 319, 350)}, []),  # the breaker stays open
     ]
@@ -154,7 +155,8 @@ async def test_observe_mode_decides_what_act_mode_does_at_the_same_times(tmp_pat
     assert verdicts == [
         (0, "restart_vllm", "hold"), (15, "restart_vllm", "hold"), (40, "restart_vllm", "act"),
         (40, "restart_vllm", "refuse"), (50, "restart_cluster", "hold"), (61, "restart_cluster", "act"),
-        (70, "page", "page"), (80, "page", "hold"), (300, "restart_vllm", "refuse"), (320, "restart_vllm", "refuse"),
+        (70, "page", "hold"), (81, "page", "page"), (90, "page", "hold"), (300, "restart_vllm", "refuse"),
+        (320, "restart_vllm", "refuse"),
     ]  # fmt: skip
     assert "breaker opened" in act[-2][4] and "breaker open (" in act[-1][4]
     assert "one action at a time" in act[3][4] and "grace" in act[1][4]

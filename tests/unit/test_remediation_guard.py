@@ -78,6 +78,24 @@ def test_hold_then_act_then_cooldown() -> None:
     assert g.decide(VLLM, 25, None).verdict == "hold"
 
 
+def test_the_ladder_pages_only_for_a_recurrence_that_held() -> None:
+    """A restart ends the episode: what is seen again afterwards must hold ``hold_s`` before the ladder pages, as
+    before any restart (one check run catching a worker still starting is no sign the restart did not cure)."""
+    g = guard(cooldown_s={"restart_vllm": 0, "restart_cluster": 0, "page": 0})
+    seen(g, RAY, 0)
+    d = g.decide(RAY, 10, None)
+    assert (d.verdict, d.action) == ("act", "restart_cluster")
+    g.begin(d, "x", 10, 1)
+    g.finish(20)
+    seen(g, RAY, 21)  # one run says it again: held, not paged
+    d = g.decide(RAY, 21, None)
+    assert (d.verdict, d.action) == ("hold", "page") and "hold_s" in d.reason
+    g.observe([], 23, "check")  # the next run no longer does: the blip ended, nothing is owed
+    seen(g, RAY, 25)
+    assert g.decide(RAY, 30, None).verdict == "hold"
+    assert g.decide(RAY, 35, None).verdict == "page"  # held 10 s: the restart did not cure it
+
+
 def test_start_grace_holds_while_vllm_loads() -> None:
     g = guard()
     seen(g, VLLM, 0)

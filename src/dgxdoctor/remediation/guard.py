@@ -149,6 +149,9 @@ class Guard:
                 return out("hold", f"{self.state.in_flight.action} in flight: judged again after it ends")
             if now - self.state.last.get("page", float("-inf")) < s.cooldown_s.get("page", 0.0):
                 return out("hold", "page sent recently (cooldown)")
+            held = now - self.state.onset.get(problem.key, now)
+            if held < s.hold_s:  # the restart ended the episode: a recurrence must hold, as before any restart
+                return out("hold", f"condition held {held:.0f} s of hold_s {s.hold_s:g} s")
             return out("page", "the ladder ended (restarts did not cure it): page an operator")
         if self.state.breaker_open:
             return out("refuse", f"breaker open ({self.state.breaker_reason}); `dgxdoctor remediation reset`")
