@@ -9,7 +9,7 @@ real Alertmanager delivering to the head's webhook. The actions run the daemons'
 ``systemctl`` first on each node's PATH records each call (the stand-in actuators: injected commands, nothing
 patched), and this program makes the world answer it as systemd would (``restart vllm.service`` stops and starts
 the stand-in vLLM, ``start ray-head.service`` brings the Ray cluster back, ``start vllm-worker-mp.service`` the
-headless worker).
+headless worker), the call returning once that is done, as systemd's does.
 
 Fed with benign life (healthy serving logs of a real vLLM, tests/fixtures/corpus/healthy, written into vLLM's
 journal; real kernel log records and look-alikes of faults appended to each node's kernel log; vLLM's engine
@@ -176,6 +176,8 @@ class World:
         self.residual: Fault | None = None  # a fixed hardware fault left vLLM down or its engine stalled
         self.residual_at = 0.0
         self.seen_calls = {n.name: 0 for n in self.nodes}
+        for node in self.nodes:  # each systemctl call returns once answered here, as systemd's returns once done
+            node.systemctl_answered.write_text("")
         self.seen_audit = {n.name: 0 for n in self.nodes}
         self.stopping = threading.Event()
         self.fixtures = self._ray_fixtures()
@@ -312,6 +314,8 @@ class World:
                 calls = node.systemctl_calls()
                 for call in calls[self.seen_calls[node.name] :]:
                     self._systemctl(node, call)
+                    with node.systemctl_answered.open("a") as answered:
+                        answered.write(f"{call}\n")
                 self.seen_calls[node.name] = len(calls)
                 audit = _audit(node)
                 for line in audit[self.seen_audit[node.name] :]:
@@ -351,8 +355,11 @@ class World:
                                  and line.get("verdict") in ("suggest", "page")):  # fmt: skip
             opened = [f for f in self.faults if f.open(now)]
             if event == "page":
-                self.record.pages.append({"t": now, "node": node.name, "problem": line.get("problem"),
-                                          "reason": line.get("reason"), "faults": [f.cls.name for f in opened]
+                before = self.record.actions[-1] if self.record.actions else None
+                after = f"{now - before['t']:.1f} s after {before['action']} on {before['node']}" if before else ""
+                self.record.pages.append({"t": now, "node": node.name, "problem": line.get("problem"), "after": after,
+                                          "seen": line.get("seen"), "reason": line.get("reason"),
+                                          "faults": [f.cls.name for f in opened]
                                           or ([self.residual.cls.name] if self.residual else [])})  # fmt: skip
             for f in opened:
                 if not f.cls.curable and f.answered_at is None:
@@ -677,7 +684,9 @@ def report(fig: Figures) -> str:
     lines.append(f"pages sent: {len(r.pages)}, {len(stray)} with no fault open; alerts delivered to a webhook and "
                  f"decided on: {', '.join(sorted(r.alerts)) or 'none'}")  # fmt: skip
     for p in stray[:5]:
-        lines.append(f"  page on {p['node']}: {p['problem']}: {p['reason']}")
+        lines.append(
+            f"  page on {p['node']}: {p['problem']} ({p['seen']}; {p['after'] or 'no action before'}): {p['reason']}"
+        )
     lines += figures.verdict_lines(fig.verdicts())
     return "\n".join(lines)
 

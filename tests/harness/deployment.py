@@ -10,7 +10,8 @@ The node's root directory mirrors the installed paths::
     ROOT/run/dgxdoctor               the unit's RuntimeDirectory (0700), its TMPDIR
     ROOT/dev/kmsg                    a private kernel log (a plain file: the machine's ring is shared by every job)
     ROOT/var/log/journal             the node's journal (journalwriter.py writes it through systemd-journal-remote)
-    ROOT/usr/bin/systemctl           a fake that records each call in ROOT/systemctl.calls and succeeds
+    ROOT/usr/bin/systemctl           a fake that records each call in ROOT/systemctl.calls and succeeds (once
+                                     answered in ROOT/systemctl.answered, where a test plays systemd: FAKE_SYSTEMCTL)
 
 The daemon starts as systemd/dgxdoctor.service would start it: its ExecStart (`dgxdoctor run --config
 /etc/dgxdoctor/config.toml`, both paths mapped into ROOT), its Environment=, LimitNOFILE=, Nice= and UMask=,
@@ -46,8 +47,18 @@ README = REPO / "README.md"
 PORT = 9835  # the daemon's default listen port, as the README's curl and peers use it
 SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # what systemd gives a service
 # Each call: "VERB UNIT" in the node's ROOT/systemctl.calls, "NODE: VERB UNIT" in the cluster's (the order across
-# nodes); it succeeds.
-FAKE_SYSTEMCTL = '#!/bin/sh\nprintf "%s\\n" "$*" >> "{calls}"\nprintf "{node}: %s\\n" "$*" >> "{everyone}"\nexit 0\n'
+# nodes); it succeeds. Where a test plays systemd's part (ROOT/systemctl.answered exists), the call returns only once
+# the test has answered it (one line there per call, in order), as `systemctl restart` returns once its job is done:
+# a restart whose verification ran before the world changed would end before the restart happened.
+FAKE_SYSTEMCTL = """#!/bin/sh
+printf "%s\\n" "$*" >> "{calls}"
+printf "{node}: %s\\n" "$*" >> "{everyone}"
+if [ -e "{answered}" ]; then
+    n=$(wc -l < "{calls}"); i=0
+    while [ "$(wc -l < "{answered}")" -lt "$n" ] && [ "$i" -lt 1200 ]; do sleep 0.05; i=$((i + 1)); done
+fi
+exit 0
+"""
 
 
 def unit_values(key: str) -> list[str]:
@@ -139,7 +150,9 @@ class Node:
         self.bin.mkdir(parents=True)
         systemctl = self.bin / "systemctl"
         everyone = root.parent / "systemctl.calls"
-        systemctl.write_text(FAKE_SYSTEMCTL.format(calls=root / "systemctl.calls", node=name, everyone=everyone))
+        self.systemctl_answered = root / "systemctl.answered"
+        systemctl.write_text(FAKE_SYSTEMCTL.format(calls=root / "systemctl.calls", node=name, everyone=everyone,
+                                                   answered=self.systemctl_answered))  # fmt: skip
         systemctl.chmod(0o755)
 
     # -- layout ------------------------------------------------------------------------------------------------
