@@ -74,3 +74,21 @@ async def test_observe_mode_status_shows_the_would_restart_decisions(tmp_path: P
     text = run_cli("remediation", "status", "--config", str(cfg)).stdout
     assert "node dgx-a: mode observe, role head" in text and "rehearsal: observe mode spent" in text
     assert 'observe restart_vllm for check:vllm:restart_vllm: would restart_vllm (mode = "observe"): VLLM_DEAD' in text
+
+
+def test_status_lists_an_alert_held_on_old_evidence_not_a_passing_hold(tmp_path: Path) -> None:
+    """An operator sees the alert firing and nothing done: status says why. A hold that passes by itself (hold_s,
+    a cooldown) is not listed."""
+    import time
+
+    from dgxdoctor.remediation.policy import OLD_EVIDENCE
+
+    audit, now = AuditLog(tmp_path), time.time()
+    held = {"event": "decision", "problem": "alert:DgxdoctorNcclFailure:restart_cluster", "source": "alert",
+            "action": "restart_cluster", "verdict": "hold", "mode": "act"}  # fmt: skip
+    audit.append({**held, "ts": now - 20, "reason": "condition held 3 s of hold_s 30 s"})
+    audit.append({**held, "ts": now - 10, "reason": OLD_EVIDENCE})
+    doc = run_cli("remediation", "status", "--json", "--config", config(tmp_path)).json()
+    assert [(d["verdict"], d["reason"]) for d in doc["last_decisions"]] == [("hold", OLD_EVIDENCE)]
+    text = run_cli("remediation", "status", "--config", config(tmp_path)).stdout
+    assert "hold restart_cluster for alert:DgxdoctorNcclFailure:restart_cluster: its evidence is from before" in text

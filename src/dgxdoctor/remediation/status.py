@@ -11,11 +11,17 @@ from typing import Any
 from dgxdoctor.config import Config
 from dgxdoctor.remediation.audit import AuditLog, guard_state_file
 from dgxdoctor.remediation.guard import Guard, GuardState
-from dgxdoctor.remediation.policy import printable
+from dgxdoctor.remediation.policy import OLD_EVIDENCE, printable
 
 # Decisions that ran nothing: observe mode's "would X" (where act mode runs X), a refusal (breaker, hardware cause,
-# role), a suggestion.
+# role), a suggestion, and a firing alert held on old evidence (an operator sees it firing and nothing done; the
+# other holds, hold_s and cooldowns, pass by themselves).
 HELD_VERDICTS = ("observe", "refuse", "suggest")
+
+
+def not_acted_on(record: dict[str, Any]) -> bool:
+    verdict = record.get("verdict")
+    return verdict in HELD_VERDICTS or (verdict == "hold" and record.get("reason") == OLD_EVIDENCE)
 
 
 REHEARSAL = "rehearsal: observe mode spent this budget, ladder and any breaker on actions it did not run; act mode \
@@ -35,7 +41,7 @@ def status_document(config: Config, last: int = 10, now: float | None = None) ->
     records = AuditLog(config.paths.state_dir).tail(5000)
     actions = [r for r in records if r.get("event") in ("action", "page", "step")][-last:]
     # What it decided and did not do: in observe mode the "would restart" decisions are all there is to see.
-    decisions = [r for r in records if r.get("event") == "decision" and r.get("verdict") in HELD_VERDICTS][-last:]
+    decisions = [r for r in records if r.get("event") == "decision" and not_acted_on(r)][-last:]
     return {
         "node": config.node,
         "mode": s.mode,
@@ -82,7 +88,7 @@ def render_status(doc: dict[str, Any]) -> str:
 
 
 def _decision_lines(decisions: list[dict[str, Any]]) -> list[str]:
-    """``observe``: would restart_vllm; ``refuse``/``suggest``: why not; newest last."""
+    """``observe``: would restart_vllm; ``refuse``/``suggest``/``hold``: why not; newest last."""
     lines = ["decisions not acted on:" if decisions else "decisions not acted on: none"]
     for r in decisions:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(r.get("ts") or 0)))
