@@ -112,6 +112,7 @@ async def test_a_late_alert_about_the_cured_fault_restarts_nothing(node: Node) -
     # Never a reason: its evidence is from before the restart. Held, and the audit says why, once in ten minutes.
     held = node.decided(NCCL_ALERT)
     assert [(d["verdict"], d["reason"], d["source"]) for d in held] == [("hold", OLD_EVIDENCE, "alert")], held
+    assert head.remediator.metrics()["alerts_held"] == 1  # dgxdoctor_remediation_alerts_held_total
     # The watchdog fires again after the restart: the same alert, still firing, is now what this node sees too.
     node.watchdog(NCCL_TIMEOUT[-1:])
     await live(head, 60, node.every)

@@ -70,6 +70,7 @@ COLD_START: dict[str, str] = {
     "dgxdoctor_remediation_actions_total": "0 for every action and outcome it can count (21 series)",
     "dgxdoctor_remediation_state_invalid_total": "0 from the start (one series)",
     "dgxdoctor_remediation_alerts_dropped_total": "0 from the start (one series)",
+    "dgxdoctor_remediation_alerts_held_total": "0 from the start (one series)",
     "dgxdoctor_remediation_fleet_refused_total": "0 from the start (one series)",
     "dgxdoctor_drains_total": "0 for every outcome from the start (5 series)",
     "dgxdoctor_drain_seconds_total": "0 from the start (one series)",

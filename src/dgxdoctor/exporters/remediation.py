@@ -40,6 +40,13 @@ ALERTS_DROPPED = MetricSpec(
     "firing webhook alerts not queued because 32 distinct alert names were already queued",
     "counter",
 )
+ALERTS_HELD = MetricSpec(
+    "dgxdoctor_remediation_alerts_held_total",
+    "firing alerts with dgxdoctor_action not acted on because their evidence predates the last action (they started "
+    "before it ended, or this node's own check has not seen their code since), once per alert episode; each also "
+    "audited as a hold",
+    "counter",
+)
 FLEET_BREAKER_OPEN = MetricSpec(
     "dgxdoctor_remediation_fleet_breaker_open",
     "1 while the fleet breaker is tripped: more than [remediation] fleet_breaker_fraction of the fleet's nodes or "
@@ -68,12 +75,15 @@ DRAIN_LAST_SECONDS = MetricSpec(
     "dgxdoctor_drain_last_seconds", "the last drain's duration, seconds (NaN before the first)"
 )
 REMEDIATION_METRICS = (
-    ACTIONS_TOTAL, BREAKER_OPEN, MODE, STATE_INVALID, ALERTS_DROPPED, FLEET_BREAKER_OPEN, FLEET_REFUSED, DRAINS_TOTAL,
-    DRAIN_SECONDS_TOTAL, DRAIN_LAST_SECONDS,
+    ACTIONS_TOTAL, BREAKER_OPEN, MODE, STATE_INVALID, ALERTS_DROPPED, ALERTS_HELD, FLEET_BREAKER_OPEN, FLEET_REFUSED,
+    DRAINS_TOTAL, DRAIN_SECONDS_TOTAL, DRAIN_LAST_SECONDS,
 )  # fmt: skip
 MODES = ("observe", "act", "disabled")
 # The counters of one series each: (spec, the key of Remediator.metrics()).
-COUNTERS = ((STATE_INVALID, "state_invalid"), (ALERTS_DROPPED, "alerts_dropped"), (FLEET_REFUSED, "fleet_refused"))
+COUNTERS = (
+    (STATE_INVALID, "state_invalid"), (ALERTS_DROPPED, "alerts_dropped"), (ALERTS_HELD, "alerts_held"),
+    (FLEET_REFUSED, "fleet_refused"),
+)  # fmt: skip
 
 
 class RemediationCollector(SnapshotCollector):

@@ -161,6 +161,7 @@ class Remediator:
         # Why remediation cannot act at all (the state file was invalid and set aside, or cannot be read); None: it can
         self.disabled: str | None = None
         self.state_invalid = 0  # invalid state files set aside since start
+        self.alerts_held = 0  # firing alerts held on old evidence (OLD_EVIDENCE), once per episode
         # An action whose end could not be saved (the disk refused): (id, when it ended), saved at the next evaluation
         self.pending_finish: tuple[str, float] | None = None
         self.not_run: str | None = None  # the id of the last action whose command could not run (no ladder step)
@@ -346,7 +347,8 @@ class Remediator:
         taken = {p.key for p in fresh}
         held = list({p.key: p for p in self.firing.values() if p.key not in taken}.values())
         for problem in held:
-            self._audit_decision(Decision("hold", problem.action, OLD_EVIDENCE, problem), now)
+            if self._audit_decision(Decision("hold", problem.action, OLD_EVIDENCE, problem), now):
+                self.alerts_held += 1
         return held
 
     def _moment(self) -> Moment:
@@ -509,11 +511,12 @@ class Remediator:
                 "mode": "act", "outcome": "not_started", "steps": [], "duration_s": 0.0,
                 "detail": "the state file could not be written: not run"}  # fmt: skip
 
-    def _audit_decision(self, d: Decision, now: float) -> None:
+    def _audit_decision(self, d: Decision, now: float) -> bool:
+        """Write the decision unless it repeats the problem's last one (a hold, a refusal); True when written."""
         shown = (d.verdict, _NUMBER.sub("#", d.reason))  # "held 3 s" and "held 4 s" are the same decision
         key = d.problem.key
         if self.last_decision.get(key) == shown and d.verdict not in ("act", "page", "observe"):
-            return
+            return False
         self.last_decision[key] = shown
         self.audit_record(
             {"ts": now, "event": "decision", "problem": key, "source": d.problem.source, "seen": d.problem.reason,
@@ -521,6 +524,7 @@ class Remediator:
              "mode": self.settings.mode}
         )  # fmt: skip
         log.info("remediation_decision", problem=key, action=d.action, verdict=d.verdict, reason=d.reason)
+        return True
 
     # -- acting ----------------------------------------------------------------------------------------
 
@@ -813,6 +817,7 @@ class Remediator:
             "actions": dict(self.counts),
             "state_invalid": self.state_invalid,
             "alerts_dropped": self.intake.dropped,
+            "alerts_held": self.alerts_held,
             "fleet_breaker_open": self.fleet_gate.open,
             "fleet_refused": self.fleet_gate.refused,
             **self.rotation.metrics(),
