@@ -141,6 +141,9 @@ class Guard:
         def out(verdict: Verdict, reason: str) -> Decision:
             return Decision(verdict, action, reason, problem)
 
+        # An action ends the episode (``finish``): what is seen again must hold, before a restart or the ladder's page.
+        held = now - self.state.onset.get(problem.key, now)
+        unheld = out("hold", f"condition held {held:.0f} s of hold_s {s.hold_s:g} s") if held < s.hold_s else None
         if action == "page" and problem.action == "page":
             # Hardware and drift: the shipped alert rules page for these already; remediation only says so.
             return out("suggest", "a restart cannot fix this: an operator must (the alert rules page for it)")
@@ -149,9 +152,8 @@ class Guard:
                 return out("hold", f"{self.state.in_flight.action} in flight: judged again after it ends")
             if now - self.state.last.get("page", float("-inf")) < s.cooldown_s.get("page", 0.0):
                 return out("hold", "page sent recently (cooldown)")
-            held = now - self.state.onset.get(problem.key, now)
-            if held < s.hold_s:  # the restart ended the episode: a recurrence must hold, as before any restart
-                return out("hold", f"condition held {held:.0f} s of hold_s {s.hold_s:g} s")
+            if unheld is not None:
+                return unheld
             return out("page", "the ladder ended (restarts did not cure it): page an operator")
         if self.state.breaker_open:
             return out("refuse", f"breaker open ({self.state.breaker_reason}); `dgxdoctor remediation reset`")
@@ -161,9 +163,8 @@ class Guard:
             return out("refuse", 'no [node] role: only the head\'s agent (role = "head") orchestrates cluster restarts')
         if action == "restart_cluster" and s.role != "head":
             return out("refuse", "cluster restarts are orchestrated by the head's agent")
-        held = now - self.state.onset.get(problem.key, now)
-        if held < s.hold_s:
-            return out("hold", f"condition held {held:.0f} s of hold_s {s.hold_s:g} s")
+        if unheld is not None:
+            return unheld
         if in_start_grace(s, vllm_uptime_s):
             return out("hold", f"vLLM started {vllm_uptime_s:.0f} s ago: within the {s.vllm_start_grace_s:g} s grace")
         since_last = now - self.state.last.get(action, float("-inf"))
