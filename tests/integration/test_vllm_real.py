@@ -13,6 +13,7 @@ import re
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,10 @@ def test_full_kv_cache_and_waiting_queue(vllm_server: Server) -> None:
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
     try:
-        wait_for(lambda: vllm_server.metrics().get("num_requests_waiting", 0) > 0, 120, "a waiting queue")
+        try:
+            wait_for(lambda: vllm_server.metrics().get("num_requests_waiting", 0) > 0, 240, "a waiting queue")
+        except AssertionError as exc:  # what the clients got says whether the load reached the server at all
+            raise AssertionError(f"{exc}; requests ended: {Counter(map(str, load.results))}") from None
         seen: set[str] = set()
         # The load is sustained, but on 2 cores the queue still empties for moments between bursts of completions:
         # further runs (up to eight) catch what a run in such a trough missed: a loaded CI machine saw preemptions

@@ -116,7 +116,7 @@ class Load:
         self._stop = threading.Event()
         counter = iter(range(1_000_000))
 
-        def one() -> None:
+        def one(http: httpx.Client) -> None:
             # A distinct first word per request: identical prompts would share their KV blocks (prefix caching).
             body = {
                 "model": MODEL_NAME,
@@ -125,15 +125,18 @@ class Load:
                 "ignore_eos": True,
             }
             try:
-                r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=180)
+                r = http.post(f"{url}/v1/chat/completions", json=body)
                 self.results.append(r.status_code)
             except httpx.HTTPError as exc:
                 self.results.append(exc)
 
         def client() -> None:
-            one()
-            while sustained and not self._stop.is_set():
-                one()
+            # One client (one connection) per thread: a new client per request builds a TLS context each time, and
+            # twelve threads doing that starved this process's own /metrics reads for seconds on 2 cores.
+            with httpx.Client(timeout=180) as http:
+                one(http)
+                while sustained and not self._stop.is_set():
+                    one(http)
 
         self.threads = [threading.Thread(target=client, daemon=True) for _ in range(n)]
         for t in self.threads:
